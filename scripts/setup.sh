@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what troupe needs from Debian 12 (as root, with apt-get) and configures a build.
+#   scripts/setup.sh [BUILD_DIR] [extra cmake arguments...]
+# Safe to run again: it installs only what is missing and reconfigures in place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=${1:-build}
+shift || true
+
+packages=(
+  g++ make cmake git pkg-config
+  libcaf-dev libssl-dev          # C++ Actor Framework 0.17 (core, io, openssl)
+  capnproto libcapnp-dev         # wire protocol
+  libfmt-dev libboost-test-dev
+  libopenblas-dev                # CPU GEMM
+  zlib1g-dev                     # gzip for the IDX data files
+  libcli11-dev                   # command-line flags of the apps
+  dataset-fashion-mnist          # the data the main job trains on
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B "$build_dir" "$@" >/dev/null
+echo "setup: configured $build_dir"

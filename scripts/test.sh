@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test.
+#   scripts/test.sh              the normal build (CUDA when nvcc is present), in build/
+#   scripts/test.sh --sanitize   AddressSanitizer + UBSan, CPU only, in build-asan/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=$(nproc)
+if [ "${1:-}" = "--sanitize" ]; then
+  build_dir=build-asan
+  scripts/setup.sh "$build_dir" -DTROUPE_SANITIZE=ON -DTROUPE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+else
+  build_dir=build
+  scripts/setup.sh "$build_dir"
+fi
+cmake --build "$build_dir" -j "$jobs"
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"
