@@ -1,0 +1,161 @@
+#pragma once
+// ndarray: MXNet's NDArray. A handle to a shape, an element type, a context and reference-counted
+// storage; copying a handle shares the storage (as `b = a` does in MXNet), copy() duplicates it.
+// reshape() and slice() are views on the same storage. Operations run synchronously on the
+// calling thread (GPU work is complete when the call returns).
+//
+// Storage of every size comes from storage_pool (engine/storage.hpp): freed blocks are kept and
+// reused, because the first write to fresh memory runs at ~0.3 GB/s on these machines against
+// 12+ GB/s for warm memory (STACK.md §8).
+//
+// Caller mistakes (shapes that do not match, a gpu context without a GPU, a dtype an operation
+// does not take) throw troupe::exception with the values named.
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/context.hpp"
+#include "engine/dtype.hpp"
+#include "engine/error.hpp"
+
+namespace troupe {
+
+/// Extent of each axis; an empty shape is a scalar of one element.
+using shape_vector = std::vector<std::int64_t>;
+
+/// Product of the extents (1 for a scalar shape).
+std::int64_t element_count(const shape_vector& shape) noexcept;
+/// "(2,3)" as MXNet prints shapes; "()" for a scalar.
+std::string shape_to_string(const shape_vector& shape);
+/// "2x3" as MXNet's NDArray repr writes them.
+std::string shape_to_repr(const shape_vector& shape);
+
+class storage;
+
+class ndarray {
+public:
+  /// The none handle: no storage, is_none() is true; any other use throws.
+  ndarray() = default;
+  /// Uninitialised storage (MXNet's nd.empty).
+  ndarray(shape_vector shape, context ctx = context::cpu(), dtype type = dtype::float32);
+
+  static ndarray empty(shape_vector shape, context ctx = context::cpu(),
+                       dtype type = dtype::float32);
+  static ndarray zeros(shape_vector shape, context ctx = context::cpu(),
+                       dtype type = dtype::float32);
+  static ndarray ones(shape_vector shape, context ctx = context::cpu(),
+                      dtype type = dtype::float32);
+  static ndarray full(shape_vector shape, double value, context ctx = context::cpu(),
+                      dtype type = dtype::float32);
+  /// Copies `values` (converted to `type`) into a new array; values.size() must equal the shape's
+  /// element count.
+  static ndarray from_values(std::span<const float> values, shape_vector shape,
+                             context ctx = context::cpu(), dtype type = dtype::float32);
+  static ndarray from_values(std::initializer_list<float> values, shape_vector shape,
+                             context ctx = context::cpu(), dtype type = dtype::float32);
+  /// Seeded uniform samples in [low, high): the same seed gives the same array on any context.
+  static ndarray random_uniform(double low, double high, shape_vector shape, std::uint64_t seed,
+                                context ctx = context::cpu(), dtype type = dtype::float32);
+  /// Seeded normal samples with the given mean and standard deviation.
+  static ndarray random_normal(double mean, double stddev, shape_vector shape,
+                               std::uint64_t seed, context ctx = context::cpu(),
+                               dtype type = dtype::float32);
+
+  bool is_none() const noexcept { return storage_ == nullptr; }
+  const shape_vector& shape() const noexcept { return shape_; }
+  std::size_t ndim() const noexcept { return shape_.size(); }
+  /// Number of elements.
+  std::int64_t size() const noexcept { return element_count(shape_); }
+  std::size_t nbytes() const noexcept;
+  troupe::dtype dtype() const noexcept { return dtype_; }
+  context ctx() const noexcept { return ctx_; }
+
+  /// Address of the first element (device memory for gpu contexts).
+  void* raw_data();
+  const void* raw_data() const;
+  /// Typed host access; throws when T does not match dtype() (std::uint16_t for float16) or the
+  /// array is not on a cpu context.
+  template <class T>
+  T* data();
+  template <class T>
+  const T* data() const;
+
+  /// True when both handles view the same storage block.
+  bool shares_storage_with(const ndarray& other) const noexcept;
+
+  /// A new array on `target` holding the same values (a copy even when target == ctx()).
+  ndarray copy_to(context target) const;
+  /// Copies values into `destination`, which must have the same shape; converts dtype and moves
+  /// across contexts as needed (MXNet's copyto).
+  void copy_to(ndarray& destination) const;
+  ndarray copy() const { return copy_to(ctx_); }
+  ndarray as_type(troupe::dtype type) const;
+
+  /// A view with another shape of the same element count; -1 in one axis is inferred.
+  ndarray reshape(shape_vector shape) const;
+  /// A view of rows [begin, end) along the first axis.
+  ndarray slice(std::int64_t begin, std::int64_t end) const;
+  /// A view of row `index` along the first axis, with that axis dropped.
+  ndarray at(std::int64_t index) const;
+
+  ndarray& fill(double value);
+  /// Values converted to T (host copy from any context and dtype).
+  template <class T>
+  std::vector<T> to_vector() const;
+  /// The only element of a one-element array, as double.
+  double as_scalar() const;
+
+  // Element-wise arithmetic; shapes must be equal (no broadcasting), or one side a scalar.
+  // Results live on the left operand's context; operands must share context and dtype.
+  ndarray operator-() const;
+  ndarray& operator+=(const ndarray& rhs);
+  ndarray& operator-=(const ndarray& rhs);
+  ndarray& operator*=(const ndarray& rhs);
+  ndarray& operator/=(const ndarray& rhs);
+  ndarray& operator+=(double rhs);
+  ndarray& operator-=(double rhs);
+  ndarray& operator*=(double rhs);
+  ndarray& operator/=(double rhs);
+  friend ndarray operator+(const ndarray& lhs, const ndarray& rhs);
+  friend ndarray operator-(const ndarray& lhs, const ndarray& rhs);
+  friend ndarray operator*(const ndarray& lhs, const ndarray& rhs);
+  friend ndarray operator/(const ndarray& lhs, const ndarray& rhs);
+  friend ndarray operator+(const ndarray& lhs, double rhs);
+  friend ndarray operator-(const ndarray& lhs, double rhs);
+  friend ndarray operator*(const ndarray& lhs, double rhs);
+  friend ndarray operator/(const ndarray& lhs, double rhs);
+  friend ndarray operator+(double lhs, const ndarray& rhs);
+  friend ndarray operator*(double lhs, const ndarray& rhs);
+
+  /// Σ of all elements and sqrt(Σ x²), accumulated in double.
+  double sum() const;
+  double l2_norm() const;
+
+  /// MXNet's print form: the values as numpy prints them, then "<NDArray 2x3 @cpu(0)>".
+  std::string to_string() const;
+
+private:
+  void require_some(const char* operation) const;
+
+  std::shared_ptr<storage> storage_;
+  std::size_t byte_offset_ = 0; // start of this view inside storage_
+  shape_vector shape_;
+  troupe::dtype dtype_ = troupe::dtype::float32;
+  context ctx_;
+};
+
+std::ostream& operator<<(std::ostream& out, const ndarray& array);
+
+/// out = Σ inputs (all of one shape, dtype and context as `out`); used by the KVStore's
+/// reduction for cpu and gpu contexts alike. An empty list zero-fills.
+void sum_into(std::span<const ndarray> inputs, ndarray& out);
+/// y += alpha * x (same shape, dtype, context).
+void axpy(double alpha, const ndarray& x, ndarray& y);
+
+} // namespace troupe
