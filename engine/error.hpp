@@ -9,6 +9,7 @@
 //  - a bug is an assertion that prints the values.
 
 #include <cstdint>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -40,6 +41,8 @@ enum class errc : std::uint8_t {
 /// The stable lower-case name of a code ("unknown_key").
 std::string_view to_string(errc code) noexcept;
 
+inline std::ostream& operator<<(std::ostream& out, errc code) { return out << to_string(code); }
+
 /// An error value: a code and a message that names the key, shape, file... that is wrong.
 class error {
 public:
@@ -60,8 +63,8 @@ private:
 /// Thrown for caller mistakes on plain operations; what() is error().to_string().
 class exception : public std::runtime_error {
 public:
-  explicit exception(error err) : std::runtime_error(err.to_string()), error_(std::move(err)) {}
-  exception(errc code, std::string message) : exception(error{code, std::move(message)}) {}
+  explicit exception(troupe::error err) : std::runtime_error(err.to_string()), error_(std::move(err)) {}
+  exception(errc code, std::string message) : exception(troupe::error{code, std::move(message)}) {}
   const troupe::error& error() const noexcept { return error_; }
 
 private:
@@ -73,7 +76,7 @@ template <class T>
 class [[nodiscard]] result {
 public:
   result(T value) : state_(std::in_place_index<0>, std::move(value)) {}
-  result(error err) : state_(std::in_place_index<1>, std::move(err)) {}
+  result(troupe::error err) : state_(std::in_place_index<1>, std::move(err)) {}
 
   bool has_value() const noexcept { return state_.index() == 0; }
   explicit operator bool() const noexcept { return has_value(); }
@@ -112,7 +115,7 @@ template <>
 class [[nodiscard]] result<void> {
 public:
   result() = default;
-  result(error err) : error_(std::move(err)), failed_(true) {}
+  result(troupe::error err) : error_(std::move(err)), failed_(true) {}
 
   bool has_value() const noexcept { return !failed_; }
   explicit operator bool() const noexcept { return !failed_; }

@@ -1,0 +1,116 @@
+#include "actors/kvstore.hpp"
+
+#include <array>
+
+#include "actors/local_kvstore.hpp"
+#include "engine/comm.hpp"
+
+namespace troupe {
+
+std::string to_string(const kv_key& key) {
+  if (auto number = std::get_if<std::int64_t>(&key))
+    return std::to_string(*number);
+  return "'" + std::get<std::string>(key) + "'";
+}
+
+result<std::unique_ptr<kvstore>> kvstore::create(std::string_view type) {
+  std::string name{type};
+  // MXNet's aliases: local_update_cpu and local_allreduce_cpu reduce on the host,
+  // local_allreduce_device on the devices.
+  if (type == "local" || type == "local_update_cpu" || type == "local_allreduce_cpu")
+    return std::unique_ptr<kvstore>{new local_kvstore(name, std::make_unique<comm_host>())};
+  if (type == "device" || type == "local_allreduce_device")
+    return std::unique_ptr<kvstore>{new local_kvstore(name, std::make_unique<comm_device>())};
+  if (type.starts_with("dist"))
+    return error{errc::not_supported,
+                 "kvstore type '" + name + "': the distributed modes are not part of this build "
+                                           "yet (available: local, device)"};
+  return error{errc::invalid_argument,
+               "unknown kvstore type '" + name + "' (available: local, device)"};
+}
+
+status kvstore::pushpull(std::span<const kv_key> keys, std::span<const ndarray> values,
+                         std::span<ndarray> outputs, int priority) {
+  if (auto pushed = push(keys, values, priority); !pushed)
+    return pushed;
+  return pull(keys, outputs, priority);
+}
+
+status kvstore::broadcast(std::span<const kv_key> keys, std::span<const ndarray> values,
+                          std::span<ndarray> outputs, int priority) {
+  if (auto initialised = init(keys, values); !initialised)
+    return initialised;
+  // One value per key initialises; the outputs name their keys by position like pull's.
+  std::vector<kv_key> pulled_keys;
+  if (outputs.size() == keys.size()) {
+    pulled_keys.assign(keys.begin(), keys.end());
+  } else if (keys.size() == 1) {
+    pulled_keys.assign(outputs.size(), keys[0]);
+  } else {
+    return error{errc::invalid_argument, "broadcast of " + std::to_string(keys.size()) +
+                                             " keys into " + std::to_string(outputs.size()) +
+                                             " outputs"};
+  }
+  return pull(pulled_keys, outputs, priority);
+}
+
+status kvstore::init(const kv_key& key, const ndarray& value) {
+  return init(std::span{&key, 1}, std::span{&value, 1});
+}
+
+status kvstore::push(const kv_key& key, const ndarray& value, int priority) {
+  return push(std::span{&key, 1}, std::span{&value, 1}, priority);
+}
+
+status kvstore::push(const kv_key& key, std::span<const ndarray> values, int priority) {
+  if (values.empty())
+    return error{errc::empty_list, "push of key " + to_string(key) + " with an empty list"};
+  std::vector<kv_key> keys(values.size(), key);
+  return push(keys, values, priority);
+}
+
+status kvstore::push(const kv_key& key, std::initializer_list<ndarray> values, int priority) {
+  return push(key, std::span<const ndarray>{values.begin(), values.size()}, priority);
+}
+
+status kvstore::pull(const kv_key& key, ndarray& output, int priority) {
+  return pull(std::span{&key, 1}, std::span{&output, 1}, priority);
+}
+
+status kvstore::pull(const kv_key& key, std::span<ndarray> outputs, int priority) {
+  if (outputs.empty())
+    return error{errc::empty_list, "pull of key " + to_string(key) + " into an empty list"};
+  std::vector<kv_key> keys(outputs.size(), key);
+  return pull(keys, outputs, priority);
+}
+
+status kvstore::pushpull(const kv_key& key, const ndarray& value, ndarray& output, int priority) {
+  return pushpull(key, std::span{&value, 1}, std::span{&output, 1}, priority);
+}
+
+status kvstore::pushpull(const kv_key& key, std::span<const ndarray> values,
+                         std::span<ndarray> outputs, int priority) {
+  if (auto pushed = push(key, values, priority); !pushed)
+    return pushed;
+  return pull(key, outputs, priority);
+}
+
+status kvstore::broadcast(const kv_key& key, const ndarray& value, ndarray& output, int priority) {
+  return broadcast(key, value, std::span{&output, 1}, priority);
+}
+
+status kvstore::broadcast(const kv_key& key, const ndarray& value, std::span<ndarray> outputs,
+                          int priority) {
+  if (outputs.empty())
+    return error{errc::empty_list, "broadcast of key " + to_string(key) + " into an empty list"};
+  return broadcast(std::span{&key, 1}, std::span{&value, 1}, outputs, priority);
+}
+
+status kvstore::set_optimizer(std::string_view name, const optimizer_params& params) {
+  auto created = optimizer::create(name, params);
+  if (!created)
+    return created.error();
+  return set_optimizer(std::move(*created));
+}
+
+} // namespace troupe

@@ -1,0 +1,107 @@
+#pragma once
+// The KVStore: the one interface host apps use for every mode, with Apache MXNet's semantics
+// (python/mxnet/kvstore/kvstore.py, src/kvstore/kvstore_local.h).
+//
+//   auto kv = troupe::kvstore::create("local").value();
+//   kv->init(3, ndarray::ones({2, 3}));
+//   kv->push(3, {a, b, c, d});          // the list is summed, then replaces the value
+//   kv->pull(3, out);                   // out == a + b + c + d
+//
+// Modes: `local` (values summed on the host) and `device` (summed on the pushing devices' side;
+// see engine/comm.hpp). The distributed `dist_*` modes come with the distributed issue and are
+// refused by create() until then.
+//
+// Keys are ints or strings, not both in one store. A push without an optimizer replaces the
+// stored value with the sum of the pushed list; after set_optimizer (or set_updater) a push
+// runs the update in the store instead.
+//
+// Every call checks all of its arguments before it changes anything: an unknown key, a shape or
+// dtype that differs from init, mixed key types or an empty list return an error that names the
+// key and the expected and actual values, and the stored values stay as they were.
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "engine/error.hpp"
+#include "engine/ndarray.hpp"
+#include "engine/optimizer.hpp"
+
+namespace troupe {
+
+/// An int or a string key, as MXNet accepts either.
+using kv_key = std::variant<std::int64_t, std::string>;
+
+/// "3" or "'weight'".
+std::string to_string(const kv_key& key);
+
+class kvstore {
+public:
+  /// A custom update run by the store on each push: (key, pushed sum, stored value to update).
+  using updater_function =
+      std::function<void(const kv_key& key, const ndarray& received, ndarray& stored)>;
+
+  /// A store of MXNet's type name. `local` and `device` today; any other name is an error that
+  /// lists the types this build offers.
+  static result<std::unique_ptr<kvstore>> create(std::string_view type = "local");
+
+  virtual ~kvstore() = default;
+
+  /// The name the store was created with.
+  virtual const std::string& type() const noexcept = 0;
+  virtual int rank() const noexcept = 0;
+  virtual int num_workers() const noexcept = 0;
+
+  // Every batch call takes parallel lists: keys[i] goes with values[i]. A key may repeat, and
+  // then its values form one list (MXNet's grouping of key-value pairs).
+
+  /// Declares keys and their initial values; a key can be initialised once.
+  virtual status init(std::span<const kv_key> keys, std::span<const ndarray> values) = 0;
+  /// Pushes values; the values of one key are summed.
+  virtual status push(std::span<const kv_key> keys, std::span<const ndarray> values,
+                      int priority = 0) = 0;
+  /// Copies each key's stored value into its outputs.
+  virtual status pull(std::span<const kv_key> keys, std::span<ndarray> outputs,
+                      int priority = 0) = 0;
+  /// push then pull, with the same keys.
+  virtual status pushpull(std::span<const kv_key> keys, std::span<const ndarray> values,
+                          std::span<ndarray> outputs, int priority = 0);
+  /// init then pull.
+  virtual status broadcast(std::span<const kv_key> keys, std::span<const ndarray> values,
+                           std::span<ndarray> outputs, int priority = 0);
+
+  status init(const kv_key& key, const ndarray& value);
+  status push(const kv_key& key, const ndarray& value, int priority = 0);
+  status push(const kv_key& key, std::span<const ndarray> values, int priority = 0);
+  status push(const kv_key& key, std::initializer_list<ndarray> values, int priority = 0);
+  status pull(const kv_key& key, ndarray& output, int priority = 0);
+  status pull(const kv_key& key, std::span<ndarray> outputs, int priority = 0);
+  status pushpull(const kv_key& key, const ndarray& value, ndarray& output, int priority = 0);
+  status pushpull(const kv_key& key, std::span<const ndarray> values, std::span<ndarray> outputs,
+                  int priority = 0);
+  status broadcast(const kv_key& key, const ndarray& value, ndarray& output, int priority = 0);
+  status broadcast(const kv_key& key, const ndarray& value, std::span<ndarray> outputs,
+                   int priority = 0);
+
+  /// Pushes run this optimizer in the store from now on (MXNet's update_on_kvstore).
+  virtual status set_optimizer(std::unique_ptr<optimizer> opt) = 0;
+  status set_optimizer(std::string_view name, const optimizer_params& params = {});
+  /// Pushes run `update` in the store from now on (MXNet's _set_updater).
+  virtual status set_updater(updater_function update) = 0;
+  /// "optimizer": whether set_optimizer runs the optimizer in the store.
+  virtual bool is_capable(std::string_view capability) const noexcept = 0;
+
+  /// Writes the optimizer's per-key state (and, with dump_optimizer, the optimizer itself) to
+  /// `path`; load restores it bit for bit. Both need set_optimizer first.
+  virtual status save_optimizer_states(const std::string& path,
+                                       bool dump_optimizer = false) const = 0;
+  virtual status load_optimizer_states(const std::string& path) = 0;
+};
+
+} // namespace troupe

@@ -1,0 +1,91 @@
+#include "engine/comm.hpp"
+
+namespace troupe {
+namespace {
+
+/// A buffer of `like`'s shape and dtype on `where`, reused when it already fits.
+ndarray& fit(ndarray& buffer, const ndarray& like, context where) {
+  if (buffer.is_none() || buffer.shape() != like.shape() || buffer.dtype() != like.dtype() ||
+      buffer.ctx() != where)
+    buffer = ndarray::empty(like.shape(), where, like.dtype());
+  return buffer;
+}
+
+void require_uniform(std::span<const ndarray> values) {
+  if (values.empty())
+    throw exception(errc::empty_list, "reduce of an empty list");
+  for (const auto& value : values.subspan(1)) {
+    if (value.shape() != values[0].shape())
+      throw exception(errc::shape_mismatch, "reduce: shape " + shape_to_string(value.shape()) +
+                                                " does not match " +
+                                                shape_to_string(values[0].shape()));
+    if (value.dtype() != values[0].dtype())
+      throw exception(errc::dtype_mismatch, "reduce: dtype " +
+                                                std::string{to_string(value.dtype())} +
+                                                " does not match " +
+                                                std::string{to_string(values[0].dtype())});
+  }
+}
+
+/// Sums `values` into `merged` on merged's context, staging inputs from other contexts.
+void sum_on(ndarray& merged, std::vector<ndarray>& staging, std::span<const ndarray> values) {
+  std::vector<ndarray> operands;
+  operands.reserve(values.size());
+  staging.resize(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (values[i].ctx() == merged.ctx()) {
+      operands.push_back(values[i]);
+    } else {
+      values[i].copy_to(fit(staging[i], values[i], merged.ctx()));
+      operands.push_back(staging[i]);
+    }
+  }
+  sum_into(operands, merged);
+}
+
+} // namespace
+
+void comm::broadcast(const ndarray& source, std::span<ndarray> outputs) const {
+  for (auto& output : outputs)
+    source.copy_to(output);
+}
+
+const ndarray& comm_host::reduce(std::int64_t key, std::span<const ndarray> values) {
+  require_uniform(values);
+  auto& entry = buffers_[key];
+  sum_on(fit(entry.merged, values[0], context::cpu()), entry.staging, values);
+  return entry.merged;
+}
+
+context comm_device::pick_merge_context(std::span<const ndarray> values) {
+  context best = values[0].ctx();
+  std::int64_t best_load = -1;
+  for (const auto& value : values) {
+    auto load = assigned_bytes_[value.ctx()];
+    if (best_load < 0 || load < best_load) {
+      best = value.ctx();
+      best_load = load;
+    }
+  }
+  assigned_bytes_[best] += static_cast<std::int64_t>(values[0].nbytes());
+  return best;
+}
+
+const ndarray& comm_device::reduce(std::int64_t key, std::span<const ndarray> values) {
+  require_uniform(values);
+  auto& entry = buffers_[key];
+  if (entry.merged.is_none() || entry.merged.shape() != values[0].shape() ||
+      entry.merged.dtype() != values[0].dtype())
+    entry.merged = ndarray::empty(values[0].shape(), pick_merge_context(values), values[0].dtype());
+  sum_on(entry.merged, entry.staging, values);
+  return entry.merged;
+}
+
+context comm_device::merge_context(std::int64_t key) const {
+  auto slot = buffers_.find(key);
+  if (slot == buffers_.end())
+    throw exception(errc::unknown_key, "key " + std::to_string(key) + " was never reduced");
+  return slot->second.merged.ctx();
+}
+
+} // namespace troupe

@@ -1,0 +1,383 @@
+#include "engine/optimizer.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+
+#include "engine/serialize.hpp"
+#include "kernels/cpu/optimizer_rules.hpp"
+
+namespace troupe {
+namespace {
+
+namespace rules = kernels::cpu;
+
+/// MXNet 1.x's defaults per optimizer; a parameter not listed here is rejected by name.
+/// clip_gradient and clip_weights use -1 for MXNet's None (disabled).
+optimizer_params defaults_for(std::string_view name) {
+  optimizer_params common{{"learning_rate", 0.01}, {"wd", 0.0},
+                          {"rescale_grad", 1.0},   {"clip_gradient", -1.0}};
+  auto with = [&](std::initializer_list<optimizer_params::value_type> extra) {
+    auto params = common;
+    for (auto& [key, value] : extra)
+      params[key] = value;
+    return params;
+  };
+  if (name == "test")
+    return with({});
+  if (name == "sgd" || name == "nag")
+    return with({{"momentum", 0.0}});
+  if (name == "adam")
+    return with({{"learning_rate", 0.001}, {"beta1", 0.9}, {"beta2", 0.999}, {"epsilon", 1e-8}});
+  if (name == "rmsprop")
+    return with({{"learning_rate", 0.001},
+                 {"gamma1", 0.9},
+                 {"gamma2", 0.9},
+                 {"epsilon", 1e-8},
+                 {"centered", 0.0},
+                 {"clip_weights", -1.0}});
+  if (name == "adagrad")
+    return with({{"epsilon", 1e-7}});
+  return {};
+}
+
+rules::gradient_settings settings_of(const optimizer& opt) {
+  return {static_cast<float>(opt.param("rescale_grad")),
+          static_cast<float>(opt.param("clip_gradient"))};
+}
+
+float f(const optimizer& opt, std::string_view key) { return static_cast<float>(opt.param(key)); }
+
+/// MXNet 1.x `test`: weight += rescale_grad * grad.
+class test_optimizer final : public optimizer {
+public:
+  using optimizer::optimizer;
+  friend class troupe::optimizer; // create() is the only maker
+  std::size_t state_count() const noexcept override { return 0; }
+  void apply(float* weight, const float* grad, std::span<float* const>, std::size_t n,
+             std::int64_t) const override {
+    rules::test_update(weight, grad, n, f(*this, "rescale_grad"));
+  }
+};
+
+class sgd_optimizer final : public optimizer {
+public:
+  using optimizer::optimizer;
+  friend class troupe::optimizer; // create() is the only maker
+  std::size_t state_count() const noexcept override { return param("momentum") != 0.0 ? 1 : 0; }
+  void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
+             std::int64_t) const override {
+    rules::sgd_update(weight, grad, state.empty() ? nullptr : state[0], n,
+                      f(*this, "learning_rate"), f(*this, "momentum"), f(*this, "wd"),
+                      settings_of(*this));
+  }
+};
+
+class nag_optimizer final : public optimizer {
+public:
+  using optimizer::optimizer;
+  friend class troupe::optimizer; // create() is the only maker
+  std::size_t state_count() const noexcept override { return param("momentum") != 0.0 ? 1 : 0; }
+  void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
+             std::int64_t) const override {
+    if (state.empty()) {
+      // MXNet's NAG without momentum is plain SGD.
+      rules::sgd_update(weight, grad, nullptr, n, f(*this, "learning_rate"), 0.0f, f(*this, "wd"),
+                        settings_of(*this));
+      return;
+    }
+    rules::nag_update(weight, grad, state[0], n, f(*this, "learning_rate"), f(*this, "momentum"),
+                      f(*this, "wd"), settings_of(*this));
+  }
+};
+
+class adam_optimizer final : public optimizer {
+public:
+  using optimizer::optimizer;
+  friend class troupe::optimizer; // create() is the only maker
+  std::size_t state_count() const noexcept override { return 2; }
+  void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
+             std::int64_t update_count) const override {
+    // MXNet's Adam folds the bias correction into the rate it hands the kernel.
+    auto t = static_cast<double>(update_count);
+    auto beta1 = param("beta1"), beta2 = param("beta2");
+    auto corrected =
+        param("learning_rate") * std::sqrt(1.0 - std::pow(beta2, t)) / (1.0 - std::pow(beta1, t));
+    rules::adam_update(weight, grad, state[0], state[1], n, static_cast<float>(corrected),
+                       static_cast<float>(beta1), static_cast<float>(beta2), f(*this, "epsilon"),
+                       f(*this, "wd"), settings_of(*this));
+  }
+};
+
+class rmsprop_optimizer final : public optimizer {
+public:
+  using optimizer::optimizer;
+  friend class troupe::optimizer; // create() is the only maker
+  bool centered() const { return param("centered") != 0.0; }
+  std::size_t state_count() const noexcept override { return centered() ? 3 : 1; }
+  void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
+             std::int64_t) const override {
+    if (centered())
+      rules::rmsprop_centered_update(weight, grad, state[0], state[1], state[2], n,
+                                     f(*this, "learning_rate"), f(*this, "gamma1"),
+                                     f(*this, "gamma2"), f(*this, "epsilon"), f(*this, "wd"),
+                                     f(*this, "clip_weights"), settings_of(*this));
+    else
+      rules::rmsprop_update(weight, grad, state[0], n, f(*this, "learning_rate"),
+                            f(*this, "gamma1"), f(*this, "epsilon"), f(*this, "wd"),
+                            f(*this, "clip_weights"), settings_of(*this));
+  }
+};
+
+class adagrad_optimizer final : public optimizer {
+public:
+  using optimizer::optimizer;
+  friend class troupe::optimizer; // create() is the only maker
+  std::size_t state_count() const noexcept override { return 1; }
+  void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
+             std::int64_t) const override {
+    rules::adagrad_update(weight, grad, state[0], n, f(*this, "learning_rate"),
+                          f(*this, "epsilon"), f(*this, "wd"), settings_of(*this));
+  }
+};
+
+std::string accepted_names(const optimizer_params& params) {
+  std::string names;
+  for (auto& [key, value] : params) {
+    if (!names.empty())
+      names += ", ";
+    names += key;
+  }
+  return names;
+}
+
+constexpr std::string_view states_magic = "troupe-optimizer-states";
+constexpr std::uint64_t states_version = 1;
+
+} // namespace
+
+result<std::unique_ptr<optimizer>> optimizer::create(std::string_view name,
+                                                     const optimizer_params& params) {
+  auto effective = defaults_for(name);
+  if (effective.empty())
+    return error{errc::invalid_argument, "unknown optimizer '" + std::string{name} +
+                                             "' (known: test, sgd, nag, adam, rmsprop, adagrad)"};
+  for (auto& [key, value] : params) {
+    auto slot = effective.find(key);
+    if (slot == effective.end())
+      return error{errc::invalid_argument, "optimizer " + std::string{name} +
+                                               " has no parameter '" + key +
+                                               "' (it takes: " + accepted_names(effective) + ")"};
+    if (!std::isfinite(value))
+      return error{errc::invalid_argument, "optimizer " + std::string{name} + " parameter " + key +
+                                               " must be finite, got " + std::to_string(value)};
+    slot->second = value;
+  }
+  auto positive = [&](std::string_view key) -> status {
+    auto slot = effective.find(key);
+    if (slot != effective.end() && !(slot->second > 0.0))
+      return error{errc::invalid_argument, "optimizer " + std::string{name} + " parameter " +
+                                               std::string{key} + " must be > 0, got " +
+                                               std::to_string(slot->second)};
+    return ok();
+  };
+  auto in_unit_interval = [&](std::string_view key) -> status {
+    auto slot = effective.find(key);
+    if (slot != effective.end() && !(slot->second >= 0.0 && slot->second < 1.0))
+      return error{errc::invalid_argument, "optimizer " + std::string{name} + " parameter " +
+                                               std::string{key} + " must be in [0, 1), got " +
+                                               std::to_string(slot->second)};
+    return ok();
+  };
+  for (auto check : {positive("epsilon"), in_unit_interval("momentum"), in_unit_interval("beta1"),
+                     in_unit_interval("beta2"), in_unit_interval("gamma1"),
+                     in_unit_interval("gamma2")})
+    if (!check)
+      return check.error();
+
+  std::string owned_name{name};
+  std::unique_ptr<optimizer> created;
+  if (name == "test")
+    created.reset(new test_optimizer(owned_name, effective));
+  else if (name == "sgd")
+    created.reset(new sgd_optimizer(owned_name, effective));
+  else if (name == "nag")
+    created.reset(new nag_optimizer(owned_name, effective));
+  else if (name == "adam")
+    created.reset(new adam_optimizer(owned_name, effective));
+  else if (name == "rmsprop")
+    created.reset(new rmsprop_optimizer(owned_name, effective));
+  else
+    created.reset(new adagrad_optimizer(owned_name, effective));
+  return created;
+}
+
+double optimizer::param(std::string_view key) const {
+  auto slot = params_.find(key);
+  if (slot == params_.end())
+    throw exception(errc::invalid_argument,
+                    "optimizer " + name_ + " has no parameter '" + std::string{key} + "'");
+  return slot->second;
+}
+
+std::unique_ptr<optimizer> optimizer::clone() const { return create(name_, params_).value(); }
+
+updater::updater(std::unique_ptr<troupe::optimizer> opt) : optimizer_(std::move(opt)) {
+  if (!optimizer_)
+    throw exception(errc::invalid_argument, "updater needs an optimizer");
+}
+
+void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weight) {
+  if (grad.shape() != weight.shape())
+    throw exception(errc::shape_mismatch, "update of weight " + std::to_string(index) +
+                                              ": gradient shape " + shape_to_string(grad.shape()) +
+                                              " does not match weight shape " +
+                                              shape_to_string(weight.shape()));
+  if (!weight.ctx().is_cpu())
+    throw exception(errc::not_supported, "update of weight " + std::to_string(index) + " on " +
+                                             weight.ctx().to_string() +
+                                             ": optimizers run on cpu contexts only");
+  auto& entry = states_[index];
+  if (entry.buffers.size() != optimizer_->state_count()) {
+    entry.buffers.clear();
+    for (std::size_t i = 0; i < optimizer_->state_count(); ++i)
+      entry.buffers.push_back(ndarray::zeros(weight.shape(), context::cpu(), dtype::float32));
+  }
+  ++entry.update_count;
+
+  // Updates run in float32; other dtypes are widened and rounded back once.
+  bool widen = weight.dtype() != dtype::float32;
+  ndarray weight32 = widen ? weight.as_type(dtype::float32) : weight;
+  ndarray grad32 = grad;
+  if (grad32.dtype() != dtype::float32 || !grad32.ctx().is_cpu())
+    grad32 = grad.ctx().is_cpu() ? grad.as_type(dtype::float32)
+                                 : grad.copy_to(context::cpu()).as_type(dtype::float32);
+  std::vector<float*> state;
+  for (auto& buffer : entry.buffers)
+    state.push_back(buffer.data<float>());
+  optimizer_->apply(weight32.data<float>(), grad32.data<float>(), state,
+                    static_cast<std::size_t>(weight.size()), entry.update_count);
+  if (widen)
+    weight32.copy_to(weight);
+}
+
+std::int64_t updater::update_count(std::int64_t index) const {
+  auto slot = states_.find(index);
+  return slot == states_.end() ? 0 : slot->second.update_count;
+}
+
+std::vector<std::byte> updater::save_states(bool dump_optimizer) const {
+  byte_writer out;
+  out.string(states_magic);
+  out.u64(states_version);
+  out.string(optimizer_->name());
+  out.u8(dump_optimizer ? 1 : 0);
+  if (dump_optimizer) {
+    out.u64(optimizer_->params().size());
+    for (auto& [key, value] : optimizer_->params()) {
+      out.string(key);
+      out.f64(value);
+    }
+  }
+  out.u64(states_.size());
+  for (auto& [index, entry] : states_) {
+    out.i64(index);
+    out.i64(entry.update_count);
+    out.u64(entry.buffers.size());
+    for (auto& buffer : entry.buffers)
+      out.array(buffer);
+  }
+  return out.take();
+}
+
+status updater::load_states(std::span<const std::byte> bytes) {
+  byte_reader in{bytes};
+  auto magic = in.string("optimizer states header");
+  if (!magic)
+    return magic.error();
+  if (*magic != states_magic)
+    return error{errc::corrupt_data, "not a troupe optimizer states file (header '" +
+                                         magic->substr(0, 40) + "')"};
+  auto version = in.u64("format version");
+  if (!version)
+    return version.error();
+  if (*version != states_version)
+    return error{errc::corrupt_data, "optimizer states format version " +
+                                         std::to_string(*version) + " is not supported (this is " +
+                                         std::to_string(states_version) + ")"};
+  auto name = in.string("optimizer name");
+  if (!name)
+    return name.error();
+  auto has_optimizer = in.u8("optimizer flag");
+  if (!has_optimizer)
+    return has_optimizer.error();
+
+  std::unique_ptr<troupe::optimizer> loaded_optimizer;
+  if (*has_optimizer != 0) {
+    auto count = in.u64("optimizer parameter count");
+    if (!count)
+      return count.error();
+    optimizer_params params;
+    for (std::uint64_t i = 0; i < *count; ++i) {
+      auto key = in.string("optimizer parameter name");
+      if (!key)
+        return key.error();
+      auto value = in.f64("optimizer parameter value");
+      if (!value)
+        return value.error();
+      params[*key] = *value;
+    }
+    auto created = troupe::optimizer::create(*name, params);
+    if (!created)
+      return error{errc::corrupt_data, "optimizer in states file: " + created.error().message()};
+    loaded_optimizer = std::move(*created);
+  } else if (*name != optimizer_->name()) {
+    return error{errc::invalid_argument, "optimizer states were saved by '" + *name +
+                                             "', this updater runs '" + optimizer_->name() + "'"};
+  }
+  const auto& target = loaded_optimizer ? *loaded_optimizer : *optimizer_;
+
+  auto count = in.u64("state count");
+  if (!count)
+    return count.error();
+  std::map<std::int64_t, weight_state> loaded;
+  for (std::uint64_t i = 0; i < *count; ++i) {
+    auto index = in.i64("weight index");
+    if (!index)
+      return index.error();
+    auto updates = in.i64("update count");
+    if (!updates)
+      return updates.error();
+    auto buffers = in.u64("state buffer count");
+    if (!buffers)
+      return buffers.error();
+    if (*buffers != target.state_count())
+      return error{errc::corrupt_data, "weight " + std::to_string(*index) + " has " +
+                                           std::to_string(*buffers) + " state buffers, optimizer " +
+                                           target.name() + " keeps " +
+                                           std::to_string(target.state_count())};
+    weight_state entry;
+    entry.update_count = *updates;
+    for (std::uint64_t b = 0; b < *buffers; ++b) {
+      auto buffer = in.array("state of weight " + std::to_string(*index));
+      if (!buffer)
+        return buffer.error();
+      if (buffer->dtype() != dtype::float32)
+        return error{errc::corrupt_data, "state of weight " + std::to_string(*index) + " is " +
+                                             std::string{to_string(buffer->dtype())} +
+                                             ", expected float32"};
+      entry.buffers.push_back(std::move(*buffer));
+    }
+    loaded[*index] = std::move(entry);
+  }
+  if (in.remaining() != 0)
+    return error{errc::corrupt_data, std::to_string(in.remaining()) +
+                                         " unexpected bytes after the optimizer states"};
+  // Only now, with everything read and checked, does the updater change.
+  if (loaded_optimizer)
+    optimizer_ = std::move(loaded_optimizer);
+  states_ = std::move(loaded);
+  return ok();
+}
+
+} // namespace troupe

@@ -1,0 +1,99 @@
+#pragma once
+// Optimizers with MXNet's names, parameters and exact update rules (kernels/cpu/optimizer_rules
+// holds the arithmetic), and the updater that owns per-key state, as MXNet's
+// python/mxnet/optimizer/optimizer.py (Optimizer, Updater) does.
+//
+// Weights and gradients of any dtype are updated in float32: a float16 weight is widened, updated
+// and rounded back, as MXNet does without multi_precision. cpu contexts only for now; a gpu
+// weight throws not_supported with its context named.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/error.hpp"
+#include "engine/ndarray.hpp"
+
+namespace troupe {
+
+/// Hyper-parameters by MXNet's names: learning_rate, wd, rescale_grad, clip_gradient, momentum,
+/// beta1, beta2, epsilon, gamma1, gamma2, centered, clip_weights.
+using optimizer_params = std::map<std::string, double, std::less<>>;
+
+class optimizer {
+public:
+  /// Creates an optimizer by MXNet's name: test, sgd, nag, adam, rmsprop, adagrad. An unknown
+  /// name, an unknown parameter or a value out of range is an error naming it and what is
+  /// accepted. Parameters left out take MXNet 1.x's defaults.
+  static result<std::unique_ptr<optimizer>> create(std::string_view name,
+                                                   const optimizer_params& params = {});
+  virtual ~optimizer() = default;
+
+  const std::string& name() const noexcept { return name_; }
+  /// Every parameter of this optimizer, defaults filled in.
+  const optimizer_params& params() const noexcept { return params_; }
+  double param(std::string_view key) const;
+
+  double learning_rate() const { return param("learning_rate"); }
+  void set_learning_rate(double learning_rate) { params_["learning_rate"] = learning_rate; }
+  double rescale_grad() const { return param("rescale_grad"); }
+  void set_rescale_grad(double rescale_grad) { params_["rescale_grad"] = rescale_grad; }
+
+  /// Number of float32 state buffers a weight needs (momentum, Adam's mean and variance...).
+  virtual std::size_t state_count() const noexcept = 0;
+  /// One update of `weight` by `grad` (float32 buffers of n elements, on the host) with its
+  /// state buffers; `update_count` is how many updates this weight has had, this one included
+  /// (Adam's t).
+  virtual void apply(float* weight, const float* grad, std::span<float* const> state,
+                     std::size_t n, std::int64_t update_count) const = 0;
+
+  /// A fresh optimizer with the same name and parameters.
+  std::unique_ptr<optimizer> clone() const;
+
+protected:
+  optimizer(std::string name, optimizer_params params)
+      : name_(std::move(name)), params_(std::move(params)) {}
+
+private:
+  std::string name_;
+  optimizer_params params_;
+};
+
+/// Applies an optimizer to weights identified by an index, keeping each weight's state and update
+/// count (MXNet's Updater). Not thread-safe: one owner calls it.
+class updater {
+public:
+  explicit updater(std::unique_ptr<troupe::optimizer> opt);
+
+  /// weight <- update(weight, grad). Shapes must match; the state is created on first use.
+  /// Throws troupe::exception for a shape mismatch or a gpu context.
+  void operator()(std::int64_t index, const ndarray& grad, ndarray& weight);
+
+  troupe::optimizer& optimizer() noexcept { return *optimizer_; }
+  const troupe::optimizer& optimizer() const noexcept { return *optimizer_; }
+  /// Updates applied to `index` so far.
+  std::int64_t update_count(std::int64_t index) const;
+
+  /// Every weight's state and update count as bytes (with the optimizer's name and parameters
+  /// when dump_optimizer), in a versioned little-endian format; load_states restores them bit for
+  /// bit. load_states rejects data that is truncated, of another version, or of another optimizer
+  /// (unless it carries one, which then replaces this updater's) and leaves the updater as it was.
+  std::vector<std::byte> save_states(bool dump_optimizer = false) const;
+  status load_states(std::span<const std::byte> bytes);
+
+private:
+  struct weight_state {
+    std::int64_t update_count = 0;
+    std::vector<ndarray> buffers;
+  };
+  std::unique_ptr<troupe::optimizer> optimizer_;
+  std::map<std::int64_t, weight_state> states_;
+};
+
+} // namespace troupe

@@ -1,0 +1,149 @@
+// Optimizers and the updater: MXNet's names, defaults and errors, the update rules through the
+// updater (the rules themselves are checked in tests/kernels), and state save/load.
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/optimizer.hpp"
+
+using namespace troupe;
+
+BOOST_AUTO_TEST_SUITE(optimizers)
+
+BOOST_AUTO_TEST_CASE(every_mxnet_optimizer_is_created_with_its_defaults) {
+  struct expectation {
+    std::string name;
+    double learning_rate;
+    std::size_t states;
+  };
+  for (auto& [name, learning_rate, states] :
+       std::vector<expectation>{{"test", 0.01, 0},
+                                {"sgd", 0.01, 0},
+                                {"nag", 0.01, 0},
+                                {"adam", 0.001, 2},
+                                {"rmsprop", 0.001, 1},
+                                {"adagrad", 0.01, 1}}) {
+    auto created = optimizer::create(name);
+    BOOST_TEST_REQUIRE(created.has_value(), name);
+    BOOST_TEST((*created)->name() == name);
+    BOOST_TEST((*created)->learning_rate() == learning_rate);
+    BOOST_TEST((*created)->rescale_grad() == 1.0);
+    BOOST_TEST((*created)->state_count() == states, name);
+  }
+  BOOST_TEST(optimizer::create("sgd", {{"momentum", 0.9}}).value()->state_count() == 1u);
+  BOOST_TEST(optimizer::create("rmsprop", {{"centered", 1}}).value()->state_count() == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_optimizer_or_parameter_is_an_error_naming_it) {
+  auto unknown = optimizer::create("sgdd");
+  BOOST_TEST_REQUIRE(!unknown.has_value());
+  BOOST_TEST(unknown.error().message().find("'sgdd'") != std::string::npos);
+  auto bad_param = optimizer::create("sgd", {{"beta1", 0.9}});
+  BOOST_TEST_REQUIRE(!bad_param.has_value());
+  BOOST_TEST(bad_param.error().message().find("'beta1'") != std::string::npos);
+  BOOST_TEST(bad_param.error().message().find("momentum") != std::string::npos);
+  auto bad_value = optimizer::create("adam", {{"beta2", 1.5}});
+  BOOST_TEST_REQUIRE(!bad_value.has_value());
+  BOOST_TEST(bad_value.error().message().find("beta2") != std::string::npos);
+  BOOST_TEST(!optimizer::create("adam", {{"epsilon", 0.0}}).has_value());
+  BOOST_TEST(!optimizer::create("sgd", {{"learning_rate", NAN}}).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(the_test_optimizer_adds_the_rescaled_gradient) {
+  updater update{optimizer::create("test", {{"rescale_grad", 2.0}}).value()};
+  auto weight = ndarray::ones({3});
+  update(0, ndarray::full({3}, 5.0), weight);
+  BOOST_TEST(weight.to_vector<float>() == std::vector<float>(3, 11.0f));
+  BOOST_TEST(update.update_count(0) == 1);
+  BOOST_TEST(update.update_count(1) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(sgd_with_momentum_follows_mxnets_recurrence) {
+  double lr = 0.1, momentum = 0.9, wd = 0.01;
+  updater update{
+      optimizer::create("sgd", {{"learning_rate", lr}, {"momentum", momentum}, {"wd", wd}})
+          .value()};
+  auto weight = ndarray::full({1}, 2.0);
+  double w = 2.0, mom = 0.0;
+  for (int step = 0; step < 5; ++step) {
+    double g = 0.5 * (step + 1);
+    update(3, ndarray::full({1}, g), weight);
+    mom = momentum * mom - lr * (g + wd * w);
+    w += mom;
+    BOOST_TEST(weight.as_scalar() == w, boost::test_tools::tolerance(1e-5));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adam_uses_the_per_weight_update_count_for_bias_correction) {
+  double lr = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  updater update{optimizer::create("adam", {{"learning_rate", lr}}).value()};
+  auto first = ndarray::full({1}, 1.0), second = ndarray::full({1}, 1.0);
+  double w = 1.0, mean = 0, var = 0;
+  for (int t = 1; t <= 4; ++t) {
+    double g = 0.3 * t;
+    update(0, ndarray::full({1}, g), first);
+    mean = beta1 * mean + (1 - beta1) * g;
+    var = beta2 * var + (1 - beta2) * g * g;
+    double corrected = lr * std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t));
+    w -= corrected * mean / (std::sqrt(var) + eps);
+    BOOST_TEST(first.as_scalar() == w, boost::test_tools::tolerance(1e-5));
+  }
+  // A second weight starts its own count at 1.
+  update(1, ndarray::full({1}, 0.3), second);
+  BOOST_TEST(update.update_count(1) == 1);
+  BOOST_TEST(second.as_scalar() == 1.0 - lr, boost::test_tools::tolerance(1e-5));
+}
+
+BOOST_AUTO_TEST_CASE(a_float16_weight_is_updated_in_float32_and_rounded_back) {
+  updater update{optimizer::create("sgd", {{"learning_rate", 0.5}}).value()};
+  auto weight = ndarray::full({4}, 3.0, context::cpu(), dtype::float16);
+  update(0, ndarray::full({4}, 2.0, context::cpu(), dtype::float16), weight);
+  BOOST_TEST(weight.dtype() == dtype::float16);
+  BOOST_TEST(weight.to_vector<float>() == std::vector<float>(4, 2.0f));
+}
+
+BOOST_AUTO_TEST_CASE(an_update_with_a_gradient_of_another_shape_throws_naming_both) {
+  updater update{optimizer::create("sgd").value()};
+  auto weight = ndarray::ones({2, 2});
+  try {
+    update(5, ndarray::ones({4}), weight);
+    BOOST_FAIL("expected a shape error");
+  } catch (const exception& failure) {
+    BOOST_TEST(failure.error().code() == errc::shape_mismatch);
+    std::string message = failure.what();
+    BOOST_TEST(message.find("(4)") != std::string::npos, message);
+    BOOST_TEST(message.find("(2,2)") != std::string::npos, message);
+  }
+  BOOST_TEST(weight.to_vector<float>() == std::vector<float>(4, 1.0f));
+}
+
+BOOST_AUTO_TEST_CASE(states_round_trip_and_a_rejected_load_changes_nothing) {
+  updater update{optimizer::create("rmsprop", {{"centered", 1}}).value()};
+  auto weight = ndarray::ones({16});
+  for (int step = 0; step < 3; ++step)
+    update(2, ndarray::random_normal(0, 1, {16}, step), weight);
+  auto saved = update.save_states(true);
+
+  updater restored{optimizer::create("rmsprop", {{"centered", 1}}).value()};
+  BOOST_TEST_REQUIRE(restored.load_states(saved).has_value());
+  BOOST_TEST(restored.update_count(2) == 3);
+  BOOST_TEST((restored.save_states(true) == saved));
+
+  // Every truncation is rejected and leaves the updater as it was.
+  for (std::size_t cut = 0; cut < saved.size(); cut += 7) {
+    auto status = restored.load_states(std::span{saved}.first(cut));
+    BOOST_TEST_REQUIRE(!status.has_value());
+    BOOST_TEST(status.error().code() == errc::corrupt_data);
+  }
+  BOOST_TEST((restored.save_states(true) == saved));
+
+  // States dumped with their optimizer replace a different one.
+  updater other{optimizer::create("sgd").value()};
+  BOOST_TEST_REQUIRE(other.load_states(saved).has_value());
+  BOOST_TEST(other.optimizer().name() == "rmsprop");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
