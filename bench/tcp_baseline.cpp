@@ -1,0 +1,159 @@
+// tcp_baseline: what the loopback wire carries with plain blocking sockets, the baseline that
+// troupe's data path is measured against (BENCHMARKS.md).
+//
+//   build/bench/tcp_baseline [--sizes 4096,16777216,134217728] [--repeats 9] [--port 0]
+//
+// A forked server process receives length-prefixed payloads into a pre-faulted buffer and
+// answers each with an 8-byte ack; the client sends from a pre-faulted buffer in 4 MiB writes
+// (TCP_NODELAY on both sides). One JSON line per size: median and spread of the push
+// (payload + ack) rate in GB/s, and the median round trip in microseconds.
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <string>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+namespace {
+
+constexpr std::size_t io_chunk = 4u << 20;
+
+[[noreturn]] void die(const char* what) {
+  std::perror(what);
+  std::exit(1);
+}
+
+void send_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    auto sent = ::send(fd, data, std::min(size, io_chunk), 0);
+    if (sent <= 0)
+      die("send");
+    data += sent;
+    size -= static_cast<std::size_t>(sent);
+  }
+}
+
+bool recv_all(int fd, char* data, std::size_t size) {
+  while (size > 0) {
+    auto got = ::recv(fd, data, std::min(size, io_chunk), 0);
+    if (got <= 0)
+      return false;
+    data += got;
+    size -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+void no_delay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/// Touches every page so that the measurement sees warm memory (STACK.md §8).
+std::vector<char> prefaulted(std::size_t size) {
+  std::vector<char> buffer(size);
+  for (std::size_t i = 0; i < size; i += 4096)
+    buffer[i] = static_cast<char>(i);
+  return buffer;
+}
+
+void serve(int listener, std::size_t largest) {
+  int fd = ::accept(listener, nullptr, nullptr);
+  if (fd < 0)
+    die("accept");
+  no_delay(fd);
+  auto buffer = prefaulted(largest);
+  std::uint64_t length = 0;
+  while (recv_all(fd, reinterpret_cast<char*>(&length), sizeof length)) {
+    if (length > largest || !recv_all(fd, buffer.data(), length))
+      break;
+    send_all(fd, reinterpret_cast<const char*>(&length), sizeof length);
+  }
+  ::close(fd);
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loopback TCP baseline"};
+  std::vector<std::size_t> sizes{4096, 1u << 20, 16u << 20, 128u << 20};
+  int repeats = 9;
+  std::uint16_t port = 0;
+  app.add_option("--sizes", sizes, "payload sizes in bytes")->delimiter(',');
+  app.add_option("--repeats", repeats, "measured repetitions per size")->check(CLI::Range(1, 100000));
+  app.add_option("--port", port, "port on 127.0.0.1 (0: the kernel picks one)");
+  CLI11_PARSE(app, argc, argv);
+
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+    die("bind");
+  socklen_t length = sizeof address;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  if (::listen(listener, 1) != 0)
+    die("listen");
+  auto largest = *std::max_element(sizes.begin(), sizes.end());
+
+  pid_t server = ::fork();
+  if (server < 0)
+    die("fork");
+  if (server == 0) {
+    serve(listener, largest);
+    std::_Exit(0);
+  }
+  ::close(listener);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+    die("connect");
+  no_delay(fd);
+  auto payload = prefaulted(largest);
+
+  for (auto size : sizes) {
+    // Small payloads repeat more, so their medians rest on enough samples.
+    int rounds = size <= (64u << 10) ? std::max(repeats, 2000) : repeats;
+    std::vector<double> seconds;
+    for (int round = -1; round < rounds; ++round) { // round -1 warms up
+      std::uint64_t header = size, ack = 0;
+      auto start = std::chrono::steady_clock::now();
+      send_all(fd, reinterpret_cast<const char*>(&header), sizeof header);
+      send_all(fd, payload.data(), size);
+      if (!recv_all(fd, reinterpret_cast<char*>(&ack), sizeof ack) || ack != size)
+        die("ack");
+      std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      if (round >= 0)
+        seconds.push_back(took.count());
+    }
+    auto mid = median(seconds);
+    auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
+    fmt::print("{{\"bench\":\"tcp_baseline\",\"bytes\":{},\"repeats\":{},\"median_gbps\":{:.3f},"
+               "\"min_gbps\":{:.3f},\"max_gbps\":{:.3f},\"median_rtt_us\":{:.1f}}}\n",
+               size, rounds, size / mid / 1e9, size / *slowest / 1e9, size / *fastest / 1e9,
+               mid * 1e6);
+    std::fflush(stdout);
+  }
+  ::close(fd);
+  int status = 0;
+  ::waitpid(server, &status, 0);
+  return 0;
+}
