@@ -3,6 +3,9 @@
 // (src/operator/optimizer_op-inl.h, python/mxnet/optimizer/optimizer.py). Every rule first forms
 //   g = clip(rescale_grad * grad, clip_gradient)        (no clipping when clip_gradient < 0)
 // and updates `weight` and its state buffers in place. `n` is the element count of every buffer.
+// Exception, as in MXNet's kernels: Adam and both RMSProps add the weight decay before clipping,
+//   g = clip(rescale_grad * grad + wd * weight, clip_gradient)
+// so their "g += wd * weight" below happens inside the clip; SGD, NAG and AdaGrad clip first.
 
 #include <cstddef>
 
@@ -18,7 +21,8 @@ struct gradient_settings {
 void test_update(float* weight, const float* grad, std::size_t n, float rescale_grad) noexcept;
 
 /// SGD, MXNet's sgd_update / sgd_mom_update:
-///   momentum == 0: weight = weight - lr * (g + wd * weight)             (mom may be null)
+///   momentum == 0: weight = weight - lr * (g + wd * weight)  (mom is neither read nor written
+///                  and may be null)
 ///   otherwise:     mom = momentum * mom - lr * (g + wd * weight); weight += mom
 void sgd_update(float* weight, const float* grad, float* mom, std::size_t n, float lr,
                 float momentum, float wd, gradient_settings settings) noexcept;

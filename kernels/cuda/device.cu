@@ -1,0 +1,463 @@
+// CUDA build of kernels/cuda/device.hpp: CUDA runtime for memory and element-wise kernels,
+// cuBLAS for GEMM. Every call is synchronous with the host (see device.hpp), and every CUDA and
+// cuBLAS status goes through TROUPE_CUDA_CHECK, which throws std::runtime_error naming the call,
+// the device and the error.
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device.hpp"
+
+namespace troupe::kernels::cuda {
+
+namespace {
+
+[[noreturn]] void throw_failure(const char* call, int device, const char* name, const char* message,
+                                const char* file, int line) {
+  throw std::runtime_error(std::string{"CUDA call "} + call + " failed on device " +
+                           std::to_string(device) + ": " + name + " (" + message + ") at " + file +
+                           ":" + std::to_string(line));
+}
+
+void check_status(cudaError_t status, const char* call, int device, const char* file, int line) {
+  if (status == cudaSuccess)
+    return;
+  // Clear the error so that an unrelated later cudaGetLastError() does not report it again
+  // (sticky errors such as an illegal address stay with the context regardless).
+  cudaGetLastError();
+  throw_failure(call, device, cudaGetErrorName(status), cudaGetErrorString(status), file, line);
+}
+
+void check_status(cublasStatus_t status, const char* call, int device, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS)
+    return;
+  throw_failure(call, device, cublasGetStatusName(status), cublasGetStatusString(status), file,
+                line);
+}
+
+} // namespace
+
+/// The one way troupe calls CUDA or cuBLAS: evaluates `call` and throws std::runtime_error
+/// naming the call, `device` and the error when it does not succeed.
+#define TROUPE_CUDA_CHECK(device, call)                                                            \
+  ::troupe::kernels::cuda::check_status((call), #call, (device), __FILE__, __LINE__)
+
+namespace {
+
+/// Device discovery, once per process: the set of visible devices cannot change after the
+/// runtime has initialised.
+struct discovery {
+  int count = 0;
+  cudaError_t error = cudaSuccess; ///< why count is 0, when cudaGetDeviceCount failed
+};
+
+const discovery& discover() noexcept {
+  static const discovery result = [] {
+    discovery d;
+    // Not through TROUPE_CUDA_CHECK on purpose: without a driver this fails with
+    // cudaErrorInsufficientDriver (not cudaErrorNoDevice), and any failure means "no GPU".
+    d.error = cudaGetDeviceCount(&d.count);
+    if (d.error != cudaSuccess) {
+      d.count = 0;
+      cudaGetLastError();
+    }
+    return d;
+  }();
+  return result;
+}
+
+/// Per-process CUDA state shared by all callers. Leaked on purpose: destroying cuBLAS handles from
+/// a static destructor can run after the CUDA runtime has been torn down, which crashes at exit.
+struct registry {
+  std::mutex mutex;
+  std::vector<cublasHandle_t> handles;     ///< one per device, created on first gemm
+  std::vector<signed char> peer_enabled;   ///< [dst * count + src]: 0 unknown, 1 yes, -1 no
+  std::map<int, std::string> descriptions; ///< node-based: c_str() stays valid for callers
+};
+
+registry& state() {
+  static registry* r = [] {
+    auto* created = new registry;
+    const auto count = static_cast<std::size_t>(discover().count);
+    created->handles.assign(count, nullptr);
+    created->peer_enabled.assign(count * count, 0);
+    return created;
+  }();
+  return *r;
+}
+
+/// Checks that `device` exists and makes it current for this thread.
+void activate(int device, const char* function) {
+  const int count = discover().count;
+  if (device < 0 || device >= count)
+    throw std::runtime_error(std::string{"troupe::kernels::cuda::"} + function +
+                             ": no CUDA device " + std::to_string(device) + " (" +
+                             std::to_string(count) + " present)");
+  TROUPE_CUDA_CHECK(device, cudaSetDevice(device));
+}
+
+/// Blocks until the work queued on the current device's default stream has finished, so that
+/// the call that queued it has host-side (synchronous) semantics.
+void wait_for(int device) {
+  TROUPE_CUDA_CHECK(device, cudaStreamSynchronize(nullptr));
+}
+
+cublasHandle_t handle_for(int device) {
+  registry& r = state();
+  std::lock_guard lock{r.mutex};
+  cublasHandle_t& handle = r.handles[static_cast<std::size_t>(device)];
+  if (handle == nullptr) {
+    cublasHandle_t created = nullptr;
+    // binds to the current device, which activate() has set
+    TROUPE_CUDA_CHECK(device, cublasCreate(&created));
+    handle = created;
+  }
+  return handle;
+}
+
+cudaError_t tolerate_already_enabled(cudaError_t status) noexcept {
+  if (status != cudaErrorPeerAccessAlreadyEnabled)
+    return status;
+  cudaGetLastError();
+  return cudaSuccess;
+}
+
+/// Lets dst_device read src_device's memory directly when the hardware allows it; otherwise
+/// cudaMemcpyPeer stages through the host, which is still correct.
+void enable_peer_access(int dst_device, int src_device) {
+  registry& r = state();
+  std::lock_guard lock{r.mutex};
+  const auto count = static_cast<std::size_t>(discover().count);
+  signed char& known = r.peer_enabled[static_cast<std::size_t>(dst_device) * count +
+                                      static_cast<std::size_t>(src_device)];
+  if (known != 0)
+    return;
+  int possible = 0;
+  TROUPE_CUDA_CHECK(dst_device, cudaDeviceCanAccessPeer(&possible, dst_device, src_device));
+  if (possible != 0) {
+    TROUPE_CUDA_CHECK(dst_device, cudaSetDevice(dst_device));
+    TROUPE_CUDA_CHECK(dst_device,
+                      tolerate_already_enabled(cudaDeviceEnablePeerAccess(src_device, 0)));
+  }
+  known = possible != 0 ? 1 : -1;
+}
+
+// --- kernels ---------------------------------------------------------------------------------
+
+constexpr unsigned block_threads = 256;
+// Enough blocks to fill any current GPU; larger inputs are covered by the grid-stride loops.
+constexpr std::size_t max_blocks = 8192;
+
+unsigned grid_for(std::size_t n) {
+  return static_cast<unsigned>(std::min((n + block_threads - 1) / block_threads, max_blocks));
+}
+
+__device__ std::size_t first_index() {
+  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ std::size_t grid_stride() {
+  return static_cast<std::size_t>(gridDim.x) * blockDim.x;
+}
+
+struct plus_op {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct minus_op {
+  __device__ float operator()(float x, float y) const { return x - y; }
+};
+struct times_op {
+  __device__ float operator()(float x, float y) const { return x * y; }
+};
+
+template <class Op>
+__global__ void binary_kernel(const float* a, const float* b, float* out, std::size_t n, Op op) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    out[i] = op(a[i], b[i]);
+}
+
+__global__ void scale_kernel(const float* x, float alpha, float* out, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    out[i] = alpha * x[i];
+}
+
+__global__ void axpy_kernel(float alpha, const float* x, float* y, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    y[i] += alpha * x[i];
+}
+
+__global__ void fill_kernel(float* out, float value, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    out[i] = value;
+}
+
+/// Up to this many inputs per sum_n launch, passed by value as kernel parameters.
+constexpr std::size_t inputs_per_launch = 8;
+
+struct input_group {
+  const float* inputs[inputs_per_launch];
+  unsigned count;
+};
+
+/// out[i] = (continue ? out[i] : in[0][i]) + in[...][i] ..., adding strictly left to right so
+/// that the result is bit-identical to kernels::cpu::sum_n.
+__global__ void sum_group_kernel(input_group group, bool continue_sum, float* out, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    float acc = continue_sum ? out[i] : group.inputs[0][i];
+    for (unsigned k = continue_sum ? 0u : 1u; k < group.count; ++k)
+      acc += group.inputs[k][i];
+    out[i] = acc;
+  }
+}
+
+__global__ void float_to_half_kernel(const float* in, std::uint16_t* out, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    out[i] = __half_as_ushort(__float2half_rn(in[i]));
+}
+
+__global__ void half_to_float_kernel(const std::uint16_t* in, float* out, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    out[i] = __half2float(__ushort_as_half(in[i]));
+}
+
+template <class Op>
+void binary(int device, const char* function, const float* a, const float* b, float* out,
+            std::size_t n) {
+  activate(device, function);
+  if (n == 0)
+    return;
+  TROUPE_CUDA_CHECK(device, (binary_kernel<<<grid_for(n), block_threads>>>(a, b, out, n, Op{}),
+                             cudaGetLastError()));
+  wait_for(device);
+}
+
+int to_int(std::size_t value, int device, const char* what) {
+  if (value > static_cast<std::size_t>(INT_MAX))
+    throw std::runtime_error(std::string{"troupe::kernels::cuda::gemm on device "} +
+                             std::to_string(device) + ": " + what + " = " + std::to_string(value) +
+                             " does not fit cuBLAS' 32-bit int");
+  return static_cast<int>(value);
+}
+
+} // namespace
+
+// --- discovery -------------------------------------------------------------------------------
+
+bool built_with_cuda() noexcept {
+  return true;
+}
+
+int device_count() noexcept {
+  return discover().count;
+}
+
+const char* describe_device(int device) {
+  const discovery& d = discover();
+  if (d.count == 0) {
+    static const std::string none =
+        std::string{"no GPU: cudaGetDeviceCount reports "} +
+        (d.error == cudaSuccess
+             ? std::string{"0 devices"}
+             : std::string{cudaGetErrorName(d.error)} + " (" + cudaGetErrorString(d.error) + ")");
+    return none.c_str();
+  }
+  if (device < 0 || device >= d.count)
+    return "no such CUDA device (index out of range)";
+  registry& r = state();
+  std::lock_guard lock{r.mutex};
+  if (auto found = r.descriptions.find(device); found != r.descriptions.end())
+    return found->second.c_str();
+  cudaDeviceProp properties{};
+  TROUPE_CUDA_CHECK(device, cudaGetDeviceProperties(&properties, device));
+  const auto gib = properties.totalGlobalMem >> 30;
+  std::string text = std::string{properties.name} + " (sm_" + std::to_string(properties.major) +
+                     std::to_string(properties.minor) + ", " + std::to_string(gib) + " GiB)";
+  return r.descriptions.emplace(device, std::move(text)).first->second.c_str();
+}
+
+// --- memory ----------------------------------------------------------------------------------
+
+void* allocate(int device, std::size_t bytes) {
+  activate(device, "allocate");
+  if (bytes == 0)
+    return nullptr;
+  void* pointer = nullptr;
+  TROUPE_CUDA_CHECK(device, cudaMalloc(&pointer, bytes));
+  return pointer;
+}
+
+void release(int device, void* pointer) noexcept {
+  if (pointer == nullptr)
+    return;
+  // Called from destructors, so it must not throw: a failed free is reported and swallowed.
+  try {
+    activate(device, "release");
+    TROUPE_CUDA_CHECK(device, cudaFree(pointer));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe::kernels::cuda::release: %s\n", e.what());
+  }
+}
+
+void copy_host_to_device(int device, void* dst, const void* src, std::size_t bytes) {
+  activate(device, "copy_host_to_device");
+  if (bytes == 0)
+    return;
+  TROUPE_CUDA_CHECK(device, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  wait_for(device);
+}
+
+void copy_device_to_host(int device, void* dst, const void* src, std::size_t bytes) {
+  activate(device, "copy_device_to_host");
+  if (bytes == 0)
+    return;
+  TROUPE_CUDA_CHECK(device, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  wait_for(device);
+}
+
+void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src,
+                           std::size_t bytes) {
+  activate(src_device, "copy_device_to_device");
+  activate(dst_device, "copy_device_to_device");
+  if (bytes == 0)
+    return;
+  if (dst_device == src_device) {
+    TROUPE_CUDA_CHECK(dst_device, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    wait_for(dst_device);
+    return;
+  }
+  enable_peer_access(dst_device, src_device);
+  TROUPE_CUDA_CHECK(dst_device, cudaMemcpyPeer(dst, dst_device, src, src_device, bytes));
+  // A peer copy is ordered with both devices' default streams; wait on both before returning.
+  TROUPE_CUDA_CHECK(dst_device, cudaSetDevice(dst_device));
+  wait_for(dst_device);
+  TROUPE_CUDA_CHECK(src_device, cudaSetDevice(src_device));
+  wait_for(src_device);
+}
+
+void zero(int device, void* pointer, std::size_t bytes) {
+  activate(device, "zero");
+  if (bytes == 0)
+    return;
+  TROUPE_CUDA_CHECK(device, cudaMemset(pointer, 0, bytes));
+  wait_for(device);
+}
+
+// --- element-wise ----------------------------------------------------------------------------
+
+void add(int device, const float* a, const float* b, float* out, std::size_t n) {
+  binary<plus_op>(device, "add", a, b, out, n);
+}
+
+void sub(int device, const float* a, const float* b, float* out, std::size_t n) {
+  binary<minus_op>(device, "sub", a, b, out, n);
+}
+
+void mul(int device, const float* a, const float* b, float* out, std::size_t n) {
+  binary<times_op>(device, "mul", a, b, out, n);
+}
+
+void scale(int device, const float* x, float alpha, float* out, std::size_t n) {
+  activate(device, "scale");
+  if (n == 0)
+    return;
+  TROUPE_CUDA_CHECK(
+      device, (scale_kernel<<<grid_for(n), block_threads>>>(x, alpha, out, n), cudaGetLastError()));
+  wait_for(device);
+}
+
+void axpy(int device, float alpha, const float* x, float* y, std::size_t n) {
+  activate(device, "axpy");
+  if (n == 0)
+    return;
+  TROUPE_CUDA_CHECK(
+      device, (axpy_kernel<<<grid_for(n), block_threads>>>(alpha, x, y, n), cudaGetLastError()));
+  wait_for(device);
+}
+
+void fill(int device, float* out, float value, std::size_t n) {
+  activate(device, "fill");
+  if (n == 0)
+    return;
+  TROUPE_CUDA_CHECK(
+      device, (fill_kernel<<<grid_for(n), block_threads>>>(out, value, n), cudaGetLastError()));
+  wait_for(device);
+}
+
+void sum_n(int device, const float* const* inputs, std::size_t count, float* out, std::size_t n) {
+  activate(device, "sum_n");
+  if (n == 0)
+    return;
+  if (count == 0) {
+    TROUPE_CUDA_CHECK(device, cudaMemset(out, 0, n * sizeof(float)));
+  } else if (count == 1) {
+    if (out != inputs[0])
+      TROUPE_CUDA_CHECK(device,
+                        cudaMemcpy(out, inputs[0], n * sizeof(float), cudaMemcpyDeviceToDevice));
+  } else {
+    // Groups run one after another on the default stream; each continues the running sum in
+    // `out`, so only the first group may read inputs[0] (which `out` may alias).
+    for (std::size_t begin = 0; begin < count; begin += inputs_per_launch) {
+      input_group group{};
+      group.count = static_cast<unsigned>(std::min(inputs_per_launch, count - begin));
+      std::copy(inputs + begin, inputs + begin + group.count, group.inputs);
+      const bool continue_sum = begin != 0;
+      TROUPE_CUDA_CHECK(
+          device, (sum_group_kernel<<<grid_for(n), block_threads>>>(group, continue_sum, out, n),
+                   cudaGetLastError()));
+    }
+  }
+  wait_for(device);
+}
+
+void float_to_half(int device, const float* in, std::uint16_t* out, std::size_t n) {
+  activate(device, "float_to_half");
+  if (n == 0)
+    return;
+  TROUPE_CUDA_CHECK(device, (float_to_half_kernel<<<grid_for(n), block_threads>>>(in, out, n),
+                             cudaGetLastError()));
+  wait_for(device);
+}
+
+void half_to_float(int device, const std::uint16_t* in, float* out, std::size_t n) {
+  activate(device, "half_to_float");
+  if (n == 0)
+    return;
+  TROUPE_CUDA_CHECK(device, (half_to_float_kernel<<<grid_for(n), block_threads>>>(in, out, n),
+                             cudaGetLastError()));
+  wait_for(device);
+}
+
+// --- GEMM ------------------------------------------------------------------------------------
+
+void gemm(int device, bool transpose_a, bool transpose_b, std::size_t m, std::size_t n,
+          std::size_t k, float alpha, const float* a, std::size_t lda, const float* b,
+          std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  activate(device, "gemm");
+  if (m == 0 || n == 0)
+    return;
+  // cuBLAS is column-major, and a row-major matrix read column-major is its transpose. So
+  // compute Cᵀ (n×m) = op(B)ᵀ · op(A)ᵀ: swap the operands and m/n, keep each transpose flag.
+  // Leading dimensions of 0 (legal for the empty A and B of k == 0, never read then) are
+  // raised to 1, which cuBLAS requires.
+  const int ld_a = to_int(std::max<std::size_t>(lda, 1), device, "lda");
+  const int ld_b = to_int(std::max<std::size_t>(ldb, 1), device, "ldb");
+  const int ld_c = to_int(ldc, device, "ldc");
+  cublasHandle_t handle = handle_for(device);
+  TROUPE_CUDA_CHECK(device,
+                    cublasSgemm(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, device, "n"),
+                                to_int(m, device, "m"), to_int(k, device, "k"), &alpha, b, ld_b, a,
+                                ld_a, &beta, c, ld_c));
+  wait_for(device);
+}
+
+} // namespace troupe::kernels::cuda

@@ -1,0 +1,408 @@
+// kernels/cuda/device.hpp. With a GPU, every device function is checked against the CPU kernels
+// (which are themselves checked against scalar references in the other files). Without one, the
+// GPU suite is reported as skipped, and the no-device behaviour is checked instead.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/half.hpp"
+#include "kernels/cuda/device.hpp"
+#include "tests/kernels/kernels_test_support.hpp"
+
+namespace cpu = troupe::kernels::cpu;
+namespace cuda = troupe::kernels::cuda;
+using namespace troupe::kernels::testing;
+
+namespace {
+
+boost::test_tools::assertion_result has_cuda_device(boost::unit_test::test_unit_id) {
+  if (cuda::device_count() > 0)
+    return true;
+  BOOST_TEST_MESSAGE(
+      "GPU tests are skipped because no CUDA device is present: " << cuda::describe_device(0));
+  boost::test_tools::assertion_result result{false};
+  result.message() << "no CUDA device is present (" << cuda::describe_device(0) << ")";
+  return result;
+}
+
+boost::test_tools::assertion_result has_no_cuda_device(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result result{cuda::device_count() == 0};
+  if (!result)
+    result.message() << "a CUDA device is present";
+  return result;
+}
+
+/// Owns `n` elements of device memory; release() on destruction.
+template <class T>
+class device_buffer {
+ public:
+  device_buffer(int device, std::size_t n)
+      : device_{device}, n_{n}, data_{static_cast<T*>(cuda::allocate(device, n * sizeof(T)))} {}
+  explicit device_buffer(int device, const std::vector<T>& host)
+      : device_buffer(device, host.size()) {
+    upload(host);
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { cuda::release(device_, data_); }
+
+  T* get() const { return data_; }
+  void upload(const std::vector<T>& host) {
+    BOOST_TEST_REQUIRE(host.size() == n_);
+    cuda::copy_host_to_device(device_, data_, host.data(), n_ * sizeof(T));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    cuda::copy_device_to_host(device_, host.data(), data_, n_ * sizeof(T));
+    return host;
+  }
+
+ private:
+  int device_;
+  std::size_t n_;
+  T* data_;
+};
+
+constexpr int gpu = 0;
+
+/// Equal half bit patterns, except that any NaN matches any NaN (payloads may differ).
+void check_same_halves(const std::vector<std::uint16_t>& actual,
+                       const std::vector<std::uint16_t>& expected, const char* what) {
+  auto canonical = [](std::vector<std::uint16_t> v) {
+    for (auto& h : v)
+      if ((h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0)
+        h = 0x7e00u;
+    return v;
+  };
+  check_equal(canonical(actual), canonical(expected), what);
+}
+
+struct gemm_case {
+  bool transpose_a, transpose_b;
+  std::size_t m, n, k, pad;
+  float alpha, beta;
+};
+
+void check_gemm(const gemm_case& g) {
+  const std::size_t a_rows = g.transpose_a ? g.k : g.m, a_cols = g.transpose_a ? g.m : g.k;
+  const std::size_t b_rows = g.transpose_b ? g.n : g.k, b_cols = g.transpose_b ? g.k : g.n;
+  const std::size_t lda = a_cols + g.pad, ldb = b_cols + g.pad, ldc = g.n + g.pad;
+  auto rng = rng_for(81, g.m * 10'000 + g.n * 100 + g.k);
+  const auto a = random_vector<float>(rng, a_rows * lda, -1.0f, 1.0f);
+  const auto b = random_vector<float>(rng, b_rows * ldb, -1.0f, 1.0f);
+  auto c0 = random_vector<float>(rng, g.m * ldc, -1.0f, 1.0f);
+  if (g.beta == 0.0f) // C is not read when beta == 0: NaN garbage must not survive
+    std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());
+
+  device_buffer<float> da{gpu, a}, db{gpu, b}, dc{gpu, c0};
+  cuda::gemm(gpu, g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, da.get(), lda, db.get(),
+             ldb, g.beta, dc.get(), ldc);
+  const auto c = dc.download();
+  auto expected = c0;
+  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(),
+                      ldb, g.beta, expected.data(), ldc);
+
+  // Tolerance from the magnitudes the rounding works on: Σ|alpha·a·b| + |beta·c|.
+  std::vector<float> abs_a(a.size()), abs_b(b.size()), magnitude(c0.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    abs_a[i] = std::abs(a[i]);
+  for (std::size_t i = 0; i < b.size(); ++i)
+    abs_b[i] = std::abs(b[i]);
+  for (std::size_t i = 0; i < c0.size(); ++i)
+    magnitude[i] = g.beta == 0.0f ? 0.0f : std::abs(c0[i]);
+  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, std::abs(g.alpha), abs_a.data(),
+                      lda, abs_b.data(), ldb, std::abs(g.beta), magnitude.data(), ldc);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < g.m; ++i)
+    for (std::size_t j = 0; j < g.n; ++j) {
+      const std::size_t at = i * ldc + j;
+      const double tolerance = 4 * (g.k + 2) * std::numeric_limits<float>::epsilon() *
+                               (static_cast<double>(magnitude[at]) + 1e-30);
+      if (!(std::abs(static_cast<double>(c[at]) - expected[at]) <= tolerance))
+        ++bad;
+    }
+  BOOST_TEST(bad == 0u, bad << " wrong elements for m=" << g.m << " n=" << g.n << " k=" << g.k
+                            << " ta=" << g.transpose_a << " tb=" << g.transpose_b
+                            << " pad=" << g.pad << " alpha=" << g.alpha << " beta=" << g.beta);
+}
+
+template <class F>
+void check_throws_runtime_error(F call, const char* what) {
+  bool thrown = false;
+  try {
+    call();
+  } catch (const std::runtime_error& e) {
+    thrown = true;
+    // the message must say which call failed (and, without CUDA, why)
+    const std::string message = e.what();
+    BOOST_TEST(message.find(what) != std::string::npos, message);
+  }
+  BOOST_TEST(thrown, what << " did not throw std::runtime_error");
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(cuda_device)
+
+BOOST_AUTO_TEST_CASE(built_with_cuda_matches_the_build_configuration) {
+#ifdef TROUPE_HAVE_CUDA
+  BOOST_TEST(cuda::built_with_cuda());
+#else
+  BOOST_TEST(!cuda::built_with_cuda());
+  BOOST_TEST(cuda::device_count() == 0);
+#endif
+  BOOST_TEST(cuda::device_count() >= 0);
+  BOOST_TEST(cuda::device_count() == cuda::device_count()); // stable across calls
+  BOOST_TEST_MESSAGE("CUDA devices: " << cuda::device_count()
+                                      << "; device 0: " << cuda::describe_device(0));
+}
+
+BOOST_AUTO_TEST_SUITE(without_a_gpu, *boost::unit_test::precondition(has_no_cuda_device))
+
+BOOST_AUTO_TEST_CASE(describe_device_explains_why_there_is_no_gpu) {
+  const std::string text = cuda::describe_device(0);
+  BOOST_TEST(!text.empty());
+  if (!cuda::built_with_cuda())
+    BOOST_TEST(text.find("built without CUDA") != std::string::npos, text);
+}
+
+BOOST_AUTO_TEST_CASE(every_call_that_needs_a_device_throws_a_runtime_error) {
+  float host[1] = {};
+  float* device_pointer = nullptr;
+  const float* inputs[1] = {nullptr};
+  std::uint16_t half[1] = {};
+  check_throws_runtime_error([] { cuda::allocate(0, 16); }, "allocate");
+  check_throws_runtime_error([&] { cuda::copy_host_to_device(0, device_pointer, host, 4); },
+                             "copy_host_to_device");
+  check_throws_runtime_error([&] { cuda::copy_device_to_host(0, host, device_pointer, 4); },
+                             "copy_device_to_host");
+  check_throws_runtime_error(
+      [&] { cuda::copy_device_to_device(0, device_pointer, 0, device_pointer, 4); },
+      "copy_device_to_device");
+  check_throws_runtime_error([&] { cuda::zero(0, device_pointer, 4); }, "zero");
+  check_throws_runtime_error([&] { cuda::add(0, host, host, host, 1); }, "add");
+  check_throws_runtime_error([&] { cuda::sub(0, host, host, host, 1); }, "sub");
+  check_throws_runtime_error([&] { cuda::mul(0, host, host, host, 1); }, "mul");
+  check_throws_runtime_error([&] { cuda::scale(0, host, 2.0f, host, 1); }, "scale");
+  check_throws_runtime_error([&] { cuda::axpy(0, 2.0f, host, host, 1); }, "axpy");
+  check_throws_runtime_error([&] { cuda::fill(0, host, 2.0f, 1); }, "fill");
+  check_throws_runtime_error([&] { cuda::sum_n(0, inputs, 1, host, 1); }, "sum_n");
+  check_throws_runtime_error([&] { cuda::float_to_half(0, host, half, 1); }, "float_to_half");
+  check_throws_runtime_error([&] { cuda::half_to_float(0, half, host, 1); }, "half_to_float");
+  check_throws_runtime_error(
+      [&] { cuda::gemm(0, false, false, 1, 1, 1, 1.0f, host, 1, host, 1, 0.0f, host, 1); }, "gemm");
+  cuda::release(0, nullptr); // releasing nothing is always fine
+}
+
+BOOST_AUTO_TEST_SUITE_END() // without_a_gpu
+
+BOOST_AUTO_TEST_SUITE(on_a_gpu, *boost::unit_test::precondition(has_cuda_device))
+
+BOOST_AUTO_TEST_CASE(describe_device_names_every_gpu_and_its_architecture) {
+  for (int d = 0; d < cuda::device_count(); ++d) {
+    const std::string text = cuda::describe_device(d);
+    BOOST_TEST_MESSAGE("device " << d << ": " << text);
+    BOOST_TEST(text.find("sm_") != std::string::npos, text);
+    BOOST_TEST(text.find("GiB") != std::string::npos, text);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_out_of_range_device_index_throws_a_runtime_error) {
+  const int count = cuda::device_count();
+  check_throws_runtime_error([&] { cuda::allocate(count, 16); }, "allocate");
+  check_throws_runtime_error([] { cuda::allocate(-1, 16); }, "allocate");
+}
+
+BOOST_AUTO_TEST_CASE(host_device_round_trips_preserve_every_byte_on_every_size_and_device) {
+  for (int d = 0; d < cuda::device_count(); ++d)
+    for (std::size_t n : sizes) {
+      auto rng = rng_for(70, n);
+      const auto host = random_vector<float>(rng, n, -1e6f, 1e6f);
+      device_buffer<float> buffer{d, host};
+      check_equal(buffer.download(), host, "host -> device -> host");
+    }
+}
+
+BOOST_AUTO_TEST_CASE(copies_within_and_between_devices_preserve_every_byte_on_every_size) {
+  const int count = cuda::device_count();
+  for (std::size_t n : sizes) {
+    auto rng = rng_for(71, n);
+    const auto host = random_vector<float>(rng, n, -1e6f, 1e6f);
+    device_buffer<float> source{gpu, host}, same{gpu, n};
+    cuda::copy_device_to_device(gpu, same.get(), gpu, source.get(), n * sizeof(float));
+    check_equal(same.download(), host, "copy within device 0");
+    if (count > 1) {
+      device_buffer<float> other{1, n}, back{gpu, n};
+      cuda::copy_device_to_device(1, other.get(), gpu, source.get(), n * sizeof(float));
+      check_equal(other.download(), host, "copy from device 0 to device 1");
+      cuda::copy_device_to_device(gpu, back.get(), 1, other.get(), n * sizeof(float));
+      check_equal(back.download(), host, "copy from device 1 to device 0");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(zero_clears_every_byte_on_every_size) {
+  for (std::size_t n : sizes) {
+    device_buffer<float> buffer{gpu, std::vector<float>(n, 3.0f)};
+    cuda::zero(gpu, buffer.get(), n * sizeof(float));
+    check_equal(buffer.download(), std::vector<float>(n, 0.0f), "zero");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(add_sub_mul_scale_and_fill_match_the_cpu_kernels_exactly_on_every_size) {
+  // IEEE single-operation results are correctly rounded on both sides: no tolerance needed.
+  for (std::size_t n : sizes) {
+    auto rng = rng_for(72, n);
+    const auto a = random_vector<float>(rng, n, -10.0f, 10.0f);
+    const auto b = random_vector<float>(rng, n, -10.0f, 10.0f);
+    device_buffer<float> da{gpu, a}, db{gpu, b}, dout{gpu, n};
+    std::vector<float> expected(n);
+
+    cuda::add(gpu, da.get(), db.get(), dout.get(), n);
+    cpu::add(a.data(), b.data(), expected.data(), n);
+    check_equal(dout.download(), expected, "add");
+
+    cuda::sub(gpu, da.get(), db.get(), dout.get(), n);
+    cpu::sub(a.data(), b.data(), expected.data(), n);
+    check_equal(dout.download(), expected, "sub");
+
+    cuda::mul(gpu, da.get(), db.get(), dout.get(), n);
+    cpu::mul(a.data(), b.data(), expected.data(), n);
+    check_equal(dout.download(), expected, "mul");
+
+    cuda::scale(gpu, da.get(), -1.75f, dout.get(), n);
+    cpu::scale(a.data(), -1.75f, expected.data(), n);
+    check_equal(dout.download(), expected, "scale");
+
+    cuda::fill(gpu, dout.get(), 0.125f, n);
+    check_equal(dout.download(), std::vector<float>(n, 0.125f), "fill");
+
+    // out may alias an input
+    cuda::add(gpu, da.get(), db.get(), da.get(), n);
+    cpu::add(a.data(), b.data(), expected.data(), n);
+    check_equal(da.download(), expected, "add in place");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(axpy_matches_the_cpu_kernel_up_to_fused_multiply_add_on_every_size) {
+  for (std::size_t n : sizes) {
+    auto rng = rng_for(73, n);
+    const auto x = random_vector<float>(rng, n, -10.0f, 10.0f);
+    auto y = random_vector<float>(rng, n, -10.0f, 10.0f);
+    device_buffer<float> dx{gpu, x}, dy{gpu, y};
+    cuda::axpy(gpu, 0.625f, dx.get(), dy.get(), n);
+    cpu::axpy(0.625f, x.data(), y.data(), n);
+    // the GPU contracts y + alpha * x into one FMA; the CPU may round twice
+    check_close(dy.download(), y, 2 * std::numeric_limits<float>::epsilon(),
+                20 * std::numeric_limits<float>::epsilon(), "axpy");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sum_n_matches_the_cpu_kernel_bit_for_bit_on_every_size_and_count) {
+  for (std::size_t n : sizes)
+    for (std::size_t count : {0u, 1u, 2u, 4u, 9u, 17u}) {
+      auto rng = rng_for(74 + count, n);
+      std::vector<std::vector<float>> host;
+      std::vector<const float*> host_pointers;
+      std::vector<std::unique_ptr<device_buffer<float>>> device;
+      std::vector<const float*> device_pointers;
+      for (std::size_t k = 0; k < count; ++k) {
+        host.push_back(random_vector<float>(rng, n, -10.0f, 10.0f));
+        device.push_back(std::make_unique<device_buffer<float>>(gpu, host.back()));
+      }
+      for (std::size_t k = 0; k < count; ++k) {
+        host_pointers.push_back(host[k].data());
+        device_pointers.push_back(device[k]->get());
+      }
+      std::vector<float> expected(n);
+      cpu::sum_n(host_pointers.data(), count, expected.data(), n);
+
+      device_buffer<float> out{gpu, std::vector<float>(n, 5.0f)};
+      cuda::sum_n(gpu, device_pointers.data(), count, out.get(), n);
+      check_equal(out.download(), expected, "sum_n");
+      if (count > 0) {
+        // out may alias inputs[0]
+        cuda::sum_n(gpu, device_pointers.data(), count, device[0]->get(), n);
+        check_equal(device[0]->download(), expected, "sum_n into inputs[0]");
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(half_conversions_match_the_cpu_on_every_bit_pattern) {
+  std::vector<std::uint16_t> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    all[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> expected(all.size());
+  cpu::half_to_float(all.data(), expected.data(), all.size());
+
+  device_buffer<std::uint16_t> halves{gpu, all}, back{gpu, all.size()};
+  device_buffer<float> floats{gpu, all.size()};
+  cuda::half_to_float(gpu, halves.get(), floats.get(), all.size());
+  check_equal(floats.download(), expected, "half_to_float on every pattern");
+  cuda::float_to_half(gpu, floats.get(), back.get(), all.size());
+  check_same_halves(back.download(), all, "float_to_half round trip (NaN stays NaN)");
+}
+
+BOOST_AUTO_TEST_CASE(float_to_half_matches_the_cpu_on_every_size) {
+  for (std::size_t n : sizes) {
+    auto rng = rng_for(75, n);
+    // spans flush-to-zero, subnormal, normal and overflowing magnitudes
+    auto in = random_vector<float>(rng, n, -70000.0f, 70000.0f);
+    std::uniform_int_distribution<int> shift{-30, 0};
+    for (auto& x : in)
+      x = std::ldexp(x, shift(rng));
+    std::vector<std::uint16_t> expected(n);
+    cpu::float_to_half(in.data(), expected.data(), n);
+    device_buffer<float> din{gpu, in};
+    device_buffer<std::uint16_t> dout{gpu, n};
+    cuda::float_to_half(gpu, din.get(), dout.get(), n);
+    check_same_halves(dout.download(), expected, "float_to_half");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gemm_matches_the_reference_for_every_transpose_and_odd_or_empty_sizes) {
+  const std::size_t dims[] = {0, 1, 2, 7, 33};
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      for (std::size_t m : dims)
+        for (std::size_t n : dims)
+          for (std::size_t k : dims)
+            check_gemm({ta, tb, m, n, k, (m + n + k) % 3, 1.0f, 0.0f});
+      for (const auto& [alpha, beta] :
+           {std::pair{0.5f, 2.0f}, std::pair{-1.5f, 1.0f}, std::pair{0.0f, 3.0f}}) {
+        check_gemm({ta, tb, 5, 3, 4, 1, alpha, beta});
+        check_gemm({ta, tb, 4, 6, 0, 0, alpha, beta}); // k = 0: C = beta * C, lda may be 0
+      }
+      check_gemm({ta, tb, 129, 67, 301, 5, 0.75f, -0.5f});
+    }
+}
+
+BOOST_AUTO_TEST_CASE(gemm_reports_cublas_errors_as_runtime_errors_naming_the_call) {
+  device_buffer<float> a{gpu, 16}, b{gpu, 16}, c{gpu, 16};
+  bool thrown = false;
+  try {
+    // lda = 1 is too small for a 4×4 row-major A
+    cuda::gemm(gpu, false, false, 4, 4, 4, 1.0f, a.get(), 1, b.get(), 4, 0.0f, c.get(), 4);
+  } catch (const std::runtime_error& e) {
+    thrown = true;
+    const std::string what = e.what();
+    BOOST_TEST(what.find("cublasSgemm") != std::string::npos, what);
+    BOOST_TEST(what.find("device 0") != std::string::npos, what);
+  }
+  BOOST_TEST(thrown);
+}
+
+BOOST_AUTO_TEST_SUITE_END() // on_a_gpu
+
+BOOST_AUTO_TEST_SUITE_END() // cuda_device
