@@ -1,0 +1,954 @@
+// Conversion between troupe::wire structs and Cap'n Proto frames (format in troupe.capnp).
+//
+// Decoding distrusts every byte: sizes and the segment table are checked before Cap'n Proto sees
+// the buffer, the reader's traversal limit is the frame's own word count (so a frame cannot make
+// the reader walk more than it sent, and a large tensor chunk is not cut off by the 64 MiB
+// default), every pointer is followed once (a second read would count twice against that limit),
+// and all failures, Cap'n Proto's kj::Exception included, end as a decode_error value.
+
+#include "schema/codec.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include "schema/troupe.capnp.h"
+
+namespace troupe::wire {
+
+namespace ws = troupe::wire_schema;
+
+namespace {
+
+// Payloads smaller than this are copied into the frame: a separate segment (and its far
+// pointer) costs more than copying a few KiB, and small messages then stay one piece.
+constexpr std::size_t reference_threshold = 4096;
+
+// Cap'n Proto's nesting limit for our frames. The deepest path is Message -> Membership ->
+// List(NodeInfo) -> Text, so 16 leaves room for growth while refusing deep garbage.
+constexpr int nesting_limit = 16;
+
+// --- little-endian helpers (the prefix and Cap'n Proto's segment table) -------------------------
+
+void store_le32(std::byte* out, std::uint32_t v) noexcept {
+  for (int i = 0; i < 4; ++i)
+    out[i] = static_cast<std::byte>(v >> (8 * i));
+}
+
+void store_le64(std::byte* out, std::uint64_t v) noexcept {
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<std::byte>(v >> (8 * i));
+}
+
+std::uint32_t load_le32(const std::byte* in) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<std::uint32_t>(in[i]) << (8 * i);
+  return v;
+}
+
+std::uint64_t load_le64(const std::byte* in) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+// --- enums: the schema's enums start with `unspecified @0`, ours at 0, hence the offset of one --
+
+template <class Wire, class Plain>
+Wire to_wire(Plain value) noexcept {
+  return static_cast<Wire>(static_cast<std::uint16_t>(static_cast<std::uint16_t>(value) + 1));
+}
+
+// --- decode failures travel as an exception inside this file only, caught in decode_body -------
+
+struct rejection {
+  decode_error error;
+};
+
+[[noreturn]] void fail(decode_error::code kind, std::string message) {
+  throw rejection{decode_error{kind, std::move(message)}};
+}
+
+template <class Plain, class Wire>
+Plain from_wire(Wire value, std::uint16_t count, const char* field) {
+  auto raw = static_cast<std::uint16_t>(value);
+  if (raw == 0 || raw > count)
+    fail(decode_error::code::invalid_enum,
+         std::string(field) + ": value " + std::to_string(raw) +
+             (raw == 0 ? " (unspecified)" : " is not in the enumeration"));
+  return static_cast<Plain>(raw - 1);
+}
+
+constexpr std::uint16_t role_count = 3;
+constexpr std::uint16_t dtype_count = 5;
+constexpr std::uint16_t reject_reason_count = 6;
+constexpr std::uint16_t error_code_count = 13;
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i)
+      s += ',';
+    s += std::to_string(shape[i]);
+  }
+  return s + ")";
+}
+
+} // namespace
+
+std::string_view to_string(decode_error::code kind) noexcept {
+  using c = decode_error::code;
+  switch (kind) {
+  case c::frame_too_large:
+    return "frame_too_large";
+  case c::truncated:
+    return "truncated";
+  case c::malformed_frame:
+    return "malformed_frame";
+  case c::malformed_message:
+    return "malformed_message";
+  case c::unknown_message:
+    return "unknown_message";
+  case c::missing_field:
+    return "missing_field";
+  case c::invalid_enum:
+    return "invalid_enum";
+  case c::invalid_tensor:
+    return "invalid_tensor";
+  case c::limit_exceeded:
+    return "limit_exceeded";
+  case c::invalid_value:
+    return "invalid_value";
+  case c::chunk_mismatch:
+    return "chunk_mismatch";
+  case c::chunk_out_of_range:
+    return "chunk_out_of_range";
+  case c::chunk_overlap:
+    return "chunk_overlap";
+  }
+  return "unknown decode_error code";
+}
+
+std::optional<decode_error> validate_tensor(const tensor_chunk& chunk,
+                                            const decode_limits& limits) {
+  using c = decode_error::code;
+  auto error = [](c kind, std::string msg) { return decode_error{kind, std::move(msg)}; };
+  const std::size_t element = size_of(chunk.type);
+  if (element == 0)
+    return error(c::invalid_enum, "tensor dtype " +
+                                      std::to_string(static_cast<unsigned>(chunk.type)) +
+                                      " is not in the enumeration");
+  if (chunk.shape.size() > limits.max_rank)
+    return error(c::limit_exceeded, "tensor has " + std::to_string(chunk.shape.size()) +
+                                        " axes, limit " + std::to_string(limits.max_rank));
+  std::uint64_t count = 1;
+  for (std::int64_t extent : chunk.shape) {
+    if (extent < 0)
+      return error(c::invalid_tensor,
+                   "tensor shape " + shape_string(chunk.shape) + " has a negative extent");
+    auto e = static_cast<std::uint64_t>(extent);
+    if (e != 0 && count > std::numeric_limits<std::uint64_t>::max() / e)
+      return error(c::invalid_tensor,
+                   "tensor shape " + shape_string(chunk.shape) + " overflows 64 bits");
+    count *= e;
+  }
+  if (count > std::numeric_limits<std::uint64_t>::max() / element)
+    return error(c::invalid_tensor,
+                 "tensor shape " + shape_string(chunk.shape) + " overflows 64 bits in bytes");
+  const std::uint64_t bytes = count * element;
+  if (bytes != chunk.total_bytes)
+    return error(c::invalid_tensor, "tensor shape " + shape_string(chunk.shape) + " of " +
+                                        std::string(to_string(chunk.type)) + " is " +
+                                        std::to_string(bytes) + " bytes but total_bytes is " +
+                                        std::to_string(chunk.total_bytes));
+  if (chunk.total_bytes > limits.max_tensor_bytes)
+    return error(c::limit_exceeded, "tensor of " + std::to_string(chunk.total_bytes) +
+                                        " bytes, limit " + std::to_string(limits.max_tensor_bytes));
+  const std::uint64_t size = chunk.data.size();
+  if (chunk.offset % element != 0 || size % element != 0)
+    return error(c::invalid_tensor, "chunk at offset " + std::to_string(chunk.offset) + " of " +
+                                        std::to_string(size) + " bytes splits an element of " +
+                                        std::to_string(element) + " bytes");
+  if (chunk.offset > chunk.total_bytes || size > chunk.total_bytes - chunk.offset)
+    return error(c::invalid_tensor, "chunk [" + std::to_string(chunk.offset) + ", +" +
+                                        std::to_string(size) + ") lies outside the tensor of " +
+                                        std::to_string(chunk.total_bytes) + " bytes");
+  if (size == 0 && chunk.total_bytes != 0)
+    return error(c::invalid_tensor, "empty chunk of a non-empty tensor");
+  return std::nullopt;
+}
+
+// ================================================================================================
+// Encoding
+
+struct encoded_frame::state {
+  explicit state(unsigned first_segment_words) : builder(first_segment_words) {}
+
+  capnp::MallocMessageBuilder builder;
+  // Length prefix and segment table, little-endian.
+  std::vector<std::byte> header;
+  // A referenced payload (at most one per message: one tensor) and its last partial word.
+  const std::byte* external = nullptr;
+  std::size_t external_size = 0;
+  alignas(8) std::byte tail[8] = {};
+  std::vector<std::span<const std::byte>> pieces;
+  std::size_t size = 0;
+};
+
+encoded_frame::encoded_frame(std::unique_ptr<state> s) noexcept : state_(std::move(s)) {}
+encoded_frame::encoded_frame(encoded_frame&&) noexcept = default;
+encoded_frame& encoded_frame::operator=(encoded_frame&&) noexcept = default;
+encoded_frame::~encoded_frame() = default;
+
+std::span<const std::span<const std::byte>> encoded_frame::pieces() const noexcept {
+  return state_->pieces;
+}
+
+std::size_t encoded_frame::size() const noexcept {
+  return state_->size;
+}
+
+void encoded_frame::flatten_into(std::span<std::byte> out) const {
+  if (out.size() != state_->size)
+    throw std::invalid_argument("encoded_frame::flatten_into: buffer of " +
+                                std::to_string(out.size()) + " bytes for a frame of " +
+                                std::to_string(state_->size));
+  std::byte* at = out.data();
+  for (auto piece : state_->pieces) {
+    if (!piece.empty())
+      std::memcpy(at, piece.data(), piece.size());
+    at += piece.size();
+  }
+}
+
+std::vector<std::byte> encoded_frame::flatten() const {
+  std::vector<std::byte> out(state_->size);
+  flatten_into(out);
+  return out;
+}
+
+namespace {
+
+// Words the first segment should have so that the whole message fits in it (one segment, one
+// piece); an underestimate only costs an extra segment.
+struct size_estimate {
+  std::size_t words = 16;
+  void text(const std::string& s) { words += s.size() / 8 + 2; }
+  void tensor(const tensor_chunk& t) {
+    words += 8 + t.shape.size();
+    if (t.data.size() < reference_threshold)
+      words += t.data.size() / 8 + 1;
+  }
+  void operator()(const registration& m) {
+    text(m.job_id);
+    text(m.auth_token);
+    text(m.host);
+  }
+  void operator()(const admission& m) {
+    if (auto* r = std::get_if<rejected>(&m.outcome))
+      text(r->detail);
+  }
+  void operator()(const membership& m) {
+    words += 4 + 4 * m.key_ranges.size();
+    for (const auto& n : m.nodes) {
+      words += 5;
+      text(n.host);
+    }
+  }
+  void operator()(const init& m) { tensor(m.tensor); }
+  void operator()(const push& m) { tensor(m.tensor); }
+  void operator()(const pull_reply& m) { tensor(m.tensor); }
+  void operator()(const pushpull& m) { tensor(m.tensor); }
+  void operator()(const set_optimizer& m) {
+    text(m.name);
+    for (const auto& p : m.params) {
+      words += 3;
+      text(p.name);
+    }
+  }
+  void operator()(const set_gradient_compression& m) { text(m.type); }
+  void operator()(const command& m) { text(m.path); }
+  void operator()(const error_reply& m) { text(m.message); }
+  void operator()(const pull_request&) {}
+  void operator()(const ack&) {}
+  void operator()(const barrier&) {}
+  void operator()(const barrier_release&) {}
+  void operator()(const heartbeat&) {}
+};
+
+capnp::Text::Reader text_of(const std::string& s) {
+  // std::string's data() is NUL-terminated, as Text::Reader requires.
+  return capnp::Text::Reader(s.data(), s.size());
+}
+
+class writer {
+ public:
+  writer(ws::Message::Builder root, encoded_frame::state& st) : root_(root), st_(st) {}
+
+  void operator()(const registration& m) {
+    auto b = root_.initRegistration();
+    b.setRequestId(m.request_id);
+    b.setProtocolVersion(m.protocol_version);
+    b.setRole(to_wire<ws::Role>(m.node_role));
+    b.setJobId(text_of(m.job_id));
+    b.setAuthToken(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(m.auth_token.data()),
+                                       m.auth_token.size()));
+    b.setHost(text_of(m.host));
+    b.setPort(m.port);
+  }
+  void operator()(const admission& m) {
+    auto b = root_.initAdmission();
+    b.setRequestId(m.request_id);
+    if (auto* a = std::get_if<admitted>(&m.outcome)) {
+      auto g = b.initAdmitted();
+      g.setRank(a->rank);
+      g.setNodeId(a->node_id);
+    } else {
+      const auto& r = std::get<rejected>(m.outcome);
+      auto g = b.initRejected();
+      g.setReason(to_wire<ws::RejectReason>(r.reason));
+      g.setDetail(text_of(r.detail));
+    }
+  }
+  void operator()(const membership& m) {
+    auto b = root_.initMembership();
+    b.setEpoch(m.epoch);
+    b.setNumWorkers(m.num_workers);
+    b.setNumServers(m.num_servers);
+    auto nodes = b.initNodes(list_size(m.nodes.size()));
+    for (unsigned i = 0; i < m.nodes.size(); ++i) {
+      const auto& n = m.nodes[i];
+      auto nb = nodes[i];
+      nb.setNodeId(n.node_id);
+      nb.setRole(to_wire<ws::Role>(n.node_role));
+      nb.setRank(n.rank);
+      nb.setHost(text_of(n.host));
+      nb.setDataPort(n.data_port);
+      nb.setAlive(n.alive);
+    }
+    auto ranges = b.initKeyRanges(list_size(m.key_ranges.size()));
+    for (unsigned i = 0; i < m.key_ranges.size(); ++i) {
+      const auto& r = m.key_ranges[i];
+      auto rb = ranges[i];
+      rb.setBegin(r.begin);
+      rb.setEnd(r.end);
+      rb.setServerRank(r.server_rank);
+      rb.setShardIndex(r.shard_index);
+    }
+  }
+  void operator()(const init& m) {
+    auto b = root_.initInit();
+    b.setRequestId(m.request_id);
+    b.setKey(m.key);
+    write_tensor(b.initTensor(), m.tensor);
+  }
+  void operator()(const push& m) {
+    auto b = root_.initPush();
+    b.setRequestId(m.request_id);
+    b.setKey(m.key);
+    b.setSenderRank(m.sender_rank);
+    b.setRound(m.round);
+    write_tensor(b.initTensor(), m.tensor);
+  }
+  void operator()(const pull_request& m) {
+    auto b = root_.initPullRequest();
+    b.setRequestId(m.request_id);
+    b.setKey(m.key);
+    b.setSenderRank(m.sender_rank);
+    b.setRound(m.round);
+  }
+  void operator()(const pull_reply& m) {
+    auto b = root_.initPullReply();
+    b.setRequestId(m.request_id);
+    b.setKey(m.key);
+    b.setRound(m.round);
+    write_tensor(b.initTensor(), m.tensor);
+  }
+  void operator()(const pushpull& m) {
+    auto b = root_.initPushPull();
+    b.setRequestId(m.request_id);
+    b.setKey(m.key);
+    b.setSenderRank(m.sender_rank);
+    b.setRound(m.round);
+    write_tensor(b.initTensor(), m.tensor);
+  }
+  void operator()(const ack& m) { root_.initAck().setRequestId(m.request_id); }
+  void operator()(const barrier& m) {
+    auto b = root_.initBarrier();
+    b.setRequestId(m.request_id);
+    b.setBarrierId(m.barrier_id);
+    b.setGroup(m.group);
+    b.setSenderNodeId(m.sender_node_id);
+  }
+  void operator()(const barrier_release& m) {
+    auto b = root_.initBarrierRelease();
+    b.setRequestId(m.request_id);
+    b.setBarrierId(m.barrier_id);
+    b.setGroup(m.group);
+  }
+  void operator()(const set_optimizer& m) {
+    auto b = root_.initSetOptimizer();
+    b.setRequestId(m.request_id);
+    b.setName(text_of(m.name));
+    auto params = b.initParams(list_size(m.params.size()));
+    for (unsigned i = 0; i < m.params.size(); ++i) {
+      params[i].setName(text_of(m.params[i].name));
+      params[i].setValue(m.params[i].value);
+    }
+  }
+  void operator()(const set_gradient_compression& m) {
+    auto b = root_.initSetGradientCompression();
+    b.setRequestId(m.request_id);
+    b.setType(text_of(m.type));
+    b.setThreshold(m.threshold);
+  }
+  void operator()(const command& m) {
+    auto b = root_.initCommand();
+    b.setRequestId(m.request_id);
+    switch (m.kind) {
+    case command_kind::stop:
+      b.setStop();
+      return;
+    case command_kind::save_checkpoint:
+      b.setSaveCheckpoint(text_of(m.path));
+      return;
+    case command_kind::load_checkpoint:
+      b.setLoadCheckpoint(text_of(m.path));
+      return;
+    }
+    throw std::invalid_argument("encode: command_kind " +
+                                std::to_string(static_cast<unsigned>(m.kind)) +
+                                " is not in the enumeration");
+  }
+  void operator()(const heartbeat& m) {
+    auto b = root_.initHeartbeat();
+    b.setSenderNodeId(m.sender_node_id);
+    b.setSequence(m.sequence);
+    b.setTimestampNs(m.timestamp_ns);
+  }
+  void operator()(const error_reply& m) {
+    auto b = root_.initError();
+    b.setRequestId(m.request_id);
+    if (m.key)
+      b.setKey(*m.key);
+    else
+      b.setNoKey();
+    b.setCode(to_wire<ws::ErrorCode>(m.code));
+    b.setMessage(text_of(m.message));
+  }
+
+ private:
+  static unsigned list_size(std::size_t n) {
+    // Cap'n Proto lists hold fewer than 2^29 elements.
+    if (n >= (std::size_t{1} << 29))
+      throw std::invalid_argument("encode: list of " + std::to_string(n) +
+                                  " elements exceeds Cap'n Proto's 2^29-1");
+    return static_cast<unsigned>(n);
+  }
+
+  void write_tensor(ws::Tensor::Builder b, const tensor_chunk& t) {
+    if (t.data.size() > max_chunk_bytes)
+      throw std::invalid_argument("encode: tensor payload of " + std::to_string(t.data.size()) +
+                                  " bytes exceeds max_chunk_bytes; split it with chunker");
+    b.setDtype(to_wire<ws::DType>(t.type));
+    auto shape = b.initShape(list_size(t.shape.size()));
+    for (unsigned i = 0; i < t.shape.size(); ++i)
+      shape.set(i, t.shape[i]);
+    b.setTotalBytes(t.total_bytes);
+    b.setOffset(t.offset);
+    const auto* bytes = reinterpret_cast<const kj::byte*>(t.data.data());
+    const bool aligned = reinterpret_cast<std::uintptr_t>(bytes) % 8 == 0;
+    if (t.data.size() >= reference_threshold && aligned) {
+      // The payload becomes a segment of its own that views the caller's memory (STACK.md §10).
+      b.adoptData(st_.builder.getOrphanage().referenceExternalData(
+          capnp::Data::Reader(bytes, t.data.size())));
+      st_.external = t.data.data();
+      st_.external_size = t.data.size();
+    } else {
+      auto data = b.initData(static_cast<unsigned>(t.data.size()));
+      if (!t.data.empty())
+        std::memcpy(data.begin(), bytes, t.data.size());
+    }
+  }
+
+  ws::Message::Builder root_;
+  encoded_frame::state& st_;
+};
+
+// Lays out prefix, segment table and segments as pieces. A referenced payload's segment is
+// ceil(size / 8) words long while the caller's buffer may end up to 7 bytes earlier: emit the
+// buffer's whole words as one piece and its last partial word, zero-padded, from our own copy, so
+// nothing past the caller's buffer is read or sent.
+void lay_out(encoded_frame::state& st) {
+  auto segments = st.builder.getSegmentsForOutput();
+  const std::size_t count = segments.size();
+  // Segment count and sizes are 4 bytes each, padded to a whole word.
+  const std::size_t table_bytes = ((count + 2) / 2) * 8;
+  std::size_t body = table_bytes;
+  for (auto segment : segments)
+    body += segment.size() * sizeof(capnp::word);
+
+  st.header.assign(frame_prefix_bytes + table_bytes, std::byte{0});
+  std::byte* h = st.header.data();
+  store_le64(h, body);
+  store_le32(h + 8, static_cast<std::uint32_t>(count - 1));
+  for (std::size_t i = 0; i < count; ++i)
+    store_le32(h + 12 + 4 * i, static_cast<std::uint32_t>(segments[i].size()));
+
+  st.pieces.clear();
+  st.pieces.reserve(count + 2);
+  st.pieces.emplace_back(st.header);
+  for (auto segment : segments) {
+    const auto* begin = reinterpret_cast<const std::byte*>(segment.begin());
+    if (st.external != nullptr && begin == st.external) {
+      const std::size_t whole = st.external_size / 8 * 8;
+      const std::size_t rest = st.external_size - whole;
+      st.pieces.emplace_back(begin, whole);
+      if (rest != 0) {
+        std::memcpy(st.tail, begin + whole, rest);
+        st.pieces.emplace_back(st.tail, sizeof st.tail);
+      }
+    } else {
+      st.pieces.emplace_back(begin, segment.size() * sizeof(capnp::word));
+    }
+  }
+  st.size = frame_prefix_bytes + body;
+}
+
+} // namespace
+
+encoded_frame encode(const message& msg) {
+  size_estimate estimate;
+  std::visit(estimate, msg);
+  auto st = std::make_unique<encoded_frame::state>(
+      static_cast<unsigned>(std::min<std::size_t>(estimate.words, std::size_t{1} << 20)));
+  try {
+    auto root = st->builder.initRoot<ws::Message>();
+    std::visit(writer{root, *st}, msg);
+  } catch (const kj::Exception& e) {
+    throw std::invalid_argument(std::string("encode: Cap'n Proto refused the message: ") +
+                                e.getDescription().cStr());
+  }
+  lay_out(*st);
+  return encoded_frame(std::move(st));
+}
+
+// ================================================================================================
+// Decoding
+
+namespace {
+
+class reader {
+ public:
+  explicit reader(const decode_limits& limits) : limits_(limits) {}
+
+  message read(ws::Message::Reader root) {
+    switch (root.which()) {
+    case ws::Message::UNSET:
+      fail(decode_error::code::unknown_message, "message union is unset");
+    case ws::Message::REGISTRATION:
+      return read(root.getRegistration());
+    case ws::Message::ADMISSION:
+      return read(root.getAdmission());
+    case ws::Message::MEMBERSHIP:
+      return read(root.getMembership());
+    case ws::Message::INIT:
+      return read(root.getInit());
+    case ws::Message::PUSH:
+      return read(root.getPush());
+    case ws::Message::PULL_REQUEST:
+      return read(root.getPullRequest());
+    case ws::Message::PULL_REPLY:
+      return read(root.getPullReply());
+    case ws::Message::PUSH_PULL:
+      return read(root.getPushPull());
+    case ws::Message::ACK:
+      return ack{root.getAck().getRequestId()};
+    case ws::Message::BARRIER:
+      return read(root.getBarrier());
+    case ws::Message::BARRIER_RELEASE:
+      return read(root.getBarrierRelease());
+    case ws::Message::SET_OPTIMIZER:
+      return read(root.getSetOptimizer());
+    case ws::Message::SET_GRADIENT_COMPRESSION:
+      return read(root.getSetGradientCompression());
+    case ws::Message::COMMAND:
+      return read(root.getCommand());
+    case ws::Message::HEARTBEAT:
+      return read(root.getHeartbeat());
+    case ws::Message::ERROR:
+      return read(root.getError());
+    }
+    fail(decode_error::code::unknown_message,
+         "message kind " + std::to_string(static_cast<unsigned>(root.which())) +
+             " is not known to protocol version " + std::to_string(protocol_version));
+  }
+
+ private:
+  // Text that must be present; `non_empty` also refuses "".
+  std::string required_text(bool present, capnp::Text::Reader text, const char* field,
+                            bool non_empty = true) {
+    if (!present)
+      fail(decode_error::code::missing_field, std::string(field) + " is missing");
+    std::string s = bounded_text(text, field);
+    if (non_empty && s.empty())
+      fail(decode_error::code::missing_field, std::string(field) + " is empty");
+    return s;
+  }
+
+  std::string bounded_text(capnp::Text::Reader text, const char* field) {
+    if (text.size() > limits_.max_text_bytes)
+      fail(decode_error::code::limit_exceeded, std::string(field) + " of " +
+                                                   std::to_string(text.size()) + " bytes, limit " +
+                                                   std::to_string(limits_.max_text_bytes));
+    return std::string(text.cStr(), text.size());
+  }
+
+  void check_list(std::size_t size, const char* field) {
+    if (size > limits_.max_list_elements)
+      fail(decode_error::code::limit_exceeded, std::string(field) + " has " + std::to_string(size) +
+                                                   " elements, limit " +
+                                                   std::to_string(limits_.max_list_elements));
+  }
+
+  tensor_chunk read_tensor(bool present, ws::Tensor::Reader t, const char* field) {
+    if (!present)
+      fail(decode_error::code::missing_field, std::string(field) + " is missing");
+    tensor_chunk c;
+    c.type = from_wire<dtype>(t.getDtype(), dtype_count, "tensor dtype");
+    auto shape = t.getShape();
+    if (shape.size() > limits_.max_rank)
+      fail(decode_error::code::limit_exceeded, "tensor has " + std::to_string(shape.size()) +
+                                                   " axes, limit " +
+                                                   std::to_string(limits_.max_rank));
+    c.shape.reserve(shape.size());
+    for (std::int64_t extent : shape)
+      c.shape.push_back(extent);
+    c.total_bytes = t.getTotalBytes();
+    c.offset = t.getOffset();
+    auto data = t.getData();
+    c.data =
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.begin()), data.size());
+    if (auto error = validate_tensor(c, limits_))
+      throw rejection{std::move(*error)};
+    return c;
+  }
+
+  std::uint8_t read_group(std::uint8_t group) {
+    if (group == 0 || (group & ~group::all) != 0)
+      fail(decode_error::code::invalid_value,
+           "barrier group " + std::to_string(group) + " is not a non-empty subset of 1|2|4");
+    return group;
+  }
+
+  message read(ws::Registration::Reader r) {
+    registration m;
+    m.request_id = r.getRequestId();
+    m.protocol_version = r.getProtocolVersion();
+    m.node_role = from_wire<role>(r.getRole(), role_count, "registration role");
+    m.job_id = required_text(r.hasJobId(), r.getJobId(), "registration job id");
+    auto token = r.getAuthToken();
+    if (token.size() > limits_.max_text_bytes)
+      fail(decode_error::code::limit_exceeded,
+           "registration auth token of " + std::to_string(token.size()) + " bytes");
+    m.auth_token.assign(reinterpret_cast<const char*>(token.begin()), token.size());
+    m.host = required_text(r.hasHost(), r.getHost(), "registration host");
+    m.port = r.getPort();
+    return m;
+  }
+
+  message read(ws::Admission::Reader r) {
+    admission m;
+    m.request_id = r.getRequestId();
+    switch (r.which()) {
+    case ws::Admission::UNSET:
+      fail(decode_error::code::missing_field, "admission outcome is unset");
+    case ws::Admission::ADMITTED: {
+      auto g = r.getAdmitted();
+      m.outcome = admitted{g.getRank(), g.getNodeId()};
+      return m;
+    }
+    case ws::Admission::REJECTED: {
+      auto g = r.getRejected();
+      rejected out;
+      out.reason = from_wire<reject_reason>(g.getReason(), reject_reason_count, "admission reason");
+      out.detail = bounded_text(g.getDetail(), "admission detail");
+      m.outcome = std::move(out);
+      return m;
+    }
+    }
+    fail(decode_error::code::unknown_message,
+         "admission outcome " + std::to_string(static_cast<unsigned>(r.which())) + " is not known");
+  }
+
+  message read(ws::Membership::Reader r) {
+    membership m;
+    m.epoch = r.getEpoch();
+    m.num_workers = r.getNumWorkers();
+    m.num_servers = r.getNumServers();
+    auto nodes = r.getNodes();
+    check_list(nodes.size(), "membership nodes");
+    m.nodes.reserve(nodes.size());
+    for (auto n : nodes) {
+      node_info info;
+      info.node_id = n.getNodeId();
+      info.node_role = from_wire<role>(n.getRole(), role_count, "membership node role");
+      info.rank = n.getRank();
+      info.host = bounded_text(n.getHost(), "membership node host");
+      info.data_port = n.getDataPort();
+      info.alive = n.getAlive();
+      m.nodes.push_back(std::move(info));
+    }
+    auto ranges = r.getKeyRanges();
+    check_list(ranges.size(), "membership key ranges");
+    m.key_ranges.reserve(ranges.size());
+    for (auto kr : ranges) {
+      key_range range{kr.getBegin(), kr.getEnd(), kr.getServerRank(), kr.getShardIndex()};
+      const std::string where = "key range " + std::to_string(m.key_ranges.size());
+      if (range.begin >= range.end)
+        fail(decode_error::code::invalid_value, where + " [" + std::to_string(range.begin) + ", " +
+                                                    std::to_string(range.end) + ") is empty");
+      if (!m.key_ranges.empty() && m.key_ranges.back().end > range.begin)
+        fail(decode_error::code::invalid_value,
+             where + " begins at " + std::to_string(range.begin) +
+                 ", before the previous range ends at " + std::to_string(m.key_ranges.back().end));
+      if (range.server_rank >= m.num_servers)
+        fail(decode_error::code::invalid_value, where + " names server rank " +
+                                                    std::to_string(range.server_rank) + " of " +
+                                                    std::to_string(m.num_servers));
+      m.key_ranges.push_back(range);
+    }
+    return m;
+  }
+
+  message read(ws::Init::Reader r) {
+    init m;
+    m.request_id = r.getRequestId();
+    m.key = r.getKey();
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "init tensor");
+    return m;
+  }
+
+  message read(ws::Push::Reader r) {
+    push m;
+    m.request_id = r.getRequestId();
+    m.key = r.getKey();
+    m.sender_rank = r.getSenderRank();
+    m.round = r.getRound();
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "push tensor");
+    return m;
+  }
+
+  message read(ws::PullRequest::Reader r) {
+    return pull_request{r.getRequestId(), r.getKey(), r.getSenderRank(), r.getRound()};
+  }
+
+  message read(ws::PullReply::Reader r) {
+    pull_reply m;
+    m.request_id = r.getRequestId();
+    m.key = r.getKey();
+    m.round = r.getRound();
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pull reply tensor");
+    return m;
+  }
+
+  message read(ws::PushPull::Reader r) {
+    pushpull m;
+    m.request_id = r.getRequestId();
+    m.key = r.getKey();
+    m.sender_rank = r.getSenderRank();
+    m.round = r.getRound();
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pushpull tensor");
+    return m;
+  }
+
+  message read(ws::Barrier::Reader r) {
+    return barrier{r.getRequestId(), r.getBarrierId(), read_group(r.getGroup()),
+                   r.getSenderNodeId()};
+  }
+
+  message read(ws::BarrierRelease::Reader r) {
+    return barrier_release{r.getRequestId(), r.getBarrierId(), read_group(r.getGroup())};
+  }
+
+  message read(ws::SetOptimizer::Reader r) {
+    set_optimizer m;
+    m.request_id = r.getRequestId();
+    m.name = required_text(r.hasName(), r.getName(), "optimizer name");
+    auto params = r.getParams();
+    check_list(params.size(), "optimizer params");
+    m.params.reserve(params.size());
+    for (auto p : params)
+      m.params.push_back(
+          {required_text(p.hasName(), p.getName(), "optimizer param name"), p.getValue()});
+    return m;
+  }
+
+  message read(ws::SetGradientCompression::Reader r) {
+    set_gradient_compression m;
+    m.request_id = r.getRequestId();
+    m.type = required_text(r.hasType(), r.getType(), "gradient compression type");
+    m.threshold = r.getThreshold();
+    return m;
+  }
+
+  message read(ws::Command::Reader r) {
+    command m;
+    m.request_id = r.getRequestId();
+    switch (r.which()) {
+    case ws::Command::UNSET:
+      fail(decode_error::code::missing_field, "command is unset");
+    case ws::Command::STOP:
+      m.kind = command_kind::stop;
+      return m;
+    case ws::Command::SAVE_CHECKPOINT:
+      m.kind = command_kind::save_checkpoint;
+      m.path = required_text(r.hasSaveCheckpoint(), r.getSaveCheckpoint(), "checkpoint path");
+      return m;
+    case ws::Command::LOAD_CHECKPOINT:
+      m.kind = command_kind::load_checkpoint;
+      m.path = required_text(r.hasLoadCheckpoint(), r.getLoadCheckpoint(), "checkpoint path");
+      return m;
+    }
+    fail(decode_error::code::unknown_message,
+         "command " + std::to_string(static_cast<unsigned>(r.which())) + " is not known");
+  }
+
+  message read(ws::Heartbeat::Reader r) {
+    return heartbeat{r.getSenderNodeId(), r.getSequence(), r.getTimestampNs()};
+  }
+
+  message read(ws::Error::Reader r) {
+    error_reply m;
+    m.request_id = r.getRequestId();
+    switch (r.which()) {
+    case ws::Error::NO_KEY:
+      break;
+    case ws::Error::KEY:
+      m.key = r.getKey();
+      break;
+    default:
+      fail(decode_error::code::unknown_message,
+           "error key union " + std::to_string(static_cast<unsigned>(r.which())) + " is not known");
+    }
+    m.code = from_wire<error_code>(r.getCode(), error_code_count, "error code");
+    m.message = bounded_text(r.getMessage(), "error message");
+    return m;
+  }
+
+  const decode_limits& limits_;
+};
+
+// The standard serialization's segment table, checked against the body size before Cap'n
+// Proto allocates its segment array from it.
+void check_segment_table(std::span<const std::byte> body, const decode_limits& limits) {
+  const std::uint64_t count = std::uint64_t{load_le32(body.data())} + 1;
+  if (count > limits.max_segments)
+    fail(decode_error::code::malformed_frame, "segment table announces " + std::to_string(count) +
+                                                  " segments, limit " +
+                                                  std::to_string(limits.max_segments));
+  const std::uint64_t table_bytes = ((count + 2) / 2) * 8;
+  if (table_bytes > body.size())
+    fail(decode_error::code::truncated, "segment table of " + std::to_string(table_bytes) +
+                                            " bytes in a body of " + std::to_string(body.size()));
+  std::uint64_t words = 0;
+  for (std::uint64_t i = 0; i < count; ++i)
+    words += load_le32(body.data() + 4 + 4 * i);
+  const std::uint64_t announced = table_bytes + words * 8;
+  if (announced > body.size())
+    fail(decode_error::code::truncated, "segments announce " + std::to_string(announced) +
+                                            " bytes, the body has " + std::to_string(body.size()));
+  if (announced < body.size())
+    fail(decode_error::code::malformed_frame,
+         std::to_string(body.size() - announced) + " bytes follow the last segment");
+}
+
+result<decoded_message> decode_checked(std::span<const std::byte> body,
+                                       const decode_limits& limits) {
+  if (body.size() > limits.max_frame_bytes)
+    fail(decode_error::code::frame_too_large, "frame body of " + std::to_string(body.size()) +
+                                                  " bytes, limit " +
+                                                  std::to_string(limits.max_frame_bytes));
+  if (body.size() < 8 || body.size() % 8 != 0)
+    fail(decode_error::code::malformed_frame,
+         "frame body of " + std::to_string(body.size()) + " bytes is not a positive multiple of 8");
+  check_segment_table(body, limits);
+
+  const std::size_t words = body.size() / sizeof(capnp::word);
+  std::shared_ptr<const std::uint64_t[]> copy;
+  const void* at = body.data();
+  if (reinterpret_cast<std::uintptr_t>(at) % alignof(capnp::word) != 0) {
+    // Cap'n Proto reads words in place; the size was capped above, so this copy is bounded.
+    std::shared_ptr<std::uint64_t[]> aligned(new std::uint64_t[words]);
+    std::memcpy(aligned.get(), body.data(), body.size());
+    at = aligned.get();
+    copy = std::move(aligned);
+  }
+
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = words;
+  options.nestingLimit = nesting_limit;
+  capnp::FlatArrayMessageReader frame(kj::arrayPtr(static_cast<const capnp::word*>(at), words),
+                                      options);
+  reader r(limits);
+  return decoded_message(r.read(frame.getRoot<ws::Message>()), std::move(copy));
+}
+
+} // namespace
+
+result<std::size_t> read_frame_prefix(std::span<const std::byte> prefix,
+                                      const decode_limits& limits) {
+  if (prefix.size() < frame_prefix_bytes)
+    return decode_error{decode_error::code::truncated,
+                        "frame prefix of " + std::to_string(prefix.size()) + " bytes, need 8"};
+  const std::uint64_t length = load_le64(prefix.data());
+  if (length > limits.max_frame_bytes)
+    return decode_error{decode_error::code::frame_too_large,
+                        "frame announces a body of " + std::to_string(length) + " bytes, limit " +
+                            std::to_string(limits.max_frame_bytes)};
+  // The smallest body is one table word and a root pointer.
+  if (length < 16 || length % 8 != 0)
+    return decode_error{decode_error::code::malformed_frame,
+                        "frame announces a body of " + std::to_string(length) +
+                            " bytes, not a multiple of 8 of at least 16"};
+  return static_cast<std::size_t>(length);
+}
+
+result<decoded_message> decode_body(std::span<const std::byte> body, const decode_limits& limits) {
+  try {
+    return decode_checked(body, limits);
+  } catch (rejection& r) {
+    return std::move(r.error);
+  } catch (const kj::Exception& e) {
+    return decode_error{decode_error::code::malformed_message,
+                        std::string("Cap'n Proto: ") + e.getDescription().cStr()};
+  } catch (const std::exception& e) {
+    return decode_error{decode_error::code::malformed_message, e.what()};
+  }
+}
+
+result<decoded_message> decode(std::span<const std::byte> frame, const decode_limits& limits) {
+  auto length = read_frame_prefix(frame, limits);
+  if (!length)
+    return length.error();
+  const std::size_t available = frame.size() - frame_prefix_bytes;
+  if (available < *length)
+    return decode_error{decode_error::code::truncated,
+                        "frame announces " + std::to_string(*length) + " body bytes, has " +
+                            std::to_string(available)};
+  if (available > *length)
+    return decode_error{decode_error::code::malformed_frame,
+                        std::to_string(available - *length) + " bytes follow the announced body"};
+  return decode_body(frame.subspan(frame_prefix_bytes), limits);
+}
+
+} // namespace troupe::wire

@@ -1,0 +1,93 @@
+#include "schema/messages.hpp"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace troupe::wire {
+
+std::size_t size_of(dtype type) noexcept {
+  switch (type) {
+  case dtype::float32:
+  case dtype::int32:
+    return 4;
+  case dtype::float16:
+    return 2;
+  case dtype::int64:
+  case dtype::float64:
+    return 8;
+  }
+  return 0;
+}
+
+std::string_view to_string(dtype type) noexcept {
+  switch (type) {
+  case dtype::float32:
+    return "float32";
+  case dtype::float16:
+    return "float16";
+  case dtype::int32:
+    return "int32";
+  case dtype::int64:
+    return "int64";
+  case dtype::float64:
+    return "float64";
+  }
+  return "invalid dtype";
+}
+
+std::string_view to_string(role node_role) noexcept {
+  switch (node_role) {
+  case role::scheduler:
+    return "scheduler";
+  case role::server:
+    return "server";
+  case role::worker:
+    return "worker";
+  }
+  return "invalid role";
+}
+
+bool operator==(const tensor_chunk& a, const tensor_chunk& b) noexcept {
+  return a.type == b.type && a.shape == b.shape && a.total_bytes == b.total_bytes &&
+         a.offset == b.offset && std::ranges::equal(a.data, b.data);
+}
+
+std::string_view kind_name(const message& msg) noexcept {
+  static constexpr std::string_view names[] = {"registration",
+                                               "admission",
+                                               "membership",
+                                               "init",
+                                               "push",
+                                               "pull_request",
+                                               "pull_reply",
+                                               "pushpull",
+                                               "ack",
+                                               "barrier",
+                                               "barrier_release",
+                                               "set_optimizer",
+                                               "set_gradient_compression",
+                                               "command",
+                                               "heartbeat",
+                                               "error_reply"};
+  static_assert(std::size(names) == std::variant_size_v<message>);
+  if (msg.valueless_by_exception())
+    return "valueless";
+  return names[msg.index()];
+}
+
+const tensor_chunk* tensor_of(const message& msg) noexcept {
+  return std::visit(
+      [](const auto& m) -> const tensor_chunk* {
+        if constexpr (requires { m.tensor; })
+          return &m.tensor;
+        else
+          return nullptr;
+      },
+      msg);
+}
+
+tensor_chunk* tensor_of(message& msg) noexcept {
+  return const_cast<tensor_chunk*>(tensor_of(static_cast<const message&>(msg)));
+}
+
+} // namespace troupe::wire

@@ -1,0 +1,280 @@
+#pragma once
+// The messages of troupe's wire protocol as plain C++ values: one struct per member of the
+// `Message` union of schema/troupe.capnp (read its comments for what each field means; they are
+// repeated here only where the C++ form differs). Nothing here depends on Cap'n Proto: the codec
+// (schema/codec.hpp) converts between these structs and frames.
+//
+// Tensor payloads are never owned by a message: tensor_chunk::data is a view. On the sending side
+// it views the caller's tensor, which must outlive the encoded frame; on the receiving side it
+// views the received frame buffer, which must outlive the decoded message (see codec.hpp).
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace troupe::wire {
+
+/// troupe.capnp's protocolVersion: what this build speaks and puts into registration.
+inline constexpr std::uint32_t protocol_version = 1;
+
+/// Most axes a tensor may have on the wire (decode_limits::max_rank defaults to it).
+inline constexpr std::size_t max_tensor_rank = 32;
+
+/// Role of a node in a job (ps-lite's roles).
+enum class role : std::uint8_t { scheduler, server, worker };
+
+/// Element type of a tensor. Same names and numbering as troupe::dtype of engine/dtype.hpp, so
+/// actors/ may convert with a static_cast; schema/ cannot include engine/ to share the type.
+enum class dtype : std::uint8_t { float32 = 0, float16 = 1, int32 = 2, int64 = 3, float64 = 4 };
+
+/// Bytes per element; 0 for a value outside the enumeration.
+std::size_t size_of(dtype type) noexcept;
+std::string_view to_string(dtype type) noexcept;
+std::string_view to_string(role node_role) noexcept;
+
+/// ps-lite's group bitmask for barriers: scheduler 1, servers 2, workers 4; any union of them.
+namespace group {
+inline constexpr std::uint8_t scheduler = 1;
+inline constexpr std::uint8_t servers = 2;
+inline constexpr std::uint8_t workers = 4;
+inline constexpr std::uint8_t all = scheduler | servers | workers;
+} // namespace group
+
+/// One chunk of a dense row-major tensor; a whole tensor is the chunk with offset 0 and
+/// data.size() == total_bytes. Invariants checked by decode (and by chunker on its input):
+/// total_bytes == product(shape) * size_of(type); offset and data.size() are multiples of
+/// size_of(type); offset + data.size() <= total_bytes; data is empty only if total_bytes is 0.
+struct tensor_chunk {
+  dtype type = dtype::float32;
+  /// Extent of each axis of the whole tensor (empty: a scalar).
+  std::vector<std::int64_t> shape;
+  /// Bytes of the whole tensor.
+  std::uint64_t total_bytes = 0;
+  /// Byte offset of this chunk in the whole tensor.
+  std::uint64_t offset = 0;
+  /// This chunk's bytes; not owned (see the file comment for whose memory it views).
+  std::span<const std::byte> data;
+
+  /// Compares the payload bytes, not their addresses: a decoded chunk equals the one encoded.
+  friend bool operator==(const tensor_chunk& a, const tensor_chunk& b) noexcept;
+};
+
+/// Node -> scheduler: asks to join a job.
+struct registration {
+  std::uint64_t request_id = 0;
+  std::uint32_t protocol_version = wire::protocol_version;
+  role node_role = role::worker;
+  std::string job_id;
+  /// Opaque bytes (the wire type is Data); empty when the job has no token.
+  std::string auth_token;
+  std::string host;
+  std::uint16_t port = 0;
+  friend bool operator==(const registration&, const registration&) = default;
+};
+
+enum class reject_reason : std::uint8_t {
+  protocol_version,
+  wrong_job,
+  bad_token,
+  role_full,
+  duplicate,
+  shutting_down,
+};
+
+/// The admission outcome when the node joined.
+struct admitted {
+  std::uint32_t rank = 0;
+  std::uint32_t node_id = 0;
+  friend bool operator==(const admitted&, const admitted&) = default;
+};
+
+/// The admission outcome when the node was turned away.
+struct rejected {
+  reject_reason reason = reject_reason::wrong_job;
+  std::string detail;
+  friend bool operator==(const rejected&, const rejected&) = default;
+};
+
+/// Scheduler -> node: reply to a registration.
+struct admission {
+  std::uint64_t request_id = 0;
+  std::variant<admitted, rejected> outcome;
+  friend bool operator==(const admission&, const admission&) = default;
+};
+
+struct node_info {
+  std::uint32_t node_id = 0;
+  role node_role = role::worker;
+  std::uint32_t rank = 0;
+  std::string host;
+  std::uint16_t data_port = 0;
+  bool alive = true;
+  friend bool operator==(const node_info&, const node_info&) = default;
+};
+
+/// Keys [begin, end) live on shard `shard_index` of server `server_rank`.
+struct key_range {
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint32_t server_rank = 0;
+  std::uint32_t shard_index = 0;
+  friend bool operator==(const key_range&, const key_range&) = default;
+};
+
+/// Scheduler -> all nodes: the whole membership table. decode checks that key_ranges are
+/// non-empty, sorted by begin, non-overlapping and name a server rank < num_servers.
+struct membership {
+  std::uint64_t epoch = 0;
+  std::uint32_t num_workers = 0;
+  std::uint32_t num_servers = 0;
+  std::vector<node_info> nodes;
+  std::vector<key_range> key_ranges;
+  friend bool operator==(const membership&, const membership&) = default;
+};
+
+struct init {
+  std::uint64_t request_id = 0;
+  std::uint64_t key = 0;
+  tensor_chunk tensor;
+  friend bool operator==(const init&, const init&) = default;
+};
+
+struct push {
+  std::uint64_t request_id = 0;
+  std::uint64_t key = 0;
+  std::uint32_t sender_rank = 0;
+  std::uint64_t round = 0;
+  tensor_chunk tensor;
+  friend bool operator==(const push&, const push&) = default;
+};
+
+struct pull_request {
+  std::uint64_t request_id = 0;
+  std::uint64_t key = 0;
+  std::uint32_t sender_rank = 0;
+  std::uint64_t round = 0;
+  friend bool operator==(const pull_request&, const pull_request&) = default;
+};
+
+struct pull_reply {
+  std::uint64_t request_id = 0;
+  std::uint64_t key = 0;
+  std::uint64_t round = 0;
+  tensor_chunk tensor;
+  friend bool operator==(const pull_reply&, const pull_reply&) = default;
+};
+
+/// MXNet's pushpull: push, then the result of the same round comes back as pull_reply.
+struct pushpull {
+  std::uint64_t request_id = 0;
+  std::uint64_t key = 0;
+  std::uint32_t sender_rank = 0;
+  std::uint64_t round = 0;
+  tensor_chunk tensor;
+  friend bool operator==(const pushpull&, const pushpull&) = default;
+};
+
+struct ack {
+  std::uint64_t request_id = 0;
+  friend bool operator==(const ack&, const ack&) = default;
+};
+
+struct barrier {
+  std::uint64_t request_id = 0;
+  std::uint64_t barrier_id = 0;
+  /// A non-zero union of the group:: bits.
+  std::uint8_t group = group::workers;
+  std::uint32_t sender_node_id = 0;
+  friend bool operator==(const barrier&, const barrier&) = default;
+};
+
+struct barrier_release {
+  std::uint64_t request_id = 0;
+  std::uint64_t barrier_id = 0;
+  std::uint8_t group = group::workers;
+  friend bool operator==(const barrier_release&, const barrier_release&) = default;
+};
+
+struct optimizer_param {
+  std::string name;
+  double value = 0.0;
+  friend bool operator==(const optimizer_param&, const optimizer_param&) = default;
+};
+
+struct set_optimizer {
+  std::uint64_t request_id = 0;
+  std::string name;
+  std::vector<optimizer_param> params;
+  friend bool operator==(const set_optimizer&, const set_optimizer&) = default;
+};
+
+struct set_gradient_compression {
+  std::uint64_t request_id = 0;
+  /// "2bit" or "none" (MXNet's names); not interpreted by the codec.
+  std::string type;
+  double threshold = 0.5;
+  friend bool operator==(const set_gradient_compression&,
+                         const set_gradient_compression&) = default;
+};
+
+enum class command_kind : std::uint8_t { stop, save_checkpoint, load_checkpoint };
+
+struct command {
+  std::uint64_t request_id = 0;
+  command_kind kind = command_kind::stop;
+  /// Checkpoint path for save/load (non-empty there); must be empty for stop.
+  std::string path;
+  friend bool operator==(const command&, const command&) = default;
+};
+
+struct heartbeat {
+  std::uint32_t sender_node_id = 0;
+  std::uint64_t sequence = 0;
+  std::int64_t timestamp_ns = 0;
+  friend bool operator==(const heartbeat&, const heartbeat&) = default;
+};
+
+enum class error_code : std::uint8_t {
+  bad_frame,
+  unknown_key,
+  shape_mismatch,
+  dtype_mismatch,
+  already_initialized,
+  stale_round,
+  not_admitted,
+  unsupported,
+  lost_peer,
+  timeout,
+  shutting_down,
+  internal,
+  invalid_argument,
+};
+
+/// Reply to a failed request (a protocol message, unlike decode_error, which is local).
+struct error_reply {
+  std::uint64_t request_id = 0;
+  std::optional<std::uint64_t> key;
+  error_code code = error_code::internal;
+  std::string message;
+  friend bool operator==(const error_reply&, const error_reply&) = default;
+};
+
+/// Any frame's content. The alternatives' order is not the wire order (the codec maps them).
+using message = std::variant<registration, admission, membership, init, push, pull_request,
+                             pull_reply, pushpull, ack, barrier, barrier_release, set_optimizer,
+                             set_gradient_compression, command, heartbeat, error_reply>;
+
+/// "push", "pull_reply", ...: the alternative's name, for logs and error messages.
+std::string_view kind_name(const message& msg) noexcept;
+
+/// The tensor a message carries (init, push, pushpull, pull_reply), or nullptr.
+const tensor_chunk* tensor_of(const message& msg) noexcept;
+tensor_chunk* tensor_of(message& msg) noexcept;
+
+} // namespace troupe::wire

@@ -1,0 +1,394 @@
+# troupe wire protocol, version 1.
+#
+# This file is the protocol document. Every frame exchanged between troupe processes (scheduler,
+# server and worker nodes) carries exactly one `Message`. Only the codec in schema/codec.{hpp,cpp}
+# reads or builds these types; the rest of troupe sees the plain structs of troupe::wire.
+#
+# Framing (one frame = one Message):
+#   bytes [0, 8)   body length L as a little-endian uint64; L is a multiple of 8.
+#   bytes [8, 8+L) the standard Cap'n Proto serialization of the Message: segment count - 1
+#                  (uint32 LE), each segment's size in words (uint32 LE), zero padding to a word
+#                  boundary, then the segments. Nothing follows the last segment.
+#   A receiver reads the 8-byte prefix, checks L against its cap (256 MiB by default) before
+#   allocating anything, reads L bytes into an 8-byte-aligned buffer and decodes in place.
+#
+# Ordering guarantees (what a receiver may rely on, and what it may not):
+#   - Frames on one connection are delivered in the order they were sent (FIFO per connection);
+#     nothing is promised across connections, e.g. a membership update from the scheduler and a
+#     push from a worker may arrive at a server in either order.
+#   - A worker sends the requests for one key in the order it issued them, on one connection, so
+#     a server sees the pushes of round t of a key from a given worker before those of round t+1.
+#   - The chunks of one tensor (same request id) travel on one connection, in increasing offset
+#     order, without frames of another tensor of the same request in between; the receiver still
+#     checks offsets (no overlaps, no bytes outside the tensor) and does not depend on the order.
+#   - Every request carries a request id chosen by its sender, unique among that sender's
+#     outstanding requests; the reply (Admission, Ack, PullReply, BarrierRelease or Error) echoes
+#     it. A chunked PullReply repeats the id in every chunk.
+#   - Heartbeats, Membership updates and Errors are not acknowledged.
+#
+# Evolution: fields and union members are never renumbered or reused; new ones get the next
+# ordinal. A receiver rejects a union member it does not know (error code badFrame) rather than
+# guessing. Every enum starts with `unspecified @0`, the value a field has when the sender did not
+# set it, and every union that must be set starts with `unset`, so a missing value is detected,
+# not read as the first meaningful one (Error's key union defaults to noKey on purpose).
+#
+# Tensors: a tensor travels as one or more chunks (`Tensor` below). One Data field holds at most
+# 2^29-1 bytes, and the receiver caps frames, so senders split tensors (default 16 MiB chunks).
+# All integers are little-endian on the wire (Cap'n Proto's encoding).
+
+@0xd20fc2d01fa682f5;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("troupe::wire_schema");
+
+const protocolVersion :UInt32 = 1;
+# The version this file describes; sent in Registration and compared by the scheduler.
+
+enum Role {
+  unspecified @0;  # not set; rejected
+  scheduler @1;    # the one node per job that admits nodes and runs global barriers
+  server @2;       # a process holding server shards (parameters of a set of key ranges)
+  worker @3;       # a training process: the KVStore client
+}
+
+enum DType {
+  unspecified @0;  # not set; rejected
+  float32 @1;      # IEEE 754 binary32, 4 bytes
+  float16 @2;      # IEEE 754 binary16, 2 bytes
+  int32 @3;        # two's complement, 4 bytes
+  int64 @4;        # two's complement, 8 bytes
+  float64 @5;      # IEEE 754 binary64, 8 bytes
+}
+
+struct Tensor {
+  # One chunk of a dense tensor, in row-major (C) order. A whole tensor is the single chunk with
+  # offset 0 and data covering totalBytes.
+  dtype @0 :DType;
+  # Element type of the whole tensor; the same in every chunk.
+  shape @1 :List(Int64);
+  # Extent of each axis of the whole tensor, each >= 0; empty list = scalar (one element). At
+  # most 32 axes. The same in every chunk.
+  totalBytes @2 :UInt64;
+  # Size of the whole tensor in bytes; must equal product(shape) * size(dtype).
+  offset @3 :UInt64;
+  # Byte offset of this chunk within the whole tensor; a multiple of size(dtype).
+  data @4 :Data;
+  # This chunk's bytes; size a multiple of size(dtype), offset + size <= totalBytes, and not empty
+  # unless totalBytes is 0. At most 2^29-1 bytes (Cap'n Proto's Data limit).
+}
+
+struct Registration {
+  # Node -> scheduler, first message on the control connection. Answered by Admission.
+  requestId @0 :UInt64;
+  # Chosen by the node; echoed by the Admission.
+  protocolVersion @1 :UInt32;
+  # The protocolVersion constant of the sender's build; a mismatch is rejected.
+  role @2 :Role;
+  # What the node wants to be; required.
+  jobId @3 :Text;
+  # Job the node belongs to (non-empty); a node of another job is rejected.
+  authToken @4 :Data;
+  # Shared secret of the job, opaque bytes; empty when the job runs without a token.
+  host @5 :Text;
+  # Address (name or IP) where the node's data port listens; non-empty.
+  port @6 :UInt16;
+  # Data port of the node (server: where workers connect); 0 when the node accepts none.
+}
+
+enum RejectReason {
+  unspecified @0;      # not set; rejected
+  protocolVersion @1;  # the node speaks another protocol version
+  wrongJob @2;         # the job id is not this scheduler's
+  badToken @3;         # the auth token does not match the job's
+  roleFull @4;         # all ranks of the requested role are taken
+  duplicate @5;        # a node with this host and port is already registered
+  shuttingDown @6;     # the job is ending and admits nobody
+}
+
+struct Admission {
+  # Scheduler -> node, the reply to Registration.
+  requestId @0 :UInt64;
+  # The Registration's request id.
+  union {
+    unset @1 :Void;
+    # Never sent; rejected.
+    admitted :group {
+      # The node is part of the job; its peers learn of it from the next Membership.
+      rank @2 :UInt32;
+      # Rank within the node's role, 0-based (worker rank r is MXNet's kv.rank).
+      nodeId @3 :UInt32;
+      # Job-wide id of the node, unique across roles; used as `sender` in other messages.
+    }
+    rejected :group {
+      # The node is not admitted and should exit with the reason.
+      reason @4 :RejectReason;
+      # Why; required.
+      detail @5 :Text;
+      # Human-readable detail for the node's log (may be empty).
+    }
+  }
+}
+
+struct NodeInfo {
+  # One row of the membership table.
+  nodeId @0 :UInt32;
+  # Job-wide node id assigned at admission.
+  role @1 :Role;
+  # The node's role; required.
+  rank @2 :UInt32;
+  # Rank within the role.
+  host @3 :Text;
+  # Address of the node's data port.
+  dataPort @4 :UInt16;
+  # Data port (0: none).
+  alive @5 :Bool;
+  # False once the scheduler has declared the node lost (missed heartbeats or closed connection).
+}
+
+struct KeyRange {
+  # Keys [begin, end) belong to one server shard (ps-lite style ranges of uint64 keys).
+  begin @0 :UInt64;
+  # First key of the range.
+  end @1 :UInt64;
+  # One past the last key; begin < end.
+  serverRank @2 :UInt32;
+  # Rank of the server process that owns the range; < numServers.
+  shardIndex @3 :UInt32;
+  # Index of the shard actor within that server process.
+}
+
+struct Membership {
+  # Scheduler -> every node, after each admission and each loss; the whole table each time.
+  epoch @0 :UInt64;
+  # Increases with every change; a node ignores a table older than the one it holds.
+  numWorkers @1 :UInt32;
+  # Number of workers of the job (the size of a dist_sync round).
+  numServers @2 :UInt32;
+  # Number of server processes.
+  nodes @3 :List(NodeInfo);
+  # Every admitted node, lost ones included (alive = false).
+  keyRanges @4 :List(KeyRange);
+  # Which shard owns which keys: sorted by begin, non-overlapping.
+}
+
+struct Init {
+  # Worker (rank 0) -> server shard: declare a key and its initial value. Answered by Ack.
+  requestId @0 :UInt64;
+  # Echoed by the Ack or Error.
+  key @1 :UInt64;
+  # Numeric key (string keys are mapped to integers by the client).
+  tensor @2 :Tensor;
+  # Initial value (one chunk of it); required. Its dtype and shape become the key's declaration.
+}
+
+struct Push {
+  # Worker -> server shard: a gradient (or value) for one key. Answered by Ack once the whole
+  # tensor has arrived.
+  requestId @0 :UInt64;
+  # Echoed by the Ack or Error.
+  key @1 :UInt64;
+  # Numeric key.
+  senderRank @2 :UInt32;
+  # Worker rank of the sender.
+  round @3 :UInt64;
+  # The sender's round (version) of this key, 0-based, increasing by one per push.
+  tensor @4 :Tensor;
+  # The pushed value (one chunk of it); required.
+}
+
+struct PullRequest {
+  # Worker -> server shard: ask for a key's value. Answered by PullReply.
+  requestId @0 :UInt64;
+  # Echoed by the PullReply or Error.
+  key @1 :UInt64;
+  # Numeric key.
+  senderRank @2 :UInt32;
+  # Worker rank of the sender.
+  round @3 :UInt64;
+  # Round the worker expects: in dist_sync the reply waits until that round is applied; in
+  # dist_async the current value is returned.
+}
+
+struct PullReply {
+  # Server shard -> worker: a key's value, possibly in several chunks.
+  requestId @0 :UInt64;
+  # The PullRequest's (or PushPull's) request id, in every chunk.
+  key @1 :UInt64;
+  # Numeric key.
+  round @2 :UInt64;
+  # Round whose result the value is.
+  tensor @3 :Tensor;
+  # The value (one chunk of it); required.
+}
+
+struct PushPull {
+  # Worker -> server shard: push, then pull the result of the same round (MXNet's pushpull).
+  # Answered by PullReply.
+  requestId @0 :UInt64;
+  # Echoed by the PullReply or Error.
+  key @1 :UInt64;
+  # Numeric key.
+  senderRank @2 :UInt32;
+  # Worker rank of the sender.
+  round @3 :UInt64;
+  # The sender's round of this key.
+  tensor @4 :Tensor;
+  # The pushed value (one chunk of it); required.
+}
+
+struct Ack {
+  # Reply to a request that returns no data (Init, Push, SetOptimizer,
+  # SetGradientCompression, Command): it was applied.
+  requestId @0 :UInt64;
+  # The request's id.
+}
+
+struct Barrier {
+  # Node -> scheduler: the sender has reached a barrier. Answered by BarrierRelease.
+  requestId @0 :UInt64;
+  # Echoed by the BarrierRelease or Error.
+  barrierId @1 :UInt64;
+  # Sequence number of the barrier within its group; every member sends the same id.
+  group @2 :UInt8;
+  # ps-lite group bitmask of the nodes taking part: 1 scheduler, 2 servers, 4 workers; 1..7.
+  senderNodeId @3 :UInt32;
+  # Node id of the sender.
+}
+
+struct BarrierRelease {
+  # Scheduler -> each member of a barrier: everybody has arrived.
+  requestId @0 :UInt64;
+  # The receiving node's Barrier request id.
+  barrierId @1 :UInt64;
+  # The barrier released.
+  group @2 :UInt8;
+  # Its group bitmask, 1..7.
+}
+
+struct OptimizerParam {
+  # One named hyper-parameter, MXNet's optimizer keyword arguments.
+  name @0 :Text;
+  # e.g. "learning_rate", "rescale_grad", "wd", "momentum"; non-empty.
+  value @1 :Float64;
+  # Its value.
+}
+
+struct SetOptimizer {
+  # Worker (rank 0) -> every server: the optimizer servers apply to merged gradients
+  # (update_on_kvstore). Answered by Ack.
+  requestId @0 :UInt64;
+  # Echoed by the Ack or Error.
+  name @1 :Text;
+  # MXNet optimizer name ("sgd", "test", "adam", ...); non-empty.
+  params @2 :List(OptimizerParam);
+  # Its parameters, in the order given by the user.
+}
+
+struct SetGradientCompression {
+  # Worker -> every server: how pushed gradients are compressed. Answered by Ack.
+  requestId @0 :UInt64;
+  # Echoed by the Ack or Error.
+  type @1 :Text;
+  # MXNet's compression type: "2bit", or "none"; non-empty.
+  threshold @2 :Float64;
+  # Quantisation threshold of "2bit" (MXNet's default 0.5); ignored by "none".
+}
+
+struct Command {
+  # Worker (rank 0) or scheduler -> servers: job control. Answered by Ack.
+  requestId @0 :UInt64;
+  # Echoed by the Ack or Error.
+  union {
+    unset @1 :Void;
+    # Never sent; rejected.
+    stop @2 :Void;
+    # Shut down after answering the requests already received (MXNet's kStopServer).
+    saveCheckpoint @3 :Text;
+    # Write parameters and optimizer state to this path (non-empty), on the server's host.
+    loadCheckpoint @4 :Text;
+    # Replace parameters and optimizer state by those saved at this path (non-empty).
+  }
+}
+
+struct Heartbeat {
+  # Node -> scheduler, periodically; a node silent for longer than the timeout is lost.
+  senderNodeId @0 :UInt32;
+  # Node id of the sender.
+  sequence @1 :UInt64;
+  # Increases by one per heartbeat of the sender; gaps show lost or delayed heartbeats.
+  timestampNs @2 :Int64;
+  # Sender's system clock, ns since the Unix epoch; for logs only (clocks are not synchronised).
+}
+
+enum ErrorCode {
+  unspecified @0;         # not set; rejected
+  badFrame @1;            # the request's frame failed to decode (size, structure, consistency)
+  unknownKey @2;          # the key was never initialised on this shard
+  shapeMismatch @3;       # shape or size differs from the key's declaration
+  dtypeMismatch @4;       # element type differs from the key's declaration
+  alreadyInitialized @5;  # Init of a key that exists
+  staleRound @6;          # the round is older than the shard's current one
+  notAdmitted @7;         # the sender is not (or no longer) a member of the job
+  unsupported @8;         # unknown optimizer, compression type or command
+  lostPeer @9;            # a node the request depends on was lost
+  timeout @10;            # the request could not complete in time
+  shuttingDown @11;       # the receiver is stopping and takes no new requests
+  internal @12;           # a bug on the receiver's side; the message says more
+  invalidArgument @13;    # a parameter value is out of range
+}
+
+struct Error {
+  # Reply to any request that failed; the request changed nothing.
+  requestId @0 :UInt64;
+  # The failed request's id (0 when the frame was too broken to read one).
+  union {
+    noKey @1 :Void;
+    # The error is not about one key.
+    key @2 :UInt64;
+    # The key the failed request referred to.
+  }
+  code @3 :ErrorCode;
+  # What went wrong; required.
+  message @4 :Text;
+  # Human-readable detail naming the values involved.
+}
+
+struct Message {
+  # The one root type of every frame.
+  union {
+    unset @0 :Void;
+    # Never sent; a frame carrying it (e.g. all zeros) is rejected.
+    registration @1 :Registration;
+    # Node -> scheduler.
+    admission @2 :Admission;
+    # Scheduler -> node.
+    membership @3 :Membership;
+    # Scheduler -> all nodes.
+    init @4 :Init;
+    # Worker -> server.
+    push @5 :Push;
+    # Worker -> server.
+    pullRequest @6 :PullRequest;
+    # Worker -> server.
+    pullReply @7 :PullReply;
+    # Server -> worker.
+    pushPull @8 :PushPull;
+    # Worker -> server.
+    ack @9 :Ack;
+    # Any receiver of a request -> its sender.
+    barrier @10 :Barrier;
+    # Node -> scheduler.
+    barrierRelease @11 :BarrierRelease;
+    # Scheduler -> node.
+    setOptimizer @12 :SetOptimizer;
+    # Worker -> servers.
+    setGradientCompression @13 :SetGradientCompression;
+    # Worker -> servers.
+    command @14 :Command;
+    # Worker or scheduler -> servers.
+    heartbeat @15 :Heartbeat;
+    # Node -> scheduler.
+    error @16 :Error;
+    # Any receiver of a request -> its sender.
+  }
+}

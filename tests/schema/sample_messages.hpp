@@ -1,0 +1,83 @@
+#pragma once
+// One message of every kind, with every field set to a value distinct from its default, shared by
+// the round-trip and the hostile-frame tests.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "schema/messages.hpp"
+
+namespace troupe::test {
+
+/// An 8-byte-aligned byte buffer of `size` bytes holding a repeatable pattern (never all zero).
+class pattern_buffer {
+ public:
+  explicit pattern_buffer(std::size_t size, std::uint64_t seed = 1)
+      : words_(new std::uint64_t[(size + 7) / 8]), size_(size) {
+    std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (std::size_t i = 0; i < (size + 7) / 8; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      words_[i] = x;
+    }
+  }
+  std::span<std::byte> bytes() noexcept {
+    return {reinterpret_cast<std::byte*>(words_.get()), size_};
+  }
+  std::span<const std::byte> bytes() const noexcept {
+    return {reinterpret_cast<const std::byte*>(words_.get()), size_};
+  }
+
+ private:
+  std::unique_ptr<std::uint64_t[]> words_;
+  std::size_t size_;
+};
+
+/// A whole float32 tensor of shape {rows, cols} over `payload` (payload.size() == rows*cols*4).
+inline wire::tensor_chunk float_tensor(std::span<const std::byte> payload, std::int64_t rows,
+                                       std::int64_t cols) {
+  return wire::tensor_chunk{wire::dtype::float32, {rows, cols}, payload.size(), 0, payload};
+}
+
+/// Every alternative of wire::message, in variant order; tensor payloads view `payload`, whose
+/// size must be a multiple of 8 (it is used as float32, int64 and float16 data).
+inline std::vector<wire::message> sample_messages(std::span<const std::byte> payload) {
+  using namespace troupe::wire;
+  const auto n = static_cast<std::int64_t>(payload.size());
+  std::vector<message> out;
+  // The token is opaque bytes, a NUL included.
+  out.push_back(registration{101, protocol_version, role::server, "job-42",
+                             std::string("s3cr\0tbytes", 11), "10.0.0.7", 9091});
+  out.push_back(admission{102, admitted{3, 11}});
+  out.push_back(membership{7,
+                           4,
+                           2,
+                           {node_info{1, role::scheduler, 0, "sched.example", 9000, true},
+                            node_info{8, role::server, 0, "10.0.0.7", 9091, true},
+                            node_info{9, role::worker, 1, "10.0.0.9", 0, false}},
+                           {key_range{0, 1000, 0, 0}, key_range{1000, 5000, 0, 1},
+                            key_range{5000, ~std::uint64_t{0}, 1, 0}}});
+  out.push_back(init{103, 5, tensor_chunk{dtype::int64, {n / 8}, payload.size(), 0, payload}});
+  out.push_back(push{104, 6, 2, 17, float_tensor(payload, 2, n / 8)});
+  out.push_back(pull_request{105, 6, 2, 17});
+  out.push_back(
+      pull_reply{105, 6, 17, tensor_chunk{dtype::float16, {n / 2}, payload.size(), 0, payload}});
+  out.push_back(pushpull{106, 7, 3, 18, float_tensor(payload, n / 4, 1)});
+  out.push_back(ack{107});
+  out.push_back(barrier{108, 4, group::workers | group::servers, 9});
+  out.push_back(barrier_release{108, 4, group::workers | group::servers});
+  out.push_back(set_optimizer{
+      109, "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}, {"rescale_grad", 1.0 / 32}}});
+  out.push_back(set_gradient_compression{110, "2bit", 0.25});
+  out.push_back(command{111, command_kind::save_checkpoint, "/tmp/ckpt/epoch-3"});
+  out.push_back(heartbeat{9, 12345, 1'700'000'000'123'456'789});
+  out.push_back(error_reply{104, 6, error_code::shape_mismatch, "push of (2,3) to key 6 of (3,3)"});
+  return out;
+}
+
+} // namespace troupe::test
