@@ -22,9 +22,9 @@ result<std::unique_ptr<kvstore>> kvstore::create(std::string_view type) {
   if (type == "device" || type == "local_allreduce_device")
     return std::unique_ptr<kvstore>{new local_kvstore(name, std::make_unique<comm_device>())};
   if (type.starts_with("dist"))
-    return error{errc::not_supported,
-                 "kvstore type '" + name + "': the distributed modes are not part of this build "
-                                           "yet (available: local, device)"};
+    return error{errc::not_supported, "kvstore type '" + name +
+                                          "': the distributed modes are not part of this build "
+                                          "yet (available: local, device)"};
   return error{errc::invalid_argument,
                "unknown kvstore type '" + name + "' (available: local, device)"};
 }

@@ -36,11 +36,11 @@ local_kvstore::local_kvstore(std::string type, std::unique_ptr<comm> reduction)
 status local_kvstore::check_kind(const kv_key& key) const {
   auto kind = std::holds_alternative<std::int64_t>(key) ? key_kind::integer : key_kind::text;
   if (kind_ != key_kind::none && kind != kind_)
-    return error{errc::key_type_mix,
-                 "key " + to_string(key) + " is " + (kind == key_kind::integer ? "an int" : "a string") +
-                     " but this store's keys are " +
-                     (kind_ == key_kind::integer ? "ints" : "strings") +
-                     "; int and string keys cannot be mixed in one store"};
+    return error{errc::key_type_mix, "key " + to_string(key) + " is " +
+                                         (kind == key_kind::integer ? "an int" : "a string") +
+                                         " but this store's keys are " +
+                                         (kind_ == key_kind::integer ? "ints" : "strings") +
+                                         "; int and string keys cannot be mixed in one store"};
   return ok();
 }
 
@@ -53,8 +53,8 @@ result<std::int64_t> local_kvstore::find(const kv_key& key, std::string_view ope
   } else if (auto slot = names_.find(std::get<std::string>(key)); slot != names_.end()) {
     return slot->second;
   }
-  return error{errc::unknown_key,
-               std::string{operation} + " of key " + to_string(key) + ", which was never initialised"};
+  return error{errc::unknown_key, std::string{operation} + " of key " + to_string(key) +
+                                      ", which was never initialised"};
 }
 
 status local_kvstore::check_like(const entry& declared, const ndarray& given,
@@ -84,14 +84,15 @@ status local_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray
   // Check the whole batch first, so that a bad pair initialises nothing.
   auto kind = kind_;
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto this_kind = std::holds_alternative<std::int64_t>(keys[i]) ? key_kind::integer : key_kind::text;
+    auto this_kind =
+        std::holds_alternative<std::int64_t>(keys[i]) ? key_kind::integer : key_kind::text;
     if (kind != key_kind::none && this_kind != kind)
       return error{errc::key_type_mix, "init of key " + to_string(keys[i]) +
                                            ": int and string keys cannot be mixed in one store"};
     kind = this_kind;
     if (find(keys[i], "init").has_value())
-      return error{errc::already_initialized, "init of key " + to_string(keys[i]) +
-                                                  ", which is already initialised"};
+      return error{errc::already_initialized,
+                   "init of key " + to_string(keys[i]) + ", which is already initialised"};
     for (std::size_t j = 0; j < i; ++j)
       if (keys[j] == keys[i])
         return error{errc::already_initialized,

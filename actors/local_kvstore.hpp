@@ -32,15 +32,13 @@ public:
   status init(std::span<const kv_key> keys, std::span<const ndarray> values) override;
   status push(std::span<const kv_key> keys, std::span<const ndarray> values,
               int priority = 0) override;
-  status pull(std::span<const kv_key> keys, std::span<ndarray> outputs,
-              int priority = 0) override;
+  status pull(std::span<const kv_key> keys, std::span<ndarray> outputs, int priority = 0) override;
 
   status set_optimizer(std::unique_ptr<optimizer> opt) override;
   status set_updater(updater_function update) override;
   bool is_capable(std::string_view capability) const noexcept override;
 
-  status save_optimizer_states(const std::string& path,
-                               bool dump_optimizer = false) const override;
+  status save_optimizer_states(const std::string& path, bool dump_optimizer = false) const override;
   status load_optimizer_states(const std::string& path) override;
 
 private:
@@ -60,12 +58,12 @@ private:
 
   std::string type_;
   std::unique_ptr<comm> comm_;
-  std::map<std::int64_t, entry> entries_;      // by index
-  std::map<std::string, std::int64_t> names_;  // string key -> index
+  std::map<std::int64_t, entry> entries_;     // by index
+  std::map<std::string, std::int64_t> names_; // string key -> index
   key_kind kind_ = key_kind::none;
   std::int64_t next_name_index_ = 0;
-  std::unique_ptr<troupe::updater> updater_;   // set_optimizer
-  updater_function custom_updater_;            // set_updater
+  std::unique_ptr<troupe::updater> updater_; // set_optimizer
+  updater_function custom_updater_;          // set_updater
 };
 
 } // namespace troupe

@@ -8,13 +8,13 @@
 // saves the optimizer state, and shows that a second store resumes from it bit for bit.
 // Exit status 0 when every check holds.
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 #include "actors/kvstore.hpp"
@@ -29,7 +29,9 @@ int fail(const error& err) {
 }
 
 /// Gradient of 0.5 * |w - target|² at w.
-ndarray gradient_at(const ndarray& weight, const ndarray& target) { return weight - target; }
+ndarray gradient_at(const ndarray& weight, const ndarray& target) {
+  return weight - target;
+}
 
 } // namespace
 
@@ -80,7 +82,8 @@ int main(int argc, char** argv) {
 
   // A mistake is an error value naming what is wrong; the stored value stays.
   auto wrong = kv.push(3, ndarray::ones({3, 2}));
-  fmt::print("push of shape (3,2) to key 3 -> {}\n", wrong ? "accepted?!" : wrong.error().to_string());
+  fmt::print("push of shape (3,2) to key 3 -> {}\n",
+             wrong ? "accepted?!" : wrong.error().to_string());
   all_hold = all_hold && !wrong;
 
   // Part 2: SGD with momentum in the store; save and resume the optimizer state.

@@ -8,6 +8,7 @@
 // (TCP_NODELAY on both sides). One JSON line per size: median and spread of the push
 // (payload + ack) rate in GB/s, and the median round trip in microseconds.
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <arpa/inet.h>
 #include <chrono>
@@ -24,7 +25,6 @@
 #include <unistd.h>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
 namespace {
@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   int repeats = 9;
   std::uint16_t port = 0;
   app.add_option("--sizes", sizes, "payload sizes in bytes")->delimiter(',');
-  app.add_option("--repeats", repeats, "measured repetitions per size")->check(CLI::Range(1, 100000));
+  app.add_option("--repeats", repeats, "measured repetitions per size")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--port", port, "port on 127.0.0.1 (0: the kernel picks one)");
   CLI11_PARSE(app, argc, argv);
 

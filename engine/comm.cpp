@@ -20,10 +20,9 @@ void require_uniform(std::span<const ndarray> values) {
                                                 " does not match " +
                                                 shape_to_string(values[0].shape()));
     if (value.dtype() != values[0].dtype())
-      throw exception(errc::dtype_mismatch, "reduce: dtype " +
-                                                std::string{to_string(value.dtype())} +
-                                                " does not match " +
-                                                std::string{to_string(values[0].dtype())});
+      throw exception(errc::dtype_mismatch,
+                      "reduce: dtype " + std::string{to_string(value.dtype())} +
+                          " does not match " + std::string{to_string(values[0].dtype())});
   }
 }
 

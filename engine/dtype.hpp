@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string_view>
 
 namespace troupe {
@@ -22,5 +23,9 @@ std::size_t size_of(dtype type) noexcept;
 std::string_view to_string(dtype type) noexcept;
 /// Inverse of to_string; nullopt for an unknown name.
 std::optional<dtype> parse_dtype(std::string_view name) noexcept;
+
+inline std::ostream& operator<<(std::ostream& out, dtype type) {
+  return out << to_string(type);
+}
 
 } // namespace troupe

@@ -41,7 +41,9 @@ enum class errc : std::uint8_t {
 /// The stable lower-case name of a code ("unknown_key").
 std::string_view to_string(errc code) noexcept;
 
-inline std::ostream& operator<<(std::ostream& out, errc code) { return out << to_string(code); }
+inline std::ostream& operator<<(std::ostream& out, errc code) {
+  return out << to_string(code);
+}
 
 /// An error value: a code and a message that names the key, shape, file... that is wrong.
 class error {
@@ -63,7 +65,8 @@ private:
 /// Thrown for caller mistakes on plain operations; what() is error().to_string().
 class exception : public std::runtime_error {
 public:
-  explicit exception(troupe::error err) : std::runtime_error(err.to_string()), error_(std::move(err)) {}
+  explicit exception(troupe::error err)
+      : std::runtime_error(err.to_string()), error_(std::move(err)) {}
   exception(errc code, std::string message) : exception(troupe::error{code, std::move(message)}) {}
   const troupe::error& error() const noexcept { return error_; }
 
@@ -135,6 +138,8 @@ private:
 using status = result<void>;
 
 /// Success, for `return ok();` in functions returning `status`.
-inline status ok() { return {}; }
+inline status ok() {
+  return {};
+}
 
 } // namespace troupe

@@ -31,9 +31,9 @@ using shape_vector = std::vector<std::int64_t>;
 
 /// Product of the extents (1 for a scalar shape).
 std::int64_t element_count(const shape_vector& shape) noexcept;
-/// "(2,3)" as MXNet prints shapes; "()" for a scalar.
+/// "(2,3)" as MXNet prints shapes; "(4,)" for one axis (Python's tuple), "()" for a scalar.
 std::string shape_to_string(const shape_vector& shape);
-/// "2x3" as MXNet's NDArray repr writes them.
+/// "2x3" as MXNet's NDArray repr writes them; "" for a scalar.
 std::string shape_to_repr(const shape_vector& shape);
 
 class storage;
@@ -63,15 +63,15 @@ public:
   static ndarray random_uniform(double low, double high, shape_vector shape, std::uint64_t seed,
                                 context ctx = context::cpu(), dtype type = dtype::float32);
   /// Seeded normal samples with the given mean and standard deviation.
-  static ndarray random_normal(double mean, double stddev, shape_vector shape,
-                               std::uint64_t seed, context ctx = context::cpu(),
-                               dtype type = dtype::float32);
+  static ndarray random_normal(double mean, double stddev, shape_vector shape, std::uint64_t seed,
+                               context ctx = context::cpu(), dtype type = dtype::float32);
 
   bool is_none() const noexcept { return storage_ == nullptr; }
   const shape_vector& shape() const noexcept { return shape_; }
   std::size_t ndim() const noexcept { return shape_.size(); }
   /// Number of elements.
   std::int64_t size() const noexcept { return element_count(shape_); }
+  /// size() * size_of(dtype()); 0 for the none handle.
   std::size_t nbytes() const noexcept;
   troupe::dtype dtype() const noexcept { return dtype_; }
   context ctx() const noexcept { return ctx_; }
@@ -80,7 +80,8 @@ public:
   void* raw_data();
   const void* raw_data() const;
   /// Typed host access; throws when T does not match dtype() (std::uint16_t for float16) or the
-  /// array is not on a cpu context.
+  /// array is not on a cpu context. T is one of float, double, std::int32_t, std::int64_t,
+  /// std::uint16_t.
   template <class T>
   T* data();
   template <class T>
@@ -92,27 +93,34 @@ public:
   /// A new array on `target` holding the same values (a copy even when target == ctx()).
   ndarray copy_to(context target) const;
   /// Copies values into `destination`, which must have the same shape; converts dtype and moves
-  /// across contexts as needed (MXNet's copyto).
+  /// across contexts as needed (MXNet's copyto). Float -> integer truncates toward zero and
+  /// saturates (NaN gives 0); to float16 rounds to nearest even.
   void copy_to(ndarray& destination) const;
   ndarray copy() const { return copy_to(ctx_); }
   ndarray as_type(troupe::dtype type) const;
 
   /// A view with another shape of the same element count; -1 in one axis is inferred.
   ndarray reshape(shape_vector shape) const;
-  /// A view of rows [begin, end) along the first axis.
+  /// A view of rows [begin, end) along the first axis; 0 <= begin <= end <= shape()[0].
   ndarray slice(std::int64_t begin, std::int64_t end) const;
-  /// A view of row `index` along the first axis, with that axis dropped.
+  /// A view of row `index` along the first axis, with that axis dropped; 0 <= index < shape()[0].
   ndarray at(std::int64_t index) const;
 
   ndarray& fill(double value);
-  /// Values converted to T (host copy from any context and dtype).
+  /// Values converted to T (host copy from any context and dtype); T is one of float, double,
+  /// std::int32_t, std::int64_t.
   template <class T>
   std::vector<T> to_vector() const;
   /// The only element of a one-element array, as double.
   double as_scalar() const;
 
-  // Element-wise arithmetic; shapes must be equal (no broadcasting), or one side a scalar.
-  // Results live on the left operand's context; operands must share context and dtype.
+  // Element-wise arithmetic; shapes must be equal (no broadcasting), or one side a scalar (an
+  // array of one element, any shape). Results live on the left operand's context; operands must
+  // share context and dtype. A double operand is first converted to the dtype (as MXNet's scalar
+  // operators do: int32 * 0.5 multiplies by 0); integers divide truncating, and an integer
+  // division by zero throws. float16 computes in float32 and rounds each result once. On gpu
+  // contexts float32 add/sub/mul/scale run on the CUDA kernels; division and other dtypes are
+  // computed on the host and copied back (correct, not fast).
   ndarray operator-() const;
   ndarray& operator+=(const ndarray& rhs);
   ndarray& operator-=(const ndarray& rhs);
@@ -137,7 +145,8 @@ public:
   double sum() const;
   double l2_norm() const;
 
-  /// MXNet's print form: the values as numpy prints them, then "<NDArray 2x3 @cpu(0)>".
+  /// MXNet's print form: the values as numpy 1.x's str() prints them, then a line
+  /// "<NDArray 2x3 @cpu(0)>"; "<NDArray none>" for the none handle.
   std::string to_string() const;
 
 private:
@@ -153,9 +162,13 @@ private:
 std::ostream& operator<<(std::ostream& out, const ndarray& array);
 
 /// out = Σ inputs (all of one shape, dtype and context as `out`); used by the KVStore's
-/// reduction for cpu and gpu contexts alike. An empty list zero-fills.
+/// reduction for cpu and gpu contexts alike. An empty list zero-fills. One pass of the kernels'
+/// sum_n, summing in input order (reproducible); `out` may be inputs[0] itself, and is computed
+/// through a pooled temporary when it overlaps any other input. float16 accumulates in float32
+/// and rounds once; on gpu contexts only float32 runs on the device, other dtypes on the host.
 void sum_into(std::span<const ndarray> inputs, ndarray& out);
-/// y += alpha * x (same shape, dtype, context).
+/// y += alpha * x (same shape, dtype, context); alpha is converted to the dtype for integers,
+/// to float32 for float16.
 void axpy(double alpha, const ndarray& x, ndarray& y);
 
 } // namespace troupe

@@ -15,8 +15,8 @@ namespace rules = kernels::cpu;
 /// MXNet 1.x's defaults per optimizer; a parameter not listed here is rejected by name.
 /// clip_gradient and clip_weights use -1 for MXNet's None (disabled).
 optimizer_params defaults_for(std::string_view name) {
-  optimizer_params common{{"learning_rate", 0.01}, {"wd", 0.0},
-                          {"rescale_grad", 1.0},   {"clip_gradient", -1.0}};
+  optimizer_params common{
+      {"learning_rate", 0.01}, {"wd", 0.0}, {"rescale_grad", 1.0}, {"clip_gradient", -1.0}};
   auto with = [&](std::initializer_list<optimizer_params::value_type> extra) {
     auto params = common;
     for (auto& [key, value] : extra)
@@ -46,7 +46,9 @@ rules::gradient_settings settings_of(const optimizer& opt) {
           static_cast<float>(opt.param("clip_gradient"))};
 }
 
-float f(const optimizer& opt, std::string_view key) { return static_cast<float>(opt.param(key)); }
+float f(const optimizer& opt, std::string_view key) {
+  return static_cast<float>(opt.param(key));
+}
 
 /// MXNet 1.x `test`: weight += rescale_grad * grad.
 class test_optimizer final : public optimizer {
@@ -136,8 +138,8 @@ public:
   std::size_t state_count() const noexcept override { return 1; }
   void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
              std::int64_t) const override {
-    rules::adagrad_update(weight, grad, state[0], n, f(*this, "learning_rate"),
-                          f(*this, "epsilon"), f(*this, "wd"), settings_of(*this));
+    rules::adagrad_update(weight, grad, state[0], n, f(*this, "learning_rate"), f(*this, "epsilon"),
+                          f(*this, "wd"), settings_of(*this));
   }
 };
 
@@ -189,9 +191,9 @@ result<std::unique_ptr<optimizer>> optimizer::create(std::string_view name,
                                                std::to_string(slot->second)};
     return ok();
   };
-  for (auto check : {positive("epsilon"), in_unit_interval("momentum"), in_unit_interval("beta1"),
-                     in_unit_interval("beta2"), in_unit_interval("gamma1"),
-                     in_unit_interval("gamma2")})
+  for (auto check :
+       {positive("epsilon"), in_unit_interval("momentum"), in_unit_interval("beta1"),
+        in_unit_interval("beta2"), in_unit_interval("gamma1"), in_unit_interval("gamma2")})
     if (!check)
       return check.error();
 
@@ -220,7 +222,9 @@ double optimizer::param(std::string_view key) const {
   return slot->second;
 }
 
-std::unique_ptr<optimizer> optimizer::clone() const { return create(name_, params_).value(); }
+std::unique_ptr<optimizer> optimizer::clone() const {
+  return create(name_, params_).value();
+}
 
 updater::updater(std::unique_ptr<troupe::optimizer> opt) : optimizer_(std::move(opt)) {
   if (!optimizer_)
@@ -296,14 +300,14 @@ status updater::load_states(std::span<const std::byte> bytes) {
   if (!magic)
     return magic.error();
   if (*magic != states_magic)
-    return error{errc::corrupt_data, "not a troupe optimizer states file (header '" +
-                                         magic->substr(0, 40) + "')"};
+    return error{errc::corrupt_data,
+                 "not a troupe optimizer states file (header '" + magic->substr(0, 40) + "')"};
   auto version = in.u64("format version");
   if (!version)
     return version.error();
   if (*version != states_version)
-    return error{errc::corrupt_data, "optimizer states format version " +
-                                         std::to_string(*version) + " is not supported (this is " +
+    return error{errc::corrupt_data, "optimizer states format version " + std::to_string(*version) +
+                                         " is not supported (this is " +
                                          std::to_string(states_version) + ")"};
   auto name = in.string("optimizer name");
   if (!name)
@@ -371,8 +375,8 @@ status updater::load_states(std::span<const std::byte> bytes) {
     loaded[*index] = std::move(entry);
   }
   if (in.remaining() != 0)
-    return error{errc::corrupt_data, std::to_string(in.remaining()) +
-                                         " unexpected bytes after the optimizer states"};
+    return error{errc::corrupt_data,
+                 std::to_string(in.remaining()) + " unexpected bytes after the optimizer states"};
   // Only now, with everything read and checked, does the updater change.
   if (loaded_optimizer)
     optimizer_ = std::move(loaded_optimizer);

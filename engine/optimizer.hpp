@@ -50,8 +50,8 @@ public:
   /// One update of `weight` by `grad` (float32 buffers of n elements, on the host) with its
   /// state buffers; `update_count` is how many updates this weight has had, this one included
   /// (Adam's t).
-  virtual void apply(float* weight, const float* grad, std::span<float* const> state,
-                     std::size_t n, std::int64_t update_count) const = 0;
+  virtual void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
+                     std::int64_t update_count) const = 0;
 
   /// A fresh optimizer with the same name and parameters.
   std::unique_ptr<optimizer> clone() const;

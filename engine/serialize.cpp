@@ -11,9 +11,13 @@ namespace troupe {
 static_assert(std::endian::native == std::endian::little,
               "troupe's file format is little-endian and written by memcpy");
 
-void byte_writer::u64(std::uint64_t value) { raw(&value, sizeof value); }
+void byte_writer::u64(std::uint64_t value) {
+  raw(&value, sizeof value);
+}
 
-void byte_writer::f64(double value) { raw(&value, sizeof value); }
+void byte_writer::f64(double value) {
+  raw(&value, sizeof value);
+}
 
 void byte_writer::string(std::string_view value) {
   u64(value.size());
@@ -97,8 +101,8 @@ result<ndarray> byte_reader::array(std::string_view what) {
   if (!type_code)
     return type_code.error();
   if (*type_code > static_cast<std::uint8_t>(dtype::float64))
-    return error{errc::corrupt_data, std::string{what} + ": unknown dtype code " +
-                                         std::to_string(*type_code)};
+    return error{errc::corrupt_data,
+                 std::string{what} + ": unknown dtype code " + std::to_string(*type_code)};
   auto type = static_cast<dtype>(*type_code);
   auto ndim = u64(what);
   if (!ndim)
@@ -142,8 +146,8 @@ status write_file(const std::string& path, std::span<const std::byte> bytes) {
   {
     std::ofstream out{temporary, std::ios::binary | std::ios::trunc};
     if (!out)
-      return error{errc::io_error, "cannot open " + temporary + " for writing: " +
-                                       std::strerror(errno)};
+      return error{errc::io_error,
+                   "cannot open " + temporary + " for writing: " + std::strerror(errno)};
     out.write(reinterpret_cast<const char*>(bytes.data()),
               static_cast<std::streamsize>(bytes.size()));
     out.flush();

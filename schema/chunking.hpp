@@ -30,7 +30,7 @@ inline constexpr std::size_t default_chunk_bytes = std::size_t{16} << 20;
 /// The chunker copies the message's fields but not the payload: the tensor's memory must stay
 /// alive and unchanged until every chunk message and frame made from it is gone.
 class chunker {
- public:
+public:
   /// Preconditions (std::invalid_argument otherwise): chunk_bytes is a multiple of 8 in
   /// [8, max_chunk_bytes] (so chunks start at multiples of every element size and a payload
   /// aligned to 8 bytes stays aligned in every chunk); the tensor is whole (offset 0,
@@ -47,7 +47,7 @@ class chunker {
   /// encode(chunk(index)): the frame references the payload slice (no copy when aligned).
   encoded_frame encode_chunk(std::size_t index) const;
 
- private:
+private:
   message whole_;
   std::size_t chunk_bytes_;
   std::size_t count_;
@@ -58,7 +58,7 @@ class chunker {
 /// may come in any order; each is checked before any byte is written, and a rejected chunk
 /// changes nothing. Not thread-safe: one reassembler per tensor being received.
 class reassembler {
- public:
+public:
   /// The first chunk fixes dtype and shape; every chunk's total_bytes must equal
   /// destination.size(). `max_ranges` bounds the disjoint received byte ranges kept while chunks
   /// arrive out of order (in-order arrival keeps one), so a peer cannot grow this object without
@@ -83,7 +83,7 @@ class reassembler {
   std::optional<dtype> type() const noexcept { return type_; }
   const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
 
- private:
+private:
   std::span<std::byte> destination_;
   std::optional<dtype> type_;
   std::vector<std::int64_t> shape_;

@@ -291,7 +291,7 @@ capnp::Text::Reader text_of(const std::string& s) {
 }
 
 class writer {
- public:
+public:
   writer(ws::Message::Builder root, encoded_frame::state& st) : root_(root), st_(st) {}
 
   void operator()(const registration& m) {
@@ -446,7 +446,7 @@ class writer {
     b.setMessage(text_of(m.message));
   }
 
- private:
+private:
   static unsigned list_size(std::size_t n) {
     // Cap'n Proto lists hold fewer than 2^29 elements.
     if (n >= (std::size_t{1} << 29))
@@ -548,7 +548,7 @@ encoded_frame encode(const message& msg) {
 namespace {
 
 class reader {
- public:
+public:
   explicit reader(const decode_limits& limits) : limits_(limits) {}
 
   message read(ws::Message::Reader root) {
@@ -593,7 +593,7 @@ class reader {
              " is not known to protocol version " + std::to_string(protocol_version));
   }
 
- private:
+private:
   // Text that must be present; `non_empty` also refuses "".
   std::string required_text(bool present, capnp::Text::Reader text, const char* field,
                             bool non_empty = true) {

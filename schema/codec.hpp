@@ -71,7 +71,7 @@ std::string_view to_string(decode_error::code kind) noexcept;
 /// Either a T or the decode_error that prevented it (std::expected is C++23).
 template <class T>
 class result {
- public:
+public:
   result(T value) : state_(std::in_place_index<0>, std::move(value)) {}
   result(decode_error error) : state_(std::in_place_index<1>, std::move(error)) {}
 
@@ -90,7 +90,7 @@ class result {
   /// Precondition: !has_value().
   const decode_error& error() const { return std::get<1>(state_); }
 
- private:
+private:
   std::variant<T, decode_error> state_;
 };
 
@@ -115,7 +115,7 @@ struct decode_limits {
 /// references (see the file comment): the caller's tensor must stay alive and unchanged until
 /// the frame has been written (or flattened) and destroyed.
 class encoded_frame {
- public:
+public:
   encoded_frame(encoded_frame&&) noexcept;
   encoded_frame& operator=(encoded_frame&&) noexcept;
   ~encoded_frame();
@@ -137,7 +137,7 @@ class encoded_frame {
   /// Opaque: the Cap'n Proto builder and the piece list, defined in codec.cpp.
   struct state;
 
- private:
+private:
   friend encoded_frame encode(const message& msg);
   explicit encoded_frame(std::unique_ptr<state> s) noexcept;
   std::unique_ptr<state> state_;
@@ -160,7 +160,7 @@ struct decoded_message {
   decoded_message(message m, std::shared_ptr<const std::uint64_t[]> copy)
       : msg(std::move(m)), aligned_copy_(std::move(copy)) {}
 
- private:
+private:
   std::shared_ptr<const std::uint64_t[]> aligned_copy_;
 };
 

@@ -12,8 +12,8 @@ void gemm(bool transpose_a, bool transpose_b, std::size_t m, std::size_t n, std:
           float* c, std::size_t ldc) noexcept;
 
 /// Reference triple loop with the same contract, the oracle for gemm() in tests.
-void gemm_reference(bool transpose_a, bool transpose_b, std::size_t m, std::size_t n,
-                    std::size_t k, float alpha, const float* a, std::size_t lda, const float* b,
-                    std::size_t ldb, float beta, float* c, std::size_t ldc) noexcept;
+void gemm_reference(bool transpose_a, bool transpose_b, std::size_t m, std::size_t n, std::size_t k,
+                    float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                    float beta, float* c, std::size_t ldc) noexcept;
 
 } // namespace troupe::kernels::cpu

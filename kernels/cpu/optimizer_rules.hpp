@@ -36,8 +36,8 @@ void nag_update(float* weight, const float* grad, float* mom, std::size_t n, flo
 /// lr * sqrt(1 - beta2^t) / (1 - beta1^t), as MXNet's Python optimizer passes it:
 ///   g += wd * weight; mean = beta1 * mean + (1 - beta1) * g; var = beta2 * var + (1 - beta2) * g²
 ///   weight -= lr * mean / (sqrt(var) + epsilon)
-void adam_update(float* weight, const float* grad, float* mean, float* var, std::size_t n,
-                 float lr, float beta1, float beta2, float epsilon, float wd,
+void adam_update(float* weight, const float* grad, float* mean, float* var, std::size_t n, float lr,
+                 float beta1, float beta2, float epsilon, float wd,
                  gradient_settings settings) noexcept;
 
 /// RMSProp (Tieleman & Hinton), MXNet's rmsprop_update:
@@ -50,9 +50,9 @@ void rmsprop_update(float* weight, const float* grad, float* mean_square, std::s
 /// Centered RMSProp (Graves 2013), MXNet's rmspropalex_update:
 ///   g += wd * weight; n = (1 - gamma1) * g² + gamma1 * n; gm = (1 - gamma1) * g + gamma1 * gm
 ///   delta = gamma2 * delta - lr * g / sqrt(n - gm² + epsilon); weight += delta (then clip_weights)
-void rmsprop_centered_update(float* weight, const float* grad, float* mean_square,
-                             float* mean_grad, float* delta, std::size_t n, float lr, float gamma1,
-                             float gamma2, float epsilon, float wd, float clip_weights,
+void rmsprop_centered_update(float* weight, const float* grad, float* mean_square, float* mean_grad,
+                             float* delta, std::size_t n, float lr, float gamma1, float gamma2,
+                             float epsilon, float wd, float clip_weights,
                              gradient_settings settings) noexcept;
 
 /// AdaGrad, MXNet 1.x's AdaGrad optimizer:

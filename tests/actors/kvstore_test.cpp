@@ -1,13 +1,13 @@
 // The KVStore's local and device modes against MXNet's semantics, with closed forms
 // (tests/python/unittest/test_kvstore.py and tests/nightly/test_kvstore.py of MXNet 1.x).
 
-#include <boost/test/unit_test.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <unistd.h>
 #include <vector>
+
+#include <boost/test/unit_test.hpp>
 
 #include "actors/kvstore.hpp"
 #include "engine/comm.hpp"
@@ -41,10 +41,10 @@ std::vector<context> cpu_contexts(int count) {
 
 /// A file name of this test process's own, removed by the destructor.
 struct temporary_path {
-  std::string path = (std::filesystem::temp_directory_path() /
-                      ("troupe-kvstore-test-" + std::to_string(::getpid()) + "-" +
-                       std::to_string(counter++)))
-                         .string();
+  std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("troupe-kvstore-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++)))
+          .string();
   ~temporary_path() { std::remove(path.c_str()); }
   static inline int counter = 0;
 };
@@ -111,7 +111,8 @@ BOOST_AUTO_TEST_CASE(a_push_of_a_list_of_four_ones_gives_four) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(the_test_optimizer_over_n_contexts_gives_one_plus_n_times_n_plus_one_per_round) {
+BOOST_AUTO_TEST_CASE(
+    the_test_optimizer_over_n_contexts_gives_one_plus_n_times_n_plus_one_per_round) {
   // Context d pushes ones*(d+1); `test` with rescale_grad = 2 adds 2 * n(n+1)/2 per round.
   for (auto& type : local_types) {
     for (int n = 1; n <= 4; ++n) {
@@ -128,9 +129,9 @@ BOOST_AUTO_TEST_CASE(the_test_optimizer_over_n_contexts_gives_one_plus_n_times_n
           BOOST_TEST_REQUIRE(kv->push(7, values).has_value());
           BOOST_TEST_REQUIRE(kv->pull(7, out).has_value());
           float expected = 1.0f + static_cast<float>(n * (n + 1) * (round + 1));
-          BOOST_TEST(all_equal(out, expected),
-                     type << " n=" << n << " shape " << shape_to_string(shape) << " round "
-                          << round << ": expected " << expected);
+          BOOST_TEST(all_equal(out, expected), type << " n=" << n << " shape "
+                                                    << shape_to_string(shape) << " round " << round
+                                                    << ": expected " << expected);
         }
       }
     }
@@ -143,11 +144,11 @@ BOOST_AUTO_TEST_CASE(a_custom_updater_accumulates_every_push) {
     auto kv = make(type);
     BOOST_TEST_REQUIRE(kv->init(3, ndarray::zeros({4, 4})).has_value());
     std::vector<kv_key> seen;
-    BOOST_TEST_REQUIRE(kv->set_updater([&](const kv_key& key, const ndarray& received,
-                                           ndarray& stored) {
-                           seen.push_back(key);
-                           stored += received.copy_to(stored.ctx());
-                         }).has_value());
+    BOOST_TEST_REQUIRE(
+        kv->set_updater([&](const kv_key& key, const ndarray& received, ndarray& stored) {
+            seen.push_back(key);
+            stored += received.copy_to(stored.ctx());
+          }).has_value());
     std::vector<ndarray> values;
     for (auto ctx : cpu_contexts(4))
       values.push_back(ndarray::ones({4, 4}, ctx));
@@ -197,7 +198,8 @@ BOOST_AUTO_TEST_CASE(float16_keys_sum_exactly) {
   for (auto& type : local_types) {
     auto kv = make(type);
     BOOST_TEST_REQUIRE(kv->set_optimizer("test", {{"rescale_grad", 2.0}}).has_value());
-    BOOST_TEST_REQUIRE(kv->init(1, ndarray::ones({3, 5}, context::cpu(), dtype::float16)).has_value());
+    BOOST_TEST_REQUIRE(
+        kv->init(1, ndarray::ones({3, 5}, context::cpu(), dtype::float16)).has_value());
     std::vector<ndarray> values;
     for (auto ctx : cpu_contexts(3))
       values.push_back(ndarray::full({3, 5}, ctx.id + 1.0, ctx, dtype::float16));

@@ -46,7 +46,7 @@ boost::test_tools::assertion_result has_no_cuda_device(boost::unit_test::test_un
 /// Owns `n` elements of device memory; release() on destruction.
 template <class T>
 class device_buffer {
- public:
+public:
   device_buffer(int device, std::size_t n)
       : device_{device}, n_{n}, data_{static_cast<T*>(cuda::allocate(device, n * sizeof(T)))} {}
   explicit device_buffer(int device, const std::vector<T>& host)
@@ -68,7 +68,7 @@ class device_buffer {
     return host;
   }
 
- private:
+private:
   int device_;
   std::size_t n_;
   T* data_;

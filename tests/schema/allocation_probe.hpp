@@ -11,7 +11,7 @@ namespace troupe::test {
 /// allocates through operator new: the codec, Cap'n Proto's kj arrays, std containers). Probes do
 /// not nest.
 class allocation_probe {
- public:
+public:
   allocation_probe() noexcept;
   ~allocation_probe();
   allocation_probe(const allocation_probe&) = delete;

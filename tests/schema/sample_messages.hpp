@@ -15,7 +15,7 @@ namespace troupe::test {
 
 /// An 8-byte-aligned byte buffer of `size` bytes holding a repeatable pattern (never all zero).
 class pattern_buffer {
- public:
+public:
   explicit pattern_buffer(std::size_t size, std::uint64_t seed = 1)
       : words_(new std::uint64_t[(size + 7) / 8]), size_(size) {
     std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -33,7 +33,7 @@ class pattern_buffer {
     return {reinterpret_cast<const std::byte*>(words_.get()), size_};
   }
 
- private:
+private:
   std::unique_ptr<std::uint64_t[]> words_;
   std::size_t size_;
 };
