@@ -1,6 +1,8 @@
 #include "actors/kvstore.hpp"
 
 #include <array>
+#include <condition_variable>
+#include <mutex>
 
 #include "actors/local_kvstore.hpp"
 #include "engine/comm.hpp"
@@ -11,6 +13,73 @@ std::string to_string(const kv_key& key) {
   if (auto number = std::get_if<std::int64_t>(&key))
     return std::to_string(*number);
   return "'" + std::get<std::string>(key) + "'";
+}
+
+struct kv_request::state {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::string what;
+  std::size_t remaining = 0;
+  status outcome;
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};
+};
+
+kv_request kv_request::done(status outcome) {
+  auto s = std::make_shared<state>();
+  s->outcome = std::move(outcome);
+  return kv_request{std::move(s)};
+}
+
+kv_request kv_request::start(std::string what, std::size_t parts,
+                             std::chrono::milliseconds timeout) {
+  auto s = std::make_shared<state>();
+  s->what = std::move(what);
+  s->remaining = parts;
+  s->timeout = timeout;
+  s->deadline = std::chrono::steady_clock::now() + timeout;
+  return kv_request{std::move(s)};
+}
+
+status kv_request::wait() const {
+  std::unique_lock lock{state_->mutex};
+  if (!state_->changed.wait_until(lock, state_->deadline, [&] { return state_->remaining == 0; }))
+    return error{errc::timeout, state_->what + " did not complete within " +
+                                    std::to_string(state_->timeout.count()) + " ms"};
+  return state_->outcome;
+}
+
+bool kv_request::ready() const {
+  std::lock_guard lock{state_->mutex};
+  return state_->remaining == 0;
+}
+
+void kv_request::complete_part(status outcome) const {
+  std::lock_guard lock{state_->mutex};
+  if (!outcome && state_->outcome)
+    state_->outcome = std::move(outcome);
+  if (state_->remaining > 0 && --state_->remaining == 0)
+    state_->changed.notify_all();
+}
+
+void kv_request::add_parts(std::size_t parts) const {
+  std::lock_guard lock{state_->mutex};
+  state_->remaining += parts;
+}
+
+kv_request kvstore::push_async(std::span<const kv_key> keys, std::span<const ndarray> values,
+                               int priority) {
+  return kv_request::done(push(keys, values, priority));
+}
+
+kv_request kvstore::pull_async(std::span<const kv_key> keys, std::span<ndarray> outputs,
+                               int priority) {
+  return kv_request::done(pull(keys, outputs, priority));
+}
+
+kv_request kvstore::pushpull_async(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                   std::span<ndarray> outputs, int priority) {
+  return kv_request::done(pushpull(keys, values, outputs, priority));
 }
 
 result<std::unique_ptr<kvstore>> kvstore::create(std::string_view type) {

@@ -19,6 +19,8 @@
 // dtype that differs from init, mixed key types or an empty list return an error that names the
 // key and the expected and actual values, and the stored values stay as they were.
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -34,6 +36,32 @@
 #include "engine/optimizer.hpp"
 
 namespace troupe {
+
+/// A push, pull or pushpull under way: wait() blocks until every part of it is done (bounded by
+/// the store's timeout) and says how it ended. Copies share the same request. The outputs of a
+/// pull must not be read, and the inputs of a push not written, before wait() returns.
+class kv_request {
+public:
+  struct state;
+  /// A request that is already complete with `outcome`.
+  static kv_request done(status outcome = {});
+  /// A request of `parts` parts that fails with errc::timeout naming `what` when it is not
+  /// complete `timeout` after it began.
+  static kv_request start(std::string what, std::size_t parts, std::chrono::milliseconds timeout);
+
+  kv_request() : kv_request(done()) {}
+  status wait() const;
+  bool ready() const;
+
+  /// Marks one part done; the first failure is kept. Called by the store's I/O side.
+  void complete_part(status outcome = {}) const;
+  /// Adds parts to a request that is under way.
+  void add_parts(std::size_t parts) const;
+
+private:
+  explicit kv_request(std::shared_ptr<state> s) : state_(std::move(s)) {}
+  std::shared_ptr<state> state_;
+};
 
 /// An int or a string key, as MXNet accepts either.
 using kv_key = std::variant<std::int64_t, std::string>;
@@ -69,6 +97,16 @@ public:
   /// Copies each key's stored value into its outputs.
   virtual status pull(std::span<const kv_key> keys, std::span<ndarray> outputs,
                       int priority = 0) = 0;
+  /// Non-blocking forms: they check the arguments, start the work and return at once; errors
+  /// found later are reported by the request's wait(). The local modes finish before returning.
+  /// Pushes and pulls of one key from one worker take effect in the order they were issued.
+  virtual kv_request push_async(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                int priority = 0);
+  virtual kv_request pull_async(std::span<const kv_key> keys, std::span<ndarray> outputs,
+                                int priority = 0);
+  virtual kv_request pushpull_async(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                    std::span<ndarray> outputs, int priority = 0);
+
   /// push then pull, with the same keys.
   virtual status pushpull(std::span<const kv_key> keys, std::span<const ndarray> values,
                           std::span<ndarray> outputs, int priority = 0);
@@ -88,6 +126,9 @@ public:
   status broadcast(const kv_key& key, const ndarray& value, ndarray& output, int priority = 0);
   status broadcast(const kv_key& key, const ndarray& value, std::span<ndarray> outputs,
                    int priority = 0);
+
+  /// Blocks until every worker of the job has called barrier() (a no-op in the local modes).
+  virtual status barrier() { return {}; }
 
   /// Pushes run this optimizer in the store from now on (MXNet's update_on_kvstore).
   virtual status set_optimizer(std::unique_ptr<optimizer> opt) = 0;

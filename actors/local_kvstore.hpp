@@ -5,9 +5,9 @@
 
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 
+#include "actors/key_registry.hpp"
 #include "actors/kvstore.hpp"
 #include "engine/comm.hpp"
 
@@ -42,28 +42,25 @@ public:
   status load_optimizer_states(const std::string& path) override;
 
 private:
-  struct entry {
-    kv_key key;
-    ndarray stored;
-  };
-  enum class key_kind { none, integer, text };
-
-  /// The index of a declared key, or unknown_key naming it.
-  result<std::int64_t> find(const kv_key& key, std::string_view operation) const;
-  /// key_type_mix when `key` is of the other kind than the keys already declared.
-  status check_kind(const kv_key& key) const;
-  /// shape_mismatch / dtype_mismatch naming the key, what init declared and what was given.
-  static status check_like(const entry& declared, const ndarray& given, std::string_view operation,
-                           std::string_view role);
-
   std::string type_;
   std::unique_ptr<comm> comm_;
-  std::map<std::int64_t, entry> entries_;     // by index
-  std::map<std::string, std::int64_t> names_; // string key -> index
-  key_kind kind_ = key_kind::none;
-  std::int64_t next_name_index_ = 0;
+  key_registry keys_;
+  std::map<std::int64_t, ndarray> stored_;   // by key index
   std::unique_ptr<troupe::updater> updater_; // set_optimizer
   updater_function custom_updater_;          // set_updater
 };
+
+/// Runs `body`, turning an exception from the engine into the status it carries, so that no
+/// exception crosses the KVStore interface.
+template <class Body>
+status guarded(Body&& body) {
+  try {
+    return body();
+  } catch (const exception& failure) {
+    return failure.error();
+  } catch (const std::exception& failure) {
+    return error{errc::internal, failure.what()};
+  }
+}
 
 } // namespace troupe

@@ -3,10 +3,11 @@
 namespace troupe {
 namespace {
 
-/// A buffer of `like`'s shape and dtype on `where`, reused when it already fits.
+/// A buffer of `like`'s shape and dtype on `where`, reused when it already fits and nobody else
+/// holds it (a send still reading last round's sum must not see this round's).
 ndarray& fit(ndarray& buffer, const ndarray& like, context where) {
   if (buffer.is_none() || buffer.shape() != like.shape() || buffer.dtype() != like.dtype() ||
-      buffer.ctx() != where)
+      buffer.ctx() != where || buffer.storage_is_shared())
     buffer = ndarray::empty(like.shape(), where, like.dtype());
   return buffer;
 }
@@ -76,6 +77,8 @@ const ndarray& comm_device::reduce(std::int64_t key, std::span<const ndarray> va
   if (entry.merged.is_none() || entry.merged.shape() != values[0].shape() ||
       entry.merged.dtype() != values[0].dtype())
     entry.merged = ndarray::empty(values[0].shape(), pick_merge_context(values), values[0].dtype());
+  else if (entry.merged.storage_is_shared()) // a send still reads last round's sum
+    entry.merged = ndarray::empty(values[0].shape(), entry.merged.ctx(), values[0].dtype());
   sum_on(entry.merged, entry.staging, values);
   return entry.merged;
 }

@@ -89,6 +89,14 @@ public:
 
   /// True when both handles view the same storage block.
   bool shares_storage_with(const ndarray& other) const noexcept;
+  /// True when another handle (or a keepalive()) holds this array's storage too: a writer that
+  /// must not disturb readers replaces the storage instead of overwriting it.
+  bool storage_is_shared() const noexcept {
+    return storage_ != nullptr && storage_.use_count() > 1;
+  }
+  /// Shared ownership of the storage block, for code outside the engine that must keep the bytes
+  /// alive while it reads them (a frame being written to a socket).
+  std::shared_ptr<const void> keepalive() const noexcept { return storage_; }
 
   /// A new array on `target` holding the same values (a copy even when target == ctx()).
   ndarray copy_to(context target) const;

@@ -1,0 +1,101 @@
+#pragma once
+// A whole distributed job inside one test process: S server nodes (each with its shards) and W
+// dist_kvstore workers linked to them in-process, plus a barrier among the workers' threads. The
+// workers run the same code as across the network; only the links differ (STYLE.md §9).
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include "actors/dist_kvstore.hpp"
+#include "actors/server_node.hpp"
+
+namespace troupe::testing {
+
+/// A reusable barrier for `parties` threads whose wait gives up after a timeout.
+class thread_barrier {
+public:
+  explicit thread_barrier(std::uint32_t parties) : parties_(parties) {}
+
+  status wait(std::chrono::milliseconds timeout) {
+    std::unique_lock lock{mutex_};
+    auto generation = generation_;
+    if (++arrived_ == parties_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+      return ok();
+    }
+    if (!changed_.wait_for(lock, timeout, [&] { return generation_ != generation; }))
+      return error{errc::timeout, "barrier: not every worker arrived"};
+    return ok();
+  }
+
+private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::uint32_t parties_;
+  std::uint32_t arrived_ = 0;
+  std::uint64_t generation_ = 0;
+};
+
+struct in_process_job {
+  caf::actor_system_config config;
+  caf::actor_system system{config};
+  std::vector<std::unique_ptr<server_node>> servers;
+  thread_barrier barrier;
+  std::vector<std::unique_ptr<dist_kvstore>> workers;
+
+  in_process_job(std::string type, std::uint32_t num_workers, std::uint32_t num_servers,
+                 std::uint32_t shards = 2, std::int64_t bigarray_bound = 1'000'000,
+                 std::size_t chunk_bytes = std::size_t{1} << 20)
+      : barrier(num_workers) {
+    auto mode = type.find("async") != std::string::npos ? consistency::async : consistency::sync;
+    for (std::uint32_t s = 0; s < num_servers; ++s)
+      servers.push_back(std::make_unique<server_node>(
+          system, server_node_options{s, num_workers, shards, mode, chunk_bytes}));
+    for (std::uint32_t rank = 0; rank < num_workers; ++rank) {
+      dist_kvstore_setup setup;
+      setup.type = type;
+      setup.rank = rank;
+      setup.num_workers = num_workers;
+      setup.num_servers = num_servers;
+      setup.bigarray_bound = bigarray_bound;
+      setup.chunk_bytes = chunk_bytes;
+      setup.timeout = std::chrono::milliseconds{20000};
+      setup.connect_servers = [this](caf::actor replies) -> result<std::vector<caf::actor>> {
+        std::vector<caf::actor> links;
+        for (auto& server : servers)
+          links.push_back(spawn_local_link(system, server->router(), replies));
+        return links;
+      };
+      setup.barrier = [this] { return barrier.wait(std::chrono::milliseconds{20000}); };
+      workers.push_back(dist_kvstore::create(system, std::move(setup)).value());
+    }
+  }
+
+  ~in_process_job() {
+    for (auto& worker : workers)
+      (void)worker->finalize();
+    workers.clear();
+    servers.clear();
+  }
+
+  /// Runs body(rank, store) on one thread per worker and joins them all.
+  void run(const std::function<void(std::uint32_t, kvstore&)>& body) {
+    std::vector<std::thread> threads;
+    for (std::uint32_t rank = 0; rank < workers.size(); ++rank)
+      threads.emplace_back([&, rank] { body(rank, *workers[rank]); });
+    for (auto& thread : threads)
+      thread.join();
+  }
+};
+
+} // namespace troupe::testing
