@@ -236,6 +236,17 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(caf::actor_system& sy
                      std::to_string(store->setup_.num_servers) + " servers"};
   }
   store->links_ = std::move(*links);
+  if (store->setup_.rank == 0) {
+    // Servers learn the job's consistency from rank 0, before any init of it reaches them.
+    auto kind = store->sync_mode() ? wire::command_kind::sync_mode : wire::command_kind::async_mode;
+    auto told = store->to_every_server(
+        [&](std::uint64_t id, std::uint32_t) -> wire::message {
+          return wire::command{id, kind, ""};
+        },
+        store->sync_mode() ? "set sync mode" : "set async mode");
+    if (!told)
+      return told.error();
+  }
   return store;
 }
 
@@ -244,7 +255,7 @@ dist_kvstore::~dist_kvstore() {
 }
 
 bool dist_kvstore::sync_mode() const noexcept {
-  return setup_.type.find("sync") != std::string::npos;
+  return setup_.type.find("async") == std::string::npos;
 }
 
 std::optional<error> dist_kvstore::sticky_failure() const {
@@ -489,9 +500,9 @@ status dist_kvstore::barrier() {
   return setup_.barrier();
 }
 
-status
-dist_kvstore::to_every_server(const std::function<wire::message(std::uint64_t request_id)>& make,
-                              const std::string& what) const {
+status dist_kvstore::to_every_server(
+    const std::function<wire::message(std::uint64_t request_id, std::uint32_t server)>& make,
+    const std::string& what) const {
   if (auto failed = sticky_failure())
     return *failed;
   auto request = kv_request::start(what, setup_.num_servers, setup_.timeout);
@@ -502,7 +513,7 @@ dist_kvstore::to_every_server(const std::function<wire::message(std::uint64_t re
     part->request = request;
     part->what = what + " on server " + std::to_string(server);
     part->server = server;
-    self->send(server, envelope{make(id), nullptr, 0}, part);
+    self->send(server, envelope{make(id, server), nullptr, 0}, part);
   }
   return request.wait();
 }
@@ -515,7 +526,7 @@ status dist_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
     for (const auto& [name, value] : opt->params())
       params.push_back({name, value});
     auto sent = to_every_server(
-        [&](std::uint64_t id) -> wire::message {
+        [&](std::uint64_t id, std::uint32_t) -> wire::message {
           return wire::set_optimizer{id, opt->name(), params};
         },
         "set_optimizer " + opt->name());
@@ -537,16 +548,18 @@ bool dist_kvstore::is_capable(std::string_view capability) const noexcept {
 
 status dist_kvstore::save_optimizer_states(const std::string& path, bool) const {
   return to_every_server(
-      [&](std::uint64_t id) -> wire::message {
-        return wire::command{id, wire::command_kind::save_checkpoint, path};
+      [&](std::uint64_t id, std::uint32_t server) -> wire::message {
+        return wire::command{id, wire::command_kind::save_checkpoint,
+                             path + ".server" + std::to_string(server)};
       },
       "save_optimizer_states to " + path);
 }
 
 status dist_kvstore::load_optimizer_states(const std::string& path) {
   return to_every_server(
-      [&](std::uint64_t id) -> wire::message {
-        return wire::command{id, wire::command_kind::load_checkpoint, path};
+      [&](std::uint64_t id, std::uint32_t server) -> wire::message {
+        return wire::command{id, wire::command_kind::load_checkpoint,
+                             path + ".server" + std::to_string(server)};
       },
       "load_optimizer_states from " + path);
 }

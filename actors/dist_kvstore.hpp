@@ -95,8 +95,8 @@ public:
   status set_updater(updater_function update) override;
   bool is_capable(std::string_view capability) const noexcept override;
 
-  /// Rank 0 asks every server to write (or read) its shards' optimizer state to
-  /// `path`.server<r>.shard<k> on the server's file system; the other workers wait at a barrier.
+  /// Asks every server to write (or read) its shards' optimizer state to `path`.server<r>.shard<k>
+  /// on the server's file system. Any worker may call it; typically rank 0 does.
   status save_optimizer_states(const std::string& path, bool dump_optimizer = false) const override;
   status load_optimizer_states(const std::string& path) override;
 
@@ -117,8 +117,9 @@ private:
   void send(std::uint32_t server, envelope request, std::shared_ptr<pending> part);
   std::uint64_t next_request_id() { return next_request_id_++; }
   /// Sends a keyless request (set_optimizer, command) to every server and waits for the acks.
-  status to_every_server(const std::function<wire::message(std::uint64_t request_id)>& make,
-                         const std::string& what) const;
+  status to_every_server(
+      const std::function<wire::message(std::uint64_t request_id, std::uint32_t server)>& make,
+      const std::string& what) const;
   /// Adds push and pull work for one key group to `request`.
   void start_push(const key_group& group, std::span<const ndarray> values, bool then_pull,
                   std::span<ndarray> outputs, const kv_request& request);

@@ -112,9 +112,8 @@ caf::behavior local_link_actor(caf::event_based_actor* self,
 server_node::server_node(caf::actor_system& system, server_node_options options)
     : options_(options) {
   for (std::uint32_t i = 0; i < options_.shards; ++i)
-    shards_.push_back(
-        spawn_server_shard(system, shard_options{options_.server_rank, i, options_.num_workers,
-                                                 options_.mode, options_.chunk_bytes}));
+    shards_.push_back(spawn_server_shard(
+        system, shard_options{i, options_.num_workers, options_.mode, options_.chunk_bytes}));
   control_ = system.spawn(control_actor, shards_);
 }
 

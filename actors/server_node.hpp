@@ -21,9 +21,9 @@
 namespace troupe {
 
 struct server_node_options {
-  std::uint32_t server_rank = 0;
   std::uint32_t num_workers = 1;
   std::uint32_t shards = 1;
+  /// Until worker rank 0 says otherwise with a sync_mode or async_mode command.
   consistency mode = consistency::sync;
   std::size_t chunk_bytes = wire::default_chunk_bytes;
 };

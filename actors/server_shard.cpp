@@ -344,8 +344,7 @@ void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_fu
 }
 
 std::string shard_core::checkpoint_path(const std::string& base) const {
-  return base + ".server" + std::to_string(options_.server_rank) + ".shard" +
-         std::to_string(options_.shard_index);
+  return base + ".shard" + std::to_string(options_.shard_index);
 }
 
 void shard_core::on_command(const wire::command& msg, const reply_function& reply) {
@@ -354,6 +353,12 @@ void shard_core::on_command(const wire::command& msg, const reply_function& repl
                          err.message()));
   };
   if (msg.kind == wire::command_kind::stop) {
+    reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+    return;
+  }
+  if (msg.kind == wire::command_kind::sync_mode || msg.kind == wire::command_kind::async_mode) {
+    options_.mode =
+        msg.kind == wire::command_kind::sync_mode ? consistency::sync : consistency::async;
     reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
     return;
   }

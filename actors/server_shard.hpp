@@ -43,7 +43,6 @@ namespace troupe {
 enum class consistency : std::uint8_t { sync, async };
 
 struct shard_options {
-  std::uint32_t server_rank = 0;
   std::uint32_t shard_index = 0;
   std::uint32_t num_workers = 1;
   consistency mode = consistency::sync;

@@ -424,6 +424,12 @@ public:
     case command_kind::load_checkpoint:
       b.setLoadCheckpoint(text_of(m.path));
       return;
+    case command_kind::sync_mode:
+      b.setSyncMode();
+      return;
+    case command_kind::async_mode:
+      b.setAsyncMode();
+      return;
     }
     throw std::invalid_argument("encode: command_kind " +
                                 std::to_string(static_cast<unsigned>(m.kind)) +
@@ -817,6 +823,12 @@ private:
     case ws::Command::LOAD_CHECKPOINT:
       m.kind = command_kind::load_checkpoint;
       m.path = required_text(r.hasLoadCheckpoint(), r.getLoadCheckpoint(), "checkpoint path");
+      return m;
+    case ws::Command::SYNC_MODE:
+      m.kind = command_kind::sync_mode;
+      return m;
+    case ws::Command::ASYNC_MODE:
+      m.kind = command_kind::async_mode;
       return m;
     }
     fail(decode_error::code::unknown_message,

@@ -223,7 +223,13 @@ struct set_gradient_compression {
                          const set_gradient_compression&) = default;
 };
 
-enum class command_kind : std::uint8_t { stop, save_checkpoint, load_checkpoint };
+enum class command_kind : std::uint8_t {
+  stop,
+  save_checkpoint,
+  load_checkpoint,
+  sync_mode,  ///< apply pushes in rounds of all workers (dist_sync)
+  async_mode, ///< apply each push as it arrives (dist_async)
+};
 
 struct command {
   std::uint64_t request_id = 0;

@@ -307,6 +307,11 @@ struct Command {
     # Write parameters and optimizer state to this path (non-empty), on the server's host.
     loadCheckpoint @4 :Text;
     # Replace parameters and optimizer state by those saved at this path (non-empty).
+    syncMode @5 :Void;
+    # Apply pushes in rounds of all workers (dist_sync; MXNet's kSyncMode). Sent by worker rank 0
+    # before its first init, so it precedes every push on each connection.
+    asyncMode @6 :Void;
+    # Apply each push as it arrives (dist_async).
   }
 }
 

@@ -60,7 +60,7 @@ struct in_process_job {
     auto mode = type.find("async") != std::string::npos ? consistency::async : consistency::sync;
     for (std::uint32_t s = 0; s < num_servers; ++s)
       servers.push_back(std::make_unique<server_node>(
-          system, server_node_options{s, num_workers, shards, mode, chunk_bytes}));
+          system, server_node_options{num_workers, shards, mode, chunk_bytes}));
     for (std::uint32_t rank = 0; rank < num_workers; ++rank) {
       dist_kvstore_setup setup;
       setup.type = type;

@@ -25,7 +25,7 @@ wire::tensor_chunk whole(const ndarray& array) {
 
 struct shard_fixture {
   std::vector<envelope> replies;
-  shard_core shard{shard_options{0, 0, 2, consistency::sync, 1 << 20}};
+  shard_core shard{shard_options{0, 2, consistency::sync, 1 << 20}};
 
   void send(wire::message msg, const ndarray& keepalive = {}) {
     shard.handle(envelope{std::move(msg), keepalive.is_none() ? nullptr : keepalive.keepalive(), 7},
