@@ -60,17 +60,6 @@ errc to_errc(wire::error_code code) {
   return errc::internal;
 }
 
-std::uint64_t request_id_of(const wire::message& msg) {
-  return std::visit(
-      [](const auto& alternative) -> std::uint64_t {
-        if constexpr (requires { alternative.request_id; })
-          return alternative.request_id;
-        else
-          return 0;
-      },
-      msg);
-}
-
 } // namespace
 
 struct dist_kvstore::reply_table {
@@ -109,7 +98,7 @@ struct dist_kvstore::reply_table {
   }
 
   void on_reply(envelope& reply) {
-    auto id = request_id_of(reply.msg);
+    auto id = wire::request_id_of(reply.msg);
     auto part = find(id);
     if (!part)
       return; // a late reply to a request that already failed
@@ -156,11 +145,18 @@ struct dist_kvstore::reply_table {
 
 namespace {
 
-caf::behavior reply_actor(caf::event_based_actor*,
+caf::behavior reply_actor(caf::event_based_actor* self,
                           std::shared_ptr<dist_kvstore::reply_table> table) {
   return {
       [table](envelope& reply) { table->on_reply(reply); },
-      [table](link_down_atom, const std::string& reason) {
+      // A server's connection closes when the scheduler ends the job after losing a node; its
+      // notice naming the node (failure_reporter) usually comes first, and a moment's grace lets
+      // it win the race before the bare "connection lost" is reported.
+      [self](link_down_atom, std::string& reason) {
+        self->delayed_send(self, std::chrono::milliseconds{250}, link_down_atom::value,
+                           std::move(reason), true);
+      },
+      [table](link_down_atom, const std::string& reason, bool) {
         table->fail_all(error{errc::peer_lost, "the connection to a server was lost: " + reason});
       },
   };
@@ -195,7 +191,9 @@ wire::tensor_chunk slice_tensor(const ndarray& array, const key_slice& slice, bo
 } // namespace
 
 dist_kvstore::dist_kvstore(dist_kvstore_setup setup)
-    : setup_(std::move(setup)), table_(std::make_shared<reply_table>()) {
+    : owned_resources_(setup.owned_resources), setup_(std::move(setup)),
+      table_(std::make_shared<reply_table>()) {
+  setup_.owned_resources.reset();
   if (setup_.type.find("device") != std::string::npos)
     comm_ = std::make_unique<comm_device>();
   else
@@ -267,8 +265,12 @@ void dist_kvstore::fail(error why) {
   table_->fail_all(why);
 }
 
+std::function<void(error)> dist_kvstore::failure_reporter() const {
+  return [table = table_](error why) { table->fail_all(why); };
+}
+
 void dist_kvstore::send(std::uint32_t server, envelope request, std::shared_ptr<pending> part) {
-  table_->add(request_id_of(request.msg), std::move(part));
+  table_->add(wire::request_id_of(request.msg), std::move(part));
   caf::anon_send(links_[server], std::move(request));
 }
 
@@ -324,7 +326,10 @@ void dist_kvstore::start_push(const key_group& group, std::span<const ndarray> v
   std::vector<ndarray> list;
   for (auto position : group.positions)
     list.push_back(values[position]);
-  ndarray merged = comm_->reduce(declared.index, list);
+  // One host value goes out as it is (the caller leaves it alone until the request completes,
+  // as kv_request says); a list is summed first, on the host or on the devices.
+  ndarray merged =
+      list.size() == 1 && list[0].ctx().is_cpu() ? list[0] : comm_->reduce(declared.index, list);
   if (!merged.ctx().is_cpu())
     merged = merged.copy_to(context::cpu());
   auto round = rounds_[declared.index]++;

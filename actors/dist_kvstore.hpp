@@ -56,6 +56,9 @@ struct dist_kvstore_setup {
   std::function<status()> barrier;
   /// Called once when the store is finalized (tell the job this worker is done).
   std::function<void()> on_finalize;
+  /// Whatever must outlive the store (the actor system it runs in, the node agent); released
+  /// after everything else of the store.
+  std::shared_ptr<void> owned_resources;
 };
 
 class dist_kvstore final : public kvstore {
@@ -106,6 +109,9 @@ public:
 
   /// Fails every request under way and every later one with `why` (a lost peer).
   void fail(error why);
+  /// fail() as a function that stays safe to call after the store is gone (for notifications
+  /// arriving from other actors).
+  std::function<void(error)> failure_reporter() const;
 
   struct pending; // a request's part waiting for a reply (defined in the .cpp)
 
@@ -126,6 +132,7 @@ private:
   void start_pull(const key_group& group, std::span<ndarray> outputs, const kv_request& request);
   std::optional<error> sticky_failure() const;
 
+  std::shared_ptr<void> owned_resources_; // first member: released last
   dist_kvstore_setup setup_;
   caf::actor_system* system_ = nullptr;
   caf::actor replies_;

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "actors/dist_job.hpp"
 #include "actors/local_kvstore.hpp"
 #include "engine/comm.hpp"
 
@@ -91,11 +92,11 @@ result<std::unique_ptr<kvstore>> kvstore::create(std::string_view type) {
   if (type == "device" || type == "local_allreduce_device")
     return std::unique_ptr<kvstore>{new local_kvstore(name, std::make_unique<comm_device>())};
   if (type.starts_with("dist"))
-    return error{errc::not_supported, "kvstore type '" + name +
-                                          "': the distributed modes are not part of this build "
-                                          "yet (available: local, device)"};
+    return create_distributed(name);
   return error{errc::invalid_argument,
-               "unknown kvstore type '" + name + "' (available: local, device)"};
+               "unknown kvstore type '" + name +
+                   "' (available: local, device, dist_sync, dist_async, dist_device_sync, "
+                   "dist_device_async)"};
 }
 
 status kvstore::pushpull(std::span<const kv_key> keys, std::span<const ndarray> values,

@@ -9,18 +9,6 @@
 namespace troupe {
 namespace {
 
-/// The request id of a message, or nullptr for one without.
-std::uint64_t* request_id_of(wire::message& msg) {
-  return std::visit(
-      [](auto& alternative) -> std::uint64_t* {
-        if constexpr (requires { alternative.request_id; })
-          return &alternative.request_id;
-        else
-          return nullptr;
-      },
-      msg);
-}
-
 /// One request fanned out to every shard: replies still missing, the first error, the requester.
 struct fan_out {
   std::uint64_t original_id = 0;
@@ -45,7 +33,7 @@ caf::behavior control_actor(caf::stateful_actor<control_state>* self,
       // requests of several workers (whose ids may collide) are told apart.
       [self](envelope& request, const caf::actor& reply_to) {
         auto& st = self->state;
-        auto* id = request_id_of(request.msg);
+        auto* id = wire::request_id_field(request.msg);
         if (id == nullptr)
           return;
         auto own_id = st.next_id++;
@@ -59,7 +47,7 @@ caf::behavior control_actor(caf::stateful_actor<control_state>* self,
       // A shard's answer.
       [self](envelope& reply) {
         auto& st = self->state;
-        auto* id = request_id_of(reply.msg);
+        auto* id = wire::request_id_field(reply.msg);
         if (id == nullptr)
           return;
         auto found = st.pending.find(*id);
@@ -72,7 +60,7 @@ caf::behavior control_actor(caf::stateful_actor<control_state>* self,
           return;
         envelope answer =
             entry.failure ? std::move(*entry.failure) : envelope{wire::ack{}, nullptr, 0};
-        *request_id_of(answer.msg) = entry.original_id;
+        *wire::request_id_field(answer.msg) = entry.original_id;
         answer.connection = entry.connection;
         self->send(entry.reply_to, std::move(answer));
         st.pending.erase(found);
@@ -84,17 +72,6 @@ bool is_keyed(const wire::message& msg) {
   return std::holds_alternative<wire::init>(msg) || std::holds_alternative<wire::push>(msg) ||
          std::holds_alternative<wire::pull_request>(msg) ||
          std::holds_alternative<wire::pushpull>(msg);
-}
-
-std::uint64_t key_of(const wire::message& msg) {
-  return std::visit(
-      [](const auto& alternative) -> std::uint64_t {
-        if constexpr (requires { std::uint64_t{alternative.key}; })
-          return alternative.key;
-        else
-          return 0;
-      },
-      msg);
 }
 
 caf::behavior local_link_actor(caf::event_based_actor* self,
@@ -125,7 +102,7 @@ server_node::~server_node() {
 
 const caf::actor& server_node::route(const envelope& request) const {
   if (is_keyed(request.msg))
-    return shards_[shard_of(key_of(request.msg), options_.shards)];
+    return shards_[shard_of(wire::key_of(request.msg).value_or(0), options_.shards)];
   return control_;
 }
 
@@ -133,7 +110,8 @@ std::function<caf::actor(const envelope&)> server_node::router() const {
   // Copies of the handles: the function may outlive this object's caller but not the actors.
   return [shards = shards_, control = control_](const envelope& request) -> caf::actor {
     if (is_keyed(request.msg))
-      return shards[shard_of(key_of(request.msg), static_cast<std::uint32_t>(shards.size()))];
+      return shards[shard_of(wire::key_of(request.msg).value_or(0),
+                             static_cast<std::uint32_t>(shards.size()))];
     return control;
   };
 }

@@ -90,4 +90,37 @@ tensor_chunk* tensor_of(message& msg) noexcept {
   return const_cast<tensor_chunk*>(tensor_of(static_cast<const message&>(msg)));
 }
 
+std::uint64_t request_id_of(const message& msg) noexcept {
+  return std::visit(
+      [](const auto& m) -> std::uint64_t {
+        if constexpr (requires { m.request_id; })
+          return m.request_id;
+        else
+          return 0;
+      },
+      msg);
+}
+
+std::uint64_t* request_id_field(message& msg) noexcept {
+  return std::visit(
+      [](auto& m) -> std::uint64_t* {
+        if constexpr (requires { m.request_id; })
+          return &m.request_id;
+        else
+          return nullptr;
+      },
+      msg);
+}
+
+std::optional<std::uint64_t> key_of(const message& msg) noexcept {
+  return std::visit(
+      [](const auto& m) -> std::optional<std::uint64_t> {
+        if constexpr (requires { m.key; })
+          return m.key;
+        else
+          return std::nullopt;
+      },
+      msg);
+}
+
 } // namespace troupe::wire

@@ -279,6 +279,14 @@ using message = std::variant<registration, admission, membership, init, push, pu
 /// "push", "pull_reply", ...: the alternative's name, for logs and error messages.
 std::string_view kind_name(const message& msg) noexcept;
 
+/// The request id of a message that carries one (replies echo it), else 0.
+std::uint64_t request_id_of(const message& msg) noexcept;
+/// The request id field itself, to rewrite it (a fan-out renumbers requests), else nullptr.
+std::uint64_t* request_id_field(message& msg) noexcept;
+/// The key of a message that names one (init, push, pull_request, pull_reply, pushpull, and an
+/// error_reply about a key), else nullopt.
+std::optional<std::uint64_t> key_of(const message& msg) noexcept;
+
 /// The tensor a message carries (init, push, pushpull, pull_reply), or nullptr.
 const tensor_chunk* tensor_of(const message& msg) noexcept;
 tensor_chunk* tensor_of(message& msg) noexcept;

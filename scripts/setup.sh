@@ -16,6 +16,7 @@ packages=(
   libopenblas-dev                # CPU GEMM
   zlib1g-dev                     # gzip for the IDX data files
   libcli11-dev                   # command-line flags of the apps
+  libtomlplusplus-dev            # toml++ 3.3: the cluster config file (actors/config.cpp)
   dataset-fashion-mnist          # the data the main job trains on
 )
 

@@ -1,0 +1,195 @@
+#pragma once
+// The cluster configuration of a troupe job: one typed struct for every role, read from three
+// layers, later wins:
+//
+//   1. a TOML file (docs/cluster.sample.toml lists every key with its default),
+//   2. the environment: ps-lite's DMLC_* variables, PS_VERBOSE, MXNET_KVSTORE_BIGARRAY_BOUND and
+//      a few TROUPE_* ones (see config_keys() or `--help`),
+//   3. command-line flags (add_config_flags gives every binary the same ones).
+//
+//   troupe::config_overrides flags;
+//   CLI::App app{"..."};
+//   troupe::add_config_flags(app, flags);
+//   app.parse(argc, argv);
+//   auto cfg = troupe::load_config(std::nullopt, troupe::process_environment(), flags);
+//   if (!cfg) { std::cerr << cfg.error().message() << "\n"; return 2; }
+//
+// Every error is one line that names where the bad value came from: `file:line:column` for the
+// file, the variable for the environment, the flag for the command line. Unknown keys in the file
+// are errors, so a typo is never silently ignored. The environment is read in one place only
+// (read through an `env_lookup`, so tests pass a map and never touch the process environment).
+//
+// As in ps-lite, DMLC_NODE_HOST beats DMLC_INTERFACE, and the scheduler ignores DMLC_INTERFACE
+// (it is reached at DMLC_PS_ROOT_URI).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "engine/error.hpp"
+
+namespace CLI {
+class App;
+} // namespace CLI
+
+namespace troupe {
+
+/// The three kinds of node of a job, with ps-lite's names.
+enum class node_role : std::uint8_t { scheduler, server, worker };
+
+/// "scheduler", "server" or "worker".
+std::string_view to_string(node_role role) noexcept;
+
+/// The role named by `text`, if it is one of the three names.
+std::optional<node_role> parse_role(std::string_view text) noexcept;
+
+/// Everything a node needs to know about its job. The defaults are those of
+/// docs/cluster.sample.toml; the comment of each field is its help text (config_keys() carries the
+/// same text for `--help`). Durations are in milliseconds; sizes in bytes.
+struct cluster_config {
+  // [job]
+  /// This node's role (DMLC_ROLE). Unset: the program decides (a program that creates a dist_*
+  /// KVStore is a worker).
+  std::optional<node_role> role;
+  /// Number of workers, the size of a sync round (DMLC_NUM_WORKER). Required for a job.
+  std::optional<int> num_workers;
+  /// Number of server processes, each owning a key range (DMLC_NUM_SERVER). Required for a job.
+  std::optional<int> num_servers;
+  /// Name of the job; nodes of another job are refused by the scheduler.
+  std::string job_id = "troupe";
+  /// Shared secret every node presents when it registers; empty: none. When read from
+  /// `job.token_file`, this holds the file's contents without the trailing newline.
+  std::string auth_token;
+  /// The file `auth_token` was read from, if any (kept so messages can name it).
+  std::string auth_token_file;
+
+  // [scheduler]
+  /// Address of the scheduler (DMLC_PS_ROOT_URI).
+  std::string scheduler_host = "127.0.0.1";
+  /// Port of the scheduler (DMLC_PS_ROOT_PORT). Required for a job; 0 lets a scheduler pick a
+  /// free port, which only a test that discovers it can use.
+  std::optional<std::uint16_t> scheduler_port;
+
+  // [node]
+  /// Address this node gives peers to reach it (DMLC_NODE_HOST, or the IPv4 address of
+  /// DMLC_INTERFACE). For the scheduler it is `scheduler_host`. Empty when nothing names it and
+  /// the bind address is a wildcard.
+  std::string node_host;
+  /// The network interface `node_host` was taken from (DMLC_INTERFACE), if any.
+  std::string node_interface;
+  /// Address every listener of this node binds. Default 127.0.0.1; when no bind address is
+  /// given but the configuration names this node's address (node host or interface; for the
+  /// scheduler, the scheduler host), that address.
+  std::string bind_address = "127.0.0.1";
+  /// Port of this node's data listener (PORT); 0: a free port chosen at start.
+  std::uint16_t data_port = 0;
+  /// Server shards (actors, each owning a slice of the server's key range) per server process.
+  /// Default: the number of hardware threads.
+  int shards_per_server = default_shards();
+  /// Logging: 0 quiet, 1 connections, 2 every message (PS_VERBOSE).
+  int verbose = 0;
+
+  // [timeouts]
+  /// How long a request may wait for its answer before the peer counts as lost.
+  std::chrono::milliseconds request_timeout{5'000};
+  /// Interval of the heartbeats a node sends the scheduler; shorter than request_timeout.
+  std::chrono::milliseconds heartbeat_interval{500};
+  /// How long one connection attempt to a peer may take.
+  std::chrono::milliseconds connect_timeout{10'000};
+  /// How long the job waits for all nodes to register at start-up.
+  std::chrono::milliseconds startup_timeout{60'000};
+
+  // [data]
+  /// Arrays with at least this many elements are split over all servers
+  /// (MXNET_KVSTORE_BIGARRAY_BOUND).
+  std::int64_t bigarray_bound = 1'000'000;
+  /// Largest frame a node accepts from the network; bigger frames are refused.
+  std::int64_t max_frame_bytes = 256 * 1024 * 1024;
+  /// Size of the chunks big tensors travel in; at most max_frame_bytes.
+  std::int64_t chunk_bytes = 16 * 1024 * 1024;
+
+  /// Hardware threads of this machine, at least 1.
+  static int default_shards() noexcept;
+
+  friend bool operator==(const cluster_config&, const cluster_config&) = default;
+};
+
+/// One configuration key: where it lives in the file, which variable and flag set it, its help
+/// text and its default as the sample file writes it.
+struct config_key {
+  std::string_view section;      ///< TOML table: "job", "scheduler", "node", "timeouts", "data"
+  std::string_view name;         ///< key inside the table
+  std::string_view env;          ///< environment variable, or empty
+  std::string_view flag;         ///< command-line flag ("--num-workers"), or empty
+  std::string_view value_name;   ///< placeholder in help: "N", "HOST", "DURATION"...
+  std::string_view default_text; ///< the default as TOML, or empty when the key has none
+  std::string_view help;
+};
+
+/// Every key, in the order of the sample file.
+std::span<const config_key> config_keys() noexcept;
+
+/// Looks up one environment variable; nullopt when it is not set.
+using env_lookup = std::function<std::optional<std::string>(std::string_view name)>;
+
+/// The process environment (getenv). The only place troupe reads its environment.
+env_lookup process_environment();
+
+/// An env_lookup over a fixed map, for tests and for launchers that build a child's environment.
+env_lookup environment_from(std::map<std::string, std::string, std::less<>> variables);
+
+/// Values given on the command line, as text: load_config parses and checks them the same way
+/// as environment values, so every layer reports a bad value alike.
+struct config_overrides {
+  /// --config FILE.
+  std::optional<std::filesystem::path> config_file;
+  /// Flag values by key ("job.num_workers" -> "4"); a flag given twice keeps the last value.
+  std::map<std::string, std::string, std::less<>> values;
+  /// The flag that set each key, for messages ("--num-workers").
+  std::map<std::string, std::string, std::less<>> flags;
+
+  /// Sets key `section.name` as if its flag had been given.
+  void set(std::string_view key, std::string value);
+};
+
+/// Adds --config and one flag per configuration key (config_keys()) to `app`, in an option group
+/// "Cluster configuration". The flags write into `out`, which must outlive the parse.
+void add_config_flags(CLI::App& app, config_overrides& out);
+
+/// The configuration from defaults < file < environment < flags.
+///
+/// The file is `file` if given, else `flags.config_file`, else the one TROUPE_CONFIG names, else
+/// none. Errors (errc::io_error for an unreadable file, errc::corrupt_data for a file that is not
+/// TOML, errc::invalid_argument for an unknown key or a bad value) carry one line naming the file
+/// position, the variable or the flag. Does no network activity beyond reading the addresses of
+/// the local interfaces (for DMLC_INTERFACE).
+result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
+                                   const env_lookup& env, const config_overrides& flags);
+
+/// Whether `cfg` lets a node of `role` join a job: says, in one line, every missing value (a
+/// server without DMLC_PS_ROOT_PORT...) with the variable, key and flag that set it.
+status validate_for_role(const cluster_config& cfg, node_role role);
+
+/// Whether a TCP listener could bind `host`:`port` now (bind with SO_REUSEADDR, then close).
+/// errc::io_error naming the address when the port is in use or the address is not local;
+/// port 0 is always free. Used to fail before any network activity.
+status check_port_free(const std::string& host, std::uint16_t port);
+
+/// The IPv4 address of network interface `name` ("lo" -> "127.0.0.1"); errc::invalid_argument
+/// naming the interface and listing those present when it has none.
+result<std::string> interface_ipv4(std::string_view name);
+
+/// A duration as the configuration writes it: an integer with a unit, "250ms", "5s", "2m", "1h".
+result<std::chrono::milliseconds> parse_duration(std::string_view text);
+
+/// "500ms", "5s", "2m": the shortest exact form, as parse_duration reads it.
+std::string format_duration(std::chrono::milliseconds value);
+
+} // namespace troupe

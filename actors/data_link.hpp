@@ -1,0 +1,147 @@
+#pragma once
+// The data path between processes: pushes, pulls and their replies travel as Cap'n Proto frames
+// (schema/codec.hpp) over CAF broker connections, one per worker-server pair, never as BASP
+// messages (STACK.md §10-§11: BASP copies and allocates per message and carried 3-5 % of the
+// wire for large tensors; a broker runs at 0.6-1.0x raw TCP and adds ~10 µs to a round trip).
+// docs/data-path.md has the design and the measurements.
+//
+//   // server process: every incoming frame goes to the actor `route` picks
+//   auto server = spawn_data_server(sys, "127.0.0.1", 0, {.route = [&](const envelope&) {
+//     return shard; }}).value();
+//   // shard: (envelope request, caf::actor reply_to) -> send (envelope reply) to reply_to,
+//   //        with reply.connection = request.connection
+//
+//   // worker process: frames from the server arrive at `receiver` as (envelope)
+//   auto link = connect_data_link(sys, "127.0.0.1", server.port, receiver).value();
+//   caf::anon_send(link, envelope{wire::push{...}, tensor_owner});
+//
+// Both ends cut frames from the stream into pooled buffers and decode them in place (a decoded
+// tensor views the frame buffer, which the envelope's keepalive owns), and write outgoing frames
+// in bounded steps as the socket drains, referencing tensors without copying them until CAF's
+// write buffer (actors/data_link_framing.hpp). Frames of one connection never interleave.
+//
+// Trust: every frame is validated (decode_limits) before anything else sees it. A frame that
+// fails validation gets an error_reply{bad_frame} naming what was wrong and the connection keeps
+// serving; a frame whose length cannot be right (above the cap, not a multiple of 8, contradicted
+// by its segment table) gets the error_reply and then the connection is closed, since the stream
+// cannot be resynchronised. Nothing a peer sends can make a broker allocate more than
+// max_frame_bytes for one frame, crash, or touch another connection. Frames are bounded one by
+// one, not per connection: the sender bounds how many requests it has outstanding (there is no
+// receive credit yet, see docs/data-path.md), and there is no TLS or peer authentication yet, so
+// a data server must only be reachable by the job's nodes.
+//
+// Failure detection: brokers have no CAF heartbeats; a closed or reset connection is the signal
+// (on_disconnect on the server, link_down_atom at the client's receiver). A peer that hangs with
+// its socket open is noticed by the request timeouts of the callers.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "actors/messages.hpp"
+#include "engine/error.hpp"
+#include "schema/codec.hpp"
+
+namespace troupe {
+
+/// The address a data server listens on unless configured otherwise: loopback only.
+inline constexpr std::string_view default_data_bind_host = "127.0.0.1";
+
+/// Limits and pacing shared by both ends of a data connection.
+struct data_link_tuning {
+  /// What a frame from the peer may contain. limits.max_frame_bytes (256 MiB by default) caps
+  /// every frame body in both directions: an incoming prefix above it closes the connection, an
+  /// outgoing frame above it is refused locally (split the tensor with wire::chunker).
+  wire::decode_limits limits;
+  /// Bytes appended to a connection's write buffer per step (STACK.md §10: ~4 MiB pieces).
+  std::size_t write_chunk_bytes = std::size_t{4} << 20;
+  /// Most bytes per connection handed to CAF and not yet taken by the socket; more frames wait
+  /// in the broker, still referencing their tensors (no copy) until they are appended.
+  std::size_t max_bytes_in_flight = std::size_t{8} << 20;
+  /// Capacity of received frame buffers one broker keeps for reuse (warm, pre-faulted).
+  std::size_t max_cached_buffer_bytes = std::size_t{1} << 30;
+  /// Verbose diagnostics: a refused frame, a dropped reply, a closed connection. One line per
+  /// call, on the broker's thread; silent when empty.
+  std::function<void(std::string_view line)> log;
+};
+
+/// How a data server dispatches and reports.
+struct data_server_options {
+  /// Chooses the actor that gets each incoming request as (envelope, caf::actor reply_to).
+  /// Called on the broker's thread for every frame, so it must be quick and must not block.
+  /// Required. Returning an invalid actor answers the request with error_reply{unsupported}.
+  std::function<caf::actor(const envelope&)> route;
+  /// Told the id of each connection that closed (the peer left, a fatal frame, stop), once per
+  /// connection, on the broker's thread. Optional.
+  std::function<void(std::uint64_t connection)> on_disconnect;
+  /// SO_REUSEADDR, so a restarted server can rebind its port while old connections linger.
+  bool reuse_address = true;
+  data_link_tuning tuning;
+};
+
+/// A running data server.
+struct data_server {
+  /// The broker. Accepts
+  ///   (envelope)      write it on connection envelope.connection (dropped, and logged, when that
+  ///                   connection is gone); a message that cannot be encoded is answered to the
+  ///                   peer with error_reply{internal} instead;
+  ///   (stop_atom)     close the acceptor and every connection (on_disconnect for each), and quit;
+  ///   (caf::get_atom) -> std::string: the "host:port" it listens on.
+  /// An envelope's tensor bytes must stay alive (keepalive) and unchanged until the broker has
+  /// copied them into the connection's write buffer, which may be a while after the send when
+  /// the connection is busy: reply with a snapshot, not with memory the next update overwrites.
+  caf::actor broker;
+  /// The port actually bound (the kernel's pick when 0 was asked).
+  std::uint16_t port = 0;
+  /// The address actually bound, as the socket reports it ("127.0.0.1").
+  std::string host;
+};
+
+/// Listens on bind_host:port (bind_host exactly: "0.0.0.0" is the only way to listen on every
+/// interface; port 0 lets the kernel pick) and spawns the server broker. For each complete,
+/// valid frame on connection c it sends (envelope{msg, keepalive = frame buffer, connection = c},
+/// caf::actor broker) to options.route(envelope); whoever answers sends (envelope) with the same
+/// connection id back to the broker. Returns once the broker is listening. Errors:
+/// invalid_argument (no route, empty bind_host, zero write pacing), io_error (the address cannot
+/// be bound), naming host:port.
+result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
+                                      std::uint16_t port, data_server_options options);
+
+/// How a client data link behaves.
+struct data_link_options {
+  data_link_tuning tuning;
+};
+
+/// Connects to a data server at host:port (blocks for the TCP handshake) and spawns the client
+/// broker, which accepts:
+///   (envelope)   encode and send it; frames go out in the order sent, never interleaved. A
+///                message that cannot be encoded (or exceeds max_frame_bytes) is not sent:
+///                `receiver` gets (envelope{error_reply{request id, internal, why}}) instead;
+///   (stop_atom)  close the connection (frames not yet handed to the socket are dropped);
+///   (caf::get_atom) -> std::string: the peer's "host:port".
+/// As on the server, an envelope's tensor bytes must stay alive and unchanged until written.
+/// Every frame from the server arrives at `receiver` as (envelope) (keepalive = frame buffer,
+/// connection = 0). A frame that fails validation arrives as a local
+/// (envelope{error_reply{0, bad_frame, what}}). When the connection closes, fails, carries a
+/// frame that breaks the framing, or is stopped, `receiver` gets (link_down_atom, std::string
+/// reason naming host:port) once and the broker quits; it also quits when `receiver` terminates.
+/// Errors: invalid_argument (invalid receiver), peer_lost (no connection: names host:port and
+/// why).
+result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& host,
+                                     std::uint16_t port, caf::actor receiver,
+                                     data_link_options options = {});
+
+/// Scheduler settings for processes with actors on the data path, written into `cfg` (call it
+/// after cfg.parse(), which it overrides): work-stealing.moderate-poll-attempts = 0. CAF's idle
+/// workers otherwise spend their second polling phase in 50 µs sleeps and take up to ~100 µs to
+/// notice a request the broker hands them; without that phase they spin briefly and then wait
+/// on a condition variable that every enqueue signals. Measured (docs/data-path.md): a 4 KiB
+/// push round trip went from ~130 µs to ~33 µs. Has no effect under scheduler.policy=sharing.
+void tune_for_data_path(caf::actor_system_config& cfg);
+
+} // namespace troupe

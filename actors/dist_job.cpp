@@ -1,0 +1,239 @@
+#include "actors/dist_job.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/send.hpp>
+
+#include "actors/data_link.hpp"
+#include "actors/dist_kvstore.hpp"
+#include "actors/node_agent.hpp"
+#include "actors/scheduler.hpp"
+#include "actors/server_node.hpp"
+
+namespace troupe {
+namespace {
+
+/// The actor system of one node process.
+struct node_runtime {
+  caf::actor_system_config config;
+  std::unique_ptr<caf::actor_system> system;
+
+  explicit node_runtime(const cluster_config& cluster) {
+    config.load<caf::io::middleman>();
+    // CAF's own heartbeat only tells that a connection is alive; the scheduler's heartbeats and
+    // timeouts decide that a node is lost (node_agent).
+    configure_failure_detection(config, cluster.heartbeat_interval, cluster.request_timeout);
+    tune_for_data_path(config);
+    system = std::make_unique<caf::actor_system>(config);
+  }
+};
+
+agent_options agent_options_for(const cluster_config& config, wire::role role,
+                                std::uint16_t data_port) {
+  agent_options options;
+  options.scheduler_host = config.scheduler_host;
+  options.scheduler_port = config.scheduler_port.value_or(0);
+  options.role = role;
+  options.job_id = config.job_id;
+  options.auth_token = config.auth_token;
+  options.host = config.node_host.empty() ? config.bind_address : config.node_host;
+  options.data_port = data_port;
+  options.startup_timeout = config.startup_timeout;
+  options.heartbeat_interval = config.heartbeat_interval;
+  options.peer_timeout = config.request_timeout;
+  options.verbose = config.verbose;
+  return options;
+}
+
+data_link_tuning tuning_for(const cluster_config& config) {
+  data_link_tuning tuning;
+  tuning.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
+  if (config.verbose > 0)
+    tuning.log = [](std::string_view line) {
+      std::fprintf(stderr, "troupe: %.*s\n", static_cast<int>(line.size()), line.data());
+    };
+  return tuning;
+}
+
+/// What a worker's store owns besides itself, destroyed after it: the agent before the system.
+struct worker_resources {
+  std::unique_ptr<node_runtime> runtime;
+  std::unique_ptr<node_agent> agent;
+  caf::actor loss_listener;
+  ~worker_resources() {
+    if (loss_listener)
+      caf::anon_send_exit(loss_listener, caf::exit_reason::user_shutdown);
+    agent.reset();
+  }
+};
+
+caf::behavior loss_listener_actor(caf::event_based_actor*, std::function<void(error)> report) {
+  return {
+      [report](peer_lost_atom, const std::string& who) {
+        report(error{errc::peer_lost, who});
+      },
+      [report](stop_atom) {
+        report(error{errc::peer_lost, "the scheduler stopped the job"});
+      },
+  };
+}
+
+} // namespace
+
+status run_scheduler(const cluster_config& config,
+                     const std::function<void(std::uint16_t port)>& on_listening) {
+  if (auto valid = validate_for_role(config, node_role::scheduler); !valid)
+    return valid;
+  node_runtime runtime{config};
+  scheduler_options options;
+  options.host = config.scheduler_host;
+  options.port = config.scheduler_port.value_or(0);
+  options.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
+  options.job_id = config.job_id;
+  options.auth_token = config.auth_token;
+  options.startup_timeout = config.startup_timeout;
+  options.peer_timeout = config.request_timeout;
+  options.heartbeat_interval = config.heartbeat_interval;
+  options.drain_timeout = config.request_timeout;
+  options.verbose = config.verbose;
+  auto handle = spawn_scheduler(*runtime.system, options);
+  if (!handle)
+    return handle.error();
+  if (on_listening)
+    on_listening(handle->port());
+  // The scheduler bounds every wait of the job itself (startup, heartbeats, drain); its own
+  // lifetime is the job's.
+  for (;;)
+    if (auto outcome = handle->wait(std::chrono::seconds{1}))
+      return *outcome;
+}
+
+status run_server(const cluster_config& config) {
+  if (auto valid = validate_for_role(config, node_role::server); !valid)
+    return valid;
+  node_runtime runtime{config};
+  auto& system = *runtime.system;
+  server_node node{
+      system, server_node_options{static_cast<std::uint32_t>(config.num_workers.value_or(1)),
+                                  static_cast<std::uint32_t>(config.shards_per_server),
+                                  consistency::sync, static_cast<std::size_t>(config.chunk_bytes)}};
+  data_server_options data_options;
+  data_options.route = node.router();
+  data_options.tuning = tuning_for(config);
+  auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
+  if (!data)
+    return data.error();
+  auto agent = node_agent::join(system, agent_options_for(config, wire::role::server, data->port));
+  if (!agent) {
+    caf::anon_send(data->broker, stop_atom::value);
+    return agent.error();
+  }
+  status outcome;
+  for (;;) {
+    auto waited = (*agent)->wait_for_stop(std::chrono::seconds{1});
+    if (waited) {
+      break;
+    }
+    if (auto failure = (*agent)->failure()) {
+      outcome = *failure;
+      // The scheduler told every node at once; a moment's grace lets the workers hear the lost
+      // node named before they see this server's connections close.
+      std::this_thread::sleep_for(
+          std::min(config.request_timeout / 4, std::chrono::milliseconds{500}));
+      break;
+    }
+  }
+  caf::anon_send(data->broker, stop_atom::value);
+  agent->reset();
+  return outcome;
+}
+
+result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
+                                                const cluster_config& config) {
+  if (auto valid = validate_for_role(config, node_role::worker); !valid)
+    return valid.error();
+  auto resources = std::make_shared<worker_resources>();
+  resources->runtime = std::make_unique<node_runtime>(config);
+  auto& system = *resources->runtime->system;
+  auto agent = node_agent::join(system, agent_options_for(config, wire::role::worker, 0));
+  if (!agent)
+    return agent.error();
+  resources->agent = std::move(*agent);
+  auto* agent_ptr = resources->agent.get();
+  auto membership = agent_ptr->membership();
+
+  std::vector<wire::node_info> servers;
+  for (const auto& node : membership.nodes)
+    if (node.node_role == wire::role::server)
+      servers.push_back(node);
+  std::sort(servers.begin(), servers.end(),
+            [](const auto& a, const auto& b) { return a.rank < b.rank; });
+
+  dist_kvstore_setup setup;
+  setup.type = type;
+  setup.rank = agent_ptr->rank();
+  setup.num_workers = membership.num_workers;
+  setup.num_servers = membership.num_servers;
+  setup.bigarray_bound = config.bigarray_bound;
+  setup.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
+  setup.timeout = config.request_timeout;
+  auto tuning = tuning_for(config);
+  setup.connect_servers = [&system, servers,
+                           tuning](caf::actor replies) -> result<std::vector<caf::actor>> {
+    std::vector<caf::actor> links;
+    for (const auto& server : servers) {
+      auto link = connect_data_link(system, server.host, server.data_port, replies,
+                                    data_link_options{tuning});
+      if (!link) {
+        for (auto& opened : links)
+          caf::anon_send_exit(opened, caf::exit_reason::user_shutdown);
+        return error{link.error().code(),
+                     "server " + std::to_string(server.rank) + ": " + link.error().message()};
+      }
+      links.push_back(std::move(*link));
+    }
+    return links;
+  };
+  // A barrier waits for the slowest worker of the job, so it is bounded by the startup timeout,
+  // the longest wait the configuration grants; a lost peer ends it sooner.
+  auto barrier_timeout = config.startup_timeout;
+  setup.barrier = [agent_ptr, barrier_timeout] {
+    return agent_ptr->barrier(wire::group::workers, barrier_timeout);
+  };
+  auto request_timeout = config.request_timeout;
+  setup.on_finalize = [agent_ptr, request_timeout] {
+    (void)agent_ptr->notify_done(request_timeout);
+  };
+  setup.owned_resources = resources;
+  auto store = dist_kvstore::create(system, std::move(setup));
+  if (!store)
+    return store.error();
+  resources->loss_listener = system.spawn(loss_listener_actor, (*store)->failure_reporter());
+  agent_ptr->subscribe(resources->loss_listener);
+  return std::unique_ptr<kvstore>{std::move(*store)};
+}
+
+result<std::unique_ptr<kvstore>> create_distributed(const std::string& type) {
+  auto config = load_config(std::nullopt, process_environment(), {});
+  if (!config)
+    return config.error();
+  auto role = config->role.value_or(node_role::worker);
+  if (role == node_role::worker)
+    return connect_worker(type, *config);
+  auto outcome = role == node_role::scheduler ? run_scheduler(*config) : run_server(*config);
+  if (!outcome) {
+    std::fprintf(stderr, "troupe %s: %s\n", std::string{to_string(role)}.c_str(),
+                 outcome.error().to_string().c_str());
+    std::exit(1);
+  }
+  std::exit(0);
+}
+
+} // namespace troupe

@@ -1,0 +1,706 @@
+// troupe-launch: starts a whole job, as MXNet's tools/launch.py does.
+//
+//   troupe-launch -n W [-s S] [-H hostfile] [--launcher local|ssh] [--config FILE]
+//                 [--env K=V]... -- COMMAND ARGS...
+//
+// It starts the scheduler (`troupe-node --role scheduler`), S servers (`troupe-node --role
+// server`, S defaults to W) and W workers running COMMAND, each with DMLC_ROLE,
+// DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER (and TROUPE_CONFIG with
+// --config) set, and prints every line they write prefixed with `[scheduler]`, `[server i]` or
+// `[worker i]` (i counts in start order; the ranks are the scheduler's to assign). It exits 0 when
+// every worker succeeded and the scheduler and servers then exited by themselves; on the first
+// failure it stops the rest and exits with that failure's code. Exit codes are listed in --help.
+//
+// Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
+// and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <netinet/in.h>
+#include <optional>
+#include <poll.h>
+#include <spawn.h>
+#include <string>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include "actors/config.hpp"
+
+extern char** environ;
+
+namespace {
+
+using troupe::errc;
+using troupe::error;
+using troupe::result;
+using troupe::status;
+using clock_type = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// Exit codes of the launcher itself (a worker's code is passed through).
+constexpr int exit_usage = 2;            ///< bad flags, config, hostfile, port in use
+constexpr int exit_finish_timeout = 124; ///< scheduler or servers outlived the workers
+constexpr int exit_cannot_start = 127;   ///< a node's program could not be started
+
+/// Variables the launcher sets itself; --env may not set them.
+const std::vector<std::string> launcher_variables{"DMLC_ROLE",         "DMLC_PS_ROOT_URI",
+                                                  "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
+                                                  "DMLC_NUM_SERVER",   "TROUPE_CONFIG"};
+
+struct host {
+  std::string name;
+  std::optional<int> ssh_port;
+};
+
+struct options {
+  int num_workers = 0;
+  std::optional<int> num_servers;
+  std::string hostfile;
+  std::string launcher;
+  std::optional<std::string> config;
+  std::vector<std::string> env;
+  std::string node_binary;
+  std::string stop_grace = "5s";
+  std::string finish_timeout = "10s";
+  std::vector<std::string> ssh_options;
+  std::vector<std::string> command;
+};
+
+/// One started node.
+struct child {
+  std::string label; ///< "scheduler", "server 1", "worker 0": the prefix of its lines
+  troupe::node_role role = troupe::node_role::worker;
+  pid_t pid = -1;         ///< also its process group
+  int fds[2] = {-1, -1};  ///< read ends of its stdout and stderr
+  int stdin_fd = -1;      ///< write end of its stdin, held open (ssh mode), or -1
+  std::string pending[2]; ///< a line not yet ended by '\n', per stream
+  bool reaped = false;
+  int exit_code = 0; ///< code, or 128 + signal
+  std::string how;   ///< "exited with code 3", "was killed by signal 9"
+};
+
+/// Writes all of `text` to `fd`; a closed stdout (EPIPE) is not the job's failure.
+void write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return;
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+void say(const std::string& line) {
+  write_all(STDERR_FILENO, "troupe-launch: " + line + "\n");
+}
+
+/// Shell-quotes one word for the remote command of ssh mode.
+std::string quote(std::string_view word) {
+  std::string out = "'";
+  for (char c : word)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+result<std::vector<host>> read_hostfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    return error{errc::io_error, "cannot read hostfile " + path + ": " + std::strerror(errno)};
+  std::vector<host> hosts;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    line = line.substr(0, line.find('#'));
+    auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos)
+      continue;
+    line = line.substr(first, line.find_last_not_of(" \t\r") - first + 1);
+    if (line.find_first_of(" \t") != std::string::npos)
+      return error{errc::invalid_argument, path + ":" + std::to_string(number) +
+                                               ": one host (or host:port) per line, got \"" + line +
+                                               "\""};
+    host h{line, std::nullopt};
+    if (auto colon = line.rfind(':'); colon != std::string::npos && line.find(':') == colon) {
+      h.name = line.substr(0, colon);
+      std::string port = line.substr(colon + 1);
+      int value = 0;
+      bool digits =
+          !port.empty() && port.size() <= 5 &&
+          std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits)
+        value = std::stoi(port);
+      if (!digits || value < 1 || value > 65535 || h.name.empty())
+        return error{errc::invalid_argument, path + ":" + std::to_string(number) +
+                                                 ": ssh port must be 1 to 65535, got \"" + line +
+                                                 "\""};
+      h.ssh_port = value;
+    }
+    hosts.push_back(std::move(h));
+  }
+  if (hosts.empty())
+    return error{errc::invalid_argument, "hostfile " + path + " names no host"};
+  return hosts;
+}
+
+/// A port nothing listens on now: bind port 0, read it back, close. Another process may take it
+/// before the scheduler binds it, as with launch.py.
+result<std::uint16_t> pick_free_port(const std::string& address) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return error{errc::io_error, std::string("cannot open a socket: ") + std::strerror(errno)};
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  if (::inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1)
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  if (rc == 0)
+    rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int saved = errno;
+  ::close(fd);
+  if (rc != 0)
+    return error{errc::io_error,
+                 "cannot find a free port on " + address + ": " + std::strerror(saved)};
+  return ntohs(addr.sin_port);
+}
+
+/// The node binary beside this executable, as the build and `make install` put them.
+std::string default_node_binary() {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    return "troupe-node";
+  return (self.parent_path() / "troupe-node").string();
+}
+
+/// Runs the job: starts the children, relays their output, watches their ends.
+class job {
+public:
+  job(std::vector<std::string> base_env, int signal_fd, std::chrono::milliseconds stop_grace,
+      std::chrono::milliseconds finish_timeout)
+      : base_env_(std::move(base_env)), signal_fd_(signal_fd), stop_grace_(stop_grace),
+        finish_timeout_(finish_timeout) {}
+
+  /// Starts `argv` with `env` added to the environment; false (after saying why) when it cannot.
+  /// Its stdin is /dev/null, or with `hold_stdin` a pipe the launcher keeps open until it exits:
+  /// an ssh node's remote side watches it to stop when the launcher or its ssh client goes.
+  bool start(std::string label, troupe::node_role role, const std::vector<std::string>& argv,
+             const std::vector<std::string>& env, bool hold_stdin = false) {
+    child c;
+    c.label = std::move(label);
+    c.role = role;
+    int out[2], err[2], in[2] = {-1, -1};
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+        (hold_stdin && ::pipe2(in, O_CLOEXEC) != 0)) {
+      say("cannot create pipes for " + c.label + ": " + std::strerror(errno));
+      return fail_start(exit_cannot_start);
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    if (hold_stdin)
+      posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
+    else
+      posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    // Its own process group, so that stopping it reaches whatever it starts; the launcher's
+    // blocked and ignored signals are not inherited.
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                        POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setpgroup(&attr, 0);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr, &none);
+    sigemptyset(&defaults);
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE})
+      sigaddset(&defaults, s);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+
+    std::vector<std::string> environment = base_env_;
+    for (const auto& kv : env) {
+      auto name = kv.substr(0, kv.find('=') + 1);
+      std::erase_if(environment, [&](const std::string& e) { return e.starts_with(name); });
+      environment.push_back(kv);
+    }
+    std::vector<char*> argv_c, env_c;
+    for (const auto& a : argv)
+      argv_c.push_back(const_cast<char*>(a.c_str()));
+    argv_c.push_back(nullptr);
+    for (const auto& e : environment)
+      env_c.push_back(const_cast<char*>(e.c_str()));
+    env_c.push_back(nullptr);
+
+    int rc = ::posix_spawnp(&c.pid, argv_c[0], &actions, &attr, argv_c.data(), env_c.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    ::close(out[1]);
+    ::close(err[1]);
+    if (hold_stdin)
+      ::close(in[0]);
+    c.stdin_fd = in[1];
+    if (rc != 0) {
+      ::close(out[0]);
+      ::close(err[0]);
+      if (c.stdin_fd >= 0)
+        ::close(c.stdin_fd);
+      say("cannot start " + c.label + " (" + argv[0] + "): " + std::strerror(rc));
+      return fail_start(rc == EACCES ? 126 : exit_cannot_start);
+    }
+    c.fds[0] = out[0];
+    c.fds[1] = err[0];
+    for (int fd : c.fds)
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    children_.push_back(std::move(c));
+    return true;
+  }
+
+  /// Relays output and reacts to ends and signals until every child is gone; the exit code.
+  int run() {
+    if (!stopping_)
+      check_progress();
+    while (std::any_of(children_.begin(), children_.end(), [](auto& c) { return !c.reaped; })) {
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      for (const auto& c : children_)
+        for (int fd : c.fds)
+          if (fd >= 0)
+            fds.push_back({fd, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), poll_timeout_ms());
+      for (auto& c : children_)
+        drain(c);
+      if (fds[0].revents & POLLIN)
+        handle_signals();
+      reap();
+      on_deadline();
+    }
+    // Everyone has exited; output a grandchild still writes is not waited for.
+    for (auto& c : children_) {
+      drain(c);
+      for (int s = 0; s < 2; ++s) {
+        flush_pending(c, s);
+        if (c.fds[s] >= 0)
+          ::close(c.fds[s]);
+        c.fds[s] = -1;
+      }
+      if (c.stdin_fd >= 0)
+        ::close(c.stdin_fd);
+      c.stdin_fd = -1;
+      // Whatever a node left behind in its process group goes with it.
+      ::kill(-c.pid, SIGKILL);
+    }
+    return exit_code_;
+  }
+
+private:
+  bool fail_start(int code) {
+    begin_stop(code);
+    return false;
+  }
+
+  /// Reads what is there, without blocking, and prints whole lines.
+  void drain(child& c) {
+    char buffer[65536];
+    for (int s = 0; s < 2; ++s) {
+      while (c.fds[s] >= 0) {
+        ssize_t n = ::read(c.fds[s], buffer, sizeof buffer);
+        if (n < 0 && errno == EINTR)
+          continue;
+        if (n < 0)
+          break; // EAGAIN: nothing more now
+        if (n == 0) {
+          flush_pending(c, s);
+          ::close(c.fds[s]);
+          c.fds[s] = -1;
+          break;
+        }
+        c.pending[s].append(buffer, static_cast<std::size_t>(n));
+        emit_lines(c, s);
+      }
+    }
+  }
+
+  void emit_lines(child& c, int s) {
+    std::string& text = c.pending[s];
+    std::string out;
+    std::size_t start = 0;
+    for (std::size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1)
+      out += "[" + c.label + "] " + text.substr(start, nl - start + 1);
+    text.erase(0, start);
+    // A line that never ends must not grow without bound.
+    if (text.size() > 65536) {
+      out += "[" + c.label + "] " + text + "\n";
+      text.clear();
+    }
+    write_all(s == 0 ? STDOUT_FILENO : STDERR_FILENO, out);
+  }
+
+  void flush_pending(child& c, int s) {
+    if (c.pending[s].empty())
+      return;
+    write_all(s == 0 ? STDOUT_FILENO : STDERR_FILENO, "[" + c.label + "] " + c.pending[s] + "\n");
+    c.pending[s].clear();
+  }
+
+  void handle_signals() {
+    signalfd_siginfo info;
+    while (::read(signal_fd_, &info, sizeof info) == sizeof info) {
+      int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD)
+        continue; // reap() runs after every wake-up
+      if (stopping_) {
+        say("signal " + std::to_string(sig) + " again: killing every node now");
+        kill_all(SIGKILL);
+        continue;
+      }
+      say("got signal " + std::to_string(sig) + ": stopping the job");
+      begin_stop(128 + sig);
+    }
+  }
+
+  void reap() {
+    for (auto& c : children_) {
+      if (c.reaped)
+        continue;
+      int wstatus = 0;
+      pid_t pid = ::waitpid(c.pid, &wstatus, WNOHANG);
+      if (pid != c.pid)
+        continue;
+      drain(c); // its last lines before the news of its end
+      c.reaped = true;
+      if (WIFSIGNALED(wstatus)) {
+        c.exit_code = 128 + WTERMSIG(wstatus);
+        c.how = "was killed by signal " + std::to_string(WTERMSIG(wstatus));
+      } else {
+        c.exit_code = WEXITSTATUS(wstatus);
+        c.how = "exited with code " + std::to_string(c.exit_code);
+      }
+      if (!stopping_ && c.exit_code != 0) {
+        say(c.label + " " + c.how + "; stopping the job");
+        begin_stop(c.exit_code);
+      }
+    }
+    if (!stopping_)
+      check_progress();
+  }
+
+  /// After every worker succeeded, the scheduler and servers get finish_timeout to exit.
+  void check_progress() {
+    bool workers_done = std::all_of(children_.begin(), children_.end(), [](const child& c) {
+      return c.role != troupe::node_role::worker || c.reaped;
+    });
+    if (workers_done && !finish_deadline_)
+      finish_deadline_ = clock_type::now() + finish_timeout_;
+  }
+
+  void on_deadline() {
+    auto now = clock_type::now();
+    if (!stopping_ && finish_deadline_ && now >= *finish_deadline_) {
+      std::string left;
+      for (const auto& c : children_)
+        if (!c.reaped)
+          left += (left.empty() ? "" : ", ") + c.label;
+      say(left + " still running " + troupe::format_duration(finish_timeout_) +
+          " after every worker finished; stopping them");
+      begin_stop(exit_finish_timeout);
+    }
+    if (stopping_ && !killed_ && now >= kill_deadline_) {
+      say("nodes still running " + troupe::format_duration(stop_grace_) +
+          " after SIGTERM; sending SIGKILL");
+      kill_all(SIGKILL);
+    }
+  }
+
+  int poll_timeout_ms() const {
+    std::optional<clock_type::time_point> next;
+    if (stopping_ && !killed_)
+      next = kill_deadline_;
+    else if (!stopping_ && finish_deadline_)
+      next = finish_deadline_;
+    if (!next)
+      return 1000; // wake now and then; every event also wakes the poll
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(*next - clock_type::now());
+    return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000));
+  }
+
+  void begin_stop(int code) {
+    if (stopping_)
+      return;
+    stopping_ = true;
+    exit_code_ = code;
+    kill_deadline_ = clock_type::now() + stop_grace_;
+    kill_all(SIGTERM);
+  }
+
+  void kill_all(int sig) {
+    if (sig == SIGKILL)
+      killed_ = true;
+    for (const auto& c : children_)
+      if (!c.reaped)
+        ::kill(-c.pid, sig);
+  }
+
+  std::vector<std::string> base_env_;
+  int signal_fd_;
+  std::chrono::milliseconds stop_grace_;
+  std::chrono::milliseconds finish_timeout_;
+  std::vector<child> children_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  int exit_code_ = 0;
+  clock_type::time_point kill_deadline_{};
+  std::optional<clock_type::time_point> finish_deadline_;
+};
+
+std::string label_for(troupe::node_role role, int index) {
+  if (role == troupe::node_role::scheduler)
+    return "scheduler";
+  return std::string(troupe::to_string(role)) + " " + std::to_string(index);
+}
+
+int usage_error(const std::string& message) {
+  say(message);
+  return exit_usage;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  options opt;
+  CLI::App app{"troupe-launch: starts a troupe job (scheduler, servers, workers), as MXNet's "
+               "tools/launch.py does."};
+  app.add_option("-n,--num-workers", opt.num_workers, "Number of workers (W)")
+      ->required()
+      ->check(CLI::Range(1, 100'000))
+      ->type_name("W");
+  app.add_option("-s,--num-servers", opt.num_servers, "Number of servers (default: W)")
+      ->check(CLI::Range(1, 100'000))
+      ->type_name("S");
+  app.add_option("-H,--hostfile", opt.hostfile,
+                 "File of hosts, one `host` or `host:sshport` a line (# comments); servers and "
+                 "workers go round-robin over them")
+      ->type_name("FILE");
+  app.add_option("--launcher", opt.launcher, "local (default) or ssh (the default with a hostfile)")
+      ->check(CLI::IsMember({"local", "ssh"}))
+      ->type_name("MODE");
+  app.add_option("--config", opt.config,
+                 "Cluster config file (TOML), read here and passed to every node as "
+                 "TROUPE_CONFIG")
+      ->type_name("FILE");
+  app.add_option("--env", opt.env, "K=V added to every node's environment (repeatable)")
+      ->allow_extra_args(false)
+      ->type_name("K=V");
+  app.add_option("--node-binary", opt.node_binary,
+                 "The troupe-node program run as scheduler and servers (default: troupe-node "
+                 "beside troupe-launch)")
+      ->type_name("PATH");
+  app.add_option("--stop-grace", opt.stop_grace,
+                 "Time between SIGTERM and SIGKILL when stopping nodes (default 5s)")
+      ->type_name("DURATION");
+  app.add_option("--finish-timeout", opt.finish_timeout,
+                 "Time the scheduler and servers get to exit after every worker succeeded "
+                 "(default 10s)")
+      ->type_name("DURATION");
+  app.add_option("--ssh-option", opt.ssh_options,
+                 "ssh -o OPTION for ssh mode (repeatable), e.g. IdentityFile=...")
+      ->allow_extra_args(false)
+      ->type_name("OPTION");
+  app.add_option("command", opt.command, "The worker program and its arguments (after --)")
+      ->required()
+      ->type_name("COMMAND ARGS...");
+  app.footer(
+      "Output lines are prefixed with [scheduler], [server i] or [worker i]; i counts in start "
+      "order, while each node's rank is assigned by the scheduler at registration.\n"
+      "Every node gets DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT (a free port unless the "
+      "config or environment names one), DMLC_NUM_WORKER, DMLC_NUM_SERVER, TROUPE_CONFIG (with "
+      "--config) and the --env pairs, on top of this environment (local mode).\n"
+      "ssh mode runs the scheduler here and each server and worker as `ssh -o BatchMode=yes "
+      "[-o OPTION]... [-p PORT] HOST \"sh -c 'cd DIR && env K=V... COMMAND'\"` with "
+      "DMLC_NODE_HOST=HOST; DIR and the programs must exist at the same paths on every host, "
+      "and [scheduler] host must be an address of this machine the hosts can reach. The remote "
+      "program gets SIGTERM when its ssh client ends (the launcher stops a node by stopping "
+      "its ssh client); processes it started itself are not stopped on the remote host. "
+      "tests/cluster tests ssh mode against an sshd on 127.0.0.1 where openssh-server is "
+      "installed.\n"
+      "Exit codes: 0 every worker succeeded; the first failing node's code (128+N for signal "
+      "N) after stopping the rest; 128+N when troupe-launch gets signal N; 2 bad flags, "
+      "config, hostfile or a port in use (nothing started); 124 the scheduler or a server "
+      "kept running after the workers finished; 126/127 a program could not be started.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0)
+      return app.exit(e);
+    return usage_error(e.what());
+  }
+
+  auto stop_grace = troupe::parse_duration(opt.stop_grace);
+  if (!stop_grace)
+    return usage_error("--stop-grace: " + stop_grace.error().message());
+  auto finish_timeout = troupe::parse_duration(opt.finish_timeout);
+  if (!finish_timeout)
+    return usage_error("--finish-timeout: " + finish_timeout.error().message());
+  const int num_servers = opt.num_servers.value_or(opt.num_workers);
+  const bool ssh = opt.launcher == "ssh" || (opt.launcher.empty() && !opt.hostfile.empty());
+
+  // Everything that can be wrong with the request is checked before anything starts.
+  for (const auto& kv : opt.env) {
+    auto eq = kv.find('=');
+    std::string name = kv.substr(0, eq);
+    bool valid = eq != std::string::npos && !name.empty() &&
+                 std::all_of(name.begin(), name.end(),
+                             [](char c) {
+                               return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                             }) &&
+                 !std::isdigit(static_cast<unsigned char>(name[0]));
+    if (!valid)
+      return usage_error("--env " + kv + ": expected NAME=VALUE");
+    if (std::find(launcher_variables.begin(), launcher_variables.end(), name) !=
+        launcher_variables.end())
+      return usage_error("--env " + kv + ": troupe-launch sets " + name +
+                         " itself (use -n, -s, --config)");
+  }
+
+  std::optional<std::filesystem::path> config_file;
+  if (opt.config) {
+    std::error_code ec;
+    config_file = std::filesystem::absolute(*opt.config, ec);
+    if (ec)
+      config_file = *opt.config;
+  }
+  troupe::config_overrides overrides;
+  overrides.set("job.num_workers", std::to_string(opt.num_workers));
+  overrides.set("job.num_servers", std::to_string(num_servers));
+  if (!ssh)
+    overrides.set("scheduler.host", "127.0.0.1");
+  // The scheduler's own view: its bind address is where its port must be free.
+  overrides.set("job.role", "scheduler");
+  // The file is named by its path as given, so messages match what the user typed.
+  auto cfg = troupe::load_config(opt.config ? std::optional<std::filesystem::path>(*opt.config)
+                                            : std::nullopt,
+                                 troupe::process_environment(), overrides);
+  if (!cfg)
+    return usage_error(cfg.error().message());
+
+  std::vector<host> hosts;
+  if (ssh) {
+    if (opt.hostfile.empty())
+      return usage_error("--launcher ssh needs -H HOSTFILE");
+    auto read = read_hostfile(opt.hostfile);
+    if (!read)
+      return usage_error(read.error().message());
+    hosts = std::move(*read);
+    bool remote = std::any_of(hosts.begin(), hosts.end(), [](const host& h) {
+      return h.name != "localhost" && !h.name.starts_with("127.");
+    });
+    if (remote && cfg->scheduler_host.starts_with("127."))
+      say("warning: the scheduler host is " + cfg->scheduler_host +
+          ", which other hosts cannot reach; set [scheduler] host (DMLC_PS_ROOT_URI)");
+  }
+
+  std::string node_binary = opt.node_binary.empty() ? default_node_binary() : opt.node_binary;
+  if (::access(node_binary.c_str(), X_OK) != 0)
+    return usage_error("no node program at " + node_binary + " (" + std::strerror(errno) +
+                       "); build troupe-node or pass --node-binary");
+
+  std::uint16_t port = cfg->scheduler_port.value_or(0);
+  if (port != 0) {
+    if (auto free = troupe::check_port_free(cfg->bind_address, port); !free)
+      return usage_error("scheduler port: " + free.error().message());
+  } else {
+    auto picked = pick_free_port(cfg->bind_address);
+    if (!picked)
+      return usage_error(picked.error().message());
+    port = *picked;
+  }
+
+  // Signals arrive through a signalfd, so that the poll loop sees them in order with the output.
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP})
+    sigaddset(&handled, s);
+  ::sigprocmask(SIG_BLOCK, &handled, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  int signal_fd = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd < 0) {
+    say(std::string("cannot create a signalfd: ") + std::strerror(errno));
+    return 1;
+  }
+
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e; ++e)
+    base_env.emplace_back(*e);
+  std::vector<std::string> common;
+  common.push_back("DMLC_PS_ROOT_URI=" + (ssh ? cfg->scheduler_host : std::string("127.0.0.1")));
+  common.push_back("DMLC_PS_ROOT_PORT=" + std::to_string(port));
+  common.push_back("DMLC_NUM_WORKER=" + std::to_string(opt.num_workers));
+  common.push_back("DMLC_NUM_SERVER=" + std::to_string(num_servers));
+  if (config_file)
+    common.push_back("TROUPE_CONFIG=" + config_file->string());
+  common.insert(common.end(), opt.env.begin(), opt.env.end());
+
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  std::size_t next_host = 0;
+  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout);
+
+  // The scheduler always runs here; servers and workers go round-robin over the hosts in ssh
+  // mode (servers first, as launch.py does).
+  auto start = [&](troupe::node_role role, int index, std::vector<std::string> argv) {
+    std::vector<std::string> env = common;
+    env.push_back("DMLC_ROLE=" + std::string(troupe::to_string(role)));
+    if (ssh && role != troupe::node_role::scheduler) {
+      const host& h = hosts[next_host++ % hosts.size()];
+      env.push_back("DMLC_NODE_HOST=" + h.name);
+      std::string program = "env";
+      for (const auto& kv : env)
+        program += " " + quote(kv);
+      for (const auto& a : argv)
+        program += " " + quote(a);
+      // The remote side runs the program in the background and watches its stdin, the ssh
+      // channel: when the ssh client ends (stopped by this launcher, or the launcher died),
+      // stdin reaches EOF and the program gets SIGTERM. Its exit status passes through ssh
+      // (128+N when killed by signal N). A background job's stdin is /dev/null unless
+      // redirected, hence fd 3.
+      std::string script = "cd " + quote(cwd) + " || exit 127\n" + "exec 3<&0\n" + program +
+                           " </dev/null 3<&- &\n" + "c=$!\n" +
+                           "{ while read -r _; do :; done; kill -TERM $c; } <&3 2>/dev/null &\n" +
+                           "w=$!\nexec 3<&-\nwait $c\ns=$?\nkill $w 2>/dev/null\nexit $s\n";
+      std::string remote = "sh -c " + quote(script);
+      std::vector<std::string> ssh_argv{"ssh", "-o", "BatchMode=yes"};
+      for (const auto& o : opt.ssh_options) {
+        ssh_argv.push_back("-o");
+        ssh_argv.push_back(o);
+      }
+      if (h.ssh_port) {
+        ssh_argv.push_back("-p");
+        ssh_argv.push_back(std::to_string(*h.ssh_port));
+      }
+      ssh_argv.push_back(h.name);
+      ssh_argv.push_back(remote);
+      return j.start(label_for(role, index), role, ssh_argv, {}, true);
+    }
+    return j.start(label_for(role, index), role, argv, env);
+  };
+
+  bool started = start(troupe::node_role::scheduler, 0, {node_binary, "--role", "scheduler"});
+  for (int i = 0; started && i < num_servers; ++i)
+    started = start(troupe::node_role::server, i, {node_binary, "--role", "server"});
+  for (int i = 0; started && i < opt.num_workers; ++i)
+    started = start(troupe::node_role::worker, i, opt.command);
+  // When a node could not start, the job is already stopping: run() waits for what did start.
+  return j.run();
+}

@@ -1,0 +1,72 @@
+// troupe-node: one scheduler or server process of a distributed job.
+//
+//   troupe-node --role scheduler|server [--config FILE] [flags]   (or DMLC_ROLE=... troupe-node)
+//
+// Configuration: the cluster file, then the DMLC_* environment, then flags (later wins); see
+// docs/cluster.sample.toml. A broken file, a missing or malformed value or a port in use ends the
+// process with exit code 2 and one line naming the file and line or the variable, before any
+// network activity. Otherwise it runs until the job ends: exit 0 when every worker finished,
+// 1 when the job failed (a lost node, a startup timeout), with the reason on stderr.
+// The scheduler prints "troupe-node: scheduler listening on HOST:PORT" once it is bound.
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "actors/config.hpp"
+#include "actors/dist_job.hpp"
+
+using namespace troupe;
+
+namespace {
+
+int configuration_error(const error& err) {
+  std::cerr << "troupe-node: " << err.message() << "\n";
+  return 2;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe-node: a scheduler or server of a troupe job"};
+  config_overrides flags;
+  add_config_flags(app, flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& failure) {
+    auto code = app.exit(failure);
+    return code == 0 ? 0 : 2;
+  }
+  auto config = load_config(flags.config_file, process_environment(), flags);
+  if (!config)
+    return configuration_error(config.error());
+  if (!config->role || *config->role == node_role::worker)
+    return configuration_error(
+        error{errc::invalid_argument,
+              "troupe-node runs a scheduler or a server: give --role scheduler|server or DMLC_ROLE "
+              "(a worker is any program that creates a dist_* KVStore)"});
+  auto role = *config->role;
+  if (auto valid = validate_for_role(*config, role); !valid)
+    return configuration_error(valid.error());
+  auto listener_host = role == node_role::scheduler ? config->scheduler_host : config->bind_address;
+  auto listener_port =
+      role == node_role::scheduler ? config->scheduler_port.value_or(0) : config->data_port;
+  if (auto free = check_port_free(listener_host, listener_port); !free)
+    return configuration_error(free.error());
+
+  status outcome;
+  if (role == node_role::scheduler) {
+    auto host = config->scheduler_host;
+    outcome = run_scheduler(*config, [&host](std::uint16_t port) {
+      std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);
+      std::fflush(stdout);
+    });
+  } else {
+    outcome = run_server(*config);
+  }
+  if (!outcome) {
+    std::cerr << "troupe-node " << to_string(role) << ": " << outcome.error().to_string() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,292 @@
+// frame_bench: pushes and push+pulls through troupe's data path (actors/data_link: Cap'n Proto
+// frames over CAF broker connections) between two processes on loopback, measured the way
+// bench/tcp_baseline measures raw sockets, so the two can be compared from one run
+// (bench/run_frame_bench.sh prints the ratios).
+//
+//   build/bench/frame_bench [--sizes 4096,1048576,16777216,134217728] [--repeats 9]
+//                           [--ops push,pushpull] [--chunk 16777216] [--threads 2]
+//                           [--scheduler stealing|sharing] [--caf-defaults]
+//                           [--write-chunk 4194304] [--in-flight 8388608]
+//
+// A forked server process runs a data server whose handler answers each push frame with an ack
+// and each pushpull frame with a pull_reply carrying a tensor chunk of the same size (from a
+// pre-faulted buffer of its own). The client sends a tensor from a pre-faulted buffer, in chunks
+// of --chunk bytes (the schema chunker's 16 MiB by default) for big sizes, and waits for every
+// reply. One JSON line per op and size:
+//   median_gbps   payload bytes per second of one direction (the tensor's size / time), as
+//                 tcp_baseline's figure;
+//   wire_gbps     bytes per second over both directions (2x size for pushpull), the figure to set
+//                 against tcp_baseline for a push+pull;
+//   median_rtt_us median time of one whole push (or push+pull) including its replies.
+// Round -1 of each size warms up (buffers are pooled and pre-faulted after it, as in a job).
+// Both processes run their actor systems with troupe::tune_for_data_path unless --caf-defaults.
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+#include <fmt/core.h>
+
+#include "actors/data_link.hpp"
+#include "schema/chunking.hpp"
+
+using namespace troupe;
+
+namespace {
+
+[[noreturn]] void die(const std::string& what) {
+  fmt::print(stderr, "frame_bench: {}\n", what);
+  std::exit(1);
+}
+
+/// A float32 tensor buffer with every page touched (STACK.md §8), owned through shared_ptr so
+/// that envelopes can keep it alive.
+std::shared_ptr<std::vector<float>> prefaulted(std::size_t bytes) {
+  auto buffer = std::make_shared<std::vector<float>>(bytes / sizeof(float));
+  for (std::size_t i = 0; i < buffer->size(); i += 1024)
+    (*buffer)[i] = static_cast<float>(i);
+  return buffer;
+}
+
+wire::tensor_chunk whole_tensor(const std::vector<float>& values, std::size_t bytes) {
+  wire::tensor_chunk t;
+  t.type = wire::dtype::float32;
+  t.shape = {static_cast<std::int64_t>(bytes / sizeof(float))};
+  t.total_bytes = bytes;
+  t.data = std::as_bytes(std::span(values)).first(bytes);
+  return t;
+}
+
+/// CAF settings of both processes.
+struct system_settings {
+  int threads = 2;
+  std::string policy = "stealing";
+  /// Leave the scheduler as CAF configures it (skip tune_for_data_path).
+  bool caf_defaults = false;
+  /// Write pacing of both ends (data_link_tuning).
+  std::size_t write_chunk_bytes = data_link_tuning{}.write_chunk_bytes;
+  std::size_t max_bytes_in_flight = data_link_tuning{}.max_bytes_in_flight;
+};
+
+data_link_tuning make_tuning(const system_settings& settings, std::size_t largest) {
+  data_link_tuning tuning;
+  tuning.limits.max_frame_bytes = std::max<std::size_t>(largest, 1 << 20) + (1 << 20);
+  tuning.write_chunk_bytes = settings.write_chunk_bytes;
+  tuning.max_bytes_in_flight = settings.max_bytes_in_flight;
+  return tuning;
+}
+
+caf::actor_system_config make_config(const system_settings& settings) {
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  // STACK.md §2: as many scheduler threads as cores on small nodes.
+  cfg.set("scheduler.max-threads", settings.threads);
+  cfg.set("scheduler.policy", caf::atom_from_string(settings.policy));
+  if (!settings.caf_defaults)
+    tune_for_data_path(cfg);
+  return cfg;
+}
+
+// --- server process --------------------------------------------------------------------------
+
+/// The server's request handler: an ack for a push chunk, the same slice of its own tensor for a
+/// pushpull chunk.
+caf::behavior bench_handler(caf::event_based_actor* self, std::shared_ptr<std::vector<float>> own) {
+  return {[=](envelope& request, caf::actor& reply_to) {
+    if (const auto* push = std::get_if<wire::push>(&request.msg)) {
+      self->send(reply_to, envelope{wire::ack{push->request_id}, nullptr, request.connection});
+    } else if (const auto* pp = std::get_if<wire::pushpull>(&request.msg)) {
+      wire::pull_reply reply;
+      reply.request_id = pp->request_id;
+      reply.key = pp->key;
+      reply.round = pp->round;
+      reply.tensor = pp->tensor;
+      reply.tensor.data =
+          std::as_bytes(std::span(*own)).subspan(pp->tensor.offset, pp->tensor.data.size());
+      self->send(reply_to, envelope{std::move(reply), own, request.connection});
+    } else {
+      self->send(reply_to,
+                 envelope{wire::error_reply{0, std::nullopt, wire::error_code::unsupported,
+                                            "frame_bench serves push and pushpull"},
+                          nullptr, request.connection});
+    }
+  }};
+}
+
+[[noreturn]] void serve(int port_pipe, std::size_t largest, const system_settings& settings) {
+  auto cfg = make_config(settings);
+  {
+    caf::actor_system sys{cfg};
+    auto handler = sys.spawn(bench_handler, prefaulted(largest));
+    caf::scoped_actor self{sys};
+    auto done = caf::actor_cast<caf::actor>(self);
+    data_server_options options;
+    options.route = [handler](const envelope&) { return handler; };
+    options.on_disconnect = [done](std::uint64_t) { caf::anon_send(done, stop_atom::value); };
+    options.tuning = make_tuning(settings, largest);
+    auto server = spawn_data_server(sys, "127.0.0.1", 0, std::move(options));
+    if (!server)
+      die(server.error().to_string());
+    const std::uint16_t port = server->port;
+    if (::write(port_pipe, &port, sizeof port) != sizeof port)
+      die("cannot report the port");
+    ::close(port_pipe);
+    // Serve until the client's connection closes (or an hour, should the client vanish).
+    self->receive([](stop_atom) {}, caf::after(std::chrono::seconds(3600)) >> [] {});
+    caf::anon_send(server->broker, stop_atom::value);
+    caf::anon_send_exit(handler, caf::exit_reason::user_shutdown);
+  }
+  std::_Exit(0);
+}
+
+// --- client process --------------------------------------------------------------------------
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// Sends one tensor of `bytes` as `op` (push or pushpull) in chunks and waits for every reply.
+/// Returns the seconds it took, or dies on a failure reply or a timeout.
+double round_trip(caf::scoped_actor& self, const caf::actor& link, const std::string& op,
+                  const std::shared_ptr<std::vector<float>>& tensor, std::size_t bytes,
+                  std::size_t chunk_bytes, std::uint64_t request_id) {
+  wire::message whole;
+  if (op == "push")
+    whole = wire::push{request_id, 1, 0, 0, whole_tensor(*tensor, bytes)};
+  else
+    whole = wire::pushpull{request_id, 1, 0, 0, whole_tensor(*tensor, bytes)};
+  const auto start = std::chrono::steady_clock::now();
+  wire::chunker chunks(std::move(whole), chunk_bytes);
+  for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
+    self->send(link, envelope{chunks.chunk(i), tensor, 0});
+  std::size_t pending = chunks.chunk_count();
+  std::size_t reply_bytes = 0;
+  while (pending > 0) {
+    self->receive(
+        [&](envelope& reply) {
+          if (const auto* error = std::get_if<wire::error_reply>(&reply.msg))
+            die("server answered with an error: " + error->message);
+          if (const auto* pull = std::get_if<wire::pull_reply>(&reply.msg))
+            reply_bytes += pull->tensor.data.size();
+          --pending;
+        },
+        [&](link_down_atom, const std::string& reason) { die(reason); },
+        caf::after(std::chrono::seconds(60)) >> [&] { die("no reply within 60 s"); });
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  if (op == "pushpull" && reply_bytes != bytes)
+    die("pull replies carried " + std::to_string(reply_bytes) + " bytes, not " +
+        std::to_string(bytes));
+  return took.count();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"data path (actors/data_link) loopback benchmark"};
+  std::vector<std::size_t> sizes{4096, 1u << 20, 16u << 20, 128u << 20};
+  std::vector<std::string> ops{"push", "pushpull"};
+  int repeats = 9;
+  std::size_t chunk_bytes = wire::default_chunk_bytes;
+  system_settings settings;
+  app.add_option("--sizes", sizes, "payload sizes in bytes (multiples of 4)")->delimiter(',');
+  app.add_option("--ops", ops, "push, pushpull or both")->delimiter(',');
+  app.add_option("--repeats", repeats, "measured repetitions per size")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--chunk", chunk_bytes, "tensor chunk bytes (multiple of 8)");
+  app.add_option("--threads", settings.threads, "CAF scheduler threads per process")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--scheduler", settings.policy, "CAF scheduler policy of both processes")
+      ->check(CLI::IsMember({"stealing", "sharing"}));
+  app.add_option("--write-chunk", settings.write_chunk_bytes,
+                 "bytes appended to a connection's write buffer per step");
+  app.add_option("--in-flight", settings.max_bytes_in_flight,
+                 "most bytes per connection handed to CAF and not yet written");
+  app.add_flag("--caf-defaults", settings.caf_defaults,
+               "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
+  CLI11_PARSE(app, argc, argv);
+  for (auto size : sizes)
+    if (size == 0 || size % 4 != 0)
+      die("size " + std::to_string(size) + " is not a positive multiple of 4");
+  for (const auto& op : ops)
+    if (op != "push" && op != "pushpull")
+      die("unknown op " + op);
+  if (chunk_bytes == 0 || chunk_bytes % 8 != 0 || chunk_bytes > wire::max_chunk_bytes)
+    die("chunk size " + std::to_string(chunk_bytes) + " is not a multiple of 8 in [8, 512 MiB)");
+  const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
+
+  // Fork before any actor system exists: threads do not survive fork.
+  int port_pipe[2];
+  if (::pipe(port_pipe) != 0)
+    die("pipe failed");
+  pid_t server = ::fork();
+  if (server < 0)
+    die("fork failed");
+  if (server == 0) {
+    ::close(port_pipe[0]);
+    serve(port_pipe[1], largest, settings);
+  }
+  ::close(port_pipe[1]);
+  std::uint16_t port = 0;
+  if (::read(port_pipe[0], &port, sizeof port) != sizeof port)
+    die("the server process did not report its port");
+  ::close(port_pipe[0]);
+
+  {
+    auto cfg = make_config(settings);
+    caf::actor_system sys{cfg};
+    caf::scoped_actor self{sys};
+    data_link_options options;
+    options.tuning = make_tuning(settings, largest);
+    auto link =
+        connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self), options);
+    if (!link)
+      die(link.error().to_string());
+    auto tensor = prefaulted(largest);
+    std::uint64_t request_id = 0;
+    for (const auto& op : ops) {
+      for (auto size : sizes) {
+        // Small payloads repeat more, so their medians rest on enough samples.
+        const int rounds = size <= (64u << 10) ? std::max(repeats, 2000) : repeats;
+        std::vector<double> seconds;
+        for (int round = -1; round < rounds; ++round) {
+          auto took = round_trip(self, *link, op, tensor, size, chunk_bytes, ++request_id);
+          if (round >= 0)
+            seconds.push_back(took);
+        }
+        const double mid = median(seconds);
+        const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
+        const double directions = op == "pushpull" ? 2.0 : 1.0;
+        fmt::print("{{\"bench\":\"frame_bench\",\"op\":\"{}\",\"bytes\":{},\"chunk_bytes\":{},"
+                   "\"repeats\":{},\"median_gbps\":{:.3f},\"min_gbps\":{:.3f},"
+                   "\"max_gbps\":{:.3f},\"wire_gbps\":{:.3f},\"median_rtt_us\":{:.1f}}}\n",
+                   op, size, std::min(size, chunk_bytes), rounds, size / mid / 1e9,
+                   size / *slowest / 1e9, size / *fastest / 1e9, directions * size / mid / 1e9,
+                   mid * 1e6);
+        std::fflush(stdout);
+      }
+    }
+    self->send(*link, stop_atom::value);
+    self->receive([](link_down_atom, const std::string&) {},
+                  caf::after(std::chrono::seconds(5)) >> [] {});
+  }
+  int status = 0;
+  ::waitpid(server, &status, 0);
+  return 0;
+}

@@ -1,0 +1,115 @@
+// kvbench: push, pull and pushpull through the distributed KVStore, as a worker of a real job.
+//
+//   troupe-launch -n W -s S -- build/bench/kvbench [--sizes 4096,16777216,...] [--keys 1,100]
+//                 [--repeats 9] [--type dist_sync]
+//
+// For each (total size, key count) every worker initialises `keys` float32 keys that together
+// hold `size` bytes, then times R repetitions of: push of every key (all in flight at once),
+// pull of every key, and pushpull (push then pull of the round's value). Worker rank 0 prints one
+// JSON line per operation: the median and spread of the per-repetition time, `gbps` = payload
+// bytes the worker moved (push and pull: size each; pushpull: 2 x size) / median time, and for
+// the smallest sizes the median round trip in microseconds. Between phases the workers meet at
+// a barrier so that every worker measures the same thing.
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "actors/kvstore.hpp"
+
+using namespace troupe;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct stats {
+  double median = 0, fastest = 0, slowest = 0;
+};
+
+stats summarize(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  return {seconds[seconds.size() / 2], seconds.front(), seconds.back()};
+}
+
+int fail(const std::string& what, const error& err) {
+  std::fprintf(stderr, "kvbench: %s: %s\n", what.c_str(), err.to_string().c_str());
+  return 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe KVStore benchmark (run under troupe-launch)"};
+  std::vector<std::size_t> sizes{4096, 1u << 20, 16u << 20, 128u << 20};
+  std::vector<std::size_t> key_counts{1};
+  int repeats = 9;
+  std::string type = "dist_sync";
+  app.add_option("--sizes", sizes, "total bytes per measurement")->delimiter(',');
+  app.add_option("--keys", key_counts, "number of keys the bytes are spread over")->delimiter(',');
+  app.add_option("--repeats", repeats)->check(CLI::Range(1, 100000));
+  app.add_option("--type", type);
+  CLI11_PARSE(app, argc, argv);
+
+  auto created = kvstore::create(type);
+  if (!created)
+    return fail("create", created.error());
+  auto& kv = **created;
+  std::int64_t next_key = 0;
+
+  for (auto keys : key_counts) {
+    for (auto size : sizes) {
+      auto elements = static_cast<std::int64_t>(size / sizeof(float) / keys);
+      if (elements == 0)
+        continue;
+      std::vector<kv_key> names;
+      std::vector<ndarray> values, outputs;
+      for (std::size_t k = 0; k < keys; ++k) {
+        names.push_back(next_key++);
+        values.push_back(ndarray::ones({elements}));
+        outputs.push_back(ndarray::zeros({elements}));
+      }
+      if (auto init = kv.init(names, values); !init)
+        return fail("init", init.error());
+      // Small payloads repeat more, so that their medians rest on enough samples.
+      int rounds = size * keys <= (64u << 10) ? std::max(repeats, 500) : repeats;
+      auto bytes = static_cast<double>(elements) * sizeof(float) * keys;
+
+      auto measure = [&](const std::string& op, auto&& body) -> int {
+        if (auto met = kv.barrier(); !met)
+          return fail("barrier", met.error());
+        if (auto warm = body(); !warm)
+          return fail(op, warm.error());
+        std::vector<double> seconds;
+        for (int r = 0; r < rounds; ++r) {
+          auto start = clock_type::now();
+          if (auto done = body(); !done)
+            return fail(op, done.error());
+          seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
+        }
+        auto s = summarize(seconds);
+        double moved = op == "pushpull" ? 2 * bytes : bytes;
+        if (kv.rank() == 0)
+          fmt::print("{{\"bench\":\"kvbench\",\"type\":\"{}\",\"op\":\"{}\",\"bytes\":{},"
+                     "\"keys\":{},\"workers\":{},\"repeats\":{},\"median_ms\":{:.3f},"
+                     "\"min_ms\":{:.3f},\"max_ms\":{:.3f},\"gbps\":{:.3f},\"median_us\":{:.1f}}}\n",
+                     type, op, static_cast<std::size_t>(bytes), keys, kv.num_workers(), rounds,
+                     s.median * 1e3, s.fastest * 1e3, s.slowest * 1e3, moved / s.median / 1e9,
+                     s.median * 1e6);
+        std::fflush(stdout);
+        return 0;
+      };
+      if (int rc = measure("push", [&] { return kv.push(names, values); }))
+        return rc;
+      if (int rc = measure("pull", [&] { return kv.pull(names, outputs); }))
+        return rc;
+      if (int rc = measure("pushpull", [&] { return kv.pushpull(names, values, outputs); }))
+        return rc;
+    }
+  }
+  return 0;
+}

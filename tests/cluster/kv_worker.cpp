@@ -1,0 +1,144 @@
+// kv_worker: a worker program for the multi-process tests, started by troupe-launch (or by a test
+// with the DMLC_* environment). It creates a dist KVStore and checks MXNet's closed forms:
+//
+//   kv_worker --check sync     keys initialised to ones, `test` optimizer with rescale_grad 2, rank
+//                              r pushes ones*(r+1): after round i every pull is n(n+1)(i+1) + 1
+//   kv_worker --check async    each worker pushes ones*(r+1) M times, then a barrier: the value is
+//                              1 + 2 M n(n+1)/2 exactly
+//   kv_worker --check replace  no optimizer: after each round the value is the round's sum
+//   kv_worker --check hang     push and pull until an error (for the failure tests); writes its
+//                              pid to $KV_WORKER_DIR/rank-R
+//
+// Exit 0 when every check holds, 1 with the first failure on stderr.
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "actors/kvstore.hpp"
+
+using namespace troupe;
+
+namespace {
+
+std::vector<shape_vector> parse_shapes(const std::string& text) {
+  std::vector<shape_vector> shapes;
+  std::stringstream list{text};
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    shape_vector shape;
+    std::stringstream dims{item};
+    std::string dim;
+    while (std::getline(dims, dim, 'x'))
+      shape.push_back(std::stoll(dim));
+    shapes.push_back(shape);
+  }
+  return shapes;
+}
+
+int failed(const std::string& what) {
+  std::cerr << "kv_worker: " << what << "\n";
+  return 1;
+}
+
+/// The first element of `array` that is not `expected`, described, or empty.
+std::string mismatch(const ndarray& array, double expected) {
+  auto values = array.to_vector<double>();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (values[i] != expected)
+      return "element " + std::to_string(i) + " is " + std::to_string(values[i]) + ", expected " +
+             std::to_string(expected);
+  return {};
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe multi-process test worker"};
+  std::string type = "dist_sync", check = "sync", shapes_text = "2x3", dtype_name = "float32";
+  int rounds = 3;
+  app.add_option("--type", type);
+  app.add_option("--check", check)->check(CLI::IsMember({"sync", "async", "replace", "hang"}));
+  app.add_option("--shapes", shapes_text, "comma-separated shapes like 2x3,1200x1200");
+  app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"float32", "float16"}));
+  app.add_option("--rounds", rounds);
+  CLI11_PARSE(app, argc, argv);
+  auto type_of_values = *parse_dtype(dtype_name);
+  auto shapes = parse_shapes(shapes_text);
+
+  auto created = kvstore::create(type);
+  if (!created)
+    return failed("create " + type + ": " + created.error().to_string());
+  auto& kv = **created;
+  auto rank = kv.rank();
+  double n = kv.num_workers();
+
+  std::vector<kv_key> keys;
+  std::vector<ndarray> initial;
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    keys.push_back(static_cast<std::int64_t>(k * 3 + 1));
+    initial.push_back(ndarray::ones(shapes[k], context::cpu(), type_of_values));
+  }
+  if (auto init = kv.init(keys, initial); !init)
+    return failed("init: " + init.error().to_string());
+  if (check != "replace")
+    if (auto set = kv.set_optimizer("test", {{"rescale_grad", 2.0}}); !set)
+      return failed("set_optimizer: " + set.error().to_string());
+
+  if (check == "hang") {
+    // The failure tests find the process of a given rank through this file.
+    if (const char* dir = std::getenv("KV_WORKER_DIR"))
+      std::ofstream(std::string{dir} + "/rank-" + std::to_string(rank)) << ::getpid() << "\n";
+    for (std::uint64_t i = 0;; ++i) {
+      auto grad = ndarray::ones(shapes[0], context::cpu(), type_of_values);
+      if (auto pushed = kv.push(keys[0], grad); !pushed)
+        return failed("push: " + pushed.error().to_string());
+      auto out = ndarray::zeros(shapes[0], context::cpu(), type_of_values);
+      if (auto pulled = kv.pull(keys[0], out); !pulled)
+        return failed("pull: " + pulled.error().to_string());
+      std::this_thread::sleep_for(std::chrono::milliseconds{20});
+    }
+  }
+
+  for (int round = 0; round < rounds; ++round) {
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      auto grad = ndarray::full(shapes[k], rank + 1.0, context::cpu(), type_of_values);
+      if (auto pushed = kv.push(keys[k], grad); !pushed)
+        return failed("push: " + pushed.error().to_string());
+    }
+    if (check == "async")
+      continue;
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
+      if (auto pulled = kv.pull(keys[k], out); !pulled)
+        return failed("pull: " + pulled.error().to_string());
+      double expected = check == "sync" ? n * (n + 1) * (round + 1) + 1 : n * (n + 1) / 2;
+      if (auto wrong = mismatch(out, expected); !wrong.empty())
+        return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + " round " +
+                      std::to_string(round) + ": " + wrong);
+    }
+  }
+  if (check == "async") {
+    if (auto waited = kv.barrier(); !waited)
+      return failed("barrier: " + waited.error().to_string());
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
+      if (auto pulled = kv.pull(keys[k], out); !pulled)
+        return failed("pull: " + pulled.error().to_string());
+      double expected = 1 + rounds * n * (n + 1);
+      if (auto wrong = mismatch(out, expected); !wrong.empty())
+        return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + ": " + wrong);
+    }
+  }
+  std::printf("kv_worker rank %d: %s checks hold for %zu keys over %d rounds\n", rank,
+              check.c_str(), keys.size(), rounds);
+  return 0;
+}

@@ -1,0 +1,634 @@
+// troupe-launch as a user runs it: the real binary, with tests/cluster/fake_node as the node
+// program and as the worker command (a test double that prints its environment, records its
+// pid and exits as told), so that what is checked is the launcher's own behaviour: environment,
+// prefixes, exit codes, and that no process is left behind. Every wait is bounded.
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <netinet/in.h>
+#include <optional>
+#include <poll.h>
+#include <regex>
+#include <set>
+#include <spawn.h>
+#include <sstream>
+#include <string>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "process_support.hpp"
+
+using namespace troupe::testing;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+const std::string launch_path = TROUPE_LAUNCH_PATH;
+const std::string fake_node_path = TROUPE_FAKE_NODE_PATH;
+
+outcome run_launch(const std::vector<std::string>& args,
+                   const std::map<std::string, std::string>& env,
+                   std::chrono::milliseconds limit = 30s) {
+  return run(launch_path, args, env, limit);
+}
+
+// temp_dir, child_process, run, alive, lines_of, with_prefix: process_support.hpp
+
+/// The pids the fake nodes recorded in `dir`.
+std::vector<pid_t> recorded_pids(const fs::path& dir) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    auto name = entry.path().filename().string();
+    if (name.starts_with("pid-"))
+      pids.push_back(std::stoi(name.substr(4)));
+  }
+  return pids;
+}
+
+/// The running processes whose environment holds FAKE_NODE_DIR=`dir`: every fake node of a
+/// test, including one stopped before it could record its pid.
+std::vector<pid_t> processes_of(const fs::path& dir) {
+  const std::string marker = "FAKE_NODE_DIR=" + dir.string();
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    auto name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit))
+      continue;
+    std::ifstream in(entry.path() / "environ", std::ios::binary);
+    std::string variable;
+    while (std::getline(in, variable, '\0'))
+      if (variable == marker) {
+        pids.push_back(std::stoi(name));
+        break;
+      }
+  }
+  return pids;
+}
+
+/// No fake node of `dir` runs: neither a recorded pid nor a process whose environment names
+/// `dir`. Waits up to 2 s for the kernel to finish with them.
+bool none_left_alive(const fs::path& dir, std::string& left) {
+  const auto deadline = clock_type::now() + 2s;
+  do {
+    left.clear();
+    auto pids = recorded_pids(dir);
+    auto found = processes_of(dir);
+    pids.insert(pids.end(), found.begin(), found.end());
+    for (pid_t pid : pids)
+      if (alive(pid))
+        left += std::to_string(pid) + " ";
+    if (left.empty())
+      return true;
+    std::this_thread::sleep_for(20ms);
+  } while (clock_type::now() < deadline);
+  return false;
+}
+
+std::vector<std::string> job_args(int workers, std::optional<int> servers,
+                                  std::vector<std::string> extra = {}) {
+  std::vector<std::string> args{"-n", std::to_string(workers)};
+  if (servers) {
+    args.push_back("-s");
+    args.push_back(std::to_string(*servers));
+  }
+  args.insert(args.end(), {"--node-binary", fake_node_path, "--stop-grace", "1s"});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<std::string> with_command(std::vector<std::string> args,
+                                      std::vector<std::string> command = {}) {
+  args.push_back("--");
+  args.push_back(fake_node_path);
+  args.insert(args.end(), command.begin(), command.end());
+  return args;
+}
+
+/// A TCP socket listening on 127.0.0.1 at a port the kernel chose; closed on destruction.
+class listening_socket {
+public:
+  listening_socket() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    BOOST_TEST_REQUIRE(fd_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    BOOST_TEST_REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    BOOST_TEST_REQUIRE(::listen(fd_, 1) == 0);
+    socklen_t len = sizeof addr;
+    BOOST_TEST_REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~listening_socket() { ::close(fd_); }
+  listening_socket(const listening_socket&) = delete;
+  listening_socket& operator=(const listening_socket&) = delete;
+  int port() const { return port_; }
+
+private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+/// Runs `argv` to its end (bounded); its exit code, or -1 when it could not run or timed out.
+int run_tool(const std::vector<std::string>& argv, std::chrono::milliseconds limit = 20s) {
+  std::vector<char*> argv_c;
+  for (const auto& a : argv)
+    argv_c.push_back(const_cast<char*>(a.c_str()));
+  argv_c.push_back(nullptr);
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, argv_c[0], nullptr, nullptr, argv_c.data(), environ) != 0)
+    return -1;
+  const auto deadline = clock_type::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (clock_type::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/// Why ssh mode cannot be tested on this machine, or nullopt when an sshd can be started.
+std::optional<std::string> ssh_unavailable() {
+  if (::access("/usr/sbin/sshd", X_OK) != 0)
+    return "no /usr/sbin/sshd (openssh-server is not installed)";
+  if (::access("/usr/bin/ssh", X_OK) != 0 || ::access("/usr/bin/ssh-keygen", X_OK) != 0)
+    return "no ssh client (openssh-client is not installed)";
+  if (::geteuid() == 0 && !fs::is_directory("/run/sshd"))
+    return "running as root, where sshd needs /run/sshd, which is absent";
+  return std::nullopt;
+}
+
+boost::test_tools::assertion_result sshd_available(boost::unit_test::test_unit_id) {
+  auto reason = ssh_unavailable();
+  boost::test_tools::assertion_result result(!reason);
+  if (reason)
+    result.message() << "ssh mode not tested: " << *reason;
+  return result;
+}
+
+/// An sshd on 127.0.0.1 at a free port that lets this user in with a key made for the test, and
+/// nobody else in any way; stopped on destruction.
+class ssh_server {
+public:
+  explicit ssh_server(const fs::path& dir) : dir_(dir) {
+    BOOST_TEST_REQUIRE(run_tool({"/usr/bin/ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                                 (dir / "host_key").string()}) == 0);
+    BOOST_TEST_REQUIRE(run_tool({"/usr/bin/ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                                 (dir / "user_key").string()}) == 0);
+    fs::copy_file(dir / "user_key.pub", dir / "authorized_keys");
+    {
+      listening_socket probe; // a port that was free a moment ago
+      port_ = probe.port();
+    }
+    std::ofstream(dir / "sshd_config")
+        << "Port " << port_ << "\nListenAddress 127.0.0.1\nHostKey " << (dir / "host_key").string()
+        << "\nAuthorizedKeysFile " << (dir / "authorized_keys").string()
+        << "\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+           "UsePAM no\nPermitRootLogin prohibit-password\nLogLevel ERROR\n";
+    const std::string config = (dir / "sshd_config").string();
+    const std::string log = (dir / "sshd.log").string();
+    // sshd must be started by its absolute path; -D keeps it in the foreground, our child.
+    std::vector<const char*> argv{"/usr/sbin/sshd", "-D",   "-f", config.c_str(), "-E",
+                                  log.c_str(),      nullptr};
+    BOOST_TEST_REQUIRE(::posix_spawn(&pid_, argv[0], nullptr, nullptr,
+                                     const_cast<char**>(argv.data()), environ) == 0);
+    const auto deadline = clock_type::now() + 10s;
+    while (!accepts() && clock_type::now() < deadline) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        std::ifstream in(log);
+        std::string text((std::istreambuf_iterator<char>(in)), {});
+        BOOST_FAIL("sshd exited: " << text);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    BOOST_TEST_REQUIRE(accepts());
+  }
+  ~ssh_server() {
+    if (pid_ <= 0)
+      return;
+    ::kill(pid_, SIGTERM);
+    const auto deadline = clock_type::now() + 5s;
+    while (::waitpid(pid_, nullptr, WNOHANG) == 0) {
+      if (clock_type::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  ssh_server(const ssh_server&) = delete;
+  ssh_server& operator=(const ssh_server&) = delete;
+
+  /// A hostfile naming this server `count` times.
+  fs::path hostfile(int count) const {
+    std::ofstream out(dir_ / "hosts");
+    out << "# the test's sshd\n";
+    for (int i = 0; i < count; ++i)
+      out << "127.0.0.1:" << port_ << "\n";
+    return dir_ / "hosts";
+  }
+
+  /// troupe-launch flags that make ssh use the test's key and trust the test's host key.
+  std::vector<std::string> launch_flags() const {
+    std::vector<std::string> flags;
+    for (const std::string& option :
+         {"IdentityFile=" + (dir_ / "user_key").string(), std::string("IdentitiesOnly=yes"),
+          std::string("StrictHostKeyChecking=no"), std::string("UserKnownHostsFile=/dev/null"),
+          std::string("LogLevel=ERROR")}) {
+      flags.push_back("--ssh-option");
+      flags.push_back(option);
+    }
+    return flags;
+  }
+
+private:
+  bool accepts() const {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<std::uint16_t>(port_));
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    return ok;
+  }
+
+  fs::path dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(launcher)
+
+BOOST_AUTO_TEST_CASE(every_line_carries_its_role_and_start_index_and_success_exits_0) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(3, 2), {"arg1", "two words"}),
+                      {{"FAKE_NODE_DIR", dir.path().string()}, {"FAKE_NODE_GRANDCHILD", "1"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 0, r.err);
+
+  // Every line is prefixed; each node printed its role under its own prefix.
+  for (const auto& line : lines_of(r.out))
+    BOOST_TEST(std::regex_match(line, std::regex{R"(\[(scheduler|server \d|worker \d)\] .*)"}),
+               line);
+  BOOST_TEST(with_prefix(r.out, "[scheduler] fake node role=scheduler ").size() == 1);
+  for (int i = 0; i < 2; ++i)
+    BOOST_TEST(
+        with_prefix(r.out, "[server " + std::to_string(i) + "] fake node role=server ").size() ==
+        1);
+  for (int i = 0; i < 3; ++i) {
+    auto lines = with_prefix(r.out, "[worker " + std::to_string(i) + "] ");
+    BOOST_TEST_REQUIRE(lines.size() == 2);
+    BOOST_TEST(lines[0].find("fake node role=worker ") != std::string::npos);
+    BOOST_TEST(lines[0].ends_with("args=arg1|two words"));
+    // A last line without '\n' is still printed, as a line of its own.
+    BOOST_TEST(lines[1] == "[worker " + std::to_string(i) + "] last words without a newline");
+    BOOST_TEST(with_prefix(r.err, "[worker " + std::to_string(i) + "] fake node stderr").size() ==
+               1);
+  }
+  BOOST_TEST(with_prefix(r.out, "[server 2]").empty());
+  BOOST_TEST(with_prefix(r.out, "[worker 3]").empty());
+
+  // Every node got the same scheduler address and job size.
+  std::set<std::string> roots;
+  std::regex env_re{R"(root=(\S+) workers=(\S+) servers=(\S+) config=(\S+))"};
+  for (const auto& line : lines_of(r.out)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, env_re))
+      continue;
+    roots.insert(m[1]);
+    BOOST_TEST(m[2] == "3");
+    BOOST_TEST(m[3] == "2");
+    BOOST_TEST(m[4] == "-"); // no --config, no TROUPE_CONFIG
+  }
+  BOOST_TEST_REQUIRE(roots.size() == 1);
+  BOOST_TEST(std::regex_match(*roots.begin(), std::regex{R"(127\.0\.0\.1:[1-9]\d*)"}));
+  BOOST_TEST(
+      with_prefix(r.out, "[scheduler] fake node").front().ends_with("args=--role|scheduler"));
+
+  std::string left;
+  BOOST_TEST(recorded_pids(dir.path()).size() == 12); // 6 nodes and a grandchild each
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(servers_default_to_the_number_of_workers) {
+  temp_dir dir;
+  auto r =
+      run_launch(with_command(job_args(2, std::nullopt)), {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 0, r.err);
+  BOOST_TEST(with_prefix(r.out, "[server 1] fake node role=server").size() == 1);
+  BOOST_TEST(with_prefix(r.out, "[server 2]").empty());
+  BOOST_TEST(r.out.find("servers=2 ") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(the_first_failing_worker_code_is_returned_and_every_other_node_stopped) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(3, 2)), {{"FAKE_NODE_DIR", dir.path().string()},
+                                                     {"FAKE_NODE_FAIL_INDEX", "1"},
+                                                     {"FAKE_NODE_FAIL_CODE", "3"},
+                                                     {"FAKE_NODE_WORKER_MS", "30000"},
+                                                     {"FAKE_NODE_GRANDCHILD", "1"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 3, r.err);
+  BOOST_TEST(r.elapsed < 15s); // the other workers would have run 30 s
+  BOOST_TEST(std::regex_search(r.err, std::regex{R"(troupe-launch: worker \d exited with code 3; )"
+                                                 R"(stopping the job)"}),
+             r.err);
+  BOOST_TEST(r.out.find("worker 1 failing") != std::string::npos);
+  std::string left;
+  BOOST_TEST(recorded_pids(dir.path()).size() == 12);
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_killed_by_a_signal_gives_128_plus_the_signal) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(2, 1)), {{"FAKE_NODE_DIR", dir.path().string()},
+                                                     {"FAKE_NODE_FAIL_INDEX", "0"},
+                                                     {"FAKE_NODE_FAIL_SIGNAL", "9"},
+                                                     {"FAKE_NODE_WORKER_MS", "30000"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 128 + 9, r.err);
+  BOOST_TEST(std::regex_search(r.err, std::regex{R"(worker \d was killed by signal 9)"}), r.err);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(nodes_that_ignore_sigterm_are_killed_after_the_grace_period) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(2, 2)), {{"FAKE_NODE_DIR", dir.path().string()},
+                                                     {"FAKE_NODE_FAIL_INDEX", "0"},
+                                                     {"FAKE_NODE_FAIL_CODE", "5"},
+                                                     {"FAKE_NODE_WORKER_MS", "30000"},
+                                                     {"FAKE_NODE_IGNORE_TERM", "1"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 5, r.err);
+  BOOST_TEST(r.err.find("after SIGTERM; sending SIGKILL") != std::string::npos, r.err);
+  BOOST_TEST(r.elapsed >= 1s); // --stop-grace 1s
+  BOOST_TEST(r.elapsed < 15s);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(a_scheduler_and_servers_outliving_the_workers_are_stopped_with_124) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(1, 1, {"--finish-timeout", "500ms"})),
+                      {{"FAKE_NODE_DIR", dir.path().string()}, {"FAKE_NODE_STAY", "1"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 124, r.err);
+  BOOST_TEST(r.err.find("scheduler, server 0 still running 500ms after every worker finished") !=
+                 std::string::npos,
+             r.err);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_to_the_launcher_stops_every_node) {
+  temp_dir dir;
+  child_process l(launch_path, with_command(job_args(2, 2)),
+                  {{"FAKE_NODE_DIR", dir.path().string()},
+                   {"FAKE_NODE_WORKER_MS", "30000"},
+                   {"FAKE_NODE_GRANDCHILD", "1"}});
+  // Wait (bounded) until all five nodes and their grandchildren have recorded their pids.
+  const auto deadline = clock_type::now() + 10s;
+  while (recorded_pids(dir.path()).size() < 10 && clock_type::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  BOOST_TEST_REQUIRE(recorded_pids(dir.path()).size() == 10);
+  BOOST_TEST_REQUIRE(::kill(l.pid(), SIGTERM) == 0);
+  auto r = l.wait(15s);
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 128 + SIGTERM, r.err);
+  BOOST_TEST(r.err.find("got signal 15: stopping the job") != std::string::npos, r.err);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(a_broken_config_file_exits_2_with_one_line_naming_it_and_starts_nothing) {
+  temp_dir dir;
+  auto config = dir.write("cluster.toml", "[job]\nnum_workrs = 2\n");
+  auto r = run_launch(with_command(job_args(2, 1, {"--config", config.string()})),
+                      {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err ==
+             "troupe-launch: " + config.string() + ":2:1: unknown key 'num_workrs' in [job]\n");
+  BOOST_TEST(r.out.empty());
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+
+  auto toml = dir.write("broken.toml", "[job]\nid = \"unterminated\n");
+  r = run_launch(with_command(job_args(2, 1, {"--config", toml.string()})),
+                 {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err.starts_with("troupe-launch: " + toml.string() + ":2:"), r.err);
+  BOOST_TEST(lines_of(r.err).size() == 1);
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_dmlc_variable_exits_2_naming_the_variable) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(1, 1)),
+                      {{"FAKE_NODE_DIR", dir.path().string()}, {"DMLC_PS_ROOT_PORT", "http"}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err == "troupe-launch: DMLC_PS_ROOT_PORT must be a port number from 0 to 65535, "
+                      "got \"http\"\n");
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_scheduler_port_in_use_exits_2_before_starting_anything) {
+  temp_dir dir;
+  listening_socket taken;
+  auto config =
+      dir.write("cluster.toml", "[scheduler]\nport = " + std::to_string(taken.port()) + "\n");
+  auto r = run_launch(with_command(job_args(1, 1, {"--config", config.string()})),
+                      {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err == "troupe-launch: scheduler port: port " + std::to_string(taken.port()) +
+                          " on 127.0.0.1 is in use\n");
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+
+  r = run_launch(with_command(job_args(1, 1)),
+                 {{"FAKE_NODE_DIR", dir.path().string()},
+                  {"DMLC_PS_ROOT_PORT", std::to_string(taken.port())}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err.find("is in use") != std::string::npos);
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(the_config_file_port_and_env_pairs_reach_every_node) {
+  temp_dir dir;
+  int port = 0;
+  {
+    listening_socket probe; // a port that was free a moment ago
+    port = probe.port();
+  }
+  auto config = dir.write("cluster.toml", "[scheduler]\nport = " + std::to_string(port) + "\n");
+  auto r =
+      run_launch(with_command(job_args(
+                     2, 1, {"--config", config.string(), "--env", "FAKE_NODE_ECHO=hello world"})),
+                 {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 0, r.err);
+  const std::string expected = "root=127.0.0.1:" + std::to_string(port) +
+                               " workers=2 servers=1 config=" + fs::absolute(config).string() +
+                               " echo=hello world ";
+  int nodes = 0;
+  for (const auto& line : lines_of(r.out))
+    if (line.find("fake node role=") != std::string::npos) {
+      ++nodes;
+      BOOST_TEST(line.find(expected) != std::string::npos, line);
+    }
+  BOOST_TEST(nodes == 4);
+}
+
+BOOST_AUTO_TEST_CASE(env_pairs_that_are_malformed_or_set_launcher_variables_exit_2) {
+  temp_dir dir;
+  for (const std::string bad :
+       {"NOEQUALS", "=value", "1X=2", "DMLC_ROLE=server", "DMLC_PS_ROOT_PORT=1"}) {
+    auto r = run_launch(with_command(job_args(1, 1, {"--env", bad})),
+                        {{"FAKE_NODE_DIR", dir.path().string()}});
+    BOOST_TEST(r.exit_code == 2, bad);
+    BOOST_TEST(r.err.starts_with("troupe-launch: --env " + bad + ": "), r.err);
+    BOOST_TEST(lines_of(r.err).size() == 1);
+  }
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_program_that_cannot_start_exits_127_and_stops_the_rest) {
+  temp_dir dir;
+  auto args = job_args(2, 1);
+  args.insert(args.end(), {"--", (dir.path() / "no-such-program").string()});
+  auto r = run_launch(args, {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 127, r.err);
+  BOOST_TEST(r.err.find("cannot start worker 0") != std::string::npos, r.err);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(usage_errors_exit_2_and_help_exits_0) {
+  temp_dir dir;
+  const std::map<std::string, std::string> env{{"FAKE_NODE_DIR", dir.path().string()}};
+  BOOST_TEST(run_launch(job_args(1, 1), env).exit_code == 2);            // no command
+  BOOST_TEST(run_launch(with_command({"-n", "0"}), env).exit_code == 2); // no worker
+  BOOST_TEST(run_launch(with_command(job_args(1, 1, {"--stop-grace", "5"})), env).exit_code == 2);
+  auto missing =
+      run_launch(with_command({"-n", "1", "--node-binary", "/nonexistent/troupe-node"}), env);
+  BOOST_TEST(missing.exit_code == 2);
+  BOOST_TEST(missing.err.find("no node program at /nonexistent/troupe-node") != std::string::npos);
+  auto help = run_launch({"--help"}, env);
+  BOOST_TEST(help.exit_code == 0);
+  BOOST_TEST(help.out.find("rank is assigned by the scheduler") != std::string::npos);
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(hostfile_errors_name_the_file_and_line_before_starting_anything) {
+  temp_dir dir;
+  const std::map<std::string, std::string> env{{"FAKE_NODE_DIR", dir.path().string()}};
+  auto hosts = dir.write("hosts", "# the hosts\nnode1\nnode2:22x\n");
+  auto r = run_launch(with_command(job_args(1, 1, {"-H", hosts.string()})), env);
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err == "troupe-launch: " + hosts.string() +
+                          ":3: ssh port must be 1 to 65535, got \"node2:22x\"\n");
+  auto empty = dir.write("empty", "# nobody\n\n");
+  r = run_launch(with_command(job_args(1, 1, {"-H", empty.string()})), env);
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err.find("names no host") != std::string::npos);
+  r = run_launch(with_command(job_args(1, 1, {"--launcher", "ssh"})), env);
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err.find("needs -H HOSTFILE") != std::string::npos);
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(an_env_pair_takes_one_value_so_the_command_may_follow_without_dashes) {
+  temp_dir dir;
+  auto args = job_args(1, 1, {"--env", "FAKE_NODE_ECHO=x"});
+  args.push_back(fake_node_path);
+  args.push_back("tail");
+  auto r = run_launch(args, {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 0, r.err);
+  BOOST_TEST(with_prefix(r.out, "[worker 0] fake node").front().ends_with("echo=x args=tail"));
+}
+
+BOOST_AUTO_TEST_CASE(ssh_mode_runs_servers_and_workers_through_ssh_with_their_environment,
+                     *boost::unit_test::precondition(sshd_available)) {
+  temp_dir dir;
+  ssh_server sshd(dir.path());
+  auto args =
+      job_args(2, 1,
+               {"-H", sshd.hostfile(2).string(), "--env", "FAKE_NODE_DIR=" + dir.path().string(),
+                "--env", "FAKE_NODE_ECHO=it's remote"});
+  auto flags = sshd.launch_flags();
+  args.insert(args.end(), flags.begin(), flags.end());
+  auto r = run_launch(with_command(args, {"a b"}), {});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 0, r.err);
+  auto scheduler = with_prefix(r.out, "[scheduler] fake node role=scheduler");
+  BOOST_TEST_REQUIRE(scheduler.size() == 1);
+  BOOST_TEST(scheduler[0].find(" host=- ") != std::string::npos); // started here, not via ssh
+  std::smatch m;
+  BOOST_TEST_REQUIRE(std::regex_search(scheduler[0], m, std::regex{R"(root=(\S+) )"}));
+  const std::string root = m[1];
+  for (const std::string prefix : {"[server 0] ", "[worker 0] ", "[worker 1] "}) {
+    auto lines = with_prefix(r.out, prefix + "fake node");
+    BOOST_TEST_REQUIRE(lines.size() == 1, prefix);
+    BOOST_TEST(lines[0].find(" host=127.0.0.1 root=" + root + " workers=2 servers=1 ") !=
+                   std::string::npos,
+               lines[0]);
+    BOOST_TEST(lines[0].find(" echo=it's remote ") != std::string::npos, lines[0]);
+    if (prefix.starts_with("[worker"))
+      BOOST_TEST(lines[0].ends_with("args=a b"), lines[0]);
+  }
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(ssh_mode_stops_the_remote_nodes_when_a_worker_fails,
+                     *boost::unit_test::precondition(sshd_available)) {
+  temp_dir dir;
+  ssh_server sshd(dir.path());
+  auto args = job_args(2, 2, {"-H", sshd.hostfile(1).string()});
+  for (const auto& pair :
+       {"FAKE_NODE_DIR=" + dir.path().string(), std::string("FAKE_NODE_FAIL_INDEX=1"),
+        std::string("FAKE_NODE_FAIL_CODE=4"), std::string("FAKE_NODE_WORKER_MS=30000")}) {
+    args.push_back("--env");
+    args.push_back(pair);
+  }
+  auto flags = sshd.launch_flags();
+  args.insert(args.end(), flags.begin(), flags.end());
+  auto r = run_launch(with_command(args), {});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 4, r.err);
+  BOOST_TEST(r.elapsed < 15s);
+  BOOST_TEST(recorded_pids(dir.path()).size() == 5);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

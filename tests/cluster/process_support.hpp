@@ -1,0 +1,189 @@
+#pragma once
+// Starting, watching and stopping the processes of a multi-process test: every wait bounded,
+// every child stopped by its PID. Shared by the launcher tests and the cluster KVStore tests.
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <poll.h>
+#include <spawn.h>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "tests/temp_dir.hpp"
+
+extern char** environ;
+
+namespace troupe::testing {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+struct outcome {
+  int exit_code = -1; ///< code, or 128 + signal
+  std::string out;
+  std::string err;
+  std::chrono::milliseconds elapsed{0};
+  bool timed_out = false;
+};
+
+/// A started program whose output is collected. The test's own DMLC_*, TROUPE_* and FAKE_NODE_*
+/// variables are not passed on: a child sees only what `env` gives it.
+class child_process {
+public:
+  child_process(const std::string& program, const std::vector<std::string>& args,
+                const std::map<std::string, std::string>& env) {
+    int out[2], err[2];
+    BOOST_TEST_REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    BOOST_TEST_REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+
+    std::vector<std::string> argv_s{program};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e; ++e) {
+      std::string entry = *e;
+      std::string name = entry.substr(0, entry.find('='));
+      // The launcher's result must not depend on the environment the tests run in.
+      if (!env.count(name) && !name.starts_with("DMLC_") && !name.starts_with("TROUPE_") &&
+          !name.starts_with("FAKE_NODE_") && name != "PORT" && name != "PS_VERBOSE")
+        env_s.push_back(entry);
+    }
+    for (const auto& [k, v] : env)
+      env_s.push_back(k + "=" + v);
+    std::vector<char*> argv_c, env_c;
+    for (auto& a : argv_s)
+      argv_c.push_back(a.data());
+    argv_c.push_back(nullptr);
+    for (auto& e : env_s)
+      env_c.push_back(e.data());
+    env_c.push_back(nullptr);
+    start_ = clock_type::now();
+    int rc = ::posix_spawn(&pid_, program.c_str(), &actions, nullptr, argv_c.data(), env_c.data());
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out[1]);
+    ::close(err[1]);
+    fds_[0] = out[0];
+    fds_[1] = err[0];
+    BOOST_TEST_REQUIRE(rc == 0);
+  }
+
+  ~child_process() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    for (int fd : fds_)
+      if (fd >= 0)
+        ::close(fd);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  /// Collects output until the launcher exits and closes its pipes, or `limit` passes (then it
+  /// is killed and the outcome says timed_out).
+  outcome wait(std::chrono::milliseconds limit = 30s) {
+    outcome result;
+    const auto deadline = start_ + limit;
+    std::string* sinks[2] = {&result.out, &result.err};
+    while (fds_[0] >= 0 || fds_[1] >= 0 || !reaped_) {
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+      if (left <= 0ms) {
+        result.timed_out = true;
+        ::kill(pid_, SIGKILL);
+        left = 1000ms;
+      }
+      std::vector<pollfd> fds;
+      for (int fd : fds_)
+        if (fd >= 0)
+          fds.push_back({fd, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), static_cast<int>(std::min<std::int64_t>(left.count(), 20)));
+      for (int s = 0; s < 2; ++s) {
+        if (fds_[s] < 0)
+          continue;
+        pollfd probe{fds_[s], POLLIN, 0};
+        if (::poll(&probe, 1, 0) <= 0)
+          continue;
+        char buffer[4096];
+        ssize_t n = ::read(fds_[s], buffer, sizeof buffer);
+        if (n > 0) {
+          sinks[s]->append(buffer, static_cast<std::size_t>(n));
+        } else if (n == 0 || errno != EINTR) {
+          ::close(fds_[s]);
+          fds_[s] = -1;
+        }
+      }
+      if (!reaped_) {
+        int status = 0;
+        if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+          reaped_ = true;
+          result.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+          result.elapsed =
+              std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start_);
+        }
+      }
+      if (result.timed_out && clock_type::now() > deadline + 5s)
+        break;
+    }
+    return result;
+  }
+
+private:
+  pid_t pid_ = -1;
+  int fds_[2] = {-1, -1};
+  bool reaped_ = false;
+  clock_type::time_point start_;
+};
+
+inline outcome run(const std::string& program, const std::vector<std::string>& args,
+                   const std::map<std::string, std::string>& env,
+                   std::chrono::milliseconds limit = 30s) {
+  child_process child(program, args, env);
+  return child.wait(limit);
+}
+
+/// Whether `pid` is a running process (a zombie has exited: it counts as gone).
+inline bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text))
+    return false;
+  auto close_paren = text.rfind(')');
+  return close_paren != std::string::npos && close_paren + 2 < text.size() &&
+         text[close_paren + 2] != 'Z' && text[close_paren + 2] != 'X';
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+/// The lines of `text` that start with `prefix`.
+inline std::vector<std::string> with_prefix(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (auto& line : lines_of(text))
+    if (line.starts_with(prefix))
+      out.push_back(line);
+  return out;
+}
+
+} // namespace troupe::testing
