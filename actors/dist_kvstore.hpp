@@ -34,6 +34,7 @@
 #include "actors/kvstore.hpp"
 #include "actors/messages.hpp"
 #include "engine/comm.hpp"
+#include "schema/chunking.hpp"
 
 namespace troupe {
 
@@ -46,7 +47,7 @@ struct dist_kvstore_setup {
   /// MXNET_KVSTORE_BIGARRAY_BOUND: keys with at least this many elements are split over servers.
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
-  std::size_t chunk_bytes = std::size_t{16} << 20;
+  std::size_t chunk_bytes = wire::default_chunk_bytes;
   /// Bound of every wait: a request not complete by then fails with errc::timeout.
   std::chrono::milliseconds timeout{5000};
   /// Opens one link per server rank; `replies` is the actor that must receive every reply as

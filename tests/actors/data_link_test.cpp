@@ -401,7 +401,7 @@ BOOST_AUTO_TEST_CASE(small_and_large_tensors_round_trip_byte_identical) {
 
   // 64 MiB in 16 MiB chunks: each chunk is a frame, reassembled at the receiver.
   auto large = ramp(std::size_t{16} << 20, 1.0f);
-  wire::chunker chunks(make_push(2, *large));
+  wire::chunker chunks(make_push(2, *large), std::size_t{16} << 20);
   BOOST_TEST_REQUIRE(chunks.chunk_count() == 4u);
   for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
     self->send(link, envelope{chunks.chunk(i), large, 0});
