@@ -353,7 +353,7 @@ const std::vector<field>& fields() {
                   "Largest frame accepted from the network."},
                  bytes_setter(&cluster_config::max_frame_bytes, 4096),
                  {}});
-    t.push_back({{"data", "chunk_bytes", "", "--chunk-bytes", "BYTES", "\"4MiB\"",
+    t.push_back({{"data", "chunk_bytes", "", "--chunk-bytes", "BYTES", "\"1MiB\"",
                   "Size of the chunks big tensors travel in; at most data.max_frame_bytes."},
                  bytes_setter(&cluster_config::chunk_bytes, 4096),
                  {}});

@@ -113,7 +113,7 @@ struct cluster_config {
   /// Largest frame a node accepts from the network; bigger frames are refused.
   std::int64_t max_frame_bytes = 256 * 1024 * 1024;
   /// Size of the chunks big tensors travel in; at most max_frame_bytes.
-  std::int64_t chunk_bytes = 4 * 1024 * 1024;
+  std::int64_t chunk_bytes = 1024 * 1024;
 
   /// Hardware threads of this machine, at least 1.
   static int default_shards() noexcept;

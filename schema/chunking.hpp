@@ -4,10 +4,10 @@
 //
 // Chunk size: one Cap'n Proto Data field holds at most 2^29-1 bytes and the receiver caps frames
 // (decode_limits::max_frame_bytes, 256 MiB by default), so a chunk must stay below both. The
-// default of 4 MiB lies in the range that moved fastest per byte through CAF brokers (STACK.md §2,
-// §10) and is small enough that a 16 MiB tensor travels as 4 frames, so the server sums one chunk
-// while the next is on the wire: push+pull of 16 MiB measured 0.39-0.64x raw TCP with 16 MiB
-// chunks and 0.64-0.95x with 4 MiB ones (BENCHMARKS.md).
+// default of 1 MiB lets a tensor travel as many frames, so the server sums one chunk while the
+// next is on the wire and the worker copies one reply chunk while the next arrives. Measured
+// push+pull medians (BENCHMARKS.md): at 16 MiB 16 MiB chunks gave 0.39-0.64x raw TCP, 4 MiB ones
+// 0.64-0.84x and 1 MiB ones 0.78-0.91x; at 128 MiB 1 MiB chunks beat 4 MiB ones by 5-20 %.
 
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +22,7 @@
 namespace troupe::wire {
 
 /// Chunk payload size used unless the caller picks another.
-inline constexpr std::size_t default_chunk_bytes = std::size_t{4} << 20;
+inline constexpr std::size_t default_chunk_bytes = std::size_t{1} << 20;
 
 /// Splits a message carrying a whole tensor (init, push, pushpull, pull_reply) into messages of
 /// one chunk each: the same fields, the same dtype, shape and total_bytes, and consecutive

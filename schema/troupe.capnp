@@ -33,7 +33,7 @@
 # not read as the first meaningful one (Error's key union defaults to noKey on purpose).
 #
 # Tensors: a tensor travels as one or more chunks (`Tensor` below). One Data field holds at most
-# 2^29-1 bytes, and the receiver caps frames, so senders split tensors (default 4 MiB chunks).
+# 2^29-1 bytes, and the receiver caps frames, so senders split tensors (default 1 MiB chunks).
 # All integers are little-endian on the wire (Cap'n Proto's encoding).
 
 @0xd20fc2d01fa682f5;

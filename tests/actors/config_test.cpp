@@ -82,7 +82,7 @@ BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values
   BOOST_TEST(cfg.startup_timeout == 60s);
   BOOST_TEST(cfg.bigarray_bound == 1'000'000);
   BOOST_TEST(cfg.max_frame_bytes == 256 * 1024 * 1024);
-  BOOST_TEST(cfg.chunk_bytes == 4 * 1024 * 1024);
+  BOOST_TEST(cfg.chunk_bytes == 1024 * 1024);
 }
 
 BOOST_AUTO_TEST_CASE(the_sample_file_loads_to_exactly_the_defaults) {
