@@ -315,6 +315,12 @@ const std::vector<field>& fields() {
                   "Port of this node's data listener; 0: a free port."},
                  integer_setter(&cluster_config::data_port, 0, 65535, port),
                  {}});
+    t.push_back({{"node", "rank_hint", "TROUPE_RANK_HINT", "--rank-hint", "RANK", "-1",
+                  "Rank to ask the scheduler for (troupe-launch numbers its nodes); granted when "
+                  "free, else the next free one; -1: none."},
+                 integer_setter(&cluster_config::rank_hint, -1, max_nodes - 1,
+                                "a rank >= 0, or -1 for none"),
+                 {}});
     t.push_back(
         {{"node", "shards", "", "--shards", "N", "",
           "Server shards per server process. Default: the hardware threads."},

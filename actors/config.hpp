@@ -90,6 +90,8 @@ struct cluster_config {
   std::string bind_address = "127.0.0.1";
   /// Port of this node's data listener (PORT); 0: a free port chosen at start.
   std::uint16_t data_port = 0;
+  /// The rank this node asks the scheduler for, or -1 (TROUPE_RANK_HINT, set by troupe-launch).
+  int rank_hint = -1;
   /// Server shards (actors, each owning a slice of the server's key range) per server process.
   /// Default: the number of hardware threads.
   int shards_per_server = default_shards();

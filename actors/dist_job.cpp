@@ -44,6 +44,7 @@ agent_options agent_options_for(const cluster_config& config, wire::role role,
   options.auth_token = config.auth_token;
   options.host = config.node_host.empty() ? config.bind_address : config.node_host;
   options.data_port = data_port;
+  options.rank_hint = config.rank_hint;
   options.startup_timeout = config.startup_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
   options.peer_timeout = config.request_timeout;

@@ -143,6 +143,7 @@ public:
     reg.auth_token = options_.auth_token;
     reg.host = options_.host;
     reg.port = options_.data_port;
+    reg.rank_hint = options_.rank_hint;
     send(reg);
     self_->delayed_send(self_, options_.heartbeat_interval, tick_atom::value);
     return {

@@ -56,6 +56,8 @@ struct agent_options {
   /// it; published in the membership table. data_port 0: the node accepts no data connections.
   std::string host = "127.0.0.1";
   std::uint16_t data_port = 0;
+  /// The rank to ask the scheduler for, or -1 to take the next one.
+  std::int32_t rank_hint = -1;
   /// Bound on join(): reaching the scheduler (processes start in any order, so join retries),
   /// registering and receiving the membership table.
   std::chrono::milliseconds startup_timeout{60'000};

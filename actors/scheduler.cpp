@@ -284,8 +284,23 @@ private:
                     "all " + std::to_string(wanted) + (server ? " server" : " worker") +
                         (wanted == 1 ? " rank is" : " ranks are") + " taken");
 
-    // ps-lite assigns ranks in arrival order per role, and never reuses one.
-    const std::uint32_t rank = admitted++;
+    // ps-lite assigns ranks in arrival order per role, and never reuses one; a node may ask for
+    // its rank (troupe-launch numbers its nodes so that its output prefixes are ranks).
+    auto taken = [&](std::uint32_t candidate) {
+      for (const auto& node : nodes_)
+        if (node.info.node_role == reg.node_role && node.info.rank == candidate)
+          return true;
+      return false;
+    };
+    std::uint32_t rank = 0;
+    if (reg.rank_hint >= 0 && static_cast<std::uint32_t>(reg.rank_hint) < wanted &&
+        !taken(static_cast<std::uint32_t>(reg.rank_hint))) {
+      rank = static_cast<std::uint32_t>(reg.rank_hint);
+    } else {
+      while (taken(rank))
+        ++rank;
+    }
+    ++admitted;
     node_entry entry;
     entry.agent = caf::actor_cast<caf::actor>(sender);
     entry.info = wire::node_info{server ? server_node_id(rank) : worker_node_id(rank),

@@ -7,7 +7,8 @@
 // server`, S defaults to W) and W workers running COMMAND, each with DMLC_ROLE,
 // DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER (and TROUPE_CONFIG with
 // --config) set, and prints every line they write prefixed with `[scheduler]`, `[server i]` or
-// `[worker i]` (i counts in start order; the ranks are the scheduler's to assign). It exits 0 when
+// `[worker i]` (i is the node's rank: each asks the scheduler for the rank of its start index
+// through TROUPE_RANK_HINT, which a node whose program is not troupe's ignores). It exits 0 when
 // every worker succeeded and the scheduler and servers then exited by themselves; on the first
 // failure it stops the rest and exits with that failure's code. Exit codes are listed in --help.
 //
@@ -55,9 +56,9 @@ constexpr int exit_finish_timeout = 124; ///< scheduler or servers outlived the 
 constexpr int exit_cannot_start = 127;   ///< a node's program could not be started
 
 /// Variables the launcher sets itself; --env may not set them.
-const std::vector<std::string> launcher_variables{"DMLC_ROLE",         "DMLC_PS_ROOT_URI",
-                                                  "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
-                                                  "DMLC_NUM_SERVER",   "TROUPE_CONFIG"};
+const std::vector<std::string> launcher_variables{
+    "DMLC_ROLE",       "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
+    "DMLC_NUM_SERVER", "TROUPE_CONFIG",    "TROUPE_RANK_HINT"};
 
 struct host {
   std::string name;
@@ -522,8 +523,8 @@ int main(int argc, char** argv) {
       ->required()
       ->type_name("COMMAND ARGS...");
   app.footer(
-      "Output lines are prefixed with [scheduler], [server i] or [worker i]; i counts in start "
-      "order, while each node's rank is assigned by the scheduler at registration.\n"
+      "Output lines are prefixed with [scheduler], [server i] or [worker i], i being the node's "
+      "rank: each node asks the scheduler for the rank of its start index (TROUPE_RANK_HINT).\n"
       "Every node gets DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT (a free port unless the "
       "config or environment names one), DMLC_NUM_WORKER, DMLC_NUM_SERVER, TROUPE_CONFIG (with "
       "--config) and the --env pairs, on top of this environment (local mode).\n"
@@ -662,6 +663,9 @@ int main(int argc, char** argv) {
   auto start = [&](troupe::node_role role, int index, std::vector<std::string> argv) {
     std::vector<std::string> env = common;
     env.push_back("DMLC_ROLE=" + std::string(troupe::to_string(role)));
+    // The scheduler grants each node the rank of its index, so that "[worker 2]" is rank 2.
+    if (role != troupe::node_role::scheduler)
+      env.push_back("TROUPE_RANK_HINT=" + std::to_string(index));
     if (ssh && role != troupe::node_role::scheduler) {
       const host& h = hosts[next_host++ % hosts.size()];
       env.push_back("DMLC_NODE_HOST=" + h.name);

@@ -304,6 +304,7 @@ public:
                                        m.auth_token.size()));
     b.setHost(text_of(m.host));
     b.setPort(m.port);
+    b.setRankHint(m.rank_hint);
   }
   void operator()(const admission& m) {
     auto b = root_.initAdmission();
@@ -669,6 +670,10 @@ private:
     m.auth_token.assign(reinterpret_cast<const char*>(token.begin()), token.size());
     m.host = required_text(r.hasHost(), r.getHost(), "registration host");
     m.port = r.getPort();
+    m.rank_hint = r.getRankHint();
+    if (m.rank_hint < -1)
+      fail(decode_error::code::invalid_value,
+           "registration rank hint " + std::to_string(m.rank_hint) + " is below -1");
     return m;
   }
 

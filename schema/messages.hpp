@@ -75,6 +75,8 @@ struct registration {
   std::string auth_token;
   std::string host;
   std::uint16_t port = 0;
+  /// The rank asked for, or -1 (see troupe.capnp).
+  std::int32_t rank_hint = -1;
   friend bool operator==(const registration&, const registration&) = default;
 };
 

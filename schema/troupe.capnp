@@ -93,6 +93,9 @@ struct Registration {
   # Address (name or IP) where the node's data port listens; non-empty.
   port @6 :UInt16;
   # Data port of the node (server: where workers connect); 0 when the node accepts none.
+  rankHint @7 :Int32 = -1;
+  # Rank the node asks for (a launcher numbers its nodes so that its output prefixes are ranks);
+  # granted when free and below the role's count, else the lowest free rank; -1: none.
 }
 
 enum RejectReason {

@@ -380,7 +380,9 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "--max-frame-bytes",
                             "1MiB",
                             "--chunk-bytes",
-                            "65536"});
+                            "65536",
+                            "--rank-hint",
+                            "2"});
   auto cfg = load_ok(std::nullopt, {}, flags);
   BOOST_TEST((cfg.role == node_role::scheduler));
   BOOST_TEST((cfg.scheduler_port == 0));
@@ -398,6 +400,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.bigarray_bound == 10);
   BOOST_TEST(cfg.max_frame_bytes == 1024 * 1024);
   BOOST_TEST(cfg.chunk_bytes == 65536);
+  BOOST_TEST(cfg.rank_hint == 2);
   std::size_t with_flag = 0;
   for (const auto& key : config_keys())
     with_flag += key.flag.empty() ? 0 : 1;

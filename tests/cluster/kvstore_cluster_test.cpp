@@ -64,6 +64,12 @@ void require_job_success(const outcome& result, int workers, const std::string& 
                                             << result.err);
   BOOST_TEST(count_lines(result.out, check + " checks hold") == static_cast<std::size_t>(workers),
              result.out);
+  // The launcher's prefixes are the ranks the scheduler granted.
+  for (int rank = 0; rank < workers; ++rank) {
+    auto expected =
+        "[worker " + std::to_string(rank) + "] kv_worker rank " + std::to_string(rank) + ":";
+    BOOST_TEST(count_lines(result.out, expected) == 1u, expected << "\n" << result.out);
+  }
 }
 
 } // namespace

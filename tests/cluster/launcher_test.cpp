@@ -543,7 +543,7 @@ BOOST_AUTO_TEST_CASE(usage_errors_exit_2_and_help_exits_0) {
   BOOST_TEST(missing.err.find("no node program at /nonexistent/troupe-node") != std::string::npos);
   auto help = run_launch({"--help"}, env);
   BOOST_TEST(help.exit_code == 0);
-  BOOST_TEST(help.out.find("rank is assigned by the scheduler") != std::string::npos);
+  BOOST_TEST(help.out.find("the rank of its start index") != std::string::npos);
   BOOST_TEST(recorded_pids(dir.path()).empty());
 }
 

@@ -52,7 +52,7 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   std::vector<message> out;
   // The token is opaque bytes, a NUL included.
   out.push_back(registration{101, protocol_version, role::server, "job-42",
-                             std::string("s3cr\0tbytes", 11), "10.0.0.7", 9091});
+                             std::string("s3cr\0tbytes", 11), "10.0.0.7", 9091, 5});
   out.push_back(admission{102, admitted{3, 11}});
   out.push_back(membership{7,
                            4,
