@@ -162,6 +162,37 @@ BOOST_AUTO_TEST_CASE(dist_sync_without_an_optimizer_replaces_the_value_with_the_
   }
 }
 
+BOOST_AUTO_TEST_CASE(dist_device_sync_sums_each_workers_devices_before_the_round) {
+  // Each of W workers pushes one value per device d (cpu(0..2)) of (rank+1)(d+1); the round's sum
+  // is 6 * W(W+1)/2, added once per round through `test` with rescale_grad 1.
+  for (std::string type : {"dist_device_sync", "dist_sync"}) {
+    const std::uint32_t workers = 3;
+    in_process_job job{type, workers, 2};
+    problems seen;
+    job.run([&](std::uint32_t rank, kvstore& kv) {
+      if (!seen.check(kv.init("w", ndarray::zeros({64, 64})), "init") ||
+          !seen.check(kv.set_optimizer("test", {{"rescale_grad", 1.0}}), "set_optimizer"))
+        return;
+      for (int round = 0; round < 3; ++round) {
+        std::vector<ndarray> grads;
+        for (int d = 0; d < 3; ++d)
+          grads.push_back(ndarray::full({64, 64}, (rank + 1.0) * (d + 1), context::cpu(d)));
+        std::vector<ndarray> outs{ndarray::zeros({64, 64}, context::cpu(0)),
+                                  ndarray::zeros({64, 64}, context::cpu(2))};
+        if (!seen.check(kv.pushpull("w", grads, outs), "pushpull"))
+          return;
+        float expected = 6.0f * workers * (workers + 1) / 2.0f * (round + 1);
+        for (auto& out : outs)
+          if (first_mismatch(out, expected) >= 0)
+            seen.add(type + " round " + std::to_string(round) + ": got " +
+                     std::to_string(out.to_vector<float>()[0]) + ", expected " +
+                     std::to_string(expected));
+      }
+    });
+    BOOST_TEST(seen.seen.empty(), seen.report());
+  }
+}
+
 BOOST_AUTO_TEST_CASE(dist_async_applies_every_push_exactly_once) {
   // N workers push integer gradients M times; after a barrier the value is 1 + 2 M N(N+1)/2.
   for (auto [workers, servers] :

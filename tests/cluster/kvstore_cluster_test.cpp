@@ -159,4 +159,64 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_wi
       BOOST_TEST(worker->wait(5s).exit_code == 128 + SIGKILL);
 }
 
+BOOST_AUTO_TEST_CASE(the_dmlc_environment_alone_turns_any_troupe_program_into_any_node) {
+  // As with MXNet's launch.py: the same program for every role, the role from DMLC_ROLE.
+  auto port = std::to_string(free_port());
+  std::map<std::string, std::string> job{{"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                                         {"DMLC_PS_ROOT_PORT", port},
+                                         {"DMLC_NUM_WORKER", "2"},
+                                         {"DMLC_NUM_SERVER", "1"},
+                                         {"DMLC_NODE_HOST", "127.0.0.1"}};
+  std::vector<std::unique_ptr<child_process>> nodes;
+  for (std::string role : {"scheduler", "server", "worker", "worker"}) {
+    auto env = job;
+    env["DMLC_ROLE"] = role;
+    nodes.push_back(std::make_unique<child_process>(
+        worker_path, std::vector<std::string>{"--check", "sync", "--shapes", "2x3,1211x1211"},
+        env));
+  }
+  std::size_t checks = 0;
+  for (auto& node : nodes) {
+    auto result = node->wait(60s);
+    BOOST_TEST(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+    checks += count_lines(result.out, "sync checks hold");
+  }
+  BOOST_TEST(checks == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(a_broken_configuration_exits_2_with_one_line_naming_the_place) {
+  temp_dir dir;
+  auto file = dir.write("cluster.toml", "[job]\nnum_workers = 2\nnum_servrs = 1\n");
+  auto typo = run(node_path, {"--role", "server", "--config", file.string()}, {}, 20s);
+  BOOST_TEST(typo.exit_code == 2);
+  BOOST_TEST(lines_of(typo.err).size() == 1u, typo.err);
+  BOOST_TEST(typo.err.find("cluster.toml:3") != std::string::npos, typo.err);
+  BOOST_TEST(typo.err.find("num_servrs") != std::string::npos, typo.err);
+
+  auto bad_env =
+      run(node_path, {"--role", "scheduler"},
+          {{"DMLC_NUM_WORKER", "two"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "0"}}, 20s);
+  BOOST_TEST(bad_env.exit_code == 2);
+  BOOST_TEST(bad_env.err.find("DMLC_NUM_WORKER") != std::string::npos, bad_env.err);
+
+  // A port in use is refused before anything listens or connects.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  BOOST_TEST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  BOOST_TEST_REQUIRE(::listen(fd, 1) == 0);
+  socklen_t length = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  auto busy = run(node_path, {"--role", "scheduler"},
+                  {{"DMLC_NUM_WORKER", "1"},
+                   {"DMLC_NUM_SERVER", "1"},
+                   {"DMLC_PS_ROOT_PORT", std::to_string(ntohs(address.sin_port))}},
+                  20s);
+  ::close(fd);
+  BOOST_TEST(busy.exit_code == 2);
+  BOOST_TEST(busy.err.find("in use") != std::string::npos, busy.err);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
