@@ -10,6 +10,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   build_dir=build-asan
   scripts/setup.sh "$build_dir" -DTROUPE_SANITIZE=ON -DTROUPE_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+  export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 else
   build_dir=build
