@@ -188,7 +188,45 @@ wire::tensor_chunk slice_tensor(const ndarray& array, const key_slice& slice, bo
   return tensor;
 }
 
+/// Where the replies of one key's pull land: the one host output itself, or a staging buffer
+/// copied to every output once the last of the key's slices has arrived.
+struct pull_destination {
+  ndarray target;
+  std::shared_ptr<pull_group> group;
+};
+
+pull_destination destination_for(const key_declaration& declared, std::vector<ndarray> outputs,
+                                 std::size_t slices) {
+  pull_destination destination;
+  destination.group = std::make_shared<pull_group>();
+  destination.group->remaining = slices;
+  bool direct = outputs.size() == 1 && outputs[0].ctx().is_cpu();
+  destination.target =
+      direct ? outputs[0] : ndarray::empty(declared.shape, context::cpu(), declared.type);
+  if (!direct)
+    destination.group->finish = [target = destination.target, outputs]() mutable {
+      return guarded([&]() -> status {
+        for (auto& out : outputs)
+          target.copy_to(out);
+        return ok();
+      });
+    };
+  return destination;
+}
+
 } // namespace
+
+/// Makes `part` reassemble its slice of the value into `destination`.
+static void expect_value(dist_kvstore::pending& part, const pull_destination& destination,
+                         const key_declaration& declared, const key_slice& slice, bool whole) {
+  auto bytes = element_bytes(destination.target, slice.begin, slice.end);
+  auto shape = whole ? std::vector<std::int64_t>(declared.shape.begin(), declared.shape.end())
+                     : std::vector<std::int64_t>{slice.size()};
+  part.assembly.emplace(std::span{const_cast<std::byte*>(bytes.data()), bytes.size()},
+                        static_cast<wire::dtype>(declared.type), shape);
+  part.hold = destination.target.keepalive();
+  part.group = destination.group;
+}
 
 dist_kvstore::dist_kvstore(dist_kvstore_setup setup)
     : owned_resources_(setup.owned_resources), setup_(std::move(setup)),
@@ -336,26 +374,9 @@ void dist_kvstore::start_push(const key_group& group, std::span<const ndarray> v
   auto slices = place_key(static_cast<std::uint64_t>(declared.index), merged.size(),
                           setup_.num_servers, setup_.bigarray_bound);
 
-  std::shared_ptr<pull_group> destination;
-  ndarray target;
-  if (then_pull) {
-    // Replies land in the one host output directly, or in a staging buffer copied to every
-    // output when the last slice has arrived.
-    destination = std::make_shared<pull_group>();
-    destination->remaining = slices.size();
-    bool direct = outputs.size() == 1 && outputs[0].ctx().is_cpu();
-    target = direct ? outputs[0] : ndarray::empty(declared.shape, context::cpu(), declared.type);
-    if (!direct) {
-      std::vector<ndarray> outs(outputs.begin(), outputs.end());
-      destination->finish = [target, outs]() mutable {
-        return guarded([&]() -> status {
-          for (auto& out : outs)
-            target.copy_to(out);
-          return ok();
-        });
-      };
-    }
-  }
+  pull_destination destination;
+  if (then_pull)
+    destination = destination_for(declared, {outputs.begin(), outputs.end()}, slices.size());
   request.add_parts(slices.size());
   for (const auto& slice : slices) {
     auto id = next_request_id();
@@ -370,16 +391,8 @@ void dist_kvstore::start_push(const key_group& group, std::span<const ndarray> v
     part->what = std::string{then_pull ? "pushpull" : "push"} + " of key " +
                  to_string(declared.key) + " to server " + std::to_string(slice.server);
     part->server = slice.server;
-    if (then_pull) {
-      auto bytes = element_bytes(target, slice.begin, slice.end);
-      auto shape = slices.size() == 1
-                       ? std::vector<std::int64_t>(declared.shape.begin(), declared.shape.end())
-                       : std::vector<std::int64_t>{slice.size()};
-      part->assembly.emplace(std::span{const_cast<std::byte*>(bytes.data()), bytes.size()},
-                             static_cast<wire::dtype>(declared.type), shape);
-      part->hold = target.keepalive();
-      part->group = destination;
-    }
+    if (then_pull)
+      expect_value(*part, destination, declared, slice, slices.size() == 1);
     table_->add(id, part);
     wire::chunker chunks{std::move(whole), setup_.chunk_bytes};
     for (std::size_t c = 0; c < chunks.chunk_count(); ++c)
@@ -395,18 +408,7 @@ void dist_kvstore::start_pull(const key_group& group, std::span<ndarray> outputs
     outs.push_back(outputs[position]);
   auto slices = place_key(static_cast<std::uint64_t>(declared.index), element_count(declared.shape),
                           setup_.num_servers, setup_.bigarray_bound);
-  auto destination = std::make_shared<pull_group>();
-  destination->remaining = slices.size();
-  bool direct = outs.size() == 1 && outs[0].ctx().is_cpu();
-  ndarray target = direct ? outs[0] : ndarray::empty(declared.shape, context::cpu(), declared.type);
-  if (!direct)
-    destination->finish = [target, outs]() mutable {
-      return guarded([&]() -> status {
-        for (auto& out : outs)
-          target.copy_to(out);
-        return ok();
-      });
-    };
+  auto destination = destination_for(declared, std::move(outs), slices.size());
   auto round = rounds_[declared.index];
   request.add_parts(slices.size());
   for (const auto& slice : slices) {
@@ -416,14 +418,7 @@ void dist_kvstore::start_pull(const key_group& group, std::span<ndarray> outputs
     part->what =
         "pull of key " + to_string(declared.key) + " from server " + std::to_string(slice.server);
     part->server = slice.server;
-    auto bytes = element_bytes(target, slice.begin, slice.end);
-    auto shape = slices.size() == 1
-                     ? std::vector<std::int64_t>(declared.shape.begin(), declared.shape.end())
-                     : std::vector<std::int64_t>{slice.size()};
-    part->assembly.emplace(std::span{const_cast<std::byte*>(bytes.data()), bytes.size()},
-                           static_cast<wire::dtype>(declared.type), shape);
-    part->hold = target.keepalive();
-    part->group = destination;
+    expect_value(*part, destination, declared, slice, slices.size() == 1);
     send(slice.server,
          envelope{wire::pull_request{id, slice.ps_key, setup_.rank, round}, nullptr, 0}, part);
   }
