@@ -27,6 +27,8 @@ public:
   temp_dir& operator=(const temp_dir&) = delete;
 
   const std::filesystem::path& path() const { return path_; }
+  /// The path of `name` inside the directory.
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
   std::filesystem::path write(const std::string& name, const std::string& text) const {
     std::ofstream(path_ / name, std::ios::binary) << text;
     return path_ / name;

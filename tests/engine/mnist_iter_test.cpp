@@ -17,6 +17,7 @@
 
 #include "engine/data/idx.hpp"
 #include "engine/data/mnist_iter.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using troupe::errc;
@@ -28,31 +29,11 @@ using troupe::data::part_range;
 using troupe::data::read_idx_images;
 using troupe::data::read_idx_labels;
 
+using troupe::testing::temp_dir;
+
 namespace {
 
 using bytes = std::vector<std::uint8_t>;
-
-/// A fresh directory under the system's temp directory, removed with everything in it.
-class temp_dir {
-public:
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("troupe_mnist_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~temp_dir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
-private:
-  fs::path path_;
-};
 
 void put_word(bytes& out, std::uint32_t value) {
   for (int shift = 24; shift >= 0; shift -= 8)
