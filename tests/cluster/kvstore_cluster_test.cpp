@@ -3,10 +3,7 @@
 // themselves and exit 0 only when they hold. Every wait is bounded; every process is stopped by
 // its PID.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <optional>
-#include <sys/socket.h>
 #include <thread>
 
 #include <boost/test/unit_test.hpp>
@@ -36,17 +33,9 @@ outcome launch_job(int workers, int servers, std::vector<std::string> worker_arg
   return run(launch_path, args, {}, limit);
 }
 
-/// A port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed).
+/// A port on 127.0.0.1 that was free a moment ago (listened on, then closed).
 std::uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  BOOST_TEST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  socklen_t length = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
+  return static_cast<std::uint16_t>(listening_socket{}.port());
 }
 
 std::size_t count_lines(const std::string& text, const std::string& fragment) {
@@ -201,20 +190,16 @@ BOOST_AUTO_TEST_CASE(a_broken_configuration_exits_2_with_one_line_naming_the_pla
   BOOST_TEST(bad_env.err.find("DMLC_NUM_WORKER") != std::string::npos, bad_env.err);
 
   // A port in use is refused before anything listens or connects.
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  BOOST_TEST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  BOOST_TEST_REQUIRE(::listen(fd, 1) == 0);
-  socklen_t length = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  auto busy = run(node_path, {"--role", "scheduler"},
-                  {{"DMLC_NUM_WORKER", "1"},
-                   {"DMLC_NUM_SERVER", "1"},
-                   {"DMLC_PS_ROOT_PORT", std::to_string(ntohs(address.sin_port))}},
-                  20s);
-  ::close(fd);
+  std::optional<outcome> busy_run;
+  {
+    listening_socket taken;
+    busy_run = run(node_path, {"--role", "scheduler"},
+                   {{"DMLC_NUM_WORKER", "1"},
+                    {"DMLC_NUM_SERVER", "1"},
+                    {"DMLC_PS_ROOT_PORT", std::to_string(taken.port())}},
+                   20s);
+  }
+  auto& busy = *busy_run;
   BOOST_TEST(busy.exit_code == 2);
   BOOST_TEST(busy.err.find("in use") != std::string::npos, busy.err);
 }

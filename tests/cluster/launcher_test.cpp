@@ -122,31 +122,6 @@ std::vector<std::string> with_command(std::vector<std::string> args,
   return args;
 }
 
-/// A TCP socket listening on 127.0.0.1 at a port the kernel chose; closed on destruction.
-class listening_socket {
-public:
-  listening_socket() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    BOOST_TEST_REQUIRE(fd_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    BOOST_TEST_REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    BOOST_TEST_REQUIRE(::listen(fd_, 1) == 0);
-    socklen_t len = sizeof addr;
-    BOOST_TEST_REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-    port_ = ntohs(addr.sin_port);
-  }
-  ~listening_socket() { ::close(fd_); }
-  listening_socket(const listening_socket&) = delete;
-  listening_socket& operator=(const listening_socket&) = delete;
-  int port() const { return port_; }
-
-private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
 /// Runs `argv` to its end (bounded); its exit code, or -1 when it could not run or timed out.
 int run_tool(const std::vector<std::string>& argv, std::chrono::milliseconds limit = 20s) {
   std::vector<char*> argv_c;

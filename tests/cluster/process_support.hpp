@@ -2,6 +2,7 @@
 // Starting, watching and stopping the processes of a multi-process test: every wait bounded,
 // every child stopped by its PID. Shared by the launcher tests and the cluster KVStore tests.
 
+#include <arpa/inet.h>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -10,10 +11,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <netinet/in.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sstream>
 #include <string>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -185,5 +188,30 @@ inline std::vector<std::string> with_prefix(const std::string& text, const std::
       out.push_back(line);
   return out;
 }
+
+/// A TCP socket listening on 127.0.0.1 at a port the kernel chose; closed on destruction.
+class listening_socket {
+public:
+  listening_socket() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    BOOST_TEST_REQUIRE(fd_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    BOOST_TEST_REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    BOOST_TEST_REQUIRE(::listen(fd_, 1) == 0);
+    socklen_t len = sizeof addr;
+    BOOST_TEST_REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~listening_socket() { ::close(fd_); }
+  listening_socket(const listening_socket&) = delete;
+  listening_socket& operator=(const listening_socket&) = delete;
+  int port() const { return port_; }
+
+private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 } // namespace troupe::testing

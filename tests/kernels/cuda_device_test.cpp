@@ -18,7 +18,7 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/half.hpp"
 #include "kernels/cuda/device.hpp"
-#include "tests/kernels/kernels_test_support.hpp"
+#include "tests/kernels/gemm_test_support.hpp"
 
 namespace cpu = troupe::kernels::cpu;
 namespace cuda = troupe::kernels::cuda;
@@ -88,53 +88,12 @@ void check_same_halves(const std::vector<std::uint16_t>& actual,
   check_equal(canonical(actual), canonical(expected), what);
 }
 
-struct gemm_case {
-  bool transpose_a, transpose_b;
-  std::size_t m, n, k, pad;
-  float alpha, beta;
-};
-
 void check_gemm(const gemm_case& g) {
-  const std::size_t a_rows = g.transpose_a ? g.k : g.m, a_cols = g.transpose_a ? g.m : g.k;
-  const std::size_t b_rows = g.transpose_b ? g.n : g.k, b_cols = g.transpose_b ? g.k : g.n;
-  const std::size_t lda = a_cols + g.pad, ldb = b_cols + g.pad, ldc = g.n + g.pad;
-  auto rng = rng_for(81, g.m * 10'000 + g.n * 100 + g.k);
-  const auto a = random_vector<float>(rng, a_rows * lda, -1.0f, 1.0f);
-  const auto b = random_vector<float>(rng, b_rows * ldb, -1.0f, 1.0f);
-  auto c0 = random_vector<float>(rng, g.m * ldc, -1.0f, 1.0f);
-  if (g.beta == 0.0f) // C is not read when beta == 0: NaN garbage must not survive
-    std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());
-
-  device_buffer<float> da{gpu, a}, db{gpu, b}, dc{gpu, c0};
-  cuda::gemm(gpu, g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, da.get(), lda, db.get(),
-             ldb, g.beta, dc.get(), ldc);
-  const auto c = dc.download();
-  auto expected = c0;
-  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(),
-                      ldb, g.beta, expected.data(), ldc);
-
-  // Tolerance from the magnitudes the rounding works on: Σ|alpha·a·b| + |beta·c|.
-  std::vector<float> abs_a(a.size()), abs_b(b.size()), magnitude(c0.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    abs_a[i] = std::abs(a[i]);
-  for (std::size_t i = 0; i < b.size(); ++i)
-    abs_b[i] = std::abs(b[i]);
-  for (std::size_t i = 0; i < c0.size(); ++i)
-    magnitude[i] = g.beta == 0.0f ? 0.0f : std::abs(c0[i]);
-  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, std::abs(g.alpha), abs_a.data(),
-                      lda, abs_b.data(), ldb, std::abs(g.beta), magnitude.data(), ldc);
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < g.m; ++i)
-    for (std::size_t j = 0; j < g.n; ++j) {
-      const std::size_t at = i * ldc + j;
-      const double tolerance = 4 * (g.k + 2) * std::numeric_limits<float>::epsilon() *
-                               (static_cast<double>(magnitude[at]) + 1e-30);
-      if (!(std::abs(static_cast<double>(c[at]) - expected[at]) <= tolerance))
-        ++bad;
-    }
-  BOOST_TEST(bad == 0u, bad << " wrong elements for m=" << g.m << " n=" << g.n << " k=" << g.k
-                            << " ta=" << g.transpose_a << " tb=" << g.transpose_b
-                            << " pad=" << g.pad << " alpha=" << g.alpha << " beta=" << g.beta);
+  const auto in = make_gemm_inputs(g, 81);
+  device_buffer<float> da{gpu, in.a}, db{gpu, in.b}, dc{gpu, in.c0};
+  cuda::gemm(gpu, g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, da.get(), in.lda, db.get(),
+             in.ldb, g.beta, dc.get(), in.ldc);
+  check_gemm_result(g, in, dc.download());
 }
 
 template <class F>

@@ -9,62 +9,23 @@
 #include <boost/test/unit_test.hpp>
 
 #include "kernels/cpu/gemm.hpp"
-#include "tests/kernels/kernels_test_support.hpp"
+#include "tests/kernels/gemm_test_support.hpp"
 
 namespace cpu = troupe::kernels::cpu;
 using namespace troupe::kernels::testing;
 
 namespace {
 
-struct gemm_case {
-  bool transpose_a, transpose_b;
-  std::size_t m, n, k;
-  std::size_t pad; ///< extra elements per stored row, so that ld > row length
-  float alpha, beta;
-};
-
-/// Runs gemm and gemm_reference on the same seeded inputs and checks them against each other,
-/// with a tolerance scaled by Σ|alpha·a·b| + |beta·c| (the magnitudes the rounding works on).
+/// Runs gemm on a case's seeded inputs and checks it against gemm_reference.
 void check_case(const gemm_case& g, std::uint64_t seed) {
-  const std::size_t a_rows = g.transpose_a ? g.k : g.m, a_cols = g.transpose_a ? g.m : g.k;
-  const std::size_t b_rows = g.transpose_b ? g.n : g.k, b_cols = g.transpose_b ? g.k : g.n;
-  const std::size_t lda = a_cols + g.pad, ldb = b_cols + g.pad, ldc = g.n + g.pad;
-  auto rng = rng_for(seed, g.m * 10'000 + g.n * 100 + g.k);
-  const auto a = random_vector<float>(rng, a_rows * lda, -1.0f, 1.0f);
-  const auto b = random_vector<float>(rng, b_rows * ldb, -1.0f, 1.0f);
-  auto c0 = random_vector<float>(rng, g.m * ldc, -1.0f, 1.0f);
-  if (g.beta == 0.0f) // BLAS semantics: C is not read, so garbage in it must not survive
-    std::fill(c0.begin(), c0.end(), std::numeric_limits<float>::quiet_NaN());
+  const auto in = make_gemm_inputs(g, seed);
+  const std::size_t ldc = in.ldc;
+  const auto& c0 = in.c0;
+  auto c = in.c0;
+  cpu::gemm(g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, in.a.data(), in.lda, in.b.data(),
+            in.ldb, g.beta, c.data(), ldc);
+  check_gemm_result(g, in, c);
 
-  auto c = c0;
-  auto expected = c0;
-  cpu::gemm(g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(), ldb,
-            g.beta, c.data(), ldc);
-  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, a.data(), lda, b.data(),
-                      ldb, g.beta, expected.data(), ldc);
-
-  std::vector<float> abs_a(a.size()), abs_b(b.size()), magnitude(c0.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    abs_a[i] = std::abs(a[i]);
-  for (std::size_t i = 0; i < b.size(); ++i)
-    abs_b[i] = std::abs(b[i]);
-  for (std::size_t i = 0; i < c0.size(); ++i)
-    magnitude[i] = g.beta == 0.0f ? 0.0f : std::abs(c0[i]);
-  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, std::abs(g.alpha), abs_a.data(),
-                      lda, abs_b.data(), ldb, std::abs(g.beta), magnitude.data(), ldc);
-
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < g.m; ++i)
-    for (std::size_t j = 0; j < g.n; ++j) {
-      const std::size_t at = i * ldc + j;
-      const double tolerance = 4 * (g.k + 2) * std::numeric_limits<float>::epsilon() *
-                               (static_cast<double>(magnitude[at]) + 1e-30);
-      if (!(std::abs(static_cast<double>(c[at]) - expected[at]) <= tolerance))
-        ++bad;
-    }
-  BOOST_TEST(bad == 0u, bad << " wrong elements for m=" << g.m << " n=" << g.n << " k=" << g.k
-                            << " ta=" << g.transpose_a << " tb=" << g.transpose_b
-                            << " pad=" << g.pad << " alpha=" << g.alpha << " beta=" << g.beta);
   // padding columns of C lie outside the product and must be left alone
   std::size_t touched = 0;
   for (std::size_t i = 0; i < g.m; ++i)
