@@ -601,7 +601,9 @@ BOOST_AUTO_TEST_CASE(ssh_mode_stops_the_remote_nodes_when_a_worker_fails,
   BOOST_TEST_REQUIRE(!r.timed_out);
   BOOST_TEST(r.exit_code == 4, r.err);
   BOOST_TEST(r.elapsed < 15s);
-  BOOST_TEST(recorded_pids(dir.path()).size() == 5);
+  // The failing worker can stop the job before a slow ssh start has let every node record its pid
+  // (seen under the sanitizers); those not recorded are still found by their environment.
+  BOOST_TEST(!recorded_pids(dir.path()).empty());
   std::string left;
   BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
 }
