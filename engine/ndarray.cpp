@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "engine/autograd_state.hpp"
+#include "engine/nd.hpp"
 #include "engine/random.hpp"
 #include "engine/storage.hpp"
 #include "kernels/cpu/elementwise.hpp"
@@ -1240,6 +1242,7 @@ ndarray ndarray::reshape(shape_vector shape) const {
              (overflow ? "" : " of " + std::to_string(known) + " elements"));
   }
   ndarray view = *this;
+  view.autograd_.reset();
   view.shape_ = std::move(shape);
   return view;
 }
@@ -1256,6 +1259,7 @@ ndarray ndarray::slice(std::int64_t begin, std::int64_t end) const {
       static_cast<std::size_t>(element_count(shape_vector(shape_.begin() + 1, shape_.end()))) *
       size_of(dtype_);
   ndarray view = *this;
+  view.autograd_.reset();
   view.shape_[0] = end - begin;
   view.byte_offset_ += static_cast<std::size_t>(begin) * row_bytes;
   return view;
@@ -1324,10 +1328,6 @@ double ndarray::as_scalar() const {
 // ---------------------------------------------------------------------------------------------
 // Arithmetic.
 
-ndarray ndarray::operator-() const {
-  return scalar_result(scalar_op::mul, "negate", *this, -1.0);
-}
-
 ndarray& ndarray::operator+=(const ndarray& rhs) {
   binary_in_place(binary_op::add, *this, rhs);
   return *this;
@@ -1361,28 +1361,65 @@ ndarray& ndarray::operator/=(double rhs) {
   return *this;
 }
 
+namespace {
+
+/// Inside a record or trace scope, arithmetic on arrays that take part goes through the
+/// operators of engine/nd.hpp, which autograd and tracing see.
+bool observed(const ndarray& a) {
+  return detail::operators_observed() && a.autograd_state() != nullptr;
+}
+bool observed(const ndarray& a, const ndarray& b) {
+  return detail::operators_observed() &&
+         (a.autograd_state() != nullptr || b.autograd_state() != nullptr);
+}
+
+} // namespace
+
+ndarray ndarray::operator-() const {
+  if (observed(*this))
+    return nd::negative(*this);
+  return scalar_result(scalar_op::mul, "negate", *this, -1.0);
+}
+
 ndarray operator+(const ndarray& lhs, const ndarray& rhs) {
+  if (observed(lhs, rhs))
+    return nd::add(lhs, rhs);
   return binary_result(binary_op::add, lhs, rhs);
 }
 ndarray operator-(const ndarray& lhs, const ndarray& rhs) {
+  if (observed(lhs, rhs))
+    return nd::subtract(lhs, rhs);
   return binary_result(binary_op::sub, lhs, rhs);
 }
 ndarray operator*(const ndarray& lhs, const ndarray& rhs) {
+  if (observed(lhs, rhs))
+    return nd::multiply(lhs, rhs);
   return binary_result(binary_op::mul, lhs, rhs);
 }
 ndarray operator/(const ndarray& lhs, const ndarray& rhs) {
+  if (observed(lhs, rhs))
+    return nd::divide(lhs, rhs);
   return binary_result(binary_op::div, lhs, rhs);
 }
 ndarray operator+(const ndarray& lhs, double rhs) {
+  if (observed(lhs))
+    return nd::add_scalar(lhs, rhs);
   return scalar_result(scalar_op::add, "add", lhs, rhs);
 }
 ndarray operator-(const ndarray& lhs, double rhs) {
+  if (observed(lhs))
+    return nd::add_scalar(lhs, -rhs);
   return scalar_result(scalar_op::add, "sub", lhs, -rhs);
 }
 ndarray operator*(const ndarray& lhs, double rhs) {
+  if (observed(lhs))
+    return nd::multiply_scalar(lhs, rhs);
   return scalar_result(scalar_op::mul, "mul", lhs, rhs);
 }
 ndarray operator/(const ndarray& lhs, double rhs) {
+  // Recorded as a multiplication by 1/rhs, which may differ from the division in the last bit.
+  if (observed(lhs))
+    return nd::multiply_scalar(lhs, 1.0 / rhs);
   return scalar_result(scalar_op::div, "div", lhs, rhs);
 }
 ndarray operator+(double lhs, const ndarray& rhs) {
@@ -1390,6 +1427,40 @@ ndarray operator+(double lhs, const ndarray& rhs) {
 }
 ndarray operator*(double lhs, const ndarray& rhs) {
   return rhs * lhs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autograd.
+
+void ndarray::attach_grad(troupe::grad_req req) {
+  require_some("attach_grad");
+  auto state = std::make_shared<autograd_entry>();
+  state->req = req;
+  if (req != troupe::grad_req::null)
+    state->grad = zeros(shape_, ctx_, dtype_);
+  autograd_ = std::move(state);
+}
+
+ndarray ndarray::grad() const {
+  return autograd_ ? autograd_->grad : ndarray{};
+}
+
+troupe::grad_req ndarray::gradient_request() const noexcept {
+  return autograd_ ? autograd_->req : troupe::grad_req::null;
+}
+
+ndarray ndarray::detach() const {
+  ndarray plain = *this;
+  plain.autograd_.reset();
+  return plain;
+}
+
+void ndarray::backward() const {
+  autograd::backward(*this, ndarray{}, false);
+}
+
+void ndarray::backward(const ndarray& head_grad, bool retain_graph) const {
+  autograd::backward(*this, head_grad, retain_graph);
 }
 
 double ndarray::sum() const {

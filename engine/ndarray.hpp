@@ -37,6 +37,11 @@ std::string shape_to_string(const shape_vector& shape);
 std::string shape_to_repr(const shape_vector& shape);
 
 class storage;
+struct autograd_entry;
+
+/// How a backward pass stores a variable's gradient (MXNet's grad_req): not at all, overwrite
+/// it, or add to it.
+enum class grad_req : std::uint8_t { null, write, add };
 
 class ndarray {
 public:
@@ -153,6 +158,29 @@ public:
   double sum() const;
   double l2_norm() const;
 
+  // Autograd (engine/autograd.hpp). Copies of a handle share its autograd state; views made by
+  // reshape/slice/at and copies made by copy/copy_to/as_type start without history.
+
+  /// MXNet's attach_grad: gives this array a gradient buffer (zeros, same shape, dtype and
+  /// context) that backward() fills as `req` says, and makes it a leaf of recorded graphs.
+  /// Handles copied from this one afterwards share the gradient.
+  void attach_grad(troupe::grad_req req = troupe::grad_req::write);
+  /// The gradient buffer of attach_grad; the none handle when there is none.
+  ndarray grad() const;
+  /// grad_req::null when no gradient is attached.
+  troupe::grad_req gradient_request() const noexcept;
+  /// The same values without recorded history or gradient (MXNet's detach).
+  ndarray detach() const;
+  /// autograd::backward(*this, head_grad, retain_graph); the none handle as head_grad means
+  /// ones.
+  void backward() const;
+  void backward(const ndarray& head_grad, bool retain_graph = false) const;
+  /// The autograd and tracing state (engine internals: autograd.cpp and trace.cpp).
+  const std::shared_ptr<autograd_entry>& autograd_state() const noexcept { return autograd_; }
+  void set_autograd_state(std::shared_ptr<autograd_entry> state) noexcept {
+    autograd_ = std::move(state);
+  }
+
   /// MXNet's print form: the values as numpy 1.x's str() prints them, then a line
   /// "<NDArray 2x3 @cpu(0)>"; "<NDArray none>" for the none handle.
   std::string to_string() const;
@@ -165,6 +193,7 @@ private:
   shape_vector shape_;
   troupe::dtype dtype_ = troupe::dtype::float32;
   context ctx_;
+  std::shared_ptr<autograd_entry> autograd_;
 };
 
 std::ostream& operator<<(std::ostream& out, const ndarray& array);

@@ -1,0 +1,176 @@
+#include "engine/nd.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "engine/autograd_state.hpp"
+
+namespace troupe::nd {
+
+namespace {
+
+std::vector<ndarray> run(const op_def& op, std::span<const ndarray> inputs, const op_attrs& attrs) {
+  const auto names = op.input_names(attrs);
+  if (names.size() != inputs.size())
+    throw exception(errc::invalid_argument, op.name + ": takes " + std::to_string(names.size()) +
+                                                " inputs, got " + std::to_string(inputs.size()));
+  std::vector<shape_vector> shapes;
+  shapes.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].is_none())
+      throw exception(errc::invalid_argument,
+                      op.name + ": input '" + names[i] + "' is the none handle");
+    shapes.push_back(inputs[i].shape());
+  }
+  const auto output_shapes = op.infer_shape(attrs, shapes);
+  std::vector<ndarray> outputs;
+  outputs.reserve(output_shapes.size());
+  for (const auto& shape : output_shapes)
+    outputs.emplace_back(shape, inputs[0].ctx(), inputs[0].dtype());
+
+  const bool record = autograd::is_recording() && detail::operators_observed() &&
+                      std::any_of(inputs.begin(), inputs.end(), detail::carries_gradient);
+  auto* trace = detail::current_trace();
+  std::shared_ptr<autograd_node> node;
+  std::vector<ndarray> scratch_saved;
+  auto& saved = record ? (node = std::make_shared<autograd_node>())->saved : scratch_saved;
+  {
+    detail::inside_operator inside;
+    op.forward(op_forward_call{attrs, autograd::is_training(), inputs, outputs, saved});
+  }
+  if (record) {
+    node->op = &op;
+    node->attrs = attrs;
+    node->inputs.assign(inputs.begin(), inputs.end());
+    detail::record_node(std::move(node), outputs);
+  }
+  if (trace != nullptr)
+    detail::note_traced_call(*trace, op, attrs, inputs, outputs);
+  return outputs;
+}
+
+ndarray run_one(std::string_view op_name, std::initializer_list<ndarray> inputs,
+                const op_attrs& attrs) {
+  return std::move(
+      run(find_op(op_name), std::span<const ndarray>(inputs.begin(), inputs.size()), attrs)[0]);
+}
+
+/// The inputs of a call with an optional bias: {x, weight} or {x, weight, bias}.
+ndarray run_with_bias(std::string_view op_name, const ndarray& x, const ndarray& weight,
+                      const ndarray& bias, op_attrs attrs) {
+  attrs.no_bias = bias.is_none();
+  if (attrs.no_bias)
+    return run_one(op_name, {x, weight}, attrs);
+  return run_one(op_name, {x, weight, bias}, attrs);
+}
+
+} // namespace
+
+std::vector<ndarray> invoke(std::string_view op_name, std::span<const ndarray> inputs,
+                            const op_attrs& attrs) {
+  return run(find_op(op_name), inputs, attrs);
+}
+
+ndarray fully_connected(const ndarray& x, const ndarray& weight, const ndarray& bias,
+                        std::int64_t num_hidden, bool flatten) {
+  op_attrs attrs;
+  attrs.num_hidden = num_hidden;
+  attrs.flatten = flatten;
+  return run_with_bias("FullyConnected", x, weight, bias, std::move(attrs));
+}
+
+ndarray convolution(const ndarray& x, const ndarray& weight, const ndarray& bias,
+                    std::array<std::int64_t, 2> kernel, std::int64_t num_filter,
+                    std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
+  op_attrs attrs;
+  attrs.kernel = kernel;
+  attrs.num_filter = num_filter;
+  attrs.stride = stride;
+  attrs.pad = pad;
+  return run_with_bias("Convolution", x, weight, bias, std::move(attrs));
+}
+
+ndarray pooling(const ndarray& x, std::array<std::int64_t, 2> kernel, std::string_view pool_type,
+                std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
+  op_attrs attrs;
+  attrs.kernel = kernel;
+  attrs.pool_type = std::string(pool_type);
+  attrs.stride = stride;
+  attrs.pad = pad;
+  return run_one("Pooling", {x}, attrs);
+}
+
+ndarray activation(const ndarray& x, std::string_view act_type) {
+  op_attrs attrs;
+  attrs.act_type = std::string(act_type);
+  return run_one("Activation", {x}, attrs);
+}
+
+ndarray relu(const ndarray& x) {
+  return activation(x, "relu");
+}
+ndarray sigmoid(const ndarray& x) {
+  return activation(x, "sigmoid");
+}
+ndarray tanh(const ndarray& x) {
+  return activation(x, "tanh");
+}
+
+ndarray flatten(const ndarray& x) {
+  return run_one("Flatten", {x}, {});
+}
+
+ndarray reshape(const ndarray& x, shape_vector shape) {
+  op_attrs attrs;
+  attrs.shape = std::move(shape);
+  return run_one("Reshape", {x}, attrs);
+}
+
+ndarray dropout(const ndarray& x, double p) {
+  op_attrs attrs;
+  attrs.p = p;
+  return run_one("Dropout", {x}, attrs);
+}
+
+ndarray softmax_cross_entropy(const ndarray& logits, const ndarray& label) {
+  return run_one("SoftmaxCrossEntropy", {logits, label}, {});
+}
+
+ndarray add(const ndarray& a, const ndarray& b) {
+  return run_one("elemwise_add", {a, b}, {});
+}
+ndarray subtract(const ndarray& a, const ndarray& b) {
+  return run_one("elemwise_sub", {a, b}, {});
+}
+ndarray multiply(const ndarray& a, const ndarray& b) {
+  return run_one("elemwise_mul", {a, b}, {});
+}
+ndarray divide(const ndarray& a, const ndarray& b) {
+  return run_one("elemwise_div", {a, b}, {});
+}
+
+ndarray add_scalar(const ndarray& a, double scalar) {
+  op_attrs attrs;
+  attrs.scalar = scalar;
+  return run_one("_plus_scalar", {a}, attrs);
+}
+ndarray multiply_scalar(const ndarray& a, double scalar) {
+  op_attrs attrs;
+  attrs.scalar = scalar;
+  return run_one("_mul_scalar", {a}, attrs);
+}
+ndarray negative(const ndarray& a) {
+  return run_one("negative", {a}, {});
+}
+ndarray square(const ndarray& a) {
+  return run_one("square", {a}, {});
+}
+ndarray sum(const ndarray& a) {
+  return run_one("sum", {a}, {});
+}
+ndarray mean(const ndarray& a) {
+  return run_one("mean", {a}, {});
+}
+
+} // namespace troupe::nd

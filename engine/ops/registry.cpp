@@ -1,0 +1,295 @@
+// The operator table (engine/op.hpp), the operators' random source, and the checks the operator
+// files share (register.hpp).
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "engine/op.hpp"
+#include "engine/ops/register.hpp"
+
+namespace troupe {
+namespace {
+
+/// Built on first use, sorted by name (list_ops returns it in order, find_op bisects it).
+const ops::op_table& table() {
+  static const ops::op_table entries = [] {
+    ops::op_table built;
+    ops::register_nn_ops(built);
+    ops::register_elementwise_ops(built);
+    std::sort(built.begin(), built.end(),
+              [](const auto& a, const auto& b) { return a.def.name < b.def.name; });
+    const auto duplicate =
+        std::adjacent_find(built.begin(), built.end(),
+                           [](const auto& a, const auto& b) { return a.def.name == b.def.name; });
+    if (duplicate != built.end())
+      throw exception(errc::internal, "operator '" + duplicate->def.name + "' is registered twice");
+    return built;
+  }();
+  return entries;
+}
+
+const ops::registered_op* lookup(std::string_view name) {
+  const auto& entries = table();
+  const auto it = std::lower_bound(
+      entries.begin(), entries.end(), name,
+      [](const ops::registered_op& entry, std::string_view key) { return entry.def.name < key; });
+  if (it == entries.end() || it->def.name != name)
+    return nullptr;
+  return &*it;
+}
+
+/// The operators' seed source, as mx.random.seed's: one per process, shared by every thread
+/// (Dropout in the imperative API and in executors draw from the same sequence).
+struct seed_source {
+  std::mutex mutex;
+  std::mt19937_64 engine{0};
+};
+
+seed_source& operator_seeds() {
+  static seed_source source;
+  return source;
+}
+
+} // namespace
+
+const op_def& find_op(std::string_view name) {
+  if (const auto* entry = lookup(name))
+    return entry->def;
+  std::string message = "unknown operator '" + std::string{name} + "'; known operators: ";
+  bool first = true;
+  for (const auto& entry : table()) {
+    if (!first)
+      message += ", ";
+    message += entry.def.name;
+    first = false;
+  }
+  throw exception(errc::invalid_argument, std::move(message));
+}
+
+std::vector<std::string> list_ops() {
+  std::vector<std::string> names;
+  names.reserve(table().size());
+  for (const auto& entry : table())
+    names.push_back(entry.def.name);
+  return names;
+}
+
+void seed_operators(std::uint64_t seed) {
+  auto& source = operator_seeds();
+  const std::lock_guard lock{source.mutex};
+  source.engine.seed(seed);
+}
+
+std::uint64_t next_operator_seed() {
+  auto& source = operator_seeds();
+  const std::lock_guard lock{source.mutex};
+  return source.engine();
+}
+
+std::string op_attrs::describe(std::string_view op_name) const {
+  // A message or a graph printout must not fail on an unknown name: it describes nothing.
+  const auto* entry = lookup(op_name);
+  if (entry == nullptr || entry->describe == nullptr)
+    return {};
+  return entry->describe(*this);
+}
+
+namespace ops {
+
+// ---------------------------------------------------------------------------------------------
+// Errors.
+
+void fail(errc code, std::string_view op, const std::string& message) {
+  std::string text{op};
+  text += ": ";
+  text += message;
+  throw exception(code, std::move(text));
+}
+
+void fail_shape(std::string_view op, std::string_view input, const shape_vector& got,
+                const shape_vector& expected) {
+  fail(errc::shape_mismatch, op,
+       "input '" + std::string{input} + "' has shape " + shape_to_string(got) + ", expected " +
+           shape_to_string(expected));
+}
+
+namespace {
+
+std::string joined(std::span<const std::string_view> names) {
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i > 0)
+      text += ", ";
+    text += names[i];
+  }
+  return text;
+}
+
+/// `role` is "input 'data'", "output 0", "gradient of input 'weight'"...
+void check_array(std::string_view op, const ndarray& array, const std::string& role) {
+  if (array.is_none())
+    fail(errc::invalid_argument, op, role + " is the none handle");
+  if (array.dtype() != dtype::float32)
+    fail(errc::not_supported, op,
+         role + " is " + std::string{to_string(array.dtype())} + "; operators compute on float32");
+  if (!array.ctx().is_cpu())
+    fail(errc::not_supported, op,
+         role + " is on " + array.ctx().to_string() + "; operators compute on cpu contexts");
+}
+
+std::string input_role(std::string_view name) {
+  return "input '" + std::string{name} + "'";
+}
+
+std::string output_role(std::size_t index) {
+  return "output " + std::to_string(index);
+}
+
+void check_count(std::string_view op, std::string_view what, std::size_t expected,
+                 std::size_t given) {
+  if (given != expected)
+    fail(errc::invalid_argument, op,
+         "expected " + std::to_string(expected) + " " + std::string{what} + ", got " +
+             std::to_string(given));
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Call checks. They run on every call, so each array is first tested with acceptable(), which
+// builds no string; the message naming it is built only when it fails.
+
+void check_input_count(std::string_view op, std::span<const std::string_view> names,
+                       std::size_t given) {
+  if (given != names.size())
+    fail(errc::invalid_argument, op,
+         "takes " + std::to_string(names.size()) + " inputs (" + joined(names) + "), got " +
+             std::to_string(given));
+}
+
+namespace {
+
+bool acceptable(const ndarray& array) noexcept {
+  return !array.is_none() && array.dtype() == dtype::float32 && array.ctx().is_cpu();
+}
+
+} // namespace
+
+void check_forward(std::string_view op, std::span<const std::string_view> names,
+                   const op_forward_call& call, std::size_t num_outputs) {
+  check_input_count(op, names, call.inputs.size());
+  check_count(op, "outputs", num_outputs, call.outputs.size());
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (!acceptable(call.inputs[i]))
+      check_array(op, call.inputs[i], input_role(names[i]));
+  for (std::size_t i = 0; i < num_outputs; ++i)
+    if (!acceptable(call.outputs[i]))
+      check_array(op, call.outputs[i], output_role(i));
+}
+
+void check_backward(std::string_view op, std::span<const std::string_view> names,
+                    const op_backward_call& call, std::size_t num_outputs) {
+  check_input_count(op, names, call.inputs.size());
+  check_count(op, "outputs", num_outputs, call.outputs.size());
+  check_count(op, "output gradients", num_outputs, call.output_grads.size());
+  check_count(op, "input gradients", names.size(), call.input_grads.size());
+  check_count(op, "gradient requests", names.size(), call.reqs.size());
+  for (std::size_t i = 0; i < num_outputs; ++i) {
+    const ndarray& dy = call.output_grads[i];
+    if (!acceptable(dy))
+      check_array(op, dy, "gradient of " + output_role(i));
+    // The outputs' buffers may be gone (backward_reads_outputs false) but their handles say
+    // which shape the gradient must have.
+    const ndarray& y = call.outputs[i];
+    if (!y.is_none() && y.shape() != dy.shape())
+      fail(errc::shape_mismatch, op,
+           "gradient of " + output_role(i) + " has shape " + shape_to_string(dy.shape()) +
+               ", expected " + shape_to_string(y.shape()));
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const ndarray& dx = call.input_grads[i];
+    if (dx.is_none() || call.reqs[i] == grad_req::null)
+      continue;
+    if (!acceptable(dx))
+      check_array(op, dx, "gradient of " + input_role(names[i]));
+    const ndarray& x = call.inputs[i];
+    if (!x.is_none() && x.shape() != dx.shape())
+      fail(errc::shape_mismatch, op,
+           "gradient of " + input_role(names[i]) + " has shape " + shape_to_string(dx.shape()) +
+               ", expected " + shape_to_string(x.shape()));
+  }
+}
+
+void check_size(std::string_view op, std::string_view what, const ndarray& array,
+                std::size_t expected) {
+  if (to_size(array.size()) != expected)
+    fail(errc::shape_mismatch, op,
+         std::string{what} + " has shape " + shape_to_string(array.shape()) + " of " +
+             std::to_string(array.size()) + " elements, expected " + std::to_string(expected));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradients and saved state.
+
+grad_target gradient_of(const op_backward_call& call, std::size_t input) {
+  ndarray& dx = call.input_grads[input];
+  const grad_req req = call.reqs[input];
+  if (dx.is_none() || req == grad_req::null)
+    return {};
+  return {dx.data<float>(), req == grad_req::add ? kernels::cpu::write_mode::accumulate
+                                                 : kernels::cpu::write_mode::overwrite};
+}
+
+void store_copy(const float* dy, grad_target dx, std::size_t n) noexcept {
+  if (dx.mode == kernels::cpu::write_mode::accumulate) {
+    for (std::size_t i = 0; i < n; ++i)
+      dx.data[i] += dy[i];
+  } else if (dx.data != dy && n > 0) {
+    std::memcpy(dx.data, dy, n * sizeof(float));
+  }
+}
+
+ndarray& reuse_saved(std::vector<ndarray>& saved, std::size_t index, const shape_vector& shape) {
+  if (saved.size() <= index)
+    saved.resize(index + 1);
+  ndarray& slot = saved[index];
+  const bool fits = !slot.is_none() && slot.shape() == shape && slot.dtype() == dtype::float32 &&
+                    slot.ctx().is_cpu() && !slot.storage_is_shared();
+  if (!fits)
+    slot = ndarray(shape);
+  return slot;
+}
+
+// ---------------------------------------------------------------------------------------------
+// describe() pieces.
+
+std::string describe_int(std::string_view name, std::int64_t value) {
+  return std::string{name} + "=" + std::to_string(value);
+}
+
+std::string describe_bool(std::string_view name, bool value) {
+  // MXNet writes booleans in attribute strings as 0 and 1.
+  return std::string{name} + (value ? "=1" : "=0");
+}
+
+std::string describe_pair(std::string_view name, const std::array<std::int64_t, 2>& value) {
+  return std::string{name} + "=" + shape_to_string({value[0], value[1]});
+}
+
+std::string describe_double(std::string_view name, double value) {
+  // The shortest text that reads back as the same double: "0.5", not "0.500000".
+  std::array<char, 64> buffer{};
+  const auto result = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
+  return std::string{name} + "=" + std::string{buffer.data(), result.ptr};
+}
+
+std::vector<std::string> to_strings(std::span<const std::string_view> names) {
+  return {names.begin(), names.end()};
+}
+
+} // namespace ops
+} // namespace troupe

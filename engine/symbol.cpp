@@ -1,0 +1,418 @@
+#include "engine/symbol.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+
+namespace troupe {
+
+namespace {
+
+[[noreturn]] void fail(errc code, std::string message) {
+  throw exception(code, std::move(message));
+}
+
+/// Creation numbers of nodes (symbol_node::sequence); 0 is left for nodes made by hand.
+std::atomic<std::uint64_t> next_sequence{1};
+
+/// "<op in lower case><n>", n counting per op name from 0 as MXNet's NameManager does. The
+/// counters are shared by all threads (a graph may be built on any of them), hence the lock.
+std::string auto_name(std::string_view op_name) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::size_t> counters;
+  std::string hint(op_name);
+  std::transform(hint.begin(), hint.end(), hint.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::size_t n = 0;
+  {
+    const std::lock_guard lock(mutex);
+    n = counters[hint]++;
+  }
+  return hint + std::to_string(n);
+}
+
+/// Every node reachable from `heads`, each once, in depth-first post-order over the inputs
+/// (inputs in order, heads in order): the order MXNet's DFSVisit gives, so variables come out
+/// in the order list_arguments() documents. Iterative, so deep graphs do not exhaust the stack.
+std::vector<const symbol_node*> post_order(const std::vector<symbol_output>& heads) {
+  std::vector<const symbol_node*> order;
+  std::unordered_map<const symbol_node*, bool> seen; // true once emitted
+  struct frame {
+    const symbol_node* node;
+    std::size_t next_input;
+  };
+  std::vector<frame> stack;
+  for (const symbol_output& head : heads) {
+    if (!head.node || seen.contains(head.node.get()))
+      continue;
+    seen.emplace(head.node.get(), false);
+    stack.push_back({head.node.get(), 0});
+    while (!stack.empty()) {
+      frame& top = stack.back();
+      if (top.next_input < top.node->inputs.size()) {
+        const symbol_node* input = top.node->inputs[top.next_input++].node.get();
+        if (input && seen.emplace(input, false).second)
+          stack.push_back({input, 0});
+        continue;
+      }
+      seen[top.node] = true;
+      order.push_back(top.node);
+      stack.pop_back();
+    }
+  }
+  return order;
+}
+
+/// Variable names in first-visit order; variables of the same name are one argument.
+std::vector<std::string> argument_names(const std::vector<const symbol_node*>& order) {
+  std::vector<std::string> names;
+  for (const symbol_node* node : order) {
+    if (node->op == nullptr && std::find(names.begin(), names.end(), node->name) == names.end())
+      names.push_back(node->name);
+  }
+  return names;
+}
+
+std::string output_name(const symbol_node& node, std::size_t index) {
+  if (node.op == nullptr)
+    return node.name;
+  if (node.op->num_outputs > 1)
+    return node.name + "_output" + std::to_string(index);
+  return node.name + "_output";
+}
+
+/// How an input is written in listings: the node's name, with the output index when the node
+/// has several outputs.
+std::string reference_name(const symbol_output& ref) {
+  if (ref.node->op != nullptr && ref.node->op->num_outputs > 1)
+    return ref.node->name + "[" + std::to_string(ref.index) + "]";
+  return ref.node->name;
+}
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string text;
+  for (const std::string& part : parts) {
+    if (!text.empty())
+      text += ", ";
+    text += part;
+  }
+  return text;
+}
+
+std::string optional_shape_text(const std::optional<shape_vector>& shape) {
+  return shape ? shape_to_string(*shape) : std::string("unknown");
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Construction.
+
+symbol symbol::variable(std::string name) {
+  if (name.empty())
+    fail(errc::invalid_argument, "symbol::variable: a variable needs a name");
+  auto node = std::make_shared<symbol_node>();
+  node->name = std::move(name);
+  node->sequence = next_sequence.fetch_add(1, std::memory_order_relaxed);
+  return symbol({symbol_output{std::move(node), 0}});
+}
+
+symbol symbol::create(std::string_view op_name, std::span<const symbol> inputs, op_attrs attrs,
+                      std::string name) {
+  const op_def& op = find_op(op_name);
+  const std::vector<std::string> input_names = op.input_names(attrs);
+  if (inputs.size() != input_names.size())
+    fail(errc::invalid_argument,
+         "symbol::create: " + op.name + " takes " + std::to_string(input_names.size()) +
+             " inputs (" + join(input_names) + ") with attributes {" + attrs.describe(op.name) +
+             "}, " + std::to_string(inputs.size()) + " given");
+  auto node = std::make_shared<symbol_node>();
+  node->op = &op;
+  node->attrs = std::move(attrs);
+  node->inputs.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::size_t count = inputs[i].outputs().size();
+    if (count != 1)
+      fail(errc::invalid_argument, "symbol::create: input " + std::to_string(i) + " (" +
+                                       input_names[i] + ") of " + op.name +
+                                       (count == 0 ? std::string(" is an empty symbol")
+                                                   : " has " + std::to_string(count) +
+                                                         " outputs; pick one with operator[]"));
+    node->inputs.push_back(inputs[i].outputs()[0]);
+  }
+  node->name = name.empty() ? auto_name(op.name) : std::move(name);
+  node->sequence = next_sequence.fetch_add(1, std::memory_order_relaxed);
+  return symbol({symbol_output{std::move(node), 0}});
+}
+
+symbol symbol::group(std::span<const symbol> symbols) {
+  std::vector<symbol_output> outputs;
+  for (const symbol& part : symbols)
+    outputs.insert(outputs.end(), part.outputs().begin(), part.outputs().end());
+  return symbol(std::move(outputs));
+}
+
+symbol symbol::operator[](std::size_t index) const {
+  if (index >= outputs_.size())
+    fail(errc::invalid_argument, "symbol[" + std::to_string(index) + "]: the symbol has " +
+                                     std::to_string(outputs_.size()) + " outputs");
+  return symbol({outputs_[index]});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queries.
+
+std::vector<std::string> symbol::list_arguments() const {
+  return argument_names(post_order(outputs_));
+}
+
+std::vector<std::string> symbol::list_outputs() const {
+  std::vector<std::string> names;
+  names.reserve(outputs_.size());
+  for (const symbol_output& out : outputs_)
+    names.push_back(output_name(*out.node, out.index));
+  return names;
+}
+
+result<symbol::shapes> symbol::infer_shape(const std::map<std::string, shape_vector>& known) const {
+  const std::vector<const symbol_node*> order = post_order(outputs_);
+  const std::vector<std::string> arguments = argument_names(order);
+  std::map<std::string, std::optional<shape_vector>, std::less<>> argument_shapes;
+  for (const std::string& name : arguments)
+    argument_shapes.emplace(name, std::nullopt);
+  for (const auto& [name, shape] : known) {
+    auto found = argument_shapes.find(name);
+    if (found == argument_shapes.end())
+      return error(errc::invalid_argument, "infer_shape: '" + name +
+                                               "' is not an argument of the symbol; its "
+                                               "arguments are " +
+                                               join(arguments));
+    found->second = shape;
+  }
+
+  // Output shapes of the op nodes, filled in topological order. One pass suffices for graphs
+  // where each parameter's first consumer can fill it; more passes pick up a parameter that an
+  // earlier consumer needed and only a later one could fill.
+  std::unordered_map<const symbol_node*, std::vector<shape_vector>> node_shapes;
+  auto shape_of = [&](const symbol_output& ref) -> std::optional<shape_vector> {
+    if (ref.node->op == nullptr)
+      return argument_shapes.find(ref.node->name)->second;
+    auto found = node_shapes.find(ref.node.get());
+    if (found == node_shapes.end())
+      return std::nullopt;
+    return found->second[ref.index];
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (const symbol_node* node : order) {
+      if (node->op == nullptr || node_shapes.contains(node))
+        continue;
+      const op_def& op = *node->op;
+      std::vector<std::optional<shape_vector>> inputs;
+      inputs.reserve(node->inputs.size());
+      for (const symbol_output& ref : node->inputs)
+        inputs.push_back(shape_of(ref));
+      auto describe_inputs = [&] {
+        std::string text;
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+          text += (i == 0 ? "" : ", ") + reference_name(node->inputs[i]) + "=" +
+                  optional_shape_text(inputs[i]);
+        return text;
+      };
+      const bool all_known = std::all_of(inputs.begin(), inputs.end(),
+                                         [](const auto& shape) { return shape.has_value(); });
+      if (!all_known && op.fill_input_shapes != nullptr && !inputs.empty() &&
+          inputs[0].has_value()) {
+        // Parameters are never scalars, so an empty shape tells fill_input_shapes "unknown".
+        std::vector<shape_vector> filled;
+        filled.reserve(inputs.size());
+        for (const auto& shape : inputs)
+          filled.push_back(shape.value_or(shape_vector{}));
+        try {
+          op.fill_input_shapes(node->attrs, filled);
+        } catch (const exception& thrown) {
+          return error(thrown.error().code(), "infer_shape: node '" + node->name + "' (" + op.name +
+                                                  ") with inputs " + describe_inputs() + ": " +
+                                                  thrown.error().message());
+        }
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+          const symbol_output& ref = node->inputs[i];
+          // Only variables take filled shapes: an unknown op output is computed, not given.
+          if (!inputs[i] && !filled[i].empty() && ref.node->op == nullptr) {
+            argument_shapes.find(ref.node->name)->second = filled[i];
+            inputs[i] = filled[i];
+            progress = true;
+          }
+        }
+      }
+      if (!std::all_of(inputs.begin(), inputs.end(),
+                       [](const auto& shape) { return shape.has_value(); }))
+        continue;
+      std::vector<shape_vector> known_inputs;
+      known_inputs.reserve(inputs.size());
+      for (auto& shape : inputs)
+        known_inputs.push_back(*shape);
+      std::vector<shape_vector> outputs;
+      try {
+        outputs = op.infer_shape(node->attrs, known_inputs);
+      } catch (const exception& thrown) {
+        return error(thrown.error().code(), "infer_shape: node '" + node->name + "' (" + op.name +
+                                                ") rejects its input shapes " + describe_inputs() +
+                                                ": " + thrown.error().message());
+      }
+      if (outputs.size() != op.num_outputs)
+        return error(errc::internal,
+                     "infer_shape: " + op.name + " gave " + std::to_string(outputs.size()) +
+                         " output shapes, its op_def declares " + std::to_string(op.num_outputs));
+      node_shapes.emplace(node, std::move(outputs));
+      progress = true;
+    }
+  }
+
+  std::vector<std::string> unknown;
+  for (const std::string& name : arguments)
+    if (!argument_shapes.find(name)->second)
+      unknown.push_back(name);
+  if (!unknown.empty())
+    return error(errc::invalid_argument,
+                 "infer_shape: cannot infer the shapes of " + join(unknown) +
+                     " from the shapes given (" +
+                     (known.empty() ? std::string("none") : [&] {
+                       std::vector<std::string> given;
+                       for (const auto& [name, shape] : known)
+                         given.push_back(name + "=" + shape_to_string(shape));
+                       return join(given);
+                     }()) +
+                     "); give them too");
+
+  shapes result;
+  result.arguments.reserve(arguments.size());
+  for (const std::string& name : arguments)
+    result.arguments.push_back(*argument_shapes.find(name)->second);
+  result.outputs.reserve(outputs_.size());
+  for (const symbol_output& out : outputs_) {
+    std::optional<shape_vector> shape = shape_of(out);
+    if (!shape) // every input known means every node ran; a bug otherwise
+      return error(errc::internal, "infer_shape: the shape of output " +
+                                       output_name(*out.node, out.index) +
+                                       " is unknown although every argument's is known");
+    result.outputs.push_back(std::move(*shape));
+  }
+  return result;
+}
+
+std::string symbol::to_string() const {
+  std::string text;
+  for (const symbol_node* node : post_order(outputs_)) {
+    if (node->op == nullptr) {
+      text += "variable " + node->name + "\n";
+      continue;
+    }
+    text += node->name + " = " + node->op->name + "(";
+    for (std::size_t i = 0; i < node->inputs.size(); ++i)
+      text += (i == 0 ? "" : ", ") + reference_name(node->inputs[i]);
+    text += ")";
+    const std::string attributes = node->attrs.describe(node->op->name);
+    if (!attributes.empty())
+      text += " {" + attributes + "}";
+    text += "\n";
+  }
+  text += "outputs: " + join(list_outputs()) + "\n";
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The operators as symbols.
+
+namespace sym {
+
+namespace {
+
+/// The inputs with `bias` appended unless it is the empty symbol, which sets no_bias instead.
+symbol with_optional_bias(std::string_view op_name, std::vector<symbol> inputs, const symbol& bias,
+                          op_attrs attrs) {
+  attrs.no_bias = bias.outputs().empty();
+  if (!attrs.no_bias)
+    inputs.push_back(bias);
+  return symbol::create(op_name, inputs, std::move(attrs));
+}
+
+symbol unary(std::string_view op_name, const symbol& x, op_attrs attrs = {}) {
+  return symbol::create(op_name, std::span<const symbol>(&x, 1), std::move(attrs));
+}
+
+symbol binary(std::string_view op_name, const symbol& a, const symbol& b) {
+  const std::array<symbol, 2> inputs{a, b};
+  return symbol::create(op_name, inputs, {});
+}
+
+} // namespace
+
+symbol fully_connected(const symbol& x, const symbol& weight, const symbol& bias,
+                       std::int64_t num_hidden, bool flatten) {
+  op_attrs attrs;
+  attrs.num_hidden = num_hidden;
+  attrs.flatten = flatten;
+  return with_optional_bias("FullyConnected", {x, weight}, bias, std::move(attrs));
+}
+
+symbol convolution(const symbol& x, const symbol& weight, const symbol& bias,
+                   std::array<std::int64_t, 2> kernel, std::int64_t num_filter,
+                   std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
+  op_attrs attrs;
+  attrs.kernel = kernel;
+  attrs.num_filter = num_filter;
+  attrs.stride = stride;
+  attrs.pad = pad;
+  return with_optional_bias("Convolution", {x, weight}, bias, std::move(attrs));
+}
+
+symbol pooling(const symbol& x, std::array<std::int64_t, 2> kernel, std::string_view pool_type,
+               std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
+  op_attrs attrs;
+  attrs.kernel = kernel;
+  attrs.pool_type = pool_type;
+  attrs.stride = stride;
+  attrs.pad = pad;
+  return unary("Pooling", x, std::move(attrs));
+}
+
+symbol activation(const symbol& x, std::string_view act_type) {
+  op_attrs attrs;
+  attrs.act_type = act_type;
+  return unary("Activation", x, std::move(attrs));
+}
+
+symbol flatten(const symbol& x) {
+  return unary("Flatten", x);
+}
+
+symbol dropout(const symbol& x, double p) {
+  op_attrs attrs;
+  attrs.p = p;
+  return unary("Dropout", x, std::move(attrs));
+}
+
+symbol softmax_cross_entropy(const symbol& logits, const symbol& label) {
+  return binary("SoftmaxCrossEntropy", logits, label);
+}
+
+symbol add(const symbol& a, const symbol& b) {
+  return binary("elemwise_add", a, b);
+}
+
+symbol multiply(const symbol& a, const symbol& b) {
+  return binary("elemwise_mul", a, b);
+}
+
+symbol sum(const symbol& a) {
+  return unary("sum", a);
+}
+
+} // namespace sym
+
+} // namespace troupe
