@@ -7,7 +7,6 @@
 #include <caf/send.hpp>
 
 #include "actors/key_placement.hpp"
-#include "actors/local_kvstore.hpp"
 #include "schema/chunking.hpp"
 
 namespace troupe {
@@ -205,7 +204,7 @@ pull_destination destination_for(const key_declaration& declared, std::vector<nd
       direct ? outputs[0] : ndarray::empty(declared.shape, context::cpu(), declared.type);
   if (!direct)
     destination.group->finish = [target = destination.target, outputs]() mutable {
-      return guarded([&]() -> status {
+      return status_of([&]() -> status {
         for (auto& out : outputs)
           target.copy_to(out);
         return ok();
@@ -324,7 +323,7 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
   keys_.declare(keys, values);
   if (setup_.rank == 0) {
     auto request = kv_request::start("init", 0, setup_.timeout);
-    auto sent = guarded([&]() -> status {
+    auto sent = status_of([&]() -> status {
       for (std::size_t i = 0; i < keys.size(); ++i) {
         auto index = keys_.find(keys[i], "init").value()->index;
         auto host_value = values[i].ctx().is_cpu() ? values[i] : values[i].copy_to(context::cpu());
@@ -432,7 +431,7 @@ kv_request dist_kvstore::push_async(std::span<const kv_key> keys, std::span<cons
   if (auto failed = sticky_failure())
     return kv_request::done(*failed);
   auto request = kv_request::start("push", 0, setup_.timeout);
-  auto started = guarded([&]() -> status {
+  auto started = status_of([&]() -> status {
     for (const auto& group : *groups)
       start_push(group, values, false, {}, request);
     return ok();
@@ -448,7 +447,7 @@ kv_request dist_kvstore::pull_async(std::span<const kv_key> keys, std::span<ndar
   if (auto failed = sticky_failure())
     return kv_request::done(*failed);
   auto request = kv_request::start("pull", 0, setup_.timeout);
-  auto started = guarded([&]() -> status {
+  auto started = status_of([&]() -> status {
     for (const auto& group : *groups)
       start_pull(group, outputs, request);
     return ok();
@@ -468,7 +467,7 @@ kv_request dist_kvstore::pushpull_async(std::span<const kv_key> keys,
   if (auto failed = sticky_failure())
     return kv_request::done(*failed);
   auto request = kv_request::start("pushpull", 0, setup_.timeout);
-  auto started = guarded([&]() -> status {
+  auto started = status_of([&]() -> status {
     for (std::size_t g = 0; g < groups->size(); ++g) {
       std::vector<ndarray> outs;
       for (auto position : (*output_groups)[g].positions)

@@ -13,7 +13,7 @@ status local_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray
   // The whole batch is checked first, so that a bad pair initialises nothing.
   if (auto checked = keys_.check_new(keys, values); !checked)
     return checked;
-  return guarded([&]() -> status {
+  return status_of([&]() -> status {
     std::vector<ndarray> copies;
     for (const auto& value : values)
       copies.push_back(value.copy_to(context::cpu()));
@@ -29,7 +29,7 @@ status local_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray
   auto groups = keys_.group(keys, values, "push", "pushed value");
   if (!groups)
     return groups.error();
-  return guarded([&]() -> status {
+  return status_of([&]() -> status {
     for (const auto& group : *groups) {
       std::vector<ndarray> list;
       for (auto position : group.positions)
@@ -53,7 +53,7 @@ status local_kvstore::pull(std::span<const kv_key> keys, std::span<ndarray> outp
   auto groups = keys_.group(keys, outputs, "pull", "output");
   if (!groups)
     return groups.error();
-  return guarded([&]() -> status {
+  return status_of([&]() -> status {
     for (const auto& group : *groups)
       for (auto position : group.positions)
         comm_->broadcast(stored_.at(group.declaration->index), outputs.subspan(position, 1));

@@ -50,17 +50,4 @@ private:
   updater_function custom_updater_;          // set_updater
 };
 
-/// Runs `body`, turning an exception from the engine into the status it carries, so that no
-/// exception crosses the KVStore interface.
-template <class Body>
-status guarded(Body&& body) {
-  try {
-    return body();
-  } catch (const exception& failure) {
-    return failure.error();
-  } catch (const std::exception& failure) {
-    return error{errc::internal, failure.what()};
-  }
-}
-
 } // namespace troupe

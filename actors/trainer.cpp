@@ -16,19 +16,6 @@ namespace {
 /// than this many elements (the store's host-side update would be the bottleneck).
 constexpr std::int64_t local_update_bound = 1024 * 1024 * 16;
 
-/// Runs `body`, turning an exception from the engine (a shape mismatch in an update, a deferred
-/// parameter's missing array) into the status it carries: nothing throws across the trainer.
-template <class Body>
-status as_status(Body&& body) {
-  try {
-    return body();
-  } catch (const exception& failure) {
-    return failure.error();
-  } catch (const std::exception& failure) {
-    return error{errc::internal, failure.what()};
-  }
-}
-
 bool shape_is_known(const shape_vector& shape) {
   return std::none_of(shape.begin(), shape.end(), [](std::int64_t extent) { return extent == 0; });
 }
@@ -245,7 +232,7 @@ status trainer::prepare_store() {
     store_ready_ = true;
     return ok();
   }
-  return as_status([&]() -> status {
+  return status_of([&]() -> status {
     // _init_params: parameters whose arrays exist now; deferred ones wait for a later step.
     std::vector<kv_key> keys;
     std::vector<ndarray> values;
@@ -309,7 +296,7 @@ status trainer::prepare_store() {
 status trainer::reduce(bool pull_weights) {
   // Start every key before waiting for any, so that one key's transfer overlaps the others'.
   std::vector<kv_request> requests;
-  status outcome = as_status([&]() -> status {
+  status outcome = status_of([&]() -> status {
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       auto& param = *parameters_[i];
       if (param.req() == grad_req::null)
@@ -332,7 +319,7 @@ status trainer::reduce(bool pull_weights) {
 }
 
 status trainer::update_locally() {
-  return as_status([&]() -> status {
+  return status_of([&]() -> status {
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       auto& param = *parameters_[i];
       if (param.req() == grad_req::null)

@@ -223,21 +223,6 @@ private:
                                              node.outputs[i].dtype());
     slots_.erase(found);
 
-    if (node.custom) {
-      auto grads = [&] {
-        detail::inside_operator inside;
-        return node.custom(output_grads);
-      }();
-      if (grads.size() != node.inputs.size())
-        fail(errc::internal, "a custom step returned " + std::to_string(grads.size()) +
-                                 " gradients for " + std::to_string(node.inputs.size()) +
-                                 " inputs");
-      for (std::size_t i = 0; i < grads.size(); ++i)
-        if (!grads[i].is_none())
-          deliver(node.inputs[i], std::move(grads[i]));
-      return;
-    }
-
     // Each input that needs a gradient gets a buffer. The first contribution to a leaf with
     // grad_req write is written straight into its attached gradient; everything else gets a fresh
     // buffer that is delivered (written or added) afterwards.
@@ -270,8 +255,11 @@ private:
     }
     {
       detail::inside_operator inside;
-      node.op->backward(op_backward_call{node.attrs, node.inputs, node.outputs, node.saved,
-                                         output_grads, input_grads, reqs});
+      if (node.custom)
+        node.custom(output_grads, input_grads);
+      else
+        node.op->backward(op_backward_call{node.attrs, node.inputs, node.outputs, node.saved,
+                                           output_grads, input_grads, reqs});
     }
     for (std::size_t i = 0; i < count; ++i)
       if (reqs[i] != grad_req::null && !direct[i])

@@ -78,14 +78,17 @@ void backward(std::span<const ndarray> heads, std::span<const ndarray> head_grad
               bool retain_graph = false);
 void backward(const ndarray& head, const ndarray& head_grad = {}, bool retain_graph = false);
 
-/// The gradients of a custom step's inputs from its outputs' gradients: one entry per input,
-/// the none handle for an input that gets none.
-using custom_backward = std::function<std::vector<ndarray>(std::span<const ndarray> output_grads)>;
+/// Computes a custom step's input gradients from its outputs' gradients. input_grads[i] is the
+/// none handle when input i needs no gradient; otherwise an array of input i's shape to
+/// overwrite (for a parameter's first contribution, its attached gradient itself, so nothing is
+/// copied afterwards).
+using custom_backward = std::function<void(std::span<const ndarray> output_grads,
+                                           std::span<ndarray> input_grads)>;
 
 /// Records a computation made outside the operator registry (a hybridized block's executor) as
 /// one step of the graph when recording is on and some input carries history or a gradient:
 /// `outputs` get that step as their history, and backward() calls `backward` with their
-/// gradients and passes the returned gradients on to `inputs`. Does nothing otherwise.
+/// gradients and passes the gradients it writes on to `inputs`. Does nothing otherwise.
 void record_custom(std::span<const ndarray> inputs, std::span<ndarray> outputs,
                    custom_backward backward);
 

@@ -142,4 +142,19 @@ inline status ok() {
   return {};
 }
 
+/// Runs `body` (returning status) and turns an exception it throws into a status: a
+/// troupe::exception into the error it carries, any other std::exception into errc::internal with
+/// its what(). For interfaces that report failures as values (the KVStore, the Trainer) over
+/// engine calls that throw on caller mistakes.
+template <class Body>
+status status_of(Body&& body) {
+  try {
+    return body();
+  } catch (const exception& failure) {
+    return failure.error();
+  } catch (const std::exception& failure) {
+    return troupe::error{errc::internal, failure.what()};
+  }
+}
+
 } // namespace troupe

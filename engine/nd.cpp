@@ -74,37 +74,24 @@ std::vector<ndarray> invoke(std::string_view op_name, std::span<const ndarray> i
 
 ndarray fully_connected(const ndarray& x, const ndarray& weight, const ndarray& bias,
                         std::int64_t num_hidden, bool flatten) {
-  op_attrs attrs;
-  attrs.num_hidden = num_hidden;
-  attrs.flatten = flatten;
-  return run_with_bias("FullyConnected", x, weight, bias, std::move(attrs));
+  return run_with_bias("FullyConnected", x, weight, bias,
+                       fully_connected_attrs(num_hidden, flatten));
 }
 
 ndarray convolution(const ndarray& x, const ndarray& weight, const ndarray& bias,
                     std::array<std::int64_t, 2> kernel, std::int64_t num_filter,
                     std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
-  op_attrs attrs;
-  attrs.kernel = kernel;
-  attrs.num_filter = num_filter;
-  attrs.stride = stride;
-  attrs.pad = pad;
-  return run_with_bias("Convolution", x, weight, bias, std::move(attrs));
+  return run_with_bias("Convolution", x, weight, bias,
+                       convolution_attrs(kernel, num_filter, stride, pad));
 }
 
 ndarray pooling(const ndarray& x, std::array<std::int64_t, 2> kernel, std::string_view pool_type,
                 std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
-  op_attrs attrs;
-  attrs.kernel = kernel;
-  attrs.pool_type = std::string(pool_type);
-  attrs.stride = stride;
-  attrs.pad = pad;
-  return run_one("Pooling", {x}, attrs);
+  return run_one("Pooling", {x}, pooling_attrs(kernel, pool_type, stride, pad));
 }
 
 ndarray activation(const ndarray& x, std::string_view act_type) {
-  op_attrs attrs;
-  attrs.act_type = std::string(act_type);
-  return run_one("Activation", {x}, attrs);
+  return run_one("Activation", {x}, activation_attrs(act_type));
 }
 
 ndarray relu(const ndarray& x) {
@@ -122,15 +109,11 @@ ndarray flatten(const ndarray& x) {
 }
 
 ndarray reshape(const ndarray& x, shape_vector shape) {
-  op_attrs attrs;
-  attrs.shape = std::move(shape);
-  return run_one("Reshape", {x}, attrs);
+  return run_one("Reshape", {x}, reshape_attrs(std::move(shape)));
 }
 
 ndarray dropout(const ndarray& x, double p) {
-  op_attrs attrs;
-  attrs.p = p;
-  return run_one("Dropout", {x}, attrs);
+  return run_one("Dropout", {x}, dropout_attrs(p));
 }
 
 ndarray softmax_cross_entropy(const ndarray& logits, const ndarray& label) {
@@ -151,14 +134,10 @@ ndarray divide(const ndarray& a, const ndarray& b) {
 }
 
 ndarray add_scalar(const ndarray& a, double scalar) {
-  op_attrs attrs;
-  attrs.scalar = scalar;
-  return run_one("_plus_scalar", {a}, attrs);
+  return run_one("_plus_scalar", {a}, scalar_attrs(scalar));
 }
 ndarray multiply_scalar(const ndarray& a, double scalar) {
-  op_attrs attrs;
-  attrs.scalar = scalar;
-  return run_one("_mul_scalar", {a}, attrs);
+  return run_one("_mul_scalar", {a}, scalar_attrs(scalar));
 }
 ndarray negative(const ndarray& a) {
   return run_one("negative", {a}, {});

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <string_view>
 #include <type_traits>
@@ -102,12 +103,6 @@ double to_double(T value) noexcept {
 
 // ---------------------------------------------------------------------------------------------
 // Messages.
-
-std::string number_text(double value) {
-  std::array<char, 64> buffer{};
-  const auto result = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
-  return {buffer.data(), result.ptr};
-}
 
 [[noreturn]] void fail(errc code, std::string_view operation, const std::string& message) {
   std::string text{operation};
@@ -1018,6 +1013,56 @@ std::string shape_to_repr(const shape_vector& shape) {
   return text;
 }
 
+std::string number_text(double value) {
+  std::array<char, 64> buffer{};
+  const auto result = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
+  return {buffer.data(), result.ptr};
+}
+
+shape_vector infer_reshape(const shape_vector& from, shape_vector to, std::string_view operation,
+                           std::string_view input) {
+  std::optional<std::size_t> inferred;
+  std::int64_t known = 1;
+  bool overflow = false;
+  for (std::size_t i = 0; i < to.size(); ++i) {
+    if (to[i] == -1) {
+      if (inferred)
+        fail(errc::invalid_argument, operation,
+             "shape " + shape_to_string(to) + " has more than one -1");
+      inferred = i;
+    } else if (to[i] < 0) {
+      fail(errc::invalid_argument, operation,
+           "shape " + shape_to_string(to) + " has a negative extent");
+    } else {
+      overflow = overflow || __builtin_mul_overflow(known, to[i], &known);
+    }
+  }
+  const std::int64_t count = element_count(from);
+  if (inferred && !overflow && known != 0 && count % known == 0) {
+    to[*inferred] = count / known;
+    return to;
+  }
+  if (!inferred && !overflow && known == count)
+    return to;
+  const std::string elements = std::to_string(count) + " elements";
+  if (input.empty()) {
+    if (inferred)
+      fail(errc::shape_mismatch, operation,
+           "cannot infer the -1 of " + shape_to_string(to) + " from " + shape_to_string(from) +
+               " of " + elements);
+    fail(errc::shape_mismatch, operation,
+         "cannot reshape " + shape_to_string(from) + " of " + elements + " into " +
+             shape_to_string(to) + (overflow ? "" : " of " + std::to_string(known) + " elements"));
+  }
+  const std::string source =
+      std::string{input} + " of shape " + shape_to_string(from) + " (" + elements + ")";
+  if (inferred)
+    fail(errc::shape_mismatch, operation,
+         "cannot infer the -1 of shape " + shape_to_string(to) + " from " + source);
+  fail(errc::shape_mismatch, operation,
+       "cannot reshape " + source + " into " + shape_to_string(to));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Construction.
 
@@ -1212,35 +1257,7 @@ ndarray ndarray::as_type(troupe::dtype type) const {
 
 ndarray ndarray::reshape(shape_vector shape) const {
   require_some("reshape");
-  std::optional<std::size_t> inferred;
-  std::int64_t known = 1;
-  bool overflow = false;
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == -1) {
-      if (inferred)
-        fail(errc::invalid_argument, "reshape",
-             "shape " + shape_to_string(shape) + " has more than one -1");
-      inferred = i;
-    } else if (shape[i] < 0) {
-      fail(errc::invalid_argument, "reshape",
-           "shape " + shape_to_string(shape) + " has a negative extent");
-    } else {
-      overflow = overflow || __builtin_mul_overflow(known, shape[i], &known);
-    }
-  }
-  const std::int64_t count = size();
-  if (inferred) {
-    if (overflow || known == 0 || count % known != 0)
-      fail(errc::shape_mismatch, "reshape",
-           "cannot infer the -1 of " + shape_to_string(shape) + " from " + shape_to_string(shape_) +
-               " of " + std::to_string(count) + " elements");
-    shape[*inferred] = count / known;
-  } else if (overflow || known != count) {
-    fail(errc::shape_mismatch, "reshape",
-         "cannot reshape " + shape_to_string(shape_) + " of " + std::to_string(count) +
-             " elements into " + shape_to_string(shape) +
-             (overflow ? "" : " of " + std::to_string(known) + " elements"));
-  }
+  shape = infer_reshape(shape_, std::move(shape), "reshape");
   ndarray view = *this;
   view.autograd_.reset();
   view.shape_ = std::move(shape);

@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/context.hpp"
@@ -35,6 +36,17 @@ std::int64_t element_count(const shape_vector& shape) noexcept;
 std::string shape_to_string(const shape_vector& shape);
 /// "2x3" as MXNet's NDArray repr writes them; "" for a scalar.
 std::string shape_to_repr(const shape_vector& shape);
+/// The shortest text that reads back as the same double ("0.5", not "0.500000"), for messages
+/// and attribute strings.
+std::string number_text(double value);
+/// `to` with its -1 (at most one) replaced by the extent that makes it hold as many elements as
+/// `from`: what ndarray::reshape and the Reshape operator accept. Throws troupe::exception
+/// starting "<operation>: ": invalid_argument for a second -1 or a negative extent,
+/// shape_mismatch when the element counts cannot agree. `input` names the reshaped array in those
+/// messages as operator errors do ("input 'data' of shape (2,3) (6 elements)"); empty, the array
+/// is named by its shape ("(2,3) of 6 elements").
+shape_vector infer_reshape(const shape_vector& from, shape_vector to, std::string_view operation,
+                           std::string_view input = {});
 
 class storage;
 struct autograd_entry;

@@ -44,6 +44,22 @@ struct op_attrs {
   std::string describe(std::string_view op_name) const;
 };
 
+// The attributes of one call of each operator, from the arguments of its engine/nd.hpp form, so
+// that the imperative API, the symbolic API and the nn blocks fill the same fields the same way.
+// no_bias is left false: the caller sets it from whether it passes a bias.
+op_attrs fully_connected_attrs(std::int64_t num_hidden, bool flatten = true);
+op_attrs convolution_attrs(std::array<std::int64_t, 2> kernel, std::int64_t num_filter,
+                           std::array<std::int64_t, 2> stride = {1, 1},
+                           std::array<std::int64_t, 2> pad = {0, 0});
+op_attrs pooling_attrs(std::array<std::int64_t, 2> kernel, std::string_view pool_type,
+                       std::array<std::int64_t, 2> stride = {1, 1},
+                       std::array<std::int64_t, 2> pad = {0, 0});
+op_attrs activation_attrs(std::string_view act_type);
+op_attrs dropout_attrs(double p);
+/// _plus_scalar, _mul_scalar, ...
+op_attrs scalar_attrs(double scalar);
+op_attrs reshape_attrs(shape_vector shape);
+
 struct op_def;
 
 /// What a forward call sees. `outputs` are allocated by the caller with the shapes infer_shape

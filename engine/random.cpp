@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 namespace troupe {
 
@@ -10,6 +11,26 @@ namespace {
 constexpr double two_to_minus_53 = 1.0 / 9007199254740992.0;
 
 } // namespace
+
+std::uint64_t mix_bits(std::uint64_t value) noexcept {
+  value += 0x9e3779b97f4a7c15ULL;
+  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
+  return value ^ (value >> 31);
+}
+
+std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
+  const std::uint64_t limit = std::mt19937_64::max() - std::mt19937_64::max() % bound;
+  std::uint64_t draw = engine();
+  while (draw >= limit)
+    draw = engine();
+  return draw % bound;
+}
+
+void shuffle_indices(std::span<std::int64_t> values, std::mt19937_64& engine) {
+  for (std::size_t i = values.size(); i > 1; --i)
+    std::swap(values[i - 1], values[uniform_below(engine, i)]);
+}
 
 double random_generator::uniform01() noexcept {
   return static_cast<double>(engine_() >> 11) * two_to_minus_53;

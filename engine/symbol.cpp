@@ -354,37 +354,24 @@ symbol binary(std::string_view op_name, const symbol& a, const symbol& b) {
 
 symbol fully_connected(const symbol& x, const symbol& weight, const symbol& bias,
                        std::int64_t num_hidden, bool flatten) {
-  op_attrs attrs;
-  attrs.num_hidden = num_hidden;
-  attrs.flatten = flatten;
-  return with_optional_bias("FullyConnected", {x, weight}, bias, std::move(attrs));
+  return with_optional_bias("FullyConnected", {x, weight}, bias,
+                            fully_connected_attrs(num_hidden, flatten));
 }
 
 symbol convolution(const symbol& x, const symbol& weight, const symbol& bias,
                    std::array<std::int64_t, 2> kernel, std::int64_t num_filter,
                    std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
-  op_attrs attrs;
-  attrs.kernel = kernel;
-  attrs.num_filter = num_filter;
-  attrs.stride = stride;
-  attrs.pad = pad;
-  return with_optional_bias("Convolution", {x, weight}, bias, std::move(attrs));
+  return with_optional_bias("Convolution", {x, weight}, bias,
+                            convolution_attrs(kernel, num_filter, stride, pad));
 }
 
 symbol pooling(const symbol& x, std::array<std::int64_t, 2> kernel, std::string_view pool_type,
                std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
-  op_attrs attrs;
-  attrs.kernel = kernel;
-  attrs.pool_type = pool_type;
-  attrs.stride = stride;
-  attrs.pad = pad;
-  return unary("Pooling", x, std::move(attrs));
+  return unary("Pooling", x, pooling_attrs(kernel, pool_type, stride, pad));
 }
 
 symbol activation(const symbol& x, std::string_view act_type) {
-  op_attrs attrs;
-  attrs.act_type = act_type;
-  return unary("Activation", x, std::move(attrs));
+  return unary("Activation", x, activation_attrs(act_type));
 }
 
 symbol flatten(const symbol& x) {
@@ -392,9 +379,7 @@ symbol flatten(const symbol& x) {
 }
 
 symbol dropout(const symbol& x, double p) {
-  op_attrs attrs;
-  attrs.p = p;
-  return unary("Dropout", x, std::move(attrs));
+  return unary("Dropout", x, dropout_attrs(p));
 }
 
 symbol softmax_cross_entropy(const symbol& logits, const symbol& label) {

@@ -6,6 +6,8 @@
 #include <random>
 #include <string>
 
+#include "engine/random.hpp"
+
 namespace troupe::data {
 
 namespace {
@@ -14,31 +16,11 @@ error bad_argument(const std::string& what) {
   return {errc::invalid_argument, what};
 }
 
-/// splitmix64's finaliser: spreads every input bit over the output, so that neighbouring
-/// (seed, epoch) pairs seed unrelated generators (seed + epoch would make seed 1's epoch 0 equal
-/// seed 0's epoch 1).
-std::uint64_t mix(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-/// Uniform in [0, bound) by rejection, so that the permutation depends only on mt19937_64's
-/// standard-fixed output (std::uniform_int_distribution differs between standard libraries).
-std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
-  const std::uint64_t limit = std::mt19937_64::max() - std::mt19937_64::max() % bound;
-  std::uint64_t draw = engine();
-  while (draw >= limit)
-    draw = engine();
-  return draw % bound;
-}
-
-/// Fisher-Yates over `indices` with a generator of (seed, epoch).
+/// Fisher-Yates over `indices` with a generator of (seed, epoch). Mixing both keeps neighbouring
+/// pairs apart (seed + epoch would make seed 1's epoch 0 equal seed 0's epoch 1).
 void permute(std::vector<std::int64_t>& indices, std::uint64_t seed, std::int64_t epoch) {
-  std::mt19937_64 engine{mix(seed ^ mix(static_cast<std::uint64_t>(epoch)))};
-  for (std::size_t i = indices.size(); i > 1; --i)
-    std::swap(indices[i - 1], indices[uniform_below(engine, i)]);
+  std::mt19937_64 engine{mix_bits(seed ^ mix_bits(static_cast<std::uint64_t>(epoch)))};
+  shuffle_indices(indices, engine);
 }
 
 /// first, first + 1, ..., first + length - 1, then permuted when `shuffle`.

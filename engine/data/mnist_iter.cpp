@@ -7,20 +7,11 @@
 #include <string>
 
 #include "engine/data/idx.hpp"
+#include "engine/random.hpp"
 
 namespace troupe::data {
 
 namespace {
-
-/// Uniform in [0, bound) by rejection, so that the permutation depends only on mt19937_64's
-/// standard-fixed output (std::uniform_int_distribution differs between standard libraries).
-std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
-  const std::uint64_t limit = std::mt19937_64::max() - std::mt19937_64::max() % bound;
-  std::uint64_t draw = engine();
-  while (draw >= limit)
-    draw = engine();
-  return draw % bound;
-}
 
 error bad_option(const std::string& what) {
   return {errc::invalid_argument, "mnist_iter: " + what};
@@ -85,8 +76,7 @@ void mnist_iter::order_epoch() {
     return;
   // Fisher-Yates from a generator of (seed + epoch): reproducible per epoch, different across.
   std::mt19937_64 engine{options_.seed + static_cast<std::uint64_t>(epoch_)};
-  for (std::size_t i = order_.size(); i > 1; --i)
-    std::swap(order_[i - 1], order_[uniform_below(engine, i)]);
+  shuffle_indices(order_, engine);
 }
 
 std::int64_t mnist_iter::num_batches() const noexcept {

@@ -77,6 +77,7 @@ void require_activation(const std::string& act_type, const std::string& prefix) 
 struct block::executor_slot {
   executor exec;
   bool data_grad;             // whether the executor computes the input's gradient
+  ndarray own_data_grad;      // the executor's own array for it, when autograd hands none over
   std::vector<ndarray> grads; // per graph parameter: its gradient array, none when req null
   std::weak_ptr<void> busy;
 };
@@ -96,8 +97,10 @@ struct block::cached_graph {
     std::map<std::string, ndarray> gradients;
     std::map<std::string, grad_req> reqs;
     arguments.emplace(std::string{data_name}, ndarray::empty(shape, ctx));
+    ndarray own_data_grad;
     if (data_grad) {
-      gradients.emplace(std::string{data_name}, ndarray::zeros(shape, ctx));
+      own_data_grad = ndarray::zeros(shape, ctx);
+      gradients.emplace(std::string{data_name}, own_data_grad);
       reqs.emplace(std::string{data_name}, grad_req::write);
     }
     std::vector<ndarray> grads;
@@ -108,8 +111,9 @@ struct block::cached_graph {
         grads.emplace_back();
         continue;
       }
-      // The executor always overwrites its own gradient arrays; autograd then writes or adds
-      // them into the parameter's gradient as its grad_req says, as for any recorded step.
+      // The executor always overwrites its gradient arrays: at each backward autograd hands it
+      // the array to write (the parameter's gradient, or a buffer it then adds); this one
+      // serves when autograd hands over none.
       ndarray grad = ndarray::zeros(param->shape(), ctx);
       gradients.emplace(param->name(), grad);
       reqs.emplace(param->name(), grad_req::write);
@@ -118,8 +122,8 @@ struct block::cached_graph {
     auto bound = graph.bind(ctx, std::move(arguments), std::move(gradients), std::move(reqs));
     if (!bound)
       throw exception(bound.error());
-    auto slot = std::make_shared<executor_slot>(
-        executor_slot{std::move(bound).value(), data_grad, std::move(grads), {}});
+    auto slot = std::make_shared<executor_slot>(executor_slot{
+        std::move(bound).value(), data_grad, std::move(own_data_grad), std::move(grads), {}});
     slots.push_back(slot);
     return slot;
   }
@@ -314,7 +318,8 @@ ndarray block::cached_forward(const ndarray& x) {
   if (!slot)
     slot = cached->bind_slot(data_grad);
 
-  x.copy_to(slot->exec.arg(data_name));
+  // The executor reads the caller's array itself (a handle of the bound shape): no copy in.
+  slot->exec.arg(data_name) = x.detach();
   slot->exec.forward(training);
   ndarray output = slot->exec.outputs().front().copy();
   if (!recording)
@@ -330,14 +335,17 @@ ndarray block::cached_forward(const ndarray& x) {
   auto token = std::make_shared<char>(0);
   slot->busy = token;
   autograd::record_custom(
-      inputs, {&output, 1}, [slot, token](std::span<const ndarray> output_grads) {
+      inputs, {&output, 1},
+      [slot, token, cached](std::span<const ndarray> output_grads, std::span<ndarray> grads) {
+        // The executor writes straight into the arrays autograd hands over (a parameter's
+        // attached gradient for its first contribution): no gradient is copied afterwards.
+        if (slot->data_grad)
+          slot->exec.grad(data_name) = grads[0].is_none() ? slot->own_data_grad : grads[0];
+        for (std::size_t i = 0; i < slot->grads.size(); ++i)
+          if (!slot->grads[i].is_none())
+            slot->exec.grad(cached->params[i]->name()) =
+                grads[i + 1].is_none() ? slot->grads[i] : grads[i + 1];
         slot->exec.backward(output_grads);
-        std::vector<ndarray> grads;
-        grads.reserve(slot->grads.size() + 1);
-        grads.push_back(slot->data_grad ? slot->exec.grad(data_name) : ndarray{});
-        for (auto& grad : slot->grads)
-          grads.push_back(grad);
-        return grads;
       });
   return output;
 }
@@ -471,10 +479,8 @@ dense::dense(std::int64_t units, std::string activation, bool use_bias, std::int
 }
 
 ndarray dense::hybrid_forward(const ndarray& x) {
-  op_attrs attrs;
-  attrs.num_hidden = units_;
+  op_attrs attrs = fully_connected_attrs(units_, flatten_);
   attrs.no_bias = bias_ == nullptr;
-  attrs.flatten = flatten_;
   std::vector<parameter*> params{weight_.get()};
   if (bias_)
     params.push_back(bias_.get());
@@ -498,7 +504,9 @@ conv2d::conv2d(std::int64_t channels, std::array<std::int64_t, 2> kernel_size,
                std::array<std::int64_t, 2> strides, std::array<std::int64_t, 2> padding,
                std::string activation, bool use_bias, std::int64_t in_channels,
                std::shared_ptr<const initializer> weight_init, std::string prefix)
-    : block("conv", std::move(prefix)), activation_(std::move(activation)) {
+    : block("conv", std::move(prefix)),
+      attrs_(convolution_attrs(kernel_size, channels, strides, padding)),
+      activation_(std::move(activation)) {
   if (channels <= 0 || in_channels < 0)
     throw exception(errc::invalid_argument,
                     this->prefix() + ": channels must be > 0 and in_channels >= 0, got channels " +
@@ -508,10 +516,6 @@ conv2d::conv2d(std::int64_t channels, std::array<std::int64_t, 2> kernel_size,
   require_window("padding", this->prefix(), padding, 0);
   if (!activation_.empty())
     require_activation(activation_, this->prefix());
-  attrs_.num_filter = channels;
-  attrs_.kernel = kernel_size;
-  attrs_.stride = strides;
-  attrs_.pad = padding;
   attrs_.no_bias = !use_bias;
   weight_ = register_param("weight", {channels, in_channels, kernel_size[0], kernel_size[1]},
                            grad_req::write, std::move(weight_init));
@@ -531,33 +535,29 @@ ndarray conv2d::hybrid_forward(const ndarray& x) {
   return activation_.empty() ? y : nd::activation(y, activation_);
 }
 
+pool2d::pool2d(std::string_view pool_type, std::array<std::int64_t, 2> pool_size,
+               std::optional<std::array<std::int64_t, 2>> strides,
+               std::array<std::int64_t, 2> padding, std::string prefix)
+    : block("pool", std::move(prefix)),
+      attrs_(pooling_attrs(pool_size, pool_type, strides.value_or(pool_size), padding)) {
+  require_window("pool_size", this->prefix(), attrs_.kernel, 1);
+  require_window("strides", this->prefix(), attrs_.stride, 1);
+  require_window("padding", this->prefix(), attrs_.pad, 0);
+}
+
+ndarray pool2d::hybrid_forward(const ndarray& x) {
+  return nd::pooling(x, attrs_.kernel, attrs_.pool_type, attrs_.stride, attrs_.pad);
+}
+
 max_pool2d::max_pool2d(std::array<std::int64_t, 2> pool_size,
                        std::optional<std::array<std::int64_t, 2>> strides,
                        std::array<std::int64_t, 2> padding, std::string prefix)
-    : block("pool", std::move(prefix)), pool_size_(pool_size),
-      strides_(strides.value_or(pool_size)), padding_(padding) {
-  require_window("pool_size", this->prefix(), pool_size_, 1);
-  require_window("strides", this->prefix(), strides_, 1);
-  require_window("padding", this->prefix(), padding_, 0);
-}
-
-ndarray max_pool2d::hybrid_forward(const ndarray& x) {
-  return nd::pooling(x, pool_size_, "max", strides_, padding_);
-}
+    : pool2d("max", pool_size, strides, padding, std::move(prefix)) {}
 
 avg_pool2d::avg_pool2d(std::array<std::int64_t, 2> pool_size,
                        std::optional<std::array<std::int64_t, 2>> strides,
                        std::array<std::int64_t, 2> padding, std::string prefix)
-    : block("pool", std::move(prefix)), pool_size_(pool_size),
-      strides_(strides.value_or(pool_size)), padding_(padding) {
-  require_window("pool_size", this->prefix(), pool_size_, 1);
-  require_window("strides", this->prefix(), strides_, 1);
-  require_window("padding", this->prefix(), padding_, 0);
-}
-
-ndarray avg_pool2d::hybrid_forward(const ndarray& x) {
-  return nd::pooling(x, pool_size_, "avg", strides_, padding_);
-}
+    : pool2d("avg", pool_size, strides, padding, std::move(prefix)) {}
 
 flatten::flatten(std::string prefix) : block("flatten", std::move(prefix)) {}
 

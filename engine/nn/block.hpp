@@ -202,32 +202,33 @@ private:
   std::shared_ptr<parameter> bias_;
 };
 
-/// gluon.nn.MaxPool2D / AvgPool2D: strides default to the pool size; an average counts padding
-/// (count_include_pad).
-class max_pool2d final : public block {
+/// What gluon.nn.MaxPool2D and AvgPool2D share: the window and the pool type, checked when
+/// built; strides default to the pool size.
+class pool2d : public block {
+protected:
+  pool2d(std::string_view pool_type, std::array<std::int64_t, 2> pool_size,
+         std::optional<std::array<std::int64_t, 2>> strides, std::array<std::int64_t, 2> padding,
+         std::string prefix);
+  ndarray hybrid_forward(const ndarray& x) override;
+
+private:
+  op_attrs attrs_;
+};
+
+/// gluon.nn.MaxPool2D.
+class max_pool2d final : public pool2d {
 public:
   explicit max_pool2d(std::array<std::int64_t, 2> pool_size = {2, 2},
                       std::optional<std::array<std::int64_t, 2>> strides = std::nullopt,
                       std::array<std::int64_t, 2> padding = {0, 0}, std::string prefix = {});
-
-protected:
-  ndarray hybrid_forward(const ndarray& x) override;
-
-private:
-  std::array<std::int64_t, 2> pool_size_, strides_, padding_;
 };
 
-class avg_pool2d final : public block {
+/// gluon.nn.AvgPool2D: an average counts padding (count_include_pad).
+class avg_pool2d final : public pool2d {
 public:
   explicit avg_pool2d(std::array<std::int64_t, 2> pool_size = {2, 2},
                       std::optional<std::array<std::int64_t, 2>> strides = std::nullopt,
                       std::array<std::int64_t, 2> padding = {0, 0}, std::string prefix = {});
-
-protected:
-  ndarray hybrid_forward(const ndarray& x) override;
-
-private:
-  std::array<std::int64_t, 2> pool_size_, strides_, padding_;
 };
 
 /// gluon.nn.Flatten: [n, d1, d2, ...] -> [n, d1·d2·...].

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/error.hpp"
+#include "engine/random.hpp"
 
 namespace troupe::nn {
 
@@ -11,14 +12,6 @@ namespace {
 
 bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
-}
-
-/// splitmix64's finaliser: spreads a seed and a hash that differ in a few bits over all 64.
-std::uint64_t mix(std::uint64_t value) noexcept {
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
 }
 
 } // namespace
@@ -43,7 +36,7 @@ std::uint64_t initializer::seed_for(std::string_view param_name, std::uint64_t s
     hash ^= static_cast<unsigned char>(c);
     hash *= 0x100000001b3ULL;
   }
-  return mix(mix(seed) ^ hash);
+  return mix_bits(mix_bits(seed) ^ hash);
 }
 
 uniform::uniform(double scale) : scale_(scale) {

@@ -9,11 +9,9 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,12 +25,6 @@ namespace {
 namespace cpu = kernels::cpu;
 
 using names_t = std::span<const std::string_view>;
-
-std::string number_text(double value) {
-  std::array<char, 64> buffer{};
-  const auto result = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
-  return {buffer.data(), result.ptr};
-}
 
 std::int64_t product(const shape_vector& shape, std::size_t begin, std::size_t end) noexcept {
   std::int64_t count = 1;
@@ -573,44 +565,10 @@ void flatten_backward(const op_backward_call& call) {
 
 constexpr std::string_view reshape_op = "Reshape";
 
-/// attrs.shape with its -1 (at most one) inferred from the data's element count.
-shape_vector reshape_target(const op_attrs& attrs, const shape_vector& data) {
-  shape_vector target = attrs.shape;
-  std::optional<std::size_t> inferred;
-  std::int64_t known = 1;
-  bool overflow = false;
-  for (std::size_t i = 0; i < target.size(); ++i) {
-    if (target[i] == -1) {
-      if (inferred)
-        fail(errc::invalid_argument, reshape_op,
-             "shape " + shape_to_string(target) + " has more than one -1");
-      inferred = i;
-    } else if (target[i] < 0) {
-      fail(errc::invalid_argument, reshape_op,
-           "shape " + shape_to_string(target) + " has a negative extent");
-    } else {
-      overflow = overflow || __builtin_mul_overflow(known, target[i], &known);
-    }
-  }
-  const std::int64_t count = element_count(data);
-  if (inferred) {
-    if (overflow || known == 0 || count % known != 0)
-      fail(errc::shape_mismatch, reshape_op,
-           "cannot infer the -1 of shape " + shape_to_string(target) + " from input 'data' of " +
-               "shape " + shape_to_string(data) + " (" + std::to_string(count) + " elements)");
-    target[*inferred] = count / known;
-  } else if (overflow || known != count) {
-    fail(errc::shape_mismatch, reshape_op,
-         "cannot reshape input 'data' of shape " + shape_to_string(data) + " (" +
-             std::to_string(count) + " elements) into " + shape_to_string(target));
-  }
-  return target;
-}
-
 std::vector<shape_vector> reshape_infer_shape(const op_attrs& attrs,
                                               std::span<const shape_vector> inputs) {
   check_input_count(reshape_op, data_only, inputs.size());
-  return {reshape_target(attrs, inputs[0])};
+  return {infer_reshape(inputs[0], attrs.shape, reshape_op, "input 'data'")};
 }
 
 void reshape_forward(const op_forward_call& call) {

@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <utility>
 
 #include "engine/op.hpp"
 #include "engine/ops/register.hpp"
@@ -96,6 +96,65 @@ std::string op_attrs::describe(std::string_view op_name) const {
   if (entry == nullptr || entry->describe == nullptr)
     return {};
   return entry->describe(*this);
+}
+
+op_attrs fully_connected_attrs(std::int64_t num_hidden, bool flatten) {
+  op_attrs attrs;
+  attrs.num_hidden = num_hidden;
+  attrs.flatten = flatten;
+  return attrs;
+}
+
+namespace {
+
+/// The sliding window Convolution and Pooling share.
+op_attrs window_attrs(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
+                      std::array<std::int64_t, 2> pad) {
+  op_attrs attrs;
+  attrs.kernel = kernel;
+  attrs.stride = stride;
+  attrs.pad = pad;
+  return attrs;
+}
+
+} // namespace
+
+op_attrs convolution_attrs(std::array<std::int64_t, 2> kernel, std::int64_t num_filter,
+                           std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
+  op_attrs attrs = window_attrs(kernel, stride, pad);
+  attrs.num_filter = num_filter;
+  return attrs;
+}
+
+op_attrs pooling_attrs(std::array<std::int64_t, 2> kernel, std::string_view pool_type,
+                       std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> pad) {
+  op_attrs attrs = window_attrs(kernel, stride, pad);
+  attrs.pool_type = pool_type;
+  return attrs;
+}
+
+op_attrs activation_attrs(std::string_view act_type) {
+  op_attrs attrs;
+  attrs.act_type = act_type;
+  return attrs;
+}
+
+op_attrs dropout_attrs(double p) {
+  op_attrs attrs;
+  attrs.p = p;
+  return attrs;
+}
+
+op_attrs scalar_attrs(double scalar) {
+  op_attrs attrs;
+  attrs.scalar = scalar;
+  return attrs;
+}
+
+op_attrs reshape_attrs(shape_vector shape) {
+  op_attrs attrs;
+  attrs.shape = std::move(shape);
+  return attrs;
 }
 
 namespace ops {
@@ -281,10 +340,7 @@ std::string describe_pair(std::string_view name, const std::array<std::int64_t, 
 }
 
 std::string describe_double(std::string_view name, double value) {
-  // The shortest text that reads back as the same double: "0.5", not "0.500000".
-  std::array<char, 64> buffer{};
-  const auto result = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
-  return std::string{name} + "=" + std::string{buffer.data(), result.ptr};
+  return std::string{name} + "=" + number_text(value);
 }
 
 std::vector<std::string> to_strings(std::span<const std::string_view> names) {

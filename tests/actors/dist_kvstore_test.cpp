@@ -4,8 +4,6 @@
 
 #include <atomic>
 #include <filesystem>
-#include <mutex>
-#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -17,33 +15,9 @@
 
 using namespace troupe;
 using troupe::testing::in_process_job;
+using troupe::testing::problems;
 
 namespace {
-
-/// Problems seen on worker threads, asserted on the test's thread (Boost.Test is not
-/// thread-safe).
-struct problems {
-  std::mutex mutex;
-  std::vector<std::string> seen;
-
-  void add(std::string what) {
-    std::lock_guard lock{mutex};
-    seen.push_back(std::move(what));
-  }
-  /// Records a failed status with its context.
-  bool check(const status& outcome, const std::string& context) {
-    if (outcome)
-      return true;
-    add(context + ": " + outcome.error().to_string());
-    return false;
-  }
-  std::string report() {
-    std::ostringstream out;
-    for (std::size_t i = 0; i < seen.size() && i < 10; ++i)
-      out << seen[i] << "\n";
-    return out.str();
-  }
-};
 
 /// The first element that differs from `expected`, or -1.
 std::int64_t first_mismatch(const ndarray& array, float expected) {

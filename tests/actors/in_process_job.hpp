@@ -1,14 +1,18 @@
 #pragma once
 // A whole distributed job inside one test process: S server nodes (each with its shards) and W
 // dist_kvstore workers linked to them in-process, plus a barrier among the workers' threads. The
-// workers run the same code as across the network; only the links differ (STYLE.md §9).
+// workers run the same code as across the network; only the links differ (STYLE.md §9). Problems
+// seen on the workers' threads are collected for the test's thread to assert.
 
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -18,6 +22,33 @@
 #include "actors/server_node.hpp"
 
 namespace troupe::testing {
+
+/// Problems seen on worker threads, asserted on the test's thread (Boost.Test is not
+/// thread-safe).
+struct problems {
+  std::mutex mutex;
+  std::vector<std::string> seen;
+
+  void add(std::string what) {
+    std::lock_guard lock{mutex};
+    seen.push_back(std::move(what));
+  }
+  /// Records a failed status with its context.
+  bool check(const status& outcome, const std::string& context) {
+    if (outcome)
+      return true;
+    add(context + ": " + outcome.error().to_string());
+    return false;
+  }
+  /// The first ten problems, one a line.
+  std::string report() {
+    std::lock_guard lock{mutex};
+    std::ostringstream out;
+    for (std::size_t i = 0; i < seen.size() && i < 10; ++i)
+      out << seen[i] << "\n";
+    return out.str();
+  }
+};
 
 /// A reusable barrier for `parties` threads whose wait gives up after a timeout.
 class thread_barrier {

@@ -4,8 +4,6 @@
 // continuing bit for bit.
 
 #include <cmath>
-#include <mutex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,34 +16,10 @@
 
 using namespace troupe;
 using troupe::testing::in_process_job;
+using troupe::testing::problems;
 using troupe::testing::temp_dir;
 
 namespace {
-
-/// Problems seen on worker threads, asserted on the test's thread (Boost.Test is not
-/// thread-safe).
-struct problems {
-  std::mutex mutex;
-  std::vector<std::string> seen;
-
-  void add(std::string what) {
-    std::lock_guard lock{mutex};
-    seen.push_back(std::move(what));
-  }
-  bool check(const status& outcome, const std::string& context) {
-    if (outcome)
-      return true;
-    add(context + ": " + outcome.error().to_string());
-    return false;
-  }
-  std::string report() {
-    std::lock_guard lock{mutex};
-    std::ostringstream out;
-    for (std::size_t i = 0; i < seen.size() && i < 10; ++i)
-      out << seen[i] << "\n";
-    return out.str();
-  }
-};
 
 std::vector<context> cpus(int count) {
   std::vector<context> contexts;

@@ -212,61 +212,18 @@ ndarray uniform(shape_vector shape, std::uint64_t seed, double low = -1.0, doubl
   return ndarray::random_uniform(low, high, std::move(shape), seed);
 }
 
+/// The library's builders with no_bias, which a direct op_def call sets itself.
 op_attrs fc_attrs(std::int64_t num_hidden, bool no_bias = false, bool flatten = true) {
-  op_attrs attrs;
-  attrs.num_hidden = num_hidden;
+  op_attrs attrs = fully_connected_attrs(num_hidden, flatten);
   attrs.no_bias = no_bias;
-  attrs.flatten = flatten;
-  return attrs;
-}
-
-op_attrs window_attrs(std::array<std::int64_t, 2> kernel, std::array<std::int64_t, 2> stride,
-                      std::array<std::int64_t, 2> pad) {
-  op_attrs attrs;
-  attrs.kernel = kernel;
-  attrs.stride = stride;
-  attrs.pad = pad;
   return attrs;
 }
 
 op_attrs conv_attrs(std::int64_t num_filter, std::array<std::int64_t, 2> kernel,
                     std::array<std::int64_t, 2> stride = {1, 1},
                     std::array<std::int64_t, 2> pad = {0, 0}, bool no_bias = false) {
-  op_attrs attrs = window_attrs(kernel, stride, pad);
-  attrs.num_filter = num_filter;
+  op_attrs attrs = convolution_attrs(kernel, num_filter, stride, pad);
   attrs.no_bias = no_bias;
-  return attrs;
-}
-
-op_attrs pool_attrs(std::string pool_type, std::array<std::int64_t, 2> kernel,
-                    std::array<std::int64_t, 2> stride = {1, 1},
-                    std::array<std::int64_t, 2> pad = {0, 0}) {
-  op_attrs attrs = window_attrs(kernel, stride, pad);
-  attrs.pool_type = std::move(pool_type);
-  return attrs;
-}
-
-op_attrs act_attrs(std::string act_type) {
-  op_attrs attrs;
-  attrs.act_type = std::move(act_type);
-  return attrs;
-}
-
-op_attrs dropout_attrs(double p) {
-  op_attrs attrs;
-  attrs.p = p;
-  return attrs;
-}
-
-op_attrs scalar_attrs(double scalar) {
-  op_attrs attrs;
-  attrs.scalar = scalar;
-  return attrs;
-}
-
-op_attrs reshape_attrs(shape_vector shape) {
-  op_attrs attrs;
-  attrs.shape = std::move(shape);
   return attrs;
 }
 
@@ -323,9 +280,9 @@ BOOST_AUTO_TEST_CASE(describe_lists_the_attributes_the_operator_reads) {
   BOOST_TEST(fc_attrs(256).describe("FullyConnected") == "num_hidden=256, no_bias=0, flatten=1");
   BOOST_TEST(conv_attrs(8, {5, 5}, {1, 1}, {2, 2}, true).describe("Convolution") ==
              "kernel=(5,5), stride=(1,1), pad=(2,2), num_filter=8, no_bias=1");
-  BOOST_TEST(pool_attrs("max", {2, 2}, {2, 2}).describe("Pooling") ==
+  BOOST_TEST(pooling_attrs({2, 2}, "max", {2, 2}).describe("Pooling") ==
              "kernel=(2,2), pool_type=max, stride=(2,2), pad=(0,0)");
-  BOOST_TEST(act_attrs("relu").describe("Activation") == "act_type=relu");
+  BOOST_TEST(activation_attrs("relu").describe("Activation") == "act_type=relu");
   BOOST_TEST(dropout_attrs(0.5).describe("Dropout") == "p=0.5");
   BOOST_TEST(scalar_attrs(2.5).describe("_mul_scalar") == "scalar=2.5");
   BOOST_TEST(reshape_attrs({2, -1}).describe("Reshape") == "shape=(2,-1)");
@@ -350,8 +307,8 @@ BOOST_AUTO_TEST_CASE(the_operator_seed_source_is_a_seeded_mt19937_64) {
 
 BOOST_AUTO_TEST_CASE(a_dtype_other_than_float32_is_not_supported_and_names_the_operator) {
   const auto x = ndarray::ones({2, 3}, context::cpu(), dtype::float64);
-  require_error([&] { run_forward("Activation", act_attrs("relu"), {x}); }, errc::not_supported,
-                "Activation: input 'data' is float64");
+  require_error([&] { run_forward("Activation", activation_attrs("relu"), {x}); },
+                errc::not_supported, "Activation: input 'data' is float64");
   const auto w = ndarray::ones({4, 3}, context::cpu(), dtype::int32);
   require_error(
       [&] {
@@ -563,25 +520,25 @@ BOOST_AUTO_TEST_CASE(pooling_takes_the_max_or_average_of_each_window) {
   std::vector<float> ramp(16);
   std::iota(ramp.begin(), ramp.end(), 0.0f);
   const auto x = values(ramp, {1, 1, 4, 4});
-  const auto max = run_forward("Pooling", pool_attrs("max", {2, 2}, {2, 2}), {x}).outputs[0];
+  const auto max = run_forward("Pooling", pooling_attrs({2, 2}, "max", {2, 2}), {x}).outputs[0];
   BOOST_TEST((max.shape() == shape_vector{1, 1, 2, 2}));
   BOOST_TEST(host(max) == (std::vector<float>{5, 7, 13, 15}), boost::test_tools::per_element());
-  const auto avg = run_forward("Pooling", pool_attrs("avg", {2, 2}, {2, 2}), {x}).outputs[0];
+  const auto avg = run_forward("Pooling", pooling_attrs({2, 2}, "avg", {2, 2}), {x}).outputs[0];
   BOOST_TEST(host(avg) == (std::vector<float>{2.5f, 4.5f, 10.5f, 12.5f}),
              boost::test_tools::per_element());
-  BOOST_TEST(infer("Pooling", pool_attrs("max", {3, 3}, {2, 2}, {1, 1}), {{2, 4, 7, 7}}) ==
+  BOOST_TEST(infer("Pooling", pooling_attrs({3, 3}, "max", {2, 2}, {1, 1}), {{2, 4, 7, 7}}) ==
              (std::vector<shape_vector>{{2, 4, 4, 4}}));
 }
 
 BOOST_AUTO_TEST_CASE(an_unknown_pool_type_is_an_error_naming_it) {
   require_error(
       [] {
-        infer("Pooling", pool_attrs("sum", {2, 2}), {{1, 1, 4, 4}});
+        infer("Pooling", pooling_attrs({2, 2}, "sum"), {{1, 1, 4, 4}});
       },
       errc::invalid_argument, "Pooling: unknown pool_type 'sum'");
   require_error(
       [] {
-        infer("Pooling", pool_attrs("max", {5, 5}), {{1, 1, 4, 4}});
+        infer("Pooling", pooling_attrs({5, 5}, "max"), {{1, 1, 4, 4}});
       },
       errc::shape_mismatch, "smaller than the kernel (5,5)");
 }
@@ -589,14 +546,14 @@ BOOST_AUTO_TEST_CASE(an_unknown_pool_type_is_an_error_naming_it) {
 BOOST_AUTO_TEST_CASE(pooling_gradients_match_central_differences) {
   // Distinct values 0.1 apart: no window has a tie within the step.
   check_gradients(
-      {"Pooling", pool_attrs("max", {2, 2}, {2, 2}), {distinct({2, 2, 4, 4}, 21)}, {}, 1e-3});
+      {"Pooling", pooling_attrs({2, 2}, "max", {2, 2}), {distinct({2, 2, 4, 4}, 21)}, {}, 1e-3});
   check_gradients({"Pooling",
-                   pool_attrs("max", {3, 3}, {2, 2}, {1, 1}),
+                   pooling_attrs({3, 3}, "max", {2, 2}, {1, 1}),
                    {distinct({1, 2, 5, 5}, 22)},
                    {},
                    1e-3});
   check_gradients(
-      {"Pooling", pool_attrs("avg", {3, 2}, {1, 2}, {1, 0}), {uniform({2, 1, 4, 4}, 23)}});
+      {"Pooling", pooling_attrs({3, 2}, "avg", {1, 2}, {1, 0}), {uniform({2, 1, 4, 4}, 23)}});
 }
 
 // --- Activation --------------------------------------------------------------------------------
@@ -604,7 +561,7 @@ BOOST_AUTO_TEST_CASE(pooling_gradients_match_central_differences) {
 BOOST_AUTO_TEST_CASE(activation_applies_its_function_element_wise) {
   const auto x = values({-2.0f, -0.5f, 0.0f, 1.5f}, {2, 2});
   const auto expect = [&](const std::string& type, double (*f)(double)) {
-    const auto y = run_forward("Activation", act_attrs(type), {x}).outputs[0];
+    const auto y = run_forward("Activation", activation_attrs(type), {x}).outputs[0];
     BOOST_TEST((y.shape() == shape_vector{2, 2}));
     const auto got = host(y);
     const auto in = host(x);
@@ -618,17 +575,17 @@ BOOST_AUTO_TEST_CASE(activation_applies_its_function_element_wise) {
 }
 
 BOOST_AUTO_TEST_CASE(an_unknown_act_type_is_an_error_naming_it) {
-  require_error([] { infer("Activation", act_attrs("gelu"), {{2}}); }, errc::invalid_argument,
-                "Activation: unknown act_type 'gelu'");
-  require_error([] { run_forward("Activation", act_attrs(""), {ndarray::ones({2})}); },
+  require_error([] { infer("Activation", activation_attrs("gelu"), {{2}}); },
+                errc::invalid_argument, "Activation: unknown act_type 'gelu'");
+  require_error([] { run_forward("Activation", activation_attrs(""), {ndarray::ones({2})}); },
                 errc::invalid_argument, "unknown act_type ''");
 }
 
 BOOST_AUTO_TEST_CASE(activation_gradients_match_central_differences) {
   // relu: values at least 0.05 from its kink at 0.
-  check_gradients({"Activation", act_attrs("relu"), {distinct({3, 5}, 31)}});
+  check_gradients({"Activation", activation_attrs("relu"), {distinct({3, 5}, 31)}});
   for (const char* type : {"sigmoid", "tanh", "softrelu"})
-    check_gradients({"Activation", act_attrs(type), {uniform({3, 5}, 32, -2.0, 2.0)}});
+    check_gradients({"Activation", activation_attrs(type), {uniform({3, 5}, 32, -2.0, 2.0)}});
 }
 
 // --- Dropout -----------------------------------------------------------------------------------

@@ -113,18 +113,6 @@ void require_identical(const ndarray& got, const ndarray& expected, const std::s
     }
 }
 
-op_attrs hidden_units(std::int64_t n) {
-  op_attrs attrs;
-  attrs.num_hidden = n;
-  return attrs;
-}
-
-op_attrs activation_type(std::string type) {
-  op_attrs attrs;
-  attrs.act_type = std::move(type);
-  return attrs;
-}
-
 symbol var(const char* name) {
   return symbol::variable(name);
 }
@@ -204,7 +192,7 @@ BOOST_AUTO_TEST_CASE(calls_are_named_after_their_op_in_lower_case_with_a_counter
   BOOST_TEST(first.list_outputs() == (std::vector<std::string>{a + "_output"}),
              boost::test_tools::per_element());
   const std::array<symbol, 1> input{var("x")};
-  const auto named = symbol::create("Activation", input, activation_type("tanh"), "act");
+  const auto named = symbol::create("Activation", input, activation_attrs("tanh"), "act");
   BOOST_TEST(named.list_outputs() == (std::vector<std::string>{"act_output"}),
              boost::test_tools::per_element());
 }
@@ -230,19 +218,20 @@ BOOST_AUTO_TEST_CASE(an_empty_bias_drops_the_input_and_sets_no_bias) {
 
 BOOST_AUTO_TEST_CASE(create_checks_the_number_of_inputs_against_the_op) {
   const std::array<symbol, 2> two{var("data"), var("w")};
-  test::require_error([&] { (void)symbol::create("FullyConnected", two, hidden_units(3)); },
-                      errc::invalid_argument, "takes 3 inputs (data, weight, bias)");
+  test::require_error(
+      [&] { (void)symbol::create("FullyConnected", two, fully_connected_attrs(3)); },
+      errc::invalid_argument, "takes 3 inputs (data, weight, bias)");
   const std::array<symbol, 3> with_empty{var("data"), var("w"), symbol{}};
-  test::require_error([&] { (void)symbol::create("FullyConnected", with_empty, hidden_units(3)); },
-                      errc::invalid_argument,
-                      "input 2 (bias) of FullyConnected is an empty symbol");
+  test::require_error(
+      [&] { (void)symbol::create("FullyConnected", with_empty, fully_connected_attrs(3)); },
+      errc::invalid_argument, "input 2 (bias) of FullyConnected is an empty symbol");
   test::require_error([&] { (void)symbol::create("NoSuchOp", two, {}); }, errc::invalid_argument,
                       "NoSuchOp");
 }
 
 BOOST_AUTO_TEST_CASE(to_string_lists_each_call_with_inputs_and_attributes) {
   const std::array<symbol, 3> inputs{var("data"), var("fc_weight"), var("fc_bias")};
-  const auto fc = symbol::create("FullyConnected", inputs, hidden_units(7), "fc");
+  const auto fc = symbol::create("FullyConnected", inputs, fully_connected_attrs(7), "fc");
   const std::string text = fc.to_string();
   BOOST_TEST(text.find("variable data\n") != std::string::npos, text);
   BOOST_TEST(text.find("fc = FullyConnected(data, fc_weight, fc_bias) {num_hidden=7") !=
@@ -283,7 +272,7 @@ BOOST_AUTO_TEST_CASE(infer_shape_fills_a_parameter_for_an_earlier_consumer_from_
 
 BOOST_AUTO_TEST_CASE(conflicting_shapes_name_the_node_and_the_shapes) {
   const std::array<symbol, 3> inputs{var("data"), var("fc2_weight"), var("fc2_bias")};
-  const auto fc = symbol::create("FullyConnected", inputs, hidden_units(10), "fc2");
+  const auto fc = symbol::create("FullyConnected", inputs, fully_connected_attrs(10), "fc2");
   const auto shapes = fc.infer_shape({{"data", {8, 128}}, {"fc2_weight", {10, 127}}});
   BOOST_TEST_REQUIRE(!shapes.has_value());
   const std::string& message = shapes.error().message();
@@ -440,10 +429,10 @@ BOOST_AUTO_TEST_CASE(an_mlp_against_the_op_defs_called_directly) {
     c.op.forward(op_forward_call{c.attrs, true, c.inputs, c.outputs, c.saved});
     return c;
   };
-  auto fc1 = run("FullyConnected", hidden_units(16),
+  auto fc1 = run("FullyConnected", fully_connected_attrs(16),
                  {values.at("data"), values.at("fc1_weight"), values.at("fc1_bias")});
-  auto relu = run("Activation", activation_type("relu"), {fc1.outputs[0]});
-  auto fc2 = run("FullyConnected", hidden_units(5),
+  auto relu = run("Activation", activation_attrs("relu"), {fc1.outputs[0]});
+  auto fc2 = run("FullyConnected", fully_connected_attrs(5),
                  {relu.outputs[0], values.at("fc2_weight"), values.at("fc2_bias")});
   auto sce = run("SoftmaxCrossEntropy", {}, {fc2.outputs[0], values.at("label")});
   auto total = run("sum", {}, {sce.outputs[0]});
