@@ -1,7 +1,10 @@
 #include "engine/blas_setup.hpp"
 
 #include <cstdlib>
+#include <string_view>
 #include <unistd.h>
+
+#include "kernels/cpu/gemm.hpp"
 
 namespace troupe {
 
@@ -20,12 +23,11 @@ const char* suited_openblas_core() noexcept {
 void reexec_with_suited_openblas_core(char** argv) noexcept {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr)
     return;
-  if (const char* keep = std::getenv("TROUPE_KEEP_BLAS_CORE"); keep && keep[0] == '1')
+  const char* chosen = kernels::cpu::blas_core_name();
+  if (chosen == nullptr || std::string_view{chosen} != "Prescott")
     return;
   const char* core = suited_openblas_core();
-  if (core == nullptr)
-    return;
-  if (setenv("OPENBLAS_CORETYPE", core, 1) != 0)
+  if (core == nullptr || setenv("OPENBLAS_CORETYPE", core, 1) != 0)
     return;
   execv("/proc/self/exe", argv);
   // Still here: the re-exec failed; carry on with the kernels already loaded.

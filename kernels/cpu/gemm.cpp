@@ -68,4 +68,12 @@ void gemm_reference(bool transpose_a, bool transpose_b, std::size_t m, std::size
   }
 }
 
+void set_blas_threads(int threads) noexcept {
+  openblas_set_num_threads(threads);
+}
+
+const char* blas_core_name() noexcept {
+  return openblas_get_corename();
+}
+
 } // namespace troupe::kernels::cpu

@@ -1,0 +1,590 @@
+// train_mnist: the Fashion-MNIST training job, gluon style: blocks, autograd, a Trainer over a
+// KVStore, locally or as a worker of a distributed job.
+//
+//   build/apps/train_mnist --model mlp --epochs 5
+//   build/apps/train_mnist --model lenet --contexts "cpu(0),cpu(1)" --hybridize --plot run.svg
+//   build/apps/troupe-launch -n 2 -s 1 -- build/apps/train_mnist --kvstore dist_sync --batch-size
+//   64
+//
+// Per epoch it shows progress on stderr (a bar on a terminal, a line every few seconds
+// otherwise), then prints on stdout
+//
+//   epoch 3 train_loss 0.4100 train_acc 85.20 test_acc 84.90 samples_per_s 41000 time_s 1.60
+//
+// and at the end one JSON line, {"final_test_acc":..,"samples_per_s":..,...}, for scripts.
+// --csv and --plot write the per-epoch metrics as CSV and as an SVG plot. train_loss and
+// train_acc are over this worker's batches; samples_per_s counts the samples of all workers over
+// the training loop's time (evaluation excluded).
+//
+// Distributed (--kvstore dist_*): worker r of n reads part r of n of the training set (MXNet's
+// part_range), and every worker runs common_batch_count steps per epoch, the number of full
+// batches the smallest part holds. A worker whose part has one batch more would otherwise push
+// into a sync round no other worker joins and wait forever (apache/mxnet#7888). Rank 0 alone
+// evaluates the whole test set after each epoch and prints; then all workers meet in a barrier,
+// which waits as long as the job's startup timeout, where a push would give up after the request
+// timeout.
+//
+// The step batch (--step-batch, what trainer.step() is given, so the gradient is rescaled by
+// 1/step_batch) defaults to the per-worker batch times the number of workers. The store sums the
+// workers' gradients, so with this default n workers of batch b make the same update as one
+// process with batch n·b: the recipe of 2 workers with batch 64 each and step(128)
+// matches the single-process batch 128. Pass --step-batch 64 for MXNet's habit of giving each
+// worker's own batch (the update is then n times larger).
+//
+// The initial weights follow PyTorch's default law by default (--init torch), so that the job
+// and bench/pytorch_mnist.py train the recipe from the same distribution; --init xavier,
+// uniform or normal pick MXNet's initializers instead.
+//
+// Exit status: 0 after training, 1 when the job fails (data, store, trainer), 2 for bad flags.
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "actors/kvstore.hpp"
+#include "actors/trainer.hpp"
+#include "apps/training_report.hpp"
+#include "engine/autograd.hpp"
+#include "engine/blas_setup.hpp"
+#include "engine/context.hpp"
+#include "engine/data/idx.hpp"
+#include "engine/data/loader.hpp"
+#include "engine/data/split.hpp"
+#include "engine/lr_scheduler.hpp"
+#include "engine/nd.hpp"
+#include "engine/nn/block.hpp"
+#include "engine/nn/initializer.hpp"
+#include "kernels/cpu/gemm.hpp"
+
+using namespace troupe;
+
+namespace {
+
+constexpr int exit_failure = 1;
+constexpr int exit_usage = 2;
+
+struct options {
+  std::string model = "mlp";
+  int epochs = 5;
+  std::int64_t batch_size = 128;
+  double lr = 0.1;
+  double momentum = 0.0;
+  double wd = 0.0;
+  std::string optimizer = "sgd";
+  std::uint64_t seed = 0;
+  std::string kvstore = "local";
+  std::string update_on_kvstore; ///< "", "true" or "false"
+  std::string contexts = "cpu(0)";
+  bool hybridize = false;
+  std::string init = "torch";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::int64_t step_batch = 0; ///< 0: batch_size × workers
+  std::string csv;
+  std::string plot;
+  int threads = 1;
+  std::string lr_scheduler = "none";
+  double lr_factor = 0.1;
+  std::string lr_step_epochs;
+  double final_lr = 0.0;
+  double warmup_epochs = 0.0;
+  double warmup_begin_lr = 0.0;
+  std::int64_t train_limit = 0; ///< 0: the whole training set
+  std::int64_t max_batches = 0; ///< 0: every batch of the epoch
+  std::string save_params;
+  bool quiet = false;
+  bool no_progress = false;
+  bool momentum_given = false;
+};
+
+int fail(const std::string& what) {
+  std::fflush(stdout);
+  std::cerr << "train_mnist: " << what << "\n";
+  return exit_failure;
+}
+
+int usage(const std::string& what) {
+  std::cerr << "train_mnist: " << what << "\n";
+  return exit_usage;
+}
+
+/// "cpu(0),cpu(1)" -> contexts; an error names the item that is not a context.
+result<std::vector<context>> parse_contexts(const std::string& text) {
+  std::vector<context> out;
+  std::stringstream list{text};
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    auto ctx = parse_context(item);
+    if (!ctx)
+      return error{errc::invalid_argument,
+                   "--contexts: '" + item + "' is not a context like cpu(0) or gpu(1)"};
+    if (std::find(out.begin(), out.end(), *ctx) != out.end())
+      return error{errc::invalid_argument, "--contexts: " + item + " is listed twice"};
+    out.push_back(*ctx);
+  }
+  if (out.empty())
+    return error{errc::invalid_argument, "--contexts: no context given"};
+  return out;
+}
+
+/// "10,20" -> {10, 20}; an error names the item that is not a positive number.
+result<std::vector<double>> parse_epoch_list(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream list{text};
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    try {
+      std::size_t used = 0;
+      double value = std::stod(item, &used);
+      if (used != item.size() || !(value > 0))
+        throw std::invalid_argument(item);
+      out.push_back(value);
+    } catch (const std::exception&) {
+      return error{errc::invalid_argument,
+                   "--lr-step-epochs: '" + item + "' is not a positive number of epochs"};
+    }
+  }
+  return out;
+}
+
+/// A set as float32 [n, 784] (or [n, 1, 28, 28] for `spatial`) in [0, 1] and float32 labels,
+/// keeping the first `limit` samples (0: all).
+result<data::in_memory_dataset> load_set(const std::string& dir, const std::string& prefix,
+                                         std::int64_t limit, bool spatial) {
+  auto images = data::read_idx_images(dir + "/" + prefix + "-images-idx3-ubyte.gz");
+  if (!images)
+    return images.error();
+  auto labels = data::read_idx_labels(dir + "/" + prefix + "-labels-idx1-ubyte.gz");
+  if (!labels)
+    return labels.error();
+  if (static_cast<std::int64_t>(labels->size()) != images->count)
+    return error{errc::corrupt_data, dir + "/" + prefix + ": " + std::to_string(images->count) +
+                                         " images but " + std::to_string(labels->size()) +
+                                         " labels"};
+  const std::int64_t n = limit > 0 ? std::min(limit, images->count) : images->count;
+  const std::int64_t pixels = images->rows * images->cols;
+  shape_vector shape =
+      spatial ? shape_vector{n, 1, images->rows, images->cols} : shape_vector{n, pixels};
+  ndarray x{shape};
+  ndarray y{{n}};
+  float* xd = x.data<float>();
+  float* yd = y.data<float>();
+  for (std::int64_t i = 0; i < n * pixels; ++i)
+    xd[i] = static_cast<float>(images->pixels[static_cast<std::size_t>(i)]) / 255.0f;
+  for (std::int64_t i = 0; i < n; ++i)
+    yd[i] = static_cast<float>((*labels)[static_cast<std::size_t>(i)]);
+  return data::in_memory_dataset::create(std::move(x), std::move(y));
+}
+
+/// The networks. Input sizes are given, so every parameter is created by initialize() (no
+/// deferred shapes) and the torch initialisation below can see each weight's fan-in.
+std::shared_ptr<nn::sequential> make_model(const std::string& model) {
+  auto net = std::make_shared<nn::sequential>();
+  if (model == "mlp") {
+    // The recipe: 784-256-10 with ReLU.
+    net->add(std::make_shared<nn::dense>(256, "relu", true, 784));
+    net->add(std::make_shared<nn::dense>(10, "", true, 256));
+  } else {
+    // LeNet-5 as in MXNet's examples (conv 20 and 50 of 5x5, 2x2 max pooling, dense 500), with
+    // ReLU instead of tanh: it trains faster with plain SGD at lr 0.1.
+    net->add(std::make_shared<nn::conv2d>(20, std::array<std::int64_t, 2>{5, 5},
+                                          std::array<std::int64_t, 2>{1, 1},
+                                          std::array<std::int64_t, 2>{0, 0}, "relu", true, 1));
+    net->add(std::make_shared<nn::max_pool2d>(std::array<std::int64_t, 2>{2, 2}));
+    net->add(std::make_shared<nn::conv2d>(50, std::array<std::int64_t, 2>{5, 5},
+                                          std::array<std::int64_t, 2>{1, 1},
+                                          std::array<std::int64_t, 2>{0, 0}, "relu", true, 20));
+    net->add(std::make_shared<nn::max_pool2d>(std::array<std::int64_t, 2>{2, 2}));
+    net->add(std::make_shared<nn::flatten>());
+    net->add(std::make_shared<nn::dense>(500, "relu", true, 50 * 4 * 4));
+    net->add(std::make_shared<nn::dense>(10, "", true, 500));
+  }
+  return net;
+}
+
+/// Fan-in of a weight [out, in, k...]: in · prod(k).
+std::int64_t fan_in(const shape_vector& shape) {
+  std::int64_t fan = shape.size() > 1 ? shape[1] : 1;
+  for (std::size_t i = 2; i < shape.size(); ++i)
+    fan *= shape[i];
+  return fan;
+}
+
+/// PyTorch's default for Linear and Conv2d (kaiming_uniform with a = sqrt(5), and the bias
+/// rule): weight and bias both uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in being the
+/// weight's. Applied over what initialize() made, so the baselines start from the same law.
+void torch_init(const nn::parameter_list& params, std::uint64_t seed) {
+  for (const auto& p : params) {
+    const std::string& name = p->name();
+    std::string weight_name = name;
+    if (name.ends_with("bias"))
+      weight_name = name.substr(0, name.size() - 4) + "weight";
+    else if (!name.ends_with("weight"))
+      continue;
+    auto weight = std::find_if(params.begin(), params.end(),
+                               [&](const auto& q) { return q->name() == weight_name; });
+    if (weight == params.end())
+      continue;
+    double bound = 1.0 / std::sqrt(static_cast<double>(fan_in((*weight)->shape())));
+    p->set_data(
+        ndarray::random_uniform(-bound, bound, p->shape(), nn::initializer::seed_for(name, seed)));
+  }
+}
+
+std::shared_ptr<const nn::initializer> make_initializer(const std::string& name) {
+  if (name == "xavier")
+    return std::make_shared<nn::xavier>();
+  if (name == "normal")
+    return std::make_shared<nn::normal>();
+  return std::make_shared<nn::uniform>(); // "uniform" (gluon's default), and "torch" before
+                                          // torch_init overwrites it
+}
+
+/// Index of the largest of `classes` values from `row`.
+std::int64_t argmax(const float* row, std::int64_t classes) {
+  return std::max_element(row, row + classes) - row;
+}
+
+/// Correct predictions of `logits` [n, classes] against float labels [n].
+std::int64_t count_correct(const ndarray& logits, const ndarray& labels) {
+  auto out = logits.to_vector<float>();
+  auto want = labels.to_vector<float>();
+  const std::int64_t classes = logits.shape()[1];
+  std::int64_t correct = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    correct += argmax(out.data() + i * static_cast<std::size_t>(classes), classes) ==
+               static_cast<std::int64_t>(want[i]);
+  return correct;
+}
+
+/// Test accuracy in % over the whole set, in predict mode on the first context.
+double evaluate(nn::block& net, const data::in_memory_dataset& test, context ctx) {
+  constexpr std::int64_t chunk = 1000;
+  std::int64_t correct = 0;
+  const std::int64_t n = test.size();
+  for (std::int64_t begin = 0; begin < n; begin += chunk) {
+    std::int64_t end = std::min(n, begin + chunk);
+    auto x = test.data().slice(begin, end).copy_to(ctx);
+    correct += count_correct(net(x), test.label().slice(begin, end));
+  }
+  return n > 0 ? 100.0 * static_cast<double>(correct) / static_cast<double>(n) : 0.0;
+}
+
+/// The scheduler of --lr-scheduler, with steps counted in updates (epochs × steps per epoch).
+result<std::shared_ptr<lr_scheduler>> make_scheduler(const options& o,
+                                                     std::int64_t steps_per_epoch) {
+  auto updates = [&](double epochs) {
+    return std::max<std::int64_t>(1, std::llround(epochs * static_cast<double>(steps_per_epoch)));
+  };
+  warmup_options warmup;
+  warmup.steps = o.warmup_epochs > 0 ? updates(o.warmup_epochs) : 0;
+  warmup.begin_lr = o.warmup_begin_lr;
+  result<std::unique_ptr<lr_scheduler>> made = error{errc::invalid_argument, "no scheduler"};
+  if (o.lr_scheduler == "factor" || o.lr_scheduler == "multifactor") {
+    auto epochs = parse_epoch_list(o.lr_step_epochs);
+    if (!epochs)
+      return epochs.error();
+    if (epochs->empty())
+      return error{errc::invalid_argument,
+                   "--lr-scheduler " + o.lr_scheduler + " needs --lr-step-epochs"};
+    if (o.lr_scheduler == "factor") {
+      if (epochs->size() != 1)
+        return error{errc::invalid_argument,
+                     "--lr-scheduler factor takes one --lr-step-epochs value (the interval)"};
+      made = make_factor_scheduler(updates(epochs->front()), o.lr_factor, 1e-8, o.lr, warmup);
+    } else {
+      std::vector<std::int64_t> steps;
+      for (double e : *epochs)
+        steps.push_back(updates(e));
+      made = make_multi_factor_scheduler(steps, o.lr_factor, o.lr, warmup);
+    }
+  } else if (o.lr_scheduler == "cosine" || o.lr_scheduler == "poly") {
+    const std::int64_t total = updates(o.epochs);
+    made = o.lr_scheduler == "cosine" ? make_cosine_scheduler(total, o.lr, o.final_lr, warmup)
+                                      : make_poly_scheduler(total, o.lr, 2.0, o.final_lr, warmup);
+  }
+  if (!made)
+    return error{made.error().code(),
+                 "--lr-scheduler " + o.lr_scheduler + ": " + made.error().message()};
+  return std::shared_ptr<lr_scheduler>(std::move(*made));
+}
+
+std::string json_number(double value) {
+  return std::isfinite(value) ? fmt::format("{:.6g}", value) : "null";
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  reexec_with_suited_openblas_core(argv);
+  options o;
+  CLI::App app{"Fashion-MNIST training with troupe's gluon-style API (local or distributed)"};
+  app.option_defaults()->always_capture_default(); // --help shows each default
+  app.add_option("--model", o.model, "network")->check(CLI::IsMember({"mlp", "lenet"}));
+  app.add_option("--epochs", o.epochs, "passes over the training set")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", o.batch_size, "samples per batch, per worker")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  app.add_option("--lr", o.lr, "learning rate")->check(CLI::PositiveNumber);
+  auto* momentum = app.add_option("--momentum", o.momentum, "momentum (sgd, nag)");
+  app.add_option("--wd", o.wd, "weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--optimizer", o.optimizer, "update rule")
+      ->check(CLI::IsMember({"sgd", "nag", "adam", "rmsprop", "adagrad"}));
+  app.add_option("--seed", o.seed, "seeds the initial weights and the data order");
+  app.add_option("--kvstore", o.kvstore, "KVStore type")
+      ->check(CLI::IsMember(
+          {"local", "device", "dist_sync", "dist_async", "dist_device_sync", "dist_device_async"}));
+  app.add_option("--update-on-kvstore", o.update_on_kvstore,
+                 "run the optimizer in the store (default: MXNet's rule)")
+      ->check(CLI::IsMember({"true", "false"}));
+  app.add_option("--contexts", o.contexts, "devices each batch is split over, e.g. cpu(0),cpu(1)");
+  app.add_flag("--hybridize", o.hybridize, "run the network as a cached graph");
+  app.add_option("--init", o.init,
+                 "initial weights: torch (PyTorch's default law), xavier, uniform (gluon's "
+                 "default, 0.07), normal (0.01)")
+      ->check(CLI::IsMember({"torch", "xavier", "uniform", "normal"}));
+  app.add_option("--data-dir", o.data_dir, "directory of the four Fashion-MNIST .gz files");
+  app.add_option("--step-batch", o.step_batch,
+                 "batch size passed to trainer.step (default: batch size x workers)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--csv", o.csv, "write per-epoch metrics to this CSV file");
+  app.add_option("--plot", o.plot, "write an SVG plot of loss and accuracy to this file");
+  app.add_option("--threads", o.threads, "OpenBLAS threads")->check(CLI::Range(1, 256));
+  app.add_option("--lr-scheduler", o.lr_scheduler, "learning-rate schedule")
+      ->check(CLI::IsMember({"none", "factor", "multifactor", "cosine", "poly"}));
+  app.add_option("--lr-factor", o.lr_factor, "factor and multifactor: rate multiplier per step");
+  app.add_option("--lr-step-epochs", o.lr_step_epochs,
+                 "factor: the interval in epochs; multifactor: the epochs, e.g. 10,20");
+  app.add_option("--final-lr", o.final_lr, "cosine and poly: the rate at the last epoch");
+  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warmup length in epochs")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-begin-lr", o.warmup_begin_lr, "rate at the start of the warmup");
+  app.add_option("--train-limit", o.train_limit,
+                 "train on the first N samples of the set only (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-batches", o.max_batches, "at most N steps per epoch (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--save-params", o.save_params, "save the trained parameters to this file");
+  app.add_flag("--no-progress", o.no_progress, "no progress display on stderr");
+  app.add_flag("--quiet", o.quiet, "print only the final JSON line (and errors)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; every other parse error is a usage error (2), not CLI11's own codes.
+    return app.exit(e) == 0 ? 0 : exit_usage;
+  }
+  o.momentum_given = momentum->count() > 0;
+  if (o.momentum_given && o.optimizer != "sgd" && o.optimizer != "nag")
+    return usage("--momentum applies to --optimizer sgd and nag only");
+
+  auto contexts = parse_contexts(o.contexts);
+  if (!contexts)
+    return usage(contexts.error().message());
+  if (o.lr_scheduler == "none" &&
+      (!o.lr_step_epochs.empty() || o.warmup_epochs > 0 || o.final_lr != 0))
+    return usage("--lr-step-epochs, --warmup-epochs and --final-lr need --lr-scheduler");
+  std::optional<bool> update_on_kvstore;
+  if (!o.update_on_kvstore.empty())
+    update_on_kvstore = o.update_on_kvstore == "true";
+
+  // The kernels call OpenBLAS, whose pthreads build otherwise starts one thread per core.
+  kernels::cpu::set_blas_threads(o.threads);
+
+  // A dist store first: it tells this process its rank, which picks its part of the data. A
+  // process started as a server or the scheduler (DMLC_ROLE) serves the job inside create() and
+  // exits there.
+  const bool dist = o.kvstore.starts_with("dist");
+  std::shared_ptr<kvstore> store;
+  int rank = 0, workers = 1;
+  if (dist) {
+    auto created = kvstore::create(o.kvstore);
+    if (!created)
+      return fail("kvstore " + o.kvstore + ": " + created.error().to_string());
+    store = std::move(*created);
+    rank = store->rank();
+    workers = store->num_workers();
+  }
+  const bool lead = rank == 0;
+  const std::int64_t step_batch =
+      o.step_batch > 0 ? o.step_batch : o.batch_size * static_cast<std::int64_t>(workers);
+
+  try {
+    // Data: this worker's part of the training set; the test set on rank 0 only.
+    const bool spatial = o.model == "lenet";
+    auto train_set = load_set(o.data_dir, "train", o.train_limit, spatial);
+    if (!train_set)
+      return fail("training set: " + train_set.error().to_string());
+    std::optional<data::in_memory_dataset> test_set;
+    if (lead) {
+      auto loaded = load_set(o.data_dir, "t10k", 0, spatial);
+      if (!loaded)
+        return fail("test set: " + loaded.error().to_string());
+      test_set = std::move(*loaded);
+    }
+    const std::int64_t n_train = train_set->size();
+    auto order = data::make_sharded_sampler(n_train, workers, rank, true, o.seed);
+    if (!order)
+      return fail(order.error().to_string());
+    auto loader =
+        data::data_loader::create(*train_set, *order, o.batch_size, data::last_batch::discard);
+    if (!loader)
+      return fail(loader.error().to_string());
+    std::int64_t steps =
+        data::common_batch_count(n_train, workers, o.batch_size, data::last_batch::discard);
+    if (o.max_batches > 0)
+      steps = std::min(steps, o.max_batches);
+    if (steps == 0)
+      return fail(fmt::format("{} training samples over {} worker(s) make no full batch of {}",
+                              n_train, workers, o.batch_size));
+    if (o.batch_size < static_cast<std::int64_t>(contexts->size()))
+      return usage(fmt::format("--batch-size {} is smaller than the {} contexts it is split over",
+                               o.batch_size, contexts->size()));
+
+    // Model and trainer.
+    auto net = make_model(o.model);
+    net->initialize(make_initializer(o.init), *contexts, o.seed);
+    if (o.init == "torch")
+      torch_init(net->collect_params(), o.seed);
+    if (o.hybridize)
+      net->hybridize();
+    optimizer_params hyper{{"learning_rate", o.lr}, {"wd", o.wd}};
+    if (o.momentum_given)
+      hyper["momentum"] = o.momentum;
+    auto made =
+        dist ? trainer::create(net->collect_params(), o.optimizer, hyper, store, update_on_kvstore)
+             : trainer::create(net->collect_params(), o.optimizer, hyper, o.kvstore,
+                               update_on_kvstore);
+    if (!made)
+      return fail("trainer: " + made.error().to_string());
+    auto& train = **made;
+    if (o.lr_scheduler != "none") {
+      auto scheduler = make_scheduler(o, steps);
+      if (!scheduler)
+        return usage(scheduler.error().message());
+      // dist + update_on_kvstore refuses: the servers hold the optimizer. A flag combination,
+      // hence a usage error.
+      if (auto set = train.set_lr_scheduler(*scheduler); !set)
+        return usage("--lr-scheduler: " + set.error().to_string() +
+                     (dist && train.update_on_kvstore() ? " (--update-on-kvstore false)" : ""));
+    }
+
+    if (lead && !o.quiet)
+      fmt::print("train_mnist: model {} kvstore {} (update_on_kvstore {}) workers {} contexts {} "
+                 "batch {} per worker, step batch {}, {} steps per epoch over {} training "
+                 "samples{}\n",
+                 o.model, o.kvstore, train.update_on_kvstore(), workers, o.contexts, o.batch_size,
+                 step_batch, steps, n_train, o.hybridize ? ", hybridized" : "");
+    std::fflush(stdout);
+
+    using report::progress;
+    progress bar(lead && !o.quiet && !o.no_progress ? std::nullopt
+                                                    : std::optional{progress::mode::off});
+    std::vector<report::epoch_metrics> history;
+    double total_time = 0;
+    std::int64_t total_samples = 0;
+    for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+      if (epoch > 1)
+        loader->reset();
+      bar.start(fmt::format("epoch {}/{}", epoch, o.epochs), steps);
+      double loss_sum = 0;
+      std::int64_t correct = 0, seen = 0;
+      const auto start = std::chrono::steady_clock::now();
+      for (std::int64_t step = 0; step < steps; ++step) {
+        auto batch = loader->next();
+        if (!batch)
+          return fail(fmt::format("the loader ran out after {} of {} batches", step, steps));
+        auto xs = data::split_and_load(batch->data, *contexts, false);
+        auto ys = data::split_and_load(batch->label, *contexts, false);
+        if (!xs || !ys)
+          return fail((xs ? ys.error() : xs.error()).to_string());
+        std::vector<ndarray> losses, outputs;
+        {
+          autograd::record_scope record;
+          for (std::size_t c = 0; c < xs->size(); ++c) {
+            outputs.push_back((*net)((*xs)[c]));
+            losses.push_back(nd::softmax_cross_entropy(outputs.back(), (*ys)[c]));
+          }
+        }
+        autograd::backward(losses);
+        if (auto stepped = train.step(step_batch); !stepped)
+          return fail(
+              fmt::format("epoch {} step {}: {}", epoch, step + 1, stepped.error().to_string()));
+        for (std::size_t c = 0; c < losses.size(); ++c) {
+          loss_sum += losses[c].sum();
+          correct += count_correct(outputs[c], (*ys)[c]);
+        }
+        seen += batch->label.size();
+        bar.update(step + 1, seen * workers, loss_sum / static_cast<double>(seen),
+                   100.0 * static_cast<double>(correct) / static_cast<double>(seen));
+      }
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      bar.finish();
+
+      report::epoch_metrics m;
+      m.epoch = epoch;
+      m.train_loss = loss_sum / static_cast<double>(seen);
+      m.train_acc = 100.0 * static_cast<double>(correct) / static_cast<double>(seen);
+      m.samples = seen * workers;
+      m.time_s = elapsed;
+      m.samples_per_s = elapsed > 0 ? static_cast<double>(m.samples) / elapsed : 0;
+      m.learning_rate = train.learning_rate();
+      total_time += elapsed;
+      total_samples += m.samples;
+      if (lead) {
+        m.test_acc = evaluate(*net, *test_set, contexts->front());
+        if (!o.quiet)
+          fmt::print("{}\n", report::epoch_line(m));
+        std::fflush(stdout);
+      }
+      history.push_back(m);
+      if (store) {
+        // The others wait here while rank 0 evaluates (see the file comment).
+        if (auto met = store->barrier(); !met)
+          return fail(fmt::format("barrier after epoch {}: {}", epoch, met.error().to_string()));
+      }
+    }
+
+    if (lead) {
+      const std::string title =
+          fmt::format("train_mnist {} - {} x{} - batch {} - {} lr {}", o.model, o.kvstore, workers,
+                      o.batch_size, o.optimizer, o.lr);
+      if (!o.csv.empty())
+        if (auto written = report::write_csv(o.csv, history); !written)
+          return fail(written.error().to_string());
+      if (!o.plot.empty())
+        if (auto written = report::write_svg(o.plot, history, title); !written)
+          return fail(written.error().to_string());
+      if (!o.save_params.empty())
+        if (auto saved = net->save_parameters(o.save_params); !saved)
+          return fail(saved.error().to_string());
+      const auto& last = history.back();
+      fmt::print("{{\"final_test_acc\":{},\"final_train_loss\":{},\"samples_per_s\":{},"
+                 "\"time_s\":{},\"epochs\":{},\"model\":\"{}\",\"kvstore\":\"{}\","
+                 "\"workers\":{},\"batch_size\":{},\"step_batch\":{},\"contexts\":{},"
+                 "\"threads\":{},\"hybridize\":{}}}\n",
+                 json_number(last.test_acc.value_or(NAN)), json_number(last.train_loss),
+                 json_number(total_time > 0 ? total_samples / total_time : 0),
+                 json_number(total_time), o.epochs, o.model, o.kvstore, workers, o.batch_size,
+                 step_batch, contexts->size(), o.threads, o.hybridize);
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  return 0;
+}

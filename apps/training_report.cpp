@@ -1,0 +1,339 @@
+#include "apps/training_report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+namespace troupe::report {
+
+std::string epoch_line(const epoch_metrics& m) {
+  std::string line = fmt::format("epoch {} train_loss {:.4f} train_acc {:.2f}", m.epoch,
+                                 m.train_loss, m.train_acc);
+  if (m.test_acc)
+    line += fmt::format(" test_acc {:.2f}", *m.test_acc);
+  line += fmt::format(" samples_per_s {:.0f} time_s {:.2f}", m.samples_per_s, m.time_s);
+  return line;
+}
+
+std::string csv_text(std::span<const epoch_metrics> epochs) {
+  std::string text =
+      "epoch,train_loss,train_acc,test_acc,samples_per_s,time_s,learning_rate,samples\n";
+  for (const auto& m : epochs)
+    text += fmt::format("{},{:.6f},{:.4f},{},{:.1f},{:.4f},{:.8g},{}\n", m.epoch, m.train_loss,
+                        m.train_acc, m.test_acc ? fmt::format("{:.4f}", *m.test_acc) : "",
+                        m.samples_per_s, m.time_s, m.learning_rate, m.samples);
+  return text;
+}
+
+namespace {
+
+status write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out)
+    return error{errc::io_error, "cannot open " + path.string() + " for writing"};
+  out << text;
+  out.flush();
+  if (!out)
+    return error{errc::io_error, "cannot write " + path.string()};
+  return {};
+}
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '&':
+      out += "&amp;";
+      break;
+    case '"':
+      out += "&quot;";
+      break;
+    default:
+      out += c;
+    }
+  }
+  return out;
+}
+
+/// A number as a tick label: no trailing zeros, no exponent for the ranges plotted here.
+std::string tick_label(double value) {
+  if (std::abs(value) < 1e-12)
+    return "0";
+  return fmt::format("{:g}", value);
+}
+
+struct series {
+  std::string name;
+  std::string color;
+  bool dashed = false;
+  std::vector<std::pair<double, double>> points; ///< (epoch, value)
+};
+
+/// One panel: a frame at (x0, y0) of size w × h inside which the plot area sits, its axes,
+/// ticks, grid lines, the series and a legend. `y_clamp` bounds the ticks (accuracy: 0..100).
+void draw_panel(std::string& svg, double x0, double y0, double w, double h, std::string_view title,
+                std::string_view y_name, std::span<const series> lines, double x_max,
+                std::optional<std::pair<double, double>> y_clamp, bool legend_at_bottom) {
+  constexpr double left = 64, right = 16, top = 34, bottom = 46;
+  const double px = x0 + left, py = y0 + top, pw = w - left - right, ph = h - top - bottom;
+
+  // x: epochs 1..x_max, integer ticks; a single epoch sits in the middle.
+  double x_low = 1, x_high = std::max(x_max, 1.0);
+  if (x_high == x_low) {
+    x_low = 0;
+    x_high = 2;
+  }
+  std::vector<double> x_ticks;
+  for (double t : nice_ticks(x_low, x_high, 8))
+    if (t >= 1 && t <= std::max(x_max, 1.0) && t == std::floor(t))
+      x_ticks.push_back(t);
+
+  double y_low = INFINITY, y_high = -INFINITY;
+  for (const auto& s : lines)
+    for (auto [e, v] : s.points) {
+      y_low = std::min(y_low, v);
+      y_high = std::max(y_high, v);
+    }
+  if (!std::isfinite(y_low)) {
+    y_low = y_clamp ? y_clamp->first : 0;
+    y_high = y_clamp ? y_clamp->second : 1;
+  }
+  auto y_ticks = nice_ticks(y_low, y_high, 6);
+  if (y_clamp) {
+    // Accuracy never goes outside [0, 100]: no tick there either.
+    std::erase_if(y_ticks, [&](double t) { return t < y_clamp->first || t > y_clamp->second; });
+    if (y_ticks.size() < 2)
+      y_ticks =
+          nice_ticks(std::max(y_low - 1, y_clamp->first), std::min(y_high + 1, y_clamp->second), 6);
+  }
+  const double y_min = std::min(y_ticks.front(), y_low), y_max = std::max(y_ticks.back(), y_high);
+  auto sx = [&](double e) { return px + (e - x_low) / (x_high - x_low) * pw; };
+  auto sy = [&](double v) {
+    return y_max == y_min ? py + ph / 2 : py + ph - (v - y_min) / (y_max - y_min) * ph;
+  };
+
+  svg += fmt::format(R"(<g class="panel"><text x="{:.1f}" y="{:.1f}" class="ptitle">{}</text>)"
+                     "\n",
+                     px + pw / 2, y0 + 20, xml_escape(title));
+  // Grid and ticks.
+  for (double t : y_ticks) {
+    svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" class="grid"/>)"
+                       R"(<text x="{:.1f}" y="{:.1f}" class="ytick">{}</text>)"
+                       "\n",
+                       px, sy(t), px + pw, sy(t), px - 6, sy(t) + 4, tick_label(t));
+  }
+  for (double t : x_ticks) {
+    svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" class="tick"/>)"
+                       R"(<text x="{:.1f}" y="{:.1f}" class="xtick">{}</text>)"
+                       "\n",
+                       sx(t), py + ph, sx(t), py + ph + 5, sx(t), py + ph + 18, tick_label(t));
+  }
+  // Axes.
+  svg += fmt::format(R"(<path d="M{:.1f},{:.1f} V{:.1f} H{:.1f}" class="axis"/>)"
+                     "\n",
+                     px, py, py + ph, px + pw);
+  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="xlabel">epoch</text>)"
+                     "\n",
+                     px + pw / 2, py + ph + 38);
+  svg += fmt::format(
+      R"svg(<text transform="translate({:.1f},{:.1f}) rotate(-90)" class="ylabel">{}</text>)svg"
+      "\n",
+      x0 + 16, py + ph / 2, xml_escape(y_name));
+  // Series: a line through the points and a marker with a tooltip at each.
+  for (const auto& s : lines) {
+    if (s.points.empty())
+      continue;
+    std::string path;
+    for (auto [e, v] : s.points)
+      path += fmt::format("{}{:.1f},{:.1f} ", path.empty() ? "M" : "L", sx(e), sy(v));
+    svg += fmt::format(R"(<path d="{}" fill="none" stroke="{}" stroke-width="2"{}/>)"
+                       "\n",
+                       path, s.color, s.dashed ? R"( stroke-dasharray="6,4")" : "");
+    for (auto [e, v] : s.points)
+      svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3.5" fill="{}">)"
+                         R"(<title>{} epoch {}: {:.4g}</title></circle>)"
+                         "\n",
+                         sx(e), sy(v), s.color, xml_escape(s.name), e, v);
+  }
+  // Legend inside the plot area, in the corner the curves leave free: top right for a loss
+  // (it falls), bottom right for an accuracy (it rises).
+  double ly = legend_at_bottom ? py + ph - 8 - 18.0 * static_cast<double>(lines.size()) : py + 8;
+  for (const auto& s : lines) {
+    double lx = px + pw - 120;
+    svg += fmt::format(
+        R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="2"{}/>)"
+        R"(<text x="{:.1f}" y="{:.1f}" class="legend">{}</text>)"
+        "\n",
+        lx, ly + 6, lx + 24, ly + 6, s.color, s.dashed ? R"( stroke-dasharray="6,4")" : "", lx + 30,
+        ly + 10, xml_escape(s.name));
+    ly += 18;
+  }
+  svg += "</g>\n";
+}
+
+} // namespace
+
+std::vector<double> nice_ticks(double low, double high, int max_ticks) {
+  if (!std::isfinite(low) || !std::isfinite(high))
+    return {0, 1};
+  if (low > high)
+    std::swap(low, high);
+  if (high - low < 1e-12) {
+    double pad = std::abs(low) > 1e-12 ? std::abs(low) * 0.05 : 1;
+    low -= pad;
+    high += pad;
+  }
+  max_ticks = std::max(max_ticks, 2);
+  double raw = (high - low) / (max_ticks - 1);
+  double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = magnitude;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * magnitude >= raw) {
+      step = m * magnitude;
+      break;
+    }
+  std::vector<double> ticks;
+  double first = std::floor(low / step) * step;
+  for (double t = first; t < high + step * 0.999; t += step)
+    ticks.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  return ticks;
+}
+
+std::string svg_plot(std::span<const epoch_metrics> epochs, std::string_view title) {
+  constexpr double width = 960, height = 400, head = 36;
+  std::string svg = fmt::format(
+      R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}">)"
+      "\n",
+      width, height);
+  svg += R"(<style>
+text { font-family: sans-serif; font-size: 12px; fill: #222; }
+.title { font-size: 16px; text-anchor: middle; font-weight: bold; }
+.ptitle { font-size: 14px; text-anchor: middle; }
+.ytick { text-anchor: end; }
+.xtick, .xlabel, .ylabel { text-anchor: middle; }
+.grid { stroke: #ddd; stroke-width: 1; }
+.tick, .axis { stroke: #444; stroke-width: 1; fill: none; }
+</style>
+)";
+  svg += fmt::format(R"(<rect width="{}" height="{}" fill="white"/>)"
+                     "\n",
+                     width, height);
+  svg += fmt::format(R"(<text x="{:.1f}" y="24" class="title">{}</text>)"
+                     "\n",
+                     width / 2, xml_escape(title));
+
+  series loss{"train loss", "#1f77b4", false, {}};
+  series train_acc{"train accuracy", "#1f77b4", true, {}};
+  series test_acc{"test accuracy", "#d62728", false, {}};
+  double x_max = 1;
+  for (const auto& m : epochs) {
+    loss.points.emplace_back(m.epoch, m.train_loss);
+    train_acc.points.emplace_back(m.epoch, m.train_acc);
+    if (m.test_acc)
+      test_acc.points.emplace_back(m.epoch, *m.test_acc);
+    x_max = std::max(x_max, static_cast<double>(m.epoch));
+  }
+  std::vector<series> left{loss};
+  std::vector<series> right{train_acc};
+  if (!test_acc.points.empty())
+    right.push_back(test_acc);
+  draw_panel(svg, 0, head, width / 2, height - head, "loss", "mean cross-entropy", left, x_max,
+             std::nullopt, false);
+  draw_panel(svg, width / 2, head, width / 2, height - head, "accuracy", "accuracy (%)", right,
+             x_max, std::pair{0.0, 100.0}, true);
+  svg += "</svg>\n";
+  return svg;
+}
+
+status write_csv(const std::filesystem::path& path, std::span<const epoch_metrics> epochs) {
+  return write_text(path, csv_text(epochs));
+}
+
+status write_svg(const std::filesystem::path& path, std::span<const epoch_metrics> epochs,
+                 std::string_view title) {
+  return write_text(path, svg_plot(epochs, title));
+}
+
+progress::progress(std::optional<mode> how, std::FILE* stream,
+                   std::chrono::milliseconds line_interval)
+    : mode_(how.value_or(::isatty(::fileno(stream)) ? mode::bar : mode::lines)), stream_(stream),
+      line_interval_(line_interval) {}
+
+void progress::start(std::string label, std::int64_t total_batches) {
+  label_ = std::move(label);
+  total_ = total_batches;
+  batches_ = samples_ = 0;
+  loss_ = accuracy_ = 0;
+  start_ = last_draw_ = std::chrono::steady_clock::now();
+  drawn_ = false;
+}
+
+void progress::update(std::int64_t batches, std::int64_t samples, double mean_loss,
+                      double accuracy) {
+  batches_ = batches;
+  samples_ = samples;
+  loss_ = mean_loss;
+  accuracy_ = accuracy;
+  if (mode_ == mode::off)
+    return;
+  auto now = std::chrono::steady_clock::now();
+  auto interval = mode_ == mode::bar ? std::chrono::milliseconds(100) : line_interval_;
+  if (now - last_draw_ >= interval || (mode_ == mode::bar && batches == total_)) {
+    last_draw_ = now;
+    draw();
+  }
+}
+
+void progress::draw() {
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  double rate = seconds > 0 ? samples_ / seconds : 0;
+  std::string stats = fmt::format("{}/{} batches  {:.0f} samples/s  loss {:.4f}  acc {:.2f}%",
+                                  batches_, total_, rate, loss_, accuracy_);
+  if (mode_ == mode::bar) {
+    // A line longer than the terminal wraps, and \r then redraws only its last part: the bar
+    // shrinks to fit, and the text is cut as a last resort.
+    int columns = 80;
+    winsize size{};
+    if (::ioctl(::fileno(stream_), TIOCGWINSZ, &size) == 0 && size.ws_col > 0)
+      columns = size.ws_col;
+    const int room = columns - 1 - static_cast<int>(label_.size() + stats.size()) - 4;
+    const int width = std::clamp(room, 0, 30);
+    std::string line = label_;
+    if (width >= 5) {
+      int filled = total_ > 0 ? static_cast<int>(width * batches_ / total_) : width;
+      std::string bar(static_cast<std::size_t>(filled), '=');
+      if (filled < width)
+        bar += '>' + std::string(static_cast<std::size_t>(width - filled - 1), ' ');
+      line += " [" + bar + "]";
+    }
+    line += " " + stats;
+    if (static_cast<int>(line.size()) > columns - 1)
+      line.resize(static_cast<std::size_t>(std::max(columns - 1, 0)));
+    // \r and erase-to-end-of-line: the line is redrawn in place.
+    std::fprintf(stream_, "\r%s\x1b[K", line.c_str());
+  } else {
+    std::fprintf(stream_, "%s %s\n", label_.c_str(), stats.c_str());
+  }
+  std::fflush(stream_);
+  drawn_ = true;
+}
+
+void progress::finish() {
+  if (mode_ == mode::bar && drawn_) {
+    std::fprintf(stream_, "\r\x1b[K");
+    std::fflush(stream_);
+  }
+  drawn_ = false;
+}
+
+} // namespace troupe::report

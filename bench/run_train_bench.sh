@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The Fashion-MNIST job against its PyTorch baselines, back to back, REPEATS times:
+#
+#   local: build/apps/train_mnist --model mlp --kvstore local --threads 1 (batch 128)
+#          vs bench/pytorch_mnist.py --threads 1
+#   dist:  troupe-launch -n 2 -s 1 -- train_mnist --kvstore dist_sync --batch-size 64
+#          (step batch 128) vs bench/pytorch_ddp_mnist.py (2 processes, gloo, batch 64 each)
+#
+# Both sides train the issue's recipe (MLP 784-256-10 ReLU, SGD lr 0.1, no momentum, global batch
+# 128, last partial batch dropped) for EPOCHS epochs with one compute thread per process. Each
+# pair prints a JSON line with both samples/s (training loop only, summed over workers) and
+# final test accuracies and the ratio troupe / PyTorch; the last lines give the median ratio per
+# setting. On a shared 2-core machine only ratios of runs made back to back mean anything.
+#
+#   bench/run_train_bench.sh [BUILD_DIR]
+#   REPEATS=3 EPOCHS=1 SETTINGS="local dist" SEED=0 bench/run_train_bench.sh build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+repeats=${REPEATS:-3}
+epochs=${EPOCHS:-1}
+settings=${SETTINGS:-local dist}
+seed=${SEED:-0}
+python=${PYTHON:-/usr/bin/python3}
+for exe in apps/train_mnist apps/troupe-launch apps/troupe-node; do
+  [ -x "$build/$exe" ] || { echo "run_train_bench: $build/$exe is missing" >&2; exit 1; }
+done
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+# The final JSON line of a run (a launcher prefix such as "[worker 0] " removed).
+final_line() { grep '"final_test_acc"' | sed -e 's/^\[worker [0-9]*\] //' | tail -n 1; }
+
+run_troupe_local() {
+  "$build/apps/train_mnist" --model mlp --kvstore local --epochs "$epochs" --batch-size 128 \
+      --lr 0.1 --seed "$seed" --threads 1 --no-progress | final_line
+}
+run_torch_local() {
+  "$python" bench/pytorch_mnist.py --epochs "$epochs" --seed "$seed" --threads 1 | final_line
+}
+run_troupe_dist() {
+  "$build/apps/troupe-launch" -n 2 -s 1 -- "$build/apps/train_mnist" --model mlp \
+      --kvstore dist_sync --epochs "$epochs" --batch-size 64 --lr 0.1 --seed "$seed" \
+      --threads 1 --no-progress | final_line
+}
+run_torch_dist() {
+  "$python" bench/pytorch_ddp_mnist.py --epochs "$epochs" --seed "$seed" --threads 1 | final_line
+}
+
+for repeat in $(seq 1 "$repeats"); do
+  for setting in $settings; do
+    troupe=$("run_troupe_$setting")
+    torch=$("run_torch_$setting")
+    [ -n "$troupe" ] && [ -n "$torch" ] || { echo "run_train_bench: a $setting run printed no result" >&2; exit 1; }
+    "$python" - "$setting" "$repeat" "$epochs" "$troupe" "$torch" <<'EOF' | tee -a "$log"
+import json, sys
+setting, repeat, epochs, troupe, torch = sys.argv[1:]
+t, p = json.loads(troupe), json.loads(torch)
+print(json.dumps({"bench": "train_mnist_vs_pytorch", "setting": setting, "repeat": int(repeat),
+                  "epochs": int(epochs),
+                  "troupe_samples_per_s": t["samples_per_s"], "torch_samples_per_s": p["samples_per_s"],
+                  "ratio": round(t["samples_per_s"] / p["samples_per_s"], 3),
+                  "troupe_test_acc": t["final_test_acc"], "torch_test_acc": p["final_test_acc"]}))
+EOF
+  done
+done
+
+"$python" - "$log" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+for setting in dict.fromkeys(r["setting"] for r in rows):
+    mine = [r for r in rows if r["setting"] == setting]
+    med = lambda key: statistics.median(r[key] for r in mine)
+    print(json.dumps({"bench": "train_mnist_vs_pytorch_median", "setting": setting,
+                      "repeats": len(mine), "median_ratio": round(med("ratio"), 3),
+                      "median_troupe_samples_per_s": med("troupe_samples_per_s"),
+                      "median_torch_samples_per_s": med("torch_samples_per_s"),
+                      "median_troupe_test_acc": med("troupe_test_acc"),
+                      "median_torch_test_acc": med("torch_test_acc")}))
+EOF

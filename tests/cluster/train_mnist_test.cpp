@@ -1,0 +1,208 @@
+// apps/train_mnist as a user runs it: the real binary on the real Fashion-MNIST files, alone and
+// as the workers of a troupe-launch job; and its report (apps/training_report) on its own. The
+// runs are kept short (one epoch, or a few hundred samples) for a 2-core CI machine; every wait is
+// bounded.
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <boost/test/unit_test.hpp>
+
+#include "apps/training_report.hpp"
+#include "process_support.hpp"
+
+using namespace troupe::testing;
+namespace report = troupe::report;
+
+namespace {
+
+const std::string launch_path = TROUPE_LAUNCH_PATH;
+const std::string node_path = TROUPE_NODE_PATH;
+const std::string train_path = TROUPE_TRAIN_MNIST_PATH;
+const std::string data_dir = "/usr/share/datasets/fashion-mnist";
+
+boost::test_tools::assertion_result fashion_mnist_present(boost::unit_test::test_unit_id) {
+  const auto images = data_dir + "/train-images-idx3-ubyte.gz";
+  if (fs::exists(images) && fs::exists(data_dir + "/t10k-images-idx3-ubyte.gz"))
+    return true;
+  boost::test_tools::assertion_result result{false};
+  result.message() << "Fashion-MNIST is not installed at " << data_dir;
+  return result;
+}
+
+std::string describe(const outcome& result) {
+  std::ostringstream text;
+  text << "exit " << result.exit_code << (result.timed_out ? " (timed out)" : "") << "\nstdout:\n"
+       << result.out << "\nstderr:\n"
+       << result.err;
+  return text.str();
+}
+
+/// The value of "key":number in the last line of `text` that holds "final_test_acc".
+std::optional<double> final_field(const std::string& text, const std::string& key) {
+  std::string line;
+  for (const auto& l : lines_of(text))
+    if (l.find("\"final_test_acc\"") != std::string::npos)
+      line = l;
+  std::smatch match;
+  if (!std::regex_search(line, match, std::regex("\"" + key + "\":([-0-9.eE+]+)")))
+    return std::nullopt;
+  return std::stod(match[1].str());
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(train_mnist_job)
+
+// The issue's recipe for one epoch, seed 0: troupe reaches 79.9% (77.0-80.9% over seeds 0-2,
+// PyTorch's bench/pytorch_mnist.py 79.9-81.1%); 75% leaves room for another BLAS kernel while
+// still failing a job that does not learn (chance is 10%; a wrong update scale or label order
+// stays far below).
+BOOST_AUTO_TEST_CASE(one_epoch_of_the_mlp_beats_75_percent_and_writes_its_report,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  temp_dir dir;
+  auto result = run(train_path,
+                    {"--model", "mlp", "--epochs", "1", "--no-progress", "--csv",
+                     (dir / "metrics.csv").string(), "--plot", (dir / "plot.svg").string()},
+                    {}, 180s);
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  BOOST_TEST(!with_prefix(result.out, "epoch 1 train_loss ").empty(), result.out);
+  auto accuracy = final_field(result.out, "final_test_acc");
+  BOOST_TEST_REQUIRE(accuracy.has_value(), result.out);
+  BOOST_TEST(*accuracy > 75.0, result.out);
+  BOOST_TEST(final_field(result.out, "samples_per_s").value_or(0) > 0, result.out);
+
+  auto csv = lines_of(read_file(dir / "metrics.csv"));
+  BOOST_TEST_REQUIRE(csv.size() == 2u);
+  BOOST_TEST(csv[0].starts_with("epoch,train_loss,train_acc,test_acc,"));
+  BOOST_TEST(csv[1].starts_with("1,"));
+  auto svg = read_file(dir / "plot.svg");
+  BOOST_TEST(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  BOOST_TEST(svg.ends_with("</svg>\n"));
+  BOOST_TEST(svg.find("test accuracy") != std::string::npos);
+}
+
+// Hybridized and imperative runs compute with the same operators in the same order, so the
+// metrics they print agree to the last digit; two contexts and a `device` store take the same
+// path through split_and_load and the store's sum.
+BOOST_AUTO_TEST_CASE(a_hybridized_run_on_two_contexts_prints_what_the_imperative_one_does,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  const std::vector<std::string> common{"--epochs", "1",          "--max-batches",
+                                        "20",       "--quiet",    "--kvstore",
+                                        "device",   "--contexts", "cpu(0),cpu(1)"};
+  auto imperative = run(train_path, common, {}, 120s);
+  auto with_hybrid = common;
+  with_hybrid.push_back("--hybridize");
+  auto hybridized = run(train_path, with_hybrid, {}, 120s);
+  BOOST_TEST_REQUIRE(imperative.exit_code == 0, describe(imperative));
+  BOOST_TEST_REQUIRE(hybridized.exit_code == 0, describe(hybridized));
+  for (const char* key : {"final_test_acc", "final_train_loss"})
+    BOOST_TEST(final_field(imperative.out, key).value_or(-1) ==
+                   final_field(hybridized.out, key).value_or(-2),
+               key << "\n"
+                   << imperative.out << "\n"
+                   << hybridized.out);
+}
+
+// 1023 samples over 2 workers: part 0 holds 512 (8 batches of 64), part 1 511 (7 batches). A
+// worker that ran its 8th batch would push into a sync round nobody else joins (MXNet hangs there,
+// apache/mxnet#7888; troupe's store would time out). Every worker runs common_batch_count = 7
+// steps, so the job ends, twice over (two epochs), well inside the bound.
+BOOST_AUTO_TEST_CASE(dist_sync_workers_with_unequal_parts_finish_without_waiting_on_each_other,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  auto result = run(launch_path,
+                    {"-n", "2", "-s", "1", "--node-binary", node_path, "--", train_path,
+                     "--kvstore", "dist_sync", "--train-limit", "1023", "--batch-size", "64",
+                     "--epochs", "2", "--no-progress"},
+                    {}, 120s);
+  BOOST_TEST_REQUIRE(!result.timed_out, describe(result));
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  BOOST_TEST(result.out.find("step batch 128, 7 steps per epoch over 1023 training samples") !=
+                 std::string::npos,
+             result.out);
+  BOOST_TEST(with_prefix(result.out, "[worker 0] epoch ").size() == 2u, result.out);
+  BOOST_TEST(final_field(result.out, "workers").value_or(0) == 2.0, result.out);
+  BOOST_TEST(result.err.find("timeout") == std::string::npos, result.err);
+}
+
+BOOST_AUTO_TEST_CASE(bad_flags_exit_2_with_one_line_naming_them) {
+  auto unknown = run(train_path, {"--no-such-flag"}, {}, 30s);
+  BOOST_TEST(unknown.exit_code == 2, describe(unknown));
+  auto context = run(train_path, {"--contexts", "cpu(0),tpu(1)"}, {}, 30s);
+  BOOST_TEST(context.exit_code == 2, describe(context));
+  BOOST_TEST(context.err.find("'tpu(1)' is not a context") != std::string::npos, context.err);
+  auto momentum = run(train_path, {"--optimizer", "adam", "--momentum", "0.9"}, {}, 30s);
+  BOOST_TEST(momentum.exit_code == 2, describe(momentum));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(training_report)
+
+BOOST_AUTO_TEST_CASE(the_epoch_line_has_the_issue_s_fields_in_order) {
+  report::epoch_metrics m;
+  m.epoch = 3;
+  m.train_loss = 0.41;
+  m.train_acc = 85.2;
+  m.test_acc = 84.9;
+  m.samples_per_s = 41000;
+  m.time_s = 1.6;
+  BOOST_TEST(report::epoch_line(m) == "epoch 3 train_loss 0.4100 train_acc 85.20 test_acc 84.90 "
+                                      "samples_per_s 41000 time_s 1.60");
+  m.test_acc.reset();
+  BOOST_TEST(report::epoch_line(m) ==
+             "epoch 3 train_loss 0.4100 train_acc 85.20 samples_per_s 41000 time_s 1.60");
+}
+
+BOOST_AUTO_TEST_CASE(the_csv_leaves_an_absent_test_accuracy_empty) {
+  std::vector<report::epoch_metrics> epochs(2);
+  epochs[0].epoch = 1;
+  epochs[0].test_acc = 80;
+  epochs[1].epoch = 2;
+  auto rows = lines_of(report::csv_text(epochs));
+  BOOST_TEST_REQUIRE(rows.size() == 3u);
+  BOOST_TEST(rows[1].starts_with("1,0.000000,0.0000,80.0000,"));
+  BOOST_TEST(rows[2].starts_with("2,0.000000,0.0000,,"));
+}
+
+BOOST_AUTO_TEST_CASE(nice_ticks_cover_the_range_in_round_steps) {
+  auto ticks = report::nice_ticks(0.38, 0.72, 6);
+  BOOST_TEST_REQUIRE(ticks.size() >= 2u);
+  BOOST_TEST(ticks.front() <= 0.38);
+  BOOST_TEST(ticks.back() >= 0.72);
+  BOOST_TEST(ticks.size() <= 8u);
+  // One value: the range is widened rather than divided by zero.
+  auto single = report::nice_ticks(80, 80, 6);
+  BOOST_TEST(single.size() >= 2u);
+  BOOST_TEST(single.front() <= 80);
+  BOOST_TEST(single.back() >= 80);
+}
+
+BOOST_AUTO_TEST_CASE(the_svg_is_one_document_even_without_epochs) {
+  auto empty = report::svg_plot({}, "nothing <yet>");
+  BOOST_TEST(empty.starts_with("<svg "));
+  BOOST_TEST(empty.ends_with("</svg>\n"));
+  BOOST_TEST(empty.find("nothing &lt;yet&gt;") != std::string::npos);
+  std::vector<report::epoch_metrics> epochs(3);
+  for (int i = 0; i < 3; ++i) {
+    epochs[i].epoch = i + 1;
+    epochs[i].train_loss = 0.7 - 0.1 * i;
+    epochs[i].train_acc = 75 + 4 * i;
+    epochs[i].test_acc = 78 + 3 * i;
+  }
+  auto svg = report::svg_plot(epochs, "run");
+  // Three markers per accuracy series and for the loss, each with its tooltip.
+  std::size_t markers = 0;
+  for (auto at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1))
+    ++markers;
+  BOOST_TEST(markers == 9u);
+  BOOST_TEST(svg.find("test accuracy epoch 3: 84") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
