@@ -363,6 +363,11 @@ const std::vector<field>& fields() {
                   "Size of the chunks big tensors travel in; at most data.max_frame_bytes."},
                  bytes_setter(&cluster_config::chunk_bytes, 4096),
                  {}});
+    t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
+                  "Shared-memory arena per direction of a data connection between processes on "
+                  "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},
+                 bytes_setter(&cluster_config::shm_arena_bytes, 0),
+                 {}});
     return t;
   }();
   return table;

@@ -116,6 +116,9 @@ struct cluster_config {
   std::int64_t max_frame_bytes = 256 * 1024 * 1024;
   /// Size of the chunks big tensors travel in; at most max_frame_bytes.
   std::int64_t chunk_bytes = 1024 * 1024;
+  /// Shared-memory arena per direction of a data connection whose ends share a host (tensors
+  /// then skip the socket); 0 turns the fast path off.
+  std::int64_t shm_arena_bytes = 64 * 1024 * 1024;
 
   /// Hardware threads of this machine, at least 1.
   static int default_shards() noexcept;

@@ -15,7 +15,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +39,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/data_link_framing.hpp"
+#include "actors/shm_arena.hpp"
 
 namespace troupe {
 
@@ -43,6 +47,12 @@ namespace {
 
 using caf::io::connection_handle;
 using caf::io::receive_policy;
+
+/// To a broker from itself: send the link hello (the client's first frame).
+using link_start_atom = caf::atom_constant<caf::atom("linkstart")>;
+/// To a broker, from whichever thread dropped a tensor viewing the peer's arena of connection
+/// (uint64 id): send the queued releases.
+using shm_release_atom = caf::atom_constant<caf::atom("shmrelease")>;
 
 /// One connection's receiving and sending state, the same for both broker kinds.
 struct link_connection {
@@ -60,6 +70,26 @@ struct link_connection {
   /// The peer broke the framing: whatever else arrives is ignored, and the connection closes as
   /// soon as the queued frames (the error_reply last) are in CAF's buffer, which CAF still sends.
   bool closing = false;
+
+  // Same-host fast path (shm_arena.hpp).
+  /// Our arena for what we send: created and offered; used once the peer accepted it (tx_on).
+  std::unique_ptr<shm_send_arena> tx;
+  bool tx_on = false;
+  /// The peer's arena, mapped read-only, once we accepted its offer.
+  std::shared_ptr<shm_peer_arena> rx;
+  /// We sent our link hello.
+  bool hello_sent = false;
+  /// The peer's link hello showed our host identity.
+  bool peer_same_host = false;
+
+  link_connection(const link_connection&) = delete;
+  link_connection& operator=(const link_connection&) = delete;
+  ~link_connection() {
+    // Tensors may still view the peer's arena (the mapping stays until they go); their releases
+    // have nowhere to go now.
+    if (rx)
+      rx->detach();
+  }
 };
 
 void log_line(const data_link_tuning& tuning, const std::string& line) {
@@ -91,27 +121,55 @@ wire::message failure_reply(const wire::message& request, wire::error_code code,
 }
 
 /// Encodes `msg` for the wire, or says why it cannot go: encode refused it, or it is bigger than
-/// the peer accepts (our own limit: both ends of a job use one configuration).
-std::optional<std::string> encode_into(frame_send_queue& queue, const wire::message& msg,
+/// the peer accepts (our own limit: both ends of a job use one configuration). On a connection
+/// with an accepted arena, a tensor payload of at least shm_threshold_bytes is copied into a
+/// region of the arena (instead of into CAF's write buffer later) and the frame references it;
+/// when the ring has no room it goes inline, as without an arena.
+std::optional<std::string> encode_into(link_connection& c, wire::message& msg,
                                        std::shared_ptr<const void> keepalive,
                                        const data_link_tuning& tuning) {
+  std::optional<std::size_t> region;
+  if (auto* tensor = wire::tensor_of(msg)) {
+    // A received tensor forwarded as it is (an echo) references the peer's arena, not ours.
+    tensor->shm.reset();
+    const std::size_t size = tensor->data.size();
+    // A payload that could not go inline is refused below as without an arena, so that a
+    // caller's mistake does not depend on where the peer runs.
+    if (c.tx_on && size >= tuning.shm_threshold_bytes && size < tuning.limits.max_frame_bytes)
+      region = c.tx->allocate(size);
+    if (region) {
+      auto into = c.tx->bytes().subspan(*region, size);
+      std::memcpy(into.data(), tensor->data.data(), size);
+      tensor->shm = wire::shm_ref{*region, size};
+      tensor->data = into;
+      keepalive.reset(); // the caller's memory is not read again
+    }
+  }
+  auto give_back = [&] {
+    if (region)
+      c.tx->release(*region);
+  };
   try {
     auto frame = wire::encode(msg);
-    if (frame.body_size() > tuning.limits.max_frame_bytes)
+    if (frame.body_size() > tuning.limits.max_frame_bytes) {
+      give_back();
       return std::string(wire::kind_name(msg)) + " frame of " + std::to_string(frame.body_size()) +
              " bytes exceeds max_frame_bytes " + std::to_string(tuning.limits.max_frame_bytes) +
              "; split the tensor (wire::chunker)";
-    queue.push(std::move(frame), std::move(keepalive));
+    }
+    c.queue.push(std::move(frame), std::move(keepalive));
     return std::nullopt;
   } catch (const std::exception& e) {
+    give_back();
     return std::string("cannot encode ") + std::string(wire::kind_name(msg)) + ": " + e.what();
   }
 }
 
-/// Queues an error_reply; these are small and always encodable.
-void queue_reply(link_connection& c, const wire::message& reply, const data_link_tuning& tuning) {
-  if (auto why = encode_into(c.queue, reply, nullptr, tuning))
-    log_line(tuning, "data link: dropping an error reply: " + *why);
+/// Queues a frame without a tensor (error replies, link control); these are small and always
+/// encodable.
+void queue_reply(link_connection& c, wire::message reply, const data_link_tuning& tuning) {
+  if (auto why = encode_into(c, reply, nullptr, tuning))
+    log_line(tuning, "data link: dropping a " + std::string(wire::kind_name(reply)) + ": " + *why);
 }
 
 /// Hands queued bytes to CAF while the in-flight bound allows, flushing each step.
@@ -124,6 +182,113 @@ void pump(caf::io::abstract_broker* self, link_connection& c, const data_link_tu
     // current one is written, so the next chunk is always ready.
     self->flush(c.hdl);
   }
+}
+
+// ================================================================================================
+// same-host fast path: the link-control frames, the same at both ends
+
+/// Queues our link hello: host identity and arena size (0 when we cannot tell our host).
+void queue_hello(link_connection& c, const data_link_tuning& tuning) {
+  const std::string& id = host_identity();
+  c.hello_sent = true;
+  queue_reply(c,
+              wire::link_hello{id.empty() ? std::string("unknown") : id,
+                               id.empty() ? 0 : static_cast<std::uint64_t>(tuning.shm_arena_bytes)},
+              tuning);
+}
+
+/// Handles a link_hello, arena_offer, arena_accept or arena_release from the peer. `who`:
+/// "data server: connection 3" or "data link to host:port", for the log. `wake` is
+/// what a release of the peer's arena runs (it tells this broker to send the releases). Queues
+/// the answers; the caller pumps.
+void handle_link_control(link_connection& c, const wire::message& msg,
+                         const data_link_tuning& tuning, const std::string& who,
+                         const std::function<void()>& wake) {
+  if (const auto* hello = std::get_if<wire::link_hello>(&msg)) {
+    if (!c.hello_sent)
+      queue_hello(c, tuning);
+    c.peer_same_host = !host_identity().empty() && hello->host_id == host_identity();
+    if (!c.peer_same_host) {
+      log_line(tuning, who + ": the peer runs on another host; tensors go over TCP");
+      return;
+    }
+    if (tuning.shm_arena_bytes == 0 || hello->arena_bytes == 0 || c.tx)
+      return;
+    auto arena = shm_send_arena::create(tuning.shm_arena_bytes);
+    if (!arena) {
+      log_line(tuning,
+               who + ": no shared-memory arena, tensors go over TCP: " + arena.error().to_string());
+      return;
+    }
+    c.tx = std::move(*arena);
+    queue_reply(c, wire::arena_offer{c.tx->name(), c.tx->size()}, tuning);
+  } else if (const auto* offer = std::get_if<wire::arena_offer>(&msg)) {
+    std::string refusal;
+    if (tuning.shm_arena_bytes == 0)
+      refusal = "shared memory is off here (data.shm_arena_bytes = 0)";
+    else if (!c.peer_same_host)
+      refusal = "no link hello from the same host came first";
+    else if (c.rx)
+      refusal = "an arena was accepted already";
+    else if (offer->bytes > std::numeric_limits<std::size_t>::max())
+      refusal = "the arena is too large";
+    if (refusal.empty()) {
+      auto arena = shm_peer_arena::open(offer->name, static_cast<std::size_t>(offer->bytes));
+      if (arena) {
+        c.rx = std::move(*arena);
+        c.rx->on_release(wake);
+        c.receiver.set_peer_arena(c.rx);
+      } else {
+        refusal = arena.error().to_string();
+      }
+    }
+    if (!refusal.empty())
+      log_line(tuning, who + ": refused the peer's shared-memory arena, its tensors come over " +
+                           "TCP: " + refusal);
+    queue_reply(c, wire::arena_accept{refusal.empty(), refusal}, tuning);
+  } else if (const auto* accept = std::get_if<wire::arena_accept>(&msg)) {
+    if (!c.tx || c.tx_on) {
+      log_line(tuning, who + ": ignoring an arena_accept nobody asked for");
+      return;
+    }
+    // Mapped by the peer or refused: either way the name is no longer needed.
+    c.tx->unlink();
+    if (accept->ok) {
+      c.tx_on = true;
+      log_line(tuning, who + ": tensors of at least " + std::to_string(tuning.shm_threshold_bytes) +
+                           " bytes go through shared memory (" + std::to_string(c.tx->size()) +
+                           " bytes)");
+    } else {
+      log_line(tuning, who + ": the peer refused our shared-memory arena, tensors go over TCP: " +
+                           accept->detail);
+      c.tx.reset();
+    }
+  } else if (const auto* release = std::get_if<wire::arena_release>(&msg)) {
+    std::size_t unknown = 0;
+    for (std::uint64_t offset : release->offsets)
+      if (!c.tx || !c.tx->release(offset))
+        ++unknown;
+    if (unknown != 0)
+      log_line(tuning,
+               who + ": ignoring " + std::to_string(unknown) + " releases of regions not in use");
+  }
+}
+
+/// Sends what the peer's arena has released (one frame for all of them).
+void send_releases(link_connection& c, const data_link_tuning& tuning) {
+  if (!c.rx)
+    return;
+  auto offsets = c.rx->take_releases();
+  if (!offsets.empty())
+    queue_reply(c, wire::arena_release{std::move(offsets)}, tuning);
+}
+
+/// What a release of connection `id`'s peer arena runs: tells the broker, if it still exists.
+std::function<void()> release_waker(caf::io::abstract_broker* self, std::uint64_t id) {
+  return [broker = self->address(), id] {
+    if (auto strong = caf::actor_cast<caf::actor>(broker))
+      caf::anon_send(strong, shm_release_atom::value, id);
+  };
 }
 
 // ================================================================================================
@@ -229,8 +394,14 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
           c.closing = true;
         else
           self->configure_read(msg.handle, receive_policy::exactly(out.next_read));
-        if (out.frame)
-          dispatch(self, c, std::move(*out.frame));
+        if (out.frame) {
+          if (wire::is_link_control(out.frame->msg))
+            handle_link_control(c, out.frame->msg, st.options.tuning,
+                                "data server: connection " + std::to_string(c.id),
+                                release_waker(self, c.id));
+          else
+            dispatch(self, c, std::move(*out.frame));
+        }
         serve_writes(self, c);
       },
       [=](const caf::io::data_transferred_msg& msg) {
@@ -258,13 +429,23 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
           return;
         }
         auto& c = st.connections.at(h->second);
-        if (auto why =
-                encode_into(c.queue, reply.msg, std::move(reply.keepalive), st.options.tuning)) {
+        if (auto why = encode_into(c, reply.msg, std::move(reply.keepalive), st.options.tuning)) {
           // The peer waits for an answer to this request id: tell it why none comes.
           log_line(st.options.tuning, "data server: " + *why);
           queue_reply(c, failure_reply(reply.msg, wire::error_code::internal, *why),
                       st.options.tuning);
         }
+        serve_writes(self, c);
+      },
+      [=](shm_release_atom, std::uint64_t id) {
+        auto& st = self->state;
+        auto h = st.handles.find(id);
+        if (h == st.handles.end())
+          return;
+        auto& c = st.connections.at(h->second);
+        if (c.closing)
+          return;
+        send_releases(c, st.options.tuning);
         serve_writes(self, c);
       },
       [=](caf::get_atom) { return self->state.endpoint; },
@@ -330,6 +511,8 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   });
   self->ack_writes(hdl, true);
   self->configure_read(hdl, receive_policy::exactly(frame_receiver::first_read));
+  if (st.tuning.shm_arena_bytes > 0 && !host_identity().empty())
+    self->send(self, link_start_atom::value);
   return {
       [=](caf::io::new_data_msg& msg) {
         auto& st = self->state;
@@ -337,8 +520,13 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
           return;
         auto& c = *st.connection;
         auto out = c.receiver.consume(msg.buf);
-        if (out.frame)
+        if (out.frame && wire::is_link_control(out.frame->msg)) {
+          handle_link_control(c, out.frame->msg, st.tuning, "data link to " + st.peer,
+                              release_waker(self, c.id));
+          pump(self, c, st.tuning);
+        } else if (out.frame) {
           self->send(st.receiver, std::move(*out.frame));
+        }
         if (out.fatal()) {
           link_down(self, "data link to " + st.peer + " closed: the server sent a frame that " +
                               "breaks the framing: " + out.error->message);
@@ -365,12 +553,26 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         if (st.down)
           return;
         auto& c = *st.connection;
-        if (auto why = encode_into(c.queue, request.msg, std::move(request.keepalive), st.tuning)) {
+        if (auto why = encode_into(c, request.msg, std::move(request.keepalive), st.tuning)) {
           log_line(st.tuning, "data link: " + *why);
           tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
           return;
         }
         pump(self, c, st.tuning);
+      },
+      [=](link_start_atom) {
+        auto& st = self->state;
+        if (st.down)
+          return;
+        queue_hello(*st.connection, st.tuning);
+        pump(self, *st.connection, st.tuning);
+      },
+      [=](shm_release_atom, std::uint64_t) {
+        auto& st = self->state;
+        if (st.down)
+          return;
+        send_releases(*st.connection, st.tuning);
+        pump(self, *st.connection, st.tuning);
       },
       [=](caf::get_atom) { return self->state.peer; },
       [=](stop_atom) {

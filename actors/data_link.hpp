@@ -30,6 +30,12 @@
 // receive credit yet, see docs/data-path.md), and there is no TLS or peer authentication yet, so
 // a data server must only be reachable by the job's nodes.
 //
+// Same host: when both ends of a connection run on one host (the link hello compares boot id and
+// hostname) and tuning.shm_arena_bytes is not 0 at both, tensor payloads of at least
+// shm_threshold_bytes travel through a shared-memory arena per direction and only small frames
+// through the socket (actors/shm_arena.hpp). Setting it up never fails a link: any failure, and
+// a full arena, just means the bytes go through the socket.
+//
 // Failure detection: brokers have no CAF heartbeats; a closed or reset connection is the signal
 // (on_disconnect on the server, link_down_atom at the client's receiver). A peer that hangs with
 // its socket open is noticed by the request timeouts of the callers.
@@ -44,6 +50,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/shm_arena.hpp"
 #include "engine/error.hpp"
 #include "schema/codec.hpp"
 
@@ -65,6 +72,13 @@ struct data_link_tuning {
   std::size_t max_bytes_in_flight = std::size_t{8} << 20;
   /// Capacity of received frame buffers one broker keeps for reuse (warm, pre-faulted).
   std::size_t max_cached_buffer_bytes = std::size_t{1} << 30;
+  /// Same-host fast path (actors/shm_arena.hpp): size of the shared-memory arena each end of a
+  /// connection creates for what it sends, when the link hello shows both ends on one host and
+  /// both have a non-zero size. 0: tensors always travel through the socket.
+  std::size_t shm_arena_bytes = std::size_t{64} << 20;
+  /// Smallest tensor payload sent through the arena; smaller ones, and any that find no room
+  /// in the ring, go inline as without an arena.
+  std::size_t shm_threshold_bytes = default_shm_threshold_bytes;
   /// Verbose diagnostics: a refused frame, a dropped reply, a closed connection. One line per
   /// call, on the broker's thread; silent when empty.
   std::function<void(std::string_view line)> log;

@@ -174,14 +174,19 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
   std::vector<char> body = std::move(buffer);
   buffer = std::move(prefix_buffer_);
   auto owner = pool_->keep(std::move(body));
-  auto decoded = wire::decode_body(bytes_of(*owner), limits_);
+  auto decoded = wire::decode_body(bytes_of(*owner), limits_,
+                                   arena_ ? arena_->bytes() : std::span<const std::byte>{});
   if (!decoded) {
     const bool fatal = loses_framing(decoded.error().kind);
     return {fatal ? 0 : wire::frame_prefix_bytes, std::nullopt, decoded.error()};
   }
   envelope env;
   env.msg = std::move(decoded->msg);
-  if (wire::tensor_of(env.msg) != nullptr) {
+  if (const auto* tensor = wire::tensor_of(env.msg); tensor != nullptr && tensor->shm) {
+    // The bytes are in the peer's arena (decode checked the bounds); the frame buffer goes back
+    // to the pool right here, and the region goes back to the peer with the last envelope copy.
+    env.keepalive = arena_->hold(tensor->shm->offset);
+  } else if (tensor != nullptr) {
     // operator new aligns vectors to 16 bytes, so decode reads in place and the tensor views the
     // pooled buffer; were it ever copied, the aligned copy lives in the decoded_message instead.
     if (decoded->copied())

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "actors/shm_arena.hpp"
 #include "schema/codec.hpp"
 
 namespace troupe {
@@ -103,6 +104,11 @@ public:
   /// Precondition: buffer.size() equals the announced read (else std::logic_error: a bug).
   receive_outcome consume(std::vector<char>& buffer);
 
+  /// From now on, tensors may reference `arena` (the peer's, mapped here): decode checks the
+  /// references against it, the decoded tensor views it, and envelope::keepalive is a hold on
+  /// the region (released to the peer when the last copy goes). Null: no arena.
+  void set_peer_arena(std::shared_ptr<shm_peer_arena> arena) { arena_ = std::move(arena); }
+
   /// Bytes of the body being read, or 0 between frames.
   std::size_t body_bytes() const noexcept { return in_body_ ? body_bytes_ : 0; }
 
@@ -111,6 +117,7 @@ private:
 
   std::shared_ptr<receive_buffer_pool> pool_;
   wire::decode_limits limits_;
+  std::shared_ptr<shm_peer_arena> arena_;
   /// The small vector the prefixes are read into, parked here while a body is read.
   std::vector<char> prefix_buffer_;
   std::size_t body_bytes_ = 0;

@@ -7,6 +7,7 @@
 //                           [--ops push,pushpull] [--chunk 16777216] [--threads 2]
 //                           [--scheduler stealing|sharing] [--caf-defaults]
 //                           [--write-chunk 4194304] [--in-flight 8388608]
+//                           [--shm-arena 67108864 (0: tensors through the socket)]
 //
 // A forked server process runs a data server whose handler answers each push frame with an ack
 // and each pushpull frame with a pull_reply carrying a tensor chunk of the same size (from a
@@ -81,6 +82,8 @@ struct system_settings {
   /// Write pacing of both ends (data_link_tuning).
   std::size_t write_chunk_bytes = data_link_tuning{}.write_chunk_bytes;
   std::size_t max_bytes_in_flight = data_link_tuning{}.max_bytes_in_flight;
+  /// Same-host arena per direction; 0 measures the socket path.
+  std::size_t shm_arena_bytes = data_link_tuning{}.shm_arena_bytes;
 };
 
 data_link_tuning make_tuning(const system_settings& settings, std::size_t largest) {
@@ -88,6 +91,7 @@ data_link_tuning make_tuning(const system_settings& settings, std::size_t larges
   tuning.limits.max_frame_bytes = std::max<std::size_t>(largest, 1 << 20) + (1 << 20);
   tuning.write_chunk_bytes = settings.write_chunk_bytes;
   tuning.max_bytes_in_flight = settings.max_bytes_in_flight;
+  tuning.shm_arena_bytes = settings.shm_arena_bytes;
   return tuning;
 }
 
@@ -218,6 +222,8 @@ int main(int argc, char** argv) {
                  "bytes appended to a connection's write buffer per step");
   app.add_option("--in-flight", settings.max_bytes_in_flight,
                  "most bytes per connection handed to CAF and not yet written");
+  app.add_option("--shm-arena", settings.shm_arena_bytes,
+                 "same-host shared-memory arena per direction (0: through the socket)");
   app.add_flag("--caf-defaults", settings.caf_defaults,
                "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
   CLI11_PARSE(app, argc, argv);

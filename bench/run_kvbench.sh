@@ -26,7 +26,9 @@ trap 'rm -f "$log"' EXIT
 for round in $(seq 1 "$rounds"); do
   echo "# round $round"
   "$build/bench/tcp_baseline" --sizes "$sizes" --repeats "$repeats" | sed "s/^/round=$round /" | tee -a "$log"
-  "$build/apps/troupe-launch" -n "$workers" -s "$servers" -- "$build/bench/kvbench" \
+  # LAUNCH_ARGS: more troupe-launch flags, e.g. "--config noshm.toml" for an A/B of a setting.
+  # shellcheck disable=SC2086
+  "$build/apps/troupe-launch" -n "$workers" -s "$servers" ${LAUNCH_ARGS:-} -- "$build/bench/kvbench" \
       --sizes "$sizes" --keys "$keys" --repeats "$repeats" |
     grep '"bench":"kvbench"' | sed -e 's/^\[worker [0-9]*\] //' -e "s/^/round=$round /" | tee -a "$log"
 done

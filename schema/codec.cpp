@@ -245,7 +245,7 @@ struct size_estimate {
   void text(const std::string& s) { words += s.size() / 8 + 2; }
   void tensor(const tensor_chunk& t) {
     words += 8 + t.shape.size();
-    if (t.data.size() < reference_threshold)
+    if (!t.shm && t.data.size() < reference_threshold)
       words += t.data.size() / 8 + 1;
   }
   void operator()(const registration& m) {
@@ -283,6 +283,10 @@ struct size_estimate {
   void operator()(const barrier&) {}
   void operator()(const barrier_release&) {}
   void operator()(const heartbeat&) {}
+  void operator()(const link_hello& m) { text(m.host_id); }
+  void operator()(const arena_offer& m) { text(m.name); }
+  void operator()(const arena_accept& m) { text(m.detail); }
+  void operator()(const arena_release& m) { words += 2 + m.offsets.size(); }
 };
 
 capnp::Text::Reader text_of(const std::string& s) {
@@ -452,6 +456,27 @@ public:
     b.setCode(to_wire<ws::ErrorCode>(m.code));
     b.setMessage(text_of(m.message));
   }
+  void operator()(const link_hello& m) {
+    auto b = root_.initLinkHello();
+    b.setHostId(text_of(m.host_id));
+    b.setArenaBytes(m.arena_bytes);
+  }
+  void operator()(const arena_offer& m) {
+    auto b = root_.initArenaOffer();
+    b.setName(text_of(m.name));
+    b.setBytes(m.bytes);
+  }
+  void operator()(const arena_accept& m) {
+    auto b = root_.initArenaAccept();
+    b.setOk(m.ok);
+    b.setDetail(text_of(m.detail));
+  }
+  void operator()(const arena_release& m) {
+    auto b = root_.initArenaRelease();
+    auto offsets = b.initOffsets(list_size(m.offsets.size()));
+    for (unsigned i = 0; i < m.offsets.size(); ++i)
+      offsets.set(i, m.offsets[i]);
+  }
 
 private:
   static unsigned list_size(std::size_t n) {
@@ -472,6 +497,15 @@ private:
       shape.set(i, t.shape[i]);
     b.setTotalBytes(t.total_bytes);
     b.setOffset(t.offset);
+    if (t.shm) {
+      // The bytes are in the sender's shared-memory arena already; the frame only says where.
+      if (t.shm->bytes == 0)
+        throw std::invalid_argument("encode: an empty shared-memory reference");
+      auto shm = b.initShm();
+      shm.setOffset(t.shm->offset);
+      shm.setBytes(t.shm->bytes);
+      return;
+    }
     const auto* bytes = reinterpret_cast<const kj::byte*>(t.data.data());
     const bool aligned = reinterpret_cast<std::uintptr_t>(bytes) % 8 == 0;
     if (t.data.size() >= reference_threshold && aligned) {
@@ -556,7 +590,8 @@ namespace {
 
 class reader {
 public:
-  explicit reader(const decode_limits& limits) : limits_(limits) {}
+  reader(const decode_limits& limits, std::span<const std::byte> arena)
+      : limits_(limits), arena_(arena) {}
 
   message read(ws::Message::Reader root) {
     switch (root.which()) {
@@ -594,6 +629,23 @@ public:
       return read(root.getHeartbeat());
     case ws::Message::ERROR:
       return read(root.getError());
+    case ws::Message::LINK_HELLO:
+      return read(root.getLinkHello());
+    case ws::Message::ARENA_OFFER:
+      return read(root.getArenaOffer());
+    case ws::Message::ARENA_ACCEPT: {
+      auto r = root.getArenaAccept();
+      return arena_accept{r.getOk(), bounded_text(r.getDetail(), "arena accept detail")};
+    }
+    case ws::Message::ARENA_RELEASE: {
+      auto offsets = root.getArenaRelease().getOffsets();
+      check_list(offsets.size(), "arena release offsets");
+      arena_release m;
+      m.offsets.reserve(offsets.size());
+      for (std::uint64_t offset : offsets)
+        m.offsets.push_back(offset);
+      return m;
+    }
     }
     fail(decode_error::code::unknown_message,
          "message kind " + std::to_string(static_cast<unsigned>(root.which())) +
@@ -645,6 +697,29 @@ private:
     auto data = t.getData();
     c.data =
         std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.begin()), data.size());
+    auto shm = t.getShm();
+    if (shm.getBytes() != 0) {
+      // Only bounds are checked: the arena's bytes are numbers like any payload.
+      const shm_ref ref{shm.getOffset(), shm.getBytes()};
+      const std::string where = "shared-memory reference [" + std::to_string(ref.offset) + ", +" +
+                                std::to_string(ref.bytes) + ")";
+      if (!c.data.empty())
+        fail(decode_error::code::invalid_tensor,
+             std::string(field) + " has both inline data and a " + where);
+      if (arena_.empty())
+        fail(decode_error::code::invalid_tensor,
+             std::string(field) + " has a " + where + " but this connection has no arena");
+      if (ref.offset > arena_.size() || ref.bytes > arena_.size() - ref.offset)
+        fail(decode_error::code::invalid_tensor, std::string(field) + " has a " + where +
+                                                     " outside the arena of " +
+                                                     std::to_string(arena_.size()) + " bytes");
+      if (ref.offset % 8 != 0)
+        fail(decode_error::code::invalid_tensor,
+             std::string(field) + " has a " + where + " not aligned to 8 bytes");
+      c.data =
+          arena_.subspan(static_cast<std::size_t>(ref.offset), static_cast<std::size_t>(ref.bytes));
+      c.shm = ref;
+    }
     if (auto error = validate_tensor(c, limits_))
       throw rejection{std::move(*error)};
     return c;
@@ -840,6 +915,18 @@ private:
          "command " + std::to_string(static_cast<unsigned>(r.which())) + " is not known");
   }
 
+  message read(ws::LinkHello::Reader r) {
+    return link_hello{required_text(r.hasHostId(), r.getHostId(), "link hello host id"),
+                      r.getArenaBytes()};
+  }
+
+  message read(ws::ArenaOffer::Reader r) {
+    arena_offer m{required_text(r.hasName(), r.getName(), "arena offer name"), r.getBytes()};
+    if (m.bytes == 0)
+      fail(decode_error::code::invalid_value, "arena offer of 0 bytes");
+    return m;
+  }
+
   message read(ws::Heartbeat::Reader r) {
     return heartbeat{r.getSenderNodeId(), r.getSequence(), r.getTimestampNs()};
   }
@@ -863,6 +950,7 @@ private:
   }
 
   const decode_limits& limits_;
+  std::span<const std::byte> arena_;
 };
 
 // The standard serialization's segment table, checked against the body size before Cap'n
@@ -889,8 +977,8 @@ void check_segment_table(std::span<const std::byte> body, const decode_limits& l
          std::to_string(body.size() - announced) + " bytes follow the last segment");
 }
 
-result<decoded_message> decode_checked(std::span<const std::byte> body,
-                                       const decode_limits& limits) {
+result<decoded_message> decode_checked(std::span<const std::byte> body, const decode_limits& limits,
+                                       std::span<const std::byte> arena) {
   if (body.size() > limits.max_frame_bytes)
     fail(decode_error::code::frame_too_large, "frame body of " + std::to_string(body.size()) +
                                                   " bytes, limit " +
@@ -916,7 +1004,7 @@ result<decoded_message> decode_checked(std::span<const std::byte> body,
   options.nestingLimit = nesting_limit;
   capnp::FlatArrayMessageReader frame(kj::arrayPtr(static_cast<const capnp::word*>(at), words),
                                       options);
-  reader r(limits);
+  reader r(limits, arena);
   return decoded_message(r.read(frame.getRoot<ws::Message>()), std::move(copy));
 }
 
@@ -940,9 +1028,10 @@ result<std::size_t> read_frame_prefix(std::span<const std::byte> prefix,
   return static_cast<std::size_t>(length);
 }
 
-result<decoded_message> decode_body(std::span<const std::byte> body, const decode_limits& limits) {
+result<decoded_message> decode_body(std::span<const std::byte> body, const decode_limits& limits,
+                                    std::span<const std::byte> arena) {
   try {
-    return decode_checked(body, limits);
+    return decode_checked(body, limits, arena);
   } catch (rejection& r) {
     return std::move(r.error);
   } catch (const kj::Exception& e) {
@@ -953,7 +1042,8 @@ result<decoded_message> decode_body(std::span<const std::byte> body, const decod
   }
 }
 
-result<decoded_message> decode(std::span<const std::byte> frame, const decode_limits& limits) {
+result<decoded_message> decode(std::span<const std::byte> frame, const decode_limits& limits,
+                               std::span<const std::byte> arena) {
   auto length = read_frame_prefix(frame, limits);
   if (!length)
     return length.error();
@@ -965,7 +1055,7 @@ result<decoded_message> decode(std::span<const std::byte> frame, const decode_li
   if (available > *length)
     return decode_error{decode_error::code::malformed_frame,
                         std::to_string(available - *length) + " bytes follow the announced body"};
-  return decode_body(frame.subspan(frame_prefix_bytes), limits);
+  return decode_body(frame.subspan(frame_prefix_bytes), limits, arena);
 }
 
 } // namespace troupe::wire

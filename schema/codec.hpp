@@ -8,6 +8,9 @@
 // Tensors above one chunk go through chunker / reassembler (schema/chunking.hpp).
 //
 // Zero copy, both ways:
+// - A tensor with tensor_chunk::shm set travels as that reference only (the data link's same-host
+//   fast path put its bytes into a shared-memory arena); decode_body resolves it against the
+//   arena it is given.
 // - encode() references a tensor payload of 4 KiB or more at an 8-byte-aligned address instead of
 //   copying it; smaller or misaligned payloads are copied into the frame.
 // - decode() reads the frame in place; a decoded tensor_chunk::data points into the frame buffer
@@ -175,11 +178,19 @@ result<std::size_t> read_frame_prefix(std::span<const std::byte> prefix,
 /// Cap'n Proto's structure with a traversal limit of the body's own word count, then every field
 /// (enums, required fields, lists and texts against limits, tensor consistency). `body` must
 /// outlive the returned message's tensor view unless copied().
+///
+/// `arena`: the peer's shared-memory arena as mapped here (actors/shm_arena.hpp), or empty when
+/// the connection has none. A tensor with a shm reference (tensor_chunk::shm) is accepted only
+/// when the reference lies inside `arena` at an 8-byte-aligned offset, with no inline data; its
+/// data then views `arena` (which must outlive that view). Otherwise: invalid_tensor naming the
+/// reference.
 result<decoded_message> decode_body(std::span<const std::byte> body,
-                                    const decode_limits& limits = {});
+                                    const decode_limits& limits = {},
+                                    std::span<const std::byte> arena = {});
 
 /// Decodes a whole frame, prefix included; its size must be exactly prefix + announced body.
-result<decoded_message> decode(std::span<const std::byte> frame, const decode_limits& limits = {});
+result<decoded_message> decode(std::span<const std::byte> frame, const decode_limits& limits = {},
+                               std::span<const std::byte> arena = {});
 
 /// The checks decode applies to a tensor chunk (see tensor_chunk), usable on chunks built
 /// locally; nullopt when the chunk is consistent.

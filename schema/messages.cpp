@@ -68,11 +68,20 @@ std::string_view kind_name(const message& msg) noexcept {
                                                "set_gradient_compression",
                                                "command",
                                                "heartbeat",
-                                               "error_reply"};
+                                               "error_reply",
+                                               "link_hello",
+                                               "arena_offer",
+                                               "arena_accept",
+                                               "arena_release"};
   static_assert(std::size(names) == std::variant_size_v<message>);
   if (msg.valueless_by_exception())
     return "valueless";
   return names[msg.index()];
+}
+
+bool is_link_control(const message& msg) noexcept {
+  return std::holds_alternative<link_hello>(msg) || std::holds_alternative<arena_offer>(msg) ||
+         std::holds_alternative<arena_accept>(msg) || std::holds_alternative<arena_release>(msg);
 }
 
 const tensor_chunk* tensor_of(const message& msg) noexcept {

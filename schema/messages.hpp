@@ -46,6 +46,14 @@ inline constexpr std::uint8_t workers = 4;
 inline constexpr std::uint8_t all = scheduler | servers | workers;
 } // namespace group
 
+/// Where a chunk's bytes lie in the sender's shared-memory arena (troupe.capnp Tensor.shm): the
+/// same-host fast path of a data connection (actors/shm_arena.hpp, docs/data-path.md).
+struct shm_ref {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+  friend bool operator==(const shm_ref&, const shm_ref&) = default;
+};
+
 /// One chunk of a dense row-major tensor; a whole tensor is the chunk with offset 0 and
 /// data.size() == total_bytes. Invariants checked by decode (and by chunker on its input):
 /// total_bytes == product(shape) * size_of(type); offset and data.size() are multiples of
@@ -60,6 +68,10 @@ struct tensor_chunk {
   std::uint64_t offset = 0;
   /// This chunk's bytes; not owned (see the file comment for whose memory it views).
   std::span<const std::byte> data;
+  /// Set when the bytes travel through a shared-memory arena instead of the frame: encode then
+  /// writes this reference (data is not copied), and decode sets it and points data into the
+  /// arena it was given. Only the data link sets it for sending. Not part of ==.
+  std::optional<shm_ref> shm = std::nullopt;
 
   /// Compares the payload bytes, not their addresses: a decoded chunk equals the one encoded.
   friend bool operator==(const tensor_chunk& a, const tensor_chunk& b) noexcept;
@@ -273,10 +285,41 @@ struct error_reply {
   friend bool operator==(const error_reply&, const error_reply&) = default;
 };
 
+/// Data connections only (troupe.capnp LinkHello): host identity and arena size (0: no arena).
+struct link_hello {
+  std::string host_id;
+  std::uint64_t arena_bytes = 0;
+  friend bool operator==(const link_hello&, const link_hello&) = default;
+};
+
+/// Data connections only: the sender's arena for what it sends, to be mapped read-only.
+struct arena_offer {
+  std::string name;
+  std::uint64_t bytes = 0;
+  friend bool operator==(const arena_offer&, const arena_offer&) = default;
+};
+
+/// Data connections only: reply to arena_offer.
+struct arena_accept {
+  bool ok = false;
+  std::string detail;
+  friend bool operator==(const arena_accept&, const arena_accept&) = default;
+};
+
+/// Data connections only: shm_ref offsets the receiver no longer reads.
+struct arena_release {
+  std::vector<std::uint64_t> offsets;
+  friend bool operator==(const arena_release&, const arena_release&) = default;
+};
+
 /// Any frame's content. The alternatives' order is not the wire order (the codec maps them).
 using message = std::variant<registration, admission, membership, init, push, pull_request,
                              pull_reply, pushpull, ack, barrier, barrier_release, set_optimizer,
-                             set_gradient_compression, command, heartbeat, error_reply>;
+                             set_gradient_compression, command, heartbeat, error_reply, link_hello,
+                             arena_offer, arena_accept, arena_release>;
+
+/// True for the frames a data connection handles itself (link_hello, arena_*): never forwarded.
+bool is_link_control(const message& msg) noexcept;
 
 /// "push", "pull_reply", ...: the alternative's name, for logs and error messages.
 std::string_view kind_name(const message& msg) noexcept;

@@ -75,6 +75,17 @@ struct Tensor {
   data @4 :Data;
   # This chunk's bytes; size a multiple of size(dtype), offset + size <= totalBytes, and not empty
   # unless totalBytes is 0. At most 2^29-1 bytes (Cap'n Proto's Data limit).
+  shm :group {
+    # Same-host fast path (an extension of version 1; docs/data-path.md): when `bytes` is not 0,
+    # the chunk's bytes are not in `data` (which must then be empty) but at [offset, offset +
+    # bytes) of the shared-memory arena the sender offered on this data connection (ArenaOffer).
+    # Only sent on a connection whose arena the receiver accepted; offset is a multiple of 8 and
+    # the range lies inside the arena, else the frame is rejected (badFrame). The receiver answers
+    # with an ArenaRelease of `offset` once it no longer reads the bytes; until then the sender
+    # does not reuse them. A receiver without this extension sees an empty chunk and rejects it.
+    offset @5 :UInt64;
+    bytes @6 :UInt64;
+  }
 }
 
 struct Registration {
@@ -361,6 +372,42 @@ struct Error {
   # Human-readable detail naming the values involved.
 }
 
+struct LinkHello {
+  # Data connections only: the client's first frame when it has a shared-memory arena to offer
+  # (data.shm_arena_bytes > 0), answered by the server's LinkHello. Neither is forwarded to an
+  # actor. Both ends compare hostId: equal ids mean the same kernel, and then each end with a
+  # non-zero arenaBytes may offer an arena for what it sends (ArenaOffer).
+  hostId @0 :Text;
+  # /proc/sys/kernel/random/boot_id, a slash and the uts hostname; non-empty.
+  arenaBytes @1 :UInt64;
+  # Size of the arena the sender would create for its direction; 0: it will neither offer one
+  # nor accept the peer's.
+}
+
+struct ArenaOffer {
+  # Data connections, after the LinkHellos showed the same host: the sender created a POSIX
+  # shared-memory object for the frames it sends. Answered by ArenaAccept; the sender removes the
+  # name once answered (or when the connection closes), so nothing stays in /dev/shm.
+  name @0 :Text;
+  # shm_open name: "/troupe-" and 32 lowercase hex digits; anything else is refused.
+  bytes @1 :UInt64;
+  # Size of the object; the receiver maps it read-only and refuses it if it is smaller.
+}
+
+struct ArenaAccept {
+  # Reply to ArenaOffer. Until it arrives, and for good when ok is false, tensors travel inline.
+  ok @0 :Bool;
+  # True: the arena is mapped, Tensor.shm references to it are accepted from now on.
+  detail @1 :Text;
+  # Why it was refused (for the log); empty when ok.
+}
+
+struct ArenaRelease {
+  # Receiver of Tensor.shm references -> their sender: these regions are no longer read.
+  offsets @0 :List(UInt64);
+  # The Tensor.shm offsets released, in any order; each one once.
+}
+
 struct Message {
   # The one root type of every frame.
   union {
@@ -398,5 +445,13 @@ struct Message {
     # Node -> scheduler.
     error @16 :Error;
     # Any receiver of a request -> its sender.
+    linkHello @17 :LinkHello;
+    # Either end of a data connection (same-host fast path).
+    arenaOffer @18 :ArenaOffer;
+    # Either end of a data connection.
+    arenaAccept @19 :ArenaAccept;
+    # Either end of a data connection.
+    arenaRelease @20 :ArenaRelease;
+    # Either end of a data connection.
   }
 }

@@ -5,13 +5,18 @@
 #include <arpa/inet.h>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <netinet/in.h>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -25,6 +30,7 @@
 
 #include "actors/data_link.hpp"
 #include "actors/data_link_framing.hpp"
+#include "actors/shm_arena.hpp"
 #include "schema/chunking.hpp"
 
 using namespace troupe;
@@ -589,6 +595,339 @@ BOOST_AUTO_TEST_CASE(spawning_a_server_without_a_route_is_a_caller_error) {
   auto server = spawn_data_server(*sys, "127.0.0.1", 0, {});
   BOOST_TEST_REQUIRE(!server.has_value());
   BOOST_TEST((server.error().code() == errc::invalid_argument));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ================================================================================================
+// The same-host fast path (actors/shm_arena.hpp): the ring and the mappings alone, the codec's
+// checks of a reference, then both brokers over loopback, which share this host.
+
+namespace {
+
+/// Names of /dev/shm entries that look like troupe arenas.
+std::set<std::string> arena_files() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (entry.path().filename().string().starts_with("troupe-"))
+      names.insert(entry.path().filename().string());
+  return names;
+}
+
+/// Collects a broker's log lines (they come from the middleman's thread).
+struct log_sink {
+  std::function<void(std::string_view)> writer() {
+    return [lines = lines](std::string_view line) {
+      std::lock_guard<std::mutex> guard{lines->first};
+      lines->second.emplace_back(line);
+    };
+  }
+  /// Waits up to `patience` for a line containing `fragment`.
+  bool await(const std::string& fragment) {
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (std::chrono::steady_clock::now() < until) {
+      {
+        std::lock_guard<std::mutex> guard{lines->first};
+        for (const auto& line : lines->second)
+          if (line.find(fragment) != std::string::npos)
+            return true;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    return false;
+  }
+  std::shared_ptr<std::pair<std::mutex, std::vector<std::string>>> lines =
+      std::make_shared<std::pair<std::mutex, std::vector<std::string>>>();
+};
+
+data_link_tuning shm_tuning(std::size_t arena_bytes, log_sink& sink) {
+  data_link_tuning tuning;
+  tuning.shm_arena_bytes = arena_bytes;
+  tuning.log = sink.writer();
+  return tuning;
+}
+
+constexpr std::string_view fast_path_on = "go through shared memory";
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(shm_arena_alone)
+
+BOOST_AUTO_TEST_CASE(the_ring_reclaims_only_the_released_prefix_and_wraps_early) {
+  auto created = shm_send_arena::create(std::size_t{1} << 20);
+  BOOST_TEST_REQUIRE(created.has_value());
+  auto& ring = **created;
+  BOOST_TEST(is_arena_name(ring.name()));
+  BOOST_TEST(arena_files().count(ring.name().substr(1)) == 1u);
+  constexpr std::size_t third = 300 * 1024; // a multiple of the 64-byte alignment
+  BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{0}));
+  BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{third}));
+  BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{2 * third}));
+  BOOST_TEST(!ring.allocate(third).has_value()); // full: the caller sends inline
+  BOOST_TEST(ring.release(third));               // out of order: nothing is reclaimed yet
+  BOOST_TEST(!ring.release(third));              // each region once
+  BOOST_TEST(!ring.release(12345));              // not a region
+  BOOST_TEST(ring.outstanding() == 3u);
+  BOOST_TEST(!ring.allocate(third).has_value());
+  BOOST_TEST(ring.release(0)); // now the prefix [0, 2 * third) goes
+  BOOST_TEST(ring.outstanding() == 1u);
+  // The start is free again: the next regions go there, before the end of the arena is used.
+  BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{0}));
+  BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{third}));
+  BOOST_TEST(!ring.allocate(1).has_value()); // up to the region still in use
+  BOOST_TEST(ring.release(2 * third));
+  BOOST_TEST(ring.release(0));
+  BOOST_TEST(ring.release(third));
+  BOOST_TEST(ring.outstanding() == 0u);
+  BOOST_TEST((ring.allocate(std::size_t{1} << 20) == std::optional<std::size_t>{0}));
+  BOOST_TEST(!ring.allocate((std::size_t{1} << 20) + 1).has_value());
+  ring.unlink();
+  BOOST_TEST(arena_files().count(ring.name().substr(1)) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(the_peer_maps_read_only_and_releases_wake_the_broker_once_per_batch) {
+  auto created = shm_send_arena::create(std::size_t{64} << 10);
+  BOOST_TEST_REQUIRE(created.has_value());
+  auto& ring = **created;
+  auto region = ring.allocate(4096);
+  BOOST_TEST_REQUIRE(region.has_value());
+  std::memset(ring.bytes().data() + *region, 0x5a, 4096);
+
+  BOOST_TEST(!shm_peer_arena::open("/etc-passwd", 4096).has_value());
+  BOOST_TEST(!shm_peer_arena::open(ring.name(), std::size_t{1} << 20).has_value()); // too big
+  auto peer = shm_peer_arena::open(ring.name(), ring.size());
+  BOOST_TEST_REQUIRE(peer.has_value());
+  BOOST_TEST(((*peer)->bytes()[*region + 4095] == std::byte{0x5a}));
+  ring.unlink(); // the mappings outlive the name
+
+  int wakes = 0;
+  (*peer)->on_release([&] { ++wakes; });
+  auto first = (*peer)->hold(*region);
+  auto second = (*peer)->hold(128);
+  first.reset();
+  second.reset();
+  BOOST_TEST(wakes == 1); // one wake while the queue was not empty
+  BOOST_TEST(((*peer)->take_releases() == std::vector<std::uint64_t>{*region, 128}));
+  (*peer)->detach();
+  (*peer)->hold(0).reset();
+  BOOST_TEST((*peer)->take_releases().empty());
+  BOOST_TEST(wakes == 1);
+}
+
+BOOST_AUTO_TEST_CASE(the_codec_checks_a_reference_against_the_arena_it_is_given) {
+  std::vector<std::uint64_t> arena_words(1024); // 8 KiB
+  auto arena = std::as_bytes(std::span(arena_words));
+  for (std::size_t i = 0; i < arena_words.size(); ++i)
+    arena_words[i] = i;
+  auto values = ramp(1024); // 4 KiB: data is only used for the size
+  auto push = make_push(5, *values);
+  auto decode_with = [&](wire::shm_ref ref, std::span<const std::byte> mapped) {
+    push.tensor.shm = ref;
+    auto flat = wire::encode(push).flatten();
+    return wire::decode(flat, {}, mapped);
+  };
+  auto inside = decode_with({4096, 4096}, arena);
+  BOOST_TEST_REQUIRE(inside.has_value());
+  const auto& got = std::get<wire::push>(inside->msg).tensor;
+  BOOST_TEST(got.data.data() == arena.data() + 4096); // a view, no copy
+  BOOST_TEST((got.shm == std::optional<wire::shm_ref>{wire::shm_ref{4096, 4096}}));
+
+  auto outside = decode_with({8192, 4096}, arena);
+  BOOST_TEST_REQUIRE(!outside.has_value());
+  BOOST_TEST((outside.error().kind == wire::decode_error::code::invalid_tensor));
+  BOOST_TEST(outside.error().message.find("[8192, +4096) outside the arena of 8192 bytes") !=
+             std::string::npos);
+  auto wrapping = decode_with({~std::uint64_t{0} - 7, 4096}, arena);
+  BOOST_TEST_REQUIRE(!wrapping.has_value());
+  BOOST_TEST(wrapping.error().message.find("outside the arena") != std::string::npos);
+  auto misaligned = decode_with({4, 4096}, arena);
+  BOOST_TEST_REQUIRE(!misaligned.has_value());
+  BOOST_TEST(misaligned.error().message.find("not aligned") != std::string::npos);
+  auto no_arena = decode_with({0, 4096}, {});
+  BOOST_TEST_REQUIRE(!no_arena.has_value());
+  BOOST_TEST(no_arena.error().message.find("no arena") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_FIXTURE_TEST_SUITE(shm_fast_path, link_fixture)
+
+namespace {
+
+/// Answers every push with itself, its round set to 1 when it arrived through shared memory.
+caf::actor spawn_tagging_echo(caf::actor_system& sys, std::vector<caf::actor>& spawned) {
+  auto echo = sys.spawn(
+      [](caf::event_based_actor* self, int) -> caf::behavior {
+        return {[=](envelope& request, caf::actor& reply_to) {
+          if (auto* push = std::get_if<wire::push>(&request.msg))
+            push->round = push->tensor.shm ? 1 : 0;
+          self->send(reply_to, std::move(request));
+        }};
+      },
+      0);
+  spawned.push_back(echo);
+  return echo;
+}
+
+/// `sent` as the tagging echo answers it.
+wire::push tagged(wire::push sent, std::uint64_t round) {
+  sent.round = round;
+  return sent;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_inline_when_full) {
+  const auto before = arena_files();
+  log_sink server_log, client_log;
+  data_server_options server_options;
+  auto echo = spawn_tagging_echo(*sys, spawned);
+  server_options.route = [echo](const envelope&) { return echo; };
+  server_options.tuning = shm_tuning(std::size_t{1} << 20, server_log);
+  auto server = start_server(std::move(server_options));
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self, {shm_tuning(std::size_t{1} << 20, client_log)});
+  BOOST_TEST_REQUIRE(client_log.await(std::string(fast_path_on)));
+  BOOST_TEST_REQUIRE(server_log.await(std::string(fast_path_on)));
+  // Both arenas are mapped by both ends now: their names are gone from /dev/shm.
+  BOOST_TEST((arena_files() == before));
+
+  // Below the threshold, just above it with a partial last word, and 256 KiB; 400 in flight
+  // through 1 MiB arenas: the rings wrap many times and fill up, and then frames go inline.
+  auto values = ramp(std::size_t{1} << 16);
+  const std::size_t sizes[] = {2, 1025, 16385, std::size_t{1} << 16};
+  constexpr std::uint64_t count = 400;
+  for (std::uint64_t id = 1; id <= count; ++id)
+    self->send(link, envelope{make_push(id, std::span(*values).first(sizes[id % 4])), values, 0});
+  std::size_t up_shm = 0, down_shm = 0, big = 0;
+  for (std::uint64_t id = 1; id <= count; ++id) {
+    auto reply = next_envelope(self);
+    BOOST_TEST_REQUIRE(reply.has_value());
+    const auto& push = std::get<wire::push>(reply->msg);
+    BOOST_TEST_REQUIRE(push.request_id == id);
+    const auto expected = std::span(*values).first(sizes[id % 4]);
+    BOOST_TEST_REQUIRE(push.tensor.data.size() == expected.size_bytes());
+    BOOST_TEST_REQUIRE(
+        std::memcmp(push.tensor.data.data(), expected.data(), expected.size_bytes()) == 0);
+    const bool above = expected.size_bytes() >= default_shm_threshold_bytes;
+    big += above;
+    up_shm += push.round == 1;
+    down_shm += push.tensor.shm.has_value();
+    BOOST_TEST_REQUIRE((above || (push.round == 0 && !push.tensor.shm)));
+  }
+  BOOST_TEST_MESSAGE("through shared memory: " << up_shm << " of " << big << " up, " << down_shm
+                                               << " down");
+  BOOST_TEST(up_shm > 0u);
+  BOOST_TEST(down_shm > 0u);
+  BOOST_TEST(up_shm + down_shm > 4u); // 1 MiB holds four 256 KiB regions: the rings wrapped
+
+  // Held replies keep the server's regions: it falls back to inline frames, never waits...
+  std::vector<envelope> held;
+  bool went_inline = false;
+  for (std::uint64_t id = 1000; id < 1016 && !went_inline; ++id) {
+    self->send(link, envelope{make_push(id, *values), values, 0});
+    auto reply = next_envelope(self);
+    BOOST_TEST_REQUIRE(reply.has_value());
+    const auto& push = std::get<wire::push>(reply->msg);
+    BOOST_TEST_REQUIRE((push == tagged(make_push(id, *values), push.round)));
+    went_inline = !push.tensor.shm;
+    held.push_back(std::move(*reply));
+  }
+  BOOST_TEST_REQUIRE(went_inline);
+  // ...and takes them back once released.
+  held.clear();
+  bool back_to_shm = false;
+  for (std::uint64_t id = 2000; id < 2200 && !back_to_shm; ++id) {
+    self->send(link, envelope{make_push(id, *values), values, 0});
+    auto reply = next_envelope(self);
+    BOOST_TEST_REQUIRE(reply.has_value());
+    const auto& push = std::get<wire::push>(reply->msg);
+    BOOST_TEST_REQUIRE((push == tagged(make_push(id, *values), push.round)));
+    back_to_shm = std::get<wire::push>(reply->msg).tensor.shm.has_value();
+    if (!back_to_shm)
+      std::this_thread::sleep_for(1ms);
+  }
+  BOOST_TEST(back_to_shm);
+  self->send(link, stop_atom::value);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  BOOST_TEST((arena_files() == before));
+}
+
+BOOST_AUTO_TEST_CASE(with_the_arena_off_at_either_end_tensors_go_through_the_socket) {
+  const auto before = arena_files();
+  for (bool client_off : {true, false}) {
+    log_sink server_log, client_log;
+    data_server_options server_options;
+    auto echo = spawn_tagging_echo(*sys, spawned);
+    server_options.route = [echo](const envelope&) { return echo; };
+    server_options.tuning = shm_tuning(client_off ? std::size_t{1} << 20 : 0, server_log);
+    auto server = start_server(std::move(server_options));
+    caf::scoped_actor self{*sys};
+    auto link =
+        connect(server.port, self, {shm_tuning(client_off ? 0 : std::size_t{1} << 20, client_log)});
+    auto values = ramp(std::size_t{1} << 16);
+    for (std::uint64_t id = 1; id <= 20; ++id) {
+      self->send(link, envelope{make_push(id, *values), values, 0});
+      auto reply = next_envelope(self);
+      BOOST_TEST_REQUIRE(reply.has_value());
+      const auto& push = std::get<wire::push>(reply->msg);
+      BOOST_TEST_REQUIRE((push == tagged(make_push(id, *values), 0)));
+      BOOST_TEST_REQUIRE(!push.tensor.shm);
+    }
+    BOOST_TEST((arena_files() == before));
+    self->send(link, stop_atom::value);
+    BOOST_TEST(await_disconnects(1).size() == 1u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_reference_outside_the_arena_gets_bad_frame_naming_it_and_serving_goes_on) {
+  auto server = start_server();
+  raw_peer peer(server.port);
+  BOOST_TEST_REQUIRE(peer.connected);
+  // The handshake by hand: hello, the server's hello and offer, our offer and its accept.
+  BOOST_TEST_REQUIRE(peer.send(wire::encode(wire::link_hello{host_identity(), 1 << 20}).flatten()));
+  auto hello = peer.receive_frame();
+  BOOST_TEST_REQUIRE((hello && std::holds_alternative<wire::link_hello>(*hello)));
+  BOOST_TEST(std::get<wire::link_hello>(*hello).host_id == host_identity());
+  auto offer = peer.receive_frame();
+  BOOST_TEST_REQUIRE((offer && std::holds_alternative<wire::arena_offer>(*offer)));
+  auto ours = shm_send_arena::create(std::size_t{1} << 20);
+  BOOST_TEST_REQUIRE(ours.has_value());
+  BOOST_TEST_REQUIRE(
+      peer.send(wire::encode(wire::arena_offer{(*ours)->name(), (*ours)->size()}).flatten()));
+  auto accept = peer.receive_frame();
+  BOOST_TEST_REQUIRE((accept && std::holds_alternative<wire::arena_accept>(*accept)));
+  BOOST_TEST(std::get<wire::arena_accept>(*accept).ok,
+             std::get<wire::arena_accept>(*accept).detail);
+  (*ours)->unlink();
+
+  auto values = ramp(1024);
+  auto push = make_push(11, *values);
+  push.tensor.shm = wire::shm_ref{std::uint64_t{2} << 20, values->size() * sizeof(float)};
+  BOOST_TEST_REQUIRE(peer.send(wire::encode(push).flatten()));
+  auto reply = peer.receive_frame();
+  const auto* error = as_error(reply);
+  BOOST_TEST_REQUIRE(error != nullptr);
+  BOOST_TEST((error->code == wire::error_code::bad_frame));
+  BOOST_TEST(error->message.find("[2097152, +4096) outside the arena of 1048576 bytes") !=
+                 std::string::npos,
+             error->message);
+
+  // A good reference on the same connection is echoed (inline: we never accepted the server's
+  // arena), and its region comes back in an arena_release once the echo is written.
+  std::memcpy((*ours)->bytes().data() + 4096, values->data(), 4096);
+  push = make_push(12, *values);
+  push.tensor.shm = wire::shm_ref{4096, 4096};
+  BOOST_TEST_REQUIRE(peer.send(wire::encode(push).flatten()));
+  auto echoed = peer.receive_frame();
+  BOOST_TEST_REQUIRE((echoed && std::holds_alternative<wire::push>(*echoed)));
+  BOOST_TEST((std::get<wire::push>(*echoed) == make_push(12, *values)));
+  auto release = peer.receive_frame();
+  BOOST_TEST_REQUIRE((release && std::holds_alternative<wire::arena_release>(*release)));
+  BOOST_TEST((std::get<wire::arena_release>(*release).offsets == std::vector<std::uint64_t>{4096}));
+  peer.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -3,7 +3,9 @@
 // themselves and exit 0 only when they hold. Every wait is bounded; every process is stopped by
 // its PID.
 
+#include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <boost/test/unit_test.hpp>
@@ -61,9 +63,48 @@ void require_job_success(const outcome& result, int workers, const std::string& 
   }
 }
 
+/// /dev/shm entries that look like troupe's shared-memory arenas (actors/shm_arena.hpp).
+std::set<std::string> arena_files() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (entry.path().filename().string().starts_with("troupe-"))
+      names.insert(entry.path().filename().string());
+  return names;
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_SUITE(kvstore_across_processes)
+
+BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory_and_leave_nothing_in_dev_shm) {
+  const auto before = arena_files();
+  // PS_VERBOSE=1 makes the data links log when their fast path is on.
+  auto result =
+      run(launch_path,
+          {"-n", "2", "-s", "1", "--node-binary", node_path, "--env", "PS_VERBOSE=1", "--",
+           worker_path, "--check", "sync", "--rounds", "3", "--shapes", "2x3,1200x1200,1211x1211"},
+          {}, 120s);
+  require_job_success(result, 2, "sync");
+  // Each of the 2 worker-server connections, in both directions.
+  BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 4u,
+             result.out << result.err);
+  BOOST_TEST((arena_files() == before));
+}
+
+BOOST_AUTO_TEST_CASE(with_shm_arena_bytes_0_the_job_uses_tcp_only) {
+  const auto before = arena_files();
+  temp_dir dir;
+  auto config = dir.write("noshm.toml", "[data]\nshm_arena_bytes = 0\n");
+  auto result = run(launch_path,
+                    {"-n", "2", "-s", "1", "--node-binary", node_path, "--env", "PS_VERBOSE=1",
+                     "--config", config.string(), "--", worker_path, "--check", "sync", "--rounds",
+                     "3", "--shapes", "2x3,1211x1211"},
+                    {}, 120s);
+  require_job_success(result, 2, "sync");
+  BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 0u);
+  BOOST_TEST((arena_files() == before));
+}
 
 BOOST_AUTO_TEST_CASE(four_workers_and_two_servers_match_the_sync_closed_form_in_float32) {
   require_job_success(

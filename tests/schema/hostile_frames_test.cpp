@@ -381,7 +381,7 @@ BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
 BOOST_AUTO_TEST_CASE(an_unknown_or_unset_message_kind_is_rejected) {
   auto frame = frame_of(heartbeat{1, 2, 3});
   BOOST_TEST_REQUIRE(get_u16(frame, discriminant_offset) == 15); // Message.heartbeat @15
-  for (std::uint16_t kind : {0, 17, 999, 0xffff}) {
+  for (std::uint16_t kind : {0, 21, 999, 0xffff}) { // 17-20: the data links' control frames
     auto patched = frame;
     put_u16(patched, discriminant_offset, kind);
     auto r = rejection(patched);

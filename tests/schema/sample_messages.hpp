@@ -77,6 +77,10 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(command{111, command_kind::save_checkpoint, "/tmp/ckpt/epoch-3"});
   out.push_back(heartbeat{9, 12345, 1'700'000'000'123'456'789});
   out.push_back(error_reply{104, 6, error_code::shape_mismatch, "push of (2,3) to key 6 of (3,3)"});
+  out.push_back(link_hello{"0b1c2d3e-boot-id/host", std::uint64_t{64} << 20});
+  out.push_back(arena_offer{"/troupe-0123456789abcdef0123456789abcdef", std::uint64_t{64} << 20});
+  out.push_back(arena_accept{false, "shared memory is off here"});
+  out.push_back(arena_release{{0, 4096, std::uint64_t{1} << 40}});
   return out;
 }
 

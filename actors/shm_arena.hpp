@@ -1,0 +1,129 @@
+#pragma once
+// The same-host fast path of a data connection (actors/data_link.hpp, docs/data-path.md): tensor
+// payloads travel through POSIX shared memory and only small frames through the socket.
+//
+// Each end that sends creates one arena for its own direction (shm_send_arena), offers its name
+// in a frame, and removes the name as soon as the peer has answered: from then on the object
+// lives only as long as the two mappings, so nothing is left in /dev/shm when a process dies.
+// The peer maps it read-only (shm_peer_arena). A payload is copied into a region of the ring (the
+// copy that otherwise goes into CAF's write buffer), the frame carries (offset, bytes), the
+// receiver's tensor views its mapping in place, and when the receiver drops the tensor the region
+// goes back to the sender in an arena_release frame. The sender reclaims regions in FIFO order.
+//
+// Trust: the receiver checks every reference against the arena's bounds (wire::decode_body) and
+// reads the bytes as plain numbers; the sender never reuses a region before its release arrives.
+// A peer could still shrink the object it created (ftruncate) and make a reader fault; only
+// processes of the same job on the same host ever map it (a real defence needs memfd seals passed
+// over a unix socket: docs/data-path.md).
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/error.hpp"
+
+namespace troupe {
+
+/// This host's identity for the link hello: /proc/sys/kernel/random/boot_id, '/', the uts
+/// hostname. Two processes with the same identity share a kernel, hence /dev/shm. Empty when
+/// neither can be read (then no arena is ever offered).
+const std::string& host_identity();
+
+/// Smallest payload that goes through the arena; smaller ones are copied into the frame, where
+/// a copy is as cheap as the bookkeeping.
+inline constexpr std::size_t default_shm_threshold_bytes = std::size_t{64} << 10;
+
+/// Whether `name` has the form shm_send_arena gives names: "/troupe-" and 32 lowercase hex digits.
+bool is_arena_name(std::string_view name) noexcept;
+
+/// The sending side's arena: a shared-memory object mapped read-write, handed out as a ring of
+/// regions. Not thread-safe: one per connection, used on its broker's thread.
+class shm_send_arena {
+public:
+  /// Creates "/troupe-<128 random bits in hex>" (O_EXCL, mode 0600) of `bytes` bytes and maps it.
+  /// Errors (io_error) name the step that failed; nothing is left behind then.
+  static result<std::unique_ptr<shm_send_arena>> create(std::size_t bytes);
+
+  shm_send_arena(const shm_send_arena&) = delete;
+  shm_send_arena& operator=(const shm_send_arena&) = delete;
+  /// Unmaps, and removes the name if unlink() was not called.
+  ~shm_send_arena();
+
+  const std::string& name() const noexcept { return name_; }
+  std::size_t size() const noexcept { return size_; }
+  std::span<std::byte> bytes() const noexcept { return {base_, size_}; }
+  /// Removes the name from /dev/shm (the mappings stay valid). Idempotent.
+  void unlink() noexcept;
+
+  /// A region of `bytes` bytes (> 0) at a 64-byte-aligned offset, or nullopt when the ring has no
+  /// contiguous room (the caller sends inline). Regions are handed out in ring order; when the
+  /// beginning of the arena is free, a new region goes there, so the pages in use stay few.
+  std::optional<std::size_t> allocate(std::size_t bytes);
+  /// Marks the region at `offset` released and reclaims the released prefix of the ring. False
+  /// (and nothing changes) when no outstanding region starts at `offset`.
+  bool release(std::uint64_t offset);
+  /// Regions handed out and not yet reclaimed (released ones behind an unreleased one included).
+  std::size_t outstanding() const noexcept { return regions_.size(); }
+
+private:
+  shm_send_arena(std::string name, std::byte* base, std::size_t size) noexcept
+      : name_(std::move(name)), base_(base), size_(size) {}
+
+  struct region {
+    std::size_t offset;
+    std::size_t end; ///< offset + bytes, rounded up to the alignment
+    bool released;
+  };
+  std::string name_;
+  std::byte* base_;
+  std::size_t size_;
+  bool linked_ = true;
+  std::deque<region> regions_; ///< in allocation order: the front is reclaimed first
+};
+
+/// The receiving side's view of the peer's arena: mapped read-only, shared by every tensor that
+/// views it (the mapping goes when the connection and the last such tensor are gone). Collects
+/// the releases of those tensors from whichever thread drops them. Thread-safe.
+class shm_peer_arena : public std::enable_shared_from_this<shm_peer_arena> {
+public:
+  /// Opens `name` (checked with is_arena_name) read-only and maps `bytes` of it; refuses an
+  /// object smaller than `bytes`. Errors (invalid_argument, io_error) say why.
+  static result<std::shared_ptr<shm_peer_arena>> open(const std::string& name, std::size_t bytes);
+
+  shm_peer_arena(const shm_peer_arena&) = delete;
+  shm_peer_arena& operator=(const shm_peer_arena&) = delete;
+  ~shm_peer_arena();
+
+  std::span<const std::byte> bytes() const noexcept { return {base_, size_}; }
+
+  /// An owner for a decoded tensor viewing [offset, ...): when its last copy goes, `offset` is
+  /// queued for release and, if the queue was empty, the wake callback runs (outside the lock).
+  std::shared_ptr<const void> hold(std::uint64_t offset);
+  /// Takes the queued releases.
+  std::vector<std::uint64_t> take_releases();
+  /// Called when a release is queued into an empty queue (the broker then sends them). Set once,
+  /// before any hold(); detach() clears it.
+  void on_release(std::function<void()> wake);
+  /// The connection is gone: releases are dropped from now on (the mapping stays while held).
+  void detach();
+
+private:
+  shm_peer_arena(const std::byte* base, std::size_t size) noexcept : base_(base), size_(size) {}
+  void release(std::uint64_t offset) noexcept;
+
+  const std::byte* base_;
+  std::size_t size_;
+  std::mutex mutex_;
+  std::vector<std::uint64_t> releases_;
+  std::function<void()> wake_;
+  bool detached_ = false;
+};
+
+} // namespace troupe
