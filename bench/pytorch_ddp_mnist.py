@@ -18,6 +18,7 @@ the training loop (both start it after a barrier).
 """
 
 import argparse
+import datetime
 import json
 import os
 import socket
@@ -51,7 +52,9 @@ def worker(rank, args, port):
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.world)
+    # Bounded: a rank whose peer never arrives gives up instead of waiting (or spinning) forever.
+    dist.init_process_group("gloo", rank=rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=120))
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts anyway)
     train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in mnist_data.load(args.data_dir))
     model = DistributedDataParallel(make_model())
