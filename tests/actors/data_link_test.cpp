@@ -32,6 +32,7 @@
 #include "actors/data_link_framing.hpp"
 #include "actors/shm_arena.hpp"
 #include "schema/chunking.hpp"
+#include "tests/shm_files.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -605,16 +606,6 @@ BOOST_AUTO_TEST_SUITE_END()
 
 namespace {
 
-/// Names of /dev/shm entries that look like troupe arenas.
-std::set<std::string> arena_files() {
-  std::set<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
-    if (entry.path().filename().string().starts_with("troupe-"))
-      names.insert(entry.path().filename().string());
-  return names;
-}
-
 /// Collects a broker's log lines (they come from the middleman's thread).
 struct log_sink {
   std::function<void(std::string_view)> writer() {
@@ -659,7 +650,7 @@ BOOST_AUTO_TEST_CASE(the_ring_reclaims_only_the_released_prefix_and_wraps_early)
   BOOST_TEST_REQUIRE(created.has_value());
   auto& ring = **created;
   BOOST_TEST(is_arena_name(ring.name()));
-  BOOST_TEST(arena_files().count(ring.name().substr(1)) == 1u);
+  BOOST_TEST(testing::arena_files().count(ring.name().substr(1)) == 1u);
   constexpr std::size_t third = 300 * 1024; // a multiple of the 64-byte alignment
   BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{0}));
   BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{third}));
@@ -683,7 +674,7 @@ BOOST_AUTO_TEST_CASE(the_ring_reclaims_only_the_released_prefix_and_wraps_early)
   BOOST_TEST((ring.allocate(std::size_t{1} << 20) == std::optional<std::size_t>{0}));
   BOOST_TEST(!ring.allocate((std::size_t{1} << 20) + 1).has_value());
   ring.unlink();
-  BOOST_TEST(arena_files().count(ring.name().substr(1)) == 0u);
+  BOOST_TEST(testing::arena_files().count(ring.name().substr(1)) == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(the_peer_maps_read_only_and_releases_wake_the_broker_once_per_batch) {
@@ -779,7 +770,7 @@ wire::push tagged(wire::push sent, std::uint64_t round) {
 } // namespace
 
 BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_inline_when_full) {
-  const auto before = arena_files();
+  const auto before = testing::arena_files();
   log_sink server_log, client_log;
   data_server_options server_options;
   auto echo = spawn_tagging_echo(*sys, spawned);
@@ -791,7 +782,7 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_in
   BOOST_TEST_REQUIRE(client_log.await(std::string(fast_path_on)));
   BOOST_TEST_REQUIRE(server_log.await(std::string(fast_path_on)));
   // Both arenas are mapped by both ends now: their names are gone from /dev/shm.
-  BOOST_TEST((arena_files() == before));
+  BOOST_TEST((testing::arena_files() == before));
 
   // Below the threshold, just above it with a partial last word, and 256 KiB; 400 in flight
   // through 1 MiB arenas: the rings wrap many times and fill up, and then frames go inline.
@@ -851,11 +842,11 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_in
   BOOST_TEST(back_to_shm);
   self->send(link, stop_atom::value);
   BOOST_TEST(await_disconnects(1).size() == 1u);
-  BOOST_TEST((arena_files() == before));
+  BOOST_TEST((testing::arena_files() == before));
 }
 
 BOOST_AUTO_TEST_CASE(with_the_arena_off_at_either_end_tensors_go_through_the_socket) {
-  const auto before = arena_files();
+  const auto before = testing::arena_files();
   for (bool client_off : {true, false}) {
     log_sink server_log, client_log;
     data_server_options server_options;
@@ -875,7 +866,7 @@ BOOST_AUTO_TEST_CASE(with_the_arena_off_at_either_end_tensors_go_through_the_soc
       BOOST_TEST_REQUIRE((push == tagged(make_push(id, *values), 0)));
       BOOST_TEST_REQUIRE(!push.tensor.shm);
     }
-    BOOST_TEST((arena_files() == before));
+    BOOST_TEST((testing::arena_files() == before));
     self->send(link, stop_atom::value);
     BOOST_TEST(await_disconnects(1).size() == 1u);
   }

@@ -11,6 +11,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "process_support.hpp"
+#include "tests/shm_files.hpp"
 
 using namespace troupe::testing;
 
@@ -63,22 +64,12 @@ void require_job_success(const outcome& result, int workers, const std::string& 
   }
 }
 
-/// /dev/shm entries that look like troupe's shared-memory arenas (actors/shm_arena.hpp).
-std::set<std::string> arena_files() {
-  std::set<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec))
-    if (entry.path().filename().string().starts_with("troupe-"))
-      names.insert(entry.path().filename().string());
-  return names;
-}
-
 } // namespace
 
 BOOST_AUTO_TEST_SUITE(kvstore_across_processes)
 
 BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory_and_leave_nothing_in_dev_shm) {
-  const auto before = arena_files();
+  const auto before = testing::arena_files();
   // PS_VERBOSE=1 makes the data links log when their fast path is on.
   auto result =
       run(launch_path,
@@ -89,11 +80,11 @@ BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory_and_leave_noth
   // Each of the 2 worker-server connections, in both directions.
   BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 4u,
              result.out << result.err);
-  BOOST_TEST((arena_files() == before));
+  BOOST_TEST((testing::arena_files() == before));
 }
 
 BOOST_AUTO_TEST_CASE(with_shm_arena_bytes_0_the_job_uses_tcp_only) {
-  const auto before = arena_files();
+  const auto before = testing::arena_files();
   temp_dir dir;
   auto config = dir.write("noshm.toml", "[data]\nshm_arena_bytes = 0\n");
   auto result = run(launch_path,
@@ -103,7 +94,7 @@ BOOST_AUTO_TEST_CASE(with_shm_arena_bytes_0_the_job_uses_tcp_only) {
                     {}, 120s);
   require_job_success(result, 2, "sync");
   BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 0u);
-  BOOST_TEST((arena_files() == before));
+  BOOST_TEST((testing::arena_files() == before));
 }
 
 BOOST_AUTO_TEST_CASE(four_workers_and_two_servers_match_the_sync_closed_form_in_float32) {
