@@ -36,14 +36,14 @@ final_line() { grep '"final_test_acc"' | sed -e 's/^\[worker [0-9]*\] //' | tail
 
 run_troupe_local() {
   timeout -k 10 "$run_timeout" "$build/apps/train_mnist" --model mlp --kvstore local --epochs "$epochs" --batch-size 128 \
-      --lr 0.1 --seed "$seed" --threads 1 --no-progress | final_line
+      --lr 0.1 --init torch --seed "$seed" --threads 1 --no-progress | final_line
 }
 run_torch_local() {
   timeout -k 10 "$run_timeout" "$python" bench/pytorch_mnist.py --epochs "$epochs" --seed "$seed" --threads 1 | final_line
 }
 run_troupe_dist() {
   timeout -k 10 "$run_timeout" "$build/apps/troupe-launch" -n 2 -s 1 -- "$build/apps/train_mnist" --model mlp \
-      --kvstore dist_sync --epochs "$epochs" --batch-size 64 --lr 0.1 --seed "$seed" \
+      --kvstore dist_sync --epochs "$epochs" --batch-size 64 --lr 0.1 --init torch --seed "$seed" \
       --threads 1 --no-progress | final_line
 }
 run_torch_dist() {
