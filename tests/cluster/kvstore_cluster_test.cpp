@@ -69,7 +69,7 @@ void require_job_success(const outcome& result, int workers, const std::string& 
 BOOST_AUTO_TEST_SUITE(kvstore_across_processes)
 
 BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory_and_leave_nothing_in_dev_shm) {
-  const auto before = testing::arena_files();
+  const auto before = arena_files();
   // PS_VERBOSE=1 makes the data links log when their fast path is on.
   auto result =
       run(launch_path,
@@ -80,11 +80,11 @@ BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory_and_leave_noth
   // Each of the 2 worker-server connections, in both directions.
   BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 4u,
              result.out << result.err);
-  BOOST_TEST((testing::arena_files() == before));
+  BOOST_TEST((arena_files() == before));
 }
 
 BOOST_AUTO_TEST_CASE(with_shm_arena_bytes_0_the_job_uses_tcp_only) {
-  const auto before = testing::arena_files();
+  const auto before = arena_files();
   temp_dir dir;
   auto config = dir.write("noshm.toml", "[data]\nshm_arena_bytes = 0\n");
   auto result = run(launch_path,
@@ -94,7 +94,7 @@ BOOST_AUTO_TEST_CASE(with_shm_arena_bytes_0_the_job_uses_tcp_only) {
                     {}, 120s);
   require_job_success(result, 2, "sync");
   BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 0u);
-  BOOST_TEST((testing::arena_files() == before));
+  BOOST_TEST((arena_files() == before));
 }
 
 BOOST_AUTO_TEST_CASE(four_workers_and_two_servers_match_the_sync_closed_form_in_float32) {
