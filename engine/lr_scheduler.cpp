@@ -44,9 +44,11 @@ status check_factor(double factor) {
   return ok();
 }
 
-/// Poly and cosine: MXNet requires max_update >= 1; max_update <= warmup steps would divide by a
-/// zero or negative max_steps, so it is rejected too.
-status check_max_update(std::int64_t max_update, const warmup_options& warmup) {
+/// Poly and cosine: the common checks, then MXNet requires max_update >= 1; max_update <= warmup
+/// steps would divide by a zero or negative max_steps, so it is rejected too.
+status check_max_update(std::int64_t max_update, double base_lr, const warmup_options& warmup) {
+  if (auto checked = check_common(base_lr, warmup); !checked)
+    return checked;
   if (max_update < 1)
     return invalid("maximum number of updates must be strictly positive, got " +
                    named("max_update", max_update));
@@ -216,9 +218,7 @@ result<std::unique_ptr<lr_scheduler>> make_multi_factor_scheduler(std::vector<st
 result<std::unique_ptr<lr_scheduler>> make_poly_scheduler(std::int64_t max_update, double base_lr,
                                                           double pwr, double final_lr,
                                                           warmup_options warmup) {
-  if (auto checked = check_common(base_lr, warmup); !checked)
-    return checked.error();
-  if (auto checked = check_max_update(max_update, warmup); !checked)
+  if (auto checked = check_max_update(max_update, base_lr, warmup); !checked)
     return checked.error();
   return std::unique_ptr<lr_scheduler>{
       new poly_scheduler(max_update, base_lr, pwr, final_lr, std::move(warmup))};
@@ -227,9 +227,7 @@ result<std::unique_ptr<lr_scheduler>> make_poly_scheduler(std::int64_t max_updat
 result<std::unique_ptr<lr_scheduler>> make_cosine_scheduler(std::int64_t max_update, double base_lr,
                                                             double final_lr,
                                                             warmup_options warmup) {
-  if (auto checked = check_common(base_lr, warmup); !checked)
-    return checked.error();
-  if (auto checked = check_max_update(max_update, warmup); !checked)
+  if (auto checked = check_max_update(max_update, base_lr, warmup); !checked)
     return checked.error();
   return std::unique_ptr<lr_scheduler>{
       new cosine_scheduler(max_update, base_lr, final_lr, std::move(warmup))};

@@ -63,6 +63,17 @@ void check_gradient(const std::vector<float>& analytic, const std::vector<double
   check_close(analytic, numeric, 1e-2, 1e-2, what);
 }
 
+/// A layer's three gradients (data, weight, bias) against central differences of `loss`.
+template <class Loss>
+void check_layer_gradients(const std::vector<float>& dx, const std::vector<float>& dw,
+                           const std::vector<float>& dbias, std::vector<float>& x,
+                           std::vector<float>& w, std::vector<float>& bias, Loss loss,
+                           const std::string& what) {
+  check_gradient(dx, numeric_gradient(x, 1e-2f, loss), what + " dx");
+  check_gradient(dw, numeric_gradient(w, 1e-2f, loss), what + " dw");
+  check_gradient(dbias, numeric_gradient(bias, 1e-2f, loss), what + " dbias");
+}
+
 /// pre + delta, the expected result of an accumulating backward.
 std::vector<double> plus(const std::vector<float>& pre, const std::vector<float>& delta) {
   std::vector<double> r(pre.size());
@@ -536,9 +547,7 @@ BOOST_AUTO_TEST_CASE(fully_connected_backward_matches_finite_differences) {
       cpu::fully_connected_forward(x.data(), w.data(), bias.data(), y.data(), s.batch, s.in, s.out);
       return dot(dy, y);
     };
-    check_gradient(dx, numeric_gradient(x, 1e-2f, loss), describe(s) + " dx");
-    check_gradient(dw, numeric_gradient(w, 1e-2f, loss), describe(s) + " dw");
-    check_gradient(dbias, numeric_gradient(bias, 1e-2f, loss), describe(s) + " dbias");
+    check_layer_gradients(dx, dw, dbias, x, w, bias, loss, describe(s));
   }
 }
 
@@ -647,9 +656,7 @@ BOOST_AUTO_TEST_CASE(convolution_backward_matches_finite_differences) {
       cpu::convolution_forward(x.data(), w.data(), bias.data(), y.data(), c.in, c.filters, c.win);
       return dot(dy, y);
     };
-    check_gradient(dx, numeric_gradient(x, 1e-2f, loss), describe(c) + " dx");
-    check_gradient(dw, numeric_gradient(w, 1e-2f, loss), describe(c) + " dw");
-    check_gradient(dbias, numeric_gradient(bias, 1e-2f, loss), describe(c) + " dbias");
+    check_layer_gradients(dx, dw, dbias, x, w, bias, loss, describe(c));
   }
 }
 
