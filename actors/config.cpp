@@ -229,6 +229,25 @@ bool valid_path(std::string_view text) {
   return !text.empty() && text.find('\0') == std::string_view::npos;
 }
 
+setter bool_setter(bool cluster_config::*member) {
+  return [=](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    const std::string& text = value.text;
+    const bool toml_bool = value.kind == literal::form::toml_other;
+    const bool env_text = value.kind == literal::form::text;
+    if ((toml_bool || env_text) && text == "true")
+      cfg.*member = true;
+    else if ((toml_bool || env_text) && text == "false")
+      cfg.*member = false;
+    else if (env_text && text == "1")
+      cfg.*member = true;
+    else if (env_text && text == "0")
+      cfg.*member = false;
+    else
+      return "true or false";
+    return std::nullopt;
+  };
+}
+
 setter role_setter() {
   return [](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
     auto text = string_of(value);
@@ -331,16 +350,22 @@ const std::vector<field>& fields() {
                  integer_setter(&cluster_config::verbose, 0, 2, "0, 1 or 2"),
                  {}});
     // [timeouts]
-    t.push_back({{"timeouts", "request", "", "--timeout", "DURATION", "\"5s\"",
-                  "How long a request waits for its answer before the peer counts as lost."},
+    t.push_back({{"timeouts", "request", "", "--timeout", "DURATION", "\"30s\"",
+                  "How long a request waits for its answer, from when it was sent (a dist_sync "
+                  "request waits for the slowest worker)."},
                  duration_setter(&cluster_config::request_timeout),
                  {}});
+    t.push_back({{"timeouts", "peer", "", "--peer-timeout", "DURATION", "\"5s\"",
+                  "A node silent this long (heartbeats included) is lost."},
+                 duration_setter(&cluster_config::peer_timeout),
+                 {}});
     t.push_back({{"timeouts", "heartbeat", "", "--heartbeat", "DURATION", "\"500ms\"",
-                  "Interval of heartbeats to the scheduler; shorter than timeouts.request."},
+                  "Interval of heartbeats between nodes and the scheduler; shorter than "
+                  "timeouts.peer."},
                  duration_setter(&cluster_config::heartbeat_interval),
                  {}});
     t.push_back({{"timeouts", "connect", "", "--connect-timeout", "DURATION", "\"10s\"",
-                  "How long one connection attempt to a peer may take."},
+                  "How long a node keeps retrying, with backoff, a peer that refuses to connect."},
                  duration_setter(&cluster_config::connect_timeout),
                  {}});
     t.push_back({{"timeouts", "startup", "", "--startup-timeout", "DURATION", "\"60s\"",
@@ -367,6 +392,31 @@ const std::vector<field>& fields() {
                   "Shared-memory arena per direction of a data connection between processes on "
                   "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},
                  bytes_setter(&cluster_config::shm_arena_bytes, 0),
+                 {}});
+    t.push_back({{"data", "link_window_bytes", "", "--link-window-bytes", "BYTES", "\"64MiB\"",
+                  "Receive window of every connection: bytes of frames a peer may have in flight "
+                  "before the receiver releases some."},
+                 bytes_setter(&cluster_config::link_window_bytes, 65536),
+                 {}});
+    // [sync]
+    t.push_back({{"sync", "quorum", "TROUPE_QUORUM", "--quorum", "K", "",
+                  "dist_sync: a round closes when K workers have pushed all of it; every mode: "
+                  "the job goes on while K workers live. Default: the number of workers."},
+                 integer_setter(&cluster_config::quorum, 1, max_nodes, positive),
+                 {}});
+    t.push_back({{"sync", "rescale_quorum", "TROUPE_RESCALE_QUORUM", "--rescale-quorum", "BOOL",
+                  "false", "Scale a quorum round's sum by num_workers / quorum."},
+                 bool_setter(&cluster_config::rescale_quorum),
+                 {}});
+    t.push_back({{"sync", "max_staleness", "TROUPE_MAX_STALENESS", "--max-staleness", "S", "",
+                  "dist_async: a pull for round t waits until every live worker pushed round "
+                  "t - S. Default: none."},
+                 integer_setter(&cluster_config::max_staleness, 0, 1'000'000,
+                                "an integer from 0 to 1000000"),
+                 {}});
+    t.push_back({{"sync", "max_rounds_ahead", "TROUPE_MAX_ROUNDS_AHEAD", "--max-rounds-ahead", "N",
+                  "2", "Rounds beyond the current one a server accepts pushes for from a worker."},
+                 integer_setter(&cluster_config::max_rounds_ahead, 1, 1'000'000, positive),
                  {}});
     return t;
   }();
@@ -601,11 +651,15 @@ status resolve(builder& b) {
     return o ? o->prefix() + " (" + value + ")"
              : std::string(key) + " (" + value + ", the default)";
   };
-  if (cfg.heartbeat_interval >= cfg.request_timeout)
+  if (cfg.heartbeat_interval >= cfg.peer_timeout)
     return error{errc::invalid_argument,
                  named("timeouts.heartbeat", format_duration(cfg.heartbeat_interval)) +
                      " must be shorter than " +
-                     named("timeouts.request", format_duration(cfg.request_timeout))};
+                     named("timeouts.peer", format_duration(cfg.peer_timeout))};
+  if (cfg.quorum && cfg.num_workers && *cfg.quorum > *cfg.num_workers)
+    return error{errc::invalid_argument,
+                 named("sync.quorum", std::to_string(*cfg.quorum)) + " must not exceed " +
+                     named("job.num_workers", std::to_string(*cfg.num_workers))};
   if (cfg.chunk_bytes > cfg.max_frame_bytes)
     return error{errc::invalid_argument,
                  named("data.chunk_bytes", std::to_string(cfg.chunk_bytes)) + " must not exceed " +

@@ -99,11 +99,14 @@ struct cluster_config {
   int verbose = 0;
 
   // [timeouts]
-  /// How long a request may wait for its answer before the peer counts as lost.
-  std::chrono::milliseconds request_timeout{5'000};
-  /// Interval of the heartbeats a node sends the scheduler; shorter than request_timeout.
+  /// How long a request may wait for its answer, from when it was sent. A dist_sync request waits
+  /// for the slowest worker, so this is generous; a lost node is noticed by peer_timeout.
+  std::chrono::milliseconds request_timeout{30'000};
+  /// A node (or the scheduler) that sends nothing, heartbeats included, for this long is lost.
+  std::chrono::milliseconds peer_timeout{5'000};
+  /// Interval of the heartbeats between a node and the scheduler; shorter than peer_timeout.
   std::chrono::milliseconds heartbeat_interval{500};
-  /// How long one connection attempt to a peer may take.
+  /// How long a node keeps trying (with backoff) to connect to a peer that refuses.
   std::chrono::milliseconds connect_timeout{10'000};
   /// How long the job waits for all nodes to register at start-up.
   std::chrono::milliseconds startup_timeout{60'000};
@@ -119,6 +122,21 @@ struct cluster_config {
   /// Shared-memory arena per direction of a data connection whose ends share a host (tensors
   /// then skip the socket); 0 turns the fast path off.
   std::int64_t shm_arena_bytes = 64 * 1024 * 1024;
+  /// Receive window of every connection: a peer may have this many bytes of frames in flight
+  /// before the receiver releases some (a single larger frame goes alone).
+  std::int64_t link_window_bytes = 64 * 1024 * 1024;
+
+  // [sync]
+  /// dist_sync: a round closes as soon as this many workers have pushed all of it; every mode:
+  /// the job goes on while at least this many workers are alive. Unset: num_workers (fail fast).
+  std::optional<int> quorum;
+  /// Scale a quorum round's sum by num_workers / quorum.
+  bool rescale_quorum = false;
+  /// dist_async: a worker's pull for round t waits until every live worker has pushed round
+  /// t - max_staleness. Unset: none (plain async).
+  std::optional<int> max_staleness;
+  /// Rounds beyond the current one a server accepts pushes for from one worker.
+  int max_rounds_ahead = 2;
 
   /// Hardware threads of this machine, at least 1.
   static int default_shards() noexcept;

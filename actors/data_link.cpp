@@ -467,6 +467,8 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
 
 struct client_state {
   data_link_tuning tuning;
+  /// data_link_options::tag, carried by everything sent to the receiver.
+  std::uint64_t tag = 0;
   caf::actor receiver;
   /// "host:port", for every message about this link.
   std::string peer;
@@ -484,20 +486,21 @@ void link_down(client_broker* self, std::string reason) {
   if (!st.down) {
     st.down = true;
     log_line(st.tuning, "data link: " + reason);
-    self->send(st.receiver, link_down_atom::value, std::move(reason));
+    self->send(st.receiver, link_down_atom::value, st.tag, std::move(reason));
   }
   self->quit();
 }
 
 /// A local reply to the receiver, for a request that never left or a frame that was refused.
 void tell_receiver(client_broker* self, wire::message msg) {
-  self->send(self->state.receiver, envelope{std::move(msg), nullptr, 0});
+  self->send(self->state.receiver, envelope{std::move(msg), nullptr, self->state.tag});
 }
 
 caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::actor receiver,
                              std::string peer, data_link_options options) {
   auto& st = self->state;
   st.tuning = std::move(options.tuning);
+  st.tag = options.tag;
   st.receiver = std::move(receiver);
   st.peer = std::move(peer);
   st.connection.emplace(1, hdl,
@@ -525,6 +528,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
                               release_waker(self, c.id));
           pump(self, c, st.tuning);
         } else if (out.frame) {
+          out.frame->connection = st.tag;
           self->send(st.receiver, std::move(*out.frame));
         }
         if (out.fatal()) {

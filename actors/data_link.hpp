@@ -49,7 +49,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 #include "actors/shm_arena.hpp"
 #include "engine/error.hpp"
 #include "schema/codec.hpp"
@@ -129,6 +129,9 @@ result<data_server> spawn_data_server(caf::actor_system& sys, const std::string&
 /// How a client data link behaves.
 struct data_link_options {
   data_link_tuning tuning;
+  /// Carried by everything the link tells its receiver: envelope::connection of each frame, and
+  /// the link_down notice, so that one receiver can tell several links apart.
+  std::uint64_t tag = 0;
 };
 
 /// Connects to a data server at host:port (blocks for the TCP handshake) and spawns the client
@@ -140,10 +143,11 @@ struct data_link_options {
 ///   (caf::get_atom) -> std::string: the peer's "host:port".
 /// As on the server, an envelope's tensor bytes must stay alive and unchanged until written.
 /// Every frame from the server arrives at `receiver` as (envelope) (keepalive = frame buffer,
-/// connection = 0). A frame that fails validation arrives as a local
+/// connection = options.tag). A frame that fails validation arrives as a local
 /// (envelope{error_reply{0, bad_frame, what}}). When the connection closes, fails, carries a
-/// frame that breaks the framing, or is stopped, `receiver` gets (link_down_atom, std::string
-/// reason naming host:port) once and the broker quits; it also quits when `receiver` terminates.
+/// frame that breaks the framing, or is stopped, `receiver` gets (link_down_atom, options.tag,
+/// std::string reason naming host:port) once and the broker quits; it also quits when `receiver`
+/// terminates.
 /// Errors: invalid_argument (invalid receiver), peer_lost (no connection: names host:port and
 /// why).
 result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& host,

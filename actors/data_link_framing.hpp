@@ -27,7 +27,7 @@
 #include <optional>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 #include "actors/shm_arena.hpp"
 #include "schema/codec.hpp"
 

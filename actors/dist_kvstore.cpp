@@ -7,6 +7,7 @@
 #include <caf/send.hpp>
 
 #include "actors/key_placement.hpp"
+#include "actors/wire_conversions.hpp"
 #include "schema/chunking.hpp"
 
 namespace troupe {
@@ -28,38 +29,7 @@ struct dist_kvstore::pending {
   std::shared_ptr<pull_group> group;
 };
 
-namespace {
-
-errc to_errc(wire::error_code code) {
-  switch (code) {
-  case wire::error_code::unknown_key:
-    return errc::unknown_key;
-  case wire::error_code::shape_mismatch:
-    return errc::shape_mismatch;
-  case wire::error_code::dtype_mismatch:
-    return errc::dtype_mismatch;
-  case wire::error_code::already_initialized:
-    return errc::already_initialized;
-  case wire::error_code::lost_peer:
-  case wire::error_code::shutting_down:
-    return errc::peer_lost;
-  case wire::error_code::timeout:
-    return errc::timeout;
-  case wire::error_code::unsupported:
-    return errc::not_supported;
-  case wire::error_code::bad_frame:
-    return errc::malformed_message;
-  case wire::error_code::stale_round:
-  case wire::error_code::invalid_argument:
-  case wire::error_code::not_admitted:
-    return errc::invalid_argument;
-  case wire::error_code::internal:
-    break;
-  }
-  return errc::internal;
-}
-
-} // namespace
+namespace {} // namespace
 
 struct dist_kvstore::reply_table {
   std::mutex mutex;
@@ -104,7 +74,7 @@ struct dist_kvstore::reply_table {
     if (std::holds_alternative<wire::ack>(reply.msg)) {
       finish(id, part, ok());
     } else if (auto* failure = std::get_if<wire::error_reply>(&reply.msg)) {
-      finish(id, part, error{to_errc(failure->code), part->what + ": " + failure->message});
+      finish(id, part, error{from_wire(failure->code), part->what + ": " + failure->message});
     } else if (auto* value = std::get_if<wire::pull_reply>(&reply.msg)) {
       if (!part->assembly) {
         finish(id, part, error{errc::internal, part->what + ": unexpected pull reply"});
@@ -151,7 +121,7 @@ caf::behavior reply_actor(caf::event_based_actor* self,
       // A server's connection closes when the scheduler ends the job after losing a node; its
       // notice naming the node (failure_reporter) usually comes first, and a moment's grace lets
       // it win the race before the bare "connection lost" is reported.
-      [self](link_down_atom, std::string& reason) {
+      [self](link_down_atom, std::uint64_t, std::string& reason) {
         self->delayed_send(self, std::chrono::milliseconds{250}, link_down_atom::value,
                            std::move(reason), true);
       },
@@ -176,7 +146,7 @@ std::span<const std::byte> element_bytes(const ndarray& array, std::int64_t begi
 
 wire::tensor_chunk slice_tensor(const ndarray& array, const key_slice& slice, bool whole) {
   wire::tensor_chunk tensor;
-  tensor.type = static_cast<wire::dtype>(array.dtype());
+  tensor.type = to_wire(array.dtype());
   if (whole)
     tensor.shape.assign(array.shape().begin(), array.shape().end());
   else
@@ -222,7 +192,7 @@ static void expect_value(dist_kvstore::pending& part, const pull_destination& de
   auto shape = whole ? std::vector<std::int64_t>(declared.shape.begin(), declared.shape.end())
                      : std::vector<std::int64_t>{slice.size()};
   part.assembly.emplace(std::span{const_cast<std::byte*>(bytes.data()), bytes.size()},
-                        static_cast<wire::dtype>(declared.type), shape);
+                        to_wire(declared.type), shape);
   part.hold = destination.target.keepalive();
   part.group = destination.group;
 }

@@ -32,7 +32,7 @@
 
 #include "actors/key_registry.hpp"
 #include "actors/kvstore.hpp"
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 #include "engine/comm.hpp"
 #include "schema/chunking.hpp"
 

@@ -18,8 +18,9 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/system_messages.hpp>
 
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
+#include "actors/wire_conversions.hpp"
 
 namespace troupe {
 
@@ -91,23 +92,6 @@ std::string_view to_string(wire::reject_reason reason) {
     return "shutting_down";
   }
   return "unknown";
-}
-
-errc to_errc(wire::error_code code) {
-  switch (code) {
-  case wire::error_code::lost_peer:
-    return errc::peer_lost;
-  case wire::error_code::timeout:
-    return errc::timeout;
-  case wire::error_code::bad_frame:
-    return errc::malformed_message;
-  case wire::error_code::unsupported:
-    return errc::not_supported;
-  case wire::error_code::internal:
-    return errc::internal;
-  default:
-    return errc::invalid_argument;
-  }
 }
 
 std::uint8_t group_bit(wire::role node_role) {
@@ -250,12 +234,12 @@ private:
   }
 
   void on_error(const wire::error_reply& err) {
-    if (err.request_id != 0 && complete(err.request_id, error{to_errc(err.code), err.message}))
+    if (err.request_id != 0 && complete(err.request_id, error{from_wire(err.code), err.message}))
       return;
     // Unasked: the job failed (a lost peer, the startup timeout). Anything else is the
     // scheduler complaining about a frame of ours: worth a log, not the end of the node.
     if (err.code == wire::error_code::lost_peer || err.code == wire::error_code::timeout)
-      fail(error{to_errc(err.code), err.message});
+      fail(error{from_wire(err.code), err.message});
     else
       log(0, "the scheduler reported: " + err.message);
   }

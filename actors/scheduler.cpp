@@ -16,7 +16,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/system_messages.hpp>
 
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 
 namespace troupe {
 
@@ -585,8 +585,9 @@ private:
   std::uint64_t heartbeat_sequence_ = 0;
 };
 
-caf::behavior scheduler_actor(caf::stateful_actor<scheduler_state>* self, scheduler_options options,
-                              std::shared_ptr<outcome_state> outcome) {
+caf::behavior scheduler_behavior(caf::stateful_actor<scheduler_state>* self,
+                                 scheduler_options options,
+                                 std::shared_ptr<outcome_state> outcome) {
   return self->state.start(std::move(options), std::move(outcome));
 }
 
@@ -618,7 +619,7 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   auto outcome = std::make_shared<outcome_state>();
   const std::string host = options.host;
   const std::uint16_t port = options.port;
-  auto actor = sys.spawn(scheduler_actor, std::move(options), outcome);
+  auto actor = sys.spawn(scheduler_behavior, std::move(options), outcome);
   // An exit the scheduler did not choose (its host's stop(), the system shutting down).
   actor->attach_functor([outcome, &sys](const caf::error& reason) {
     outcome->set(error{errc::peer_lost,

@@ -15,7 +15,7 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/key_placement.hpp"
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 #include "actors/server_shard.hpp"
 
 namespace troupe {

@@ -7,6 +7,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include "actors/wire_conversions.hpp"
 #include "engine/serialize.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/half.hpp"
@@ -113,7 +114,7 @@ void shard_core::on_init(const wire::init& msg, const reply_function& reply) {
   if (found == keys_.end()) {
     key_entry entry;
     shape_vector shape(tensor.shape.begin(), tensor.shape.end());
-    entry.stored = ndarray::empty(shape, context::cpu(), static_cast<dtype>(tensor.type));
+    entry.stored = ndarray::empty(shape, context::cpu(), from_wire(tensor.type));
     auto bytes = std::span{static_cast<std::byte*>(entry.stored.raw_data()), entry.stored.nbytes()};
     entry.init_assembly.emplace(bytes, tensor.type, tensor.shape);
     found = keys_.emplace(msg.key, std::move(entry)).first;
@@ -146,7 +147,7 @@ void shard_core::on_push(std::uint64_t request_id, std::uint64_t key, std::uint3
     return;
   }
   auto& entry = found->second;
-  auto declared_type = static_cast<wire::dtype>(entry.stored.dtype());
+  auto declared_type = to_wire(entry.stored.dtype());
   const auto& declared_shape = entry.stored.shape();
   if (tensor.type != declared_type) {
     reply(error_envelope(request_id, key, wire::error_code::dtype_mismatch,
@@ -318,7 +319,7 @@ void shard_core::send_value(std::uint64_t key, const key_entry& entry, std::uint
                             const reply_function& reply) const {
   const auto& value = entry.stored;
   wire::tensor_chunk tensor;
-  tensor.type = static_cast<wire::dtype>(value.dtype());
+  tensor.type = to_wire(value.dtype());
   tensor.shape.assign(value.shape().begin(), value.shape().end());
   tensor.total_bytes = value.nbytes();
   tensor.data = std::span{static_cast<const std::byte*>(value.raw_data()), value.nbytes()};
@@ -404,7 +405,7 @@ struct shard_actor_state {
   static inline const char* name = "troupe.server_shard";
 };
 
-caf::behavior shard_actor(caf::stateful_actor<shard_actor_state>* self, shard_options options) {
+caf::behavior shard_behavior(caf::stateful_actor<shard_actor_state>* self, shard_options options) {
   self->state.core = std::make_unique<shard_core>(options);
   return {
       [self](envelope& request, const caf::actor& reply_to) {
@@ -418,7 +419,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_actor_state>* self, shard_op
 } // namespace
 
 caf::actor spawn_server_shard(caf::actor_system& system, shard_options options) {
-  return system.spawn(shard_actor, options);
+  return system.spawn(shard_behavior, options);
 }
 
 } // namespace troupe

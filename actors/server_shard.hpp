@@ -33,7 +33,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 #include "engine/ndarray.hpp"
 #include "engine/optimizer.hpp"
 #include "schema/chunking.hpp"

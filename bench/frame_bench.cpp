@@ -190,7 +190,7 @@ double round_trip(caf::scoped_actor& self, const caf::actor& link, const std::st
             reply_bytes += pull->tensor.data.size();
           --pending;
         },
-        [&](link_down_atom, const std::string& reason) { die(reason); },
+        [&](link_down_atom, std::uint64_t, const std::string& reason) { die(reason); },
         caf::after(std::chrono::seconds(60)) >> [&] { die("no reply within 60 s"); });
   }
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
       }
     }
     self->send(*link, stop_atom::value);
-    self->receive([](link_down_atom, const std::string&) {},
+    self->receive([](link_down_atom, std::uint64_t, const std::string&) {},
                   caf::after(std::chrono::seconds(5)) >> [] {});
   }
   int status = 0;

@@ -92,6 +92,7 @@ constexpr std::uint16_t role_count = 3;
 constexpr std::uint16_t dtype_count = 5;
 constexpr std::uint16_t reject_reason_count = 6;
 constexpr std::uint16_t error_code_count = 13;
+constexpr std::uint16_t consistency_count = 2;
 
 std::string shape_string(const std::vector<std::int64_t>& shape) {
   std::string s = "(";
@@ -287,6 +288,8 @@ struct size_estimate {
   void operator()(const arena_offer& m) { text(m.name); }
   void operator()(const arena_accept& m) { text(m.detail); }
   void operator()(const arena_release& m) { words += 2 + m.offsets.size(); }
+  void operator()(const sync_settings&) {}
+  void operator()(const link_credit&) {}
 };
 
 capnp::Text::Reader text_of(const std::string& s) {
@@ -370,6 +373,7 @@ public:
     b.setKey(m.key);
     b.setSenderRank(m.sender_rank);
     b.setRound(m.round);
+    b.setTimeoutMs(m.timeout_ms);
   }
   void operator()(const pull_reply& m) {
     auto b = root_.initPullReply();
@@ -384,9 +388,15 @@ public:
     b.setKey(m.key);
     b.setSenderRank(m.sender_rank);
     b.setRound(m.round);
+    b.setTimeoutMs(m.timeout_ms);
     write_tensor(b.initTensor(), m.tensor);
   }
-  void operator()(const ack& m) { root_.initAck().setRequestId(m.request_id); }
+  void operator()(const ack& m) {
+    auto b = root_.initAck();
+    b.setRequestId(m.request_id);
+    b.setRound(m.round);
+    b.setDropped(m.dropped);
+  }
   void operator()(const barrier& m) {
     auto b = root_.initBarrier();
     b.setRequestId(m.request_id);
@@ -460,6 +470,7 @@ public:
     auto b = root_.initLinkHello();
     b.setHostId(text_of(m.host_id));
     b.setArenaBytes(m.arena_bytes);
+    b.setWindowBytes(m.window_bytes);
   }
   void operator()(const arena_offer& m) {
     auto b = root_.initArenaOffer();
@@ -477,6 +488,16 @@ public:
     for (unsigned i = 0; i < m.offsets.size(); ++i)
       offsets.set(i, m.offsets[i]);
   }
+  void operator()(const sync_settings& m) {
+    auto b = root_.initSyncSettings();
+    b.setRequestId(m.request_id);
+    b.setMode(to_wire<ws::Consistency>(m.mode));
+    b.setQuorum(m.quorum);
+    b.setRescaleQuorum(m.rescale_quorum);
+    b.setMaxStaleness(m.max_staleness);
+    b.setMaxRoundsAhead(m.max_rounds_ahead);
+  }
+  void operator()(const link_credit& m) { root_.initLinkCredit().setBytes(m.bytes); }
 
 private:
   static unsigned list_size(std::size_t n) {
@@ -613,8 +634,10 @@ public:
       return read(root.getPullReply());
     case ws::Message::PUSH_PULL:
       return read(root.getPushPull());
-    case ws::Message::ACK:
-      return ack{root.getAck().getRequestId()};
+    case ws::Message::ACK: {
+      auto r = root.getAck();
+      return ack{r.getRequestId(), r.getRound(), r.getDropped()};
+    }
     case ws::Message::BARRIER:
       return read(root.getBarrier());
     case ws::Message::BARRIER_RELEASE:
@@ -645,6 +668,14 @@ public:
       for (std::uint64_t offset : offsets)
         m.offsets.push_back(offset);
       return m;
+    }
+    case ws::Message::SYNC_SETTINGS:
+      return read(root.getSyncSettings());
+    case ws::Message::LINK_CREDIT: {
+      const std::uint64_t bytes = root.getLinkCredit().getBytes();
+      if (bytes == 0)
+        fail(decode_error::code::invalid_value, "link credit of 0 bytes");
+      return link_credit{bytes};
     }
     }
     fail(decode_error::code::unknown_message,
@@ -835,7 +866,8 @@ private:
   }
 
   message read(ws::PullRequest::Reader r) {
-    return pull_request{r.getRequestId(), r.getKey(), r.getSenderRank(), r.getRound()};
+    return pull_request{r.getRequestId(), r.getKey(), r.getSenderRank(), r.getRound(),
+                        r.getTimeoutMs()};
   }
 
   message read(ws::PullReply::Reader r) {
@@ -854,6 +886,25 @@ private:
     m.sender_rank = r.getSenderRank();
     m.round = r.getRound();
     m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pushpull tensor");
+    m.timeout_ms = r.getTimeoutMs();
+    return m;
+  }
+
+  message read(ws::SyncSettings::Reader r) {
+    sync_settings m;
+    m.request_id = r.getRequestId();
+    m.mode = from_wire<consistency_mode>(r.getMode(), consistency_count, "sync settings mode");
+    m.quorum = r.getQuorum();
+    if (m.quorum == 0)
+      fail(decode_error::code::invalid_value, "sync settings quorum of 0 workers");
+    m.rescale_quorum = r.getRescaleQuorum();
+    m.max_staleness = r.getMaxStaleness();
+    if (m.max_staleness < -1)
+      fail(decode_error::code::invalid_value,
+           "sync settings max staleness " + std::to_string(m.max_staleness) + " (-1 or >= 0)");
+    m.max_rounds_ahead = r.getMaxRoundsAhead();
+    if (m.max_rounds_ahead == 0)
+      fail(decode_error::code::invalid_value, "sync settings max rounds ahead of 0");
     return m;
   }
 
@@ -917,7 +968,7 @@ private:
 
   message read(ws::LinkHello::Reader r) {
     return link_hello{required_text(r.hasHostId(), r.getHostId(), "link hello host id"),
-                      r.getArenaBytes()};
+                      r.getArenaBytes(), r.getWindowBytes()};
   }
 
   message read(ws::ArenaOffer::Reader r) {

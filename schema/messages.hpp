@@ -173,6 +173,8 @@ struct pull_request {
   std::uint64_t key = 0;
   std::uint32_t sender_rank = 0;
   std::uint64_t round = 0;
+  /// The sender gives up after this many ms; 0: the receiver's own bound.
+  std::uint32_t timeout_ms = 0;
   friend bool operator==(const pull_request&, const pull_request&) = default;
 };
 
@@ -191,11 +193,17 @@ struct pushpull {
   std::uint32_t sender_rank = 0;
   std::uint64_t round = 0;
   tensor_chunk tensor;
+  /// As pull_request::timeout_ms, for the pull half.
+  std::uint32_t timeout_ms = 0;
   friend bool operator==(const pushpull&, const pushpull&) = default;
 };
 
 struct ack {
   std::uint64_t request_id = 0;
+  /// Acks of a push: rounds of the key the shard had completed (the worker's credit); else 0.
+  std::uint64_t round = 0;
+  /// Acks of a push: it came after its round closed with a quorum and was not applied.
+  bool dropped = false;
   friend bool operator==(const ack&, const ack&) = default;
 };
 
@@ -253,6 +261,29 @@ struct command {
   friend bool operator==(const command&, const command&) = default;
 };
 
+/// How a job applies pushes (troupe.capnp Consistency).
+enum class consistency_mode : std::uint8_t { sync, async };
+
+/// Worker rank 0 -> servers and scheduler: the job's consistency (troupe.capnp SyncSettings).
+struct sync_settings {
+  std::uint64_t request_id = 0;
+  consistency_mode mode = consistency_mode::sync;
+  /// 1..num_workers; 0 is refused by decode.
+  std::uint32_t quorum = 1;
+  bool rescale_quorum = false;
+  /// -1: none; s >= 0 bounds how far a worker runs ahead in dist_async.
+  std::int64_t max_staleness = -1;
+  /// >= 1.
+  std::uint32_t max_rounds_ahead = 2;
+  friend bool operator==(const sync_settings&, const sync_settings&) = default;
+};
+
+/// Either end of a connection: bytes of received frames released since the last credit.
+struct link_credit {
+  std::uint64_t bytes = 0;
+  friend bool operator==(const link_credit&, const link_credit&) = default;
+};
+
 struct heartbeat {
   std::uint32_t sender_node_id = 0;
   std::uint64_t sequence = 0;
@@ -289,6 +320,8 @@ struct error_reply {
 struct link_hello {
   std::string host_id;
   std::uint64_t arena_bytes = 0;
+  /// The sender's receive window in bytes; 0: no credit flow control.
+  std::uint64_t window_bytes = 0;
   friend bool operator==(const link_hello&, const link_hello&) = default;
 };
 
@@ -316,9 +349,10 @@ struct arena_release {
 using message = std::variant<registration, admission, membership, init, push, pull_request,
                              pull_reply, pushpull, ack, barrier, barrier_release, set_optimizer,
                              set_gradient_compression, command, heartbeat, error_reply, link_hello,
-                             arena_offer, arena_accept, arena_release>;
+                             arena_offer, arena_accept, arena_release, sync_settings, link_credit>;
 
-/// True for the frames a data connection handles itself (link_hello, arena_*): never forwarded.
+/// True for the frames a connection handles itself (link_hello, arena_*, link_credit): never
+/// forwarded.
 bool is_link_control(const message& msg) noexcept;
 
 /// "push", "pull_reply", ...: the alternative's name, for logs and error messages.

@@ -172,7 +172,8 @@ struct KeyRange {
 }
 
 struct Membership {
-  # Scheduler -> every node, after each admission and each loss; the whole table each time.
+  # Scheduler -> every node, once every node is admitted (the job starts) and again after every
+  # change (a node lost); the whole table each time.
   epoch @0 :UInt64;
   # Increases with every change; a node ignores a table older than the one it holds.
   numWorkers @1 :UInt32;
@@ -220,7 +221,11 @@ struct PullRequest {
   # Worker rank of the sender.
   round @3 :UInt64;
   # Round the worker expects: in dist_sync the reply waits until that round is applied; in
-  # dist_async the current value is returned.
+  # dist_async the current value is returned, unless SyncSettings.maxStaleness bounds how far the
+  # sender may run ahead (then the reply waits until every live worker has pushed round - s).
+  timeoutMs @4 :UInt32;
+  # The sender gives up on the request this many milliseconds after sending it; a pull still
+  # waiting at the shard then is dropped without a reply. 0: the shard's own bound.
 }
 
 struct PullReply {
@@ -248,13 +253,22 @@ struct PushPull {
   # The sender's round of this key.
   tensor @4 :Tensor;
   # The pushed value (one chunk of it); required.
+  timeoutMs @5 :UInt32;
+  # As PullRequest.timeoutMs, for the pull half.
 }
 
 struct Ack {
-  # Reply to a request that returns no data (Init, Push, SetOptimizer,
-  # SetGradientCompression, Command): it was applied.
+  # Reply to a request that returns no data (Init, Push, SetOptimizer, SetGradientCompression,
+  # SyncSettings, Command): it was applied.
   requestId @0 :UInt64;
   # The request's id.
+  round @1 :UInt64;
+  # Acks of a Push: the rounds of the key the shard had completed when it acked; the worker's
+  # credit (it sends a push of round t only while t < round + SyncSettings.maxRoundsAhead). 0 for
+  # other requests.
+  dropped @2 :Bool;
+  # Acks of a Push: the push arrived after its round had closed with a quorum of other workers
+  # and was not applied (dist_sync with quorum < numWorkers); the shard counts it.
 }
 
 struct Barrier {
@@ -322,11 +336,49 @@ struct Command {
     loadCheckpoint @4 :Text;
     # Replace parameters and optimizer state by those saved at this path (non-empty).
     syncMode @5 :Void;
-    # Apply pushes in rounds of all workers (dist_sync; MXNet's kSyncMode). Sent by worker rank 0
-    # before its first init, so it precedes every push on each connection.
+    # Apply pushes in rounds of all workers (dist_sync; MXNet's kSyncMode). Superseded by
+    # SyncSettings, which troupe's workers send instead; still accepted as SyncSettings with mode
+    # sync and the defaults.
     asyncMode @6 :Void;
-    # Apply each push as it arrives (dist_async).
+    # Apply each push as it arrives (dist_async); superseded likewise.
   }
+}
+
+enum Consistency {
+  unspecified @0;  # not set; rejected
+  sync @1;         # dist_sync: pushes are applied in rounds
+  async @2;        # dist_async: each push is applied as it arrives
+}
+
+struct SyncSettings {
+  # Worker rank 0 -> every server and the scheduler, before its first init: how the job applies
+  # pushes. Answered by Ack. Supersedes Command.syncMode / asyncMode (still accepted: the mode with
+  # the defaults below).
+  requestId @0 :UInt64;
+  # Echoed by the Ack or Error.
+  mode @1 :Consistency;
+  # Required.
+  quorum @2 :UInt32;
+  # 1..numWorkers. dist_sync: a round closes as soon as this many distinct workers have pushed all
+  # of its bytes; later pushes for it are dropped (Ack.dropped). Every mode: the job goes on while
+  # at least this many workers are alive. Default numWorkers.
+  rescaleQuorum @3 :Bool;
+  # dist_sync with quorum < numWorkers: scale the sum of a round by numWorkers / quorum before the
+  # update, so that it estimates the sum of a full round. Default false (MXNet's scaling).
+  maxStaleness @4 :Int64;
+  # dist_async only: -1 none (plain async). s >= 0: a pull for round t waits until every live
+  # worker has pushed round t - s of the key (stale synchronous parallel).
+  maxRoundsAhead @5 :UInt32;
+  # >= 1: how many rounds beyond the one being collected a shard accepts pushes for from one
+  # worker; a worker holds further pushes until the shard's Ack.round lets them go. Default 2.
+}
+
+struct LinkCredit {
+  # Either end of a data or control connection -> the other: the sender of this frame has released
+  # `bytes` more bytes of the frames it received, which the peer may now send. Each end starts with
+  # the window the other announced in its LinkHello. Link control: never forwarded to an actor.
+  bytes @0 :UInt64;
+  # Bytes released since the previous LinkCredit; > 0.
 }
 
 struct Heartbeat {
@@ -382,6 +434,10 @@ struct LinkHello {
   arenaBytes @1 :UInt64;
   # Size of the arena the sender would create for its direction; 0: it will neither offer one
   # nor accept the peer's.
+  windowBytes @2 :UInt64;
+  # Receive window of the sender: the peer may have this many bytes of frames (prefix included)
+  # outstanding before LinkCredit returns some; a single frame larger than the window is allowed
+  # when nothing else is outstanding. 0: the sender grants no window (no credit flow control).
 }
 
 struct ArenaOffer {
@@ -453,5 +509,9 @@ struct Message {
     # Either end of a data connection.
     arenaRelease @20 :ArenaRelease;
     # Either end of a data connection.
+    syncSettings @21 :SyncSettings;
+    # Worker rank 0 -> servers and scheduler.
+    linkCredit @22 :LinkCredit;
+    # Either end of a connection.
   }
 }

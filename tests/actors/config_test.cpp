@@ -76,8 +76,14 @@ BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values
   BOOST_TEST(cfg.shards_per_server == cluster_config::default_shards());
   BOOST_TEST(cfg.shards_per_server >= 1);
   BOOST_TEST(cfg.verbose == 0);
-  BOOST_TEST(cfg.request_timeout == 5s);
+  BOOST_TEST(cfg.request_timeout == 30s);
+  BOOST_TEST(cfg.peer_timeout == 5s);
   BOOST_TEST(cfg.heartbeat_interval == 500ms);
+  BOOST_TEST(!cfg.quorum.has_value());
+  BOOST_TEST(!cfg.rescale_quorum);
+  BOOST_TEST(!cfg.max_staleness.has_value());
+  BOOST_TEST(cfg.max_rounds_ahead == 2);
+  BOOST_TEST(cfg.link_window_bytes == 64 * 1024 * 1024);
   BOOST_TEST(cfg.connect_timeout == 10s);
   BOOST_TEST(cfg.startup_timeout == 60s);
   BOOST_TEST(cfg.bigarray_bound == 1'000'000);
@@ -370,6 +376,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "1",
                             "--timeout",
                             "2m",
+                            "--peer-timeout",
+                            "20s",
                             "--heartbeat",
                             "1s",
                             "--connect-timeout",
@@ -385,7 +393,17 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "--shm-arena-bytes",
                             "0",
                             "--rank-hint",
-                            "2"});
+                            "2",
+                            "--link-window-bytes",
+                            "1MiB",
+                            "--quorum",
+                            "5",
+                            "--rescale-quorum",
+                            "true",
+                            "--max-staleness",
+                            "3",
+                            "--max-rounds-ahead",
+                            "4"});
   auto cfg = load_ok(std::nullopt, {}, flags);
   BOOST_TEST((cfg.role == node_role::scheduler));
   BOOST_TEST((cfg.scheduler_port == 0));
@@ -405,6 +423,12 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.chunk_bytes == 65536);
   BOOST_TEST(cfg.shm_arena_bytes == 0);
   BOOST_TEST(cfg.rank_hint == 2);
+  BOOST_TEST(cfg.peer_timeout == 20s);
+  BOOST_TEST(cfg.link_window_bytes == 1024 * 1024);
+  BOOST_TEST((cfg.quorum == 5));
+  BOOST_TEST(cfg.rescale_quorum);
+  BOOST_TEST((cfg.max_staleness == 3));
+  BOOST_TEST(cfg.max_rounds_ahead == 4);
   std::size_t with_flag = 0;
   for (const auto& key : config_keys())
     with_flag += key.flag.empty() ? 0 : 1;
@@ -420,7 +444,11 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
 BOOST_AUTO_TEST_CASE(values_that_contradict_each_other_name_both_keys) {
   auto heartbeat = load_error(std::nullopt, {}, parse_flags({"--heartbeat", "5s"}));
   BOOST_TEST(heartbeat.message() ==
-             "--heartbeat (5s) must be shorter than timeouts.request (5s, the default)");
+             "--heartbeat (5s) must be shorter than timeouts.peer (5s, the default)");
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--num-workers", "2", "--quorum", "3"}))
+                 .message() == "--quorum (3) must not exceed --num-workers (2)");
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--rescale-quorum", "yes"})).message() ==
+             "--rescale-quorum must be true or false, got \"yes\"");
   temp_dir dir;
   auto file = dir.write("c.toml", "[data]\nmax_frame_bytes = 65536\nchunk_bytes = \"1MiB\"\n");
   BOOST_TEST(load_error(file).message() ==

@@ -149,7 +149,7 @@ struct link_fixture {
   static std::optional<envelope> next_envelope(caf::scoped_actor& self) {
     std::optional<envelope> got;
     self->receive([&](envelope& env) { got = std::move(env); },
-                  [&](link_down_atom, const std::string& reason) {
+                  [&](link_down_atom, std::uint64_t, const std::string& reason) {
                     BOOST_TEST_MESSAGE("unexpected link_down: " << reason);
                   },
                   caf::after(patience) >> [] {});
@@ -568,7 +568,7 @@ BOOST_AUTO_TEST_CASE(a_client_sees_link_down_when_the_server_stops) {
   connect(server.port, self);
   self->send(server.broker, stop_atom::value);
   std::string reason;
-  self->receive([&](link_down_atom, const std::string& why) { reason = why; },
+  self->receive([&](link_down_atom, std::uint64_t, const std::string& why) { reason = why; },
                 caf::after(patience) >> [] {});
   BOOST_TEST(reason.find("127.0.0.1:" + std::to_string(server.port)) != std::string::npos);
 }

@@ -26,7 +26,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
-#include "actors/messages.hpp"
+#include "actors/protocols.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/scheduler.hpp"
 

@@ -8,6 +8,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/server_shard.hpp"
+#include "actors/wire_conversions.hpp"
 
 using namespace troupe;
 
@@ -16,7 +17,7 @@ namespace {
 /// A tensor chunk viewing a whole float32 array.
 wire::tensor_chunk whole(const ndarray& array) {
   wire::tensor_chunk tensor;
-  tensor.type = static_cast<wire::dtype>(array.dtype());
+  tensor.type = to_wire(array.dtype());
   tensor.shape.assign(array.shape().begin(), array.shape().end());
   tensor.total_bytes = array.nbytes();
   tensor.data = {static_cast<const std::byte*>(array.raw_data()), array.nbytes()};

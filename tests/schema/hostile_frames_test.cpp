@@ -371,6 +371,7 @@ BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
       membership{1, 1, 1, {node_info{1, static_cast<role>(7), 0, "h", 1, true}}, {}},
       error_reply{1, std::nullopt, static_cast<error_code>(13), ""},
       error_reply{1, 5, static_cast<error_code>(200), ""},
+      sync_settings{1, static_cast<consistency_mode>(2), 1, false, -1, 2},
   };
   for (const auto& msg : cases) {
     auto r = rejection(frame_of(msg));
@@ -381,7 +382,8 @@ BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
 BOOST_AUTO_TEST_CASE(an_unknown_or_unset_message_kind_is_rejected) {
   auto frame = frame_of(heartbeat{1, 2, 3});
   BOOST_TEST_REQUIRE(get_u16(frame, discriminant_offset) == 15); // Message.heartbeat @15
-  for (std::uint16_t kind : {0, 21, 999, 0xffff}) { // 17-20: the data links' control frames
+  // 17-20 and 22: the links' control frames; 21: sync settings.
+  for (std::uint16_t kind : {0, 23, 999, 0xffff}) {
     auto patched = frame;
     put_u16(patched, discriminant_offset, kind);
     auto r = rejection(patched);
@@ -512,3 +514,16 @@ BOOST_AUTO_TEST_CASE(decode_errors_have_names_for_logs) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(sync_settings_and_link_credit_out_of_range_are_rejected) {
+  const std::vector<std::pair<message, const char*>> cases = {
+      {sync_settings{1, consistency_mode::sync, 0, false, -1, 2}, "quorum of 0"},
+      {sync_settings{1, consistency_mode::async, 2, false, -2, 2}, "max staleness -2"},
+      {sync_settings{1, consistency_mode::sync, 2, false, -1, 0}, "max rounds ahead 0"},
+      {link_credit{0}, "credit of 0 bytes"},
+  };
+  for (const auto& [msg, what] : cases) {
+    auto r = rejection(frame_of(msg));
+    BOOST_TEST((kind_of(r) == code::invalid_value), what << ": " << r->message);
+  }
+}

@@ -64,11 +64,11 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
                             key_range{5000, ~std::uint64_t{0}, 1, 0}}});
   out.push_back(init{103, 5, tensor_chunk{dtype::int64, {n / 8}, payload.size(), 0, payload}});
   out.push_back(push{104, 6, 2, 17, float_tensor(payload, 2, n / 8)});
-  out.push_back(pull_request{105, 6, 2, 17});
+  out.push_back(pull_request{105, 6, 2, 17, 30'000});
   out.push_back(
       pull_reply{105, 6, 17, tensor_chunk{dtype::float16, {n / 2}, payload.size(), 0, payload}});
-  out.push_back(pushpull{106, 7, 3, 18, float_tensor(payload, n / 4, 1)});
-  out.push_back(ack{107});
+  out.push_back(pushpull{106, 7, 3, 18, float_tensor(payload, n / 4, 1), 5'000});
+  out.push_back(ack{107, 12, true});
   out.push_back(barrier{108, 4, group::workers | group::servers, 9});
   out.push_back(barrier_release{108, 4, group::workers | group::servers});
   out.push_back(set_optimizer{
@@ -77,10 +77,13 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(command{111, command_kind::save_checkpoint, "/tmp/ckpt/epoch-3"});
   out.push_back(heartbeat{9, 12345, 1'700'000'000'123'456'789});
   out.push_back(error_reply{104, 6, error_code::shape_mismatch, "push of (2,3) to key 6 of (3,3)"});
-  out.push_back(link_hello{"0b1c2d3e-boot-id/host", std::uint64_t{64} << 20});
+  out.push_back(
+      link_hello{"0b1c2d3e-boot-id/host", std::uint64_t{64} << 20, std::uint64_t{32} << 20});
   out.push_back(arena_offer{"/troupe-0123456789abcdef0123456789abcdef", std::uint64_t{64} << 20});
   out.push_back(arena_accept{false, "shared memory is off here"});
   out.push_back(arena_release{{0, 4096, std::uint64_t{1} << 40}});
+  out.push_back(sync_settings{112, consistency_mode::async, 3, true, 2, 4});
+  out.push_back(link_credit{std::uint64_t{8} << 20});
   return out;
 }
 

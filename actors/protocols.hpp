@@ -1,0 +1,245 @@
+#pragma once
+// Every interface between troupe's actors, in one place (STYLE.md §3): the envelope that carries
+// a wire message inside a process, the atoms, the in-process message types, and one
+// caf::typed_actor per kind of actor with a comment per handler. A message an actor does not
+// handle fails to compile at the send.
+//
+// Two transports, one message form. Between processes every message, control or data, is a
+// Cap'n Proto frame (schema/codec.hpp) on troupe's own framed links (actors/data_link.hpp): the
+// link brokers decode a frame into an `envelope` whose tensor spans point into the pooled frame
+// buffer it keeps alive, and encode an outgoing envelope into a frame. No CAF remote-actor (BASP)
+// port faces the network. Within one process the same envelope passes from actor to actor
+// without any encoding: the tensor spans point into an ndarray's storage, which `keepalive`
+// holds. So a shard runs one code path whether its worker is a thread away or a network away.
+//
+// Who talks to whom (docs/architecture.md has the picture):
+//
+//   worker ──envelope──> link ══frames══> data server ──(envelope, reply_sink)──> shard / control
+//   worker <─envelope─── link <══frames══ data server <───────(envelope)─────────┘
+//   node agent <──envelope── link <══frames══> control server ──(envelope, sink)──> scheduler
+//                                                                  scheduler ──> barrier actor
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "actors/bridge.hpp"
+#include "engine/error.hpp"
+#include "engine/ndarray.hpp"
+#include "schema/messages.hpp"
+
+namespace troupe {
+
+/// A wire message inside one process, with whatever keeps its tensor bytes alive.
+struct envelope {
+  wire::message msg;
+  /// Owner of the memory that msg's tensor_chunk::data views (a frame buffer, an ndarray's
+  /// storage); null when the message carries no tensor.
+  std::shared_ptr<const void> keepalive;
+  /// Which connection: on a listening side, the connection the message arrived on or must leave
+  /// by (a server broker's id for one peer's connection); on a connecting side, the tag the link
+  /// was opened with (data_link_options::tag); 0 within one process.
+  std::uint64_t connection = 0;
+};
+
+// --- atoms (at most 10 characters in CAF 0.17) --------------------------------------------------
+using link_down_atom = caf::atom_constant<caf::atom("link_down")>;
+using peer_lost_atom = caf::atom_constant<caf::atom("peer_lost")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using closed_atom = caf::atom_constant<caf::atom("closed")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
+using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
+// TODO(cleanup): the BASP control plane's atoms, until it moves onto the framed links.
+using frame_atom = caf::atom_constant<caf::atom("frame")>;
+using control_atom = caf::atom_constant<caf::atom("control")>;
+
+// --- links ---------------------------------------------------------------------------------------
+
+/// Whoever takes the replies to requests it handed on: a data server broker (writes each envelope
+/// on connection envelope.connection) or, in one process, the worker that sent the request.
+using reply_sink = caf::typed_actor<caf::reacts_to<envelope>>;
+
+/// A link broker, either end (actors/data_link.hpp).
+using link_actor = caf::typed_actor<
+    /// Send this message: a client link to its server, a server broker on the envelope's
+    /// connection.
+    caf::reacts_to<envelope>,
+    /// Close (a server: the acceptor and every connection) and quit.
+    caf::reacts_to<stop_atom>,
+    /// "host:port": where a server listens, or the peer of a client link.
+    caf::replies_to<caf::get_atom>::with<std::string>>;
+
+/// Anything that handles requests coming off a link: a server shard, a server's control actor, the
+/// scheduler. Replies go to the sink as (envelope) carrying the request's connection id.
+using request_handler = caf::typed_actor<caf::reacts_to<envelope, reply_sink>>;
+
+// --- server --------------------------------------------------------------------------------------
+
+/// What a shard counts, for logs, the job's summary and tests.
+struct shard_stats {
+  /// Rounds (sync) or pushes (async) applied, over every key of the shard.
+  std::uint64_t updates = 0;
+  /// Pushes that arrived after their round had closed with a quorum, dropped unapplied.
+  std::uint64_t late_pushes_dropped = 0;
+  /// Bounded staleness: the most rounds any worker's push was ahead of the slowest live worker
+  /// when it arrived (the instrument that shows max_staleness holds).
+  std::uint64_t max_lead = 0;
+  /// Pulls that waited at the shard and expired with their request.
+  std::uint64_t pulls_expired = 0;
+  /// Requests refused with an error reply.
+  std::uint64_t requests_refused = 0;
+};
+
+/// A server shard (actors/server_shard.hpp).
+using shard_actor = caf::typed_actor<
+    /// A worker's request (init, push, pushpull, pull_request, set_optimizer, sync_settings,
+    /// command); every reply, now or when a round completes, goes to the sink.
+    caf::reacts_to<envelope, reply_sink>,
+    /// The job's membership changed (a worker lost): bounded staleness waits for live workers only.
+    caf::reacts_to<wire::membership>,
+    /// Expire pulls whose request has given up (sent by the shard to itself).
+    caf::reacts_to<tick_atom>,
+    /// Its counters.
+    caf::replies_to<stats_atom>::with<shard_stats>>;
+
+// --- worker --------------------------------------------------------------------------------------
+
+/// One key's part of a KVStore call, checked by the facade against the key's declaration.
+struct kv_key_work {
+  /// The key's index (the int key, or the init order of a string key): its place on the servers.
+  std::int64_t index = 0;
+  /// The key as the caller wrote it ("3", "'w'"), for messages.
+  std::string name;
+  shape_vector shape;
+  troupe::dtype type = troupe::dtype::float32;
+  /// init, push, pushpull: the value to send, in host memory, unchanged until the call completes.
+  ndarray value;
+  /// pull, pushpull: where the key's value goes (one or more arrays of the declared shape).
+  std::vector<ndarray> outputs;
+};
+
+/// What a KVStore call asks of its worker actor.
+enum class kv_call : std::uint8_t {
+  init,        ///< rank 0 sends every key's initial value to its servers
+  push,        ///< send each key's value, acknowledged by the servers
+  pull,        ///< fetch each key's value of the round this worker has pushed
+  pushpull,    ///< push, then the value of that round, in one request per slice
+  every_server ///< send one keyless message (set_optimizer, sync_settings, command) to each server
+};
+
+/// A KVStore call handed to the worker actor; `done` gets its outcome.
+struct kv_operation {
+  kv_call call = kv_call::push;
+  std::vector<kv_key_work> keys;
+  /// every_server: the message for server `server`, with request id `request_id`.
+  std::function<wire::message(std::uint64_t request_id, std::uint32_t server)> message_for;
+  /// "push", "set_optimizer sgd": how errors name the call.
+  std::string what;
+  completion<status> done;
+};
+
+/// The KVStore worker of one process (actors/kv_worker.hpp).
+using worker_actor = caf::typed_actor<
+    /// A call from the blocking facade (dist_kvstore).
+    caf::reacts_to<kv_operation>,
+    /// A reply from the server linked under tag envelope.connection (its rank + 1).
+    caf::reacts_to<envelope>,
+    /// The link with that tag is gone, and why: every request fails naming the server.
+    caf::reacts_to<link_down_atom, std::uint64_t, std::string>,
+    /// The job failed (the node agent's notice, naming the lost node and its role).
+    caf::reacts_to<peer_lost_atom, std::string>,
+    /// The job's membership changed.
+    caf::reacts_to<wire::membership>,
+    /// Sweep for requests whose timeout has passed (sent by the worker to itself).
+    caf::reacts_to<tick_atom>,
+    /// Deliver once every request under way has completed (or the timeout has passed).
+    caf::reacts_to<finalize_atom, completion<status>>>;
+
+// --- control plane -------------------------------------------------------------------------------
+
+/// Whoever wants to hear about the job from a node agent: a worker actor, a server.
+using job_listener = caf::typed_actor<
+    /// The job failed; the text names the lost node and its role.
+    caf::reacts_to<peer_lost_atom, std::string>,
+    /// The scheduler told this server to stop: the job ended well.
+    caf::reacts_to<stop_atom>,
+    /// A new membership table (a worker was lost and the job goes on).
+    caf::reacts_to<wire::membership>>;
+
+/// A blocking node-agent call (barrier, done, sync settings to the scheduler), with its answer.
+struct control_call {
+  wire::message request;
+  std::string what;
+  completion<status> done;
+};
+
+/// The node side of the control plane (actors/node_agent.hpp).
+using node_agent_actor = caf::typed_actor<
+    /// A frame from the scheduler, off the control link.
+    caf::reacts_to<envelope>,
+    /// The control link is gone.
+    caf::reacts_to<link_down_atom, std::uint64_t, std::string>,
+    /// Send a request to the scheduler and deliver its answer.
+    caf::reacts_to<control_call>,
+    /// Tell this listener about the job from now on (and at once, if it already ended).
+    caf::reacts_to<subscribe_atom, job_listener>,
+    /// Heartbeat and liveness check (sent by the agent to itself).
+    caf::reacts_to<tick_atom>>;
+
+/// The scheduler of a job (actors/scheduler.hpp).
+using scheduler_actor = caf::typed_actor<
+    /// A frame from a node, off its control connection.
+    caf::reacts_to<envelope, reply_sink>,
+    /// That control connection closed.
+    caf::reacts_to<closed_atom, std::uint64_t>,
+    /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).
+    caf::reacts_to<tick_atom>>;
+
+/// One node waiting at a job barrier.
+struct barrier_arrival {
+  std::uint8_t group = wire::group::workers;
+  std::uint64_t barrier_id = 0;
+  /// The scheduler's index of the node, and the request id its release must echo.
+  std::uint32_t member = 0;
+  std::uint64_t request_id = 0;
+};
+
+/// Who a barrier release goes to.
+struct barrier_release_list {
+  std::uint8_t group = 0;
+  std::uint64_t barrier_id = 0;
+  std::vector<barrier_arrival> members;
+};
+
+/// The job barriers of a scheduler: KVStore::barrier(), the job's start and end
+/// (actors/barrier.hpp).
+using barrier_actor = caf::typed_actor<
+    /// A member arrived; replies with the releases this arrival completes (possibly none).
+    caf::replies_to<barrier_arrival>::with<std::vector<barrier_release_list>>,
+    /// How many members of each role a barrier waits for now (after a loss: the live ones);
+    /// replies with the releases that completes.
+    caf::replies_to<std::uint32_t, std::uint32_t>::with<std::vector<barrier_release_list>>>;
+
+} // namespace troupe
+
+// None of these leave the process as CAF messages (frames do, through the links), so they need no
+// serializer.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::envelope)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::wire::membership)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_stats)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_release_list)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::barrier_release_list>)

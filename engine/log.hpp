@@ -1,0 +1,56 @@
+#pragma once
+// One logging facility for every troupe process. Levels follow ps-lite's PS_VERBOSE: 0 failures
+// only, 1 also connections and phases, 2 also every message. Each line goes to stderr, whole (the
+// sink is thread-safe), as
+//
+//   2026-12-01 21:15:47.123 E troupe scheduler@127.0.0.1: worker 1 (node 11) was lost: ...
+//
+// with a prefix naming who speaks: role, rank and host (node_name), plus a part when it helps
+// ("server 0@10.0.0.7 data link"). A logger is a small value handed down in options, never looked
+// up globally, so two nodes in one test process log under their own names. Backed by spdlog.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace troupe {
+
+enum class log_level : std::uint8_t { error = 0, info = 1, debug = 2 };
+
+class logger {
+public:
+  /// A logger that prints nothing.
+  logger() = default;
+  /// Prints the lines whose level is at most `verbose` (0, 1 or 2; errors always), each after
+  /// `who`.
+  logger(std::string who, int verbose);
+
+  bool enabled(log_level level) const noexcept {
+    return sink_ && static_cast<int>(level) <= verbose_;
+  }
+  void error(std::string_view text) const;
+  void info(std::string_view text) const;
+  void debug(std::string_view text) const;
+  void log(log_level level, std::string_view text) const;
+
+  /// The same level and sink under another name ("worker 1@host" -> "worker 1@host data link").
+  logger named(std::string who) const;
+  /// who + " " + part.
+  logger part(std::string_view part) const;
+
+  const std::string& who() const noexcept { return who_; }
+  int verbose() const noexcept { return verbose_; }
+
+private:
+  std::shared_ptr<void> sink_; // the process's stderr sink; null: silent
+  std::string who_;
+  int verbose_ = 0;
+};
+
+/// The prefix convention: "worker 1@10.0.0.2", "scheduler@127.0.0.1", "server (joining)@host".
+std::string node_name(std::string_view role, std::optional<std::uint32_t> rank,
+                      std::string_view host);
+
+} // namespace troupe
