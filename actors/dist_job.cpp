@@ -67,24 +67,8 @@ data_link_tuning tuning_for(const cluster_config& config) {
 struct worker_resources {
   std::unique_ptr<node_runtime> runtime;
   std::unique_ptr<node_agent> agent;
-  caf::actor loss_listener;
-  ~worker_resources() {
-    if (loss_listener)
-      caf::anon_send_exit(loss_listener, caf::exit_reason::user_shutdown);
-    agent.reset();
-  }
+  ~worker_resources() { agent.reset(); }
 };
-
-caf::behavior loss_listener_actor(caf::event_based_actor*, std::function<void(error)> report) {
-  return {
-      [report](peer_lost_atom, const std::string& who) {
-        report(error{errc::peer_lost, who});
-      },
-      [report](stop_atom) {
-        report(error{errc::peer_lost, "the scheduler stopped the job"});
-      },
-  };
-}
 
 } // namespace
 
@@ -186,22 +170,29 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   setup.bigarray_bound = config.bigarray_bound;
   setup.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
   setup.timeout = config.request_timeout;
+  setup.quorum = static_cast<std::uint32_t>(config.quorum.value_or(0));
+  setup.rescale_quorum = config.rescale_quorum;
+  setup.max_staleness = config.max_staleness.value_or(-1);
+  setup.max_rounds_ahead = static_cast<std::uint32_t>(config.max_rounds_ahead);
   auto tuning = tuning_for(config);
   setup.connect_servers = [&system, servers,
-                           tuning](caf::actor replies) -> result<std::vector<caf::actor>> {
-    std::vector<caf::actor> links;
+                           tuning](const caf::actor& receiver) -> result<server_links> {
+    server_links opened;
     for (const auto& server : servers) {
-      auto link = connect_data_link(system, server.host, server.data_port, replies,
-                                    data_link_options{tuning});
+      data_link_options options{tuning, server.rank + 1};
+      auto link = connect_data_link(system, server.host, server.data_port, receiver, options);
+      const std::string name = "server " + std::to_string(server.rank) + " (node " +
+                               std::to_string(server.node_id) + ") at " + server.host + ":" +
+                               std::to_string(server.data_port);
       if (!link) {
-        for (auto& opened : links)
-          caf::anon_send_exit(opened, caf::exit_reason::user_shutdown);
-        return error{link.error().code(),
-                     "server " + std::to_string(server.rank) + ": " + link.error().message()};
+        for (auto& open : opened.links)
+          caf::anon_send_exit(open, caf::exit_reason::user_shutdown);
+        return error{link.error().code(), name + ": " + link.error().message()};
       }
-      links.push_back(std::move(*link));
+      opened.links.push_back(caf::actor_cast<link_actor>(*link));
+      opened.names.push_back(name);
     }
-    return links;
+    return opened;
   };
   // A barrier waits for the slowest worker of the job, so it is bounded by the startup timeout,
   // the longest wait the configuration grants; a lost peer ends it sooner.
@@ -209,16 +200,18 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   setup.barrier = [agent_ptr, barrier_timeout] {
     return agent_ptr->barrier(wire::group::workers, barrier_timeout);
   };
+  setup.on_started = [agent_ptr](const worker_actor& worker) {
+    agent_ptr->subscribe(caf::actor_cast<caf::actor>(worker));
+  };
   auto request_timeout = config.request_timeout;
   setup.on_finalize = [agent_ptr, request_timeout] {
     (void)agent_ptr->notify_done(request_timeout);
   };
   setup.owned_resources = resources;
+  setup.log = logger{node_name("worker", agent_ptr->rank(), config.node_host), config.verbose};
   auto store = dist_kvstore::create(system, std::move(setup));
   if (!store)
     return store.error();
-  resources->loss_listener = system.spawn(loss_listener_actor, (*store)->failure_reporter());
-  agent_ptr->subscribe(resources->loss_listener);
   return std::unique_ptr<kvstore>{std::move(*store)};
 }
 

@@ -1,205 +1,27 @@
 #include "actors/dist_kvstore.hpp"
 
-#include <condition_variable>
-#include <cstring>
-
-#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 
-#include "actors/key_placement.hpp"
-#include "actors/wire_conversions.hpp"
-#include "schema/chunking.hpp"
+#include "actors/kv_worker.hpp"
 
 namespace troupe {
-
-/// Work shared by the parts of one key's pull: the outputs to fill from the staging buffer once
-/// every slice has arrived.
-struct pull_group {
-  std::mutex mutex;
-  std::size_t remaining = 0;
-  std::function<status()> finish;
-};
-
-struct dist_kvstore::pending {
-  kv_request request;
-  std::string what;
-  std::uint32_t server = 0;
-  std::optional<wire::reassembler> assembly; // for parts answered with a pull_reply
-  std::shared_ptr<const void> hold;          // keeps the assembly's destination alive
-  std::shared_ptr<pull_group> group;
-};
-
-namespace {} // namespace
-
-struct dist_kvstore::reply_table {
-  std::mutex mutex;
-  std::condition_variable drained;
-  std::map<std::uint64_t, std::shared_ptr<pending>> parts;
-  std::optional<error> failure;
-
-  void add(std::uint64_t id, std::shared_ptr<pending> part) {
-    std::lock_guard lock{mutex};
-    parts.emplace(id, std::move(part));
-  }
-
-  std::shared_ptr<pending> find(std::uint64_t id) {
-    std::lock_guard lock{mutex};
-    auto found = parts.find(id);
-    return found == parts.end() ? nullptr : found->second;
-  }
-
-  /// Ends a part: runs its pull group's finish when it is the group's last, then tells the
-  /// request.
-  void finish(std::uint64_t id, const std::shared_ptr<pending>& part, status outcome) {
-    {
-      std::lock_guard lock{mutex};
-      if (parts.erase(id) == 0)
-        return; // already ended (a failure raced a reply)
-      if (parts.empty())
-        drained.notify_all();
-    }
-    if (outcome && part->group) {
-      std::unique_lock lock{part->group->mutex};
-      if (--part->group->remaining == 0 && part->group->finish)
-        outcome = part->group->finish();
-    }
-    part->request.complete_part(std::move(outcome));
-  }
-
-  void on_reply(envelope& reply) {
-    auto id = wire::request_id_of(reply.msg);
-    auto part = find(id);
-    if (!part)
-      return; // a late reply to a request that already failed
-    if (std::holds_alternative<wire::ack>(reply.msg)) {
-      finish(id, part, ok());
-    } else if (auto* failure = std::get_if<wire::error_reply>(&reply.msg)) {
-      finish(id, part, error{from_wire(failure->code), part->what + ": " + failure->message});
-    } else if (auto* value = std::get_if<wire::pull_reply>(&reply.msg)) {
-      if (!part->assembly) {
-        finish(id, part, error{errc::internal, part->what + ": unexpected pull reply"});
-        return;
-      }
-      auto added = part->assembly->add(value->tensor);
-      if (!added)
-        finish(id, part, error{errc::malformed_message, part->what + ": " + added.error().message});
-      else if (*added)
-        finish(id, part, ok());
-    } else {
-      finish(
-          id, part,
-          error{errc::malformed_message,
-                part->what + ": unexpected " + std::string{wire::kind_name(reply.msg)} + " reply"});
-    }
-  }
-
-  void fail_all(const error& why) {
-    std::map<std::uint64_t, std::shared_ptr<pending>> failed;
-    {
-      std::lock_guard lock{mutex};
-      if (!failure)
-        failure = why;
-      failed.swap(parts);
-      drained.notify_all();
-    }
-    for (auto& [id, part] : failed)
-      part->request.complete_part(error{why.code(), part->what + ": " + why.message()});
-  }
-
-  bool wait_drained(std::chrono::milliseconds timeout) {
-    std::unique_lock lock{mutex};
-    return drained.wait_for(lock, timeout, [&] { return parts.empty(); });
-  }
-};
-
 namespace {
-
-caf::behavior reply_actor(caf::event_based_actor* self,
-                          std::shared_ptr<dist_kvstore::reply_table> table) {
-  return {
-      [table](envelope& reply) { table->on_reply(reply); },
-      // A server's connection closes when the scheduler ends the job after losing a node; its
-      // notice naming the node (failure_reporter) usually comes first, and a moment's grace lets
-      // it win the race before the bare "connection lost" is reported.
-      [self](link_down_atom, std::uint64_t, std::string& reason) {
-        self->delayed_send(self, std::chrono::milliseconds{250}, link_down_atom::value,
-                           std::move(reason), true);
-      },
-      [table](link_down_atom, const std::string& reason, bool) {
-        table->fail_all(error{errc::peer_lost, "the connection to a server was lost: " + reason});
-      },
-  };
-}
 
 bool known_type(const std::string& type) {
   return type == "dist_sync" || type == "dist_async" || type == "dist_device_sync" ||
          type == "dist_device_async" || type == "dist_sync_device" || type == "dist_async_device";
 }
 
-/// The flattened bytes [begin, end) elements of `array` (host memory).
-std::span<const std::byte> element_bytes(const ndarray& array, std::int64_t begin,
-                                         std::int64_t end) {
-  auto size = size_of(array.dtype());
-  return {static_cast<const std::byte*>(array.raw_data()) + begin * size,
-          static_cast<std::size_t>(end - begin) * size};
-}
-
-wire::tensor_chunk slice_tensor(const ndarray& array, const key_slice& slice, bool whole) {
-  wire::tensor_chunk tensor;
-  tensor.type = to_wire(array.dtype());
-  if (whole)
-    tensor.shape.assign(array.shape().begin(), array.shape().end());
-  else
-    tensor.shape = {slice.size()};
-  tensor.data = element_bytes(array, slice.begin, slice.end);
-  tensor.total_bytes = tensor.data.size();
-  tensor.offset = 0;
-  return tensor;
-}
-
-/// Where the replies of one key's pull land: the one host output itself, or a staging buffer
-/// copied to every output once the last of the key's slices has arrived.
-struct pull_destination {
-  ndarray target;
-  std::shared_ptr<pull_group> group;
-};
-
-pull_destination destination_for(const key_declaration& declared, std::vector<ndarray> outputs,
-                                 std::size_t slices) {
-  pull_destination destination;
-  destination.group = std::make_shared<pull_group>();
-  destination.group->remaining = slices;
-  bool direct = outputs.size() == 1 && outputs[0].ctx().is_cpu();
-  destination.target =
-      direct ? outputs[0] : ndarray::empty(declared.shape, context::cpu(), declared.type);
-  if (!direct)
-    destination.group->finish = [target = destination.target, outputs]() mutable {
-      return status_of([&]() -> status {
-        for (auto& out : outputs)
-          target.copy_to(out);
-        return ok();
-      });
-    };
-  return destination;
+/// How long wait() waits at most: the worker fails a request itself once it has gone unanswered
+/// for the timeout since it was sent, so this only catches a worker that stopped answering.
+std::chrono::steady_clock::time_point backstop(std::chrono::milliseconds timeout) {
+  return std::chrono::steady_clock::now() + 2 * timeout + std::chrono::seconds{1};
 }
 
 } // namespace
 
-/// Makes `part` reassemble its slice of the value into `destination`.
-static void expect_value(dist_kvstore::pending& part, const pull_destination& destination,
-                         const key_declaration& declared, const key_slice& slice, bool whole) {
-  auto bytes = element_bytes(destination.target, slice.begin, slice.end);
-  auto shape = whole ? std::vector<std::int64_t>(declared.shape.begin(), declared.shape.end())
-                     : std::vector<std::int64_t>{slice.size()};
-  part.assembly.emplace(std::span{const_cast<std::byte*>(bytes.data()), bytes.size()},
-                        to_wire(declared.type), shape);
-  part.hold = destination.target.keepalive();
-  part.group = destination.group;
-}
-
 dist_kvstore::dist_kvstore(dist_kvstore_setup setup)
-    : owned_resources_(setup.owned_resources), setup_(std::move(setup)),
-      table_(std::make_shared<reply_table>()) {
+    : owned_resources_(setup.owned_resources), setup_(std::move(setup)) {
   setup_.owned_resources.reset();
   if (setup_.type.find("device") != std::string::npos)
     comm_ = std::make_unique<comm_device>();
@@ -209,48 +31,77 @@ dist_kvstore::dist_kvstore(dist_kvstore_setup setup)
 
 result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(caf::actor_system& system,
                                                            dist_kvstore_setup setup) {
+  auto invalid = [](std::string text) { return error{errc::invalid_argument, std::move(text)}; };
   if (!known_type(setup.type))
-    return error{errc::invalid_argument,
-                 "unknown distributed kvstore type '" + setup.type +
-                     "' (dist_sync, dist_async, dist_device_sync, dist_device_async)"};
+    return invalid("unknown distributed kvstore type '" + setup.type +
+                   "' (dist_sync, dist_async, dist_device_sync, dist_device_async)");
   if (setup.num_servers == 0 || setup.num_workers == 0 || setup.rank >= setup.num_workers)
-    return error{errc::invalid_argument,
-                 "a distributed kvstore needs at least one server and one worker and a rank below "
-                 "the number of workers (rank " +
-                     std::to_string(setup.rank) + " of " + std::to_string(setup.num_workers) +
-                     " workers, " + std::to_string(setup.num_servers) + " servers)"};
+    return invalid("a distributed kvstore needs at least one server and one worker and a rank "
+                   "below the number of workers (rank " +
+                   std::to_string(setup.rank) + " of " + std::to_string(setup.num_workers) +
+                   " workers, " + std::to_string(setup.num_servers) + " servers)");
   if (setup.chunk_bytes < 8 || setup.chunk_bytes % 8 != 0)
-    return error{errc::invalid_argument, "chunk size " + std::to_string(setup.chunk_bytes) +
-                                             " is not a positive multiple of 8 bytes"};
+    return invalid("chunk size " + std::to_string(setup.chunk_bytes) +
+                   " is not a positive multiple of 8 bytes");
+  if (setup.quorum > setup.num_workers)
+    return invalid("quorum " + std::to_string(setup.quorum) + " exceeds the job's " +
+                   std::to_string(setup.num_workers) + " workers");
+  if (setup.max_rounds_ahead == 0)
+    return invalid("max_rounds_ahead must be at least 1");
+  const bool async = setup.type.find("async") != std::string::npos;
+  if (setup.max_staleness >= 0 && !async)
+    return invalid("max_staleness " + std::to_string(setup.max_staleness) + " bounds dist_async; " +
+                   setup.type + " already waits for every round (staleness 0)");
   if (!setup.connect_servers || !setup.barrier)
-    return error{errc::invalid_argument, "a distributed kvstore needs server links and a barrier"};
+    return invalid("a distributed kvstore needs server links and a barrier");
+
   std::unique_ptr<dist_kvstore> store{new dist_kvstore(std::move(setup))};
+  auto& s = store->setup_;
   store->system_ = &system;
-  store->replies_ = system.spawn(reply_actor, store->table_);
-  auto links = store->setup_.connect_servers(store->replies_);
+  kv_worker_options options;
+  options.rank = s.rank;
+  options.num_workers = s.num_workers;
+  options.num_servers = s.num_servers;
+  options.sync = store->sync_mode();
+  options.bigarray_bound = s.bigarray_bound;
+  options.chunk_bytes = s.chunk_bytes;
+  options.request_timeout = s.timeout;
+  options.max_rounds_ahead = s.max_rounds_ahead;
+  options.log = s.log;
+  store->worker_ = spawn_kv_worker(system, options);
+  auto links = s.connect_servers(caf::actor_cast<caf::actor>(store->worker_));
   if (!links) {
-    caf::anon_send_exit(store->replies_, caf::exit_reason::user_shutdown);
     store->finalized_ = true;
+    caf::anon_send_exit(store->worker_, caf::exit_reason::user_shutdown);
     return links.error();
   }
-  if (links->size() != store->setup_.num_servers) {
-    caf::anon_send_exit(store->replies_, caf::exit_reason::user_shutdown);
+  if (links->links.size() != s.num_servers) {
     store->finalized_ = true;
-    return error{errc::invalid_argument,
-                 "got " + std::to_string(links->size()) + " server links for " +
-                     std::to_string(store->setup_.num_servers) + " servers"};
+    caf::anon_send_exit(store->worker_, caf::exit_reason::user_shutdown);
+    return error{errc::internal, "got " + std::to_string(links->links.size()) +
+                                     " server links for " + std::to_string(s.num_servers) +
+                                     " servers"};
   }
-  store->links_ = std::move(*links);
-  if (store->setup_.rank == 0) {
-    // Servers learn the job's consistency from rank 0, before any init of it reaches them.
-    auto kind = store->sync_mode() ? wire::command_kind::sync_mode : wire::command_kind::async_mode;
+  store->links_ = links->links;
+  caf::anon_send(store->worker_, std::move(*links));
+  if (s.on_started)
+    s.on_started(store->worker_);
+  if (s.rank == 0) {
+    // Servers learn the job's consistency from rank 0, before any init of it reaches them; the
+    // scheduler learns how many lost workers the job survives.
+    const auto settings = store->settings();
     auto told = store->to_every_server(
-        [&](std::uint64_t id, std::uint32_t) -> wire::message {
-          return wire::command{id, kind, ""};
+        [settings](std::uint64_t id, std::uint32_t) -> wire::message {
+          auto message = settings;
+          message.request_id = id;
+          return message;
         },
-        store->sync_mode() ? "set sync mode" : "set async mode");
+        "sync settings");
     if (!told)
       return told.error();
+    if (s.announce_settings)
+      if (auto announced = s.announce_settings(settings); !announced)
+        return announced.error();
   }
   return store;
 }
@@ -263,22 +114,75 @@ bool dist_kvstore::sync_mode() const noexcept {
   return setup_.type.find("async") == std::string::npos;
 }
 
-std::optional<error> dist_kvstore::sticky_failure() const {
-  std::lock_guard lock{table_->mutex};
-  return table_->failure;
+wire::sync_settings dist_kvstore::settings() const {
+  wire::sync_settings settings;
+  settings.mode = sync_mode() ? wire::consistency_mode::sync : wire::consistency_mode::async;
+  settings.quorum = setup_.quorum == 0 ? setup_.num_workers : setup_.quorum;
+  settings.rescale_quorum = setup_.rescale_quorum;
+  settings.max_staleness = setup_.max_staleness;
+  settings.max_rounds_ahead = setup_.max_rounds_ahead;
+  return settings;
 }
 
-void dist_kvstore::fail(error why) {
-  table_->fail_all(why);
+kv_request dist_kvstore::start(kv_operation op) {
+  completion<status> done;
+  op.done = done;
+  std::string what = op.what;
+  caf::anon_send(worker_, std::move(op));
+  return kv_request{std::move(done), std::move(what), backstop(setup_.timeout)};
 }
 
-std::function<void(error)> dist_kvstore::failure_reporter() const {
-  return [table = table_](error why) { table->fail_all(why); };
-}
-
-void dist_kvstore::send(std::uint32_t server, envelope request, std::shared_ptr<pending> part) {
-  table_->add(wire::request_id_of(request.msg), std::move(part));
-  caf::anon_send(links_[server], std::move(request));
+result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const kv_key> keys,
+                                                  std::span<const ndarray> values,
+                                                  std::span<ndarray> outputs, const char* what) {
+  kv_operation op;
+  op.call = call;
+  op.what = what;
+  const bool pushes = call == kv_call::push || call == kv_call::pushpull;
+  const bool pulls = call == kv_call::pull || call == kv_call::pushpull;
+  auto groups = pushes ? keys_.group(keys, values, what, "pushed value")
+                       : keys_.group(keys, outputs, what, "output");
+  if (!groups)
+    return groups.error();
+  std::optional<std::vector<key_group>> output_groups;
+  if (pushes && pulls) {
+    auto grouped = keys_.group(keys, outputs, what, "output");
+    if (!grouped)
+      return grouped.error();
+    output_groups = std::move(*grouped);
+  }
+  auto built = status_of([&]() -> status {
+    for (std::size_t g = 0; g < groups->size(); ++g) {
+      const auto& group = (*groups)[g];
+      const auto& declared = *group.declaration;
+      kv_key_work work;
+      work.index = declared.index;
+      work.name = to_string(declared.key);
+      work.shape = declared.shape;
+      work.type = declared.type;
+      if (pushes) {
+        std::vector<ndarray> list;
+        for (auto position : group.positions)
+          list.push_back(values[position]);
+        // One host value goes out as it is (the caller leaves it alone until the request
+        // completes, as kv_request says); a list is summed first, on the host or the devices.
+        ndarray merged = list.size() == 1 && list[0].ctx().is_cpu()
+                             ? list[0]
+                             : comm_->reduce(declared.index, list);
+        work.value = merged.ctx().is_cpu() ? merged : merged.copy_to(context::cpu());
+      }
+      if (pulls) {
+        const auto& positions = output_groups ? (*output_groups)[g].positions : group.positions;
+        for (auto position : positions)
+          work.outputs.push_back(outputs[position]);
+      }
+      op.keys.push_back(std::move(work));
+    }
+    return ok();
+  });
+  if (!built)
+    return built.error();
+  return op;
 }
 
 status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray> values) {
@@ -288,165 +192,49 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
     if (auto number = std::get_if<std::int64_t>(&key); number && *number < 0)
       return error{errc::invalid_argument,
                    "init of key " + to_string(key) + ": distributed stores take keys >= 0"};
-  if (auto failed = sticky_failure())
-    return *failed;
   keys_.declare(keys, values);
   if (setup_.rank == 0) {
-    auto request = kv_request::start("init", 0, setup_.timeout);
-    auto sent = status_of([&]() -> status {
+    kv_operation op;
+    op.call = kv_call::init;
+    op.what = "init";
+    auto built = status_of([&]() -> status {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        auto index = keys_.find(keys[i], "init").value()->index;
-        auto host_value = values[i].ctx().is_cpu() ? values[i] : values[i].copy_to(context::cpu());
-        auto slices = place_key(static_cast<std::uint64_t>(index), host_value.size(),
-                                setup_.num_servers, setup_.bigarray_bound);
-        for (const auto& slice : slices) {
-          auto id = next_request_id();
-          wire::chunker chunks{
-              wire::init{id, slice.ps_key, slice_tensor(host_value, slice, slices.size() == 1)},
-              setup_.chunk_bytes};
-          request.add_parts(1);
-          auto part = std::make_shared<pending>();
-          part->request = request;
-          part->what =
-              "init of key " + to_string(keys[i]) + " on server " + std::to_string(slice.server);
-          part->server = slice.server;
-          table_->add(id, part);
-          for (std::size_t c = 0; c < chunks.chunk_count(); ++c)
-            caf::anon_send(links_[slice.server],
-                           envelope{chunks.chunk(c), host_value.keepalive(), 0});
-        }
+        const auto& declared = *keys_.find(keys[i], "init").value();
+        kv_key_work work;
+        work.index = declared.index;
+        work.name = to_string(declared.key);
+        work.shape = declared.shape;
+        work.type = declared.type;
+        work.value = values[i].ctx().is_cpu() ? values[i] : values[i].copy_to(context::cpu());
+        op.keys.push_back(std::move(work));
       }
       return ok();
     });
-    if (!sent)
-      return sent;
-    if (auto done = request.wait(); !done)
+    if (!built)
+      return built;
+    if (auto done = start(std::move(op)).wait(); !done)
       return done;
   }
   return setup_.barrier();
 }
 
-void dist_kvstore::start_push(const key_group& group, std::span<const ndarray> values,
-                              bool then_pull, std::span<ndarray> outputs,
-                              const kv_request& request) {
-  const auto& declared = *group.declaration;
-  std::vector<ndarray> list;
-  for (auto position : group.positions)
-    list.push_back(values[position]);
-  // One host value goes out as it is (the caller leaves it alone until the request completes,
-  // as kv_request says); a list is summed first, on the host or on the devices.
-  ndarray merged =
-      list.size() == 1 && list[0].ctx().is_cpu() ? list[0] : comm_->reduce(declared.index, list);
-  if (!merged.ctx().is_cpu())
-    merged = merged.copy_to(context::cpu());
-  auto round = rounds_[declared.index]++;
-  auto slices = place_key(static_cast<std::uint64_t>(declared.index), merged.size(),
-                          setup_.num_servers, setup_.bigarray_bound);
-
-  pull_destination destination;
-  if (then_pull)
-    destination = destination_for(declared, {outputs.begin(), outputs.end()}, slices.size());
-  request.add_parts(slices.size());
-  for (const auto& slice : slices) {
-    auto id = next_request_id();
-    auto tensor = slice_tensor(merged, slice, slices.size() == 1);
-    wire::message whole;
-    if (then_pull)
-      whole = wire::pushpull{id, slice.ps_key, setup_.rank, round, tensor};
-    else
-      whole = wire::push{id, slice.ps_key, setup_.rank, round, tensor};
-    auto part = std::make_shared<pending>();
-    part->request = request;
-    part->what = std::string{then_pull ? "pushpull" : "push"} + " of key " +
-                 to_string(declared.key) + " to server " + std::to_string(slice.server);
-    part->server = slice.server;
-    if (then_pull)
-      expect_value(*part, destination, declared, slice, slices.size() == 1);
-    table_->add(id, part);
-    wire::chunker chunks{std::move(whole), setup_.chunk_bytes};
-    for (std::size_t c = 0; c < chunks.chunk_count(); ++c)
-      caf::anon_send(links_[slice.server], envelope{chunks.chunk(c), merged.keepalive(), 0});
-  }
-}
-
-void dist_kvstore::start_pull(const key_group& group, std::span<ndarray> outputs,
-                              const kv_request& request) {
-  const auto& declared = *group.declaration;
-  std::vector<ndarray> outs;
-  for (auto position : group.positions)
-    outs.push_back(outputs[position]);
-  auto slices = place_key(static_cast<std::uint64_t>(declared.index), element_count(declared.shape),
-                          setup_.num_servers, setup_.bigarray_bound);
-  auto destination = destination_for(declared, std::move(outs), slices.size());
-  auto round = rounds_[declared.index];
-  request.add_parts(slices.size());
-  for (const auto& slice : slices) {
-    auto id = next_request_id();
-    auto part = std::make_shared<pending>();
-    part->request = request;
-    part->what =
-        "pull of key " + to_string(declared.key) + " from server " + std::to_string(slice.server);
-    part->server = slice.server;
-    expect_value(*part, destination, declared, slice, slices.size() == 1);
-    send(slice.server,
-         envelope{wire::pull_request{id, slice.ps_key, setup_.rank, round}, nullptr, 0}, part);
-  }
-}
-
 kv_request dist_kvstore::push_async(std::span<const kv_key> keys, std::span<const ndarray> values,
                                     int /*priority*/) {
-  auto groups = keys_.group(keys, values, "push", "pushed value");
-  if (!groups)
-    return kv_request::done(groups.error());
-  if (auto failed = sticky_failure())
-    return kv_request::done(*failed);
-  auto request = kv_request::start("push", 0, setup_.timeout);
-  auto started = status_of([&]() -> status {
-    for (const auto& group : *groups)
-      start_push(group, values, false, {}, request);
-    return ok();
-  });
-  return started ? request : kv_request::done(started);
+  auto op = make_operation(kv_call::push, keys, values, {}, "push");
+  return op ? start(std::move(*op)) : kv_request::done(op.error());
 }
 
 kv_request dist_kvstore::pull_async(std::span<const kv_key> keys, std::span<ndarray> outputs,
                                     int /*priority*/) {
-  auto groups = keys_.group(keys, outputs, "pull", "output");
-  if (!groups)
-    return kv_request::done(groups.error());
-  if (auto failed = sticky_failure())
-    return kv_request::done(*failed);
-  auto request = kv_request::start("pull", 0, setup_.timeout);
-  auto started = status_of([&]() -> status {
-    for (const auto& group : *groups)
-      start_pull(group, outputs, request);
-    return ok();
-  });
-  return started ? request : kv_request::done(started);
+  auto op = make_operation(kv_call::pull, keys, {}, outputs, "pull");
+  return op ? start(std::move(*op)) : kv_request::done(op.error());
 }
 
 kv_request dist_kvstore::pushpull_async(std::span<const kv_key> keys,
                                         std::span<const ndarray> values, std::span<ndarray> outputs,
                                         int /*priority*/) {
-  auto groups = keys_.group(keys, values, "pushpull", "pushed value");
-  if (!groups)
-    return kv_request::done(groups.error());
-  auto output_groups = keys_.group(keys, outputs, "pushpull", "output");
-  if (!output_groups)
-    return kv_request::done(output_groups.error());
-  if (auto failed = sticky_failure())
-    return kv_request::done(*failed);
-  auto request = kv_request::start("pushpull", 0, setup_.timeout);
-  auto started = status_of([&]() -> status {
-    for (std::size_t g = 0; g < groups->size(); ++g) {
-      std::vector<ndarray> outs;
-      for (auto position : (*output_groups)[g].positions)
-        outs.push_back(outputs[position]);
-      start_push((*groups)[g], values, true, outs, request);
-    }
-    return ok();
-  });
-  return started ? request : kv_request::done(started);
+  auto op = make_operation(kv_call::pushpull, keys, values, outputs, "pushpull");
+  return op ? start(std::move(*op)) : kv_request::done(op.error());
 }
 
 status dist_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray> values,
@@ -464,27 +252,17 @@ status dist_kvstore::pushpull(std::span<const kv_key> keys, std::span<const ndar
 }
 
 status dist_kvstore::barrier() {
-  if (auto failed = sticky_failure())
-    return *failed;
   return setup_.barrier();
 }
 
 status dist_kvstore::to_every_server(
-    const std::function<wire::message(std::uint64_t request_id, std::uint32_t server)>& make,
-    const std::string& what) const {
-  if (auto failed = sticky_failure())
-    return *failed;
-  auto request = kv_request::start(what, setup_.num_servers, setup_.timeout);
-  auto* self = const_cast<dist_kvstore*>(this);
-  for (std::uint32_t server = 0; server < setup_.num_servers; ++server) {
-    auto id = self->next_request_id();
-    auto part = std::make_shared<pending>();
-    part->request = request;
-    part->what = what + " on server " + std::to_string(server);
-    part->server = server;
-    self->send(server, envelope{make(id, server), nullptr, 0}, part);
-  }
-  return request.wait();
+    std::function<wire::message(std::uint64_t request_id, std::uint32_t server)> make,
+    std::string what) const {
+  kv_operation op;
+  op.call = kv_call::every_server;
+  op.message_for = std::move(make);
+  op.what = std::move(what);
+  return const_cast<dist_kvstore*>(this)->start(std::move(op)).wait();
 }
 
 status dist_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
@@ -495,8 +273,8 @@ status dist_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
     for (const auto& [name, value] : opt->params())
       params.push_back({name, value});
     auto sent = to_every_server(
-        [&](std::uint64_t id, std::uint32_t) -> wire::message {
-          return wire::set_optimizer{id, opt->name(), params};
+        [name = opt->name(), params](std::uint64_t id, std::uint32_t) -> wire::message {
+          return wire::set_optimizer{id, name, params};
         },
         "set_optimizer " + opt->name());
     if (!sent)
@@ -517,7 +295,7 @@ bool dist_kvstore::is_capable(std::string_view capability) const noexcept {
 
 status dist_kvstore::save_optimizer_states(const std::string& path, bool) const {
   return to_every_server(
-      [&](std::uint64_t id, std::uint32_t server) -> wire::message {
+      [path](std::uint64_t id, std::uint32_t server) -> wire::message {
         return wire::command{id, wire::command_kind::save_checkpoint,
                              path + ".server" + std::to_string(server)};
       },
@@ -526,7 +304,7 @@ status dist_kvstore::save_optimizer_states(const std::string& path, bool) const 
 
 status dist_kvstore::load_optimizer_states(const std::string& path) {
   return to_every_server(
-      [&](std::uint64_t id, std::uint32_t server) -> wire::message {
+      [path](std::uint64_t id, std::uint32_t server) -> wire::message {
         return wire::command{id, wire::command_kind::load_checkpoint,
                              path + ".server" + std::to_string(server)};
       },
@@ -537,15 +315,20 @@ status dist_kvstore::finalize() {
   if (finalized_)
     return ok();
   finalized_ = true;
-  status outcome;
-  if (!table_->wait_drained(setup_.timeout))
-    outcome = error{errc::timeout, "finalize: requests still under way after " +
-                                       std::to_string(setup_.timeout.count()) + " ms"};
+  completion<status> drained;
+  caf::anon_send(worker_, finalize_atom::value, drained);
+  status outcome = ok();
+  if (auto got = drained.wait_until(backstop(setup_.timeout)))
+    outcome = *got;
+  else if (auto late = drained.cancel())
+    outcome = *late;
+  else
+    outcome = error{errc::timeout, "finalize: the KVStore worker did not answer"};
   if (setup_.on_finalize)
     setup_.on_finalize();
+  caf::anon_send_exit(worker_, caf::exit_reason::user_shutdown);
   for (auto& link : links_)
     caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(replies_, caf::exit_reason::user_shutdown);
   return outcome;
 }
 

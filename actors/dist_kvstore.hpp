@@ -1,29 +1,28 @@
 #pragma once
-// The worker side of the distributed KVStore (MXNet's KVStoreDist): `dist_sync`, `dist_async`,
-// `dist_device_sync`, `dist_device_async` (and MXNet's alias `dist_sync_device`).
+// The distributed KVStore as its caller sees it (MXNet's KVStoreDist): `dist_sync`, `dist_async`,
+// `dist_device_sync`, `dist_device_async` (and MXNet's aliases `dist_sync_device`,
+// `dist_async_device`).
 //
-// A push sums the worker's list on the host (`dist_*`) or on the devices (`dist_device_*`), cuts
-// the sum into the key's server slices (actors/key_placement.hpp) and streams each slice to its
-// server in chunks; a pull asks every server for its slice of the round this worker has pushed
-// and reassembles the replies straight into the output. Requests go out at once and complete in
-// the background (push_async / pull_async return a kv_request); pushes and pulls of one key travel
-// on one connection per server, so they take effect in the order issued.
+// A blocking facade over the store's worker actor (actors/kv_worker.hpp). A call is checked on
+// the caller's thread against the keys' declarations (every mistake is reported before anything
+// is sent), the values of a key are summed on the host (`dist_*`) or on the devices
+// (`dist_device_*`), and the call goes to the worker actor, which sends it, tracks it and
+// delivers its outcome; push_async / pull_async / pushpull_async return a kv_request at once.
 //
 // init is done by rank 0 and followed by a barrier, so every worker can pull an initialised key
-// right after init returns (MXNet's InitImpl). set_optimizer is sent by rank 0 to every server and
-// followed by a barrier: the optimizer runs on the servers (update_on_kvstore).
+// right after init returns (MXNet's InitImpl). set_optimizer is sent by rank 0 to every server
+// and followed by a barrier: the optimizer runs on the servers (update_on_kvstore). Before its
+// first init, rank 0 tells every server (and the scheduler) how the job applies pushes:
+// sync or async, the quorum of a dist_sync round, bounded staleness for dist_async
+// (wire::sync_settings).
 //
 // This class knows nothing of how the job was assembled: dist_kvstore_setup hands it the links to
 // the servers, the job's barrier and what to do at finalize. actors/dist_job.hpp builds a setup
 // from the cluster configuration; tests build one from actors in their own process.
 
-#include <atomic>
 #include <chrono>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,12 +33,14 @@
 #include "actors/kvstore.hpp"
 #include "actors/protocols.hpp"
 #include "engine/comm.hpp"
+#include "engine/log.hpp"
 #include "schema/chunking.hpp"
 
 namespace troupe {
 
 struct dist_kvstore_setup {
-  /// One of dist_sync, dist_async, dist_device_sync, dist_device_async, dist_sync_device.
+  /// One of dist_sync, dist_async, dist_device_sync, dist_device_async, dist_sync_device,
+  /// dist_async_device.
   std::string type = "dist_sync";
   std::uint32_t rank = 0;
   std::uint32_t num_workers = 1;
@@ -48,18 +49,35 @@ struct dist_kvstore_setup {
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
   std::size_t chunk_bytes = wire::default_chunk_bytes;
-  /// Bound of every wait: a request not complete by then fails with errc::timeout.
-  std::chrono::milliseconds timeout{5000};
-  /// Opens one link per server rank; `replies` is the actor that must receive every reply as
-  /// (envelope) and link failures as (link_down_atom, std::string).
-  std::function<result<std::vector<caf::actor>>(caf::actor replies)> connect_servers;
-  /// Blocks until every worker of the job has arrived.
+  /// A request not answered this long after it was sent fails with errc::timeout.
+  std::chrono::milliseconds timeout{30'000};
+
+  /// The job's consistency, announced by rank 0 (sync.* of the cluster configuration):
+  /// dist_sync rounds close with `quorum` workers (0: all of them), scaled by
+  /// num_workers / quorum when `rescale_quorum`; a dist_async pull waits until every live worker
+  /// is at most `max_staleness` rounds behind (-1: no bound); a server accepts pushes at most
+  /// `max_rounds_ahead` rounds beyond the one it collects.
+  std::uint32_t quorum = 0;
+  bool rescale_quorum = false;
+  std::int64_t max_staleness = -1;
+  std::uint32_t max_rounds_ahead = 2;
+
+  /// Opens one link per server rank, each sending its replies to `receiver` as (envelope) with
+  /// the tag rank + 1 and its loss as (link_down_atom, tag, why).
+  std::function<result<server_links>(const caf::actor& receiver)> connect_servers;
+  /// Blocks until every (live) worker of the job has arrived.
   std::function<status()> barrier;
+  /// Rank 0: tells the scheduler the job's consistency (it decides how many lost workers the
+  /// job survives). Optional.
+  std::function<status(const wire::sync_settings&)> announce_settings;
+  /// Called once with the worker actor, e.g. to subscribe it to the node agent. Optional.
+  std::function<void(const worker_actor&)> on_started;
   /// Called once when the store is finalized (tell the job this worker is done).
   std::function<void()> on_finalize;
   /// Whatever must outlive the store (the actor system it runs in, the node agent); released
   /// after everything else of the store.
   std::shared_ptr<void> owned_resources;
+  logger log;
 };
 
 class dist_kvstore final : public kvstore {
@@ -108,48 +126,33 @@ public:
   /// links. Called by the destructor if not before; later calls are no-ops.
   status finalize();
 
-  /// Fails every request under way and every later one with `why` (a lost peer).
-  void fail(error why);
-  /// fail() as a function that stays safe to call after the store is gone (for notifications
-  /// arriving from other actors).
-  std::function<void(error)> failure_reporter() const;
-
-  struct pending; // a request's part waiting for a reply (defined in the .cpp)
+  /// The worker actor: it takes the node agent's notices (job_listener) and membership updates.
+  const worker_actor& worker() const noexcept { return worker_; }
 
 private:
   explicit dist_kvstore(dist_kvstore_setup setup);
 
   bool sync_mode() const noexcept;
-  /// Sends `request` to server `server`, registering `part` under its request id first.
-  void send(std::uint32_t server, envelope request, std::shared_ptr<pending> part);
-  std::uint64_t next_request_id() { return next_request_id_++; }
-  /// Sends a keyless request (set_optimizer, command) to every server and waits for the acks.
-  status to_every_server(
-      const std::function<wire::message(std::uint64_t request_id, std::uint32_t server)>& make,
-      const std::string& what) const;
-  /// Adds push and pull work for one key group to `request`.
-  void start_push(const key_group& group, std::span<const ndarray> values, bool then_pull,
-                  std::span<ndarray> outputs, const kv_request& request);
-  void start_pull(const key_group& group, std::span<ndarray> outputs, const kv_request& request);
-  std::optional<error> sticky_failure() const;
+  /// Hands `op` to the worker actor; the request ends when the worker delivers.
+  kv_request start(kv_operation op);
+  /// The operation for `keys` grouped from a batch call, `values` summed per key when given.
+  result<kv_operation> make_operation(kv_call call, std::span<const kv_key> keys,
+                                      std::span<const ndarray> values, std::span<ndarray> outputs,
+                                      const char* what);
+  /// Sends a keyless message to every server and waits for the acks.
+  status
+  to_every_server(std::function<wire::message(std::uint64_t request_id, std::uint32_t server)> make,
+                  std::string what) const;
+  wire::sync_settings settings() const;
 
   std::shared_ptr<void> owned_resources_; // first member: released last
   dist_kvstore_setup setup_;
   caf::actor_system* system_ = nullptr;
-  caf::actor replies_;
-  std::vector<caf::actor> links_;
+  worker_actor worker_;
+  std::vector<link_actor> links_; // closed at finalize
   key_registry keys_;
   std::unique_ptr<comm> comm_;
-  std::map<std::int64_t, std::uint64_t> rounds_; // pushes issued per key index
-  mutable std::atomic<std::uint64_t> next_request_id_{1};
   bool finalized_ = false;
-
-public:
-  /// Shared with the reply actor: the parts waiting for replies, by request id.
-  struct reply_table;
-
-private:
-  std::shared_ptr<reply_table> table_;
 };
 
 } // namespace troupe

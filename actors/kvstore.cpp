@@ -1,8 +1,6 @@
 #include "actors/kvstore.hpp"
 
 #include <array>
-#include <condition_variable>
-#include <mutex>
 
 #include "actors/dist_job.hpp"
 #include "actors/local_kvstore.hpp"
@@ -16,56 +14,41 @@ std::string to_string(const kv_key& key) {
   return "'" + std::get<std::string>(key) + "'";
 }
 
-struct kv_request::state {
-  std::mutex mutex;
-  std::condition_variable changed;
+/// The caller's side of a request: dropping the last copy of an unfinished request cancels it.
+struct kv_request::caller {
+  caller(completion<status> o, std::string w, std::chrono::steady_clock::time_point d)
+      : outcome(std::move(o)), what(std::move(w)), deadline(d) {}
+  caller(const caller&) = delete;
+  caller& operator=(const caller&) = delete;
+  ~caller() { (void)outcome.cancel(); }
+
+  completion<status> outcome;
   std::string what;
-  std::size_t remaining = 0;
-  status outcome;
   std::chrono::steady_clock::time_point deadline;
-  std::chrono::milliseconds timeout{0};
 };
 
 kv_request kv_request::done(status outcome) {
-  auto s = std::make_shared<state>();
-  s->outcome = std::move(outcome);
-  return kv_request{std::move(s)};
+  completion<status> finished;
+  finished.deliver(std::move(outcome));
+  return kv_request{std::make_shared<caller>(std::move(finished), std::string{},
+                                             std::chrono::steady_clock::time_point{})};
 }
 
-kv_request kv_request::start(std::string what, std::size_t parts,
-                             std::chrono::milliseconds timeout) {
-  auto s = std::make_shared<state>();
-  s->what = std::move(what);
-  s->remaining = parts;
-  s->timeout = timeout;
-  s->deadline = std::chrono::steady_clock::now() + timeout;
-  return kv_request{std::move(s)};
-}
+kv_request::kv_request(completion<status> outcome, std::string what,
+                       std::chrono::steady_clock::time_point deadline)
+    : caller_(std::make_shared<caller>(std::move(outcome), std::move(what), deadline)) {}
 
 status kv_request::wait() const {
-  std::unique_lock lock{state_->mutex};
-  if (!state_->changed.wait_until(lock, state_->deadline, [&] { return state_->remaining == 0; }))
-    return error{errc::timeout, state_->what + " did not complete within " +
-                                    std::to_string(state_->timeout.count()) + " ms"};
-  return state_->outcome;
+  if (auto got = caller_->outcome.wait_until(caller_->deadline))
+    return *got;
+  if (auto late = caller_->outcome.cancel())
+    return *late;
+  return error{errc::timeout, caller_->what + " did not complete: the KVStore worker did not "
+                                              "answer in time"};
 }
 
 bool kv_request::ready() const {
-  std::lock_guard lock{state_->mutex};
-  return state_->remaining == 0;
-}
-
-void kv_request::complete_part(status outcome) const {
-  std::lock_guard lock{state_->mutex};
-  if (!outcome && state_->outcome)
-    state_->outcome = std::move(outcome);
-  if (state_->remaining > 0 && --state_->remaining == 0)
-    state_->changed.notify_all();
-}
-
-void kv_request::add_parts(std::size_t parts) const {
-  std::lock_guard lock{state_->mutex};
-  state_->remaining += parts;
+  return caller_->outcome.ready();
 }
 
 kv_request kvstore::push_async(std::span<const kv_key> keys, std::span<const ndarray> values,

@@ -8,8 +8,8 @@
 //   kv->pull(3, out);                   // out == a + b + c + d
 //
 // Modes: `local` (values summed on the host) and `device` (summed on the pushing devices' side;
-// see engine/comm.hpp). The distributed `dist_*` modes come with the distributed issue and are
-// refused by create() until then.
+// see engine/comm.hpp), and the distributed `dist_sync`, `dist_async`, `dist_device_sync` and
+// `dist_device_async` (actors/dist_kvstore.hpp), whose values live on server processes.
 //
 // Keys are ints or strings, not both in one store. A push without an optimizer replaces the
 // stored value with the sum of the pushed list; after set_optimizer (or set_updater) a push
@@ -31,36 +31,36 @@
 #include <variant>
 #include <vector>
 
+#include "actors/bridge.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
 #include "engine/optimizer.hpp"
 
 namespace troupe {
 
-/// A push, pull or pushpull under way: wait() blocks until every part of it is done (bounded by
-/// the store's timeout) and says how it ended. Copies share the same request. The outputs of a
-/// pull must not be read, and the inputs of a push not written, before wait() returns.
+/// A push, pull or pushpull under way: wait() blocks until it is done and says how it ended.
+/// Copies share the same request. The outputs of a pull must not be read, and the inputs of a
+/// push not written, before wait() returns. The store fails a request that is not answered
+/// within its timeout of being sent; wait() itself gives up at the latest at `deadline` (a
+/// backstop for a worker that no longer answers). When wait() gives up, or the last copy of an
+/// unfinished request is dropped, the request is cancelled: a reply arriving later never writes
+/// into its outputs.
 class kv_request {
 public:
-  struct state;
   /// A request that is already complete with `outcome`.
   static kv_request done(status outcome = {});
-  /// A request of `parts` parts that fails with errc::timeout naming `what` when it is not
-  /// complete `timeout` after it began.
-  static kv_request start(std::string what, std::size_t parts, std::chrono::milliseconds timeout);
+  /// A request whose outcome `outcome` delivers; `what` names it in a timeout.
+  kv_request(completion<status> outcome, std::string what,
+             std::chrono::steady_clock::time_point deadline);
 
   kv_request() : kv_request(done()) {}
   status wait() const;
   bool ready() const;
 
-  /// Marks one part done; the first failure is kept. Called by the store's I/O side.
-  void complete_part(status outcome = {}) const;
-  /// Adds parts to a request that is under way.
-  void add_parts(std::size_t parts) const;
-
 private:
-  explicit kv_request(std::shared_ptr<state> s) : state_(std::move(s)) {}
-  std::shared_ptr<state> state_;
+  struct caller;
+  explicit kv_request(std::shared_ptr<caller> c) : caller_(std::move(c)) {}
+  std::shared_ptr<caller> caller_;
 };
 
 /// An int or a string key, as MXNet accepts either.
@@ -75,8 +75,10 @@ public:
   using updater_function =
       std::function<void(const kv_key& key, const ndarray& received, ndarray& stored)>;
 
-  /// A store of MXNet's type name. `local` and `device` today; any other name is an error that
-  /// lists the types this build offers.
+  /// A store of MXNet's type name; an unknown name is an error that lists the types. A `dist_*`
+  /// type joins the job that the configuration ($TROUPE_CONFIG, the DMLC_* environment) names,
+  /// as a worker: in a process whose DMLC_ROLE is server or scheduler it is an error, since that
+  /// process should serve instead (serve_if_node_role, actors/dist_job.hpp).
   static result<std::unique_ptr<kvstore>> create(std::string_view type = "local");
 
   virtual ~kvstore() = default;

@@ -148,8 +148,17 @@ struct kv_operation {
   completion<status> done;
 };
 
+/// The links of a worker to the servers of its job, by server rank.
+struct server_links {
+  std::vector<link_actor> links;
+  /// How messages name each server: "server 1 (node 10) at 127.0.0.1:40123".
+  std::vector<std::string> names;
+};
+
 /// The KVStore worker of one process (actors/kv_worker.hpp).
 using worker_actor = caf::typed_actor<
+    /// Its links, once they are open (sent once, right after the spawn).
+    caf::reacts_to<server_links>,
     /// A call from the blocking facade (dist_kvstore).
     caf::reacts_to<kv_operation>,
     /// A reply from the server linked under tag envelope.connection (its rank + 1).
@@ -158,8 +167,10 @@ using worker_actor = caf::typed_actor<
     caf::reacts_to<link_down_atom, std::uint64_t, std::string>,
     /// The job failed (the node agent's notice, naming the lost node and its role).
     caf::reacts_to<peer_lost_atom, std::string>,
-    /// The job's membership changed.
+    /// The job's membership changed (a worker was lost and the job goes on).
     caf::reacts_to<wire::membership>,
+    /// The scheduler ended the job: later calls fail.
+    caf::reacts_to<stop_atom>,
     /// Sweep for requests whose timeout has passed (sent by the worker to itself).
     caf::reacts_to<tick_atom>,
     /// Deliver once every request under way has completed (or the timeout has passed).
@@ -238,6 +249,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::envelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::wire::membership)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)

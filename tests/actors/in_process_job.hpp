@@ -101,10 +101,11 @@ struct in_process_job {
       setup.bigarray_bound = bigarray_bound;
       setup.chunk_bytes = chunk_bytes;
       setup.timeout = std::chrono::milliseconds{20000};
-      setup.connect_servers = [this](caf::actor replies) -> result<std::vector<caf::actor>> {
-        std::vector<caf::actor> links;
+      setup.connect_servers = [this](const caf::actor& replies) -> result<server_links> {
+        server_links links;
         for (auto& server : servers)
-          links.push_back(spawn_local_link(system, server->router(), replies));
+          links.links.push_back(
+              caf::actor_cast<link_actor>(spawn_local_link(system, server->router(), replies)));
         return links;
       };
       setup.barrier = [this] { return barrier.wait(std::chrono::milliseconds{20000}); };

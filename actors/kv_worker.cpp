@@ -1,0 +1,593 @@
+#include "actors/kv_worker.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/key_placement.hpp"
+#include "actors/wire_conversions.hpp"
+
+namespace troupe {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+/// "5 s" for whole seconds, "250 ms" otherwise.
+std::string describe(std::chrono::milliseconds duration) {
+  if (duration.count() % 1000 == 0)
+    return std::to_string(duration.count() / 1000) + " s";
+  return std::to_string(duration.count()) + " ms";
+}
+
+/// A call under way: how many of its requests are still expected, and how it ends.
+struct call_state {
+  completion<status> done;
+  std::size_t remaining = 0;
+  bool ended = false;
+
+  /// The first end wins; later ones (a second failure, a late success) change nothing.
+  void end(status outcome) {
+    if (ended)
+      return;
+    ended = true;
+    done.deliver(std::move(outcome));
+  }
+  /// Nothing more of this call needs doing: it ended, or its caller stopped waiting.
+  bool over() const { return ended || done.cancelled(); }
+};
+
+/// Where the value of one key's pull lands: straight in the one host output, or in a staging
+/// buffer copied to every output once each slice has arrived.
+struct pull_target {
+  ndarray buffer;
+  std::vector<ndarray> copies; ///< empty when buffer is the output itself
+  std::size_t slices_left = 0;
+};
+
+enum class request_kind : std::uint8_t { init, push, pushpull, pull, keyless };
+
+/// One request to one server: one slice of one key, or a keyless message.
+struct part {
+  std::shared_ptr<call_state> call;
+  request_kind kind = request_kind::keyless;
+  std::uint32_t server = 0;
+  std::string what;
+  /// Keyed requests.
+  key_slice slice;
+  bool whole = true; ///< the slice is the whole key (not split over servers)
+  /// init, push, pushpull: the host value whose slice is sent (kept alive while frames view it).
+  ndarray value;
+  /// pull, pushpull: the reassembly of the reply into target->buffer.
+  std::optional<wire::reassembler> assembly;
+  std::shared_ptr<pull_target> target;
+  /// Set when the request leaves; its timeout runs from here.
+  clock::time_point sent_at;
+};
+
+/// The rounds of one ps-key as this worker sees them, and its requests waiting for credit.
+struct ps_key_state {
+  /// Pushes of the key sent so far: the round of the next push, and of a pull's value.
+  std::uint64_t next_round = 0;
+  /// Rounds the server has completed, from its latest answer.
+  std::uint64_t completed = 0;
+  /// Requests not yet sent, in call order, behind a push that has no credit.
+  std::deque<std::shared_ptr<part>> waiting;
+};
+
+/// The flattened bytes [begin, end) elements of host array `array`.
+std::span<std::byte> element_bytes(const ndarray& array, std::int64_t begin, std::int64_t end) {
+  const auto size = size_of(array.dtype());
+  return {static_cast<std::byte*>(const_cast<void*>(array.raw_data())) + begin * size,
+          static_cast<std::size_t>(end - begin) * size};
+}
+
+wire::tensor_chunk slice_tensor(const ndarray& array, const key_slice& slice, bool whole) {
+  wire::tensor_chunk tensor;
+  tensor.type = to_wire(array.dtype());
+  if (whole)
+    tensor.shape.assign(array.shape().begin(), array.shape().end());
+  else
+    tensor.shape = {slice.size()};
+  tensor.data = element_bytes(array, slice.begin, slice.end);
+  tensor.total_bytes = tensor.data.size();
+  return tensor;
+}
+
+class worker_state {
+public:
+  static inline const char* name = "troupe.kv_worker";
+
+  using pointer = worker_actor::stateful_pointer<worker_state>;
+
+  worker_state() = default;
+  worker_state(const worker_state&) = delete;
+  worker_state& operator=(const worker_state&) = delete;
+
+  /// Whatever is still under way when the actor goes (the system shutting down) ends now: a
+  /// caller never waits on a worker that is gone.
+  ~worker_state() {
+    error gone{errc::peer_lost, "the KVStore worker stopped"};
+    for (auto& [id, waiting] : parts_)
+      waiting->call->end(gone);
+    for (auto& [key, ps] : keys_)
+      for (auto& waiting : ps.waiting)
+        waiting->call->end(gone);
+    if (finalizing_)
+      finalizing_->deliver(ok());
+  }
+
+  worker_actor::behavior_type start(pointer self, kv_worker_options options) {
+    self_ = self;
+    options_ = std::move(options);
+    tick_interval_ = std::clamp(options_.request_timeout / 8, std::chrono::milliseconds{10},
+                                std::chrono::milliseconds{250});
+    schedule_tick();
+    return {
+        [this](server_links& links) { guarded("its links", [&] { on_links(links); }); },
+        [this](kv_operation& op) {
+          guarded(
+              op.what, [&] { on_call(op); }, &op.done);
+        },
+        [this](envelope& reply) { guarded("a server's reply", [&] { on_reply(reply); }); },
+        [this](link_down_atom, std::uint64_t tag, const std::string& why) {
+          on_link_down(tag, why);
+        },
+        [this](peer_lost_atom, const std::string& why) {
+          fail_everything(error{errc::peer_lost, why});
+        },
+        [this](const wire::membership& table) { on_membership(table); },
+        [this](stop_atom) {
+          fail_everything(error{errc::peer_lost, "the scheduler ended the job"});
+        },
+        [this](tick_atom) {
+          if (self_->current_sender() == self_->ctrl())
+            on_tick();
+        },
+        [this](finalize_atom, completion<status>& done) { on_finalize(std::move(done)); },
+    };
+  }
+
+private:
+  pointer self() const { return self_; }
+
+  /// Runs a handler so that nothing it throws escapes the actor: the call it served (if any)
+  /// fails naming what was being done.
+  template <class Body>
+  void guarded(const std::string& what, Body&& body, completion<status>* call = nullptr) {
+    try {
+      body();
+    } catch (const exception& e) {
+      report(what, e.error(), call);
+    } catch (const std::exception& e) {
+      report(what, error{errc::internal, e.what()}, call);
+    }
+  }
+
+  void report(const std::string& what, const error& why, completion<status>* call) {
+    options_.log.error(what + ": " + why.to_string());
+    if (call)
+      call->deliver(error{why.code(), what + ": " + why.message()});
+  }
+
+  // --- setup ---------------------------------------------------------------------------------
+
+  void on_links(server_links& links) {
+    links_ = std::move(links.links);
+    names_ = std::move(links.names);
+    names_.resize(links_.size());
+    for (std::size_t s = 0; s < names_.size(); ++s)
+      if (names_[s].empty())
+        names_[s] = "server " + std::to_string(s);
+  }
+
+  // --- calls ---------------------------------------------------------------------------------
+
+  void on_call(kv_operation& op) {
+    auto call = std::make_shared<call_state>();
+    call->done = op.done;
+    if (failure_) {
+      call->end(error{failure_->code(), op.what + ": " + failure_->message()});
+      return;
+    }
+    if (links_.size() != options_.num_servers) {
+      call->end(error{errc::internal, op.what + ": the worker has " +
+                                          std::to_string(links_.size()) + " server links for " +
+                                          std::to_string(options_.num_servers) + " servers"});
+      return;
+    }
+    std::vector<std::shared_ptr<part>> parts;
+    switch (op.call) {
+    case kv_call::every_server:
+      for (std::uint32_t server = 0; server < options_.num_servers; ++server) {
+        auto p = new_part(call, request_kind::keyless, server, op.what + " on " + names_[server]);
+        const auto id = next_request_id_++;
+        sent(id, p);
+        send(server, envelope{op.message_for(id, server), nullptr, 0});
+      }
+      break;
+    case kv_call::init:
+    case kv_call::push:
+    case kv_call::pushpull:
+    case kv_call::pull:
+      for (auto& work : op.keys)
+        add_key(call, op.call, work);
+      break;
+    }
+    if (call->remaining == 0)
+      call->end(ok());
+  }
+
+  std::shared_ptr<part> new_part(const std::shared_ptr<call_state>& call, request_kind kind,
+                                 std::uint32_t server, std::string what) {
+    auto p = std::make_shared<part>();
+    p->call = call;
+    p->kind = kind;
+    p->server = server;
+    p->what = std::move(what);
+    ++call->remaining;
+    return p;
+  }
+
+  static const char* verb(kv_call call) {
+    switch (call) {
+    case kv_call::init:
+      return "init";
+    case kv_call::push:
+      return "push";
+    case kv_call::pushpull:
+      return "pushpull";
+    case kv_call::pull:
+      return "pull";
+    case kv_call::every_server:
+      break;
+    }
+    return "request";
+  }
+
+  /// The requests of one key of a call: one per slice, each queued behind the key's earlier
+  /// requests when those are still waiting for credit.
+  void add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work) {
+    const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
+    auto slices = place_key(static_cast<std::uint64_t>(work.index), elements, options_.num_servers,
+                            options_.bigarray_bound);
+    std::shared_ptr<pull_target> target;
+    if (kind == kv_call::pull || kind == kv_call::pushpull)
+      target = make_target(work, slices.size());
+    const auto request = kind == kv_call::init       ? request_kind::init
+                         : kind == kv_call::push     ? request_kind::push
+                         : kind == kv_call::pushpull ? request_kind::pushpull
+                                                     : request_kind::pull;
+    const char* direction = kind == kv_call::pull ? " from " : " to ";
+    for (const auto& slice : slices) {
+      auto p = new_part(call, request, slice.server,
+                        std::string{verb(kind)} + " of key " + work.name + direction +
+                            names_[slice.server]);
+      p->slice = slice;
+      p->whole = slices.size() == 1;
+      p->value = work.value;
+      if (target) {
+        auto bytes = element_bytes(target->buffer, slice.begin, slice.end);
+        auto shape = p->whole ? std::vector<std::int64_t>(work.shape.begin(), work.shape.end())
+                              : std::vector<std::int64_t>{slice.size()};
+        p->assembly.emplace(bytes, to_wire(work.type), std::move(shape));
+        p->target = target;
+      }
+      if (request == request_kind::init)
+        send_keyed(p);
+      else
+        submit(p);
+    }
+  }
+
+  std::shared_ptr<pull_target> make_target(const kv_key_work& work, std::size_t slices) {
+    auto target = std::make_shared<pull_target>();
+    target->slices_left = slices;
+    const bool direct = work.outputs.size() == 1 && work.outputs[0].ctx().is_cpu();
+    if (direct) {
+      target->buffer = work.outputs[0];
+    } else {
+      target->buffer = ndarray::empty(work.shape, context::cpu(), work.type);
+      target->copies = work.outputs;
+    }
+    return target;
+  }
+
+  // --- credit and sending --------------------------------------------------------------------
+
+  bool has_credit(const ps_key_state& ps, request_kind kind) const {
+    if (!options_.sync || kind == request_kind::pull)
+      return true;
+    return ps.next_round < ps.completed + options_.max_rounds_ahead;
+  }
+
+  void submit(const std::shared_ptr<part>& p) {
+    auto& ps = keys_[p->slice.ps_key];
+    if (ps.waiting.empty() && has_credit(ps, p->kind))
+      send_keyed(p);
+    else
+      ps.waiting.push_back(p);
+  }
+
+  /// Sends what credit now allows of the key's waiting requests, in order.
+  void release_waiting(std::uint64_t ps_key) {
+    auto found = keys_.find(ps_key);
+    if (found == keys_.end())
+      return;
+    auto& ps = found->second;
+    while (!ps.waiting.empty() && has_credit(ps, ps.waiting.front()->kind)) {
+      auto p = std::move(ps.waiting.front());
+      ps.waiting.pop_front();
+      if (!p->call->over())
+        send_keyed(p);
+    }
+  }
+
+  std::uint32_t timeout_ms() const {
+    return static_cast<std::uint32_t>(std::min<std::int64_t>(
+        options_.request_timeout.count(), std::numeric_limits<std::uint32_t>::max()));
+  }
+
+  void send_keyed(const std::shared_ptr<part>& p) {
+    auto& ps = keys_[p->slice.ps_key];
+    const auto id = next_request_id_++;
+    const auto ps_key = p->slice.ps_key;
+    wire::message whole;
+    switch (p->kind) {
+    case request_kind::init:
+      whole = wire::init{id, ps_key, slice_tensor(p->value, p->slice, p->whole)};
+      break;
+    case request_kind::push:
+      whole = wire::push{id, ps_key, options_.rank, ps.next_round++,
+                         slice_tensor(p->value, p->slice, p->whole)};
+      break;
+    case request_kind::pushpull:
+      whole = wire::pushpull{id,
+                             ps_key,
+                             options_.rank,
+                             ps.next_round++,
+                             slice_tensor(p->value, p->slice, p->whole),
+                             timeout_ms()};
+      break;
+    case request_kind::pull:
+      whole = wire::pull_request{id, ps_key, options_.rank, ps.next_round, timeout_ms()};
+      break;
+    case request_kind::keyless:
+      return;
+    }
+    sent(id, p);
+    const auto keepalive = p->value.is_none() ? nullptr : p->value.keepalive();
+    if (wire::tensor_of(whole) == nullptr) {
+      send(p->server, envelope{std::move(whole), nullptr, 0});
+      return;
+    }
+    wire::chunker chunks{std::move(whole), options_.chunk_bytes};
+    for (std::size_t c = 0; c < chunks.chunk_count(); ++c)
+      send(p->server, envelope{chunks.chunk(c), keepalive, 0});
+  }
+
+  void sent(std::uint64_t id, const std::shared_ptr<part>& p) {
+    p->sent_at = clock::now();
+    parts_.emplace(id, p);
+  }
+
+  void send(std::uint32_t server, envelope request) {
+    // The tag comes back on every reply of an in-process link; network links add it themselves.
+    request.connection = server + 1;
+    self()->send(links_[server], std::move(request));
+  }
+
+  // --- replies -------------------------------------------------------------------------------
+
+  void on_reply(envelope& reply) {
+    const auto id = wire::request_id_of(reply.msg);
+    auto found = parts_.find(id);
+    if (found == parts_.end()) {
+      if (const auto* err = std::get_if<wire::error_reply>(&reply.msg); err && id == 0)
+        options_.log.error("a server refused a frame: " + err->message);
+      else
+        options_.log.debug("dropped a late " + std::string{wire::kind_name(reply.msg)} +
+                           " for request " + std::to_string(id));
+      return;
+    }
+    auto p = found->second;
+    if (const auto* ack = std::get_if<wire::ack>(&reply.msg)) {
+      if (p->kind == request_kind::push)
+        learn_round(p->slice.ps_key, ack->round, ack->dropped);
+      finish(id, p, ok());
+    } else if (const auto* value = std::get_if<wire::pull_reply>(&reply.msg)) {
+      on_value(id, p, *value);
+    } else if (const auto* err = std::get_if<wire::error_reply>(&reply.msg)) {
+      finish(id, p, from_wire(*err, p->what + ": "));
+    } else {
+      finish(id, p,
+             error{errc::malformed_message,
+                   p->what + ": unexpected " + std::string{wire::kind_name(reply.msg)} + " reply"});
+    }
+  }
+
+  /// What an answer says of the server's rounds of a key: more credit, and in dist_sync with a
+  /// quorum, a round that closed without this worker moves its rounds forward.
+  void learn_round(std::uint64_t ps_key, std::uint64_t completed, bool dropped) {
+    if (!options_.sync)
+      return;
+    auto& ps = keys_[ps_key];
+    ps.completed = std::max(ps.completed, completed);
+    if (ps.next_round < ps.completed) {
+      ps.next_round = ps.completed;
+      if (dropped)
+        ++dropped_pushes_;
+    }
+    release_waiting(ps_key);
+  }
+
+  void on_value(std::uint64_t id, const std::shared_ptr<part>& p, const wire::pull_reply& value) {
+    if (!p->assembly) {
+      finish(id, p, error{errc::malformed_message, p->what + ": unexpected pull reply"});
+      return;
+    }
+    if (p->assembly->bytes_received() == 0)
+      learn_round(p->slice.ps_key, value.round, false);
+    std::optional<wire::result<bool>> added;
+    // The caller's output is written only while the call is live (completion::while_live).
+    if (!p->call->done.while_live([&] { added.emplace(p->assembly->add(value.tensor)); })) {
+      parts_.erase(id);
+      return;
+    }
+    if (!*added) {
+      finish(id, p, error{errc::malformed_message, p->what + ": " + added->error().message});
+      return;
+    }
+    if (!added->value())
+      return; // more chunks to come
+    auto& target = *p->target;
+    status outcome;
+    if (--target.slices_left == 0 && !target.copies.empty())
+      outcome = status_of([&]() -> status {
+        p->call->done.while_live([&] {
+          for (auto& out : target.copies)
+            target.buffer.copy_to(out);
+        });
+        return ok();
+      });
+    finish(id, p, std::move(outcome));
+  }
+
+  void finish(std::uint64_t id, const std::shared_ptr<part>& p, status outcome) {
+    parts_.erase(id);
+    auto& call = *p->call;
+    if (!outcome)
+      call.end(std::move(outcome));
+    else if (call.remaining > 0 && --call.remaining == 0)
+      call.end(ok());
+    maybe_finalized();
+  }
+
+  // --- failures and time ---------------------------------------------------------------------
+
+  void on_link_down(std::uint64_t tag, const std::string& why) {
+    if (tag == 0 || tag > names_.size())
+      return;
+    std::string text = names_[tag - 1] + " was lost: " + why;
+    // The scheduler's notice naming the node that was really lost usually arrives within a
+    // moment; a server may only be closing because the job already failed.
+    self()->delayed_send(self(), options_.link_down_grace, peer_lost_atom::value, std::move(text));
+  }
+
+  /// Every call under way and every later one fails with `why`; the first failure wins.
+  void fail_everything(error why) {
+    if (failure_)
+      return;
+    failure_ = why;
+    options_.log.error(why.message());
+    auto failed = std::move(parts_);
+    parts_.clear();
+    for (auto& [id, p] : failed)
+      p->call->end(error{why.code(), p->what + ": " + why.message()});
+    for (auto& [key, ps] : keys_) {
+      for (auto& p : ps.waiting)
+        p->call->end(error{why.code(), p->what + ": " + why.message()});
+      ps.waiting.clear();
+    }
+    maybe_finalized();
+  }
+
+  void on_membership(const wire::membership& table) {
+    for (const auto& node : table.nodes)
+      if (node.node_role == wire::role::worker && !node.alive)
+        options_.log.info("worker " + std::to_string(node.rank) + " (node " +
+                          std::to_string(node.node_id) + ") is gone; the job goes on");
+  }
+
+  void schedule_tick() { self()->delayed_send(self(), tick_interval_, tick_atom::value); }
+
+  void on_tick() {
+    schedule_tick();
+    const auto now = clock::now();
+    std::vector<std::uint64_t> overdue;
+    for (const auto& [id, p] : parts_)
+      if (now - p->sent_at > options_.request_timeout || p->call->done.cancelled())
+        overdue.push_back(id);
+    for (auto id : overdue) {
+      auto found = parts_.find(id);
+      if (found == parts_.end())
+        continue;
+      auto p = found->second;
+      if (p->call->done.cancelled()) {
+        parts_.erase(found);
+        continue;
+      }
+      error why{errc::timeout, p->what + " not answered within " +
+                                   describe(options_.request_timeout) + " of being sent"};
+      if (p->kind != request_kind::keyless)
+        fail_waiting(p->slice.ps_key, why);
+      finish(id, p, why);
+    }
+    if (finalizing_ && now > finalize_deadline_) {
+      finalizing_->deliver(error{errc::timeout, "finalize: requests still under way after " +
+                                                    describe(options_.request_timeout)});
+      finalizing_.reset();
+    }
+  }
+
+  /// The requests of a key queued behind one that failed can never go out in order.
+  void fail_waiting(std::uint64_t ps_key, const error& why) {
+    auto found = keys_.find(ps_key);
+    if (found == keys_.end())
+      return;
+    for (auto& p : found->second.waiting)
+      p->call->end(
+          error{why.code(), p->what + ": waiting behind a request that failed: " + why.message()});
+    found->second.waiting.clear();
+  }
+
+  void on_finalize(completion<status> done) {
+    finalizing_ = std::move(done);
+    finalize_deadline_ = clock::now() + options_.request_timeout;
+    maybe_finalized();
+  }
+
+  void maybe_finalized() {
+    if (!finalizing_ || !parts_.empty())
+      return;
+    for (const auto& [key, ps] : keys_)
+      if (!ps.waiting.empty())
+        return;
+    if (dropped_pushes_ > 0)
+      options_.log.info(std::to_string(dropped_pushes_) +
+                        " pushes arrived after their round had closed and were dropped");
+    finalizing_->deliver(ok());
+    finalizing_.reset();
+  }
+
+  pointer self_ = nullptr;
+  kv_worker_options options_;
+  std::chrono::milliseconds tick_interval_{100};
+  std::vector<link_actor> links_;
+  std::vector<std::string> names_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<part>> parts_;
+  std::unordered_map<std::uint64_t, ps_key_state> keys_;
+  std::uint64_t next_request_id_ = 1;
+  std::uint64_t dropped_pushes_ = 0;
+  std::optional<error> failure_;
+  std::optional<completion<status>> finalizing_;
+  clock::time_point finalize_deadline_;
+};
+
+worker_actor::behavior_type worker_behavior(worker_state::pointer self, kv_worker_options options) {
+  return self->state.start(self, std::move(options));
+}
+
+} // namespace
+
+worker_actor spawn_kv_worker(caf::actor_system& system, kv_worker_options options) {
+  return system.spawn(worker_behavior, std::move(options));
+}
+
+} // namespace troupe

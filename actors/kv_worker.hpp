@@ -1,0 +1,64 @@
+#pragma once
+// The worker of a distributed KVStore: one actor per store that owns everything between a call
+// and the servers (MXNet's KVStoreDist / ps-lite's KVWorker).
+//
+//   facade (dist_kvstore) ──kv_operation──> worker actor ──envelope──> link to server s
+//                         <──completion────             <──envelope── (replies, tag s + 1)
+//
+// It owns routing (a key's slices and their servers, actors/key_placement.hpp), the requests
+// under way, the reassembly of pull replies into the caller's outputs, and the round numbers of
+// every ps-key. Calls from one facade are handled in the order they were made, and the requests
+// of one ps-key leave in that order on that server's link, so a pull after a push sees the push.
+//
+// Sync credit. In dist_sync a server accepts pushes at most max_rounds_ahead rounds beyond the
+// round it is collecting (sync_settings). The worker sends the push of round t of a ps-key only
+// while t < completed + max_rounds_ahead, `completed` being the latest Ack.round or
+// PullReply.round of that key; later requests of the key wait here, in order, holding their
+// tensors (no copy), until an answer brings credit. A push acked `dropped` (its round closed with
+// a quorum of other workers) moves the key's rounds forward to the one being collected.
+//
+// Timeouts and cancellation. A request's timeout runs from when it was sent (not from when it was
+// queued behind others); the worker sweeps every tick and fails a request that is overdue, with
+// the requests of its ps-key waiting behind it. Outputs are written only inside the call's
+// completion (completion::while_live), so once the caller has stopped waiting (a failure was
+// delivered, or it cancelled), a late reply never writes into a buffer it took back.
+//
+// Failure. A link that goes down, or the node agent's notice that the job failed, fails every
+// call under way and every later one with errc::peer_lost naming the lost node and its role.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <caf/actor_system.hpp>
+
+#include "actors/protocols.hpp"
+#include "engine/log.hpp"
+#include "schema/chunking.hpp"
+
+namespace troupe {
+
+struct kv_worker_options {
+  std::uint32_t rank = 0;
+  std::uint32_t num_workers = 1;
+  std::uint32_t num_servers = 1;
+  /// dist_sync (rounds, credit) or dist_async.
+  bool sync = true;
+  /// MXNET_KVSTORE_BIGARRAY_BOUND.
+  std::int64_t bigarray_bound = 1'000'000;
+  /// Largest tensor payload per frame.
+  std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// A request not answered this long after it was sent fails with errc::timeout.
+  std::chrono::milliseconds request_timeout{30'000};
+  /// The servers' sync_settings::max_rounds_ahead.
+  std::uint32_t max_rounds_ahead = 2;
+  /// A link that goes down is reported after this grace, so that the scheduler's notice naming
+  /// the node that was really lost (the server may only be closing because the job failed) wins.
+  std::chrono::milliseconds link_down_grace{250};
+  logger log;
+};
+
+/// Spawns the worker actor of one store. It expects its server_links first.
+worker_actor spawn_kv_worker(caf::actor_system& system, kv_worker_options options);
+
+} // namespace troupe
