@@ -8,6 +8,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/bridge.hpp"
 
 namespace troupe {
 namespace {
@@ -141,6 +142,47 @@ server_node::~server_node() {
     caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(control_, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(adapter_, caf::exit_reason::user_shutdown);
+}
+
+void server_node::broadcast(const wire::membership& table) const {
+  for (const auto& shard : shards_)
+    caf::anon_send(shard, table);
+}
+
+result<shard_stats> server_node::stats(std::chrono::milliseconds timeout) const {
+  completion<result<shard_stats>> done;
+  struct tally {
+    shard_stats sum;
+    std::size_t missing = 0;
+  };
+  system_.spawn([shards = shards_, done, timeout](caf::event_based_actor* self) {
+    if (shards.empty()) {
+      done.deliver(shard_stats{});
+      return;
+    }
+    auto counted = std::make_shared<tally>(tally{{}, shards.size()});
+    for (const auto& shard : shards)
+      self->request(shard, timeout, stats_atom::value)
+          .then(
+              [counted, done](const shard_stats& stats) {
+                counted->sum += stats;
+                if (--counted->missing == 0)
+                  done.deliver(counted->sum);
+              },
+              [done](const caf::error& failure) {
+                done.deliver(error{errc::timeout, "shard statistics: a shard did not answer (" +
+                                                      caf::to_string(failure) + ")"});
+              });
+  });
+  // The helper's own requests end by `timeout`; the margin covers its start.
+  auto got = done.wait_until(completion<result<shard_stats>>::clock::now() + timeout +
+                             std::chrono::seconds{1});
+  if (!got) {
+    done.cancel();
+    return error{errc::timeout,
+                 "shard statistics: no answer within " + std::to_string(timeout.count()) + " ms"};
+  }
+  return *got;
 }
 
 caf::actor spawn_local_link(caf::actor_system& system,

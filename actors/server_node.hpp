@@ -6,6 +6,9 @@
 //   router() / route(envelope): the request_handler for a request: keyed requests (init, push,
 //     pushpull, pull_request) go to shard ps_key % shards, the others to the control actor. The
 //     data server broker (actors/data_link) and in-process links call it.
+//   broadcast(membership): every shard learns the job's membership (bounded staleness then waits
+//     for live workers only).
+//   stats(timeout): the shards' counters summed, for the server's end-of-job log line.
 
 #include <chrono>
 #include <cstdint>
@@ -67,6 +70,12 @@ public:
   /// The actor for `request`. Thread-safe (reads immutable state only).
   request_handler route(const envelope& request) const { return router_(request); }
   const request_router& router() const noexcept { return router_; }
+
+  /// Sends the job's membership table to every shard.
+  void broadcast(const wire::membership& table) const;
+  /// The shards' counters summed (shard_stats's operator+=), waiting at most `timeout` for every
+  /// shard to answer; timeout otherwise. Blocks: call it from a thread that is not an actor's.
+  result<shard_stats> stats(std::chrono::milliseconds timeout) const;
 
   const std::vector<shard_actor>& shards() const noexcept { return shards_; }
   const server_node_options& options() const noexcept { return options_; }
