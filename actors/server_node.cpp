@@ -1,37 +1,45 @@
 #include "actors/server_node.hpp"
 
 #include <map>
+#include <memory>
 #include <optional>
 
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/bridge.hpp"
 
 namespace troupe {
 namespace {
+
+/// The control actor: a request_handler that also takes the shards' answers.
+using control_actor = request_handler::extend<caf::reacts_to<envelope>>;
 
 /// One request fanned out to every shard: replies still missing, the first error, the requester.
 struct fan_out {
   std::uint64_t original_id = 0;
   std::uint32_t missing = 0;
   std::optional<envelope> failure;
-  caf::actor reply_to;
+  reply_sink reply_to;
   std::uint64_t connection = 0;
 };
 
 struct control_state {
-  std::vector<caf::actor> shards;
+  std::vector<shard_actor> shards;
   std::uint64_t next_id = 1;
   std::map<std::uint64_t, fan_out> pending; // by the id the shards see
   static inline const char* name = "troupe.server_control";
 };
 
-caf::behavior control_actor(caf::stateful_actor<control_state>* self,
-                            std::vector<caf::actor> shards) {
+control_actor::behavior_type control_behavior(control_actor::stateful_pointer<control_state> self,
+                                              std::vector<shard_actor> shards) {
   self->state.shards = std::move(shards);
   return {
-      // A worker's request goes to every shard under an id of our own, so that concurrent
-      // requests of several workers (whose ids may collide) are told apart.
-      [self](envelope& request, const caf::actor& reply_to) {
+      // A worker's request (set_optimizer, sync_settings, a command) goes to every shard under
+      // an id of our own, so that concurrent requests of several workers (whose ids may collide)
+      // are told apart.
+      [self](envelope& request, const reply_sink& reply_to) {
         auto& st = self->state;
         auto* id = wire::request_id_field(request.msg);
         if (id == nullptr)
@@ -40,9 +48,9 @@ caf::behavior control_actor(caf::stateful_actor<control_state>* self,
         st.pending[own_id] = fan_out{*id, static_cast<std::uint32_t>(st.shards.size()),
                                      std::nullopt, reply_to, request.connection};
         *id = own_id;
-        auto self_handle = caf::actor_cast<caf::actor>(self);
+        auto answers = caf::actor_cast<reply_sink>(self);
         for (auto& shard : st.shards)
-          self->send(shard, envelope{request.msg, request.keepalive, 0}, self_handle);
+          self->send(shard, envelope{request.msg, request.keepalive, 0}, answers);
       },
       // A shard's answer.
       [self](envelope& reply) {
@@ -74,9 +82,18 @@ bool is_keyed(const wire::message& msg) {
          std::holds_alternative<wire::pushpull>(msg);
 }
 
-caf::behavior local_link_actor(caf::event_based_actor* self,
-                               std::function<caf::actor(const envelope&)> route,
-                               caf::actor reply_to) {
+/// TODO(cleanup): see request_router's conversion to std::function<caf::actor(const envelope&)>.
+caf::behavior adapter_behavior(caf::event_based_actor* self, request_router route) {
+  return {
+      [self, route = std::move(route)](envelope& request, const caf::actor& reply_to) {
+        self->send(route(request), std::move(request), caf::actor_cast<reply_sink>(reply_to));
+      },
+  };
+}
+
+caf::behavior local_link_behavior(caf::event_based_actor* self,
+                                  std::function<request_handler(const envelope&)> route,
+                                  reply_sink reply_to) {
   return {
       [self, route = std::move(route), reply_to](envelope& request) {
         self->send(route(request), std::move(request), reply_to);
@@ -86,39 +103,93 @@ caf::behavior local_link_actor(caf::event_based_actor* self,
 
 } // namespace
 
+request_router::request_router(std::vector<shard_actor> shards, request_handler control,
+                               caf::actor adapter)
+    : shards_(std::move(shards)), control_(std::move(control)), adapter_(std::move(adapter)) {}
+
+request_handler request_router::operator()(const envelope& request) const {
+  if (is_keyed(request.msg) && !shards_.empty())
+    return shards_[shard_of(wire::key_of(request.msg).value_or(0),
+                            static_cast<std::uint32_t>(shards_.size()))];
+  return control_;
+}
+
+request_router::operator std::function<caf::actor(const envelope&)>() const {
+  return [adapter = adapter_](const envelope&) { return adapter; };
+}
+
 server_node::server_node(caf::actor_system& system, server_node_options options)
-    : options_(options) {
-  for (std::uint32_t i = 0; i < options_.shards; ++i)
-    shards_.push_back(spawn_server_shard(
-        system, shard_options{i, options_.num_workers, options_.mode, options_.chunk_bytes}));
-  control_ = system.spawn(control_actor, shards_);
+    : system_(system), options_(std::move(options)), router_({}, {}, {}) {
+  for (std::uint32_t i = 0; i < options_.shards; ++i) {
+    shard_options shard;
+    shard.shard_index = i;
+    shard.num_workers = options_.num_workers;
+    shard.policy.mode = options_.mode;
+    shard.chunk_bytes = options_.chunk_bytes;
+    shard.pull_timeout = options_.pull_timeout;
+    shard.sweep_interval = options_.sweep_interval;
+    shard.max_value_bytes = options_.max_value_bytes;
+    shard.log = options_.log.part("shard " + std::to_string(i));
+    shards_.push_back(spawn_server_shard(system, std::move(shard)));
+  }
+  control_ = system.spawn(control_behavior, shards_);
+  adapter_ = system.spawn(adapter_behavior, request_router{shards_, control_, {}});
+  router_ = request_router{shards_, control_, adapter_};
 }
 
 server_node::~server_node() {
   for (auto& shard : shards_)
     caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(control_, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(adapter_, caf::exit_reason::user_shutdown);
 }
 
-const caf::actor& server_node::route(const envelope& request) const {
-  if (is_keyed(request.msg))
-    return shards_[shard_of(wire::key_of(request.msg).value_or(0), options_.shards)];
-  return control_;
+void server_node::broadcast(const wire::membership& table) const {
+  for (const auto& shard : shards_)
+    caf::anon_send(shard, table);
 }
 
-std::function<caf::actor(const envelope&)> server_node::router() const {
-  // Copies of the handles: the function may outlive this object's caller but not the actors.
-  return [shards = shards_, control = control_](const envelope& request) -> caf::actor {
-    if (is_keyed(request.msg))
-      return shards[shard_of(wire::key_of(request.msg).value_or(0),
-                             static_cast<std::uint32_t>(shards.size()))];
-    return control;
+result<shard_stats> server_node::stats(std::chrono::milliseconds timeout) const {
+  completion<result<shard_stats>> done;
+  struct tally {
+    shard_stats sum;
+    std::size_t missing = 0;
   };
+  system_.spawn([shards = shards_, done, timeout](caf::event_based_actor* self) {
+    if (shards.empty()) {
+      done.deliver(shard_stats{});
+      return;
+    }
+    auto counted = std::make_shared<tally>(tally{{}, shards.size()});
+    for (const auto& shard : shards)
+      self->request(shard, timeout, stats_atom::value)
+          .then(
+              [counted, done](const shard_stats& stats) {
+                counted->sum += stats;
+                if (--counted->missing == 0)
+                  done.deliver(counted->sum);
+              },
+              [done](const caf::error& failure) {
+                done.deliver(error{errc::timeout, "shard statistics: a shard did not answer (" +
+                                                      caf::to_string(failure) + ")"});
+              });
+  });
+  // The helper's own requests end by `timeout`; the margin covers its start.
+  auto got = done.wait_until(completion<result<shard_stats>>::clock::now() + timeout +
+                             std::chrono::seconds{1});
+  if (!got) {
+    done.cancel();
+    return error{errc::timeout,
+                 "shard statistics: no answer within " + std::to_string(timeout.count()) + " ms"};
+  }
+  return *got;
 }
 
 caf::actor spawn_local_link(caf::actor_system& system,
-                            std::function<caf::actor(const envelope&)> route, caf::actor reply_to) {
-  return system.spawn(local_link_actor, std::move(route), std::move(reply_to));
+                            std::function<request_handler(const envelope&)> route,
+                            caf::actor reply_to) {
+  return system.spawn(local_link_behavior, std::move(route),
+                      caf::actor_cast<reply_sink>(std::move(reply_to)));
 }
 
 } // namespace troupe

@@ -1,12 +1,16 @@
 #pragma once
-// The actors of one server process: its shards, and a control actor that fans set_optimizer and
-// commands out to every shard and answers once when all have answered (ps-lite's one server =
-// many shards here, so that updates of different keys run on different cores).
+// The actors of one server process: its shards, and a control actor that fans set_optimizer,
+// sync_settings and commands out to every shard and answers once when all have answered (ps-lite's
+// one server = many shards here, so that updates of different keys run on different cores).
 //
-//   route(envelope): the actor that handles a request; keyed requests go to shard
-//   ps_key % shards, set_optimizer and commands to the control actor. The data server broker
-//   (actors/data_link) and in-process links call it.
+//   router() / route(envelope): the request_handler for a request: keyed requests (init, push,
+//     pushpull, pull_request) go to shard ps_key % shards, the others to the control actor. The
+//     data server broker (actors/data_link) and in-process links call it.
+//   broadcast(membership): every shard learns the job's membership (bounded staleness then waits
+//     for live workers only).
+//   stats(timeout): the shards' counters summed, for the server's end-of-job log line.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -17,15 +21,43 @@
 #include "actors/key_placement.hpp"
 #include "actors/protocols.hpp"
 #include "actors/server_shard.hpp"
+#include "engine/log.hpp"
 
 namespace troupe {
 
 struct server_node_options {
   std::uint32_t num_workers = 1;
   std::uint32_t shards = 1;
-  /// Until worker rank 0 says otherwise with a sync_mode or async_mode command.
+  /// Until worker rank 0 says otherwise with sync_settings (or a sync_mode / async_mode command).
   consistency mode = consistency::sync;
   std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// shard_options of the same names.
+  std::chrono::milliseconds pull_timeout{30'000};
+  std::chrono::milliseconds sweep_interval{1'000};
+  std::uint64_t max_value_bytes = std::uint64_t{1} << 32;
+  /// Each shard logs as "<who> shard <i>".
+  logger log{};
+};
+
+/// Picks the actor for a request: keyed requests go to shard ps_key % shards, the others to the
+/// control actor. A copy of immutable handles: any thread may call it, as long as the server_node
+/// that made it lives.
+class request_router {
+public:
+  request_router(std::vector<shard_actor> shards, request_handler control, caf::actor adapter);
+
+  request_handler operator()(const envelope& request) const;
+
+  /// TODO(cleanup): the data server (actors/data_link.hpp) still routes to dynamically typed
+  /// actors and sends them (envelope, caf::actor). This route hands every request to one adapter
+  /// actor, which forwards it with the caf::actor as its reply_sink; it goes away once the data
+  /// server routes to request_handler (then it calls this router directly, with no extra hop).
+  operator std::function<caf::actor(const envelope&)>() const;
+
+private:
+  std::vector<shard_actor> shards_;
+  request_handler control_;
+  caf::actor adapter_;
 };
 
 class server_node {
@@ -36,22 +68,33 @@ public:
   server_node& operator=(const server_node&) = delete;
 
   /// The actor for `request`. Thread-safe (reads immutable state only).
-  const caf::actor& route(const envelope& request) const;
-  std::function<caf::actor(const envelope&)> router() const;
+  request_handler route(const envelope& request) const { return router_(request); }
+  const request_router& router() const noexcept { return router_; }
 
-  const std::vector<caf::actor>& shards() const noexcept { return shards_; }
+  /// Sends the job's membership table to every shard.
+  void broadcast(const wire::membership& table) const;
+  /// The shards' counters summed (shard_stats's operator+=), waiting at most `timeout` for every
+  /// shard to answer; timeout otherwise. Blocks: call it from a thread that is not an actor's.
+  result<shard_stats> stats(std::chrono::milliseconds timeout) const;
+
+  const std::vector<shard_actor>& shards() const noexcept { return shards_; }
   const server_node_options& options() const noexcept { return options_; }
 
 private:
+  caf::actor_system& system_;
   server_node_options options_;
-  std::vector<caf::actor> shards_;
-  caf::actor control_;
+  std::vector<shard_actor> shards_;
+  request_handler control_;
+  caf::actor adapter_;
+  request_router router_;
 };
 
 /// An in-process link from a worker to a server: (envelope) sent to it goes to
 /// route(envelope) as (envelope, reply_to). The same form as a data_link client broker, so a
-/// worker cannot tell a server in its own process from one across the network.
+/// worker cannot tell a server in its own process from one across the network. `reply_to` must
+/// take (envelope).
 caf::actor spawn_local_link(caf::actor_system& system,
-                            std::function<caf::actor(const envelope&)> route, caf::actor reply_to);
+                            std::function<request_handler(const envelope&)> route,
+                            caf::actor reply_to);
 
 } // namespace troupe

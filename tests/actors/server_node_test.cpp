@@ -1,0 +1,203 @@
+// The shard as an actor and the server node around it, driven through a scoped_actor: replies go
+// to the reply_sink a request names, only the shard's own tick expires pulls, the node fans
+// sync_settings out to every shard and answers once, broadcasts membership, sums the shards'
+// counters, and still serves the data server's older route.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+
+#include <boost/test/unit_test.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/server_node.hpp"
+#include "tests/actors/shard_driver.hpp"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+using troupe::testing::whole;
+
+namespace {
+
+struct actor_fixture {
+  caf::actor_system_config config;
+  caf::actor_system system{config};
+  caf::scoped_actor self{system};
+  reply_sink sink = caf::actor_cast<reply_sink>(caf::actor{self});
+
+  /// The next envelope the test receives, waiting at most 10 s.
+  std::optional<envelope> next_reply() {
+    std::optional<envelope> got;
+    self->receive([&](envelope& reply) { got = std::move(reply); },
+                  caf::after(std::chrono::seconds{10}) >> [] {});
+    return got;
+  }
+
+  /// Whether an envelope arrives within `wait` (for checking that none does).
+  bool any_reply_within(std::chrono::milliseconds wait) {
+    bool got = false;
+    self->receive([&](envelope&) { got = true; }, caf::after(wait) >> [] {});
+    return got;
+  }
+
+  shard_stats stats_of(const shard_actor& shard) {
+    shard_stats stats;
+    self->request(shard, 10s, stats_atom::value)
+        .receive([&](const shard_stats& answer) { stats = answer; },
+                 [&](const caf::error& failure) {
+                   BOOST_FAIL("no stats: " << caf::to_string(failure));
+                 });
+    return stats;
+  }
+};
+
+template <class T>
+const T* as(const std::optional<envelope>& reply) {
+  return reply ? std::get_if<T>(&reply->msg) : nullptr;
+}
+
+wire::membership with_worker_lost(std::uint32_t workers, std::uint32_t lost) {
+  wire::membership table;
+  table.num_workers = workers;
+  for (std::uint32_t rank = 0; rank < workers; ++rank) {
+    wire::node_info node;
+    node.node_role = wire::role::worker;
+    node.rank = rank;
+    node.alive = rank != lost;
+    table.nodes.push_back(node);
+  }
+  return table;
+}
+
+} // namespace
+
+BOOST_FIXTURE_TEST_SUITE(server_actors, actor_fixture)
+
+BOOST_AUTO_TEST_CASE(the_shard_actor_answers_through_the_reply_sink_on_the_requests_connection) {
+  shard_options options;
+  options.num_workers = 1;
+  auto shard = spawn_server_shard(system, options);
+  auto initial = ndarray::ones({2});
+  self->send(shard, envelope{wire::init{1, 4, whole(initial)}, initial.keepalive(), 3}, sink);
+  auto reply = next_reply();
+  BOOST_TEST_REQUIRE(as<wire::ack>(reply) != nullptr);
+  BOOST_TEST(reply->connection == 3u);
+  auto two = ndarray::full({2}, 2.0);
+  self->send(shard, envelope{wire::push{2, 4, 0, 0, whole(two)}, two.keepalive(), 3}, sink);
+  auto pushed = next_reply();
+  BOOST_TEST_REQUIRE(as<wire::ack>(pushed) != nullptr);
+  BOOST_TEST(as<wire::ack>(pushed)->round == 1u);
+  BOOST_TEST(stats_of(shard).updates == 1u);
+  caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(only_the_shards_own_tick_expires_pulls) {
+  auto clock_ms = std::make_shared<std::atomic<std::int64_t>>(0);
+  auto with_sweep = [&](std::chrono::milliseconds interval) {
+    shard_options options;
+    options.num_workers = 2;
+    options.sweep_interval = interval;
+    options.clock = [clock_ms] {
+      return shard_clock::time_point{std::chrono::milliseconds{clock_ms->load()}};
+    };
+    auto shard = spawn_server_shard(system, options);
+    auto initial = ndarray::ones({2});
+    self->send(shard, envelope{wire::init{1, 4, whole(initial)}, initial.keepalive(), 0}, sink);
+    BOOST_TEST(as<wire::ack>(next_reply()) != nullptr);
+    self->send(shard, envelope{wire::pull_request{2, 4, 0, 1, 10}, nullptr, 0}, sink);
+    // Answered after the pull (one sender's messages keep their order): the pull is waiting,
+    // with its expiry taken from the clock as it is now.
+    BOOST_TEST(stats_of(shard).pulls_expired == 0u);
+    return shard;
+  };
+  auto idle = with_sweep(std::chrono::hours{1});
+  auto sweeping = with_sweep(5ms);
+  clock_ms->store(1000); // both pulls have expired by the shards' clock
+  // A tick from anyone else is ignored: the request after it sees nothing expired.
+  self->send(idle, tick_atom::value);
+  BOOST_TEST(stats_of(idle).pulls_expired == 0u);
+  // The shard's own tick comes every 5 ms; wait for it (bounded) by asking for the count.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::uint64_t expired = 0;
+  while (expired == 0 && std::chrono::steady_clock::now() < deadline) {
+    expired = stats_of(sweeping).pulls_expired;
+    if (expired == 0)
+      self->receive(caf::after(5ms) >> [] {});
+  }
+  BOOST_TEST(expired == 1u);
+  BOOST_TEST(!any_reply_within(50ms)); // expired pulls get no reply
+  caf::anon_send_exit(idle, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(sweeping, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(a_server_node_fans_settings_out_and_broadcasts_membership_to_every_shard) {
+  server_node_options options;
+  options.num_workers = 2;
+  options.shards = 3;
+  server_node node{system, options};
+  auto ask = [&](wire::message msg, std::shared_ptr<const void> keepalive = nullptr) {
+    envelope request{std::move(msg), std::move(keepalive), 9};
+    self->send(node.route(request), request, sink);
+    return next_reply();
+  };
+  auto settings = ask(wire::sync_settings{7, wire::consistency_mode::async, 2, false, 0, 2});
+  BOOST_TEST_REQUIRE(as<wire::ack>(settings) != nullptr);
+  BOOST_TEST(as<wire::ack>(settings)->request_id == 7u);
+  BOOST_TEST(settings->connection == 9u);
+  BOOST_TEST(!any_reply_within(50ms)); // one answer for the three shards
+  auto refused = ask(wire::sync_settings{8, wire::consistency_mode::async, 5, false, 0, 2});
+  BOOST_TEST_REQUIRE(as<wire::error_reply>(refused) != nullptr);
+  BOOST_TEST(as<wire::error_reply>(refused)->request_id == 8u);
+
+  // Keys 10, 11 and 12 live on three different shards; each is now dist_async with s = 0.
+  auto initial = ndarray::zeros({2});
+  for (std::uint64_t key : {10u, 11u, 12u})
+    BOOST_TEST_REQUIRE(
+        as<wire::ack>(ask(wire::init{key, key, whole(initial)}, initial.keepalive())) != nullptr);
+  auto one = ndarray::ones({2});
+  BOOST_TEST(as<wire::ack>(ask(wire::push{20, 10, 0, 0, whole(one)}, one.keepalive())) != nullptr);
+  BOOST_TEST(as<wire::ack>(ask(wire::push{21, 12, 0, 0, whole(one)}, one.keepalive())) != nullptr);
+  for (std::uint64_t key : {10u, 12u}) {
+    envelope pull{wire::pull_request{30 + key, key, 0, 1, 0}, nullptr, 9};
+    self->send(node.route(pull), pull, sink);
+  }
+  BOOST_TEST(!any_reply_within(50ms)); // worker 1 has not pushed: both pulls wait
+  node.broadcast(with_worker_lost(2, 1));
+  std::set<std::uint64_t> answered;
+  for (int i = 0; i < 2; ++i) {
+    auto reply = next_reply();
+    if (auto* value = as<wire::pull_reply>(reply))
+      answered.insert(value->request_id);
+  }
+  BOOST_TEST((answered == std::set<std::uint64_t>{40, 42}));
+
+  auto totals = node.stats(10s);
+  BOOST_TEST_REQUIRE(totals.has_value());
+  BOOST_TEST(totals->updates == 2u);
+  BOOST_TEST(totals->requests_refused == 3u); // the bad settings, by each shard
+  BOOST_TEST(totals->max_lead == 0u);         // each push found worker 0 level with worker 1
+}
+
+BOOST_AUTO_TEST_CASE(the_data_servers_route_reaches_the_shards_through_the_adapter) {
+  server_node_options options;
+  options.num_workers = 1;
+  options.shards = 2;
+  server_node node{system, options};
+  std::function<caf::actor(const envelope&)> route = node.router();
+  auto initial = ndarray::ones({2});
+  envelope init{wire::init{1, 5, whole(initial)}, initial.keepalive(), 4};
+  self->send(route(init), init, caf::actor{self});
+  auto reply = next_reply();
+  BOOST_TEST_REQUIRE(as<wire::ack>(reply) != nullptr);
+  BOOST_TEST(reply->connection == 4u);
+  envelope command{wire::command{2, wire::command_kind::stop, ""}, nullptr, 4};
+  self->send(route(command), command, caf::actor{self});
+  BOOST_TEST(as<wire::ack>(next_reply()) != nullptr);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
