@@ -11,9 +11,9 @@
 //   epoch 3 train_loss 0.4100 train_acc 85.20 test_acc 84.90 samples_per_s 41000 time_s 1.60
 //
 // and at the end one JSON line for scripts, {"final_test_acc":..,"final_train_loss":..,
-// "samples_per_s":..,...}. --csv and --plot write the per-epoch metrics as CSV and as an SVG
-// plot. train_loss and train_acc are over this worker's batches; samples_per_s counts the
-// samples of all workers over the training loop's time (evaluation excluded).
+// "samples_per_s":..,...} (report::final_line). --csv and --plot write the per-epoch metrics as
+// CSV and as an SVG plot. train_loss and train_acc are over this worker's batches; samples_per_s
+// counts the samples of all workers over the training loop's time (evaluation excluded).
 //
 // Distributed (--kvstore dist_*): worker r of n reads part r of n of the training set (MXNet's
 // part_range), and every worker runs common_batch_count steps per epoch, the number of full
@@ -326,10 +326,6 @@ result<std::shared_ptr<lr_scheduler>> make_scheduler(const options& o,
   return std::shared_ptr<lr_scheduler>(std::move(*made));
 }
 
-std::string json_number(double value) {
-  return std::isfinite(value) ? fmt::format("{:.6g}", value) : "null";
-}
-
 /// `cause` with `context` before its code and message. main() prints a phase's error with
 /// fail(message()), so the line reads "train_mnist: <context><code>: <message>".
 error with_context(const std::string& context, const error& cause) {
@@ -629,21 +625,17 @@ status write_outputs(const training_job& job, const std::vector<report::epoch_me
   if (!o.save_params.empty())
     if (auto saved = job.net->save_parameters(o.save_params); !saved)
       return with_context("", saved.error());
-  double total_time = 0;
-  std::int64_t total_samples = 0;
-  for (const auto& m : history) {
-    total_time += m.time_s;
-    total_samples += m.samples;
-  }
-  const auto& last = history.back();
-  fmt::print("{{\"final_test_acc\":{},\"final_train_loss\":{},\"samples_per_s\":{},"
-             "\"time_s\":{},\"epochs\":{},\"model\":\"{}\",\"kvstore\":\"{}\","
-             "\"workers\":{},\"batch_size\":{},\"step_batch\":{},\"contexts\":{},"
-             "\"threads\":{},\"hybridize\":{}}}\n",
-             json_number(last.test_acc.value_or(NAN)), json_number(last.train_loss),
-             json_number(total_time > 0 ? total_samples / total_time : 0), json_number(total_time),
-             o.epochs, o.model, o.kvstore, job.member.workers, o.batch_size, job.step_batch,
-             job.contexts.size(), o.threads, o.hybridize);
+  report::run_summary run;
+  run.epochs = o.epochs;
+  run.model = o.model;
+  run.kvstore = o.kvstore;
+  run.workers = job.member.workers;
+  run.batch_size = o.batch_size;
+  run.step_batch = job.step_batch;
+  run.contexts = job.contexts.size();
+  run.threads = o.threads;
+  run.hybridize = o.hybridize;
+  fmt::print("{}\n", report::final_line(history, run));
   std::fflush(stdout);
   return {};
 }

@@ -8,6 +8,8 @@
 
 #include <fmt/core.h>
 
+#include "engine/json_line.hpp"
+
 namespace troupe::report {
 
 std::string epoch_line(const epoch_metrics& m) {
@@ -17,6 +19,31 @@ std::string epoch_line(const epoch_metrics& m) {
     line += fmt::format(" test_acc {:.2f}", *m.test_acc);
   line += fmt::format(" samples_per_s {:.0f} time_s {:.2f}", m.samples_per_s, m.time_s);
   return line;
+}
+
+std::string final_line(std::span<const epoch_metrics> epochs, const run_summary& run) {
+  double time_s = 0;
+  std::int64_t samples = 0;
+  for (const auto& m : epochs) {
+    time_s += m.time_s;
+    samples += m.samples;
+  }
+  const epoch_metrics& last = epochs.back();
+  json_line::object line;
+  line["final_test_acc"] = json_line::significant(last.test_acc.value_or(NAN), 6);
+  line["final_train_loss"] = json_line::significant(last.train_loss, 6);
+  line["samples_per_s"] = json_line::significant(time_s > 0 ? samples / time_s : 0, 6);
+  line["time_s"] = json_line::significant(time_s, 6);
+  line["epochs"] = run.epochs;
+  line["model"] = run.model;
+  line["kvstore"] = run.kvstore;
+  line["workers"] = run.workers;
+  line["batch_size"] = run.batch_size;
+  line["step_batch"] = run.step_batch;
+  line["contexts"] = run.contexts;
+  line["threads"] = run.threads;
+  line["hybridize"] = run.hybridize;
+  return line.dump();
 }
 
 std::string csv_text(std::span<const epoch_metrics> epochs) {
