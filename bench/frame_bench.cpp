@@ -13,7 +13,7 @@
 // and each pushpull frame with a pull_reply carrying a tensor chunk of the same size (from a
 // pre-faulted buffer of its own). The client sends a tensor from a pre-faulted buffer, in chunks
 // of --chunk bytes (the schema chunker's 16 MiB by default) for big sizes, and waits for every
-// reply. One JSON line per op and size:
+// reply. One JSON line per op and size (engine/json_line.hpp):
 //   median_gbps   payload bytes per second of one direction (the tensor's size / time), as
 //                 tcp_baseline's figure;
 //   wire_gbps     bytes per second over both directions (2x size for pushpull), the figure to set
@@ -44,6 +44,7 @@
 #include <fmt/core.h>
 
 #include "actors/data_link.hpp"
+#include "engine/json_line.hpp"
 #include "schema/chunking.hpp"
 
 using namespace troupe;
@@ -200,6 +201,26 @@ double round_trip(caf::scoped_actor& self, const caf::actor& link, const std::st
   return took.count();
 }
 
+/// The JSON line of one op and size: `seconds` of each measured round trip.
+void print_result(const std::string& op, std::size_t size, std::size_t chunk_bytes,
+                  const std::vector<double>& seconds) {
+  const double mid = median(seconds);
+  const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
+  const double directions = op == "pushpull" ? 2.0 : 1.0;
+  json_line::object line;
+  line["bench"] = "frame_bench";
+  line["op"] = op;
+  line["bytes"] = size;
+  line["chunk_bytes"] = std::min(size, chunk_bytes);
+  line["repeats"] = seconds.size();
+  line["median_gbps"] = json_line::fixed(size / mid / 1e9, 3);
+  line["min_gbps"] = json_line::fixed(size / *slowest / 1e9, 3);
+  line["max_gbps"] = json_line::fixed(size / *fastest / 1e9, 3);
+  line["wire_gbps"] = json_line::fixed(directions * size / mid / 1e9, 3);
+  line["median_rtt_us"] = json_line::fixed(mid * 1e6, 1);
+  json_line::print(line);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -276,16 +297,7 @@ int main(int argc, char** argv) {
           if (round >= 0)
             seconds.push_back(took);
         }
-        const double mid = median(seconds);
-        const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
-        const double directions = op == "pushpull" ? 2.0 : 1.0;
-        fmt::print("{{\"bench\":\"frame_bench\",\"op\":\"{}\",\"bytes\":{},\"chunk_bytes\":{},"
-                   "\"repeats\":{},\"median_gbps\":{:.3f},\"min_gbps\":{:.3f},"
-                   "\"max_gbps\":{:.3f},\"wire_gbps\":{:.3f},\"median_rtt_us\":{:.1f}}}\n",
-                   op, size, std::min(size, chunk_bytes), rounds, size / mid / 1e9,
-                   size / *slowest / 1e9, size / *fastest / 1e9, directions * size / mid / 1e9,
-                   mid * 1e6);
-        std::fflush(stdout);
+        print_result(op, size, chunk_bytes, seconds);
       }
     }
     self->send(*link, stop_atom::value);

@@ -25,7 +25,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include <fmt/core.h>
+#include "engine/json_line.hpp"
 
 namespace {
 
@@ -90,6 +90,22 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+/// The JSON line of one size: `seconds` of each measured round trip.
+void print_result(std::size_t size, const std::vector<double>& seconds) {
+  namespace json_line = troupe::json_line;
+  const double mid = median(seconds);
+  const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
+  json_line::object line;
+  line["bench"] = "tcp_baseline";
+  line["bytes"] = size;
+  line["repeats"] = seconds.size();
+  line["median_gbps"] = json_line::fixed(size / mid / 1e9, 3);
+  line["min_gbps"] = json_line::fixed(size / *slowest / 1e9, 3);
+  line["max_gbps"] = json_line::fixed(size / *fastest / 1e9, 3);
+  line["median_rtt_us"] = json_line::fixed(mid * 1e6, 1);
+  json_line::print(line);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -145,13 +161,7 @@ int main(int argc, char** argv) {
       if (round >= 0)
         seconds.push_back(took.count());
     }
-    auto mid = median(seconds);
-    auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
-    fmt::print("{{\"bench\":\"tcp_baseline\",\"bytes\":{},\"repeats\":{},\"median_gbps\":{:.3f},"
-               "\"min_gbps\":{:.3f},\"max_gbps\":{:.3f},\"median_rtt_us\":{:.1f}}}\n",
-               size, rounds, size / mid / 1e9, size / *slowest / 1e9, size / *fastest / 1e9,
-               mid * 1e6);
-    std::fflush(stdout);
+    print_result(size, seconds);
   }
   ::close(fd);
   int status = 0;
