@@ -33,6 +33,7 @@
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -221,44 +222,31 @@ void print_result(const std::string& op, std::size_t size, std::size_t chunk_byt
   json_line::print(line);
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"data path (actors/data_link) loopback benchmark"};
+/// What the client measures: every op at every size.
+struct measurements {
   std::vector<std::size_t> sizes{4096, 1u << 20, 16u << 20, 128u << 20};
   std::vector<std::string> ops{"push", "pushpull"};
   int repeats = 9;
   std::size_t chunk_bytes = wire::default_chunk_bytes;
-  system_settings settings;
-  app.add_option("--sizes", sizes, "payload sizes in bytes (multiples of 4)")->delimiter(',');
-  app.add_option("--ops", ops, "push, pushpull or both")->delimiter(',');
-  app.add_option("--repeats", repeats, "measured repetitions per size")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--chunk", chunk_bytes, "tensor chunk bytes (multiple of 8)");
-  app.add_option("--threads", settings.threads, "CAF scheduler threads per process")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--scheduler", settings.policy, "CAF scheduler policy of both processes")
-      ->check(CLI::IsMember({"stealing", "sharing"}));
-  app.add_option("--write-chunk", settings.write_chunk_bytes,
-                 "bytes appended to a connection's write buffer per step");
-  app.add_option("--in-flight", settings.max_bytes_in_flight,
-                 "most bytes per connection handed to CAF and not yet written");
-  app.add_option("--shm-arena", settings.shm_arena_bytes,
-                 "same-host shared-memory arena per direction (0: through the socket)");
-  app.add_flag("--caf-defaults", settings.caf_defaults,
-               "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
-  CLI11_PARSE(app, argc, argv);
-  for (auto size : sizes)
+
+  std::size_t largest() const { return *std::max_element(sizes.begin(), sizes.end()); }
+};
+
+/// Dies naming the first size, op or chunk size that the measurements cannot use.
+void check(const measurements& m) {
+  for (auto size : m.sizes)
     if (size == 0 || size % 4 != 0)
       die("size " + std::to_string(size) + " is not a positive multiple of 4");
-  for (const auto& op : ops)
+  for (const auto& op : m.ops)
     if (op != "push" && op != "pushpull")
       die("unknown op " + op);
-  if (chunk_bytes == 0 || chunk_bytes % 8 != 0 || chunk_bytes > wire::max_chunk_bytes)
-    die("chunk size " + std::to_string(chunk_bytes) + " is not a multiple of 8 in [8, 512 MiB)");
-  const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
+  if (m.chunk_bytes == 0 || m.chunk_bytes % 8 != 0 || m.chunk_bytes > wire::max_chunk_bytes)
+    die("chunk size " + std::to_string(m.chunk_bytes) + " is not a multiple of 8 in [8, 512 MiB)");
+}
 
-  // Fork before any actor system exists: threads do not survive fork.
+/// Forks the server process; its pid and the port it listens on. Called before any actor system
+/// exists: threads do not survive fork.
+std::pair<pid_t, std::uint16_t> start_server(std::size_t largest, const system_settings& settings) {
   int port_pipe[2];
   if (::pipe(port_pipe) != 0)
     die("pipe failed");
@@ -274,36 +262,68 @@ int main(int argc, char** argv) {
   if (::read(port_pipe[0], &port, sizeof port) != sizeof port)
     die("the server process did not report its port");
   ::close(port_pipe[0]);
+  return {server, port};
+}
 
-  {
-    auto cfg = make_config(settings);
-    caf::actor_system sys{cfg};
-    caf::scoped_actor self{sys};
-    data_link_options options;
-    options.tuning = make_tuning(settings, largest);
-    auto link =
-        connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self), options);
-    if (!link)
-      die(link.error().to_string());
-    auto tensor = prefaulted(largest);
-    std::uint64_t request_id = 0;
-    for (const auto& op : ops) {
-      for (auto size : sizes) {
-        // Small payloads repeat more, so their medians rest on enough samples.
-        const int rounds = size <= (64u << 10) ? std::max(repeats, 2000) : repeats;
-        std::vector<double> seconds;
-        for (int round = -1; round < rounds; ++round) {
-          auto took = round_trip(self, *link, op, tensor, size, chunk_bytes, ++request_id);
-          if (round >= 0)
-            seconds.push_back(took);
-        }
-        print_result(op, size, chunk_bytes, seconds);
+/// The client: connects a data link to the server at `port`, measures every op and size (round
+/// -1 of each warms up), one JSON line each, then closes the link.
+void run_client(std::uint16_t port, const measurements& m, const system_settings& settings) {
+  auto cfg = make_config(settings);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  data_link_options options;
+  options.tuning = make_tuning(settings, m.largest());
+  auto link = connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self), options);
+  if (!link)
+    die(link.error().to_string());
+  auto tensor = prefaulted(m.largest());
+  std::uint64_t request_id = 0;
+  for (const auto& op : m.ops) {
+    for (auto size : m.sizes) {
+      // Small payloads repeat more, so their medians rest on enough samples.
+      const int rounds = size <= (64u << 10) ? std::max(m.repeats, 2000) : m.repeats;
+      std::vector<double> seconds;
+      for (int round = -1; round < rounds; ++round) {
+        auto took = round_trip(self, *link, op, tensor, size, m.chunk_bytes, ++request_id);
+        if (round >= 0)
+          seconds.push_back(took);
       }
+      print_result(op, size, m.chunk_bytes, seconds);
     }
-    self->send(*link, stop_atom::value);
-    self->receive([](link_down_atom, std::uint64_t, const std::string&) {},
-                  caf::after(std::chrono::seconds(5)) >> [] {});
   }
+  self->send(*link, stop_atom::value);
+  self->receive([](link_down_atom, std::uint64_t, const std::string&) {},
+                caf::after(std::chrono::seconds(5)) >> [] {});
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"data path (actors/data_link) loopback benchmark"};
+  measurements m;
+  system_settings settings;
+  app.add_option("--sizes", m.sizes, "payload sizes in bytes (multiples of 4)")->delimiter(',');
+  app.add_option("--ops", m.ops, "push, pushpull or both")->delimiter(',');
+  app.add_option("--repeats", m.repeats, "measured repetitions per size")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--chunk", m.chunk_bytes, "tensor chunk bytes (multiple of 8)");
+  app.add_option("--threads", settings.threads, "CAF scheduler threads per process")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--scheduler", settings.policy, "CAF scheduler policy of both processes")
+      ->check(CLI::IsMember({"stealing", "sharing"}));
+  app.add_option("--write-chunk", settings.write_chunk_bytes,
+                 "bytes appended to a connection's write buffer per step");
+  app.add_option("--in-flight", settings.max_bytes_in_flight,
+                 "most bytes per connection handed to CAF and not yet written");
+  app.add_option("--shm-arena", settings.shm_arena_bytes,
+                 "same-host shared-memory arena per direction (0: through the socket)");
+  app.add_flag("--caf-defaults", settings.caf_defaults,
+               "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
+  CLI11_PARSE(app, argc, argv);
+  check(m);
+
+  const auto [server, port] = start_server(m.largest(), settings);
+  run_client(port, m, settings);
   int status = 0;
   ::waitpid(server, &status, 0);
   return 0;
