@@ -35,8 +35,9 @@
 // from the same distribution, and uniform or normal pick MXNet's other initializers.
 //
 // main() runs the phases in order: flags, joining the job (dist_*), data, network and trainer,
-// the epochs (train_epoch, end_epoch), the outputs. Exit status: 0 after training, 1 when the
-// job fails (data, store, trainer), 2 for bad flags.
+// the epochs (train_epoch, end_epoch), the outputs. Exit status: 0 after training; 1 when the
+// job fails (data, store, trainer), logged through troupe::logger ("train_mnist worker 1: ...");
+// 2 for bad flags, with one plain line naming them.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -64,6 +65,7 @@
 #include "engine/data/idx.hpp"
 #include "engine/data/loader.hpp"
 #include "engine/data/split.hpp"
+#include "engine/log.hpp"
 #include "engine/lr_scheduler.hpp"
 #include "engine/nd.hpp"
 #include "engine/nn/block.hpp"
@@ -112,12 +114,16 @@ struct options {
   bool momentum_given = false;
 };
 
-int fail(const std::string& what) {
+/// A failure once the flags are accepted (data, store, trainer) is a diagnostic, logged; the
+/// exit status is 1.
+int fail(const logger& log, const std::string& what) {
   std::fflush(stdout);
-  std::cerr << "train_mnist: " << what << "\n";
+  log.error(what);
   return exit_failure;
 }
 
+/// A usage error is the answer to the command line: one plain line, as CLI11's own, and exit
+/// status 2.
 int usage(const std::string& what) {
   std::cerr << "train_mnist: " << what << "\n";
   return exit_usage;
@@ -326,8 +332,8 @@ result<std::shared_ptr<lr_scheduler>> make_scheduler(const options& o,
   return std::shared_ptr<lr_scheduler>(std::move(*made));
 }
 
-/// `cause` with `context` before its code and message. main() prints a phase's error with
-/// fail(message()), so the line reads "train_mnist: <context><code>: <message>".
+/// `cause` with `context` before its code and message. main() reports a phase's error with
+/// fail(message()), so the logged line reads "<context><code>: <message>".
 error with_context(const std::string& context, const error& cause) {
   return error{cause.code(), context + cause.to_string()};
 }
@@ -671,22 +677,25 @@ int main(int argc, char** argv) {
 
   // The kernels call OpenBLAS, whose pthreads build otherwise starts one thread per core.
   kernels::cpu::set_blas_threads(o.threads);
+  logger log{"train_mnist", 0};
 
   auto member = join(o);
   if (!member)
-    return fail(member.error().message());
+    return fail(log, member.error().message());
+  if (member->store)
+    log = log.part(node_name("worker", static_cast<std::uint32_t>(member->rank), ""));
 
   try {
     auto data = load_data(o, *member);
     if (!data)
-      return fail(data.error().message());
+      return fail(log, data.error().message());
     if (o.batch_size < static_cast<std::int64_t>(contexts->size()))
       return usage(fmt::format("--batch-size {} is smaller than the {} contexts it is split over",
                                o.batch_size, contexts->size()));
     auto net = build_network(o, *contexts);
     auto train = make_trainer(o, *net, *member);
     if (!train)
-      return fail(train.error().message());
+      return fail(log, train.error().message());
     if (auto attached = attach_scheduler(o, **train, member->store != nullptr, data->steps);
         !attached)
       return usage(attached.error().message());
@@ -712,16 +721,16 @@ int main(int argc, char** argv) {
     for (int epoch = 1; epoch <= o.epochs; ++epoch) {
       auto metrics = train_epoch(job, epoch, bar);
       if (!metrics)
-        return fail(metrics.error().message());
+        return fail(log, metrics.error().message());
       if (auto ended = end_epoch(job, *metrics); !ended)
-        return fail(ended.error().message());
+        return fail(log, ended.error().message());
       history.push_back(*metrics);
     }
     if (job.member.lead())
       if (auto written = write_outputs(job, history); !written)
-        return fail(written.error().message());
+        return fail(log, written.error().message());
   } catch (const std::exception& e) {
-    return fail(e.what());
+    return fail(log, e.what());
   }
   return 0;
 }

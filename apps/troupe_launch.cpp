@@ -15,8 +15,12 @@
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
 //
-// What to do when a node fails is decided in one place, job::on_worker_failed and
-// job::on_node_failed.
+// A usage error (bad flags, config, hostfile, a port in use) is one plain line
+// "troupe-launch: ..." and exit code 2, before anything starts. Once the job runs, the launcher's
+// own messages (a node that could not start or failed, signals, nodes being stopped) go through
+// troupe::logger as "troupe-launch"; with verbose 1 ([node] verbose or PS_VERBOSE) it also logs
+// each node's start and end. What to do when a node fails is decided in one place,
+// job::on_worker_failed and job::on_node_failed.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -41,6 +45,7 @@
 #include <vector>
 
 #include "actors/config.hpp"
+#include "engine/log.hpp"
 
 extern char** environ;
 
@@ -107,8 +112,11 @@ void write_all(int fd, std::string_view text) {
   }
 }
 
-void say(const std::string& line) {
-  write_all(STDERR_FILENO, "troupe-launch: " + line + "\n");
+/// A usage error: one plain line on stderr, the launcher's answer to its command line (exit code
+/// 2, nothing started). What happens once the job runs goes through the logger instead.
+int usage_error(const std::string& message) {
+  write_all(STDERR_FILENO, "troupe-launch: " + message + "\n");
+  return exit_usage;
 }
 
 /// Shell-quotes one word for the remote command of ssh mode.
@@ -194,9 +202,9 @@ std::string default_node_binary() {
 class job {
 public:
   job(std::vector<std::string> base_env, int signal_fd, std::chrono::milliseconds stop_grace,
-      std::chrono::milliseconds finish_timeout)
+      std::chrono::milliseconds finish_timeout, troupe::logger log)
       : base_env_(std::move(base_env)), signal_fd_(signal_fd), stop_grace_(stop_grace),
-        finish_timeout_(finish_timeout) {}
+        finish_timeout_(finish_timeout), log_(std::move(log)) {}
 
   /// Starts `argv` with `env` added to the environment; false (after saying why) when it cannot.
   /// Its stdin is /dev/null, or with `hold_stdin` a pipe the launcher keeps open until it exits:
@@ -209,7 +217,7 @@ public:
     int out[2], err[2], in[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
         (hold_stdin && ::pipe2(in, O_CLOEXEC) != 0)) {
-      say("cannot create pipes for " + c.label + ": " + std::strerror(errno));
+      log_.error("cannot create pipes for " + c.label + ": " + std::strerror(errno));
       return fail_start(exit_cannot_start);
     }
     posix_spawn_file_actions_t actions;
@@ -262,13 +270,14 @@ public:
       ::close(err[0]);
       if (c.stdin_fd >= 0)
         ::close(c.stdin_fd);
-      say("cannot start " + c.label + " (" + argv[0] + "): " + std::strerror(rc));
+      log_.error("cannot start " + c.label + " (" + argv[0] + "): " + std::strerror(rc));
       return fail_start(rc == EACCES ? 126 : exit_cannot_start);
     }
     c.fds[0] = out[0];
     c.fds[1] = err[0];
     for (int fd : c.fds)
       ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    log_.info("started " + c.label + " (pid " + std::to_string(c.pid) + "): " + argv[0]);
     children_.push_back(std::move(c));
     return true;
   }
@@ -366,11 +375,11 @@ private:
       if (sig == SIGCHLD)
         continue; // reap() runs after every wake-up
       if (stopping_) {
-        say("signal " + std::to_string(sig) + " again: killing every node now");
+        log_.error("signal " + std::to_string(sig) + " again: killing every node now");
         kill_all(SIGKILL);
         continue;
       }
-      say("got signal " + std::to_string(sig) + ": stopping the job");
+      log_.error("got signal " + std::to_string(sig) + ": stopping the job");
       begin_stop(128 + sig);
     }
   }
@@ -393,8 +402,8 @@ private:
         c.how = "exited with code " + std::to_string(c.exit_code);
       }
       if (stopping_ || c.exit_code == 0)
-        continue;
-      if (c.role == troupe::node_role::worker)
+        log_.info(c.label + " " + c.how);
+      else if (c.role == troupe::node_role::worker)
         on_worker_failed(c);
       else
         on_node_failed(c);
@@ -414,7 +423,7 @@ private:
 
   /// Stops every node because `c` failed; the launcher exits with `c`'s code.
   void fail_job(const child& c) {
-    say(c.label + " " + c.how + "; stopping the job");
+    log_.error(c.label + " " + c.how + "; stopping the job");
     begin_stop(c.exit_code);
   }
 
@@ -434,13 +443,13 @@ private:
       for (const auto& c : children_)
         if (!c.reaped)
           left += (left.empty() ? "" : ", ") + c.label;
-      say(left + " still running " + troupe::format_duration(finish_timeout_) +
-          " after every worker finished; stopping them");
+      log_.error(left + " still running " + troupe::format_duration(finish_timeout_) +
+                 " after every worker finished; stopping them");
       begin_stop(exit_finish_timeout);
     }
     if (stopping_ && !killed_ && now >= kill_deadline_) {
-      say("nodes still running " + troupe::format_duration(stop_grace_) +
-          " after SIGTERM; sending SIGKILL");
+      log_.error("nodes still running " + troupe::format_duration(stop_grace_) +
+                 " after SIGTERM; sending SIGKILL");
       kill_all(SIGKILL);
     }
   }
@@ -478,6 +487,7 @@ private:
   int signal_fd_;
   std::chrono::milliseconds stop_grace_;
   std::chrono::milliseconds finish_timeout_;
+  troupe::logger log_;
   std::vector<child> children_;
   bool stopping_ = false;
   bool killed_ = false;
@@ -485,11 +495,6 @@ private:
   clock_type::time_point kill_deadline_{};
   std::optional<clock_type::time_point> finish_deadline_;
 };
-
-int usage_error(const std::string& message) {
-  say(message);
-  return exit_usage;
-}
 
 std::string label_for(troupe::node_role role, int index) {
   if (role == troupe::node_role::scheduler)
@@ -598,7 +603,8 @@ result<troupe::cluster_config> load_job_config(const options& opt, int num_serve
 
 /// The hosts of ssh mode, from the hostfile. Warns when the scheduler's address is one that other
 /// hosts cannot reach.
-result<std::vector<host>> load_hosts(const options& opt, const troupe::cluster_config& cfg) {
+result<std::vector<host>> load_hosts(const options& opt, const troupe::cluster_config& cfg,
+                                     const troupe::logger& log) {
   if (opt.hostfile.empty())
     return error{errc::invalid_argument, "--launcher ssh needs -H HOSTFILE"};
   auto hosts = read_hostfile(opt.hostfile);
@@ -608,8 +614,8 @@ result<std::vector<host>> load_hosts(const options& opt, const troupe::cluster_c
     return h.name != "localhost" && !h.name.starts_with("127.");
   });
   if (remote && cfg.scheduler_host.starts_with("127."))
-    say("warning: the scheduler host is " + cfg.scheduler_host +
-        ", which other hosts cannot reach; set [scheduler] host (DMLC_PS_ROOT_URI)");
+    log.error("warning: the scheduler host is " + cfg.scheduler_host +
+              ", which other hosts cannot reach; set [scheduler] host (DMLC_PS_ROOT_URI)");
   return hosts;
 }
 
@@ -751,10 +757,11 @@ int main(int argc, char** argv) {
   auto cfg = load_job_config(opt, num_servers, ssh);
   if (!cfg)
     return usage_error(cfg.error().message());
+  const troupe::logger log{"troupe-launch", cfg->verbose};
 
   std::vector<host> hosts;
   if (ssh) {
-    auto read = load_hosts(opt, *cfg);
+    auto read = load_hosts(opt, *cfg, log);
     if (!read)
       return usage_error(read.error().message());
     hosts = std::move(*read);
@@ -769,7 +776,7 @@ int main(int argc, char** argv) {
 
   int signal_fd = job_signal_fd();
   if (signal_fd < 0) {
-    say(std::string("cannot create a signalfd: ") + std::strerror(errno));
+    log.error(std::string("cannot create a signalfd: ") + std::strerror(errno));
     return 1;
   }
   std::vector<std::string> base_env;
@@ -780,7 +787,7 @@ int main(int argc, char** argv) {
                    common_environment(opt, *cfg, *port, num_servers, ssh),
                    std::filesystem::current_path(ec).string()};
 
-  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout);
+  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, log);
   start_nodes(j, plan, node_binary, num_servers);
   // When a node could not start, the job is already stopping: run() waits for what did start.
   return j.run();

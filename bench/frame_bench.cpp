@@ -42,10 +42,10 @@
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
-#include <fmt/core.h>
 
 #include "actors/data_link.hpp"
 #include "engine/json_line.hpp"
+#include "engine/log.hpp"
 #include "schema/chunking.hpp"
 
 using namespace troupe;
@@ -53,7 +53,7 @@ using namespace troupe;
 namespace {
 
 [[noreturn]] void die(const std::string& what) {
-  fmt::print(stderr, "frame_bench: {}\n", what);
+  logger{"frame_bench", 0}.error(what);
   std::exit(1);
 }
 

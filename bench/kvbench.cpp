@@ -14,13 +14,13 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "actors/kvstore.hpp"
 #include "engine/json_line.hpp"
+#include "engine/log.hpp"
 
 using namespace troupe;
 using clock_type = std::chrono::steady_clock;
@@ -66,7 +66,7 @@ void print_result(const subject& what, std::vector<double> seconds, double moved
 }
 
 int fail(const std::string& what, const error& err) {
-  std::fprintf(stderr, "kvbench: %s: %s\n", what.c_str(), err.to_string().c_str());
+  logger{"kvbench", 0}.error(what + ": " + err.to_string());
   return 1;
 }
 

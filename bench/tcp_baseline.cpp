@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <arpa/inet.h>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -26,13 +27,15 @@
 #include <vector>
 
 #include "engine/json_line.hpp"
+#include "engine/log.hpp"
 
 namespace {
 
 constexpr std::size_t io_chunk = 4u << 20;
 
+/// Ends the process after logging what failed and why (errno).
 [[noreturn]] void die(const char* what) {
-  std::perror(what);
+  troupe::logger{"tcp_baseline", 0}.error(std::string(what) + ": " + std::strerror(errno));
   std::exit(1);
 }
 
