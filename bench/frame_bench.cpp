@@ -4,7 +4,7 @@
 // (bench/run_frame_bench.sh prints the ratios).
 //
 //   build/bench/frame_bench [--sizes 4096,1048576,16777216,134217728] [--repeats 9]
-//                           [--ops push,pushpull] [--chunk 16777216] [--threads 2]
+//                           [--ops push,pushpull] [--chunk 1048576] [--threads 2]
 //                           [--scheduler stealing|sharing] [--caf-defaults]
 //                           [--write-chunk 4194304] [--in-flight 8388608]
 //                           [--shm-arena 67108864 (0: tensors through the socket)]
@@ -12,7 +12,7 @@
 // A forked server process runs a data server whose handler answers each push frame with an ack
 // and each pushpull frame with a pull_reply carrying a tensor chunk of the same size (from a
 // pre-faulted buffer of its own). The client sends a tensor from a pre-faulted buffer, in chunks
-// of --chunk bytes (the schema chunker's 16 MiB by default) for big sizes, and waits for every
+// of --chunk bytes (the schema chunker's default, 1 MiB) for big sizes, and waits for every
 // reply. One JSON line per op and size (engine/json_line.hpp):
 //   median_gbps   payload bytes per second of one direction (the tensor's size / time), as
 //                 tcp_baseline's figure;
@@ -57,8 +57,8 @@ namespace {
   std::exit(1);
 }
 
-/// A float32 tensor buffer with every page touched (STACK.md §8), owned through shared_ptr so
-/// that envelopes can keep it alive.
+/// A float32 tensor buffer with every page touched (a first write to fresh memory is far slower
+/// than to warm memory here), owned through shared_ptr so that envelopes can keep it alive.
 std::shared_ptr<std::vector<float>> prefaulted(std::size_t bytes) {
   auto buffer = std::make_shared<std::vector<float>>(bytes / sizeof(float));
   for (std::size_t i = 0; i < buffer->size(); i += 1024)
@@ -100,7 +100,7 @@ data_link_tuning make_tuning(const system_settings& settings, std::size_t larges
 caf::actor_system_config make_config(const system_settings& settings) {
   caf::actor_system_config cfg;
   cfg.load<caf::io::middleman>();
-  // STACK.md §2: as many scheduler threads as cores on small nodes.
+  // As many scheduler threads as cores on small nodes (--threads, 2 by default).
   cfg.set("scheduler.max-threads", settings.threads);
   cfg.set("scheduler.policy", caf::atom_from_string(settings.policy));
   if (!settings.caf_defaults)

@@ -65,7 +65,8 @@ void no_delay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/// Touches every page so that the measurement sees warm memory (STACK.md §8).
+/// Touches every page so that the measurement sees warm memory: on these machines the first write
+/// to fresh memory runs at ~0.3 GB/s, warm memory at 12+ GB/s.
 std::vector<char> prefaulted(std::size_t size) {
   std::vector<char> buffer(size);
   for (std::size_t i = 0; i < size; i += 4096)
