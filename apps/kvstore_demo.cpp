@@ -18,13 +18,14 @@
 #include <fmt/core.h>
 
 #include "actors/kvstore.hpp"
+#include "engine/log.hpp"
 
 using namespace troupe;
 
 namespace {
 
 int fail(const error& err) {
-  std::cerr << "kvstore_demo: " << err.to_string() << "\n";
+  logger{"kvstore_demo", 0}.error(err.to_string());
   return 1;
 }
 

@@ -3,18 +3,17 @@
 //
 //   build/apps/train_mnist --model mlp --epochs 5
 //   build/apps/train_mnist --model lenet --contexts "cpu(0),cpu(1)" --hybridize --plot run.svg
-//   build/apps/troupe-launch -n 2 -s 1 -- build/apps/train_mnist --kvstore dist_sync --batch-size
-//   64
+//   cd build/apps && ./troupe-launch -n 2 -s 1 -- ./train_mnist --kvstore dist_sync --batch-size 64
 //
 // Per epoch it shows progress on stderr (a bar on a terminal, a line every few seconds
 // otherwise), then prints on stdout
 //
 //   epoch 3 train_loss 0.4100 train_acc 85.20 test_acc 84.90 samples_per_s 41000 time_s 1.60
 //
-// and at the end one JSON line, {"final_test_acc":..,"samples_per_s":..,...}, for scripts.
-// --csv and --plot write the per-epoch metrics as CSV and as an SVG plot. train_loss and
-// train_acc are over this worker's batches; samples_per_s counts the samples of all workers over
-// the training loop's time (evaluation excluded).
+// and at the end one JSON line for scripts, {"final_test_acc":..,"final_train_loss":..,
+// "samples_per_s":..,...} (report::final_line). --csv and --plot write the per-epoch metrics as
+// CSV and as an SVG plot. train_loss and train_acc are over this worker's batches; samples_per_s
+// counts the samples of all workers over the training loop's time (evaluation excluded).
 //
 // Distributed (--kvstore dist_*): worker r of n reads part r of n of the training set (MXNet's
 // part_range), and every worker runs common_batch_count steps per epoch, the number of full
@@ -27,15 +26,18 @@
 // The step batch (--step-batch, what trainer.step() is given, so the gradient is rescaled by
 // 1/step_batch) defaults to the per-worker batch times the number of workers. The store sums the
 // workers' gradients, so with this default n workers of batch b make the same update as one
-// process with batch n·b: the recipe of 2 workers with batch 64 each and step(128)
+// process with batch n·b: the benchmark recipe of 2 workers with batch 64 each and step(128)
 // matches the single-process batch 128. Pass --step-batch 64 for MXNet's habit of giving each
 // worker's own batch (the update is then n times larger).
 //
-// The initial weights follow PyTorch's default law by default (--init torch), so that the job
-// and bench/pytorch_mnist.py train the recipe from the same distribution; --init xavier,
-// uniform or normal pick MXNet's initializers instead.
+// The initial weights are Xavier's by default (--init xavier); --init torch draws them from
+// PyTorch's default law, so that the job and bench/pytorch_mnist.py train BENCHMARKS.md's recipe
+// from the same distribution, and uniform or normal pick MXNet's other initializers.
 //
-// Exit status: 0 after training, 1 when the job fails (data, store, trainer), 2 for bad flags.
+// main() runs the phases in order: flags, joining the job (dist_*), data, network and trainer,
+// the epochs (train_epoch, end_epoch), the outputs. Exit status: 0 after training; 1 when the
+// job fails (data, store, trainer), logged through troupe::logger ("train_mnist worker 1: ...");
+// 2 for bad flags, with one plain line naming them.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -63,6 +65,7 @@
 #include "engine/data/idx.hpp"
 #include "engine/data/loader.hpp"
 #include "engine/data/split.hpp"
+#include "engine/log.hpp"
 #include "engine/lr_scheduler.hpp"
 #include "engine/nd.hpp"
 #include "engine/nn/block.hpp"
@@ -111,12 +114,16 @@ struct options {
   bool momentum_given = false;
 };
 
-int fail(const std::string& what) {
+/// A failure once the flags are accepted (data, store, trainer) is a diagnostic, logged; the
+/// exit status is 1.
+int fail(const logger& log, const std::string& what) {
   std::fflush(stdout);
-  std::cerr << "train_mnist: " << what << "\n";
+  log.error(what);
   return exit_failure;
 }
 
+/// A usage error is the answer to the command line: one plain line, as CLI11's own, and exit
+/// status 2.
 int usage(const std::string& what) {
   std::cerr << "train_mnist: " << what << "\n";
   return exit_usage;
@@ -197,7 +204,7 @@ result<data::in_memory_dataset> load_set(const std::string& dir, const std::stri
 std::shared_ptr<nn::sequential> make_model(const std::string& model) {
   auto net = std::make_shared<nn::sequential>();
   if (model == "mlp") {
-    // The recipe: 784-256-10 with ReLU.
+    // The benchmark recipe (BENCHMARKS.md): 784-256-10 with ReLU.
     net->add(std::make_shared<nn::dense>(256, "relu", true, 784));
     net->add(std::make_shared<nn::dense>(10, "", true, 256));
   } else {
@@ -325,16 +332,14 @@ result<std::shared_ptr<lr_scheduler>> make_scheduler(const options& o,
   return std::shared_ptr<lr_scheduler>(std::move(*made));
 }
 
-std::string json_number(double value) {
-  return std::isfinite(value) ? fmt::format("{:.6g}", value) : "null";
+/// `cause` with `context` before its code and message. main() reports a phase's error with
+/// fail(message()), so the logged line reads "<context><code>: <message>".
+error with_context(const std::string& context, const error& cause) {
+  return error{cause.code(), context + cause.to_string()};
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
-  reexec_with_suited_openblas_core(argv);
-  options o;
-  CLI::App app{"Fashion-MNIST training with troupe's gluon-style API (local or distributed)"};
+/// Declares every flag on `app`, each writing its field of `o`.
+void add_flags(CLI::App& app, options& o) {
   app.option_defaults()->always_capture_default(); // --help shows each default
   app.add_option("--model", o.model, "network")->check(CLI::IsMember({"mlp", "lenet"}));
   app.add_option("--epochs", o.epochs, "passes over the training set")
@@ -342,7 +347,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", o.batch_size, "samples per batch, per worker")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--lr", o.lr, "learning rate")->check(CLI::PositiveNumber);
-  auto* momentum = app.add_option("--momentum", o.momentum, "momentum (sgd, nag)");
+  app.add_option("--momentum", o.momentum, "momentum (sgd, nag)");
   app.add_option("--wd", o.wd, "weight decay")->check(CLI::NonNegativeNumber);
   app.add_option("--optimizer", o.optimizer, "update rule")
       ->check(CLI::IsMember({"sgd", "nag", "adam", "rmsprop", "adagrad"}));
@@ -383,210 +388,349 @@ int main(int argc, char** argv) {
   app.add_option("--save-params", o.save_params, "save the trained parameters to this file");
   app.add_flag("--no-progress", o.no_progress, "no progress display on stderr");
   app.add_flag("--quiet", o.quiet, "print only the final JSON line (and errors)");
+}
+
+/// The checks CLI11 cannot make flag by flag; the contexts --contexts names. An error is a usage
+/// error, its message the line to print.
+result<std::vector<context>> check_flags(const options& o) {
+  if (o.momentum_given && o.optimizer != "sgd" && o.optimizer != "nag")
+    return error{errc::invalid_argument, "--momentum applies to --optimizer sgd and nag only"};
+  auto contexts = parse_contexts(o.contexts);
+  if (!contexts)
+    return contexts.error();
+  if (o.lr_scheduler == "none" &&
+      (!o.lr_step_epochs.empty() || o.warmup_epochs > 0 || o.final_lr != 0))
+    return error{errc::invalid_argument,
+                 "--lr-step-epochs, --warmup-epochs and --final-lr need --lr-scheduler"};
+  return contexts;
+}
+
+/// This process's place in the job. A dist_* store comes first: it tells this process its rank,
+/// which picks its part of the data. Local modes have no store here (the trainer makes its own).
+struct membership {
+  std::shared_ptr<kvstore> store; ///< the dist store, or null
+  int rank = 0;
+  int workers = 1;
+
+  /// Rank 0 evaluates, prints and writes the outputs.
+  bool lead() const noexcept { return rank == 0; }
+};
+
+/// Joins the job of a dist_* store. A process started as a server or the scheduler (DMLC_ROLE)
+/// serves the job inside create() and exits there.
+result<membership> join(const options& o) {
+  membership m;
+  if (!o.kvstore.starts_with("dist"))
+    return m;
+  auto created = kvstore::create(o.kvstore);
+  if (!created)
+    return with_context("kvstore " + o.kvstore + ": ", created.error());
+  m.store = std::move(*created);
+  m.rank = m.store->rank();
+  m.workers = m.store->num_workers();
+  return m;
+}
+
+/// This worker's part of the training set, batched, and the test set on rank 0 only.
+struct training_data {
+  std::int64_t n_train = 0;                        ///< samples of the whole training set
+  data::data_loader loader;                        ///< this worker's part
+  std::optional<data::in_memory_dataset> test_set; ///< on rank 0, which alone evaluates
+  std::int64_t steps = 0; ///< per epoch, on every worker (see the file comment)
+};
+
+result<training_data> load_data(const options& o, const membership& m) {
+  const bool spatial = o.model == "lenet";
+  auto train_set = load_set(o.data_dir, "train", o.train_limit, spatial);
+  if (!train_set)
+    return with_context("training set: ", train_set.error());
+  std::optional<data::in_memory_dataset> test_set;
+  if (m.lead()) {
+    auto loaded = load_set(o.data_dir, "t10k", 0, spatial);
+    if (!loaded)
+      return with_context("test set: ", loaded.error());
+    test_set = std::move(*loaded);
+  }
+  const std::int64_t n_train = train_set->size();
+  auto order = data::make_sharded_sampler(n_train, m.workers, m.rank, true, o.seed);
+  if (!order)
+    return with_context("", order.error());
+  auto loader =
+      data::data_loader::create(*train_set, *order, o.batch_size, data::last_batch::discard);
+  if (!loader)
+    return with_context("", loader.error());
+  std::int64_t steps =
+      data::common_batch_count(n_train, m.workers, o.batch_size, data::last_batch::discard);
+  if (o.max_batches > 0)
+    steps = std::min(steps, o.max_batches);
+  if (steps == 0)
+    return error{errc::invalid_argument,
+                 fmt::format("{} training samples over {} worker(s) make no full batch of {}",
+                             n_train, m.workers, o.batch_size)};
+  return training_data{n_train, std::move(*loader), std::move(test_set), steps};
+}
+
+/// The network of --model on every context, initialised as --init says, hybridized with
+/// --hybridize.
+std::shared_ptr<nn::sequential> build_network(const options& o,
+                                              const std::vector<context>& contexts) {
+  auto net = make_model(o.model);
+  net->initialize(make_initializer(o.init), contexts, o.seed);
+  if (o.init == "torch")
+    torch_init(net->collect_params(), o.seed);
+  if (o.hybridize)
+    net->hybridize();
+  return net;
+}
+
+/// A trainer of `net`'s parameters over the dist store, or over a store of --kvstore's type.
+result<std::unique_ptr<trainer>> make_trainer(const options& o, nn::block& net,
+                                              const membership& m) {
+  std::optional<bool> update_on_kvstore;
+  if (!o.update_on_kvstore.empty())
+    update_on_kvstore = o.update_on_kvstore == "true";
+  optimizer_params hyper{{"learning_rate", o.lr}, {"wd", o.wd}};
+  if (o.momentum_given)
+    hyper["momentum"] = o.momentum;
+  auto made =
+      m.store
+          ? trainer::create(net.collect_params(), o.optimizer, hyper, m.store, update_on_kvstore)
+          : trainer::create(net.collect_params(), o.optimizer, hyper, o.kvstore, update_on_kvstore);
+  if (!made)
+    return with_context("trainer: ", made.error());
+  return made;
+}
+
+/// The schedule of --lr-scheduler on `train`, if any. An error is a usage error: the flags do
+/// not make a schedule, or the trainer refuses one (dist with update_on_kvstore: the servers
+/// hold the optimizer).
+status attach_scheduler(const options& o, trainer& train, bool dist, std::int64_t steps) {
+  if (o.lr_scheduler == "none")
+    return {};
+  auto scheduler = make_scheduler(o, steps);
+  if (!scheduler)
+    return scheduler.error();
+  if (auto set = train.set_lr_scheduler(*scheduler); !set)
+    return error{set.error().code(),
+                 "--lr-scheduler: " + set.error().to_string() +
+                     (dist && train.update_on_kvstore() ? " (--update-on-kvstore false)" : "")};
+  return {};
+}
+
+/// What the epochs work with, made by the phases before them.
+struct training_job {
+  const options& o;
+  std::vector<context> contexts;
+  membership member;
+  training_data data;
+  std::shared_ptr<nn::sequential> net;
+  std::unique_ptr<trainer> train;
+  std::int64_t step_batch = 0; ///< what trainer.step() is given (see the file comment)
+};
+
+/// The running sums of one epoch on this worker.
+struct epoch_tally {
+  double loss_sum = 0;
+  std::int64_t correct = 0;
+  std::int64_t seen = 0;
+};
+
+/// One step on `batch`: forward and loss per context under autograd, backward, the update;
+/// the batch's losses and correct predictions go into `tally`. Errors carry the whole message.
+status train_step(training_job& job, const data::batch& batch, int epoch, std::int64_t step,
+                  epoch_tally& tally) {
+  auto xs = data::split_and_load(batch.data, job.contexts, false);
+  auto ys = data::split_and_load(batch.label, job.contexts, false);
+  if (!xs || !ys)
+    return with_context("", xs ? ys.error() : xs.error());
+  std::vector<ndarray> losses, outputs;
+  {
+    autograd::record_scope record;
+    for (std::size_t c = 0; c < xs->size(); ++c) {
+      outputs.push_back((*job.net)((*xs)[c]));
+      losses.push_back(nd::softmax_cross_entropy(outputs.back(), (*ys)[c]));
+    }
+  }
+  autograd::backward(losses);
+  if (auto stepped = job.train->step(job.step_batch); !stepped)
+    return with_context(fmt::format("epoch {} step {}: ", epoch, step + 1), stepped.error());
+  for (std::size_t c = 0; c < losses.size(); ++c) {
+    tally.loss_sum += losses[c].sum();
+    tally.correct += count_correct(outputs[c], (*ys)[c]);
+  }
+  tally.seen += batch.label.size();
+  return {};
+}
+
+/// Trains one epoch (1-based) on this worker's part and returns its training metrics; the test
+/// accuracy is left for end_epoch.
+result<report::epoch_metrics> train_epoch(training_job& job, int epoch, report::progress& bar) {
+  auto& loader = job.data.loader;
+  const std::int64_t steps = job.data.steps;
+  const std::int64_t workers = job.member.workers;
+  if (epoch > 1)
+    loader.reset();
+  bar.start(fmt::format("epoch {}/{}", epoch, job.o.epochs), steps);
+  epoch_tally tally;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; step < steps; ++step) {
+    auto batch = loader.next();
+    if (!batch)
+      return error{errc::internal,
+                   fmt::format("the loader ran out after {} of {} batches", step, steps)};
+    if (auto stepped = train_step(job, *batch, epoch, step, tally); !stepped)
+      return stepped.error();
+    const auto seen = static_cast<double>(tally.seen);
+    bar.update(step + 1, tally.seen * workers, tally.loss_sum / seen,
+               100.0 * static_cast<double>(tally.correct) / seen);
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bar.finish();
+
+  report::epoch_metrics m;
+  m.epoch = epoch;
+  m.train_loss = tally.loss_sum / static_cast<double>(tally.seen);
+  m.train_acc = 100.0 * static_cast<double>(tally.correct) / static_cast<double>(tally.seen);
+  m.samples = tally.seen * workers;
+  m.time_s = elapsed;
+  m.samples_per_s = elapsed > 0 ? static_cast<double>(m.samples) / elapsed : 0;
+  m.learning_rate = job.train->learning_rate();
+  return m;
+}
+
+/// After an epoch: rank 0 evaluates the test set and prints the epoch's line; then every worker
+/// of a dist job meets the others in a barrier, where they wait while rank 0 evaluates.
+status end_epoch(training_job& job, report::epoch_metrics& m) {
+  if (job.member.lead()) {
+    m.test_acc = evaluate(*job.net, *job.data.test_set, job.contexts.front());
+    if (!job.o.quiet)
+      fmt::print("{}\n", report::epoch_line(m));
+    std::fflush(stdout);
+  }
+  if (job.member.store)
+    if (auto met = job.member.store->barrier(); !met)
+      return error{met.error().code(),
+                   fmt::format("barrier after epoch {}: {}", m.epoch, met.error().to_string())};
+  return {};
+}
+
+/// Rank 0's outputs after the last epoch: the CSV, the plot and the parameters when asked for,
+/// then the final JSON line.
+status write_outputs(const training_job& job, const std::vector<report::epoch_metrics>& history) {
+  const options& o = job.o;
+  const std::string title =
+      fmt::format("train_mnist {} - {} x{} - batch {} - {} lr {}", o.model, o.kvstore,
+                  job.member.workers, o.batch_size, o.optimizer, o.lr);
+  if (!o.csv.empty())
+    if (auto written = report::write_csv(o.csv, history); !written)
+      return with_context("", written.error());
+  if (!o.plot.empty())
+    if (auto written = report::write_svg(o.plot, history, title); !written)
+      return with_context("", written.error());
+  if (!o.save_params.empty())
+    if (auto saved = job.net->save_parameters(o.save_params); !saved)
+      return with_context("", saved.error());
+  report::run_summary run;
+  run.epochs = o.epochs;
+  run.model = o.model;
+  run.kvstore = o.kvstore;
+  run.workers = job.member.workers;
+  run.batch_size = o.batch_size;
+  run.step_batch = job.step_batch;
+  run.contexts = job.contexts.size();
+  run.threads = o.threads;
+  run.hybridize = o.hybridize;
+  fmt::print("{}\n", report::final_line(history, run));
+  std::fflush(stdout);
+  return {};
+}
+
+/// The banner rank 0 prints before training.
+void print_banner(const training_job& job) {
+  const options& o = job.o;
+  fmt::print("train_mnist: model {} kvstore {} (update_on_kvstore {}) workers {} contexts {} "
+             "batch {} per worker, step batch {}, {} steps per epoch over {} training "
+             "samples{}\n",
+             o.model, o.kvstore, job.train->update_on_kvstore(), job.member.workers, o.contexts,
+             o.batch_size, job.step_batch, job.data.steps, job.data.n_train,
+             o.hybridize ? ", hybridized" : "");
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  reexec_with_suited_openblas_core(argv);
+  options o;
+  CLI::App app{"Fashion-MNIST training with troupe's gluon-style API (local or distributed)"};
+  add_flags(app, o);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help exits 0; every other parse error is a usage error (2), not CLI11's own codes.
     return app.exit(e) == 0 ? 0 : exit_usage;
   }
-  o.momentum_given = momentum->count() > 0;
-  if (o.momentum_given && o.optimizer != "sgd" && o.optimizer != "nag")
-    return usage("--momentum applies to --optimizer sgd and nag only");
-
-  auto contexts = parse_contexts(o.contexts);
+  o.momentum_given = app.count("--momentum") > 0;
+  auto contexts = check_flags(o);
   if (!contexts)
     return usage(contexts.error().message());
-  if (o.lr_scheduler == "none" &&
-      (!o.lr_step_epochs.empty() || o.warmup_epochs > 0 || o.final_lr != 0))
-    return usage("--lr-step-epochs, --warmup-epochs and --final-lr need --lr-scheduler");
-  std::optional<bool> update_on_kvstore;
-  if (!o.update_on_kvstore.empty())
-    update_on_kvstore = o.update_on_kvstore == "true";
 
   // The kernels call OpenBLAS, whose pthreads build otherwise starts one thread per core.
   kernels::cpu::set_blas_threads(o.threads);
+  logger log{"train_mnist", 0};
 
-  // A dist store first: it tells this process its rank, which picks its part of the data. A
-  // process started as a server or the scheduler (DMLC_ROLE) serves the job inside create() and
-  // exits there.
-  const bool dist = o.kvstore.starts_with("dist");
-  std::shared_ptr<kvstore> store;
-  int rank = 0, workers = 1;
-  if (dist) {
-    auto created = kvstore::create(o.kvstore);
-    if (!created)
-      return fail("kvstore " + o.kvstore + ": " + created.error().to_string());
-    store = std::move(*created);
-    rank = store->rank();
-    workers = store->num_workers();
-  }
-  const bool lead = rank == 0;
-  const std::int64_t step_batch =
-      o.step_batch > 0 ? o.step_batch : o.batch_size * static_cast<std::int64_t>(workers);
+  auto member = join(o);
+  if (!member)
+    return fail(log, member.error().message());
+  if (member->store)
+    log = log.part(node_name("worker", static_cast<std::uint32_t>(member->rank), ""));
 
   try {
-    // Data: this worker's part of the training set; the test set on rank 0 only.
-    const bool spatial = o.model == "lenet";
-    auto train_set = load_set(o.data_dir, "train", o.train_limit, spatial);
-    if (!train_set)
-      return fail("training set: " + train_set.error().to_string());
-    std::optional<data::in_memory_dataset> test_set;
-    if (lead) {
-      auto loaded = load_set(o.data_dir, "t10k", 0, spatial);
-      if (!loaded)
-        return fail("test set: " + loaded.error().to_string());
-      test_set = std::move(*loaded);
-    }
-    const std::int64_t n_train = train_set->size();
-    auto order = data::make_sharded_sampler(n_train, workers, rank, true, o.seed);
-    if (!order)
-      return fail(order.error().to_string());
-    auto loader =
-        data::data_loader::create(*train_set, *order, o.batch_size, data::last_batch::discard);
-    if (!loader)
-      return fail(loader.error().to_string());
-    std::int64_t steps =
-        data::common_batch_count(n_train, workers, o.batch_size, data::last_batch::discard);
-    if (o.max_batches > 0)
-      steps = std::min(steps, o.max_batches);
-    if (steps == 0)
-      return fail(fmt::format("{} training samples over {} worker(s) make no full batch of {}",
-                              n_train, workers, o.batch_size));
+    auto data = load_data(o, *member);
+    if (!data)
+      return fail(log, data.error().message());
     if (o.batch_size < static_cast<std::int64_t>(contexts->size()))
       return usage(fmt::format("--batch-size {} is smaller than the {} contexts it is split over",
                                o.batch_size, contexts->size()));
+    auto net = build_network(o, *contexts);
+    auto train = make_trainer(o, *net, *member);
+    if (!train)
+      return fail(log, train.error().message());
+    if (auto attached = attach_scheduler(o, **train, member->store != nullptr, data->steps);
+        !attached)
+      return usage(attached.error().message());
 
-    // Model and trainer.
-    auto net = make_model(o.model);
-    net->initialize(make_initializer(o.init), *contexts, o.seed);
-    if (o.init == "torch")
-      torch_init(net->collect_params(), o.seed);
-    if (o.hybridize)
-      net->hybridize();
-    optimizer_params hyper{{"learning_rate", o.lr}, {"wd", o.wd}};
-    if (o.momentum_given)
-      hyper["momentum"] = o.momentum;
-    auto made =
-        dist ? trainer::create(net->collect_params(), o.optimizer, hyper, store, update_on_kvstore)
-             : trainer::create(net->collect_params(), o.optimizer, hyper, o.kvstore,
-                               update_on_kvstore);
-    if (!made)
-      return fail("trainer: " + made.error().to_string());
-    auto& train = **made;
-    if (o.lr_scheduler != "none") {
-      auto scheduler = make_scheduler(o, steps);
-      if (!scheduler)
-        return usage(scheduler.error().message());
-      // dist + update_on_kvstore refuses: the servers hold the optimizer. A flag combination,
-      // hence a usage error.
-      if (auto set = train.set_lr_scheduler(*scheduler); !set)
-        return usage("--lr-scheduler: " + set.error().to_string() +
-                     (dist && train.update_on_kvstore() ? " (--update-on-kvstore false)" : ""));
-    }
-
-    if (lead && !o.quiet)
-      fmt::print("train_mnist: model {} kvstore {} (update_on_kvstore {}) workers {} contexts {} "
-                 "batch {} per worker, step batch {}, {} steps per epoch over {} training "
-                 "samples{}\n",
-                 o.model, o.kvstore, train.update_on_kvstore(), workers, o.contexts, o.batch_size,
-                 step_batch, steps, n_train, o.hybridize ? ", hybridized" : "");
+    const std::int64_t step_batch =
+        o.step_batch > 0 ? o.step_batch : o.batch_size * static_cast<std::int64_t>(member->workers);
+    training_job job{o,
+                     std::move(*contexts),
+                     std::move(*member),
+                     std::move(*data),
+                     std::move(net),
+                     std::move(*train),
+                     step_batch};
+    if (job.member.lead() && !o.quiet)
+      print_banner(job);
     std::fflush(stdout);
 
     using report::progress;
-    progress bar(lead && !o.quiet && !o.no_progress ? std::nullopt
-                                                    : std::optional{progress::mode::off});
+    progress bar(job.member.lead() && !o.quiet && !o.no_progress
+                     ? std::nullopt
+                     : std::optional{progress::mode::off});
     std::vector<report::epoch_metrics> history;
-    double total_time = 0;
-    std::int64_t total_samples = 0;
     for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-      if (epoch > 1)
-        loader->reset();
-      bar.start(fmt::format("epoch {}/{}", epoch, o.epochs), steps);
-      double loss_sum = 0;
-      std::int64_t correct = 0, seen = 0;
-      const auto start = std::chrono::steady_clock::now();
-      for (std::int64_t step = 0; step < steps; ++step) {
-        auto batch = loader->next();
-        if (!batch)
-          return fail(fmt::format("the loader ran out after {} of {} batches", step, steps));
-        auto xs = data::split_and_load(batch->data, *contexts, false);
-        auto ys = data::split_and_load(batch->label, *contexts, false);
-        if (!xs || !ys)
-          return fail((xs ? ys.error() : xs.error()).to_string());
-        std::vector<ndarray> losses, outputs;
-        {
-          autograd::record_scope record;
-          for (std::size_t c = 0; c < xs->size(); ++c) {
-            outputs.push_back((*net)((*xs)[c]));
-            losses.push_back(nd::softmax_cross_entropy(outputs.back(), (*ys)[c]));
-          }
-        }
-        autograd::backward(losses);
-        if (auto stepped = train.step(step_batch); !stepped)
-          return fail(
-              fmt::format("epoch {} step {}: {}", epoch, step + 1, stepped.error().to_string()));
-        for (std::size_t c = 0; c < losses.size(); ++c) {
-          loss_sum += losses[c].sum();
-          correct += count_correct(outputs[c], (*ys)[c]);
-        }
-        seen += batch->label.size();
-        bar.update(step + 1, seen * workers, loss_sum / static_cast<double>(seen),
-                   100.0 * static_cast<double>(correct) / static_cast<double>(seen));
-      }
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      bar.finish();
-
-      report::epoch_metrics m;
-      m.epoch = epoch;
-      m.train_loss = loss_sum / static_cast<double>(seen);
-      m.train_acc = 100.0 * static_cast<double>(correct) / static_cast<double>(seen);
-      m.samples = seen * workers;
-      m.time_s = elapsed;
-      m.samples_per_s = elapsed > 0 ? static_cast<double>(m.samples) / elapsed : 0;
-      m.learning_rate = train.learning_rate();
-      total_time += elapsed;
-      total_samples += m.samples;
-      if (lead) {
-        m.test_acc = evaluate(*net, *test_set, contexts->front());
-        if (!o.quiet)
-          fmt::print("{}\n", report::epoch_line(m));
-        std::fflush(stdout);
-      }
-      history.push_back(m);
-      if (store) {
-        // The others wait here while rank 0 evaluates (see the file comment).
-        if (auto met = store->barrier(); !met)
-          return fail(fmt::format("barrier after epoch {}: {}", epoch, met.error().to_string()));
-      }
+      auto metrics = train_epoch(job, epoch, bar);
+      if (!metrics)
+        return fail(log, metrics.error().message());
+      if (auto ended = end_epoch(job, *metrics); !ended)
+        return fail(log, ended.error().message());
+      history.push_back(*metrics);
     }
-
-    if (lead) {
-      const std::string title =
-          fmt::format("train_mnist {} - {} x{} - batch {} - {} lr {}", o.model, o.kvstore, workers,
-                      o.batch_size, o.optimizer, o.lr);
-      if (!o.csv.empty())
-        if (auto written = report::write_csv(o.csv, history); !written)
-          return fail(written.error().to_string());
-      if (!o.plot.empty())
-        if (auto written = report::write_svg(o.plot, history, title); !written)
-          return fail(written.error().to_string());
-      if (!o.save_params.empty())
-        if (auto saved = net->save_parameters(o.save_params); !saved)
-          return fail(saved.error().to_string());
-      const auto& last = history.back();
-      fmt::print("{{\"final_test_acc\":{},\"final_train_loss\":{},\"samples_per_s\":{},"
-                 "\"time_s\":{},\"epochs\":{},\"model\":\"{}\",\"kvstore\":\"{}\","
-                 "\"workers\":{},\"batch_size\":{},\"step_batch\":{},\"contexts\":{},"
-                 "\"threads\":{},\"hybridize\":{}}}\n",
-                 json_number(last.test_acc.value_or(NAN)), json_number(last.train_loss),
-                 json_number(total_time > 0 ? total_samples / total_time : 0),
-                 json_number(total_time), o.epochs, o.model, o.kvstore, workers, o.batch_size,
-                 step_batch, contexts->size(), o.threads, o.hybridize);
-      std::fflush(stdout);
-    }
+    if (job.member.lead())
+      if (auto written = write_outputs(job, history); !written)
+        return fail(log, written.error().message());
   } catch (const std::exception& e) {
-    return fail(e.what());
+    return fail(log, e.what());
   }
   return 0;
 }

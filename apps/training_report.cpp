@@ -8,6 +8,8 @@
 
 #include <fmt/core.h>
 
+#include "engine/json_line.hpp"
+
 namespace troupe::report {
 
 std::string epoch_line(const epoch_metrics& m) {
@@ -17,6 +19,31 @@ std::string epoch_line(const epoch_metrics& m) {
     line += fmt::format(" test_acc {:.2f}", *m.test_acc);
   line += fmt::format(" samples_per_s {:.0f} time_s {:.2f}", m.samples_per_s, m.time_s);
   return line;
+}
+
+std::string final_line(std::span<const epoch_metrics> epochs, const run_summary& run) {
+  double time_s = 0;
+  std::int64_t samples = 0;
+  for (const auto& m : epochs) {
+    time_s += m.time_s;
+    samples += m.samples;
+  }
+  const epoch_metrics& last = epochs.back();
+  json_line::object line;
+  line["final_test_acc"] = json_line::significant(last.test_acc.value_or(NAN), 6);
+  line["final_train_loss"] = json_line::significant(last.train_loss, 6);
+  line["samples_per_s"] = json_line::significant(time_s > 0 ? samples / time_s : 0, 6);
+  line["time_s"] = json_line::significant(time_s, 6);
+  line["epochs"] = run.epochs;
+  line["model"] = run.model;
+  line["kvstore"] = run.kvstore;
+  line["workers"] = run.workers;
+  line["batch_size"] = run.batch_size;
+  line["step_batch"] = run.step_batch;
+  line["contexts"] = run.contexts;
+  line["threads"] = run.threads;
+  line["hybridize"] = run.hybridize;
+  return line.dump();
 }
 
 std::string csv_text(std::span<const epoch_metrics> epochs) {
@@ -79,24 +106,40 @@ struct series {
   std::vector<std::pair<double, double>> points; ///< (epoch, value)
 };
 
-/// One panel: a frame at (x0, y0) of size w × h inside which the plot area sits, its axes,
-/// ticks, grid lines, the series and a legend. `y_clamp` bounds the ticks (accuracy: 0..100).
-void draw_panel(std::string& svg, double x0, double y0, double w, double h, std::string_view title,
-                std::string_view y_name, std::span<const series> lines, double x_max,
-                std::optional<std::pair<double, double>> y_clamp, bool legend_at_bottom) {
-  constexpr double left = 64, right = 16, top = 34, bottom = 46;
-  const double px = x0 + left, py = y0 + top, pw = w - left - right, ph = h - top - bottom;
+/// Where a panel's plot area sits and how epochs and values map into it.
+struct panel_frame {
+  double px, py, pw, ph; ///< the plot area: left, top, width, height
+  double x_low, x_high;  ///< epochs at the left and right edges
+  double y_min = 0;      ///< the value at the bottom edge
+  double y_max = 0;      ///< the value at the top edge
+  std::vector<double> x_ticks = {};
+  std::vector<double> y_ticks = {};
 
-  // x: epochs 1..x_max, integer ticks; a single epoch sits in the middle.
-  double x_low = 1, x_high = std::max(x_max, 1.0);
-  if (x_high == x_low) {
-    x_low = 0;
-    x_high = 2;
+  double sx(double epoch) const { return px + (epoch - x_low) / (x_high - x_low) * pw; }
+  double sy(double value) const {
+    return y_max == y_min ? py + ph / 2 : py + ph - (value - y_min) / (y_max - y_min) * ph;
   }
-  std::vector<double> x_ticks;
-  for (double t : nice_ticks(x_low, x_high, 8))
+};
+
+/// The plot area inside a frame at (x0, y0) of size w × h, with epochs 1..x_max on x (integer
+/// ticks; a single epoch sits in the middle) and y covering every point of `lines`. `y_clamp`
+/// bounds the ticks (accuracy: 0..100).
+panel_frame frame_panel(double x0, double y0, double w, double h, std::span<const series> lines,
+                        double x_max, std::optional<std::pair<double, double>> y_clamp) {
+  constexpr double left = 64, right = 16, top = 34, bottom = 46;
+  panel_frame f{.px = x0 + left,
+                .py = y0 + top,
+                .pw = w - left - right,
+                .ph = h - top - bottom,
+                .x_low = 1,
+                .x_high = std::max(x_max, 1.0)};
+  if (f.x_high == f.x_low) {
+    f.x_low = 0;
+    f.x_high = 2;
+  }
+  for (double t : nice_ticks(f.x_low, f.x_high, 8))
     if (t >= 1 && t <= std::max(x_max, 1.0) && t == std::floor(t))
-      x_ticks.push_back(t);
+      f.x_ticks.push_back(t);
 
   double y_low = INFINITY, y_high = -INFINITY;
   for (const auto& s : lines)
@@ -108,37 +151,39 @@ void draw_panel(std::string& svg, double x0, double y0, double w, double h, std:
     y_low = y_clamp ? y_clamp->first : 0;
     y_high = y_clamp ? y_clamp->second : 1;
   }
-  auto y_ticks = nice_ticks(y_low, y_high, 6);
+  f.y_ticks = nice_ticks(y_low, y_high, 6);
   if (y_clamp) {
     // Accuracy never goes outside [0, 100]: no tick there either.
-    std::erase_if(y_ticks, [&](double t) { return t < y_clamp->first || t > y_clamp->second; });
-    if (y_ticks.size() < 2)
-      y_ticks =
+    std::erase_if(f.y_ticks, [&](double t) { return t < y_clamp->first || t > y_clamp->second; });
+    if (f.y_ticks.size() < 2)
+      f.y_ticks =
           nice_ticks(std::max(y_low - 1, y_clamp->first), std::min(y_high + 1, y_clamp->second), 6);
   }
-  const double y_min = std::min(y_ticks.front(), y_low), y_max = std::max(y_ticks.back(), y_high);
-  auto sx = [&](double e) { return px + (e - x_low) / (x_high - x_low) * pw; };
-  auto sy = [&](double v) {
-    return y_max == y_min ? py + ph / 2 : py + ph - (v - y_min) / (y_max - y_min) * ph;
-  };
+  f.y_min = std::min(f.y_ticks.front(), y_low);
+  f.y_max = std::max(f.y_ticks.back(), y_high);
+  return f;
+}
 
+/// The panel's title, grid lines, ticks, axes and axis labels.
+void draw_axes(std::string& svg, const panel_frame& f, double x0, double y0, std::string_view title,
+               std::string_view y_name) {
+  const double px = f.px, py = f.py, pw = f.pw, ph = f.ph;
   svg += fmt::format(R"(<g class="panel"><text x="{:.1f}" y="{:.1f}" class="ptitle">{}</text>)"
                      "\n",
                      px + pw / 2, y0 + 20, xml_escape(title));
-  // Grid and ticks.
-  for (double t : y_ticks) {
+  for (double t : f.y_ticks) {
     svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" class="grid"/>)"
                        R"(<text x="{:.1f}" y="{:.1f}" class="ytick">{}</text>)"
                        "\n",
-                       px, sy(t), px + pw, sy(t), px - 6, sy(t) + 4, tick_label(t));
+                       px, f.sy(t), px + pw, f.sy(t), px - 6, f.sy(t) + 4, tick_label(t));
   }
-  for (double t : x_ticks) {
-    svg += fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" class="tick"/>)"
-                       R"(<text x="{:.1f}" y="{:.1f}" class="xtick">{}</text>)"
-                       "\n",
-                       sx(t), py + ph, sx(t), py + ph + 5, sx(t), py + ph + 18, tick_label(t));
+  for (double t : f.x_ticks) {
+    svg +=
+        fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" class="tick"/>)"
+                    R"(<text x="{:.1f}" y="{:.1f}" class="xtick">{}</text>)"
+                    "\n",
+                    f.sx(t), py + ph, f.sx(t), py + ph + 5, f.sx(t), py + ph + 18, tick_label(t));
   }
-  // Axes.
   svg += fmt::format(R"(<path d="M{:.1f},{:.1f} V{:.1f} H{:.1f}" class="axis"/>)"
                      "\n",
                      px, py, py + ph, px + pw);
@@ -149,13 +194,16 @@ void draw_panel(std::string& svg, double x0, double y0, double w, double h, std:
       R"svg(<text transform="translate({:.1f},{:.1f}) rotate(-90)" class="ylabel">{}</text>)svg"
       "\n",
       x0 + 16, py + ph / 2, xml_escape(y_name));
-  // Series: a line through the points and a marker with a tooltip at each.
+}
+
+/// Each series: a line through its points and a marker with a tooltip at each.
+void draw_series(std::string& svg, const panel_frame& f, std::span<const series> lines) {
   for (const auto& s : lines) {
     if (s.points.empty())
       continue;
     std::string path;
     for (auto [e, v] : s.points)
-      path += fmt::format("{}{:.1f},{:.1f} ", path.empty() ? "M" : "L", sx(e), sy(v));
+      path += fmt::format("{}{:.1f},{:.1f} ", path.empty() ? "M" : "L", f.sx(e), f.sy(v));
     svg += fmt::format(R"(<path d="{}" fill="none" stroke="{}" stroke-width="2"{}/>)"
                        "\n",
                        path, s.color, s.dashed ? R"( stroke-dasharray="6,4")" : "");
@@ -163,13 +211,17 @@ void draw_panel(std::string& svg, double x0, double y0, double w, double h, std:
       svg += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3.5" fill="{}">)"
                          R"(<title>{} epoch {}: {:.4g}</title></circle>)"
                          "\n",
-                         sx(e), sy(v), s.color, xml_escape(s.name), e, v);
+                         f.sx(e), f.sy(v), s.color, xml_escape(s.name), e, v);
   }
-  // Legend inside the plot area, in the corner the curves leave free: top right for a loss
-  // (it falls), bottom right for an accuracy (it rises).
-  double ly = legend_at_bottom ? py + ph - 8 - 18.0 * static_cast<double>(lines.size()) : py + 8;
+}
+
+/// The legend inside the plot area, in the corner the curves leave free: top right for a loss
+/// (it falls), bottom right for an accuracy (it rises).
+void draw_legend(std::string& svg, const panel_frame& f, std::span<const series> lines,
+                 bool at_bottom) {
+  double ly = at_bottom ? f.py + f.ph - 8 - 18.0 * static_cast<double>(lines.size()) : f.py + 8;
   for (const auto& s : lines) {
-    double lx = px + pw - 120;
+    double lx = f.px + f.pw - 120;
     svg += fmt::format(
         R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="2"{}/>)"
         R"(<text x="{:.1f}" y="{:.1f}" class="legend">{}</text>)"
@@ -178,6 +230,17 @@ void draw_panel(std::string& svg, double x0, double y0, double w, double h, std:
         ly + 10, xml_escape(s.name));
     ly += 18;
   }
+}
+
+/// One panel: a frame at (x0, y0) of size w × h inside which the plot area sits, its axes,
+/// ticks, grid lines, the series and a legend. `y_clamp` bounds the ticks (accuracy: 0..100).
+void draw_panel(std::string& svg, double x0, double y0, double w, double h, std::string_view title,
+                std::string_view y_name, std::span<const series> lines, double x_max,
+                std::optional<std::pair<double, double>> y_clamp, bool legend_at_bottom) {
+  const panel_frame f = frame_panel(x0, y0, w, h, lines, x_max, y_clamp);
+  draw_axes(svg, f, x0, y0, title, y_name);
+  draw_series(svg, f, lines);
+  draw_legend(svg, f, lines, legend_at_bottom);
   svg += "</g>\n";
 }
 

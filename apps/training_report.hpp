@@ -1,8 +1,9 @@
 #pragma once
 // What a training job shows and writes about its progress: a per-epoch progress display on
 // stderr, one summary line per epoch, a CSV of the per-epoch metrics, an SVG plot of loss and
-// accuracy that a person can open in a browser, and the final JSON line that scripts read.
-// Used by apps/train_mnist; nothing here knows about models or stores.
+// accuracy that a person can open in a browser, and the final JSON line that scripts read (built
+// with nlohmann-json, engine/json_line.hpp). Used by apps/train_mnist; nothing here knows about
+// models or stores.
 
 #include <chrono>
 #include <cstdint>
@@ -33,6 +34,27 @@ struct epoch_metrics {
 /// `epoch 3 train_loss 0.4100 train_acc 85.20 test_acc 84.90 samples_per_s 41000 time_s 1.60`
 /// (test_acc is left out when absent).
 std::string epoch_line(const epoch_metrics& m);
+
+/// What the final JSON line says of the run besides its epochs' metrics.
+struct run_summary {
+  int epochs = 0;
+  std::string model;
+  std::string kvstore;
+  int workers = 1;
+  std::int64_t batch_size = 0; ///< per worker
+  std::int64_t step_batch = 0; ///< what trainer.step() was given
+  std::size_t contexts = 1;
+  int threads = 1;
+  bool hybridize = false;
+};
+
+/// The final JSON line that scripts read (no newline), compact, keys in this order:
+/// {"final_test_acc":..,"final_train_loss":..,"samples_per_s":..,"time_s":..,"epochs":..,
+/// "model":"..","kvstore":"..","workers":..,"batch_size":..,"step_batch":..,"contexts":..,
+/// "threads":..,"hybridize":..}. Accuracy and loss are the last epoch's; samples_per_s and time_s
+/// cover every epoch's training loop. Measured numbers have 6 significant digits; a test
+/// accuracy this process did not measure is null. Precondition: `epochs` is not empty.
+std::string final_line(std::span<const epoch_metrics> epochs, const run_summary& run);
 
 /// A header and one row per epoch: epoch,train_loss,train_acc,test_acc,samples_per_s,time_s,
 /// learning_rate,samples (an absent test_acc is an empty field).

@@ -14,6 +14,13 @@
 //
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
+//
+// A usage error (bad flags, config, hostfile, a port in use) is one plain line
+// "troupe-launch: ..." and exit code 2, before anything starts. Once the job runs, the launcher's
+// own messages (a node that could not start or failed, signals, nodes being stopped) go through
+// troupe::logger as "troupe-launch"; with verbose 1 ([node] verbose or PS_VERBOSE) it also logs
+// each node's start and end. What to do when a node fails is decided in one place,
+// job::on_worker_failed and job::on_node_failed.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -38,6 +45,7 @@
 #include <vector>
 
 #include "actors/config.hpp"
+#include "engine/log.hpp"
 
 extern char** environ;
 
@@ -104,8 +112,11 @@ void write_all(int fd, std::string_view text) {
   }
 }
 
-void say(const std::string& line) {
-  write_all(STDERR_FILENO, "troupe-launch: " + line + "\n");
+/// A usage error: one plain line on stderr, the launcher's answer to its command line (exit code
+/// 2, nothing started). What happens once the job runs goes through the logger instead.
+int usage_error(const std::string& message) {
+  write_all(STDERR_FILENO, "troupe-launch: " + message + "\n");
+  return exit_usage;
 }
 
 /// Shell-quotes one word for the remote command of ssh mode.
@@ -191,9 +202,9 @@ std::string default_node_binary() {
 class job {
 public:
   job(std::vector<std::string> base_env, int signal_fd, std::chrono::milliseconds stop_grace,
-      std::chrono::milliseconds finish_timeout)
+      std::chrono::milliseconds finish_timeout, troupe::logger log)
       : base_env_(std::move(base_env)), signal_fd_(signal_fd), stop_grace_(stop_grace),
-        finish_timeout_(finish_timeout) {}
+        finish_timeout_(finish_timeout), log_(std::move(log)) {}
 
   /// Starts `argv` with `env` added to the environment; false (after saying why) when it cannot.
   /// Its stdin is /dev/null, or with `hold_stdin` a pipe the launcher keeps open until it exits:
@@ -206,7 +217,7 @@ public:
     int out[2], err[2], in[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
         (hold_stdin && ::pipe2(in, O_CLOEXEC) != 0)) {
-      say("cannot create pipes for " + c.label + ": " + std::strerror(errno));
+      log_.error("cannot create pipes for " + c.label + ": " + std::strerror(errno));
       return fail_start(exit_cannot_start);
     }
     posix_spawn_file_actions_t actions;
@@ -259,13 +270,14 @@ public:
       ::close(err[0]);
       if (c.stdin_fd >= 0)
         ::close(c.stdin_fd);
-      say("cannot start " + c.label + " (" + argv[0] + "): " + std::strerror(rc));
+      log_.error("cannot start " + c.label + " (" + argv[0] + "): " + std::strerror(rc));
       return fail_start(rc == EACCES ? 126 : exit_cannot_start);
     }
     c.fds[0] = out[0];
     c.fds[1] = err[0];
     for (int fd : c.fds)
       ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    log_.info("started " + c.label + " (pid " + std::to_string(c.pid) + "): " + argv[0]);
     children_.push_back(std::move(c));
     return true;
   }
@@ -363,11 +375,11 @@ private:
       if (sig == SIGCHLD)
         continue; // reap() runs after every wake-up
       if (stopping_) {
-        say("signal " + std::to_string(sig) + " again: killing every node now");
+        log_.error("signal " + std::to_string(sig) + " again: killing every node now");
         kill_all(SIGKILL);
         continue;
       }
-      say("got signal " + std::to_string(sig) + ": stopping the job");
+      log_.error("got signal " + std::to_string(sig) + ": stopping the job");
       begin_stop(128 + sig);
     }
   }
@@ -389,13 +401,30 @@ private:
         c.exit_code = WEXITSTATUS(wstatus);
         c.how = "exited with code " + std::to_string(c.exit_code);
       }
-      if (!stopping_ && c.exit_code != 0) {
-        say(c.label + " " + c.how + "; stopping the job");
-        begin_stop(c.exit_code);
-      }
+      if (stopping_ || c.exit_code == 0)
+        log_.info(c.label + " " + c.how);
+      else if (c.role == troupe::node_role::worker)
+        on_worker_failed(c);
+      else
+        on_node_failed(c);
     }
     if (!stopping_)
       check_progress();
+  }
+
+  /// The policy for a worker that exited non-zero or was killed while the job ran. Today the job
+  /// fails: the other nodes are stopped and the launcher exits with this worker's code. A job
+  /// that tolerates lost workers decides here instead.
+  void on_worker_failed(const child& c) { fail_job(c); }
+
+  /// The scheduler or a server exited non-zero or was killed while the job ran: the job cannot go
+  /// on without it, and fails with its code.
+  void on_node_failed(const child& c) { fail_job(c); }
+
+  /// Stops every node because `c` failed; the launcher exits with `c`'s code.
+  void fail_job(const child& c) {
+    log_.error(c.label + " " + c.how + "; stopping the job");
+    begin_stop(c.exit_code);
   }
 
   /// After every worker succeeded, the scheduler and servers get finish_timeout to exit.
@@ -414,13 +443,13 @@ private:
       for (const auto& c : children_)
         if (!c.reaped)
           left += (left.empty() ? "" : ", ") + c.label;
-      say(left + " still running " + troupe::format_duration(finish_timeout_) +
-          " after every worker finished; stopping them");
+      log_.error(left + " still running " + troupe::format_duration(finish_timeout_) +
+                 " after every worker finished; stopping them");
       begin_stop(exit_finish_timeout);
     }
     if (stopping_ && !killed_ && now >= kill_deadline_) {
-      say("nodes still running " + troupe::format_duration(stop_grace_) +
-          " after SIGTERM; sending SIGKILL");
+      log_.error("nodes still running " + troupe::format_duration(stop_grace_) +
+                 " after SIGTERM; sending SIGKILL");
       kill_all(SIGKILL);
     }
   }
@@ -458,6 +487,7 @@ private:
   int signal_fd_;
   std::chrono::milliseconds stop_grace_;
   std::chrono::milliseconds finish_timeout_;
+  troupe::logger log_;
   std::vector<child> children_;
   bool stopping_ = false;
   bool killed_ = false;
@@ -472,17 +502,8 @@ std::string label_for(troupe::node_role role, int index) {
   return std::string(troupe::to_string(role)) + " " + std::to_string(index);
 }
 
-int usage_error(const std::string& message) {
-  say(message);
-  return exit_usage;
-}
-
-} // namespace
-
-int main(int argc, char** argv) {
-  options opt;
-  CLI::App app{"troupe-launch: starts a troupe job (scheduler, servers, workers), as MXNet's "
-               "tools/launch.py does."};
+/// Declares the flags on `app`, each writing its field of `opt`, and the --help footer.
+void add_flags(CLI::App& app, options& opt) {
   app.add_option("-n,--num-workers", opt.num_workers, "Number of workers (W)")
       ->required()
       ->check(CLI::Range(1, 100'000))
@@ -540,25 +561,12 @@ int main(int argc, char** argv) {
       "N) after stopping the rest; 128+N when troupe-launch gets signal N; 2 bad flags, "
       "config, hostfile or a port in use (nothing started); 124 the scheduler or a server "
       "kept running after the workers finished; 126/127 a program could not be started.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0)
-      return app.exit(e);
-    return usage_error(e.what());
-  }
+}
 
-  auto stop_grace = troupe::parse_duration(opt.stop_grace);
-  if (!stop_grace)
-    return usage_error("--stop-grace: " + stop_grace.error().message());
-  auto finish_timeout = troupe::parse_duration(opt.finish_timeout);
-  if (!finish_timeout)
-    return usage_error("--finish-timeout: " + finish_timeout.error().message());
-  const int num_servers = opt.num_servers.value_or(opt.num_workers);
-  const bool ssh = opt.launcher == "ssh" || (opt.launcher.empty() && !opt.hostfile.empty());
-
-  // Everything that can be wrong with the request is checked before anything starts.
-  for (const auto& kv : opt.env) {
+/// Every --env pair is NAME=VALUE and sets none of the variables the launcher sets itself; the
+/// error's message is the usage line.
+status check_env_pairs(const std::vector<std::string>& pairs) {
+  for (const auto& kv : pairs) {
     auto eq = kv.find('=');
     std::string name = kv.substr(0, eq);
     bool valid = eq != std::string::npos && !name.empty() &&
@@ -568,20 +576,19 @@ int main(int argc, char** argv) {
                              }) &&
                  !std::isdigit(static_cast<unsigned char>(name[0]));
     if (!valid)
-      return usage_error("--env " + kv + ": expected NAME=VALUE");
+      return error{errc::invalid_argument, "--env " + kv + ": expected NAME=VALUE"};
     if (std::find(launcher_variables.begin(), launcher_variables.end(), name) !=
         launcher_variables.end())
-      return usage_error("--env " + kv + ": troupe-launch sets " + name +
-                         " itself (use -n, -s, --config)");
+      return error{errc::invalid_argument, "--env " + kv + ": troupe-launch sets " + name +
+                                               " itself (use -n, -s, --config)"};
   }
+  return {};
+}
 
-  std::optional<std::filesystem::path> config_file;
-  if (opt.config) {
-    std::error_code ec;
-    config_file = std::filesystem::absolute(*opt.config, ec);
-    if (ec)
-      config_file = *opt.config;
-  }
+/// The configuration as the scheduler will see it: the cluster file (named by its path as given,
+/// so that messages match what the user typed), the environment, then -n, -s and, in local mode,
+/// the scheduler on 127.0.0.1.
+result<troupe::cluster_config> load_job_config(const options& opt, int num_servers, bool ssh) {
   troupe::config_overrides overrides;
   overrides.set("job.num_workers", std::to_string(opt.num_workers));
   overrides.set("job.num_servers", std::to_string(num_servers));
@@ -589,122 +596,199 @@ int main(int argc, char** argv) {
     overrides.set("scheduler.host", "127.0.0.1");
   // The scheduler's own view: its bind address is where its port must be free.
   overrides.set("job.role", "scheduler");
-  // The file is named by its path as given, so messages match what the user typed.
-  auto cfg = troupe::load_config(opt.config ? std::optional<std::filesystem::path>(*opt.config)
-                                            : std::nullopt,
-                                 troupe::process_environment(), overrides);
-  if (!cfg)
-    return usage_error(cfg.error().message());
+  return troupe::load_config(opt.config ? std::optional<std::filesystem::path>(*opt.config)
+                                        : std::nullopt,
+                             troupe::process_environment(), overrides);
+}
 
-  std::vector<host> hosts;
-  if (ssh) {
-    if (opt.hostfile.empty())
-      return usage_error("--launcher ssh needs -H HOSTFILE");
-    auto read = read_hostfile(opt.hostfile);
-    if (!read)
-      return usage_error(read.error().message());
-    hosts = std::move(*read);
-    bool remote = std::any_of(hosts.begin(), hosts.end(), [](const host& h) {
-      return h.name != "localhost" && !h.name.starts_with("127.");
-    });
-    if (remote && cfg->scheduler_host.starts_with("127."))
-      say("warning: the scheduler host is " + cfg->scheduler_host +
-          ", which other hosts cannot reach; set [scheduler] host (DMLC_PS_ROOT_URI)");
-  }
+/// The hosts of ssh mode, from the hostfile. Warns when the scheduler's address is one that other
+/// hosts cannot reach.
+result<std::vector<host>> load_hosts(const options& opt, const troupe::cluster_config& cfg,
+                                     const troupe::logger& log) {
+  if (opt.hostfile.empty())
+    return error{errc::invalid_argument, "--launcher ssh needs -H HOSTFILE"};
+  auto hosts = read_hostfile(opt.hostfile);
+  if (!hosts)
+    return hosts.error();
+  bool remote = std::any_of(hosts->begin(), hosts->end(), [](const host& h) {
+    return h.name != "localhost" && !h.name.starts_with("127.");
+  });
+  if (remote && cfg.scheduler_host.starts_with("127."))
+    log.error("warning: the scheduler host is " + cfg.scheduler_host +
+              ", which other hosts cannot reach; set [scheduler] host (DMLC_PS_ROOT_URI)");
+  return hosts;
+}
 
-  std::string node_binary = opt.node_binary.empty() ? default_node_binary() : opt.node_binary;
-  if (::access(node_binary.c_str(), X_OK) != 0)
-    return usage_error("no node program at " + node_binary + " (" + std::strerror(errno) +
-                       "); build troupe-node or pass --node-binary");
+/// The scheduler's port: the configured one, checked to be free, or one the kernel picks.
+result<std::uint16_t> choose_scheduler_port(const troupe::cluster_config& cfg) {
+  std::uint16_t port = cfg.scheduler_port.value_or(0);
+  if (port == 0)
+    return pick_free_port(cfg.bind_address);
+  if (auto free = troupe::check_port_free(cfg.bind_address, port); !free)
+    return error{free.error().code(), "scheduler port: " + free.error().message()};
+  return port;
+}
 
-  std::uint16_t port = cfg->scheduler_port.value_or(0);
-  if (port != 0) {
-    if (auto free = troupe::check_port_free(cfg->bind_address, port); !free)
-      return usage_error("scheduler port: " + free.error().message());
-  } else {
-    auto picked = pick_free_port(cfg->bind_address);
-    if (!picked)
-      return usage_error(picked.error().message());
-    port = *picked;
-  }
-
-  // Signals arrive through a signalfd, so that the poll loop sees them in order with the output.
+/// A signalfd for the signals the job reacts to, which are blocked, so that the poll loop sees
+/// them in order with the output; -1 (errno set) when it cannot be made.
+int job_signal_fd() {
   sigset_t handled;
   sigemptyset(&handled);
   for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP})
     sigaddset(&handled, s);
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
-  int signal_fd = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
-  if (signal_fd < 0) {
-    say(std::string("cannot create a signalfd: ") + std::strerror(errno));
-    return 1;
-  }
+  return ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+}
 
-  std::vector<std::string> base_env;
-  for (char** e = environ; *e; ++e)
-    base_env.emplace_back(*e);
+/// How the nodes are started: the launcher's flags and what was worked out from them.
+struct launch_plan {
+  const options& opt;
+  bool ssh = false;
+  std::vector<host> hosts;             ///< ssh mode: where servers and workers go, round-robin
+  std::vector<std::string> common_env; ///< what every node gets (DMLC_*, TROUPE_CONFIG, --env)
+  std::string cwd;                     ///< ssh mode: where the remote command runs
+  std::size_t next_host = 0;
+};
+
+/// The variables every node gets: the scheduler's address, the job's size, the cluster file (as
+/// an absolute path, so a node started elsewhere finds it) and the --env pairs.
+std::vector<std::string> common_environment(const options& opt, const troupe::cluster_config& cfg,
+                                            std::uint16_t port, int num_servers, bool ssh) {
   std::vector<std::string> common;
-  common.push_back("DMLC_PS_ROOT_URI=" + (ssh ? cfg->scheduler_host : std::string("127.0.0.1")));
+  common.push_back("DMLC_PS_ROOT_URI=" + (ssh ? cfg.scheduler_host : std::string("127.0.0.1")));
   common.push_back("DMLC_PS_ROOT_PORT=" + std::to_string(port));
   common.push_back("DMLC_NUM_WORKER=" + std::to_string(opt.num_workers));
   common.push_back("DMLC_NUM_SERVER=" + std::to_string(num_servers));
-  if (config_file)
-    common.push_back("TROUPE_CONFIG=" + config_file->string());
+  if (opt.config) {
+    std::error_code ec;
+    auto config_file = std::filesystem::absolute(*opt.config, ec);
+    common.push_back("TROUPE_CONFIG=" + (ec ? *opt.config : config_file.string()));
+  }
   common.insert(common.end(), opt.env.begin(), opt.env.end());
+  return common;
+}
 
-  std::error_code ec;
-  const std::string cwd = std::filesystem::current_path(ec).string();
-  std::size_t next_host = 0;
-  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout);
+/// The ssh command that runs `argv` with `env` on host `h` in directory `cwd`. The remote side
+/// runs the program in the background and watches its stdin, the ssh channel: when the ssh
+/// client ends (stopped by this launcher, or the launcher died), stdin reaches EOF and the
+/// program gets SIGTERM. Its exit status passes through ssh (128+N when killed by signal N). A
+/// background job's stdin is /dev/null unless redirected, hence fd 3.
+std::vector<std::string> ssh_command(const host& h, const std::vector<std::string>& env,
+                                     const std::vector<std::string>& argv, const std::string& cwd,
+                                     const std::vector<std::string>& ssh_options) {
+  std::string program = "env";
+  for (const auto& kv : env)
+    program += " " + quote(kv);
+  for (const auto& a : argv)
+    program += " " + quote(a);
+  std::string script = "cd " + quote(cwd) + " || exit 127\n" + "exec 3<&0\n" + program +
+                       " </dev/null 3<&- &\n" + "c=$!\n" +
+                       "{ while read -r _; do :; done; kill -TERM $c; } <&3 2>/dev/null &\n" +
+                       "w=$!\nexec 3<&-\nwait $c\ns=$?\nkill $w 2>/dev/null\nexit $s\n";
+  std::vector<std::string> ssh_argv{"ssh", "-o", "BatchMode=yes"};
+  for (const auto& o : ssh_options) {
+    ssh_argv.push_back("-o");
+    ssh_argv.push_back(o);
+  }
+  if (h.ssh_port) {
+    ssh_argv.push_back("-p");
+    ssh_argv.push_back(std::to_string(*h.ssh_port));
+  }
+  ssh_argv.push_back(h.name);
+  ssh_argv.push_back("sh -c " + quote(script));
+  return ssh_argv;
+}
 
-  // The scheduler always runs here; servers and workers go round-robin over the hosts in ssh
-  // mode (servers first, as launch.py does).
-  auto start = [&](troupe::node_role role, int index, std::vector<std::string> argv) {
-    std::vector<std::string> env = common;
-    env.push_back("DMLC_ROLE=" + std::string(troupe::to_string(role)));
-    // The scheduler grants each node the rank of its index, so that "[worker 2]" is rank 2.
-    if (role != troupe::node_role::scheduler)
-      env.push_back("TROUPE_RANK_HINT=" + std::to_string(index));
-    if (ssh && role != troupe::node_role::scheduler) {
-      const host& h = hosts[next_host++ % hosts.size()];
-      env.push_back("DMLC_NODE_HOST=" + h.name);
-      std::string program = "env";
-      for (const auto& kv : env)
-        program += " " + quote(kv);
-      for (const auto& a : argv)
-        program += " " + quote(a);
-      // The remote side runs the program in the background and watches its stdin, the ssh
-      // channel: when the ssh client ends (stopped by this launcher, or the launcher died),
-      // stdin reaches EOF and the program gets SIGTERM. Its exit status passes through ssh
-      // (128+N when killed by signal N). A background job's stdin is /dev/null unless
-      // redirected, hence fd 3.
-      std::string script = "cd " + quote(cwd) + " || exit 127\n" + "exec 3<&0\n" + program +
-                           " </dev/null 3<&- &\n" + "c=$!\n" +
-                           "{ while read -r _; do :; done; kill -TERM $c; } <&3 2>/dev/null &\n" +
-                           "w=$!\nexec 3<&-\nwait $c\ns=$?\nkill $w 2>/dev/null\nexit $s\n";
-      std::string remote = "sh -c " + quote(script);
-      std::vector<std::string> ssh_argv{"ssh", "-o", "BatchMode=yes"};
-      for (const auto& o : opt.ssh_options) {
-        ssh_argv.push_back("-o");
-        ssh_argv.push_back(o);
-      }
-      if (h.ssh_port) {
-        ssh_argv.push_back("-p");
-        ssh_argv.push_back(std::to_string(*h.ssh_port));
-      }
-      ssh_argv.push_back(h.name);
-      ssh_argv.push_back(remote);
-      return j.start(label_for(role, index), role, ssh_argv, {}, true);
-    }
+/// Starts node `index` of `role` running `argv`: here, or in ssh mode (servers and workers) on
+/// the next host. False when it could not start (the job is then stopping).
+bool start_node(job& j, launch_plan& plan, troupe::node_role role, int index,
+                const std::vector<std::string>& argv) {
+  std::vector<std::string> env = plan.common_env;
+  env.push_back("DMLC_ROLE=" + std::string(troupe::to_string(role)));
+  // The scheduler grants each node the rank of its index, so that "[worker 2]" is rank 2.
+  if (role != troupe::node_role::scheduler)
+    env.push_back("TROUPE_RANK_HINT=" + std::to_string(index));
+  if (!plan.ssh || role == troupe::node_role::scheduler)
     return j.start(label_for(role, index), role, argv, env);
-  };
+  const host& h = plan.hosts[plan.next_host++ % plan.hosts.size()];
+  env.push_back("DMLC_NODE_HOST=" + h.name);
+  return j.start(label_for(role, index), role,
+                 ssh_command(h, env, argv, plan.cwd, plan.opt.ssh_options), {}, true);
+}
 
-  bool started = start(troupe::node_role::scheduler, 0, {node_binary, "--role", "scheduler"});
+/// The scheduler (always here), then the servers, then the workers, as launch.py orders them;
+/// stops at the first node that cannot start.
+void start_nodes(job& j, launch_plan& plan, const std::string& node_binary, int num_servers) {
+  bool started =
+      start_node(j, plan, troupe::node_role::scheduler, 0, {node_binary, "--role", "scheduler"});
   for (int i = 0; started && i < num_servers; ++i)
-    started = start(troupe::node_role::server, i, {node_binary, "--role", "server"});
-  for (int i = 0; started && i < opt.num_workers; ++i)
-    started = start(troupe::node_role::worker, i, opt.command);
+    started = start_node(j, plan, troupe::node_role::server, i, {node_binary, "--role", "server"});
+  for (int i = 0; started && i < plan.opt.num_workers; ++i)
+    started = start_node(j, plan, troupe::node_role::worker, i, plan.opt.command);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  options opt;
+  CLI::App app{"troupe-launch: starts a troupe job (scheduler, servers, workers), as MXNet's "
+               "tools/launch.py does."};
+  add_flags(app, opt);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0)
+      return app.exit(e);
+    return usage_error(e.what());
+  }
+
+  // Everything that can be wrong with the request is checked before anything starts.
+  auto stop_grace = troupe::parse_duration(opt.stop_grace);
+  if (!stop_grace)
+    return usage_error("--stop-grace: " + stop_grace.error().message());
+  auto finish_timeout = troupe::parse_duration(opt.finish_timeout);
+  if (!finish_timeout)
+    return usage_error("--finish-timeout: " + finish_timeout.error().message());
+  const int num_servers = opt.num_servers.value_or(opt.num_workers);
+  const bool ssh = opt.launcher == "ssh" || (opt.launcher.empty() && !opt.hostfile.empty());
+  if (auto env_pairs = check_env_pairs(opt.env); !env_pairs)
+    return usage_error(env_pairs.error().message());
+  auto cfg = load_job_config(opt, num_servers, ssh);
+  if (!cfg)
+    return usage_error(cfg.error().message());
+  const troupe::logger log{"troupe-launch", cfg->verbose};
+
+  std::vector<host> hosts;
+  if (ssh) {
+    auto read = load_hosts(opt, *cfg, log);
+    if (!read)
+      return usage_error(read.error().message());
+    hosts = std::move(*read);
+  }
+  std::string node_binary = opt.node_binary.empty() ? default_node_binary() : opt.node_binary;
+  if (::access(node_binary.c_str(), X_OK) != 0)
+    return usage_error("no node program at " + node_binary + " (" + std::strerror(errno) +
+                       "); build troupe-node or pass --node-binary");
+  auto port = choose_scheduler_port(*cfg);
+  if (!port)
+    return usage_error(port.error().message());
+
+  int signal_fd = job_signal_fd();
+  if (signal_fd < 0) {
+    log.error(std::string("cannot create a signalfd: ") + std::strerror(errno));
+    return 1;
+  }
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e; ++e)
+    base_env.emplace_back(*e);
+  std::error_code ec;
+  launch_plan plan{opt, ssh, std::move(hosts),
+                   common_environment(opt, *cfg, *port, num_servers, ssh),
+                   std::filesystem::current_path(ec).string()};
+
+  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, log);
+  start_nodes(j, plan, node_binary, num_servers);
   // When a node could not start, the job is already stopping: run() waits for what did start.
   return j.run();
 }

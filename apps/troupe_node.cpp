@@ -6,8 +6,10 @@
 // docs/cluster.sample.toml. A broken file, a missing or malformed value or a port in use ends the
 // process with exit code 2 and one line naming the file and line or the variable, before any
 // network activity. Otherwise it runs until the job ends: exit 0 when every worker finished,
-// 1 when the job failed (a lost node, a startup timeout), with the reason on stderr.
-// The scheduler prints "troupe-node: scheduler listening on HOST:PORT" once it is bound.
+// 1 when the job failed (a lost node, a startup timeout), with the reason logged through
+// troupe::logger under the node's name ("server@127.0.0.1"). The scheduler prints
+// "troupe-node: scheduler listening on HOST:PORT" on stdout once it is bound: with port 0 that
+// line is how the port is found.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -15,11 +17,13 @@
 
 #include "actors/config.hpp"
 #include "actors/dist_job.hpp"
+#include "engine/log.hpp"
 
 using namespace troupe;
 
 namespace {
 
+/// A configuration error is the answer to the command line: one plain line, exit code 2.
 int configuration_error(const error& err) {
   std::cerr << "troupe-node: " << err.message() << "\n";
   return 2;
@@ -65,7 +69,8 @@ int main(int argc, char** argv) {
     outcome = run_server(*config);
   }
   if (!outcome) {
-    std::cerr << "troupe-node " << to_string(role) << ": " << outcome.error().to_string() << "\n";
+    logger{node_name(to_string(role), std::nullopt, config->node_host), config->verbose}.error(
+        outcome.error().to_string());
     return 1;
   }
   return 0;

@@ -4,7 +4,7 @@
 // (bench/run_frame_bench.sh prints the ratios).
 //
 //   build/bench/frame_bench [--sizes 4096,1048576,16777216,134217728] [--repeats 9]
-//                           [--ops push,pushpull] [--chunk 16777216] [--threads 2]
+//                           [--ops push,pushpull] [--chunk 1048576] [--threads 2]
 //                           [--scheduler stealing|sharing] [--caf-defaults]
 //                           [--write-chunk 4194304] [--in-flight 8388608]
 //                           [--shm-arena 67108864 (0: tensors through the socket)]
@@ -12,8 +12,8 @@
 // A forked server process runs a data server whose handler answers each push frame with an ack
 // and each pushpull frame with a pull_reply carrying a tensor chunk of the same size (from a
 // pre-faulted buffer of its own). The client sends a tensor from a pre-faulted buffer, in chunks
-// of --chunk bytes (the schema chunker's 16 MiB by default) for big sizes, and waits for every
-// reply. One JSON line per op and size:
+// of --chunk bytes (the schema chunker's default, 1 MiB) for big sizes, and waits for every
+// reply. One JSON line per op and size (engine/json_line.hpp):
 //   median_gbps   payload bytes per second of one direction (the tensor's size / time), as
 //                 tcp_baseline's figure;
 //   wire_gbps     bytes per second over both directions (2x size for pushpull), the figure to set
@@ -33,6 +33,7 @@
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -41,9 +42,10 @@
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
-#include <fmt/core.h>
 
 #include "actors/data_link.hpp"
+#include "engine/json_line.hpp"
+#include "engine/log.hpp"
 #include "schema/chunking.hpp"
 
 using namespace troupe;
@@ -51,12 +53,12 @@ using namespace troupe;
 namespace {
 
 [[noreturn]] void die(const std::string& what) {
-  fmt::print(stderr, "frame_bench: {}\n", what);
+  logger{"frame_bench", 0}.error(what);
   std::exit(1);
 }
 
-/// A float32 tensor buffer with every page touched (STACK.md §8), owned through shared_ptr so
-/// that envelopes can keep it alive.
+/// A float32 tensor buffer with every page touched (a first write to fresh memory is far slower
+/// than to warm memory here), owned through shared_ptr so that envelopes can keep it alive.
 std::shared_ptr<std::vector<float>> prefaulted(std::size_t bytes) {
   auto buffer = std::make_shared<std::vector<float>>(bytes / sizeof(float));
   for (std::size_t i = 0; i < buffer->size(); i += 1024)
@@ -98,7 +100,7 @@ data_link_tuning make_tuning(const system_settings& settings, std::size_t larges
 caf::actor_system_config make_config(const system_settings& settings) {
   caf::actor_system_config cfg;
   cfg.load<caf::io::middleman>();
-  // STACK.md §2: as many scheduler threads as cores on small nodes.
+  // As many scheduler threads as cores on small nodes (--threads, 2 by default).
   cfg.set("scheduler.max-threads", settings.threads);
   cfg.set("scheduler.policy", caf::atom_from_string(settings.policy));
   if (!settings.caf_defaults)
@@ -200,44 +202,51 @@ double round_trip(caf::scoped_actor& self, const caf::actor& link, const std::st
   return took.count();
 }
 
-} // namespace
+/// The JSON line of one op and size: `seconds` of each measured round trip.
+void print_result(const std::string& op, std::size_t size, std::size_t chunk_bytes,
+                  const std::vector<double>& seconds) {
+  const double mid = median(seconds);
+  const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
+  const double directions = op == "pushpull" ? 2.0 : 1.0;
+  json_line::object line;
+  line["bench"] = "frame_bench";
+  line["op"] = op;
+  line["bytes"] = size;
+  line["chunk_bytes"] = std::min(size, chunk_bytes);
+  line["repeats"] = seconds.size();
+  line["median_gbps"] = json_line::fixed(size / mid / 1e9, 3);
+  line["min_gbps"] = json_line::fixed(size / *slowest / 1e9, 3);
+  line["max_gbps"] = json_line::fixed(size / *fastest / 1e9, 3);
+  line["wire_gbps"] = json_line::fixed(directions * size / mid / 1e9, 3);
+  line["median_rtt_us"] = json_line::fixed(mid * 1e6, 1);
+  json_line::print(line);
+}
 
-int main(int argc, char** argv) {
-  CLI::App app{"data path (actors/data_link) loopback benchmark"};
+/// What the client measures: every op at every size.
+struct measurements {
   std::vector<std::size_t> sizes{4096, 1u << 20, 16u << 20, 128u << 20};
   std::vector<std::string> ops{"push", "pushpull"};
   int repeats = 9;
   std::size_t chunk_bytes = wire::default_chunk_bytes;
-  system_settings settings;
-  app.add_option("--sizes", sizes, "payload sizes in bytes (multiples of 4)")->delimiter(',');
-  app.add_option("--ops", ops, "push, pushpull or both")->delimiter(',');
-  app.add_option("--repeats", repeats, "measured repetitions per size")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--chunk", chunk_bytes, "tensor chunk bytes (multiple of 8)");
-  app.add_option("--threads", settings.threads, "CAF scheduler threads per process")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--scheduler", settings.policy, "CAF scheduler policy of both processes")
-      ->check(CLI::IsMember({"stealing", "sharing"}));
-  app.add_option("--write-chunk", settings.write_chunk_bytes,
-                 "bytes appended to a connection's write buffer per step");
-  app.add_option("--in-flight", settings.max_bytes_in_flight,
-                 "most bytes per connection handed to CAF and not yet written");
-  app.add_option("--shm-arena", settings.shm_arena_bytes,
-                 "same-host shared-memory arena per direction (0: through the socket)");
-  app.add_flag("--caf-defaults", settings.caf_defaults,
-               "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
-  CLI11_PARSE(app, argc, argv);
-  for (auto size : sizes)
+
+  std::size_t largest() const { return *std::max_element(sizes.begin(), sizes.end()); }
+};
+
+/// Dies naming the first size, op or chunk size that the measurements cannot use.
+void check(const measurements& m) {
+  for (auto size : m.sizes)
     if (size == 0 || size % 4 != 0)
       die("size " + std::to_string(size) + " is not a positive multiple of 4");
-  for (const auto& op : ops)
+  for (const auto& op : m.ops)
     if (op != "push" && op != "pushpull")
       die("unknown op " + op);
-  if (chunk_bytes == 0 || chunk_bytes % 8 != 0 || chunk_bytes > wire::max_chunk_bytes)
-    die("chunk size " + std::to_string(chunk_bytes) + " is not a multiple of 8 in [8, 512 MiB)");
-  const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
+  if (m.chunk_bytes == 0 || m.chunk_bytes % 8 != 0 || m.chunk_bytes > wire::max_chunk_bytes)
+    die("chunk size " + std::to_string(m.chunk_bytes) + " is not a multiple of 8 in [8, 512 MiB)");
+}
 
-  // Fork before any actor system exists: threads do not survive fork.
+/// Forks the server process; its pid and the port it listens on. Called before any actor system
+/// exists: threads do not survive fork.
+std::pair<pid_t, std::uint16_t> start_server(std::size_t largest, const system_settings& settings) {
   int port_pipe[2];
   if (::pipe(port_pipe) != 0)
     die("pipe failed");
@@ -253,45 +262,68 @@ int main(int argc, char** argv) {
   if (::read(port_pipe[0], &port, sizeof port) != sizeof port)
     die("the server process did not report its port");
   ::close(port_pipe[0]);
+  return {server, port};
+}
 
-  {
-    auto cfg = make_config(settings);
-    caf::actor_system sys{cfg};
-    caf::scoped_actor self{sys};
-    data_link_options options;
-    options.tuning = make_tuning(settings, largest);
-    auto link =
-        connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self), options);
-    if (!link)
-      die(link.error().to_string());
-    auto tensor = prefaulted(largest);
-    std::uint64_t request_id = 0;
-    for (const auto& op : ops) {
-      for (auto size : sizes) {
-        // Small payloads repeat more, so their medians rest on enough samples.
-        const int rounds = size <= (64u << 10) ? std::max(repeats, 2000) : repeats;
-        std::vector<double> seconds;
-        for (int round = -1; round < rounds; ++round) {
-          auto took = round_trip(self, *link, op, tensor, size, chunk_bytes, ++request_id);
-          if (round >= 0)
-            seconds.push_back(took);
-        }
-        const double mid = median(seconds);
-        const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
-        const double directions = op == "pushpull" ? 2.0 : 1.0;
-        fmt::print("{{\"bench\":\"frame_bench\",\"op\":\"{}\",\"bytes\":{},\"chunk_bytes\":{},"
-                   "\"repeats\":{},\"median_gbps\":{:.3f},\"min_gbps\":{:.3f},"
-                   "\"max_gbps\":{:.3f},\"wire_gbps\":{:.3f},\"median_rtt_us\":{:.1f}}}\n",
-                   op, size, std::min(size, chunk_bytes), rounds, size / mid / 1e9,
-                   size / *slowest / 1e9, size / *fastest / 1e9, directions * size / mid / 1e9,
-                   mid * 1e6);
-        std::fflush(stdout);
+/// The client: connects a data link to the server at `port`, measures every op and size (round
+/// -1 of each warms up), one JSON line each, then closes the link.
+void run_client(std::uint16_t port, const measurements& m, const system_settings& settings) {
+  auto cfg = make_config(settings);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  data_link_options options;
+  options.tuning = make_tuning(settings, m.largest());
+  auto link = connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self), options);
+  if (!link)
+    die(link.error().to_string());
+  auto tensor = prefaulted(m.largest());
+  std::uint64_t request_id = 0;
+  for (const auto& op : m.ops) {
+    for (auto size : m.sizes) {
+      // Small payloads repeat more, so their medians rest on enough samples.
+      const int rounds = size <= (64u << 10) ? std::max(m.repeats, 2000) : m.repeats;
+      std::vector<double> seconds;
+      for (int round = -1; round < rounds; ++round) {
+        auto took = round_trip(self, *link, op, tensor, size, m.chunk_bytes, ++request_id);
+        if (round >= 0)
+          seconds.push_back(took);
       }
+      print_result(op, size, m.chunk_bytes, seconds);
     }
-    self->send(*link, stop_atom::value);
-    self->receive([](link_down_atom, std::uint64_t, const std::string&) {},
-                  caf::after(std::chrono::seconds(5)) >> [] {});
   }
+  self->send(*link, stop_atom::value);
+  self->receive([](link_down_atom, std::uint64_t, const std::string&) {},
+                caf::after(std::chrono::seconds(5)) >> [] {});
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"data path (actors/data_link) loopback benchmark"};
+  measurements m;
+  system_settings settings;
+  app.add_option("--sizes", m.sizes, "payload sizes in bytes (multiples of 4)")->delimiter(',');
+  app.add_option("--ops", m.ops, "push, pushpull or both")->delimiter(',');
+  app.add_option("--repeats", m.repeats, "measured repetitions per size")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--chunk", m.chunk_bytes, "tensor chunk bytes (multiple of 8)");
+  app.add_option("--threads", settings.threads, "CAF scheduler threads per process")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--scheduler", settings.policy, "CAF scheduler policy of both processes")
+      ->check(CLI::IsMember({"stealing", "sharing"}));
+  app.add_option("--write-chunk", settings.write_chunk_bytes,
+                 "bytes appended to a connection's write buffer per step");
+  app.add_option("--in-flight", settings.max_bytes_in_flight,
+                 "most bytes per connection handed to CAF and not yet written");
+  app.add_option("--shm-arena", settings.shm_arena_bytes,
+                 "same-host shared-memory arena per direction (0: through the socket)");
+  app.add_flag("--caf-defaults", settings.caf_defaults,
+               "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
+  CLI11_PARSE(app, argc, argv);
+  check(m);
+
+  const auto [server, port] = start_server(m.largest(), settings);
+  run_client(port, m, settings);
   int status = 0;
   ::waitpid(server, &status, 0);
   return 0;

@@ -9,7 +9,7 @@
 // Modes: train = forward + softmax cross-entropy + backward under autograd::record_scope (no
 // optimizer); infer = forward in predict mode. The two variants are separate networks with the
 // same initial values, timed alternately (one imperative step, one hybridized step) so that
-// drift of the machine's speed hits both. One JSON line per model and mode:
+// drift of the machine's speed hits both. One JSON line per model and mode (engine/json_line.hpp):
 //   imperative_ms, hybridized_ms  median time of one step;
 //   speedup                      imperative_ms / hybridized_ms.
 
@@ -22,10 +22,9 @@
 #include <string>
 #include <vector>
 
-#include <fmt/core.h>
-
 #include "engine/autograd.hpp"
 #include "engine/blas_setup.hpp"
+#include "engine/json_line.hpp"
 #include "engine/nd.hpp"
 #include "engine/nn/block.hpp"
 #include "engine/nn/initializer.hpp"
@@ -120,11 +119,17 @@ int main(int argc, char** argv) {
         hybridized_ms.push_back(time_ms([&] { step(*hybridized); }));
       }
       double imp = median(imperative_ms), hyb = median(hybridized_ms);
-      fmt::print("{{\"bench\":\"hybridize\",\"model\":\"{}\",\"mode\":\"{}\",\"batch\":{},"
-                 "\"repeats\":{},\"imperative_ms\":{:.3f},\"hybridized_ms\":{:.3f},"
-                 "\"speedup\":{:.3f},\"traces\":{}}}\n",
-                 model, mode, batch, repeats, imp, hyb, imp / hyb, hybridized->trace_count());
-      std::fflush(stdout);
+      json_line::object line;
+      line["bench"] = "hybridize";
+      line["model"] = model;
+      line["mode"] = mode;
+      line["batch"] = batch;
+      line["repeats"] = repeats;
+      line["imperative_ms"] = json_line::fixed(imp, 3);
+      line["hybridized_ms"] = json_line::fixed(hyb, 3);
+      line["speedup"] = json_line::fixed(imp / hyb, 3);
+      line["traces"] = hybridized->trace_count();
+      json_line::print(line);
     }
   }
   return 0;

@@ -6,21 +6,21 @@
 // For each (total size, key count) every worker initialises `keys` float32 keys that together
 // hold `size` bytes, then times R repetitions of: push of every key (all in flight at once),
 // pull of every key, and pushpull (push then pull of the round's value). Worker rank 0 prints one
-// JSON line per operation: the median and spread of the per-repetition time, `gbps` = payload
-// bytes the worker moved (push and pull: size each; pushpull: 2 x size) / median time, and for
-// the smallest sizes the median round trip in microseconds. Between phases the workers meet at
-// a barrier so that every worker measures the same thing.
+// JSON line per operation (engine/json_line.hpp): the median and spread of the per-repetition
+// time, `gbps` = payload bytes the worker moved (push and pull: size each; pushpull: 2 x size) /
+// median time, and `median_us`, the median in microseconds (for small sizes, the round trip).
+// Between phases the workers meet at a barrier so that every worker measures the same thing.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include <fmt/core.h>
-
 #include "actors/kvstore.hpp"
+#include "engine/json_line.hpp"
+#include "engine/log.hpp"
 
 using namespace troupe;
 using clock_type = std::chrono::steady_clock;
@@ -36,8 +36,37 @@ stats summarize(std::vector<double> seconds) {
   return {seconds[seconds.size() / 2], seconds.front(), seconds.back()};
 }
 
+/// What one JSON line measured.
+struct subject {
+  std::string type; ///< the KVStore type
+  std::string op;   ///< push, pull or pushpull
+  std::size_t bytes;
+  std::size_t keys;
+  int workers;
+};
+
+/// The JSON line of one operation: `seconds` of each repetition, `moved` payload bytes each.
+void print_result(const subject& what, std::vector<double> seconds, double moved) {
+  const auto repeats = seconds.size();
+  const stats s = summarize(std::move(seconds));
+  json_line::object line;
+  line["bench"] = "kvbench";
+  line["type"] = what.type;
+  line["op"] = what.op;
+  line["bytes"] = what.bytes;
+  line["keys"] = what.keys;
+  line["workers"] = what.workers;
+  line["repeats"] = repeats;
+  line["median_ms"] = json_line::fixed(s.median * 1e3, 3);
+  line["min_ms"] = json_line::fixed(s.fastest * 1e3, 3);
+  line["max_ms"] = json_line::fixed(s.slowest * 1e3, 3);
+  line["gbps"] = json_line::fixed(moved / s.median / 1e9, 3);
+  line["median_us"] = json_line::fixed(s.median * 1e6, 1);
+  json_line::print(line);
+}
+
 int fail(const std::string& what, const error& err) {
-  std::fprintf(stderr, "kvbench: %s: %s\n", what.c_str(), err.to_string().c_str());
+  logger{"kvbench", 0}.error(what + ": " + err.to_string());
   return 1;
 }
 
@@ -91,16 +120,9 @@ int main(int argc, char** argv) {
             return fail(op, done.error());
           seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
         }
-        auto s = summarize(seconds);
-        double moved = op == "pushpull" ? 2 * bytes : bytes;
         if (kv.rank() == 0)
-          fmt::print("{{\"bench\":\"kvbench\",\"type\":\"{}\",\"op\":\"{}\",\"bytes\":{},"
-                     "\"keys\":{},\"workers\":{},\"repeats\":{},\"median_ms\":{:.3f},"
-                     "\"min_ms\":{:.3f},\"max_ms\":{:.3f},\"gbps\":{:.3f},\"median_us\":{:.1f}}}\n",
-                     type, op, static_cast<std::size_t>(bytes), keys, kv.num_workers(), rounds,
-                     s.median * 1e3, s.fastest * 1e3, s.slowest * 1e3, moved / s.median / 1e9,
-                     s.median * 1e6);
-        std::fflush(stdout);
+          print_result({type, op, static_cast<std::size_t>(bytes), keys, kv.num_workers()}, seconds,
+                       op == "pushpull" ? 2 * bytes : bytes);
         return 0;
       };
       if (int rc = measure("push", [&] { return kv.push(names, values); }))

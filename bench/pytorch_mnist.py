@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch baseline of the Fashion-MNIST job (apps/train_mnist --model mlp --kvstore local).
 
-The issue's recipe: MLP 784-256-10 with ReLU, pixels / 255, PyTorch's default initialisation,
-SGD lr 0.1 without momentum, batch 128 with the last partial batch dropped, one thread. Prints
-one JSON line per epoch and a final one:
+BENCHMARKS.md's recipe: MLP 784-256-10 with ReLU, pixels / 255, PyTorch's default
+initialisation, SGD lr 0.1 without momentum, batch 128 with the last partial batch dropped, one
+thread. Prints one JSON line per epoch and a final one:
 
   {"bench":"pytorch_mnist","epoch":1,"train_loss":...,"train_acc":...,"test_acc":...,
    "samples_per_s":...,"time_s":...}

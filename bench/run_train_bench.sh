@@ -6,9 +6,9 @@
 #   dist:  troupe-launch -n 2 -s 1 -- train_mnist --kvstore dist_sync --batch-size 64
 #          (step batch 128) vs bench/pytorch_ddp_mnist.py (2 processes, gloo, batch 64 each)
 #
-# Both sides train the recipe (MLP 784-256-10 ReLU, SGD lr 0.1, no momentum, global batch
-# 128, last partial batch dropped) for EPOCHS epochs with one compute thread per process. Each
-# pair prints a JSON line with both samples/s (training loop only, summed over workers) and
+# Both sides train BENCHMARKS.md's recipe (MLP 784-256-10 ReLU, SGD lr 0.1, no momentum, global
+# batch 128, last partial batch dropped) for EPOCHS epochs with one compute thread per process.
+# Each pair prints a JSON line with both samples/s (training loop only, summed over workers) and
 # final test accuracies and the ratio troupe / PyTorch; the last lines give the median ratio per
 # setting. On a shared 2-core machine only ratios of runs made back to back mean anything.
 #

@@ -1,7 +1,7 @@
 #pragma once
 // Errors of troupe's engine and of everything built on it.
 //
-// Three kinds, as STYLE.md §6 says:
+// Three kinds:
 //  - an expected failure (unknown key, wrong shape, lost peer, bad frame) is a value: `result<T>`
 //    or `status`, returned to the caller, carrying an `error` whose message names the thing;
 //  - a caller mistake on a plain operation (adding ndarrays of different shapes) throws

@@ -206,133 +206,229 @@ struct value_ref {
   std::size_t index = 0; // argument index, or value id (first output id of the node + index)
 };
 
-/// Builds nodes, arrays and the memory plan of `state` (arguments, gradients and reqs are set).
-void plan(impl& state) {
-  const std::vector<symbol_output>& heads = state.graph.outputs();
-  const std::vector<const symbol_node*> order = run_order(heads);
-  const std::size_t n_nodes = order.size();
+/// One gradient contribution to a value or an argument.
+struct contribution {
+  std::size_t node;  // none: a head gradient
+  std::size_t index; // input slot, or head index
+};
 
+/// How a contribution is stored (see the file comment).
+enum class store { direct, scratch };
+
+/// A planned array: a view of buffer `buffer` of the pool.
+struct item {
+  shape_vector shape;
+  std::size_t bytes;
+  std::size_t buffer = none;
+};
+
+/// plan()'s working state. Each phase reads what the earlier ones left in the fields and adds
+/// its own; plan() runs them in the order they are declared.
+struct planner {
+  explicit planner(impl& planned)
+      : state(planned), heads(planned.graph.outputs()), order(run_order(heads)),
+        n_nodes(order.size()), n_steps(2 * n_nodes + 1) {}
+
+  impl& state;
+  const std::vector<symbol_output>& heads;
+  const std::vector<const symbol_node*> order;
+  const std::size_t n_nodes;
+  // Planned items: steps 0..N-1 forward, N the head gradients, 2N - k the backward of call k.
+  const std::size_t n_steps;
+  const std::size_t element_bytes = size_of(dtype::float32); // operators compute in float32
+
+  // lay_out
   std::unordered_map<std::string_view, std::size_t> argument_of;
-  for (std::size_t a = 0; a < state.names.size(); ++a)
-    argument_of.emplace(state.names[a], a);
   std::unordered_map<const symbol_node*, std::size_t> node_of;
-  std::vector<std::size_t> first_value(n_nodes + 1, 0);
-  for (std::size_t k = 0; k < n_nodes; ++k) {
-    node_of.emplace(order[k], k);
-    first_value[k + 1] = first_value[k] + order[k]->op->num_outputs;
+  std::vector<std::size_t> first_value; // per node, and one past the last
+  std::size_t n_values = 0;
+  std::vector<std::size_t> producer; // per value
+  std::vector<shape_vector> value_shapes;
+  std::vector<std::vector<value_ref>> node_inputs;
+  std::vector<value_ref> head_refs;
+  std::vector<bool> is_head; // per value
+
+  // trace_gradients
+  std::vector<bool> needs_backward; // some input needs a gradient
+  std::vector<bool> runs_backward;
+  std::vector<std::vector<contribution>> value_contributions;
+  std::vector<std::vector<contribution>> argument_contributions;
+
+  // find_lifetimes
+  std::vector<bool> kept;
+  std::vector<std::size_t> last_reader;
+
+  // choose_stores
+  std::vector<std::vector<store>> value_stores;
+  std::vector<std::vector<store>> argument_stores;
+
+  // place_items
+  std::vector<item> items;
+  std::vector<std::vector<std::size_t>> allocate_at;
+  std::vector<std::vector<std::size_t>> release_at;
+  std::vector<std::size_t> value_item;
+  std::vector<std::size_t> gradient_item;
+  std::vector<bool> direct_head_gradient;
+  // Scratch items by (value or argument, contribution index).
+  std::vector<std::vector<std::size_t>> value_scratch;
+  std::vector<std::vector<std::size_t>> argument_scratch;
+
+  // make_values
+  std::vector<ndarray> values;
+  std::vector<ndarray> value_gradients;
+
+  /// Numbers the values (outputs of the nodes in run order), resolves every input and head, and
+  /// infers every value's shape from the arguments' (inference already checked them).
+  void lay_out() {
+    for (std::size_t a = 0; a < state.names.size(); ++a)
+      argument_of.emplace(state.names[a], a);
+    first_value.assign(n_nodes + 1, 0);
+    for (std::size_t k = 0; k < n_nodes; ++k) {
+      node_of.emplace(order[k], k);
+      first_value[k + 1] = first_value[k] + order[k]->op->num_outputs;
+    }
+    n_values = first_value[n_nodes];
+    producer.resize(n_values);
+    for (std::size_t k = 0; k < n_nodes; ++k)
+      for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v)
+        producer[v] = k;
+
+    value_shapes.resize(n_values);
+    node_inputs.resize(n_nodes);
+    for (std::size_t k = 0; k < n_nodes; ++k) {
+      const symbol_node& node = *order[k];
+      std::vector<shape_vector> input_shapes;
+      for (const symbol_output& input : node.inputs) {
+        const value_ref ref = resolve(input);
+        node_inputs[k].push_back(ref);
+        input_shapes.push_back(ref.is_argument ? state.argument_shapes[ref.index]
+                                               : value_shapes[ref.index]);
+      }
+      std::vector<shape_vector> shapes = node.op->infer_shape(node.attrs, input_shapes);
+      for (std::size_t j = 0; j < shapes.size() && j < node.op->num_outputs; ++j)
+        value_shapes[first_value[k] + j] = std::move(shapes[j]);
+    }
+    is_head.assign(n_values, false);
+    for (const symbol_output& head : heads) {
+      head_refs.push_back(resolve(head));
+      if (!head_refs.back().is_argument)
+        is_head[head_refs.back().index] = true;
+    }
   }
-  const std::size_t n_values = first_value[n_nodes];
-  std::vector<std::size_t> producer(n_values);
-  for (std::size_t k = 0; k < n_nodes; ++k)
-    for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v)
-      producer[v] = k;
-  auto resolve = [&](const symbol_output& ref) -> value_ref {
+
+  value_ref resolve(const symbol_output& ref) const {
     if (ref.node->op == nullptr)
       return {true, argument_of.at(ref.node->name)};
     return {false, first_value[node_of.at(ref.node.get())] + ref.index};
-  };
+  }
 
-  // Shapes of every value, from the arguments' (inference already checked them).
-  std::vector<shape_vector> value_shapes(n_values);
-  std::vector<std::vector<value_ref>> node_inputs(n_nodes);
-  for (std::size_t k = 0; k < n_nodes; ++k) {
-    const symbol_node& node = *order[k];
-    std::vector<shape_vector> input_shapes;
-    for (const symbol_output& input : node.inputs) {
-      const value_ref ref = resolve(input);
-      node_inputs[k].push_back(ref);
-      input_shapes.push_back(ref.is_argument ? state.argument_shapes[ref.index]
-                                             : value_shapes[ref.index]);
+  /// Which calls run backward, and the contributions each gradient receives, in the order they
+  /// are made: head gradients first, then the calls in reverse order (inputs in order).
+  void trace_gradients() {
+    needs_backward.assign(n_nodes, false);
+    for (std::size_t k = 0; k < n_nodes; ++k)
+      needs_backward[k] = std::any_of(node_inputs[k].begin(), node_inputs[k].end(),
+                                      [this](const value_ref& ref) { return needs_gradient(ref); });
+    value_contributions.resize(n_values);
+    argument_contributions.resize(state.names.size());
+    for (std::size_t h = 0; h < head_refs.size(); ++h)
+      if (needs_gradient(head_refs[h]))
+        contributions_of(head_refs[h]).push_back({none, h});
+    runs_backward.assign(n_nodes, false);
+    for (std::size_t k = n_nodes; k-- > 0;) {
+      bool reached = false;
+      for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v)
+        reached = reached || !value_contributions[v].empty();
+      runs_backward[k] = needs_backward[k] && reached;
+      if (!runs_backward[k])
+        continue;
+      for (std::size_t i = 0; i < node_inputs[k].size(); ++i)
+        if (needs_gradient(node_inputs[k][i]))
+          contributions_of(node_inputs[k][i]).push_back({k, i});
     }
-    std::vector<shape_vector> shapes = node.op->infer_shape(node.attrs, input_shapes);
-    for (std::size_t j = 0; j < shapes.size() && j < node.op->num_outputs; ++j)
-      value_shapes[first_value[k] + j] = std::move(shapes[j]);
-  }
-  std::vector<value_ref> head_refs;
-  std::vector<bool> is_head(n_values, false);
-  for (const symbol_output& head : heads) {
-    head_refs.push_back(resolve(head));
-    if (!head_refs.back().is_argument)
-      is_head[head_refs.back().index] = true;
   }
 
-  // Which calls run backward, and the contributions each gradient receives, in the order they
-  // are made: head gradients first, then the calls in reverse order (inputs in order).
-  std::vector<bool> needs_backward(n_nodes, false); // some input needs a gradient
-  auto needs_gradient = [&](const value_ref& ref) {
+  bool needs_gradient(const value_ref& ref) const {
     return ref.is_argument ? state.argument_reqs[ref.index] != grad_req::null
                            : needs_backward[producer[ref.index]];
-  };
-  for (std::size_t k = 0; k < n_nodes; ++k)
-    needs_backward[k] = std::any_of(node_inputs[k].begin(), node_inputs[k].end(), needs_gradient);
-  struct contribution {
-    std::size_t node;  // none: a head gradient
-    std::size_t index; // input slot, or head index
-  };
-  std::vector<std::vector<contribution>> value_contributions(n_values);
-  std::vector<std::vector<contribution>> argument_contributions(state.names.size());
-  auto contributions_of = [&](const value_ref& ref) -> std::vector<contribution>& {
+  }
+
+  std::vector<contribution>& contributions_of(const value_ref& ref) {
     return ref.is_argument ? argument_contributions[ref.index] : value_contributions[ref.index];
-  };
-  for (std::size_t h = 0; h < head_refs.size(); ++h)
-    if (needs_gradient(head_refs[h]))
-      contributions_of(head_refs[h]).push_back({none, h});
-  std::vector<bool> runs_backward(n_nodes, false);
-  for (std::size_t k = n_nodes; k-- > 0;) {
-    bool reached = false;
-    for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v)
-      reached = reached || !value_contributions[v].empty();
-    runs_backward[k] = needs_backward[k] && reached;
-    if (!runs_backward[k])
-      continue;
-    for (std::size_t i = 0; i < node_inputs[k].size(); ++i)
-      if (needs_gradient(node_inputs[k][i]))
-        contributions_of(node_inputs[k][i]).push_back({k, i});
   }
 
-  // Forward values a backward reads stay alive to the end.
-  std::vector<bool> kept(n_values, false);
-  std::vector<std::size_t> last_reader(n_values);
-  for (std::size_t v = 0; v < n_values; ++v) {
-    last_reader[v] = producer[v];
-    kept[v] = runs_backward[producer[v]] && order[producer[v]]->op->backward_reads_outputs;
-  }
-  for (std::size_t k = 0; k < n_nodes; ++k)
-    for (const value_ref& ref : node_inputs[k]) {
-      if (ref.is_argument)
-        continue;
-      last_reader[ref.index] = std::max(last_reader[ref.index], k);
-      if (runs_backward[k] && order[k]->op->backward_reads_inputs)
-        kept[ref.index] = true;
+  /// The last call that reads each value; forward values a backward reads stay alive to the end.
+  void find_lifetimes() {
+    kept.assign(n_values, false);
+    last_reader.resize(n_values);
+    for (std::size_t v = 0; v < n_values; ++v) {
+      last_reader[v] = producer[v];
+      kept[v] = runs_backward[producer[v]] && order[producer[v]]->op->backward_reads_outputs;
     }
+    for (std::size_t k = 0; k < n_nodes; ++k)
+      for (const value_ref& ref : node_inputs[k]) {
+        if (ref.is_argument)
+          continue;
+        last_reader[ref.index] = std::max(last_reader[ref.index], k);
+        if (runs_backward[k] && order[k]->op->backward_reads_inputs)
+          kept[ref.index] = true;
+      }
+  }
 
-  // How each contribution is stored (see the file comment): the first contribution to a target
-  // that it overwrites (an intermediate gradient, an argument's under grad_req write) is written
-  // there by the op; every other one is written to scratch by the op and then added with +=.
-  enum class store { direct, scratch };
-  std::vector<std::vector<store>> value_stores(n_values);
-  std::vector<std::vector<store>> argument_stores(state.names.size());
-  for (std::size_t v = 0; v < n_values; ++v)
-    for (std::size_t c = 0; c < value_contributions[v].size(); ++c)
-      value_stores[v].push_back(c == 0 ? store::direct : store::scratch);
-  for (std::size_t a = 0; a < state.names.size(); ++a)
-    for (std::size_t c = 0; c < argument_contributions[a].size(); ++c)
-      argument_stores[a].push_back(
-          c == 0 && state.argument_reqs[a] == grad_req::write ? store::direct : store::scratch);
+  /// How each contribution is stored (see the file comment): the first contribution to a target
+  /// that it overwrites (an intermediate gradient, an argument's under grad_req write) is written
+  /// there by the op; every other one is written to scratch by the op and then added with +=.
+  void choose_stores() {
+    value_stores.resize(n_values);
+    argument_stores.resize(state.names.size());
+    for (std::size_t v = 0; v < n_values; ++v)
+      for (std::size_t c = 0; c < value_contributions[v].size(); ++c)
+        value_stores[v].push_back(c == 0 ? store::direct : store::scratch);
+    for (std::size_t a = 0; a < state.names.size(); ++a)
+      for (std::size_t c = 0; c < argument_contributions[a].size(); ++c)
+        argument_stores[a].push_back(
+            c == 0 && state.argument_reqs[a] == grad_req::write ? store::direct : store::scratch);
+  }
 
-  // Planned items: steps 0..N-1 forward, N the head gradients, 2N - k the backward of call k.
-  struct item {
-    shape_vector shape;
-    std::size_t bytes;
-    std::size_t buffer = none;
-  };
-  std::vector<item> items;
-  const std::size_t n_steps = 2 * n_nodes + 1;
-  std::vector<std::vector<std::size_t>> allocate_at(n_steps);
-  std::vector<std::vector<std::size_t>> release_at(n_steps);
-  const std::size_t element_bytes = size_of(dtype::float32); // operators compute in float32
-  // Returns the item's id, or none when the value gets an array of its own (empty arrays).
-  auto add_item = [&](const shape_vector& shape, std::size_t first, std::size_t last) {
+  /// The planned items (intermediate values, gradients, scratch) with the steps at which each
+  /// is taken and freed.
+  void place_items() {
+    allocate_at.resize(n_steps);
+    release_at.resize(n_steps);
+    value_item.assign(n_values, none);
+    for (std::size_t v = 0; v < n_values; ++v)
+      if (!is_head[v])
+        value_item[v] = add_item(value_shapes[v], producer[v], kept[v] ? none : last_reader[v]);
+    gradient_item.assign(n_values, none);
+    direct_head_gradient.assign(n_values, false);
+    value_scratch.resize(n_values);
+    argument_scratch.resize(state.names.size());
+    for (std::size_t v = 0; v < n_values; ++v) {
+      const auto& list = value_contributions[v];
+      if (list.empty())
+        continue;
+      if (list.size() == 1 && list[0].node == none) {
+        direct_head_gradient[v] = true; // the head gradient itself, no buffer
+        continue;
+      }
+      gradient_item[v] = add_item(value_shapes[v], step_of(list[0]), backward_step(producer[v]));
+      value_scratch[v].assign(list.size(), none);
+      for (std::size_t c = 0; c < list.size(); ++c)
+        if (list[c].node != none && value_stores[v][c] == store::scratch)
+          value_scratch[v][c] = add_item(value_shapes[v], step_of(list[c]), step_of(list[c]));
+    }
+    for (std::size_t a = 0; a < state.names.size(); ++a) {
+      const auto& list = argument_contributions[a];
+      argument_scratch[a].assign(list.size(), none);
+      for (std::size_t c = 0; c < list.size(); ++c)
+        if (list[c].node != none && argument_stores[a][c] == store::scratch)
+          argument_scratch[a][c] =
+              add_item(state.argument_shapes[a], step_of(list[c]), step_of(list[c]));
+    }
+  }
+
+  /// The item's id, or none when the value gets an array of its own (empty arrays).
+  std::size_t add_item(const shape_vector& shape, std::size_t first, std::size_t last) {
     const auto bytes = static_cast<std::size_t>(element_count(shape)) * element_bytes;
     if (bytes == 0)
       return none;
@@ -341,190 +437,195 @@ void plan(impl& state) {
     if (last != none)
       release_at[last].push_back(items.size() - 1);
     return items.size() - 1;
-  };
-  auto backward_step = [&](std::size_t node) { return 2 * n_nodes - node; };
-  auto step_of = [&](const contribution& c) {
+  }
+
+  std::size_t backward_step(std::size_t node) const { return 2 * n_nodes - node; }
+  std::size_t step_of(const contribution& c) const {
     return c.node == none ? n_nodes : backward_step(c.node);
-  };
-
-  std::vector<std::size_t> value_item(n_values, none);
-  for (std::size_t v = 0; v < n_values; ++v)
-    if (!is_head[v])
-      value_item[v] = add_item(value_shapes[v], producer[v], kept[v] ? none : last_reader[v]);
-  std::vector<std::size_t> gradient_item(n_values, none);
-  std::vector<bool> direct_head_gradient(n_values, false);
-  // Scratch items by (value or argument, contribution index).
-  std::vector<std::vector<std::size_t>> value_scratch(n_values);
-  std::vector<std::vector<std::size_t>> argument_scratch(state.names.size());
-  for (std::size_t v = 0; v < n_values; ++v) {
-    const auto& list = value_contributions[v];
-    if (list.empty())
-      continue;
-    if (list.size() == 1 && list[0].node == none) {
-      direct_head_gradient[v] = true; // the head gradient itself, no buffer
-      continue;
-    }
-    gradient_item[v] = add_item(value_shapes[v], step_of(list[0]), backward_step(producer[v]));
-    value_scratch[v].assign(list.size(), none);
-    for (std::size_t c = 0; c < list.size(); ++c)
-      if (list[c].node != none && value_stores[v][c] == store::scratch)
-        value_scratch[v][c] = add_item(value_shapes[v], step_of(list[c]), step_of(list[c]));
-  }
-  for (std::size_t a = 0; a < state.names.size(); ++a) {
-    const auto& list = argument_contributions[a];
-    argument_scratch[a].assign(list.size(), none);
-    for (std::size_t c = 0; c < list.size(); ++c)
-      if (list[c].node != none && argument_stores[a][c] == store::scratch)
-        argument_scratch[a][c] =
-            add_item(state.argument_shapes[a], step_of(list[c]), step_of(list[c]));
   }
 
-  // Best fit, walking the steps. A step takes its buffers before it frees any, so no call's
-  // outputs (or input gradients) share a buffer with its inputs (or output gradients).
-  std::vector<std::size_t> buffer_bytes;
-  std::multimap<std::size_t, std::size_t> free_buffers; // bytes -> buffer
-  for (std::size_t t = 0; t < n_steps; ++t) {
-    for (std::size_t id : allocate_at[t]) {
-      auto fit = free_buffers.lower_bound(items[id].bytes);
-      if (fit != free_buffers.end()) {
-        items[id].buffer = fit->second;
-        free_buffers.erase(fit);
-      } else {
-        items[id].buffer = buffer_bytes.size();
-        buffer_bytes.push_back(items[id].bytes);
+  /// Best fit, walking the steps. A step takes its buffers before it frees any, so no call's
+  /// outputs (or input gradients) share a buffer with its inputs (or output gradients).
+  void assign_buffers() {
+    std::vector<std::size_t> buffer_bytes;
+    std::multimap<std::size_t, std::size_t> free_buffers; // bytes -> buffer
+    for (std::size_t t = 0; t < n_steps; ++t) {
+      for (std::size_t id : allocate_at[t]) {
+        auto fit = free_buffers.lower_bound(items[id].bytes);
+        if (fit != free_buffers.end()) {
+          items[id].buffer = fit->second;
+          free_buffers.erase(fit);
+        } else {
+          items[id].buffer = buffer_bytes.size();
+          buffer_bytes.push_back(items[id].bytes);
+        }
       }
+      for (std::size_t id : release_at[t])
+        free_buffers.emplace(buffer_bytes[items[id].buffer], items[id].buffer);
     }
-    for (std::size_t id : release_at[t])
-      free_buffers.emplace(buffer_bytes[items[id].buffer], items[id].buffer);
+    for (std::size_t bytes : buffer_bytes) {
+      state.buffers.push_back(ndarray::empty({static_cast<std::int64_t>(bytes / element_bytes)},
+                                             state.ctx, dtype::float32));
+      state.planned_bytes += bytes;
+    }
+    for (const item& each : items)
+      state.unplanned_bytes += each.bytes;
   }
-  for (std::size_t bytes : buffer_bytes) {
-    state.buffers.push_back(ndarray::empty({static_cast<std::int64_t>(bytes / element_bytes)},
-                                           state.ctx, dtype::float32));
-    state.planned_bytes += bytes;
-  }
-  for (const item& each : items)
-    state.unplanned_bytes += each.bytes;
-  auto array_of = [&](std::size_t id, const shape_vector& shape) {
+
+  /// Item `id`'s view of the pool, or an array of its own for none.
+  ndarray array_of(std::size_t id, const shape_vector& shape) const {
     if (id == none)
       return ndarray::empty(shape, state.ctx, dtype::float32);
     return state.buffers[items[id].buffer].slice(0, element_count(shape)).reshape(shape);
-  };
+  }
 
-  // Arrays of the values, then the calls.
-  std::vector<ndarray> values(n_values);
-  for (std::size_t v = 0; v < n_values; ++v)
-    values[v] = array_of(value_item[v], value_shapes[v]);
-  std::vector<ndarray> value_gradients(n_values);
-  for (std::size_t v = 0; v < n_values; ++v)
-    if (!value_contributions[v].empty() && !direct_head_gradient[v])
-      value_gradients[v] = array_of(gradient_item[v], value_shapes[v]);
+  /// Arrays of the values and of their gradients.
+  void make_values() {
+    values.resize(n_values);
+    for (std::size_t v = 0; v < n_values; ++v)
+      values[v] = array_of(value_item[v], value_shapes[v]);
+    value_gradients.resize(n_values);
+    for (std::size_t v = 0; v < n_values; ++v)
+      if (!value_contributions[v].empty() && !direct_head_gradient[v])
+        value_gradients[v] = array_of(gradient_item[v], value_shapes[v]);
+  }
 
-  state.nodes.resize(n_nodes);
-  for (std::size_t k = 0; k < n_nodes; ++k) {
-    impl::node_state& node = state.nodes[k];
-    node.node = order[k];
-    for (std::size_t i = 0; i < node_inputs[k].size(); ++i) {
-      const value_ref& ref = node_inputs[k][i];
-      if (ref.is_argument) {
-        node.inputs.push_back(state.arguments[ref.index]);
-        state.argument_inputs.push_back({k, i, ref.index});
-      } else {
-        node.inputs.push_back(values[ref.index]);
+  /// The calls: their inputs, outputs and output gradients.
+  void build_nodes() {
+    state.nodes.resize(n_nodes);
+    for (std::size_t k = 0; k < n_nodes; ++k) {
+      impl::node_state& node = state.nodes[k];
+      node.node = order[k];
+      for (std::size_t i = 0; i < node_inputs[k].size(); ++i) {
+        const value_ref& ref = node_inputs[k][i];
+        if (ref.is_argument) {
+          node.inputs.push_back(state.arguments[ref.index]);
+          state.argument_inputs.push_back({k, i, ref.index});
+        } else {
+          node.inputs.push_back(values[ref.index]);
+        }
       }
+      for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v)
+        node.outputs.push_back(values[v]);
+      node.runs_backward = runs_backward[k];
+      if (!node.runs_backward)
+        continue;
+      for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v) {
+        if (value_contributions[v].empty()) // another output is used, this one is not: zeros
+          node.output_grads.push_back(ndarray::zeros(value_shapes[v], state.ctx));
+        else
+          node.output_grads.push_back(value_gradients[v]); // none when direct: set per call
+        if (direct_head_gradient[v])
+          state.head_gradients.push_back({k, v - first_value[k], value_contributions[v][0].index});
+      }
+      node.input_grads.resize(node_inputs[k].size());
+      node.reqs.assign(node_inputs[k].size(), grad_req::null);
     }
-    for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v)
-      node.outputs.push_back(values[v]);
-    node.runs_backward = runs_backward[k];
-    if (!node.runs_backward)
-      continue;
-    for (std::size_t v = first_value[k]; v < first_value[k + 1]; ++v) {
-      if (value_contributions[v].empty()) // another output is used, this one is not: zeros
-        node.output_grads.push_back(ndarray::zeros(value_shapes[v], state.ctx));
-      else
-        node.output_grads.push_back(value_gradients[v]); // none when direct: set per call
+  }
+
+  /// Where each contribution goes, and whether it is written or added.
+  void route_gradients() {
+    std::vector<impl::seed> seeds;
+    route_value_gradients(seeds);
+    route_argument_gradients(seeds);
+    // Deliveries run after the call's backward in input order, as autograd delivers them.
+    for (impl::node_state& node : state.nodes)
+      std::stable_sort(
+          node.deliveries.begin(), node.deliveries.end(),
+          [](const impl::delivery& x, const impl::delivery& y) { return x.slot < y.slot; });
+    // Per target the seeds are in head order already; a stable sort keeps that.
+    std::stable_sort(seeds.begin(), seeds.end(),
+                     [](const impl::seed& x, const impl::seed& y) { return x.head < y.head; });
+    state.seeds = std::move(seeds);
+  }
+
+  void route_value_gradients(std::vector<impl::seed>& seeds) {
+    for (std::size_t v = 0; v < n_values; ++v) {
       if (direct_head_gradient[v])
-        state.head_gradients.push_back({k, v - first_value[k], value_contributions[v][0].index});
+        continue;
+      const auto& list = value_contributions[v];
+      for (std::size_t c = 0; c < list.size(); ++c) {
+        const bool add = c > 0;
+        if (list[c].node == none) {
+          seeds.push_back({list[c].index, none, value_gradients[v], add});
+          continue;
+        }
+        impl::node_state& node = state.nodes[list[c].node];
+        const std::size_t slot = list[c].index;
+        node.reqs[slot] = grad_req::write;
+        if (value_stores[v][c] == store::direct) {
+          node.input_grads[slot] = value_gradients[v];
+        } else {
+          node.input_grads[slot] = array_of(value_scratch[v][c], value_shapes[v]);
+          node.deliveries.push_back({slot, none, value_gradients[v], add});
+        }
+      }
     }
-    node.input_grads.resize(node_inputs[k].size());
-    node.reqs.assign(node_inputs[k].size(), grad_req::null);
   }
 
-  // Where each contribution goes, and whether it is written or added.
-  std::vector<impl::seed> seeds;
-  for (std::size_t v = 0; v < n_values; ++v) {
-    if (direct_head_gradient[v])
-      continue;
-    const auto& list = value_contributions[v];
-    for (std::size_t c = 0; c < list.size(); ++c) {
-      const bool add = c > 0;
-      if (list[c].node == none) {
-        seeds.push_back({list[c].index, none, value_gradients[v], add});
+  void route_argument_gradients(std::vector<impl::seed>& seeds) {
+    for (std::size_t a = 0; a < state.names.size(); ++a) {
+      const grad_req req = state.argument_reqs[a];
+      if (req == grad_req::null)
         continue;
-      }
-      impl::node_state& node = state.nodes[list[c].node];
-      const std::size_t slot = list[c].index;
-      node.reqs[slot] = grad_req::write;
-      if (value_stores[v][c] == store::direct) {
-        node.input_grads[slot] = value_gradients[v];
-      } else {
-        node.input_grads[slot] = array_of(value_scratch[v][c], value_shapes[v]);
-        node.deliveries.push_back({slot, none, value_gradients[v], add});
+      // Every argument reaches a head, so every one with a req gets contributions.
+      const auto& list = argument_contributions[a];
+      for (std::size_t c = 0; c < list.size(); ++c) {
+        const bool add = req == grad_req::add || c > 0;
+        if (list[c].node == none) {
+          seeds.push_back({list[c].index, a, {}, add});
+          continue;
+        }
+        impl::node_state& node = state.nodes[list[c].node];
+        const std::size_t slot = list[c].index;
+        if (argument_stores[a][c] == store::direct) {
+          node.input_grads[slot] = state.gradients[a];
+          node.reqs[slot] = grad_req::write;
+          state.argument_gradients.push_back({list[c].node, slot, a});
+        } else {
+          node.input_grads[slot] = array_of(argument_scratch[a][c], state.argument_shapes[a]);
+          node.reqs[slot] = grad_req::write;
+          node.deliveries.push_back({slot, a, {}, add});
+        }
       }
     }
   }
-  for (std::size_t a = 0; a < state.names.size(); ++a) {
-    const grad_req req = state.argument_reqs[a];
-    if (req == grad_req::null)
-      continue;
-    // Every argument reaches a head, so every one with a req gets contributions.
-    const auto& list = argument_contributions[a];
-    for (std::size_t c = 0; c < list.size(); ++c) {
-      const bool add = req == grad_req::add || c > 0;
-      if (list[c].node == none) {
-        seeds.push_back({list[c].index, a, {}, add});
-        continue;
-      }
-      impl::node_state& node = state.nodes[list[c].node];
-      const std::size_t slot = list[c].index;
-      if (argument_stores[a][c] == store::direct) {
-        node.input_grads[slot] = state.gradients[a];
-        node.reqs[slot] = grad_req::write;
-        state.argument_gradients.push_back({list[c].node, slot, a});
-      } else {
-        node.input_grads[slot] = array_of(argument_scratch[a][c], state.argument_shapes[a]);
-        node.reqs[slot] = grad_req::write;
-        node.deliveries.push_back({slot, a, {}, add});
-      }
-    }
-  }
-  // Deliveries run after the call's backward in input order, as autograd delivers them.
-  for (impl::node_state& node : state.nodes)
-    std::stable_sort(
-        node.deliveries.begin(), node.deliveries.end(),
-        [](const impl::delivery& x, const impl::delivery& y) { return x.slot < y.slot; });
-  // Per target the seeds are in head order already; a stable sort keeps that.
-  std::stable_sort(seeds.begin(), seeds.end(),
-                   [](const impl::seed& x, const impl::seed& y) { return x.head < y.head; });
-  state.seeds = std::move(seeds);
 
-  // Graph outputs.
-  state.outputs.resize(heads.size());
-  state.output_arguments.assign(heads.size(), none);
-  state.ones.resize(heads.size());
-  state.head_grads.resize(heads.size());
-  for (std::size_t h = 0; h < heads.size(); ++h) {
-    const value_ref& ref = head_refs[h];
-    if (ref.is_argument) {
-      state.output_arguments[h] = ref.index;
-      state.outputs[h] = state.arguments[ref.index];
-    } else {
-      state.outputs[h] = values[ref.index]; // an array of its own: heads are not planned
-    }
-    if (needs_gradient(ref)) {
-      state.ones[h] = ndarray::ones(state.outputs[h].shape(), state.ctx);
-      state.head_grads[h] = state.ones[h];
+  /// The graph outputs and the head gradients backward() uses by default (ones).
+  void bind_outputs() {
+    state.outputs.resize(heads.size());
+    state.output_arguments.assign(heads.size(), none);
+    state.ones.resize(heads.size());
+    state.head_grads.resize(heads.size());
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      const value_ref& ref = head_refs[h];
+      if (ref.is_argument) {
+        state.output_arguments[h] = ref.index;
+        state.outputs[h] = state.arguments[ref.index];
+      } else {
+        state.outputs[h] = values[ref.index]; // an array of its own: heads are not planned
+      }
+      if (needs_gradient(ref)) {
+        state.ones[h] = ndarray::ones(state.outputs[h].shape(), state.ctx);
+        state.head_grads[h] = state.ones[h];
+      }
     }
   }
+};
+
+/// Builds nodes, arrays and the memory plan of `state` (arguments, gradients and reqs are set).
+void plan(impl& state) {
+  planner p{state};
+  p.lay_out();
+  p.trace_gradients();
+  p.find_lifetimes();
+  p.choose_stores();
+  p.place_items();
+  p.assign_buffers();
+  p.make_values();
+  p.build_nodes();
+  p.route_gradients();
+  p.bind_outputs();
 }
 
 } // namespace

@@ -6,7 +6,7 @@
 //
 // Storage of every size comes from storage_pool (engine/storage.hpp): freed blocks are kept and
 // reused, because the first write to fresh memory runs at ~0.3 GB/s on these machines against
-// 12+ GB/s for warm memory (STACK.md §8).
+// 12+ GB/s for warm memory.
 //
 // Caller mistakes (shapes that do not match, a gpu context without a GPU, a dtype an operation
 // does not take) throw troupe::exception with the values named.

@@ -4,8 +4,8 @@
 // python/mxnet/optimizer/optimizer.py (Optimizer, Updater) does.
 //
 // Weights and gradients of any dtype are updated in float32: a float16 weight is widened, updated
-// and rounded back, as MXNet does without multi_precision. cpu contexts only for now; a gpu
-// weight throws not_supported with its context named.
+// and rounded back, as MXNet does without multi_precision. cpu contexts only: a gpu weight throws
+// not_supported with its context named.
 
 #include <cstddef>
 #include <cstdint>

@@ -2,9 +2,9 @@
 // Memory blocks for ndarray, and the pool that recycles them.
 //
 // Why a pool: the first write to freshly mapped memory runs at ~0.3 GB/s on these machines, warm
-// memory at 12+ GB/s (STACK.md §8), and cudaMalloc synchronises the device. The KVStore allocates
-// arrays of the same few sizes every round, so keeping freed blocks and handing them out again
-// turns almost every allocation into a cache hit on warm memory.
+// memory at 12+ GB/s, and cudaMalloc synchronises the device. The KVStore allocates arrays of the
+// same few sizes every round, so keeping freed blocks and handing them out again turns almost
+// every allocation into a cache hit on warm memory.
 //
 // How:
 //  - requests are rounded up to a size class (storage_pool::size_class): 64-byte multiples up to

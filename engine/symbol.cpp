@@ -107,6 +107,150 @@ std::string optional_shape_text(const std::optional<shape_vector>& shape) {
   return shape ? shape_to_string(*shape) : std::string("unknown");
 }
 
+using input_shapes = std::vector<std::optional<shape_vector>>;
+
+bool all_known(const input_shapes& inputs) {
+  return std::all_of(inputs.begin(), inputs.end(),
+                     [](const auto& shape) { return shape.has_value(); });
+}
+
+/// "data=(2,3), fc_weight=unknown": the inputs of `node` with what is known of their shapes.
+std::string describe_inputs(const symbol_node& node, const input_shapes& inputs) {
+  std::string text;
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    text += (i == 0 ? "" : ", ") + reference_name(node.inputs[i]) + "=" +
+            optional_shape_text(inputs[i]);
+  return text;
+}
+
+/// symbol::infer_shape's state: every argument's shape (unknown until given or filled by a
+/// consumer) and the output shapes of the op nodes inferred so far.
+struct shape_inference {
+  std::map<std::string, std::optional<shape_vector>, std::less<>> argument_shapes;
+  std::unordered_map<const symbol_node*, std::vector<shape_vector>> node_shapes;
+
+  /// Every argument unknown, then the `known` ones set; an error names a `known` entry that is
+  /// not an argument.
+  status seed(const std::vector<std::string>& arguments,
+              const std::map<std::string, shape_vector>& known) {
+    for (const std::string& name : arguments)
+      argument_shapes.emplace(name, std::nullopt);
+    for (const auto& [name, shape] : known) {
+      auto found = argument_shapes.find(name);
+      if (found == argument_shapes.end())
+        return error(errc::invalid_argument, "infer_shape: '" + name +
+                                                 "' is not an argument of the symbol; its "
+                                                 "arguments are " +
+                                                 join(arguments));
+      found->second = shape;
+    }
+    return {};
+  }
+
+  std::optional<shape_vector> shape_of(const symbol_output& ref) const {
+    if (ref.node->op == nullptr)
+      return argument_shapes.find(ref.node->name)->second;
+    auto found = node_shapes.find(ref.node.get());
+    if (found == node_shapes.end())
+      return std::nullopt;
+    return found->second[ref.index];
+  }
+
+  /// One look at an op node whose outputs are not known yet: fills the unknown parameters its op
+  /// can fill from its first input, then infers its outputs once every input is known. True when
+  /// it learnt something (a parameter's shape or the node's outputs).
+  result<bool> visit(const symbol_node& node) {
+    input_shapes inputs;
+    inputs.reserve(node.inputs.size());
+    for (const symbol_output& ref : node.inputs)
+      inputs.push_back(shape_of(ref));
+    bool progress = false;
+    if (!all_known(inputs) && node.op->fill_input_shapes != nullptr && !inputs.empty() &&
+        inputs[0].has_value()) {
+      auto filled = fill_parameters(node, inputs);
+      if (!filled)
+        return filled.error();
+      progress = *filled;
+    }
+    if (!all_known(inputs))
+      return progress;
+    auto outputs = infer_outputs(node, inputs);
+    if (!outputs)
+      return outputs.error();
+    node_shapes.emplace(&node, std::move(*outputs));
+    return true;
+  }
+
+  /// Asks the op to fill its unknown inputs; the variables among them take the shapes it gives
+  /// (an unknown op output is computed, not given). True when any did.
+  result<bool> fill_parameters(const symbol_node& node, input_shapes& inputs) {
+    // Parameters are never scalars, so an empty shape tells fill_input_shapes "unknown".
+    std::vector<shape_vector> filled;
+    filled.reserve(inputs.size());
+    for (const auto& shape : inputs)
+      filled.push_back(shape.value_or(shape_vector{}));
+    try {
+      node.op->fill_input_shapes(node.attrs, filled);
+    } catch (const exception& thrown) {
+      return error(thrown.error().code(),
+                   "infer_shape: node '" + node.name + "' (" + node.op->name + ") with inputs " +
+                       describe_inputs(node, inputs) + ": " + thrown.error().message());
+    }
+    bool progress = false;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const symbol_output& ref = node.inputs[i];
+      if (!inputs[i] && !filled[i].empty() && ref.node->op == nullptr) {
+        argument_shapes.find(ref.node->name)->second = filled[i];
+        inputs[i] = filled[i];
+        progress = true;
+      }
+    }
+    return progress;
+  }
+
+  /// The op's output shapes for inputs that are all known.
+  static result<std::vector<shape_vector>> infer_outputs(const symbol_node& node,
+                                                         const input_shapes& inputs) {
+    const op_def& op = *node.op;
+    std::vector<shape_vector> known_inputs;
+    known_inputs.reserve(inputs.size());
+    for (const auto& shape : inputs)
+      known_inputs.push_back(*shape);
+    std::vector<shape_vector> outputs;
+    try {
+      outputs = op.infer_shape(node.attrs, known_inputs);
+    } catch (const exception& thrown) {
+      return error(thrown.error().code(), "infer_shape: node '" + node.name + "' (" + op.name +
+                                              ") rejects its input shapes " +
+                                              describe_inputs(node, inputs) + ": " +
+                                              thrown.error().message());
+    }
+    if (outputs.size() != op.num_outputs)
+      return error(errc::internal,
+                   "infer_shape: " + op.name + " gave " + std::to_string(outputs.size()) +
+                       " output shapes, its op_def declares " + std::to_string(op.num_outputs));
+    return outputs;
+  }
+
+  /// An error naming the arguments still unknown and the shapes that were given, if any.
+  status check_complete(const std::vector<std::string>& arguments,
+                        const std::map<std::string, shape_vector>& known) const {
+    std::vector<std::string> unknown;
+    for (const std::string& name : arguments)
+      if (!argument_shapes.find(name)->second)
+        unknown.push_back(name);
+    if (unknown.empty())
+      return {};
+    std::vector<std::string> given;
+    for (const auto& [name, shape] : known)
+      given.push_back(name + "=" + shape_to_string(shape));
+    return error(errc::invalid_argument, "infer_shape: cannot infer the shapes of " +
+                                             join(unknown) + " from the shapes given (" +
+                                             (known.empty() ? std::string("none") : join(given)) +
+                                             "); give them too");
+  }
+};
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -181,121 +325,34 @@ std::vector<std::string> symbol::list_outputs() const {
 result<symbol::shapes> symbol::infer_shape(const std::map<std::string, shape_vector>& known) const {
   const std::vector<const symbol_node*> order = post_order(outputs_);
   const std::vector<std::string> arguments = argument_names(order);
-  std::map<std::string, std::optional<shape_vector>, std::less<>> argument_shapes;
-  for (const std::string& name : arguments)
-    argument_shapes.emplace(name, std::nullopt);
-  for (const auto& [name, shape] : known) {
-    auto found = argument_shapes.find(name);
-    if (found == argument_shapes.end())
-      return error(errc::invalid_argument, "infer_shape: '" + name +
-                                               "' is not an argument of the symbol; its "
-                                               "arguments are " +
-                                               join(arguments));
-    found->second = shape;
-  }
+  shape_inference inference;
+  if (auto seeded = inference.seed(arguments, known); !seeded)
+    return seeded.error();
 
   // Output shapes of the op nodes, filled in topological order. One pass suffices for graphs
   // where each parameter's first consumer can fill it; more passes pick up a parameter that an
   // earlier consumer needed and only a later one could fill.
-  std::unordered_map<const symbol_node*, std::vector<shape_vector>> node_shapes;
-  auto shape_of = [&](const symbol_output& ref) -> std::optional<shape_vector> {
-    if (ref.node->op == nullptr)
-      return argument_shapes.find(ref.node->name)->second;
-    auto found = node_shapes.find(ref.node.get());
-    if (found == node_shapes.end())
-      return std::nullopt;
-    return found->second[ref.index];
-  };
   for (bool progress = true; progress;) {
     progress = false;
     for (const symbol_node* node : order) {
-      if (node->op == nullptr || node_shapes.contains(node))
+      if (node->op == nullptr || inference.node_shapes.contains(node))
         continue;
-      const op_def& op = *node->op;
-      std::vector<std::optional<shape_vector>> inputs;
-      inputs.reserve(node->inputs.size());
-      for (const symbol_output& ref : node->inputs)
-        inputs.push_back(shape_of(ref));
-      auto describe_inputs = [&] {
-        std::string text;
-        for (std::size_t i = 0; i < inputs.size(); ++i)
-          text += (i == 0 ? "" : ", ") + reference_name(node->inputs[i]) + "=" +
-                  optional_shape_text(inputs[i]);
-        return text;
-      };
-      const bool all_known = std::all_of(inputs.begin(), inputs.end(),
-                                         [](const auto& shape) { return shape.has_value(); });
-      if (!all_known && op.fill_input_shapes != nullptr && !inputs.empty() &&
-          inputs[0].has_value()) {
-        // Parameters are never scalars, so an empty shape tells fill_input_shapes "unknown".
-        std::vector<shape_vector> filled;
-        filled.reserve(inputs.size());
-        for (const auto& shape : inputs)
-          filled.push_back(shape.value_or(shape_vector{}));
-        try {
-          op.fill_input_shapes(node->attrs, filled);
-        } catch (const exception& thrown) {
-          return error(thrown.error().code(), "infer_shape: node '" + node->name + "' (" + op.name +
-                                                  ") with inputs " + describe_inputs() + ": " +
-                                                  thrown.error().message());
-        }
-        for (std::size_t i = 0; i < inputs.size(); ++i) {
-          const symbol_output& ref = node->inputs[i];
-          // Only variables take filled shapes: an unknown op output is computed, not given.
-          if (!inputs[i] && !filled[i].empty() && ref.node->op == nullptr) {
-            argument_shapes.find(ref.node->name)->second = filled[i];
-            inputs[i] = filled[i];
-            progress = true;
-          }
-        }
-      }
-      if (!std::all_of(inputs.begin(), inputs.end(),
-                       [](const auto& shape) { return shape.has_value(); }))
-        continue;
-      std::vector<shape_vector> known_inputs;
-      known_inputs.reserve(inputs.size());
-      for (auto& shape : inputs)
-        known_inputs.push_back(*shape);
-      std::vector<shape_vector> outputs;
-      try {
-        outputs = op.infer_shape(node->attrs, known_inputs);
-      } catch (const exception& thrown) {
-        return error(thrown.error().code(), "infer_shape: node '" + node->name + "' (" + op.name +
-                                                ") rejects its input shapes " + describe_inputs() +
-                                                ": " + thrown.error().message());
-      }
-      if (outputs.size() != op.num_outputs)
-        return error(errc::internal,
-                     "infer_shape: " + op.name + " gave " + std::to_string(outputs.size()) +
-                         " output shapes, its op_def declares " + std::to_string(op.num_outputs));
-      node_shapes.emplace(node, std::move(outputs));
-      progress = true;
+      auto learnt = inference.visit(*node);
+      if (!learnt)
+        return learnt.error();
+      progress = progress || *learnt;
     }
   }
-
-  std::vector<std::string> unknown;
-  for (const std::string& name : arguments)
-    if (!argument_shapes.find(name)->second)
-      unknown.push_back(name);
-  if (!unknown.empty())
-    return error(errc::invalid_argument,
-                 "infer_shape: cannot infer the shapes of " + join(unknown) +
-                     " from the shapes given (" +
-                     (known.empty() ? std::string("none") : [&] {
-                       std::vector<std::string> given;
-                       for (const auto& [name, shape] : known)
-                         given.push_back(name + "=" + shape_to_string(shape));
-                       return join(given);
-                     }()) +
-                     "); give them too");
+  if (auto complete = inference.check_complete(arguments, known); !complete)
+    return complete.error();
 
   shapes result;
   result.arguments.reserve(arguments.size());
   for (const std::string& name : arguments)
-    result.arguments.push_back(*argument_shapes.find(name)->second);
+    result.arguments.push_back(*inference.argument_shapes.find(name)->second);
   result.outputs.reserve(outputs_.size());
   for (const symbol_output& out : outputs_) {
-    std::optional<shape_vector> shape = shape_of(out);
+    std::optional<shape_vector> shape = inference.shape_of(out);
     if (!shape) // every input known means every node ran; a bug otherwise
       return error(errc::internal, "infer_shape: the shape of output " +
                                        output_name(*out.node, out.index) +

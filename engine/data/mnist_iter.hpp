@@ -30,7 +30,7 @@ namespace troupe::data {
 
 /// What to do with the samples left over when a part's size is not a multiple of the batch size.
 enum class last_batch_mode : std::uint8_t {
-  discard, ///< drop them (PyTorch's drop_last=True, the issue's recipe)
+  discard, ///< drop them (PyTorch's drop_last=True, BENCHMARKS.md's recipe)
   pad,     ///< fill the last batch by wrapping around to the start of the epoch; batch::pad says
            ///< how many rows are filler (MXNet's round_batch)
 };

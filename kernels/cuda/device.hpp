@@ -3,7 +3,7 @@
 // dispatches to for gpu(i) contexts. One header, two implementations: device.cu (built when
 // TROUPE_HAVE_CUDA) and device_none.cpp (CPU-only build: zero devices, every other call throws).
 // Kernels run on the device's default stream and are complete when the call returns, so that the
-// engine's host-side semantics hold; the device actors of a later issue add streams.
+// engine's host-side semantics hold; there are no streams of troupe's own.
 //
 // No call is made when device_count() == 0 except device_count() and built_with_cuda().
 

@@ -160,6 +160,33 @@ BOOST_AUTO_TEST_CASE(the_epoch_line_has_the_issue_s_fields_in_order) {
              "epoch 3 train_loss 0.4100 train_acc 85.20 samples_per_s 41000 time_s 1.60");
 }
 
+// run_train_bench.sh and the tests above read this line; its keys, their order and the compact
+// form are what they rely on.
+BOOST_AUTO_TEST_CASE(the_final_line_is_compact_json_with_its_keys_in_order) {
+  std::vector<report::epoch_metrics> epochs(2);
+  epochs[0].epoch = 1;
+  epochs[0].time_s = 1.25;
+  epochs[0].samples = 60000;
+  epochs[1].epoch = 2;
+  epochs[1].time_s = 1.5;
+  epochs[1].samples = 60000;
+  epochs[1].train_loss = 0.412345678;
+  epochs[1].test_acc = 84.9;
+  report::run_summary run;
+  run.epochs = 2;
+  run.model = "mlp";
+  run.kvstore = "dist_sync";
+  run.workers = 2;
+  run.batch_size = 64;
+  run.step_batch = 128;
+  BOOST_TEST(report::final_line(epochs, run) ==
+             R"({"final_test_acc":84.9,"final_train_loss":0.412346,"samples_per_s":43636.4,)"
+             R"("time_s":2.75,"epochs":2,"model":"mlp","kvstore":"dist_sync","workers":2,)"
+             R"("batch_size":64,"step_batch":128,"contexts":1,"threads":1,"hybridize":false})");
+  epochs[1].test_acc.reset(); // a worker that did not evaluate
+  BOOST_TEST(report::final_line(epochs, run).starts_with(R"({"final_test_acc":null,)"));
+}
+
 BOOST_AUTO_TEST_CASE(the_csv_leaves_an_absent_test_accuracy_empty) {
   std::vector<report::epoch_metrics> epochs(2);
   epochs[0].epoch = 1;
