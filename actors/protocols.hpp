@@ -205,30 +205,36 @@ using scheduler_actor = caf::typed_actor<
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).
     caf::reacts_to<tick_atom>>;
 
-/// One node waiting at a job barrier.
+/// One node waiting at a job barrier, and where its release goes.
 struct barrier_arrival {
+  /// A non-zero union of wire::group bits that includes member_role's bit.
   std::uint8_t group = wire::group::workers;
   std::uint64_t barrier_id = 0;
-  /// The scheduler's index of the node, and the request id its release must echo.
+  /// The scheduler's index of the node (never reused within a job), and its role.
   std::uint32_t member = 0;
+  wire::role member_role = wire::role::worker;
+  /// Echoed by the release.
   std::uint64_t request_id = 0;
+  /// The node's control connection: the release (or a refusal) goes to `sink` as an envelope
+  /// on `connection`.
+  reply_sink sink;
+  std::uint64_t connection = 0;
 };
 
-/// Who a barrier release goes to.
-struct barrier_release_list {
-  std::uint8_t group = 0;
-  std::uint64_t barrier_id = 0;
-  std::vector<barrier_arrival> members;
+/// A member of the job will arrive at no barrier again (it was lost).
+struct barrier_member_lost {
+  std::uint32_t member = 0;
+  wire::role member_role = wire::role::worker;
 };
 
-/// The job barriers of a scheduler: KVStore::barrier(), the job's start and end
-/// (actors/barrier.hpp).
+/// The job barriers of a scheduler: KVStore::barrier(), the init barrier, the job's start and
+/// end (actors/job_barrier.hpp). It releases the members itself, through their sinks.
 using barrier_actor = caf::typed_actor<
-    /// A member arrived; replies with the releases this arrival completes (possibly none).
-    caf::replies_to<barrier_arrival>::with<std::vector<barrier_release_list>>,
-    /// How many members of each role a barrier waits for now (after a loss: the live ones);
-    /// replies with the releases that completes.
-    caf::replies_to<std::uint32_t, std::uint32_t>::with<std::vector<barrier_release_list>>>;
+    /// A member arrived; every arrival of the barrier is released once each live member of its
+    /// group has arrived. A second arrival of a member at one barrier is refused.
+    caf::reacts_to<barrier_arrival>,
+    /// A member is gone: no barrier waits for it any more, and those it held up are released.
+    caf::reacts_to<barrier_member_lost>>;
 
 } // namespace troupe
 
@@ -241,5 +247,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_release_list)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::barrier_release_list>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_lost)
