@@ -9,6 +9,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/send.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/data_link.hpp"
 #include "actors/dist_kvstore.hpp"
@@ -24,11 +25,10 @@ struct node_runtime {
   caf::actor_system_config config;
   std::unique_ptr<caf::actor_system> system;
 
-  explicit node_runtime(const cluster_config& cluster) {
+  node_runtime() {
+    // The middleman runs troupe's framed links; no BASP port is opened. A lost node is
+    // noticed by the control plane: closed connections and its heartbeats (node_agent).
     config.load<caf::io::middleman>();
-    // CAF's own heartbeat only tells that a connection is alive; the scheduler's heartbeats and
-    // timeouts decide that a node is lost (node_agent).
-    configure_failure_detection(config, cluster.heartbeat_interval, cluster.request_timeout);
     tune_for_data_path(config);
     system = std::make_unique<caf::actor_system>(config);
   }
@@ -45,10 +45,12 @@ agent_options agent_options_for(const cluster_config& config, wire::role role,
   options.host = config.node_host.empty() ? config.bind_address : config.node_host;
   options.data_port = data_port;
   options.rank_hint = config.rank_hint;
+  options.connect_timeout = config.connect_timeout;
   options.startup_timeout = config.startup_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
-  options.peer_timeout = config.request_timeout;
-  options.verbose = config.verbose;
+  options.peer_timeout = config.peer_timeout;
+  options.log =
+      logger{node_name(wire::to_string(role), std::nullopt, options.host), config.verbose};
   return options;
 }
 
@@ -67,7 +69,7 @@ data_link_tuning tuning_for(const cluster_config& config) {
 struct worker_resources {
   std::unique_ptr<node_runtime> runtime;
   std::unique_ptr<node_agent> agent;
-  caf::actor loss_listener;
+  job_listener loss_listener;
   ~worker_resources() {
     if (loss_listener)
       caf::anon_send_exit(loss_listener, caf::exit_reason::user_shutdown);
@@ -75,7 +77,10 @@ struct worker_resources {
   }
 };
 
-caf::behavior loss_listener_actor(caf::event_based_actor*, std::function<void(error)> report) {
+/// A worker's subscription to its agent: a failed job fails the store's calls. Membership
+/// updates need nothing from today's dist_kvstore: within the quorum its calls go on.
+job_listener::behavior_type loss_listener_actor(job_listener::pointer,
+                                                std::function<void(error)> report) {
   return {
       [report](peer_lost_atom, const std::string& who) {
         report(error{errc::peer_lost, who});
@@ -83,16 +88,41 @@ caf::behavior loss_listener_actor(caf::event_based_actor*, std::function<void(er
       [report](stop_atom) {
         report(error{errc::peer_lost, "the scheduler stopped the job"});
       },
+      [](const wire::membership&) {},
   };
+}
+
+/// A server's subscription to its agent: membership updates go to every shard (a lost worker
+/// within the quorum no longer holds up rounds and staleness bounds).
+job_listener::behavior_type server_listener_actor(job_listener::pointer,
+                                                  std::shared_ptr<const server_node> node) {
+  return {
+      [](peer_lost_atom, const std::string&) {}, // run_server sees the failure through the agent
+      [](stop_atom) {},                          // ... and the stop
+      [node](const wire::membership& table) { node->broadcast(table); },
+  };
+}
+
+/// The sync settings worker rank 0 sends the scheduler for a store of `type`.
+wire::sync_settings sync_settings_for(const std::string& type, const cluster_config& config,
+                                      std::uint32_t num_workers) {
+  wire::sync_settings settings;
+  settings.mode = type.find("async") != std::string::npos ? wire::consistency_mode::async
+                                                          : wire::consistency_mode::sync;
+  settings.quorum = config.quorum ? static_cast<std::uint32_t>(*config.quorum) : num_workers;
+  settings.rescale_quorum = config.rescale_quorum;
+  settings.max_staleness = config.max_staleness.value_or(-1);
+  settings.max_rounds_ahead = static_cast<std::uint32_t>(config.max_rounds_ahead);
+  return settings;
 }
 
 } // namespace
 
-status run_scheduler(const cluster_config& config,
-                     const std::function<void(std::uint16_t port)>& on_listening) {
+result<job_outcome> run_scheduler(const cluster_config& config,
+                                  const std::function<void(std::uint16_t port)>& on_listening) {
   if (auto valid = validate_for_role(config, node_role::scheduler); !valid)
-    return valid;
-  node_runtime runtime{config};
+    return valid.error();
+  node_runtime runtime;
   scheduler_options options;
   options.host = config.scheduler_host;
   options.port = config.scheduler_port.value_or(0);
@@ -101,10 +131,10 @@ status run_scheduler(const cluster_config& config,
   options.job_id = config.job_id;
   options.auth_token = config.auth_token;
   options.startup_timeout = config.startup_timeout;
-  options.peer_timeout = config.request_timeout;
+  options.peer_timeout = config.peer_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
   options.drain_timeout = config.request_timeout;
-  options.verbose = config.verbose;
+  options.log = logger{node_name("scheduler", std::nullopt, config.scheduler_host), config.verbose};
   auto handle = spawn_scheduler(*runtime.system, options);
   if (!handle)
     return handle.error();
@@ -117,17 +147,31 @@ status run_scheduler(const cluster_config& config,
       return *outcome;
 }
 
+int scheduler_exit_code(const result<job_outcome>& outcome) noexcept {
+  if (!outcome)
+    return 1;
+  switch (outcome->end) {
+  case job_end::finished:
+    return 0;
+  case job_end::finished_with_losses:
+    return 3;
+  case job_end::failed:
+    return 1;
+  }
+  return 1;
+}
+
 status run_server(const cluster_config& config) {
   if (auto valid = validate_for_role(config, node_role::server); !valid)
     return valid;
-  node_runtime runtime{config};
+  node_runtime runtime;
   auto& system = *runtime.system;
-  server_node node{
+  auto node = std::make_shared<const server_node>(
       system, server_node_options{static_cast<std::uint32_t>(config.num_workers.value_or(1)),
                                   static_cast<std::uint32_t>(config.shards_per_server),
-                                  consistency::sync, static_cast<std::size_t>(config.chunk_bytes)}};
+                                  consistency::sync, static_cast<std::size_t>(config.chunk_bytes)});
   data_server_options data_options;
-  data_options.route = node.router();
+  data_options.route = node->router();
   data_options.tuning = tuning_for(config);
   auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
   if (!data)
@@ -137,12 +181,12 @@ status run_server(const cluster_config& config) {
     caf::anon_send(data->broker, stop_atom::value);
     return agent.error();
   }
+  auto listener = system.spawn(server_listener_actor, node);
+  (*agent)->subscribe(listener);
   status outcome;
   for (;;) {
-    auto waited = (*agent)->wait_for_stop(std::chrono::seconds{1});
-    if (waited) {
+    if ((*agent)->wait_for_stop(std::chrono::seconds{1}))
       break;
-    }
     if (auto failure = (*agent)->failure()) {
       outcome = *failure;
       // The scheduler told every node at once; a moment's grace lets the workers hear the lost
@@ -153,6 +197,7 @@ status run_server(const cluster_config& config) {
     }
   }
   caf::anon_send(data->broker, stop_atom::value);
+  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
   agent->reset();
   return outcome;
 }
@@ -162,14 +207,19 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   if (auto valid = validate_for_role(config, node_role::worker); !valid)
     return valid.error();
   auto resources = std::make_shared<worker_resources>();
-  resources->runtime = std::make_unique<node_runtime>(config);
+  resources->runtime = std::make_unique<node_runtime>();
   auto& system = *resources->runtime->system;
   auto agent = node_agent::join(system, agent_options_for(config, wire::role::worker, 0));
   if (!agent)
     return agent.error();
   resources->agent = std::move(*agent);
   auto* agent_ptr = resources->agent.get();
-  auto membership = agent_ptr->membership();
+  const auto& membership = agent_ptr->membership();
+  if (agent_ptr->rank() == 0)
+    if (auto sent = agent_ptr->send_sync_settings(
+            sync_settings_for(type, config, membership.num_workers), config.request_timeout);
+        !sent)
+      return error{sent.error().code(), "sync settings: " + sent.error().message()};
 
   std::vector<wire::node_info> servers;
   for (const auto& node : membership.nodes)
@@ -229,10 +279,15 @@ result<std::unique_ptr<kvstore>> create_distributed(const std::string& type) {
   auto role = config->role.value_or(node_role::worker);
   if (role == node_role::worker)
     return connect_worker(type, *config);
-  auto outcome = role == node_role::scheduler ? run_scheduler(*config) : run_server(*config);
+  if (role == node_role::scheduler) {
+    auto outcome = run_scheduler(*config);
+    if (!outcome)
+      std::fprintf(stderr, "troupe scheduler: %s\n", outcome.error().to_string().c_str());
+    std::exit(scheduler_exit_code(outcome));
+  }
+  auto outcome = run_server(*config);
   if (!outcome) {
-    std::fprintf(stderr, "troupe %s: %s\n", std::string{to_string(role)}.c_str(),
-                 outcome.error().to_string().c_str());
+    std::fprintf(stderr, "troupe server: %s\n", outcome.error().to_string().c_str());
     std::exit(1);
   }
   std::exit(0);

@@ -17,7 +17,7 @@
 //   worker ──envelope──> link ══frames══> data server ──(envelope, reply_sink)──> shard / control
 //   worker <─envelope─── link <══frames══ data server <───────(envelope)─────────┘
 //   node agent <──envelope── link <══frames══> control server ──(envelope, sink)──> scheduler
-//                                                                  scheduler ──> barrier actor
+//   node agent <──────────────────────envelope─────────────────── sink <── scheduler / job barrier
 
 #include <chrono>
 #include <cstdint>
@@ -59,9 +59,6 @@ using closed_atom = caf::atom_constant<caf::atom("closed")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
-// TODO(cleanup): the BASP control plane's atoms, until it moves onto the framed links.
-using frame_atom = caf::atom_constant<caf::atom("frame")>;
-using control_atom = caf::atom_constant<caf::atom("control")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -173,18 +170,22 @@ using job_listener = caf::typed_actor<
     caf::reacts_to<peer_lost_atom, std::string>,
     /// The scheduler told this server to stop: the job ended well.
     caf::reacts_to<stop_atom>,
-    /// A new membership table (a worker was lost and the job goes on).
+    /// A new membership table (a worker was lost within the quorum and the job goes on).
     caf::reacts_to<wire::membership>>;
 
 /// A blocking node-agent call (barrier, done, sync settings to the scheduler), with its answer.
+/// The agent sets the request id (and a barrier's id and sender) itself.
 struct control_call {
   wire::message request;
+  /// "barrier of group 4", "done": how errors name the call.
   std::string what;
   completion<status> done;
 };
 
 /// The node side of the control plane (actors/node_agent.hpp).
 using node_agent_actor = caf::typed_actor<
+    /// The control link to the scheduler is open (sent once, by node_agent::join): register.
+    caf::reacts_to<caf::connect_atom, caf::actor>,
     /// A frame from the scheduler, off the control link.
     caf::reacts_to<envelope>,
     /// The control link is gone.
@@ -193,13 +194,16 @@ using node_agent_actor = caf::typed_actor<
     caf::reacts_to<control_call>,
     /// Tell this listener about the job from now on (and at once, if it already ended).
     caf::reacts_to<subscribe_atom, job_listener>,
-    /// Heartbeat and liveness check (sent by the agent to itself).
+    /// Heartbeat, liveness check and the join deadline (sent by the agent to itself).
     caf::reacts_to<tick_atom>>;
 
 /// The scheduler of a job (actors/scheduler.hpp).
 using scheduler_actor = caf::typed_actor<
-    /// A frame from a node, off its control connection.
+    /// A frame from a node, off its control connection; replies go to the sink.
     caf::reacts_to<envelope, reply_sink>,
+    /// The same, as actors/data_link's server broker sends it today (the sink as a dynamically
+    /// typed handle). TODO(cleanup): drop once the broker sends a reply_sink.
+    caf::reacts_to<envelope, caf::actor>,
     /// That control connection closed.
     caf::reacts_to<closed_atom, std::uint64_t>,
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
 namespace troupe {
@@ -104,6 +105,11 @@ const caf::actor& server_node::route(const envelope& request) const {
   if (is_keyed(request.msg))
     return shards_[shard_of(wire::key_of(request.msg).value_or(0), options_.shards)];
   return control_;
+}
+
+void server_node::broadcast(const wire::membership& table) const {
+  for (const auto& shard : shards_)
+    caf::anon_send(shard, table);
 }
 
 std::function<caf::actor(const envelope&)> server_node::router() const {

@@ -39,6 +39,10 @@ public:
   const caf::actor& route(const envelope& request) const;
   std::function<caf::actor(const envelope&)> router() const;
 
+  /// Sends the job's new membership table to every shard (a worker was lost within the quorum).
+  /// Thread-safe.
+  void broadcast(const wire::membership& table) const;
+
   const std::vector<caf::actor>& shards() const noexcept { return shards_; }
   const server_node_options& options() const noexcept { return options_; }
 
