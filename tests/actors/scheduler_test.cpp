@@ -859,6 +859,61 @@ BOOST_FIXTURE_TEST_CASE(
              outcome->summary);
 }
 
+BOOST_FIXTURE_TEST_CASE(with_a_quorum_a_silent_worker_is_dropped_and_told_so_and_the_job_goes_on,
+                        job_fixture) {
+  start(1, 3);
+  // Worker rank 0 sends the sync settings, then falls silent (no heartbeats) with its connection
+  // open, as a frozen process would. Its settings frame comes before its silence, so the quorum
+  // is known before the peer timeout can pass.
+  auto silent = options_for(wire::role::worker);
+  silent.rank_hint = 0;
+  silent.heartbeat_interval = 1h;
+  silent.peer_timeout = 2h;
+  std::vector<std::future<join_result>> pending;
+  pending.push_back(join_async(options_for(wire::role::server)));
+  pending.push_back(join_async(silent));
+  for (std::int32_t rank : {1, 2}) { // every rank asked for, so none depends on arrival order
+    auto speaking = options_for(wire::role::worker);
+    speaking.rank_hint = rank;
+    pending.push_back(join_async(speaking));
+  }
+  auto agents = admitted(pending);
+  auto* quiet = find(agents, wire::role::worker, 0);
+  std::vector<std::unique_ptr<caf::scoped_actor>> listeners;
+  for (auto* subscriber : {find(agents, wire::role::server, 0), find(agents, wire::role::worker, 1),
+                           find(agents, wire::role::worker, 2)}) {
+    listeners.push_back(std::make_unique<caf::scoped_actor>(node_side.sys));
+    subscriber->subscribe(as_listener(*listeners.back()));
+  }
+  BOOST_TEST_REQUIRE(quiet->send_sync_settings(settings_with_quorum(2), 5s).has_value());
+
+  for (auto& listener : listeners)
+    BOOST_TEST(next_notice(*listener, 5s) == "membership epoch 2, lost: 9");
+  // The silent worker, were it to wake up, learns that it was dropped.
+  const auto woken = quiet->barrier(wire::group::workers, 5s);
+  BOOST_TEST_REQUIRE(!woken.has_value());
+  BOOST_TEST((woken.error().code() == errc::peer_lost));
+  BOOST_TEST(contains(woken.error().message(), "worker 0 (node 9) was lost: nothing heard from it"),
+             woken.error().message());
+  // The others go on: a barrier of the live workers, done, stop.
+  auto other = std::async(std::launch::async, [&] {
+    return find(agents, wire::role::worker, 1)->barrier(wire::group::workers, 5s);
+  });
+  BOOST_TEST(find(agents, wire::role::worker, 2)->barrier(wire::group::workers, 5s).has_value());
+  BOOST_TEST(other.get().has_value());
+  for (std::uint32_t rank : {1u, 2u})
+    BOOST_TEST(find(agents, wire::role::worker, rank)->notify_done(5s).has_value());
+  BOOST_TEST(find(agents, wire::role::server, 0)->wait_for_stop(5s).has_value());
+  agents.clear();
+  const auto outcome = scheduler->wait(5s);
+  BOOST_TEST_REQUIRE(outcome.has_value());
+  BOOST_TEST((outcome->end == job_end::finished_with_losses));
+  BOOST_TEST_REQUIRE(outcome->lost_workers.size() == 1u);
+  BOOST_TEST(outcome->lost_workers.front().node_id == 9u);
+  BOOST_TEST(contains(outcome->lost_workers.front().why, "nothing heard from it for"),
+             outcome->lost_workers.front().why);
+}
+
 BOOST_FIXTURE_TEST_CASE(losing_more_workers_than_the_quorum_allows_fails_the_job_naming_the_node,
                         job_fixture) {
   const auto agents = running_job(1, 3, 2);
