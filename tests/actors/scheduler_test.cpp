@@ -128,6 +128,15 @@ struct job_fixture {
   std::vector<std::unique_ptr<node_agent>> running_job(std::uint32_t servers, std::uint32_t workers,
                                                        std::optional<std::uint32_t> quorum = {});
 
+  /// The workers of `ranks` pass a barrier of the worker group together.
+  static void pass_worker_barrier(const std::vector<std::unique_ptr<node_agent>>& agents,
+                                  const std::vector<std::uint32_t>& ranks);
+
+  /// The workers of `ranks` say done, every server is told to stop, every node leaves: the job's
+  /// outcome.
+  job_outcome finish(std::vector<std::unique_ptr<node_agent>>& agents,
+                     const std::vector<std::uint32_t>& ranks);
+
   static std::vector<std::unique_ptr<node_agent>>
   admitted(std::vector<std::future<join_result>>& pending) {
     std::vector<std::unique_ptr<node_agent>> agents;
@@ -355,6 +364,32 @@ job_fixture::running_job(std::uint32_t servers, std::uint32_t workers,
     BOOST_TEST_REQUIRE(set.has_value(), set.error().to_string());
   }
   return agents;
+}
+
+void job_fixture::pass_worker_barrier(const std::vector<std::unique_ptr<node_agent>>& agents,
+                                      const std::vector<std::uint32_t>& ranks) {
+  std::vector<std::future<status>> waiting;
+  for (std::uint32_t rank : ranks)
+    waiting.push_back(std::async(std::launch::async, [&agents, rank] {
+      return find(agents, wire::role::worker, rank)->barrier(wire::group::workers, 5s);
+    }));
+  for (auto& barrier : waiting) {
+    const auto passed = barrier.get();
+    BOOST_TEST(passed.has_value(), (passed ? std::string{} : passed.error().to_string()));
+  }
+}
+
+job_outcome job_fixture::finish(std::vector<std::unique_ptr<node_agent>>& agents,
+                                const std::vector<std::uint32_t>& ranks) {
+  for (std::uint32_t rank : ranks)
+    BOOST_TEST(find(agents, wire::role::worker, rank)->notify_done(5s).has_value());
+  for (const auto& agent : agents)
+    if (agent->role() == wire::role::server)
+      BOOST_TEST(agent->wait_for_stop(5s).has_value());
+  agents.clear();
+  auto outcome = scheduler->wait(5s);
+  BOOST_TEST_REQUIRE(outcome.has_value());
+  return *outcome;
 }
 
 } // namespace
@@ -830,33 +865,24 @@ BOOST_FIXTURE_TEST_CASE(
     BOOST_TEST_REQUIRE((barrier.wait_for(5s) == std::future_status::ready));
     BOOST_TEST(barrier.get().has_value());
   }
-  auto again = std::async(std::launch::async, [&] {
-    return find(agents, wire::role::worker, 0)->barrier(wire::group::workers, 5s);
-  });
-  BOOST_TEST(find(agents, wire::role::worker, 2)->barrier(wire::group::workers, 5s).has_value());
-  BOOST_TEST(again.get().has_value());
+  pass_worker_barrier(agents, {0, 2});
   BOOST_TEST(!scheduler->outcome().has_value());
 
   // The live workers finish: the servers stop and the job ends with the loss in its outcome.
-  for (std::uint32_t rank : {0u, 2u})
-    BOOST_TEST(find(agents, wire::role::worker, rank)->notify_done(5s).has_value());
-  BOOST_TEST(find(agents, wire::role::server, 0)->wait_for_stop(5s).has_value());
-  agents.clear();
-  const auto outcome = scheduler->wait(5s);
-  BOOST_TEST_REQUIRE(outcome.has_value());
-  BOOST_TEST((outcome->end == job_end::finished_with_losses));
-  BOOST_TEST(outcome->as_status().has_value());
-  BOOST_TEST(outcome->workers_finished == 2u);
-  BOOST_TEST_REQUIRE(outcome->lost_workers.size() == 1u);
-  const auto& lost = outcome->lost_workers.front();
+  const auto outcome = finish(agents, {0, 2});
+  BOOST_TEST((outcome.end == job_end::finished_with_losses));
+  BOOST_TEST(outcome.as_status().has_value());
+  BOOST_TEST(outcome.workers_finished == 2u);
+  BOOST_TEST_REQUIRE(outcome.lost_workers.size() == 1u);
+  const auto& lost = outcome.lost_workers.front();
   BOOST_TEST(lost.rank == 1u);
   BOOST_TEST(lost.node_id == 11u);
   BOOST_TEST(lost.why == "its control connection closed");
-  BOOST_TEST(contains(outcome->summary, "2 of 3 workers finished (rank 0, 2); 1 lost (quorum 2): "
-                                        "worker 1 (node 11) "),
-             outcome->summary);
-  BOOST_TEST(contains(outcome->summary, "after the job started: its control connection closed"),
-             outcome->summary);
+  BOOST_TEST(contains(outcome.summary, "2 of 3 workers finished (rank 0, 2); 1 lost (quorum 2): "
+                                       "worker 1 (node 11) "),
+             outcome.summary);
+  BOOST_TEST(contains(outcome.summary, "after the job started: its control connection closed"),
+             outcome.summary);
 }
 
 BOOST_FIXTURE_TEST_CASE(with_a_quorum_a_silent_worker_is_dropped_and_told_so_and_the_job_goes_on,
@@ -896,22 +922,13 @@ BOOST_FIXTURE_TEST_CASE(with_a_quorum_a_silent_worker_is_dropped_and_told_so_and
   BOOST_TEST(contains(woken.error().message(), "worker 0 (node 9) was lost: nothing heard from it"),
              woken.error().message());
   // The others go on: a barrier of the live workers, done, stop.
-  auto other = std::async(std::launch::async, [&] {
-    return find(agents, wire::role::worker, 1)->barrier(wire::group::workers, 5s);
-  });
-  BOOST_TEST(find(agents, wire::role::worker, 2)->barrier(wire::group::workers, 5s).has_value());
-  BOOST_TEST(other.get().has_value());
-  for (std::uint32_t rank : {1u, 2u})
-    BOOST_TEST(find(agents, wire::role::worker, rank)->notify_done(5s).has_value());
-  BOOST_TEST(find(agents, wire::role::server, 0)->wait_for_stop(5s).has_value());
-  agents.clear();
-  const auto outcome = scheduler->wait(5s);
-  BOOST_TEST_REQUIRE(outcome.has_value());
-  BOOST_TEST((outcome->end == job_end::finished_with_losses));
-  BOOST_TEST_REQUIRE(outcome->lost_workers.size() == 1u);
-  BOOST_TEST(outcome->lost_workers.front().node_id == 9u);
-  BOOST_TEST(contains(outcome->lost_workers.front().why, "nothing heard from it for"),
-             outcome->lost_workers.front().why);
+  pass_worker_barrier(agents, {1, 2});
+  const auto outcome = finish(agents, {1, 2});
+  BOOST_TEST((outcome.end == job_end::finished_with_losses));
+  BOOST_TEST_REQUIRE(outcome.lost_workers.size() == 1u);
+  BOOST_TEST(outcome.lost_workers.front().node_id == 9u);
+  BOOST_TEST(contains(outcome.lost_workers.front().why, "nothing heard from it for"),
+             outcome.lost_workers.front().why);
 }
 
 BOOST_FIXTURE_TEST_CASE(losing_more_workers_than_the_quorum_allows_fails_the_job_naming_the_node,
