@@ -9,6 +9,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/send.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/data_link.hpp"
 #include "actors/dist_kvstore.hpp"
@@ -24,11 +25,10 @@ struct node_runtime {
   caf::actor_system_config config;
   std::unique_ptr<caf::actor_system> system;
 
-  explicit node_runtime(const cluster_config& cluster) {
+  node_runtime() {
+    // The middleman runs troupe's framed links; no BASP port is opened. A lost node is
+    // noticed by the control plane: closed connections and its heartbeats (node_agent).
     config.load<caf::io::middleman>();
-    // CAF's own heartbeat only tells that a connection is alive; the scheduler's heartbeats and
-    // timeouts decide that a node is lost (node_agent).
-    configure_failure_detection(config, cluster.heartbeat_interval, cluster.request_timeout);
     tune_for_data_path(config);
     system = std::make_unique<caf::actor_system>(config);
   }
@@ -45,10 +45,12 @@ agent_options agent_options_for(const cluster_config& config, wire::role role,
   options.host = config.node_host.empty() ? config.bind_address : config.node_host;
   options.data_port = data_port;
   options.rank_hint = config.rank_hint;
+  options.connect_timeout = config.connect_timeout;
   options.startup_timeout = config.startup_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
-  options.peer_timeout = config.request_timeout;
-  options.verbose = config.verbose;
+  options.peer_timeout = config.peer_timeout;
+  options.log =
+      logger{node_name(wire::to_string(role), std::nullopt, options.host), config.verbose};
   return options;
 }
 
@@ -70,13 +72,24 @@ struct worker_resources {
   ~worker_resources() { agent.reset(); }
 };
 
+/// A server's subscription to its agent: membership updates go to every shard (a lost worker
+/// within the quorum no longer holds up rounds and staleness bounds).
+job_listener::behavior_type server_listener_actor(job_listener::pointer,
+                                                  std::shared_ptr<const server_node> node) {
+  return {
+      [](peer_lost_atom, const std::string&) {}, // run_server sees the failure through the agent
+      [](stop_atom) {},                          // ... and the stop
+      [node](const wire::membership& table) { node->broadcast(table); },
+  };
+}
+
 } // namespace
 
-status run_scheduler(const cluster_config& config,
-                     const std::function<void(std::uint16_t port)>& on_listening) {
+result<job_outcome> run_scheduler(const cluster_config& config,
+                                  const std::function<void(std::uint16_t port)>& on_listening) {
   if (auto valid = validate_for_role(config, node_role::scheduler); !valid)
-    return valid;
-  node_runtime runtime{config};
+    return valid.error();
+  node_runtime runtime;
   scheduler_options options;
   options.host = config.scheduler_host;
   options.port = config.scheduler_port.value_or(0);
@@ -85,10 +98,10 @@ status run_scheduler(const cluster_config& config,
   options.job_id = config.job_id;
   options.auth_token = config.auth_token;
   options.startup_timeout = config.startup_timeout;
-  options.peer_timeout = config.request_timeout;
+  options.peer_timeout = config.peer_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
   options.drain_timeout = config.request_timeout;
-  options.verbose = config.verbose;
+  options.log = logger{node_name("scheduler", std::nullopt, config.scheduler_host), config.verbose};
   auto handle = spawn_scheduler(*runtime.system, options);
   if (!handle)
     return handle.error();
@@ -101,17 +114,31 @@ status run_scheduler(const cluster_config& config,
       return *outcome;
 }
 
+int scheduler_exit_code(const result<job_outcome>& outcome) noexcept {
+  if (!outcome)
+    return 1;
+  switch (outcome->end) {
+  case job_end::finished:
+    return 0;
+  case job_end::finished_with_losses:
+    return 3;
+  case job_end::failed:
+    return 1;
+  }
+  return 1;
+}
+
 status run_server(const cluster_config& config) {
   if (auto valid = validate_for_role(config, node_role::server); !valid)
     return valid;
-  node_runtime runtime{config};
+  node_runtime runtime;
   auto& system = *runtime.system;
-  server_node node{
+  auto node = std::make_shared<const server_node>(
       system, server_node_options{static_cast<std::uint32_t>(config.num_workers.value_or(1)),
                                   static_cast<std::uint32_t>(config.shards_per_server),
-                                  consistency::sync, static_cast<std::size_t>(config.chunk_bytes)}};
+                                  consistency::sync, static_cast<std::size_t>(config.chunk_bytes)});
   data_server_options data_options;
-  data_options.route = node.router();
+  data_options.route = node->router();
   data_options.tuning = tuning_for(config);
   auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
   if (!data)
@@ -121,12 +148,12 @@ status run_server(const cluster_config& config) {
     caf::anon_send(data->broker, stop_atom::value);
     return agent.error();
   }
+  auto listener = system.spawn(server_listener_actor, node);
+  (*agent)->subscribe(listener);
   status outcome;
   for (;;) {
-    auto waited = (*agent)->wait_for_stop(std::chrono::seconds{1});
-    if (waited) {
+    if ((*agent)->wait_for_stop(std::chrono::seconds{1}))
       break;
-    }
     if (auto failure = (*agent)->failure()) {
       outcome = *failure;
       // The scheduler told every node at once; a moment's grace lets the workers hear the lost
@@ -137,6 +164,7 @@ status run_server(const cluster_config& config) {
     }
   }
   caf::anon_send(data->broker, stop_atom::value);
+  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
   agent->reset();
   return outcome;
 }
@@ -146,14 +174,14 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   if (auto valid = validate_for_role(config, node_role::worker); !valid)
     return valid.error();
   auto resources = std::make_shared<worker_resources>();
-  resources->runtime = std::make_unique<node_runtime>(config);
+  resources->runtime = std::make_unique<node_runtime>();
   auto& system = *resources->runtime->system;
   auto agent = node_agent::join(system, agent_options_for(config, wire::role::worker, 0));
   if (!agent)
     return agent.error();
   resources->agent = std::move(*agent);
   auto* agent_ptr = resources->agent.get();
-  auto membership = agent_ptr->membership();
+  const auto& membership = agent_ptr->membership();
 
   std::vector<wire::node_info> servers;
   for (const auto& node : membership.nodes)
@@ -200,10 +228,11 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   setup.barrier = [agent_ptr, barrier_timeout] {
     return agent_ptr->barrier(wire::group::workers, barrier_timeout);
   };
-  setup.on_started = [agent_ptr](const worker_actor& worker) {
-    agent_ptr->subscribe(caf::actor_cast<caf::actor>(worker));
-  };
+  setup.on_started = [agent_ptr](const worker_actor& worker) { agent_ptr->subscribe(worker); };
   auto request_timeout = config.request_timeout;
+  setup.announce_settings = [agent_ptr, request_timeout](const wire::sync_settings& settings) {
+    return agent_ptr->send_sync_settings(settings, request_timeout);
+  };
   setup.on_finalize = [agent_ptr, request_timeout] {
     (void)agent_ptr->notify_done(request_timeout);
   };
@@ -222,10 +251,15 @@ result<std::unique_ptr<kvstore>> create_distributed(const std::string& type) {
   auto role = config->role.value_or(node_role::worker);
   if (role == node_role::worker)
     return connect_worker(type, *config);
-  auto outcome = role == node_role::scheduler ? run_scheduler(*config) : run_server(*config);
+  if (role == node_role::scheduler) {
+    auto outcome = run_scheduler(*config);
+    if (!outcome)
+      std::fprintf(stderr, "troupe scheduler: %s\n", outcome.error().to_string().c_str());
+    std::exit(scheduler_exit_code(outcome));
+  }
+  auto outcome = run_server(*config);
   if (!outcome) {
-    std::fprintf(stderr, "troupe %s: %s\n", std::string{to_string(role)}.c_str(),
-                 outcome.error().to_string().c_str());
+    std::fprintf(stderr, "troupe server: %s\n", outcome.error().to_string().c_str());
     std::exit(1);
   }
   std::exit(0);

@@ -1,80 +1,41 @@
 #include "actors/node_agent.hpp"
 
+#include <algorithm>
 #include <array>
-#include <condition_variable>
-#include <iostream>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include <caf/actor_system.hpp>
-#include <caf/actor_system_config.hpp>
-#include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
-#include <caf/io/middleman.hpp>
 #include <caf/send.hpp>
-#include <caf/stateful_actor.hpp>
-#include <caf/system_messages.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/config.hpp"
+#include "actors/data_link.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/wire_conversions.hpp"
 
 namespace troupe {
 
-void configure_failure_detection(caf::actor_system_config& cfg, std::chrono::milliseconds heartbeat,
-                                 std::chrono::milliseconds timeout) {
-  if (heartbeat.count() <= 0 || timeout <= heartbeat)
-    throw exception(errc::invalid_argument,
-                    "configure_failure_detection needs 0 < heartbeat < timeout, got " +
-                        std::to_string(heartbeat.count()) + " ms and " +
-                        std::to_string(timeout.count()) + " ms");
-  cfg.set("middleman.heartbeat-interval", caf::timespan{heartbeat});
-  cfg.set("middleman.connection-timeout", caf::timespan{timeout});
-}
-
-/// What the blocking calls and the agent actor share; every field under `mutex`, and every
-/// change announced on `changed`.
-struct node_agent::shared_state {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::optional<wire::admitted> admitted;
-  std::optional<wire::membership> membership;
-  /// First fatal error: rejection, job failure, scheduler lost. Later calls return it.
-  std::optional<error> failure;
-  bool stop_received = false;
-  /// The node's part is over (done acknowledged, or stop received): the scheduler may go now
-  /// without that being a loss.
-  bool finished = false;
-  /// Outstanding requests by request id; the actor fills in the outcome.
-  std::map<std::uint64_t, std::optional<status>> pending;
-  /// Request id of the worker's done, whose ack makes the node finished.
-  std::optional<std::uint64_t> done_request;
-  /// 1 is the registration's.
-  std::uint64_t next_request_id = 2;
-  /// Barriers this node entered, per group: the next barrier's id is one more. Every member
-  /// calls barrier(group) in the same order (ps-lite's contract), so the ids agree.
-  std::array<std::uint64_t, 8> barriers_entered{};
+struct node_agent::joined {
+  wire::admitted admitted;
+  wire::membership membership;
 };
 
 namespace {
 
-// Requests from the node_agent object to its actor (never sent over the network).
-using send_ctrl_atom = caf::atom_constant<caf::atom("send_ctrl")>;
-using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
-
 using steady = std::chrono::steady_clock;
-using shared_state = node_agent::shared_state;
+using std::chrono::milliseconds;
 
 constexpr std::uint64_t registration_request_id = 1;
-
-std::string describe(std::chrono::milliseconds duration) {
-  if (duration.count() % 1000 == 0)
-    return std::to_string(duration.count() / 1000) + " s";
-  return std::to_string(duration.count()) + " ms";
-}
+/// The tag of the control link (envelope::connection of its frames).
+constexpr std::uint64_t control_link_tag = 1;
+/// join()'s pauses between attempts to reach a scheduler that refuses: doubling from the first
+/// to the last.
+constexpr milliseconds first_backoff{50};
+constexpr milliseconds longest_backoff{1'000};
 
 std::string_view to_string(wire::reject_reason reason) {
   switch (reason) {
@@ -98,28 +59,46 @@ std::uint8_t group_bit(wire::role node_role) {
   return node_role == wire::role::server ? wire::group::servers : wire::group::workers;
 }
 
-/// The actor half of a node agent: talks to the scheduler, fills in the shared state.
+using joined_result = result<node_agent::joined>;
+using agent_pointer = node_agent_actor::pointer;
+
+// The agent's phases: connecting (join() dials; the agent waits for the link) -> registering ->
+// admitted -> joined (the first membership table: join() returns) -> finished (done acknowledged
+// or stop received) or failed. failed is final and reached from any phase; after finished, the
+// scheduler leaving is no loss.
 class agent_state {
 public:
   static inline const char* name = "troupe.node_agent";
 
-  explicit agent_state(caf::event_based_actor* self) : self_(self) {}
-
-  caf::behavior start(caf::actor scheduler, agent_options options,
-                      std::shared_ptr<shared_state> shared) {
-    scheduler_ = std::move(scheduler);
+  node_agent_actor::behavior_type start(agent_pointer self, agent_options options,
+                                        completion<joined_result> joined, completion<status> ended,
+                                        steady::time_point deadline) {
+    self_ = self;
     options_ = std::move(options);
-    shared_ = std::move(shared);
+    joined_ = std::move(joined);
+    ended_ = std::move(ended);
+    deadline_ = deadline;
+    log_ = options_.log;
+    where_ = options_.scheduler_host + ":" + std::to_string(options_.scheduler_port);
+    return {
+        [this](caf::connect_atom, const caf::actor& link) { on_link(link); },
+        [this](envelope& frame) { on_frame(frame.msg); },
+        [this](link_down_atom, std::uint64_t, const std::string& reason) { on_link_down(reason); },
+        [this](control_call& call) { on_call(std::move(call)); },
+        [this](subscribe_atom, const job_listener& listener) { on_subscribe(listener); },
+        [this](tick_atom) {
+          if (self_->current_sender().get() == self_->ctrl())
+            on_tick();
+        },
+    };
+  }
+
+private:
+  void on_link(const caf::actor& link) {
+    if (link_ || failure_)
+      return;
+    link_ = caf::actor_cast<link_actor>(link);
     last_heard_ = steady::now();
-    self_->monitor(scheduler_);
-    self_->set_down_handler([this](caf::down_msg& msg) {
-      if (msg.source == scheduler_.address())
-        on_scheduler_down(msg.reason);
-    });
-    self_->set_default_handler([this](caf::scheduled_actor*, caf::message_view& msg) {
-      log(2, "dropped an unexpected message " + caf::to_string(msg.copy_content_to_message()));
-      return caf::result<caf::message>{caf::sec::unexpected_message};
-    });
     wire::registration reg;
     reg.request_id = registration_request_id;
     reg.node_role = options_.role;
@@ -130,38 +109,11 @@ public:
     reg.rank_hint = options_.rank_hint;
     send(reg);
     self_->delayed_send(self_, options_.heartbeat_interval, tick_atom::value);
-    return {
-        [this](control_atom, const std::vector<char>& frame) {
-          if (caf::actor_cast<caf::actor_addr>(self_->current_sender()) == scheduler_.address())
-            on_frame(frame);
-          else
-            log(0, "dropped a control frame that did not come from the scheduler");
-        },
-        [this](send_ctrl_atom, std::vector<char>& frame) {
-          self_->send(scheduler_, control_atom::value, std::move(frame));
-        },
-        [this](subscribe_atom, const caf::actor& listener) { on_subscribe(listener); },
-        [this](tick_atom) {
-          if (self_->current_sender().get() == self_->ctrl())
-            on_tick();
-        },
-    };
   }
 
-private:
-  void on_frame(const std::vector<char>& frame) {
-    auto decoded = decode_control(frame);
-    if (!decoded) {
-      const std::string text = "bad control frame from the scheduler (" +
-                               std::string{to_string(decoded.error().kind)} +
-                               "): " + decoded.error().message;
-      log(0, text);
-      send(wire::error_reply{0, std::nullopt, wire::error_code::bad_frame, text});
-      return;
-    }
+  void on_frame(const wire::message& msg) {
     last_heard_ = steady::now();
-    const wire::message& msg = decoded->msg;
-    log(2, std::string{wire::kind_name(msg)} + " from the scheduler");
+    log_.debug(std::string{wire::kind_name(msg)} + " from the scheduler");
     if (const auto* admission = std::get_if<wire::admission>(&msg))
       on_admission(*admission);
     else if (const auto* table = std::get_if<wire::membership>(&msg))
@@ -175,186 +127,263 @@ private:
     else if (const auto* err = std::get_if<wire::error_reply>(&msg))
       on_error(*err);
     else if (!std::holds_alternative<wire::heartbeat>(msg))
-      log(0, "ignored a " + std::string{wire::kind_name(msg)} + " from the scheduler");
+      log_.error("ignored a " + std::string{wire::kind_name(msg)} + " from the scheduler");
   }
 
   void on_admission(const wire::admission& admission) {
     if (admission.request_id != registration_request_id || admitted_) {
-      log(0, "ignored an admission that answers no registration");
+      log_.error("ignored an admission that answers no registration");
       return;
     }
-    if (const auto* rejected = std::get_if<wire::rejected>(&admission.outcome)) {
-      fail(error{errc::invalid_argument, "registration rejected (" +
-                                             std::string{to_string(rejected->reason)} +
-                                             "): " + rejected->detail});
-      return;
-    }
-    const auto& admitted = std::get<wire::admitted>(admission.outcome);
-    admitted_ = true;
-    node_id_ = admitted.node_id;
-    name_ = std::string{wire::to_string(options_.role)} + " " + std::to_string(admitted.rank) +
-            " (node " + std::to_string(admitted.node_id) + ")";
-    log(1, "admitted");
-    {
-      std::lock_guard lock{shared_->mutex};
-      shared_->admitted = admitted;
-    }
-    shared_->changed.notify_all();
+    if (const auto* rejected = std::get_if<wire::rejected>(&admission.outcome))
+      return fail(error{errc::invalid_argument, "registration rejected (" +
+                                                    std::string{to_string(rejected->reason)} +
+                                                    "): " + rejected->detail});
+    admitted_ = std::get<wire::admitted>(admission.outcome);
+    node_id_ = admitted_->node_id;
+    log_ = options_.log.named(
+        node_name(wire::to_string(options_.role), admitted_->rank, options_.host));
+    log_.info("admitted as node " + std::to_string(node_id_));
+    maybe_joined();
   }
 
   void on_membership(const wire::membership& table) {
-    {
-      std::lock_guard lock{shared_->mutex};
-      if (shared_->membership && shared_->membership->epoch >= table.epoch)
-        return;
-      shared_->membership = table;
-    }
-    log(1, "membership epoch " + std::to_string(table.epoch) + " with " +
-               std::to_string(table.nodes.size()) + " nodes");
-    shared_->changed.notify_all();
+    if (membership_ && membership_->epoch >= table.epoch)
+      return;
+    const bool first = !membership_;
+    membership_ = table;
+    std::size_t alive = 0;
+    for (const auto& node : table.nodes)
+      alive += node.alive ? 1 : 0;
+    log_.info("membership epoch " + std::to_string(table.epoch) + ": " + std::to_string(alive) +
+              " of " + std::to_string(table.nodes.size()) + " nodes alive");
+    if (first)
+      return maybe_joined();
+    for (const auto& listener : listeners_)
+      self_->send(listener, table);
+  }
+
+  void maybe_joined() {
+    if (!admitted_ || !membership_ || joined_.ready())
+      return;
+    joined_.deliver(node_agent::joined{*admitted_, *membership_});
   }
 
   void on_command(const wire::command& cmd) {
-    if (cmd.kind != wire::command_kind::stop) {
-      send(wire::error_reply{cmd.request_id, std::nullopt, wire::error_code::unsupported,
-                             "the node agent runs no checkpoint commands"});
+    if (cmd.kind != wire::command_kind::stop)
+      return send(wire::error_reply{cmd.request_id, std::nullopt, wire::error_code::unsupported,
+                                    "the node agent runs no checkpoint commands"});
+    if (stopped_)
       return;
-    }
-    {
-      std::lock_guard lock{shared_->mutex};
-      if (shared_->stop_received)
-        return;
-      shared_->stop_received = true;
-      shared_->finished = true;
-    }
-    log(1, "stop received");
-    shared_->changed.notify_all();
+    stopped_ = true;
+    finished_ = true;
+    log_.info("stop received");
+    ended_.deliver(ok());
     for (const auto& listener : listeners_)
       self_->send(listener, stop_atom::value);
   }
 
   void on_error(const wire::error_reply& err) {
-    if (err.request_id != 0 && complete(err.request_id, error{from_wire(err.code), err.message}))
+    if (err.request_id != 0 && complete(err.request_id, from_wire(err)))
       return;
-    // Unasked: the job failed (a lost peer, the startup timeout). Anything else is the
-    // scheduler complaining about a frame of ours: worth a log, not the end of the node.
-    if (err.code == wire::error_code::lost_peer || err.code == wire::error_code::timeout)
-      fail(error{from_wire(err.code), err.message});
+    // A refused registration, or unasked: the job failed (a lost peer, the startup timeout).
+    // Anything else is the scheduler complaining about a frame of ours: worth a log, not the
+    // end of the node.
+    if ((err.request_id == registration_request_id && !admitted_) ||
+        (err.request_id == 0 &&
+         (err.code == wire::error_code::lost_peer || err.code == wire::error_code::timeout)))
+      fail(from_wire(err));
     else
-      log(0, "the scheduler reported: " + err.message);
+      log_.error("the scheduler reported: " + err.message);
   }
 
-  void on_scheduler_down(const caf::error& reason) {
-    scheduler_gone_ = true;
-    {
-      std::lock_guard lock{shared_->mutex};
-      if (shared_->finished || shared_->failure) {
-        log(1, "the scheduler left");
-        return;
-      }
+  void on_link_down(const std::string& reason) {
+    link_ = nullptr;
+    if (finished_ || failure_) {
+      log_.info("the scheduler left");
+      // Nothing can answer a call still waiting (a barrier after done): say so now.
+      for (auto& [id, call] : pending_)
+        call.done.deliver(left(call.what));
+      pending_.clear();
+      return;
     }
-    fail(error{errc::peer_lost, "scheduler (node 1) was lost: its actor terminated (" +
-                                    self_->system().render(reason) + ")"});
+    fail(error{errc::peer_lost, "scheduler (node 1) was lost: " + reason});
+  }
+
+  void on_call(control_call call) {
+    if (failure_) {
+      call.done.deliver(*failure_);
+      return;
+    }
+    if (!link_) {
+      call.done.deliver(left(call.what));
+      return;
+    }
+    const std::uint64_t id = next_request_id_++;
+    if (auto* field = wire::request_id_field(call.request))
+      *field = id;
+    if (auto* request = std::get_if<wire::barrier>(&call.request)) {
+      // Every member calls barrier(group) in the same order (ps-lite's contract), so the ids of
+      // the members agree.
+      request->barrier_id = ++barriers_entered_[request->group & wire::group::all];
+      request->sender_node_id = node_id_;
+    }
+    if (const auto* cmd = std::get_if<wire::command>(&call.request);
+        cmd && cmd->kind == wire::command_kind::stop)
+      done_request_ = id;
+    // Calls whose caller stopped waiting are dropped here, so the table stays as small as the
+    // number of callers.
+    std::erase_if(pending_, [](const auto& entry) { return entry.second.done.cancelled(); });
+    send(call.request);
+    pending_.emplace(id, std::move(call));
+  }
+
+  /// Delivers the outcome of request `request_id`; false when no such request is waiting.
+  bool complete(std::uint64_t request_id, status outcome) {
+    auto found = pending_.find(request_id);
+    if (found == pending_.end())
+      return false;
+    if (outcome && done_request_ == request_id)
+      finished_ = true;
+    found->second.done.deliver(std::move(outcome));
+    pending_.erase(found);
+    return true;
+  }
+
+  void on_subscribe(const job_listener& listener) {
+    if (!listener)
+      return;
+    listeners_.push_back(listener);
+    if (stopped_)
+      self_->send(listener, stop_atom::value);
+    if (failure_ && failure_->code() == errc::peer_lost)
+      self_->send(listener, peer_lost_atom::value, failure_->message());
   }
 
   void on_tick() {
-    bool done = false;
-    bool finished = false;
-    {
-      std::lock_guard lock{shared_->mutex};
-      done = shared_->failure.has_value();
-      finished = shared_->finished;
-    }
-    if (done || scheduler_gone_)
+    if (failure_ || !link_)
       return; // nobody left to talk to: stop ticking
+    const auto now = steady::now();
+    if (!joined_.ready() && now >= deadline_) {
+      const auto waited = format_duration(options_.startup_timeout);
+      return fail(admitted_ ? error{errc::timeout,
+                                    "admitted as " + std::string{wire::to_string(options_.role)} +
+                                        " " + std::to_string(admitted_->rank) +
+                                        ", but no membership table from the scheduler at " +
+                                        where_ + " within " + waited}
+                            : error{errc::timeout, "no answer to the registration from the "
+                                                   "scheduler at " +
+                                                       where_ + " within " + waited});
+    }
     if (admitted_) {
-      const auto now = steady::now();
       send(wire::heartbeat{
           node_id_, ++heartbeat_sequence_,
           std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()});
-      const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_);
-      if (!finished && silent > options_.peer_timeout) {
-        fail(error{errc::peer_lost, "scheduler (node 1) was lost: nothing heard from it for " +
-                                        describe(silent) + " (peer timeout " +
-                                        describe(options_.peer_timeout) + ")"});
-        return;
-      }
+      const auto silent = std::chrono::duration_cast<milliseconds>(now - last_heard_);
+      if (!finished_ && silent > options_.peer_timeout)
+        return fail(
+            error{errc::peer_lost, "scheduler (node 1) was lost: nothing heard from it for " +
+                                       format_duration(silent) + " (peer timeout " +
+                                       format_duration(options_.peer_timeout) + ")"});
     }
     self_->delayed_send(self_, options_.heartbeat_interval, tick_atom::value);
   }
 
-  void on_subscribe(const caf::actor& listener) {
-    if (!listener)
-      return;
-    listeners_.push_back(listener);
-    std::optional<error> failure;
-    bool stopped = false;
-    {
-      std::lock_guard lock{shared_->mutex};
-      failure = shared_->failure;
-      stopped = shared_->stop_received;
-    }
-    if (stopped)
-      self_->send(listener, stop_atom::value);
-    if (failure && failure->code() == errc::peer_lost)
-      self_->send(listener, peer_lost_atom::value, failure->message());
-  }
-
-  /// Fills in the outcome of request `request_id`; false when no such request is waiting.
-  bool complete(std::uint64_t request_id, status outcome) {
-    {
-      std::lock_guard lock{shared_->mutex};
-      auto pending = shared_->pending.find(request_id);
-      if (pending == shared_->pending.end() || pending->second)
-        return false;
-      if (outcome && shared_->done_request == request_id)
-        shared_->finished = true;
-      pending->second = std::move(outcome);
-    }
-    shared_->changed.notify_all();
-    return true;
-  }
-
-  /// The node's part in the job is over with `err`; the first failure wins.
+  /// The node's part in the job is over with `err`; the first failure wins. Every waiting call
+  /// and every later one gets it.
   void fail(error err) {
-    {
-      std::lock_guard lock{shared_->mutex};
-      if (shared_->failure)
-        return;
-      shared_->failure = err;
-    }
-    log(0, err.to_string());
-    shared_->changed.notify_all();
-    if (err.code() == errc::peer_lost)
+    if (failure_)
+      return;
+    failure_ = err;
+    log_.error(err.to_string());
+    const bool had_joined = joined_.ready();
+    joined_.deliver(err);
+    ended_.deliver(err);
+    for (auto& [id, call] : pending_)
+      call.done.deliver(err);
+    pending_.clear();
+    if (had_joined && err.code() == errc::peer_lost)
       for (const auto& listener : listeners_)
         self_->send(listener, peer_lost_atom::value, err.message());
   }
 
-  void send(const wire::message& msg) {
-    self_->send(scheduler_, control_atom::value, encode_control(msg));
+  /// The answer to a call that the scheduler, gone after the node finished, cannot give.
+  error left(const std::string& what) const {
+    return error{errc::peer_lost,
+                 what + ": the scheduler at " + where_ + " has left (the job ended)"};
   }
 
-  void log(int level, const std::string& text) const {
-    if (options_.verbose >= level)
-      std::clog << ("troupe " + name_ + ": " + text + "\n") << std::flush;
+  void send(wire::message msg) {
+    if (link_)
+      self_->send(link_, envelope{std::move(msg), nullptr, control_link_tag});
   }
 
-  caf::event_based_actor* self_;
-  caf::actor scheduler_;
+  agent_pointer self_ = nullptr;
   agent_options options_;
-  std::shared_ptr<shared_state> shared_;
-  std::vector<caf::actor> listeners_;
-  std::string name_ = "node (joining)";
+  completion<joined_result> joined_;
+  completion<status> ended_;
+  steady::time_point deadline_;
+  logger log_;
+  /// "host:port" of the scheduler.
+  std::string where_;
+  link_actor link_;
+  std::optional<wire::admitted> admitted_;
+  std::optional<wire::membership> membership_;
+  std::optional<error> failure_;
   std::uint32_t node_id_ = 0;
+  bool stopped_ = false;
+  /// Done acknowledged or stop received: the scheduler may leave without that being a loss.
+  bool finished_ = false;
+  std::map<std::uint64_t, control_call> pending_;
+  std::optional<std::uint64_t> done_request_;
+  /// 1 is the registration's.
+  std::uint64_t next_request_id_ = registration_request_id + 1;
+  /// Barriers this node entered, per group: the next barrier's id is one more.
+  std::array<std::uint64_t, 8> barriers_entered_{};
+  std::vector<job_listener> listeners_;
   std::uint64_t heartbeat_sequence_ = 0;
   steady::time_point last_heard_;
-  bool admitted_ = false;
-  bool scheduler_gone_ = false;
 };
 
-caf::behavior agent_actor(caf::stateful_actor<agent_state>* self, caf::actor scheduler,
-                          agent_options options, std::shared_ptr<shared_state> shared) {
-  return self->state.start(std::move(scheduler), std::move(options), std::move(shared));
+node_agent_actor::behavior_type agent_behavior(node_agent_actor::stateful_pointer<agent_state> self,
+                                               agent_options options,
+                                               completion<joined_result> joined,
+                                               completion<status> ended,
+                                               steady::time_point deadline) {
+  return self->state.start(self, std::move(options), std::move(joined), std::move(ended), deadline);
+}
+
+/// Dials the scheduler until it accepts, pausing first_backoff, doubling to longest_backoff,
+/// between attempts; gives up at `deadline` naming host:port, the time tried and the last
+/// reason.
+result<caf::actor> connect_with_backoff(caf::actor_system& sys, const agent_options& options,
+                                        const node_agent_actor& receiver,
+                                        steady::time_point deadline) {
+  const std::string where = options.scheduler_host + ":" + std::to_string(options.scheduler_port);
+  const auto started = steady::now();
+  data_link_options link_options;
+  link_options.tuning = control_link_tuning(max_control_frame_bytes, options.log.part("control"));
+  link_options.tag = control_link_tag;
+  auto backoff = first_backoff;
+  for (int attempts = 1;; ++attempts) {
+    auto link = connect_data_link(sys, options.scheduler_host, options.scheduler_port,
+                                  caf::actor_cast<caf::actor>(receiver), link_options);
+    if (link)
+      return link;
+    const auto now = steady::now();
+    if (now >= deadline) {
+      const auto tried = std::chrono::duration_cast<milliseconds>(now - started);
+      return error{errc::timeout, "could not reach the scheduler at " + where + ": tried for " +
+                                      format_duration(tried) + " (" + std::to_string(attempts) +
+                                      " attempts, connect timeout " +
+                                      format_duration(options.connect_timeout) +
+                                      "); last: " + link.error().message()};
+    }
+    options.log.debug("the scheduler at " + where + " refused (" + link.error().message() +
+                      "); retrying");
+    std::this_thread::sleep_for(std::min<steady::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, longest_backoff);
+  }
 }
 
 } // namespace
@@ -371,92 +400,66 @@ result<std::unique_ptr<node_agent>> node_agent::join(caf::actor_system& sys,
     return invalid("job_id must not be empty");
   if (options.host.empty() || options.scheduler_host.empty())
     return invalid("host and scheduler_host must not be empty");
+  if (options.host.size() > max_host_bytes)
+    return invalid("host must have at most " + std::to_string(max_host_bytes) + " bytes");
   if (options.scheduler_port == 0)
     return invalid("scheduler_port must not be 0");
-  for (const auto& [value, field] :
-       {std::pair{options.startup_timeout, "startup_timeout"},
-        std::pair{options.connect_retry_interval, "connect_retry_interval"},
-        std::pair{options.heartbeat_interval, "heartbeat_interval"},
-        std::pair{options.peer_timeout, "peer_timeout"}})
+  for (const auto& [value, field] : {std::pair{options.connect_timeout, "connect_timeout"},
+                                     std::pair{options.startup_timeout, "startup_timeout"},
+                                     std::pair{options.heartbeat_interval, "heartbeat_interval"},
+                                     std::pair{options.peer_timeout, "peer_timeout"}})
     if (value.count() <= 0)
       return invalid(std::string{field} + " must be positive, not " +
                      std::to_string(value.count()) + " ms");
 
-  const std::string where = options.scheduler_host + ":" + std::to_string(options.scheduler_port);
-  const auto deadline = steady::now() + options.startup_timeout;
-  // Processes of a job start in any order: retry until the scheduler listens.
-  caf::actor scheduler;
-  for (;;) {
-    auto found = sys.middleman().remote_actor(options.scheduler_host, options.scheduler_port);
-    if (found && *found) {
-      scheduler = std::move(*found);
-      break;
-    }
-    const std::string why = found ? "no actor published there" : sys.render(found.error());
-    if (steady::now() + options.connect_retry_interval >= deadline)
-      return error{errc::timeout, "could not reach the scheduler at " + where + " within " +
-                                      describe(options.startup_timeout) + ": " + why};
-    std::this_thread::sleep_for(options.connect_retry_interval);
-  }
-
-  auto shared = std::make_shared<shared_state>();
-  auto actor = sys.spawn(agent_actor, scheduler, options, shared);
-  std::unique_lock lock{shared->mutex};
-  shared->changed.wait_until(
-      lock, deadline, [&] { return shared->failure || (shared->admitted && shared->membership); });
-  if (shared->failure || !shared->admitted || !shared->membership) {
-    error err =
-        shared->failure ? *shared->failure
-        : shared->admitted
-            ? error{errc::timeout, "admitted as " + std::string{wire::to_string(options.role)} +
-                                       " " + std::to_string(shared->admitted->rank) +
-                                       ", but no membership table from the scheduler at " + where +
-                                       " within " + describe(options.startup_timeout)}
-            : error{errc::timeout, "no answer to the registration from the scheduler at " + where +
-                                       " within " + describe(options.startup_timeout)};
-    lock.unlock();
+  const auto started = steady::now();
+  const auto deadline = started + options.startup_timeout;
+  completion<joined_result> joined_done;
+  completion<status> ended;
+  auto actor = sys.spawn(agent_behavior, options, joined_done, ended, deadline);
+  auto give_up = [&](error err) -> result<std::unique_ptr<node_agent>> {
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
     return err;
-  }
-  const auto admitted = *shared->admitted;
-  lock.unlock();
-  return std::unique_ptr<node_agent>{new node_agent(std::move(actor), std::move(shared),
-                                                    options.role, admitted.rank, admitted.node_id)};
+  };
+  auto link = connect_with_backoff(
+      sys, options, actor, started + std::min(options.connect_timeout, options.startup_timeout));
+  if (!link)
+    return give_up(link.error());
+  caf::anon_send(actor, caf::connect_atom::value, *link);
+  // The agent ends the wait itself at `deadline` (checked at its heartbeats); this bound only
+  // covers an actor system that stopped answering.
+  auto got =
+      joined_done.wait_until(deadline + options.heartbeat_interval + std::chrono::seconds{1});
+  if (!got)
+    got = joined_done.cancel();
+  if (!got)
+    return give_up(error{errc::timeout, "the node agent did not report within " +
+                                            format_duration(options.startup_timeout)});
+  if (!*got)
+    return give_up(got->error());
+  return std::unique_ptr<node_agent>{
+      new node_agent(std::move(actor), std::move(ended), options.role, got->value())};
 }
 
-node_agent::node_agent(caf::actor actor, std::shared_ptr<shared_state> shared, wire::role role,
-                       std::uint32_t rank, std::uint32_t node_id)
-    : actor_(std::move(actor)), shared_(std::move(shared)), role_(role), rank_(rank),
-      node_id_(node_id) {}
+node_agent::node_agent(node_agent_actor actor, completion<status> ended, wire::role role,
+                       const joined& admitted)
+    : actor_(std::move(actor)), ended_(std::move(ended)), role_(role),
+      rank_(admitted.admitted.rank), node_id_(admitted.admitted.node_id),
+      membership_(admitted.membership) {}
 
 node_agent::~node_agent() {
   caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
 }
 
-wire::membership node_agent::membership() const {
-  std::lock_guard lock{shared_->mutex};
-  return *shared_->membership;
-}
-
-status node_agent::request(std::uint64_t request_id, const wire::message& msg,
-                           std::chrono::milliseconds timeout, const std::string& what) {
-  auto frame = encode_control(msg);
-  std::unique_lock lock{shared_->mutex};
-  if (shared_->failure)
-    return *shared_->failure;
-  shared_->pending.emplace(request_id, std::nullopt);
-  lock.unlock();
-  caf::anon_send(actor_, send_ctrl_atom::value, std::move(frame));
-  lock.lock();
-  shared_->changed.wait_for(lock, timeout, [&] {
-    return shared_->pending[request_id].has_value() || shared_->failure.has_value();
-  });
-  auto outcome = std::move(shared_->pending.extract(request_id).mapped());
-  if (outcome)
-    return *outcome;
-  if (shared_->failure)
-    return *shared_->failure;
-  return error{errc::timeout, what + " not answered within " + describe(timeout)};
+status node_agent::call(wire::message request, std::string what,
+                        std::chrono::milliseconds timeout) {
+  completion<status> done;
+  caf::anon_send(actor_, control_call{std::move(request), what, done});
+  if (auto got = done.wait_until(completion<status>::clock::now() + timeout))
+    return *got;
+  if (auto late = done.cancel())
+    return *late;
+  return error{errc::timeout, what + " not answered within " + format_duration(timeout)};
 }
 
 status node_agent::barrier(std::uint8_t group, std::chrono::milliseconds timeout) {
@@ -468,54 +471,47 @@ status node_agent::barrier(std::uint8_t group, std::chrono::milliseconds timeout
     return error{errc::invalid_argument, "a " + std::string{wire::to_string(role_)} +
                                              " is not a member of barrier group " +
                                              std::to_string(group)};
-  std::uint64_t request_id = 0;
-  std::uint64_t barrier_id = 0;
-  {
-    std::lock_guard lock{shared_->mutex};
-    request_id = shared_->next_request_id++;
-    barrier_id = ++shared_->barriers_entered[group];
-  }
-  return request(request_id, wire::barrier{request_id, barrier_id, group, node_id_}, timeout,
-                 "barrier " + std::to_string(barrier_id) + " of group " + std::to_string(group));
+  return call(wire::barrier{0, 0, group, node_id_}, "barrier of group " + std::to_string(group),
+              timeout);
 }
 
 status node_agent::notify_done(std::chrono::milliseconds timeout) {
   if (role_ != wire::role::worker)
     return error{errc::invalid_argument, "only a worker reports done; this node is a " +
                                              std::string{wire::to_string(role_)}};
-  std::uint64_t request_id = 0;
-  {
-    std::lock_guard lock{shared_->mutex};
-    request_id = shared_->next_request_id++;
-    shared_->done_request = request_id;
-  }
-  return request(request_id, wire::command{request_id, wire::command_kind::stop, {}}, timeout,
-                 "done");
+  return call(wire::command{0, wire::command_kind::stop, {}}, "done", timeout);
 }
 
-status node_agent::wait_for_stop(std::chrono::milliseconds timeout) {
-  std::unique_lock lock{shared_->mutex};
-  shared_->changed.wait_for(lock, timeout,
-                            [&] { return shared_->stop_received || shared_->failure; });
-  if (shared_->stop_received)
-    return ok();
-  if (shared_->failure)
-    return *shared_->failure;
-  return error{errc::timeout, "no stop command within " + describe(timeout)};
+status node_agent::send_sync_settings(wire::sync_settings settings,
+                                      std::chrono::milliseconds timeout) {
+  // The protocol cannot carry a quorum of 0 (the scheduler's port would refuse the frame with no
+  // request id to answer), so it is refused here.
+  if (settings.quorum == 0)
+    return error{errc::invalid_argument, "a quorum of 0 workers; it must be in 1.." +
+                                             std::to_string(membership_.num_workers)};
+  return call(std::move(settings), "sync settings", timeout);
+}
+
+status node_agent::wait_for_stop(std::chrono::milliseconds timeout) const {
+  if (auto got = ended_.wait_until(completion<status>::clock::now() + timeout))
+    return *got;
+  return error{errc::timeout, "no stop command within " + format_duration(timeout)};
 }
 
 bool node_agent::stop_received() const {
-  std::lock_guard lock{shared_->mutex};
-  return shared_->stop_received;
+  auto got = ended_.peek();
+  return got && got->has_value();
 }
 
-void node_agent::subscribe(const caf::actor& listener) {
+void node_agent::subscribe(const job_listener& listener) {
   caf::anon_send(actor_, subscribe_atom::value, listener);
 }
 
 std::optional<error> node_agent::failure() const {
-  std::lock_guard lock{shared_->mutex};
-  return shared_->failure;
+  auto got = ended_.peek();
+  if (got && !got->has_value())
+    return got->error();
+  return std::nullopt;
 }
 
 } // namespace troupe

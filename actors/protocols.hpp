@@ -17,7 +17,7 @@
 //   worker ──envelope──> link ══frames══> data server ──(envelope, reply_sink)──> shard / control
 //   worker <─envelope─── link <══frames══ data server <───────(envelope)─────────┘
 //   node agent <──envelope── link <══frames══> control server ──(envelope, sink)──> scheduler
-//                                                                  scheduler ──> barrier actor
+//   node agent <──────────────────────envelope─────────────────── sink <── scheduler / job barrier
 
 #include <chrono>
 #include <cstdint>
@@ -59,9 +59,6 @@ using closed_atom = caf::atom_constant<caf::atom("closed")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
-// TODO(cleanup): the BASP control plane's atoms, until it moves onto the framed links.
-using frame_atom = caf::atom_constant<caf::atom("frame")>;
-using control_atom = caf::atom_constant<caf::atom("control")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -184,18 +181,22 @@ using job_listener = caf::typed_actor<
     caf::reacts_to<peer_lost_atom, std::string>,
     /// The scheduler told this server to stop: the job ended well.
     caf::reacts_to<stop_atom>,
-    /// A new membership table (a worker was lost and the job goes on).
+    /// A new membership table (a worker was lost within the quorum and the job goes on).
     caf::reacts_to<wire::membership>>;
 
 /// A blocking node-agent call (barrier, done, sync settings to the scheduler), with its answer.
+/// The agent sets the request id (and a barrier's id and sender) itself.
 struct control_call {
   wire::message request;
+  /// "barrier of group 4", "done": how errors name the call.
   std::string what;
   completion<status> done;
 };
 
 /// The node side of the control plane (actors/node_agent.hpp).
 using node_agent_actor = caf::typed_actor<
+    /// The control link to the scheduler is open (sent once, by node_agent::join): register.
+    caf::reacts_to<caf::connect_atom, caf::actor>,
     /// A frame from the scheduler, off the control link.
     caf::reacts_to<envelope>,
     /// The control link is gone.
@@ -204,42 +205,51 @@ using node_agent_actor = caf::typed_actor<
     caf::reacts_to<control_call>,
     /// Tell this listener about the job from now on (and at once, if it already ended).
     caf::reacts_to<subscribe_atom, job_listener>,
-    /// Heartbeat and liveness check (sent by the agent to itself).
+    /// Heartbeat, liveness check and the join deadline (sent by the agent to itself).
     caf::reacts_to<tick_atom>>;
 
 /// The scheduler of a job (actors/scheduler.hpp).
 using scheduler_actor = caf::typed_actor<
-    /// A frame from a node, off its control connection.
+    /// A frame from a node, off its control connection; replies go to the sink.
     caf::reacts_to<envelope, reply_sink>,
+    /// The same, as actors/data_link's server broker sends it today (the sink as a dynamically
+    /// typed handle). TODO(cleanup): drop once the broker sends a reply_sink.
+    caf::reacts_to<envelope, caf::actor>,
     /// That control connection closed.
     caf::reacts_to<closed_atom, std::uint64_t>,
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).
     caf::reacts_to<tick_atom>>;
 
-/// One node waiting at a job barrier.
+/// One node waiting at a job barrier, and where its release goes.
 struct barrier_arrival {
+  /// A non-zero union of wire::group bits that includes member_role's bit.
   std::uint8_t group = wire::group::workers;
   std::uint64_t barrier_id = 0;
-  /// The scheduler's index of the node, and the request id its release must echo.
+  /// The scheduler's index of the node (never reused within a job), and its role.
   std::uint32_t member = 0;
+  wire::role member_role = wire::role::worker;
+  /// Echoed by the release.
   std::uint64_t request_id = 0;
+  /// The node's control connection: the release (or a refusal) goes to `sink` as an envelope
+  /// on `connection`.
+  reply_sink sink;
+  std::uint64_t connection = 0;
 };
 
-/// Who a barrier release goes to.
-struct barrier_release_list {
-  std::uint8_t group = 0;
-  std::uint64_t barrier_id = 0;
-  std::vector<barrier_arrival> members;
+/// A member of the job will arrive at no barrier again (it was lost).
+struct barrier_member_lost {
+  std::uint32_t member = 0;
+  wire::role member_role = wire::role::worker;
 };
 
-/// The job barriers of a scheduler: KVStore::barrier(), the job's start and end
-/// (actors/barrier.hpp).
+/// The job barriers of a scheduler: KVStore::barrier(), the init barrier, the job's start and
+/// end (actors/job_barrier.hpp). It releases the members itself, through their sinks.
 using barrier_actor = caf::typed_actor<
-    /// A member arrived; replies with the releases this arrival completes (possibly none).
-    caf::replies_to<barrier_arrival>::with<std::vector<barrier_release_list>>,
-    /// How many members of each role a barrier waits for now (after a loss: the live ones);
-    /// replies with the releases that completes.
-    caf::replies_to<std::uint32_t, std::uint32_t>::with<std::vector<barrier_release_list>>>;
+    /// A member arrived; every arrival of the barrier is released once each live member of its
+    /// group has arrived. A second arrival of a member at one barrier is refused.
+    caf::reacts_to<barrier_arrival>,
+    /// A member is gone: no barrier waits for it any more, and those it held up are released.
+    caf::reacts_to<barrier_member_lost>>;
 
 } // namespace troupe
 
@@ -253,5 +263,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_release_list)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::barrier_release_list>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_lost)

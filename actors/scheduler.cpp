@@ -1,26 +1,39 @@
 #include "actors/scheduler.hpp"
 
 #include <algorithm>
-#include <condition_variable>
-#include <iostream>
-#include <map>
-#include <mutex>
-#include <span>
+#include <cstdio>
+#include <optional>
+#include <unordered_map>
 #include <utility>
 
 #include <caf/actor_system.hpp>
-#include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
-#include <caf/io/middleman.hpp>
 #include <caf/send.hpp>
-#include <caf/stateful_actor.hpp>
-#include <caf/system_messages.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/config.hpp"
+#include "actors/job_barrier.hpp"
 
 namespace troupe {
 
 // --- helpers shared with the node agent ------------------------------------------------------
+
+std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept {
+  // A membership row holds a host of at most max_host_bytes and a few integers.
+  constexpr std::size_t base = std::size_t{64} << 10;
+  constexpr std::size_t per_node = 512;
+  return std::min(max_control_frame_bytes, base + per_node * (std::size_t{nodes} + 1));
+}
+
+data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log) {
+  data_link_tuning tuning;
+  tuning.limits.max_frame_bytes = max_frame_bytes;
+  tuning.shm_arena_bytes = 0;
+  tuning.max_cached_buffer_bytes = max_frame_bytes;
+  if (log.enabled(log_level::info))
+    tuning.log = [log](std::string_view line) { log.info(line); };
+  return tuning;
+}
 
 std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers) {
   if (num_servers == 0)
@@ -33,49 +46,25 @@ std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers) {
   return ranges;
 }
 
-std::vector<char> encode_control(const wire::message& msg) {
-  const auto frame = wire::encode(msg);
-  std::vector<char> bytes(frame.size());
-  frame.flatten_into(std::as_writable_bytes(std::span{bytes}));
-  return bytes;
+std::string describe(const wire::node_info& node) {
+  return std::string{wire::to_string(node.node_role)} + " " + std::to_string(node.rank) +
+         " (node " + std::to_string(node.node_id) + ")";
 }
 
-wire::result<wire::decoded_message> decode_control(const std::vector<char>& frame,
-                                                   std::size_t max_frame_bytes) {
-  wire::decode_limits limits;
-  limits.max_frame_bytes = max_frame_bytes;
-  // Control messages carry no tensors; the decoded strings and lists are copies, so the result
-  // does not view `frame`.
-  return wire::decode(std::as_bytes(std::span{frame}), limits);
+status job_outcome::as_status() const {
+  if (end != job_end::failed)
+    return ok();
+  return failure.value_or(error{errc::internal, "the job failed without a reason"});
 }
 
-// --- the outcome, shared between the actor and the handles ------------------------------------
+// --- the handle --------------------------------------------------------------------------------
 
-struct scheduler_handle::outcome_state {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::optional<status> value;
-
-  /// The first outcome wins: a later one (the exit functor after a clean end) is ignored.
-  void set(status outcome) {
-    {
-      std::lock_guard lock{mutex};
-      if (value)
-        return;
-      value = std::move(outcome);
-    }
-    changed.notify_all();
-  }
-};
-
-scheduler_handle::scheduler_handle(caf::actor actor, std::uint16_t port,
-                                   std::shared_ptr<outcome_state> outcome)
+scheduler_handle::scheduler_handle(scheduler_actor actor, std::uint16_t port,
+                                   completion<job_outcome> outcome)
     : actor_(std::move(actor)), port_(port), outcome_(std::move(outcome)) {}
 
-std::optional<status> scheduler_handle::wait(std::chrono::milliseconds timeout) const {
-  std::unique_lock lock{outcome_->mutex};
-  outcome_->changed.wait_for(lock, timeout, [&] { return outcome_->value.has_value(); });
-  return outcome_->value;
+std::optional<job_outcome> scheduler_handle::wait(std::chrono::milliseconds timeout) const {
+  return outcome_.wait_until(completion<job_outcome>::clock::now() + timeout);
 }
 
 void scheduler_handle::stop() const {
@@ -84,25 +73,14 @@ void scheduler_handle::stop() const {
 
 namespace {
 
-// Timers the scheduler sends itself; accepted only with the scheduler as sender, so a peer that
-// knows the atoms cannot end the job.
-using startup_timeout_atom = caf::atom_constant<caf::atom("startup_to")>;
-using drain_timeout_atom = caf::atom_constant<caf::atom("drain_to")>;
-
 using steady = std::chrono::steady_clock;
-using outcome_state = scheduler_handle::outcome_state;
+using std::chrono::milliseconds;
 
-/// "60 s" for whole seconds, "250 ms" otherwise.
-std::string describe(std::chrono::milliseconds duration) {
-  if (duration.count() % 1000 == 0)
-    return std::to_string(duration.count() / 1000) + " s";
-  return std::to_string(duration.count()) + " ms";
-}
-
-/// "worker 2 (node 13)".
-std::string describe(const wire::node_info& node) {
-  return std::string{wire::to_string(node.node_role)} + " " + std::to_string(node.rank) +
-         " (node " + std::to_string(node.node_id) + ")";
+/// "2.3 s": a moment of the job, to a tenth of a second.
+std::string seconds(milliseconds duration) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", static_cast<double>(duration.count()) / 1000.0);
+  return text;
 }
 
 /// "1 of 2 servers" / "1 of 1 server".
@@ -136,68 +114,72 @@ std::uint8_t group_bit(wire::role node_role) {
 //
 //   registering --every server and worker admitted: membership sent--> running
 //        |                                                                |
-//        | startup_timeout, or an admitted node lost                      | every worker done:
-//        v                                                                v  stop to servers
-//      failed <------- a node lost that had not finished ------------- draining
+//        | startup_timeout, or an admitted node lost                      | every live worker
+//        v                                                                v done: stop to servers
+//      failed <--- a server lost, or more workers than the quorum allows - draining
 //                                                                         |
 //                                  every server gone, or drain_timeout    v
 //                                                                       done
 //
 // done and failed are final: the outcome is set and the actor quits. A worker that said done and
-// a server that was told to stop have "finished": their departure is expected, not a loss.
+// a server that was told to stop have "finished": their departure is expected, not a loss. A
+// worker lost within the quorum (running only) leaves the phase as it is.
 enum class phase { registering, running, draining, done, failed };
 
 /// One admitted node.
 struct node_entry {
-  /// The node's agent actor: the sender of its registration, monitored.
-  caf::actor agent;
   wire::node_info info;
+  /// Its control connection: the server broker's id for it, and the broker.
+  std::uint64_t connection = 0;
+  reply_sink sink;
   /// Last frame of any kind from the node.
   steady::time_point last_seen;
   /// Worker: said done. Server: was sent stop.
   bool finished = false;
-  /// Its agent terminated (down_msg).
+  /// Its control connection closed.
   bool gone = false;
+  /// Declared lost (within the quorum; beyond it the job has failed).
+  bool lost = false;
+  /// Why it was lost, for its later frames.
+  std::string lost_text;
 };
 
-/// Nodes that arrived at one barrier (group, barrier_id), with the request id to echo.
-struct barrier_arrivals {
-  std::vector<std::pair<std::size_t, std::uint64_t>> nodes; // index into nodes_, request id
-};
+using scheduler_pointer = scheduler_actor::pointer;
 
 class scheduler_state {
 public:
   /// CAF's name for the actor (logs, `name()`).
   static inline const char* name = "troupe.scheduler";
 
-  explicit scheduler_state(caf::event_based_actor* self) : self_(self) {}
-
   /// The behaviour: a thin dispatch to the methods below.
-  caf::behavior start(scheduler_options options, std::shared_ptr<outcome_state> outcome) {
+  scheduler_actor::behavior_type start(scheduler_pointer self, scheduler_options options,
+                                       completion<job_outcome> outcome) {
+    self_ = self;
     options_ = std::move(options);
     outcome_ = std::move(outcome);
-    self_->set_down_handler([this](caf::down_msg& msg) { on_down(msg); });
+    log_ = options_.log;
+    quorum_ = options_.num_workers;
+    started_ = steady::now();
+    barrier_ = spawn_job_barrier(self_->system(), options_.num_servers, options_.num_workers,
+                                 log_.part("barrier"));
+    self_->attach_functor(
+        [barrier = barrier_] { caf::anon_send_exit(barrier, caf::exit_reason::user_shutdown); });
     self_->set_default_handler([this](caf::scheduled_actor*, caf::message_view& msg) {
-      log(2, "dropped an unexpected message " + caf::to_string(msg.copy_content_to_message()));
+      log_.debug("dropped an unexpected message " + caf::to_string(msg.copy_content_to_message()));
       return caf::result<caf::message>{caf::sec::unexpected_message};
     });
-    self_->delayed_send(self_, options_.startup_timeout, startup_timeout_atom::value);
     self_->delayed_send(self_, options_.heartbeat_interval, tick_atom::value);
-    log(1, "waiting for " + count_of(0, options_.num_servers, "server") + " and " +
-               count_of(0, options_.num_workers, "worker"));
+    log_.info("waiting for " + count_of(0, options_.num_servers, "server") + " and " +
+              count_of(0, options_.num_workers, "worker"));
     return {
-        [this](control_atom, const std::vector<char>& frame) { on_frame(frame); },
+        [this](envelope& frame, const reply_sink& sink) { on_frame(frame, sink); },
+        [this](envelope& frame, const caf::actor& sink) {
+          on_frame(frame, caf::actor_cast<reply_sink>(sink));
+        },
+        [this](closed_atom, std::uint64_t connection) { on_closed(connection); },
         [this](tick_atom) {
-          if (from_self())
+          if (self_->current_sender().get() == self_->ctrl())
             on_tick();
-        },
-        [this](startup_timeout_atom) {
-          if (from_self())
-            on_startup_timeout();
-        },
-        [this](drain_timeout_atom) {
-          if (from_self())
-            on_drain_timeout();
         },
     };
   }
@@ -205,53 +187,51 @@ public:
 private:
   // --- incoming frames -----------------------------------------------------------------------
 
-  void on_frame(const std::vector<char>& frame) {
-    const auto& sender = self_->current_sender();
-    const auto index = find(sender);
-    auto decoded = decode_control(frame, max_incoming_frame_bytes);
-    if (!decoded) {
-      const std::string text = "bad control frame (" +
-                               std::string{to_string(decoded.error().kind)} +
-                               "): " + decoded.error().message;
-      log(0, who(index) + " sent a " + text);
-      reply_error(sender, 0, wire::error_code::bad_frame, text);
-      return;
-    }
-    const wire::message& msg = decoded->msg;
-    log(2, std::string{wire::kind_name(msg)} + " from " + who(index));
+  void on_frame(const envelope& frame, const reply_sink& sink) {
+    const auto index = find(frame.connection);
+    const wire::message& msg = frame.msg;
+    log_.debug(std::string{wire::kind_name(msg)} + " from " + who(index));
     if (index)
       nodes_[*index].last_seen = steady::now();
-    if (const auto* reg = std::get_if<wire::registration>(&msg)) {
-      on_registration(sender, *reg);
-      return;
-    }
-    if (!index) {
-      reply_error(sender, wire::request_id_of(msg), wire::error_code::not_admitted,
-                  "a " + std::string{wire::kind_name(msg)} + " from a node that is not admitted");
+    if (const auto* reg = std::get_if<wire::registration>(&msg))
+      return on_registration(frame.connection, sink, *reg);
+    if (!index)
+      return reply(sink, frame.connection,
+                   error_reply(wire::request_id_of(msg), wire::error_code::not_admitted,
+                               "a " + std::string{wire::kind_name(msg)} +
+                                   " on a connection that has not registered"));
+    node_entry& node = nodes_[*index];
+    const bool sign_of_life = std::holds_alternative<wire::heartbeat>(msg) ||
+                              std::holds_alternative<wire::ack>(msg) ||
+                              std::holds_alternative<wire::error_reply>(msg);
+    if (node.lost) {
+      if (!sign_of_life)
+        send(node,
+             error_reply(wire::request_id_of(msg), wire::error_code::lost_peer, node.lost_text));
       return;
     }
     if (const auto* request = std::get_if<wire::barrier>(&msg))
       on_barrier(*index, *request);
     else if (const auto* cmd = std::get_if<wire::command>(&msg))
       on_command(*index, *cmd);
-    else if (std::holds_alternative<wire::heartbeat>(msg) || std::holds_alternative<wire::ack>(msg))
-      ; // a sign of life, counted above
+    else if (const auto* settings = std::get_if<wire::sync_settings>(&msg))
+      on_sync_settings(*index, *settings);
     else if (const auto* err = std::get_if<wire::error_reply>(&msg))
-      log(0, describe(nodes_[*index].info) + " reported an error: " + err->message);
-    else
-      reply_error(sender, wire::request_id_of(msg), wire::error_code::unsupported,
-                  "the scheduler does not take " + std::string{wire::kind_name(msg)} + " messages");
+      log_.error(describe(node.info) + " reported an error: " + err->message);
+    else if (!sign_of_life)
+      send(node, error_reply(wire::request_id_of(msg), wire::error_code::unsupported,
+                             "the scheduler does not take " + std::string{wire::kind_name(msg)} +
+                                 " messages"));
   }
 
-  void on_registration(const caf::strong_actor_ptr& sender, const wire::registration& reg) {
-    if (!sender) {
-      log(0, "dropped a registration without a sender (it cannot be answered)");
-      return;
-    }
+  void on_registration(std::uint64_t connection, const reply_sink& sink,
+                       const wire::registration& reg) {
     auto reject = [&](wire::reject_reason reason, std::string detail) {
-      log(1, "rejected a " + std::string{wire::to_string(reg.node_role)} + " from " + reg.host +
-                 ":" + std::to_string(reg.port) + ": " + detail);
-      send(sender, wire::admission{reg.request_id, wire::rejected{reason, std::move(detail)}});
+      log_.info("rejected a " + std::string{wire::to_string(reg.node_role)} + " from " +
+                reg.host.substr(0, max_host_bytes) + ":" + std::to_string(reg.port) + ": " +
+                detail);
+      reply(sink, connection,
+            wire::admission{reg.request_id, wire::rejected{reason, std::move(detail)}});
     };
     if (phase_ != phase::registering && phase_ != phase::running)
       return reject(wire::reject_reason::shutting_down, "the job is ending");
@@ -265,9 +245,15 @@ private:
                                                         options_.job_id + "'");
     if (!same_secret(reg.auth_token, options_.auth_token))
       return reject(wire::reject_reason::bad_token, "the auth token does not match the job's");
-    if (auto index = find(sender))
+    if (reg.host.size() > max_host_bytes)
+      return reply(sink, connection,
+                   error_reply(reg.request_id, wire::error_code::invalid_argument,
+                               "a host name of " + std::to_string(reg.host.size()) +
+                                   " bytes; at most " + std::to_string(max_host_bytes) +
+                                   " are allowed"));
+    if (auto index = find(connection))
       return reject(wire::reject_reason::duplicate,
-                    "this agent is already registered as " + describe(nodes_[*index].info));
+                    "this connection is already registered as " + describe(nodes_[*index].info));
     if (reg.node_role == wire::role::scheduler)
       return reject(wire::reject_reason::role_full, "a job has exactly one scheduler");
     if (reg.port != 0)
@@ -302,19 +288,21 @@ private:
     }
     ++admitted;
     node_entry entry;
-    entry.agent = caf::actor_cast<caf::actor>(sender);
     entry.info = wire::node_info{server ? server_node_id(rank) : worker_node_id(rank),
                                  reg.node_role,
                                  rank,
                                  reg.host,
                                  reg.port,
                                  true};
+    entry.connection = connection;
+    entry.sink = sink;
     entry.last_seen = steady::now();
-    self_->monitor(entry.agent);
-    send(entry.agent, wire::admission{reg.request_id, wire::admitted{rank, entry.info.node_id}});
-    log(1, "admitted " + describe(entry.info) + " at " + reg.host + ":" + std::to_string(reg.port) +
-               "; " + count_of(servers_admitted_, options_.num_servers, "server") + " and " +
-               count_of(workers_admitted_, options_.num_workers, "worker"));
+    send(entry, wire::admission{reg.request_id, wire::admitted{rank, entry.info.node_id}});
+    log_.info("admitted " + describe(entry.info) + " at " + reg.host + ":" +
+              std::to_string(reg.port) + "; " +
+              count_of(servers_admitted_, options_.num_servers, "server") + " and " +
+              count_of(workers_admitted_, options_.num_workers, "worker"));
+    by_connection_.emplace(connection, nodes_.size());
     nodes_.push_back(std::move(entry));
     if (servers_admitted_ == options_.num_servers && workers_admitted_ == options_.num_workers)
       start_job();
@@ -322,73 +310,108 @@ private:
 
   void on_barrier(std::size_t index, const wire::barrier& request) {
     const node_entry& node = nodes_[index];
-    const auto& sender = node.agent;
+    auto refuse = [&](wire::error_code code, std::string text) {
+      send(node, error_reply(request.request_id, code, std::move(text)));
+    };
     if ((request.group & ~wire::group::all) != 0 || request.group == 0)
-      return reply_error(sender, request.request_id, wire::error_code::invalid_argument,
-                         "barrier group " + std::to_string(request.group) +
-                             " is not a union of 1 (scheduler), 2 (servers), 4 (workers)");
+      return refuse(wire::error_code::invalid_argument,
+                    "barrier group " + std::to_string(request.group) +
+                        " is not a union of 1 (scheduler), 2 (servers), 4 (workers)");
     if ((request.group & group_bit(node.info.node_role)) == 0)
-      return reply_error(sender, request.request_id, wire::error_code::invalid_argument,
-                         describe(node.info) + " is not a member of barrier group " +
-                             std::to_string(request.group));
+      return refuse(wire::error_code::invalid_argument, describe(node.info) +
+                                                            " is not a member of barrier group " +
+                                                            std::to_string(request.group));
     if (request.sender_node_id != node.info.node_id)
-      return reply_error(sender, request.request_id, wire::error_code::invalid_argument,
-                         "barrier sent as node " + std::to_string(request.sender_node_id) + " by " +
-                             describe(node.info));
+      return refuse(wire::error_code::invalid_argument, "barrier sent as node " +
+                                                            std::to_string(request.sender_node_id) +
+                                                            " by " + describe(node.info));
     // A member that finished will never arrive: fail now rather than let the others time out.
     for (const auto& other : nodes_)
       if ((request.group & group_bit(other.info.node_role)) != 0 && other.finished)
-        return reply_error(sender, request.request_id, wire::error_code::shutting_down,
-                           "barrier " + std::to_string(request.barrier_id) + " on group " +
-                               std::to_string(request.group) +
-                               " cannot complete: " + describe(other.info) + " has finished");
-    const auto key = std::make_pair(request.group, request.barrier_id);
-    auto& arrivals = barriers_[key];
-    for (const auto& [arrived, request_id] : arrivals.nodes)
-      if (arrived == index)
-        return reply_error(sender, request.request_id, wire::error_code::invalid_argument,
-                           describe(node.info) + " already arrived at barrier " +
-                               std::to_string(request.barrier_id) + " of group " +
-                               std::to_string(request.group));
-    arrivals.nodes.emplace_back(index, request.request_id);
-    // The scheduler itself is always at the barrier (group bit 1); the counts are the
-    // configured ones, so a barrier sent before the job started waits for the late nodes too.
-    const std::size_t expected =
-        ((request.group & wire::group::servers) ? options_.num_servers : 0) +
-        ((request.group & wire::group::workers) ? options_.num_workers : 0);
-    log(2, describe(node.info) + " at barrier " + std::to_string(request.barrier_id) +
-               " of group " + std::to_string(request.group) + " (" +
-               std::to_string(arrivals.nodes.size()) + " of " + std::to_string(expected) + ")");
-    if (arrivals.nodes.size() < expected)
-      return;
-    for (const auto& [member, request_id] : arrivals.nodes)
-      send(nodes_[member].agent,
-           wire::barrier_release{request_id, request.barrier_id, request.group});
-    barriers_.erase(key);
+        return refuse(wire::error_code::shutting_down,
+                      "barrier " + std::to_string(request.barrier_id) + " on group " +
+                          std::to_string(request.group) +
+                          " cannot complete: " + describe(other.info) + " has finished");
+    log_.debug(describe(node.info) + " at barrier " + std::to_string(request.barrier_id) +
+               " of group " + std::to_string(request.group));
+    self_->send(barrier_, barrier_arrival{request.group, request.barrier_id,
+                                          static_cast<std::uint32_t>(index), node.info.node_role,
+                                          request.request_id, node.sink, node.connection});
   }
 
   void on_command(std::size_t index, const wire::command& cmd) {
     node_entry& node = nodes_[index];
     if (cmd.kind != wire::command_kind::stop)
-      return reply_error(node.agent, cmd.request_id, wire::error_code::unsupported,
-                         "the scheduler runs no checkpoint commands");
+      return send(node, error_reply(cmd.request_id, wire::error_code::unsupported,
+                                    "the scheduler runs no checkpoint commands"));
     if (node.info.node_role != wire::role::worker)
-      return reply_error(node.agent, cmd.request_id, wire::error_code::invalid_argument,
-                         "only workers report done; " + describe(node.info) + " is not one");
+      return send(node,
+                  error_reply(cmd.request_id, wire::error_code::invalid_argument,
+                              "only workers report done; " + describe(node.info) + " is not one"));
     // Idempotent: a worker that repeats its done gets the same ack.
     if (!node.finished)
-      log(1, describe(node.info) + " is done");
+      log_.info(describe(node.info) + " is done");
     node.finished = true;
-    send(node.agent, wire::ack{cmd.request_id});
+    send(node, wire::ack{cmd.request_id});
     maybe_drain();
+  }
+
+  void on_sync_settings(std::size_t index, const wire::sync_settings& settings) {
+    const node_entry& node = nodes_[index];
+    auto refuse = [&](std::string text) {
+      log_.error("refused sync settings: " + text);
+      send(node,
+           error_reply(settings.request_id, wire::error_code::invalid_argument, std::move(text)));
+    };
+    if (node.info.node_role != wire::role::worker || node.info.rank != 0)
+      return refuse("sync settings come from worker rank 0, not from " + describe(node.info));
+    if (settings.quorum == 0 || settings.quorum > options_.num_workers)
+      return refuse("a quorum of " + std::to_string(settings.quorum) + " is outside 1.." +
+                    std::to_string(options_.num_workers) + " (the job's workers)");
+    if (lost_workers_.size() > options_.num_workers - settings.quorum)
+      return refuse("a quorum of " + std::to_string(settings.quorum) + " with " +
+                    std::to_string(lost_workers_.size()) + " workers already lost");
+    quorum_ = settings.quorum;
+    log_.info("the job's quorum is " + std::to_string(quorum_) + " of " +
+              count_of(quorum_, options_.num_workers, "worker") +
+              (quorum_ < options_.num_workers
+                   ? ": it survives the loss of " + std::to_string(options_.num_workers - quorum_)
+                   : std::string{": any lost worker fails it"}));
+    send(node, wire::ack{settings.request_id});
+  }
+
+  void on_closed(std::uint64_t connection) {
+    auto index = find(connection);
+    if (!index) {
+      log_.debug("a connection that never registered closed");
+      return;
+    }
+    node_entry& node = nodes_[*index];
+    node.gone = true;
+    if (phase_ == phase::done || phase_ == phase::failed || node.lost)
+      return;
+    if (node.finished) {
+      log_.info(describe(node.info) + " left");
+      maybe_finish();
+      return;
+    }
+    lose(*index, "its control connection closed");
   }
 
   // --- lifecycle -----------------------------------------------------------------------------
 
   void start_job() {
     phase_ = phase::running;
+    epoch_ = 1;
+    send_membership();
+    log_.info("every node registered: membership sent, the job runs");
+    maybe_drain(); // workers may have said done before the last node registered
+  }
+
+  /// The whole table as it is now, to every node still connected and not lost.
+  void send_membership() {
     wire::membership table;
-    table.epoch = 1;
+    table.epoch = epoch_;
     table.num_workers = options_.num_workers;
     table.num_servers = options_.num_servers;
     table.nodes.push_back(
@@ -398,29 +421,27 @@ private:
     std::sort(table.nodes.begin(), table.nodes.end(),
               [](const auto& a, const auto& b) { return a.node_id < b.node_id; });
     table.key_ranges = membership_key_ranges(options_.num_servers);
-    const auto frame = encode_control(table);
     for (const auto& node : nodes_)
-      self_->send(node.agent, control_atom::value, frame);
-    log(1, "every node registered: membership sent, the job runs");
-    maybe_drain(); // workers may have said done before the last node registered
+      if (!node.gone && !node.lost)
+        send(node, table);
   }
 
-  /// When every worker is done: tell the servers to stop (ps-lite's kStopServer), then wait
-  /// (bounded) for them to leave.
+  /// When every live worker is done: tell the servers to stop (ps-lite's kStopServer), then
+  /// wait (bounded) for them to leave.
   void maybe_drain() {
     if (phase_ != phase::running)
       return;
     for (const auto& node : nodes_)
-      if (node.info.node_role == wire::role::worker && !node.finished)
+      if (node.info.node_role == wire::role::worker && !node.finished && !node.lost)
         return;
     phase_ = phase::draining;
-    log(1, "every worker is done: stopping the servers");
+    drain_deadline_ = steady::now() + options_.drain_timeout;
+    log_.info("every live worker is done: stopping the servers");
     for (auto& node : nodes_)
       if (node.info.node_role == wire::role::server && !node.gone) {
         node.finished = true;
-        send(node.agent, wire::command{++next_request_id_, wire::command_kind::stop, {}});
+        send(node, wire::command{++next_request_id_, wire::command_kind::stop, {}});
       }
-    self_->delayed_send(self_, options_.drain_timeout, drain_timeout_atom::value);
     maybe_finish();
   }
 
@@ -430,165 +451,208 @@ private:
     for (const auto& node : nodes_)
       if (node.info.node_role == wire::role::server && !node.gone)
         return;
-    finish(ok());
+    finish(std::nullopt);
   }
 
-  void on_down(const caf::down_msg& msg) {
-    auto index = find(msg.source);
-    if (!index)
-      return;
-    node_entry& node = nodes_[*index];
-    node.gone = true;
-    if (phase_ == phase::done || phase_ == phase::failed)
-      return;
-    if (node.finished) {
-      log(1, describe(node.info) + " left");
-      maybe_finish();
-      return;
-    }
-    lose(*index, "its agent terminated (" + self_->system().render(msg.reason) + ")");
-  }
-
+  /// Heartbeats, silent nodes and the start-up and drain deadlines, every heartbeat_interval.
   void on_tick() {
     if (phase_ == phase::done || phase_ == phase::failed)
       return;
     const auto now = steady::now();
+    if (phase_ == phase::registering && now - started_ >= options_.startup_timeout)
+      return on_startup_timeout();
+    if (phase_ == phase::draining && now >= drain_deadline_)
+      return on_drain_timeout();
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       const auto& node = nodes_[i];
-      if (node.gone || node.finished)
+      if (node.gone || node.finished || node.lost)
         continue;
-      const auto silent =
-          std::chrono::duration_cast<std::chrono::milliseconds>(now - node.last_seen);
+      const auto silent = std::chrono::duration_cast<milliseconds>(now - node.last_seen);
       if (silent > options_.peer_timeout) {
-        lose(i, "nothing heard from it for " + describe(silent) + " (peer timeout " +
-                    describe(options_.peer_timeout) + ")");
-        return;
+        lose(i, "nothing heard from it for " + format_duration(silent) + " (peer timeout " +
+                    format_duration(options_.peer_timeout) + ")");
+        if (phase_ == phase::done || phase_ == phase::failed)
+          return; // the loss failed the job, or let it end
       }
     }
-    const auto frame = encode_control(wire::heartbeat{
+    const wire::message beat = wire::heartbeat{
         scheduler_node_id, ++heartbeat_sequence_,
-        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()});
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()};
     for (const auto& node : nodes_)
-      if (!node.gone)
-        self_->send(node.agent, control_atom::value, frame);
+      if (!node.gone && !node.lost)
+        send(node, beat);
     self_->delayed_send(self_, options_.heartbeat_interval, tick_atom::value);
   }
 
   void on_startup_timeout() {
-    if (phase_ != phase::registering)
-      return;
     const std::string text = count_of(servers_admitted_, options_.num_servers, "server") + " and " +
                              count_of(workers_admitted_, options_.num_workers, "worker") +
-                             " registered after " + describe(options_.startup_timeout);
-    log(0, "the job did not start: " + text);
-    broadcast(wire::error_reply{0, std::nullopt, wire::error_code::timeout, text});
+                             " registered after " + format_duration(options_.startup_timeout);
+    log_.error("the job did not start: " + text);
+    broadcast(error_reply(0, wire::error_code::timeout, text));
     finish(error{errc::timeout, text});
   }
 
   void on_drain_timeout() {
-    if (phase_ != phase::draining)
-      return;
     std::string late;
     for (const auto& node : nodes_)
       if (node.info.node_role == wire::role::server && !node.gone)
         late += (late.empty() ? "" : ", ") + describe(node.info);
-    log(0, late + " had not left " + describe(options_.drain_timeout) +
+    log_.error(late + " had not left " + format_duration(options_.drain_timeout) +
                " after the stop command; ending the job anyway");
-    finish(ok());
+    finish(std::nullopt);
   }
 
-  /// A node is lost: every node still connected learns who, and the job fails (continuing
-  /// without the node is not supported yet). The lost node itself hears it too when it is still
-  /// there: a frozen process that wakes up learns it was dropped, not that the scheduler vanished.
+  /// A node is lost. A worker within the quorum: the job goes on without it. Otherwise every
+  /// node still connected learns who, and the job fails. The lost node itself hears it too when
+  /// it is still there: a frozen process that wakes up learns it was dropped, not that the
+  /// scheduler vanished.
   void lose(std::size_t index, const std::string& why) {
     node_entry& node = nodes_[index];
+    node.lost = true;
     node.info.alive = false;
-    const std::string text = describe(node.info) + " was lost: " + why;
-    log(0, text);
-    broadcast(wire::error_reply{0, std::nullopt, wire::error_code::lost_peer, text});
-    finish(error{errc::peer_lost, text});
+    node.lost_text = describe(node.info) + " was lost: " + why;
+    const auto after = since_start();
+    const bool worker = node.info.node_role == wire::role::worker;
+    if (worker)
+      lost_workers_.push_back(lost_worker{node.info.rank, node.info.node_id, after, why});
+    const std::size_t tolerated = options_.num_workers - quorum_;
+    if (!worker || phase_ != phase::running || lost_workers_.size() > tolerated) {
+      log_.error(node.lost_text + " (" + seconds(after) + " after the job started)");
+      broadcast(error_reply(0, wire::error_code::lost_peer, node.lost_text));
+      return finish(error{errc::peer_lost, node.lost_text});
+    }
+    log_.error(node.lost_text + " (" + seconds(after) + " after the job started); the job goes on" +
+               " with " +
+               count_of(options_.num_workers - lost_count(), options_.num_workers, "worker") +
+               " (quorum " + std::to_string(quorum_) + ")");
+    if (!node.gone)
+      send(node, error_reply(0, wire::error_code::lost_peer,
+                             node.lost_text + "; the job goes on without it"));
+    self_->send(barrier_,
+                barrier_member_lost{static_cast<std::uint32_t>(index), node.info.node_role});
+    ++epoch_;
+    send_membership();
+    maybe_drain();
   }
 
-  void finish(status outcome) {
-    const bool success = outcome.has_value();
-    phase_ = success ? phase::done : phase::failed;
-    log(success ? 1 : 0, success ? "the job ended" : "the job failed");
-    outcome_->set(std::move(outcome));
+  /// Ends the job: no failure means the workers finished (some perhaps lost within the quorum).
+  void finish(std::optional<error> failure) {
+    job_outcome outcome;
+    outcome.end = failure                 ? job_end::failed
+                  : lost_workers_.empty() ? job_end::finished
+                                          : job_end::finished_with_losses;
+    outcome.failure = std::move(failure);
+    outcome.lost_workers = lost_workers_;
+    for (const auto& node : nodes_)
+      if (node.info.node_role == wire::role::worker && node.finished)
+        ++outcome.workers_finished;
+    outcome.summary = summary(outcome);
+    phase_ = outcome.failure ? phase::failed : phase::done;
+    log_.log(outcome.end == job_end::finished ? log_level::info : log_level::error,
+             outcome.summary);
+    const bool success = !outcome.failure;
+    outcome_.deliver(std::move(outcome));
     if (success)
       self_->quit();
     else
       self_->quit(caf::exit_reason::user_shutdown);
   }
 
+  /// One line: how the job ended, the workers finished and lost, who, when and why.
+  std::string summary(const job_outcome& outcome) const {
+    std::string line = "summary: ";
+    if (outcome.failure)
+      line += "the job failed (" + outcome.failure->message() + "); ";
+    else
+      line += "the job finished; ";
+    line += count_of(outcome.workers_finished, options_.num_workers, "worker") + " finished";
+    std::string ranks;
+    for (const auto& node : nodes_)
+      if (node.info.node_role == wire::role::worker && node.finished)
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(node.info.rank);
+    if (!ranks.empty())
+      line += " (rank " + ranks + ")";
+    line += "; " + std::to_string(outcome.lost_workers.size()) + " lost";
+    if (outcome.lost_workers.empty())
+      return line;
+    line += " (quorum " + std::to_string(quorum_) + ")";
+    for (std::size_t i = 0; i < outcome.lost_workers.size(); ++i) {
+      const auto& lost = outcome.lost_workers[i];
+      line += (i == 0 ? ": " : "; ") + std::string{"worker "} + std::to_string(lost.rank) +
+              " (node " + std::to_string(lost.node_id) + ") " + seconds(lost.after) +
+              " after the job started: " + lost.why;
+    }
+    return line;
+  }
+
   // --- sending -------------------------------------------------------------------------------
 
-  template <class Handle>
-  void send(const Handle& to, const wire::message& msg) {
-    self_->send(caf::actor_cast<caf::actor>(to), control_atom::value, encode_control(msg));
+  static wire::message error_reply(std::uint64_t request_id, wire::error_code code,
+                                   std::string text) {
+    return wire::error_reply{request_id, std::nullopt, code, std::move(text)};
   }
 
-  template <class Handle>
-  void reply_error(const Handle& to, std::uint64_t request_id, wire::error_code code,
-                   std::string text) {
-    if (!to)
-      return;
-    send(to, wire::error_reply{request_id, std::nullopt, code, std::move(text)});
+  void reply(const reply_sink& sink, std::uint64_t connection, wire::message msg) {
+    if (sink)
+      self_->send(sink, envelope{std::move(msg), nullptr, connection});
   }
 
-  /// To every admitted node still there.
+  void send(const node_entry& node, wire::message msg) {
+    reply(node.sink, node.connection, std::move(msg));
+  }
+
+  /// To every admitted node still connected.
   void broadcast(const wire::message& msg) {
-    const auto frame = encode_control(msg);
     for (const auto& node : nodes_)
       if (!node.gone)
-        self_->send(node.agent, control_atom::value, frame);
+        send(node, msg);
   }
 
-  // --- lookups and logs ----------------------------------------------------------------------
+  // --- lookups -------------------------------------------------------------------------------
 
-  std::optional<std::size_t> find(const caf::strong_actor_ptr& sender) const {
-    if (!sender)
+  std::optional<std::size_t> find(std::uint64_t connection) const {
+    auto found = by_connection_.find(connection);
+    if (found == by_connection_.end())
       return std::nullopt;
-    return find(caf::actor_cast<caf::actor_addr>(sender));
-  }
-
-  std::optional<std::size_t> find(const caf::actor_addr& address) const {
-    for (std::size_t i = 0; i < nodes_.size(); ++i)
-      if (nodes_[i].agent.address() == address)
-        return i;
-    return std::nullopt;
+    return found->second;
   }
 
   std::string who(std::optional<std::size_t> index) const {
-    return index ? describe(nodes_[*index].info) : std::string{"an unregistered peer"};
+    return index ? describe(nodes_[*index].info) : std::string{"an unregistered connection"};
   }
 
-  bool from_self() const { return self_->current_sender().get() == self_->ctrl(); }
+  std::uint32_t lost_count() const { return static_cast<std::uint32_t>(lost_workers_.size()); }
 
-  void log(int level, const std::string& text) const {
-    if (options_.verbose >= level)
-      std::clog << ("troupe scheduler [" + options_.job_id + "]: " + text + "\n") << std::flush;
+  milliseconds since_start() const {
+    return std::chrono::duration_cast<milliseconds>(steady::now() - started_);
   }
 
-  /// Registration, barrier, command, heartbeat: a few hundred bytes at most.
-  static constexpr std::size_t max_incoming_frame_bytes = 64u << 10;
-
-  caf::event_based_actor* self_;
+  scheduler_pointer self_ = nullptr;
   scheduler_options options_;
-  std::shared_ptr<outcome_state> outcome_;
+  completion<job_outcome> outcome_;
+  logger log_;
+  barrier_actor barrier_;
   phase phase_ = phase::registering;
-  /// Admitted nodes in arrival order; never shrinks (a gone node keeps its rank).
+  /// Admitted nodes in arrival order; never shrinks (a gone node keeps its rank and index).
   std::vector<node_entry> nodes_;
+  std::unordered_map<std::uint64_t, std::size_t> by_connection_;
   std::uint32_t servers_admitted_ = 0;
   std::uint32_t workers_admitted_ = 0;
-  std::map<std::pair<std::uint8_t, std::uint64_t>, barrier_arrivals> barriers_;
+  /// Live workers the job needs (worker rank 0's sync settings; num_workers until then).
+  std::uint32_t quorum_ = 1;
+  std::vector<lost_worker> lost_workers_;
+  std::uint64_t epoch_ = 0;
   std::uint64_t next_request_id_ = 0;
   std::uint64_t heartbeat_sequence_ = 0;
+  steady::time_point started_;
+  steady::time_point drain_deadline_;
 };
 
-caf::behavior scheduler_behavior(caf::stateful_actor<scheduler_state>* self,
-                                 scheduler_options options,
-                                 std::shared_ptr<outcome_state> outcome) {
-  return self->state.start(std::move(options), std::move(outcome));
+scheduler_actor::behavior_type
+scheduler_behavior(scheduler_actor::stateful_pointer<scheduler_state> self,
+                   scheduler_options options, completion<job_outcome> outcome) {
+  return self->state.start(self, std::move(options), std::move(outcome));
 }
 
 } // namespace
@@ -607,7 +671,6 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
     return invalid("job_id must not be empty");
   if (options.host.empty())
     return invalid("host must not be empty");
-  using std::chrono::milliseconds;
   for (const auto& [value, field] : {std::pair{options.startup_timeout, "startup_timeout"},
                                      std::pair{options.peer_timeout, "peer_timeout"},
                                      std::pair{options.heartbeat_interval, "heartbeat_interval"},
@@ -616,27 +679,40 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
       return invalid(std::string{field} + " must be positive, not " +
                      std::to_string(value.count()) + " ms");
 
-  auto outcome = std::make_shared<outcome_state>();
+  completion<job_outcome> outcome;
   const std::string host = options.host;
   const std::uint16_t port = options.port;
+  data_server_options listening;
+  listening.tuning = control_link_tuning(
+      scheduler_frame_bytes(options.num_servers + options.num_workers), options.log.part("port"));
   auto actor = sys.spawn(scheduler_behavior, std::move(options), outcome);
   // An exit the scheduler did not choose (its host's stop(), the system shutting down).
   actor->attach_functor([outcome, &sys](const caf::error& reason) {
-    outcome->set(error{errc::peer_lost,
-                       "the scheduler stopped before the job ended (" + sys.render(reason) + ")"});
+    job_outcome stopped;
+    stopped.failure = error{errc::peer_lost, "the scheduler stopped before the job ended (" +
+                                                 sys.render(reason) + ")"};
+    stopped.summary = "summary: " + stopped.failure->message();
+    outcome.deliver(std::move(stopped));
   });
-  auto bound = sys.middleman().publish(actor, port, host.c_str(), true);
-  if (!bound) {
+  // The broker holds the scheduler weakly: the scheduler's exit stops the broker (below), and a
+  // strong handle each way would keep both alive forever.
+  listening.route = [scheduler = actor.address()](const envelope&) {
+    return caf::actor_cast<caf::actor>(scheduler);
+  };
+  listening.on_disconnect = [scheduler = actor.address()](std::uint64_t connection) {
+    if (auto target = caf::actor_cast<caf::actor>(scheduler))
+      caf::anon_send(target, closed_atom::value, connection);
+  };
+  auto server = spawn_data_server(sys, host, port, std::move(listening));
+  if (!server) {
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-    return error{errc::io_error, "cannot publish the scheduler on " + host + ":" +
-                                     std::to_string(port) + ": " + sys.render(bound.error())};
+    return error{errc::io_error, "the scheduler cannot listen: " + server.error().message()};
   }
   // Close the port when the job ends, so that a late node is refused rather than admitted into
-  // nothing; connections already open stay.
-  actor->attach_functor([middleman = sys.middleman().actor_handle(), port = *bound] {
-    caf::anon_send(middleman, caf::close_atom::value, port);
-  });
-  return scheduler_handle{std::move(actor), *bound, std::move(outcome)};
+  // nothing. The broker handles the scheduler's last frames (stop commands, the failure notice)
+  // before this stop, which comes after them in its mailbox.
+  actor->attach_functor([broker = server->broker] { caf::anon_send(broker, stop_atom::value); });
+  return scheduler_handle{std::move(actor), server->port, std::move(outcome)};
 }
 
 } // namespace troupe

@@ -1,30 +1,51 @@
 #pragma once
 // The scheduler of a job (ps-lite's scheduler node): admits servers and workers, assigns their
-// ranks, publishes the membership table, runs global barriers, watches every node, and ends the
+// ranks, sends the membership table, runs the job barriers, watches every node, and ends the
 // job, cleanly or not. It is never on the data path.
 //
-// Transport: the scheduler actor is published with the middleman (a BASP port); a node reaches
-// it with remote_actor() (actors/node_agent.hpp does that). Every control message in either
-// direction is `(control_atom, std::vector<char> frame)`, the frame being one codec-encoded
-// wire::message (schema/codec.hpp). Frames are decoded and checked on arrival; a bad one is
-// logged and answered with error_reply{bad_frame}, and changes nothing.
+// Transport: the scheduler listens with a data server (actors/data_link.hpp) on its host:port,
+// the same framed, validated links that carry tensors; no CAF remote-actor (BASP) port faces the
+// network. Each node holds one control connection (a data link, actors/node_agent.hpp) and is
+// known by that connection's id. Frames are Cap'n Proto messages (schema/codec.hpp), capped at
+// scheduler_frame_bytes (64 KiB and a little per node): the broker checks every length prefix
+// before it allocates, answers a frame that fails validation with error_reply{bad_frame} and closes
+// a connection whose framing breaks, so nothing a peer sends reaches the scheduler unchecked or
+// makes it allocate more than that cap per frame.
 //
 // Conversation (node -> scheduler, and what comes back):
-//   registration                 -> admission (admitted{rank, node_id} or rejected{reason})
-//                                   ... then, once S servers and W workers are admitted, every
-//                                   node gets the membership table: the job has started.
+//   registration                 -> admission (admitted{rank, node_id} or rejected{reason}); the
+//                                   first frame of a connection (a host name longer than
+//                                   max_host_bytes gets error_reply{invalid_argument}). ... once S
+//                                   servers and W workers are admitted, every node gets the
+//                                   membership table (epoch 1): the job has started.
 //   barrier{barrier_id, group}   -> barrier_release{request_id, barrier_id, group}, to each member
-//                                   of `group` once all of them have sent the same barrier.
+//                                   of `group` once every live member has sent the same barrier
+//                                   (the job barrier actor, actors/job_barrier.hpp, does this).
+//   sync_settings                -> ack{request_id}. From worker rank 0 only: the job's quorum K
+//                                   (default num_workers).
 //   command{stop} from a worker  -> ack{request_id}. It means "this worker is done" (MXNet's
-//                                   finalize). When every worker is done the scheduler sends
+//                                   finalize). When every live worker is done the scheduler sends
 //                                   command{stop} to every server (ps-lite's kStopServer).
 //   heartbeat                    -> nothing; any frame from a node counts as a sign of life.
 // A request that cannot be served is answered with error_reply{its request_id, code}:
-// not_admitted (the sender never registered), invalid_argument (a group the sender is not in, a
-// second arrival at one barrier), shutting_down (a barrier whose group has a finished member),
-// unsupported (checkpoint commands, data-path messages).
-// Scheduler -> node, unasked: heartbeat (so nodes notice a frozen scheduler) and, when the job
-// fails, error_reply{request_id 0, lost_peer | timeout, message naming what is missing}.
+// not_admitted (a connection that has not registered), invalid_argument (a group the sender is
+// not in, a second arrival at one barrier, sync settings from a node other than worker rank 0 or
+// with a quorum outside 1..num_workers), shutting_down (a barrier whose group has a finished
+// member), unsupported (checkpoint commands, data-path messages), lost_peer (anything from a node
+// already declared lost).
+// Scheduler -> node, unasked: heartbeat (so nodes notice a frozen scheduler); membership (epoch
+// + 1, the whole table) to every node still connected whenever membership changes, i.e. when a
+// worker is lost within the quorum; and, when the job fails, error_reply{request_id 0,
+// lost_peer | timeout, message naming what is missing}.
+//
+// Losses. A node is lost when its control connection closes before it finished, or when nothing
+// comes from it for peer_timeout. A lost server, or a lost worker beyond num_workers - K lost
+// workers, fails the job: every node is told which node (role, rank, node id) and why. A worker
+// lost within that bound is logged, marked not alive in a new membership table, told it was
+// dropped (should it still listen), and the job goes on: barriers wait for the live workers only
+// and the job drains when every live worker is done. The job's outcome (job_outcome) says which
+// of the three ends it came to, and the scheduler logs one summary line naming the lost workers,
+// when and why.
 //
 // Why "done" is a command{stop} sent by a worker rather than a barrier on the worker group: a
 // worker that finishes early must be able to leave without waiting for the slowest one (MXNet's
@@ -34,17 +55,18 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "actors/bridge.hpp"
+#include "actors/data_link.hpp"
 #include "actors/key_placement.hpp"
+#include "actors/protocols.hpp"
 #include "engine/error.hpp"
-#include "schema/codec.hpp"
+#include "engine/log.hpp"
 #include "schema/messages.hpp"
 
 namespace troupe {
@@ -61,6 +83,23 @@ constexpr std::uint32_t worker_node_id(std::uint32_t rank) noexcept {
 /// Most servers or workers one job may have (node ids must fit in 32 bits with room to spare).
 inline constexpr std::uint32_t max_nodes_per_role = 1u << 20;
 
+/// Longest host name a node may register with (DNS names have at most 253 bytes), which bounds a
+/// node's row in the membership table.
+inline constexpr std::size_t max_host_bytes = 255;
+
+/// Largest control frame a node accepts from the scheduler: a membership table of well over
+/// 10,000 nodes.
+inline constexpr std::size_t max_control_frame_bytes = std::size_t{4} << 20;
+
+/// Largest control frame the scheduler of a job of `nodes` servers and workers accepts and sends:
+/// 64 KiB (registration, barrier, heartbeat and sync settings are a few hundred bytes) plus room
+/// for every node's row in a membership table, at most max_control_frame_bytes.
+std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept;
+
+/// The tuning of a control connection: frames capped at `max_frame_bytes`, no shared-memory
+/// arena (control frames carry no tensors), the link's diagnostics at `log`'s info level.
+data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log);
+
 /// The membership table's key ranges: server i owns ps-lite's range [max_key/S*i,
 /// max_key/S*(i+1)) (actors/key_placement.hpp's server_key_ranges, so workers and the table
 /// agree), as shard_index 0: a server splits its range over its shards itself. Like ps-lite, the
@@ -68,13 +107,8 @@ inline constexpr std::uint32_t max_nodes_per_role = 1u << 20;
 /// Precondition: num_servers >= 1.
 std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers);
 
-/// A wire message as the payload of a control message; throws only std::bad_alloc.
-std::vector<char> encode_control(const wire::message& msg);
-
-/// Decodes the payload of a control message, capped at `max_frame_bytes` (control frames are
-/// small: registration, barrier, membership). The result owns everything it holds.
-wire::result<wire::decoded_message> decode_control(const std::vector<char>& frame,
-                                                   std::size_t max_frame_bytes = 16u << 20);
+/// "worker 2 (node 13)": how every message names a node.
+std::string describe(const wire::node_info& node);
 
 /// How the scheduler of one job runs. Durations are wall-clock.
 struct scheduler_options {
@@ -98,10 +132,48 @@ struct scheduler_options {
   /// must be below the nodes' peer timeout.
   std::chrono::milliseconds heartbeat_interval{1'000};
   /// After the stop command, how long the scheduler waits for the servers to leave before it
-  /// ends anyway (the outcome is still success: every worker finished).
+  /// ends anyway (the outcome is still that of the workers).
   std::chrono::milliseconds drain_timeout{5'000};
-  /// ps-lite's PS_VERBOSE on std::clog: 0 failures only, 1 admissions and phases, 2 every frame.
-  int verbose = 0;
+  /// Where the scheduler logs (ps-lite's PS_VERBOSE levels: errors always, 1 admissions and
+  /// phases, 2 every frame); name it node_name("scheduler", nullopt, host). Default: silent.
+  logger log;
+};
+
+/// How a job ended.
+enum class job_end : std::uint8_t {
+  finished,             ///< every worker finished
+  finished_with_losses, ///< the live workers finished; some were lost within the quorum
+  failed,               ///< the job failed (see job_outcome::failure)
+};
+
+/// A worker lost within the quorum.
+struct lost_worker {
+  std::uint32_t rank = 0;
+  std::uint32_t node_id = 0;
+  /// When, after the scheduler started.
+  std::chrono::milliseconds after{0};
+  /// "its control connection closed", "nothing heard from it for 5 s (peer timeout 5 s)".
+  std::string why;
+  friend bool operator==(const lost_worker&, const lost_worker&) = default;
+};
+
+/// The end of a job as the scheduler saw it.
+struct job_outcome {
+  job_end end = job_end::failed;
+  /// failed: why. errc::timeout when the job never completed its registration (the message
+  /// names the missing roles); errc::peer_lost when a node was lost beyond what the quorum
+  /// allows (the message names its role, rank and node id) or the scheduler was stopped.
+  std::optional<error> failure;
+  /// Workers that said done.
+  std::uint32_t workers_finished = 0;
+  /// Workers lost, in the order they were lost: those within the quorum and, when a worker's
+  /// loss failed the job, that one too.
+  std::vector<lost_worker> lost_workers;
+  /// The one line the scheduler logged at the end: workers finished and lost, who, when, why.
+  std::string summary;
+
+  /// The job's result as a status: ok() unless it failed.
+  status as_status() const;
 };
 
 /// The running scheduler of one job: its actor, its port, and the job's outcome. Copies share
@@ -111,40 +183,35 @@ struct scheduler_options {
 /// or peer timeout).
 class scheduler_handle {
 public:
-  /// Where the outcome is set; shared with the scheduler actor.
-  struct outcome_state;
+  scheduler_handle(scheduler_actor actor, std::uint16_t port, completion<job_outcome> outcome);
 
-  scheduler_handle(caf::actor actor, std::uint16_t port, std::shared_ptr<outcome_state> outcome);
-
-  /// The scheduler actor (published on port()).
-  const caf::actor& actor() const noexcept { return actor_; }
-  /// The port the scheduler is published on (the bound one when options.port was 0).
+  /// The scheduler actor.
+  const scheduler_actor& actor() const noexcept { return actor_; }
+  /// The port the scheduler listens on (the bound one when options.port was 0).
   std::uint16_t port() const noexcept { return port_; }
 
-  /// Waits up to `timeout` for the job to end. nullopt: still running. Otherwise the outcome:
-  /// ok() when every worker finished; errc::timeout when the job never completed its
-  /// registration (the message names the missing roles); errc::peer_lost when a node was lost
-  /// (the message names its role and rank) or the scheduler actor was stopped. The process
-  /// hosting the scheduler exits non-zero unless the outcome is ok().
-  std::optional<status> wait(std::chrono::milliseconds timeout) const;
+  /// Waits up to `timeout` for the job to end. nullopt: still running. The process hosting the
+  /// scheduler exits 0 for finished, 3 for finished_with_losses and 1 for failed
+  /// (actors/dist_job.hpp).
+  std::optional<job_outcome> wait(std::chrono::milliseconds timeout) const;
 
   /// The outcome if the job has ended, without waiting.
-  std::optional<status> outcome() const { return wait(std::chrono::milliseconds{0}); }
+  std::optional<job_outcome> outcome() const { return outcome_.peek(); }
 
-  /// Ends the job now (the host's SIGTERM): the scheduler actor exits, every node sees the
-  /// scheduler lost, and the outcome becomes errc::peer_lost unless the job had already ended.
+  /// Ends the job now (the host's SIGTERM): the scheduler actor exits and its port closes, every
+  /// node sees the scheduler lost, and the outcome becomes failed (errc::peer_lost) unless the
+  /// job had already ended.
   void stop() const;
 
 private:
-  caf::actor actor_;
+  scheduler_actor actor_;
   std::uint16_t port_;
-  std::shared_ptr<outcome_state> outcome_;
+  completion<job_outcome> outcome_;
 };
 
-/// Spawns the scheduler of one job in `sys` (which must have the io::middleman loaded and,
-/// for hung peers to be noticed, configure_failure_detection of actors/node_agent.hpp applied)
-/// and publishes it on options.host:options.port. The startup timeout runs from here.
-/// Errors: errc::invalid_argument for options out of range (the message names the field),
+/// Spawns the scheduler of one job in `sys` (which must have the io::middleman loaded) and
+/// listens for control connections on options.host:options.port. The startup timeout runs from
+/// here. Errors: errc::invalid_argument for options out of range (the message names the field),
 /// errc::io_error when the port cannot be bound (in use, bad address).
 result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_options options);
 

@@ -5,9 +5,11 @@
 // Configuration: the cluster file, then the DMLC_* environment, then flags (later wins); see
 // docs/cluster.sample.toml. A broken file, a missing or malformed value or a port in use ends the
 // process with exit code 2 and one line naming the file and line or the variable, before any
-// network activity. Otherwise it runs until the job ends: exit 0 when every worker finished,
-// 1 when the job failed (a lost node, a startup timeout), with the reason logged through
-// troupe::logger under the node's name ("server@127.0.0.1"). The scheduler prints
+// network activity. Otherwise it runs until the job ends: exit 0 when every worker finished;
+// 3 (the scheduler only) when the job finished but some workers were lost within the quorum
+// (sync.quorum below the number of workers), the summary naming them; 1 when the job failed (a
+// lost server, more lost workers than the quorum allows, a startup timeout), with the reason
+// logged through troupe::logger under the node's name ("server@127.0.0.1"). The scheduler prints
 // "troupe-node: scheduler listening on HOST:PORT" on stdout once it is bound: with port 0 that
 // line is how the port is found.
 
@@ -33,6 +35,10 @@ int configuration_error(const error& err) {
 
 int main(int argc, char** argv) {
   CLI::App app{"troupe-node: a scheduler or server of a troupe job"};
+  app.footer("Exit codes: 0 every worker finished; 3 (scheduler) the job finished but workers were "
+             "lost within the quorum (sync.quorum), the summary on stderr names them; 1 the job "
+             "failed (a lost server, more workers lost than the quorum allows, a startup "
+             "timeout); 2 a bad configuration or a port in use.");
   config_overrides flags;
   add_config_flags(app, flags);
   try {
@@ -58,16 +64,21 @@ int main(int argc, char** argv) {
   if (auto free = check_port_free(listener_host, listener_port); !free)
     return configuration_error(free.error());
 
-  status outcome;
   if (role == node_role::scheduler) {
     auto host = config->scheduler_host;
-    outcome = run_scheduler(*config, [&host](std::uint16_t port) {
+    auto outcome = run_scheduler(*config, [&host](std::uint16_t port) {
       std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);
       std::fflush(stdout);
     });
-  } else {
-    outcome = run_server(*config);
+    // The scheduler has logged its summary line (at error level unless every worker finished).
+    const logger log{node_name("scheduler", std::nullopt, host), config->verbose};
+    if (!outcome)
+      log.error(outcome.error().to_string());
+    else if (outcome->failure)
+      log.error(outcome->failure->to_string());
+    return scheduler_exit_code(outcome);
   }
+  auto outcome = run_server(*config);
   if (!outcome) {
     logger{node_name(to_string(role), std::nullopt, config->node_host), config->verbose}.error(
         outcome.error().to_string());

@@ -1,16 +1,20 @@
-// The control plane (actors/scheduler, actors/node_agent) over real BASP connections on loopback,
-// in one process: the scheduler lives in one actor system, the nodes in another, so every
-// control message crosses the middleman as it would between processes. ps-lite's rules are
-// checked with numbers: ranks in arrival order per role, node ids 8+2r / 9+2r, one key range per
-// server, group barriers, kStopServer once every worker is done, and a lost node named by role
-// and rank to every survivor. Every wait is bounded.
+// The control plane (actors/scheduler, actors/node_agent, actors/job_barrier) over real framed
+// connections on loopback, in one process: the scheduler lives in one actor system, the nodes in
+// another, so every control message crosses a socket as a frame, as between processes. Some
+// cases drive the scheduler's port by hand: raw bytes on a TCP socket, or a framed client whose
+// frames the test writes. ps-lite's rules are checked with numbers: ranks in arrival order per
+// role, node ids 8+2r / 9+2r, one key range per server, group barriers, kStopServer once every
+// live worker is done, a lost node named by role and rank to every survivor, and with a quorum K
+// of N workers, losses up to N - K that the job survives. Every wait is bounded.
 
 #include <arpa/inet.h>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <netinet/in.h>
 #include <optional>
+#include <poll.h>
 #include <string>
 #include <sys/socket.h>
 #include <thread>
@@ -26,9 +30,11 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
-#include "actors/protocols.hpp"
+#include "actors/data_link.hpp"
 #include "actors/node_agent.hpp"
+#include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
+#include "schema/codec.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -40,10 +46,7 @@ constexpr auto heartbeat = 100ms;
 constexpr auto peer_timeout = 1s;
 
 struct test_config : caf::actor_system_config {
-  test_config() {
-    load<caf::io::middleman>();
-    configure_failure_detection(*this, heartbeat, peer_timeout);
-  }
+  test_config() { load<caf::io::middleman>(); }
 };
 
 /// One "process": a config and the actor system built from it (which keeps a reference to it).
@@ -120,6 +123,20 @@ struct job_fixture {
     return admitted(pending);
   }
 
+  /// Starts a job of `servers` and `workers` and joins every node; with a `quorum`, worker rank
+  /// 0 then sets it.
+  std::vector<std::unique_ptr<node_agent>> running_job(std::uint32_t servers, std::uint32_t workers,
+                                                       std::optional<std::uint32_t> quorum = {});
+
+  /// The workers of `ranks` pass a barrier of the worker group together.
+  static void pass_worker_barrier(const std::vector<std::unique_ptr<node_agent>>& agents,
+                                  const std::vector<std::uint32_t>& ranks);
+
+  /// The workers of `ranks` say done, every server is told to stop, every node leaves: the job's
+  /// outcome.
+  job_outcome finish(std::vector<std::unique_ptr<node_agent>>& agents,
+                     const std::vector<std::uint32_t>& ranks);
+
   static std::vector<std::unique_ptr<node_agent>>
   admitted(std::vector<std::future<join_result>>& pending) {
     std::vector<std::unique_ptr<node_agent>> agents;
@@ -161,28 +178,218 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// The message `listener` receives within `timeout`: "stop", "peer_lost: <text>" or "" (none).
+/// "membership epoch E, lost: 11 13" for a table; the node ids of the rows not alive.
+std::string describe_table(const wire::membership& table) {
+  std::string text = "membership epoch " + std::to_string(table.epoch) + ", lost:";
+  for (const auto& node : table.nodes)
+    if (!node.alive)
+      text += " " + std::to_string(node.node_id);
+  return text;
+}
+
+/// The message `listener` receives within `timeout`: "stop", "peer_lost: <text>",
+/// "membership epoch E, lost: ..." or "" (none).
 std::string next_notice(caf::scoped_actor& listener, std::chrono::milliseconds timeout) {
   std::string notice;
   listener->receive([&](stop_atom) { notice = "stop"; },
                     [&](peer_lost_atom, const std::string& text) { notice = "peer_lost: " + text; },
+                    [&](const wire::membership& table) { notice = describe_table(table); },
                     caf::after(timeout) >> [] {});
   return notice;
 }
 
-/// Sends a raw control frame to the scheduler as `self` and decodes the reply.
-std::optional<wire::message> ask_raw(caf::scoped_actor& self, const caf::actor& scheduler,
-                                     std::vector<char> frame) {
-  self->send(scheduler, control_atom::value, std::move(frame));
-  std::optional<wire::message> reply;
-  self->receive(
-      [&](control_atom, const std::vector<char>& bytes) {
-        auto decoded = decode_control(bytes);
-        if (decoded)
-          reply = decoded->msg;
-      },
-      caf::after(std::chrono::seconds{5}) >> [] {});
-  return reply;
+job_listener as_listener(caf::scoped_actor& listener) {
+  return caf::actor_cast<job_listener>(listener);
+}
+
+/// A control connection to the scheduler driven by hand: frames the test writes, and the frames
+/// that come back (heartbeats skipped).
+class framed_client {
+public:
+  framed_client(caf::actor_system& sys, std::uint16_t port) : self_{sys} {
+    data_link_options options;
+    options.tuning = control_link_tuning(max_control_frame_bytes, logger{});
+    auto link =
+        connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self_), options);
+    BOOST_TEST_REQUIRE(link.has_value());
+    link_ = *link;
+  }
+  ~framed_client() { caf::anon_send(link_, stop_atom::value); }
+  framed_client(const framed_client&) = delete;
+  framed_client& operator=(const framed_client&) = delete;
+
+  void send(wire::message msg) { self_->send(link_, envelope{std::move(msg), nullptr, 0}); }
+
+  /// The next frame other than a heartbeat within `timeout`; nullopt when none came.
+  std::optional<wire::message> next(std::chrono::milliseconds timeout = 5s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left <= 0ms)
+        return std::nullopt;
+      std::optional<wire::message> got;
+      bool over = false;
+      self_->receive([&](envelope& frame) { got = std::move(frame.msg); },
+                     [&](link_down_atom, std::uint64_t, const std::string&) { over = true; },
+                     caf::after(left) >> [&] { over = true; });
+      if (over)
+        return std::nullopt;
+      if (!std::holds_alternative<wire::heartbeat>(*got))
+        return got;
+    }
+  }
+
+  /// A registration for this job, as a node would send it.
+  static wire::registration registration(const std::string& job_id, const std::string& token,
+                                         wire::role role, std::uint16_t port) {
+    wire::registration reg;
+    reg.request_id = 1;
+    reg.node_role = role;
+    reg.job_id = job_id;
+    reg.auth_token = token;
+    reg.host = "127.0.0.1";
+    reg.port = port;
+    return reg;
+  }
+
+private:
+  caf::scoped_actor self_;
+  caf::actor link_;
+};
+
+/// A plain TCP connection to 127.0.0.1:port, for bytes no troupe node would send.
+class raw_socket {
+public:
+  explicit raw_socket(std::uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    BOOST_TEST_REQUIRE(fd_ >= 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    BOOST_TEST_REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  }
+  ~raw_socket() { ::close(fd_); }
+  raw_socket(const raw_socket&) = delete;
+  raw_socket& operator=(const raw_socket&) = delete;
+
+  void write(const std::vector<std::byte>& bytes) {
+    BOOST_TEST_REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+                       static_cast<ssize_t>(bytes.size()));
+  }
+
+  /// Reads for up to `timeout`, until the peer closes; returns the bytes and whether it closed.
+  std::pair<std::vector<std::byte>, bool> read_until_closed(std::chrono::milliseconds timeout) {
+    std::vector<std::byte> got;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left <= 0ms)
+        return {got, false};
+      pollfd probe{fd_, POLLIN, 0};
+      if (::poll(&probe, 1, static_cast<int>(left.count())) <= 0)
+        continue;
+      std::byte buffer[4096];
+      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
+      if (n <= 0)
+        return {got, true};
+      got.insert(got.end(), buffer, buffer + n);
+    }
+  }
+
+  /// The whole frames at the start of `bytes`, decoded, until one does not decode.
+  static std::vector<wire::message> frames(std::span<const std::byte> bytes) {
+    std::vector<wire::message> decoded;
+    while (bytes.size() >= wire::frame_prefix_bytes) {
+      auto length = wire::read_frame_prefix(bytes.first(wire::frame_prefix_bytes));
+      if (!length || bytes.size() < wire::frame_prefix_bytes + *length)
+        break;
+      auto frame = wire::decode(bytes.first(wire::frame_prefix_bytes + *length));
+      if (!frame)
+        break;
+      decoded.push_back(frame->msg);
+      bytes = bytes.subspan(wire::frame_prefix_bytes + *length);
+    }
+    return decoded;
+  }
+
+  /// The first frame in `bytes`, decoded.
+  static std::optional<wire::message> first_frame(const std::vector<std::byte>& bytes) {
+    auto decoded = frames(bytes);
+    if (decoded.empty())
+      return std::nullopt;
+    return decoded.front();
+  }
+
+private:
+  int fd_ = -1;
+};
+
+/// An 8-byte little-endian length prefix followed by `body`.
+std::vector<std::byte> frame_bytes(std::uint64_t length, std::vector<std::byte> body = {}) {
+  std::vector<std::byte> bytes(wire::frame_prefix_bytes);
+  for (std::size_t i = 0; i < wire::frame_prefix_bytes; ++i)
+    bytes[i] = static_cast<std::byte>((length >> (8 * i)) & 0xff);
+  bytes.insert(bytes.end(), body.begin(), body.end());
+  return bytes;
+}
+
+/// Checks that `reply` is an error_reply with `code`, and returns it.
+wire::error_reply expect_error(const std::optional<wire::message>& reply, wire::error_code code) {
+  BOOST_TEST_REQUIRE(reply.has_value());
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::error_reply>(*reply),
+                     "a " << wire::kind_name(*reply) << " instead of an error_reply");
+  const auto& err = std::get<wire::error_reply>(*reply);
+  BOOST_TEST((err.code == code), err.message);
+  return err;
+}
+
+/// Worker rank 0's sync settings with quorum `quorum`.
+wire::sync_settings settings_with_quorum(std::uint32_t quorum) {
+  wire::sync_settings settings;
+  settings.quorum = quorum;
+  return settings;
+}
+
+std::vector<std::unique_ptr<node_agent>>
+job_fixture::running_job(std::uint32_t servers, std::uint32_t workers,
+                         std::optional<std::uint32_t> quorum) {
+  start(servers, workers);
+  auto agents = join_all(servers, workers);
+  if (quorum) {
+    const auto set =
+        find(agents, wire::role::worker, 0)->send_sync_settings(settings_with_quorum(*quorum), 5s);
+    BOOST_TEST_REQUIRE(set.has_value(), set.error().to_string());
+  }
+  return agents;
+}
+
+void job_fixture::pass_worker_barrier(const std::vector<std::unique_ptr<node_agent>>& agents,
+                                      const std::vector<std::uint32_t>& ranks) {
+  std::vector<std::future<status>> waiting;
+  for (std::uint32_t rank : ranks)
+    waiting.push_back(std::async(std::launch::async, [&agents, rank] {
+      return find(agents, wire::role::worker, rank)->barrier(wire::group::workers, 5s);
+    }));
+  for (auto& barrier : waiting) {
+    const auto passed = barrier.get();
+    BOOST_TEST(passed.has_value(), (passed ? std::string{} : passed.error().to_string()));
+  }
+}
+
+job_outcome job_fixture::finish(std::vector<std::unique_ptr<node_agent>>& agents,
+                                const std::vector<std::uint32_t>& ranks) {
+  for (std::uint32_t rank : ranks)
+    BOOST_TEST(find(agents, wire::role::worker, rank)->notify_done(5s).has_value());
+  for (const auto& agent : agents)
+    if (agent->role() == wire::role::server)
+      BOOST_TEST(agent->wait_for_stop(5s).has_value());
+  agents.clear();
+  auto outcome = scheduler->wait(5s);
+  BOOST_TEST_REQUIRE(outcome.has_value());
+  return *outcome;
 }
 
 } // namespace
@@ -213,27 +420,36 @@ BOOST_AUTO_TEST_CASE(membership_key_ranges_are_ps_lites_server_ranges_without_ga
 BOOST_FIXTURE_TEST_CASE(ranks_follow_arrival_order_per_role_and_node_ids_follow_ps_lite,
                         job_fixture) {
   start(2, 3);
-  // Arrival order: server A, worker A, worker B, server B, worker C; the data port tells them
-  // apart. Spaced out so that each registration lands before the next one starts.
+  // Arrival order: server A, worker A, worker B, server B, worker C; each registers once the
+  // previous one has its admission, so the order is the test's.
   const std::vector<std::pair<wire::role, std::uint16_t>> arrivals{{wire::role::server, 7000},
                                                                    {wire::role::worker, 7100},
                                                                    {wire::role::worker, 7101},
                                                                    {wire::role::server, 7001},
                                                                    {wire::role::worker, 7102}};
-  std::vector<std::future<join_result>> pending;
-  for (const auto& [role, port] : arrivals) {
-    pending.push_back(join_async(options_for(role, port)));
-    std::this_thread::sleep_for(150ms);
-  }
-  const auto agents = admitted(pending);
   const std::vector<std::pair<std::uint32_t, std::uint32_t>> expected{
       {0, 8}, {0, 9}, {1, 11}, {1, 10}, {2, 13}}; // (rank, node id) per arrival
-  for (std::size_t i = 0; i < agents.size(); ++i) {
+  std::vector<std::unique_ptr<framed_client>> nodes;
+  for (std::size_t i = 0; i < arrivals.size(); ++i) {
     BOOST_TEST_CONTEXT("arrival " << i) {
-      BOOST_TEST((agents[i]->role() == arrivals[i].first));
-      BOOST_TEST(agents[i]->rank() == expected[i].first);
-      BOOST_TEST(agents[i]->node_id() == expected[i].second);
+      nodes.push_back(std::make_unique<framed_client>(node_side.sys, scheduler->port()));
+      nodes.back()->send(
+          framed_client::registration(job_id, token, arrivals[i].first, arrivals[i].second));
+      const auto reply = nodes.back()->next();
+      BOOST_TEST_REQUIRE(reply.has_value());
+      BOOST_TEST_REQUIRE(std::holds_alternative<wire::admission>(*reply));
+      const auto& outcome = std::get<wire::admission>(*reply).outcome;
+      BOOST_TEST_REQUIRE(std::holds_alternative<wire::admitted>(outcome));
+      BOOST_TEST(std::get<wire::admitted>(outcome).rank == expected[i].first);
+      BOOST_TEST(std::get<wire::admitted>(outcome).node_id == expected[i].second);
     }
+  }
+  // The last admission started the job: every node gets the table of epoch 1.
+  for (auto& node : nodes) {
+    const auto table = node->next();
+    BOOST_TEST_REQUIRE(table.has_value());
+    BOOST_TEST_REQUIRE(std::holds_alternative<wire::membership>(*table));
+    BOOST_TEST(std::get<wire::membership>(*table).epoch == 1u);
   }
 }
 
@@ -273,23 +489,36 @@ BOOST_FIXTURE_TEST_CASE(every_node_receives_the_same_membership_with_every_node_
   BOOST_TEST(table.key_ranges[0].end == table.key_ranges[1].begin);
 }
 
-BOOST_FIXTURE_TEST_CASE(nodes_started_before_the_scheduler_join_once_it_listens, job_fixture) {
+BOOST_FIXTURE_TEST_CASE(an_agent_facing_a_refusing_port_gives_up_after_its_connect_timeout,
+                        job_fixture) {
   const std::uint16_t port = unused_port();
-  // Nobody there: join gives up after its startup timeout.
   auto hurried = options_for(port, wire::role::worker);
-  hurried.startup_timeout = 300ms;
+  hurried.connect_timeout = 1s;
+  hurried.startup_timeout = 60s;
   const auto started = std::chrono::steady_clock::now();
   const auto nobody = node_agent::join(node_side.sys, hurried);
+  const auto took = std::chrono::steady_clock::now() - started;
   BOOST_TEST_REQUIRE(!nobody.has_value());
   BOOST_TEST((nobody.error().code() == errc::timeout));
-  BOOST_TEST(contains(nobody.error().message(),
-                      "could not reach the scheduler at 127.0.0.1:" + std::to_string(port)));
-  BOOST_TEST((std::chrono::steady_clock::now() - started < 2s));
+  const auto& text = nobody.error().message();
+  BOOST_TEST(contains(text, "could not reach the scheduler at 127.0.0.1:" + std::to_string(port)),
+             text);
+  BOOST_TEST(contains(text, "tried for 1"), text); // "1s" or "1012ms"
+  BOOST_TEST(contains(text, "connect timeout 1s"), text);
+  BOOST_TEST(contains(text, "last: "), text);
+  // Backoff: 50 ms doubling, so 6 or 7 attempts fit in a second (not hundreds).
+  BOOST_TEST(!contains(text, "(1 attempts"), text);
+  BOOST_TEST((took >= 1s && took < 3s));
+}
 
+BOOST_FIXTURE_TEST_CASE(nodes_started_before_the_scheduler_join_once_it_listens, job_fixture) {
+  const std::uint16_t port = unused_port();
   // Processes start in any order: these keep retrying until the scheduler listens.
   std::vector<std::future<join_result>> pending;
   pending.push_back(join_async(options_for(port, wire::role::server)));
   pending.push_back(join_async(options_for(port, wire::role::worker)));
+  // Not a race to settle: the joins succeed whether or not they had to retry; the pause makes
+  // it likely that they did.
   std::this_thread::sleep_for(300ms);
   start(1, 1, 10s, port);
   BOOST_TEST(scheduler->port() == port);
@@ -324,8 +553,7 @@ BOOST_FIXTURE_TEST_CASE(
 }
 
 BOOST_FIXTURE_TEST_CASE(a_node_beyond_the_configured_counts_is_rejected_as_role_full, job_fixture) {
-  start(1, 2);
-  const auto agents = join_all(1, 2);
+  const auto agents = running_job(1, 2);
   for (auto role : {wire::role::worker, wire::role::server}) {
     auto joined = node_agent::join(node_side.sys, options_for(role));
     BOOST_TEST_REQUIRE(!joined.has_value());
@@ -341,25 +569,61 @@ BOOST_FIXTURE_TEST_CASE(a_node_beyond_the_configured_counts_is_rejected_as_role_
     BOOST_TEST(barrier.get().has_value());
 }
 
-BOOST_FIXTURE_TEST_CASE(bad_frames_and_requests_from_strangers_get_error_replies_not_a_crash,
+BOOST_FIXTURE_TEST_CASE(garbage_and_an_oversized_length_prefix_close_the_connection_after_an_error,
                         job_fixture) {
   start(1, 1);
-  auto remote = node_side.sys.middleman().remote_actor("127.0.0.1", scheduler->port());
-  BOOST_TEST_REQUIRE(static_cast<bool>(remote));
-  caf::scoped_actor stranger{node_side.sys};
-
-  auto reply = ask_raw(stranger, *remote, std::vector<char>(24, '\x5a'));
-  BOOST_TEST_REQUIRE(reply.has_value());
-  BOOST_TEST_REQUIRE(std::holds_alternative<wire::error_reply>(*reply));
-  BOOST_TEST((std::get<wire::error_reply>(*reply).code == wire::error_code::bad_frame));
-
-  wire::registration old_version;
+  // 24 bytes of 0x5a: a length prefix of 0x5a5a5a5a5a5a5a5a, far above the cap.
+  // A 1 GiB prefix: a multiple of 8, but above the cap, checked before anything is allocated.
+  for (const auto& bytes : {std::vector<std::byte>(24, std::byte{0x5a}), frame_bytes(1ull << 30)}) {
+    raw_socket stranger{scheduler->port()};
+    stranger.write(bytes);
+    const auto [reply, closed] = stranger.read_until_closed(5s);
+    BOOST_TEST(closed);
+    const auto err = expect_error(raw_socket::first_frame(reply), wire::error_code::bad_frame);
+    BOOST_TEST(contains(err.message, "frame_too_large"), err.message);
+  }
+  // A well-formed frame with a value the protocol forbids (a quorum of 0): an error, and the
+  // connection serves on, since the stream is still in step: a registration of an old protocol
+  // version on it is answered.
+  raw_socket stranger{scheduler->port()};
+  stranger.write(wire::encode(settings_with_quorum(0)).flatten());
+  wire::registration old_version =
+      framed_client::registration(job_id, token, wire::role::worker, 0);
   old_version.request_id = 7;
   old_version.protocol_version = 99;
-  old_version.job_id = job_id;
-  old_version.auth_token = token;
-  old_version.host = "127.0.0.1";
-  reply = ask_raw(stranger, *remote, encode_control(old_version));
+  stranger.write(wire::encode(old_version).flatten());
+  const auto [replies, closed] = stranger.read_until_closed(1s);
+  BOOST_TEST(!closed);
+  const auto answers = raw_socket::frames(replies);
+  BOOST_TEST_REQUIRE(answers.size() == 2u);
+  expect_error(answers[0], wire::error_code::bad_frame);
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::admission>(answers[1]));
+  BOOST_TEST(std::get<wire::admission>(answers[1]).request_id == 7u);
+
+  // Nothing changed: the job starts as configured.
+  const auto agents = join_all(1, 1);
+  BOOST_TEST(agents.size() == 2u);
+  BOOST_TEST(!scheduler->outcome().has_value());
+}
+
+BOOST_FIXTURE_TEST_CASE(frames_before_registration_and_bad_registrations_get_error_replies,
+                        job_fixture) {
+  start(1, 1);
+  framed_client stranger{node_side.sys, scheduler->port()};
+
+  stranger.send(wire::barrier{3, 1, wire::group::workers, 9});
+  auto err = expect_error(stranger.next(), wire::error_code::not_admitted);
+  BOOST_TEST(err.request_id == 3u);
+  stranger.send(wire::command{4, wire::command_kind::stop, {}});
+  BOOST_TEST(expect_error(stranger.next(), wire::error_code::not_admitted).request_id == 4u);
+  stranger.send(settings_with_quorum(1));
+  expect_error(stranger.next(), wire::error_code::not_admitted);
+
+  auto old_version = framed_client::registration(job_id, token, wire::role::worker, 0);
+  old_version.request_id = 7;
+  old_version.protocol_version = 99;
+  stranger.send(old_version);
+  auto reply = stranger.next();
   BOOST_TEST_REQUIRE(reply.has_value());
   BOOST_TEST_REQUIRE(std::holds_alternative<wire::admission>(*reply));
   const auto& admission = std::get<wire::admission>(*reply);
@@ -368,21 +632,21 @@ BOOST_FIXTURE_TEST_CASE(bad_frames_and_requests_from_strangers_get_error_replies
   BOOST_TEST((std::get<wire::rejected>(admission.outcome).reason ==
               wire::reject_reason::protocol_version));
 
-  reply = ask_raw(stranger, *remote, encode_control(wire::barrier{3, 1, wire::group::workers, 9}));
-  BOOST_TEST_REQUIRE(reply.has_value());
-  BOOST_TEST_REQUIRE(std::holds_alternative<wire::error_reply>(*reply));
-  BOOST_TEST(std::get<wire::error_reply>(*reply).request_id == 3u);
-  BOOST_TEST((std::get<wire::error_reply>(*reply).code == wire::error_code::not_admitted));
+  auto long_host = framed_client::registration(job_id, token, wire::role::worker, 0);
+  long_host.host = std::string(4000, 'h');
+  stranger.send(long_host);
+  err = expect_error(stranger.next(), wire::error_code::invalid_argument);
+  BOOST_TEST(contains(err.message, "4000 bytes"), err.message);
 
-  // Nothing changed: the job starts as configured.
+  // Nothing changed: the job starts as configured, with every rank free.
   const auto agents = join_all(1, 1);
-  BOOST_TEST(agents.size() == 2u);
+  for (const auto& agent : agents)
+    BOOST_TEST(agent->rank() == 0u);
   BOOST_TEST(!scheduler->outcome().has_value());
 }
 
 BOOST_FIXTURE_TEST_CASE(a_worker_barrier_stays_pending_until_the_last_worker_arrives, job_fixture) {
-  start(1, 3);
-  const auto agents = join_all(1, 3);
+  const auto agents = running_job(1, 3);
   auto* server = find(agents, wire::role::server, 0);
   for (int round = 0; round < 2; ++round) {
     BOOST_TEST_CONTEXT("round " << round) {
@@ -416,23 +680,23 @@ BOOST_FIXTURE_TEST_CASE(a_job_that_never_completes_registration_fails_naming_the
                         job_fixture) {
   start(2, 2, 500ms);
   const auto joined = node_agent::join(node_side.sys, options_for(wire::role::server));
-  const std::string text = "1 of 2 servers and 0 of 2 workers registered after 500 ms";
+  const std::string text = "1 of 2 servers and 0 of 2 workers registered after 500ms";
   BOOST_TEST_REQUIRE(!joined.has_value());
   BOOST_TEST((joined.error().code() == errc::timeout));
   BOOST_TEST(joined.error().message() == text);
   const auto outcome = scheduler->wait(5s);
   BOOST_TEST_REQUIRE(outcome.has_value());
-  BOOST_TEST_REQUIRE(!outcome->has_value());
-  BOOST_TEST((outcome->error().code() == errc::timeout));
-  BOOST_TEST(outcome->error().message() == text);
+  BOOST_TEST((outcome->end == job_end::failed));
+  BOOST_TEST_REQUIRE(outcome->failure.has_value());
+  BOOST_TEST((outcome->failure->code() == errc::timeout));
+  BOOST_TEST(outcome->failure->message() == text);
 }
 
 BOOST_FIXTURE_TEST_CASE(when_every_worker_is_done_the_servers_stop_and_the_job_succeeds,
                         job_fixture) {
-  start(2, 2);
-  auto agents = join_all(2, 2);
+  auto agents = running_job(2, 2);
   caf::scoped_actor listener{node_side.sys};
-  find(agents, wire::role::server, 0)->subscribe(caf::actor_cast<caf::actor>(listener));
+  find(agents, wire::role::server, 0)->subscribe(as_listener(listener));
 
   // The first worker finishes and leaves: not a loss, and the servers keep serving.
   auto* first = find(agents, wire::role::worker, 0);
@@ -450,22 +714,25 @@ BOOST_FIXTURE_TEST_CASE(when_every_worker_is_done_the_servers_stop_and_the_job_s
   agents.clear(); // the servers (and the last worker) leave
   const auto outcome = scheduler->wait(5s);
   BOOST_TEST_REQUIRE(outcome.has_value());
-  BOOST_TEST(outcome->has_value());
+  BOOST_TEST((outcome->end == job_end::finished));
+  BOOST_TEST(outcome->workers_finished == 2u);
+  BOOST_TEST(outcome->lost_workers.empty());
+  BOOST_TEST(outcome->as_status().has_value());
+  BOOST_TEST(contains(outcome->summary, "2 of 2 workers finished (rank 0, 1); 0 lost"),
+             outcome->summary);
 }
 
 BOOST_FIXTURE_TEST_CASE(a_killed_worker_is_reported_to_every_survivor_by_role_and_rank,
                         job_fixture) {
-  start(1, 3);
-  const auto agents = join_all(1, 3);
+  const auto agents = running_job(1, 3);
   caf::scoped_actor listener{node_side.sys};
   auto* server = find(agents, wire::role::server, 0);
-  server->subscribe(caf::actor_cast<caf::actor>(listener));
+  server->subscribe(as_listener(listener));
   std::vector<std::future<status>> waiting;
   for (std::uint32_t rank : {0u, 2u})
     waiting.push_back(std::async(std::launch::async, [&, rank] {
       return find(agents, wire::role::worker, rank)->barrier(wire::group::workers, 10s);
     }));
-  std::this_thread::sleep_for(100ms);
 
   const auto killed = std::chrono::steady_clock::now();
   caf::anon_send_exit(find(agents, wire::role::worker, 1)->actor(), caf::exit_reason::kill);
@@ -486,16 +753,17 @@ BOOST_FIXTURE_TEST_CASE(a_killed_worker_is_reported_to_every_survivor_by_role_an
   BOOST_TEST(contains(later.error().message(), lost));
   const auto outcome = scheduler->wait(5s);
   BOOST_TEST_REQUIRE(outcome.has_value());
-  BOOST_TEST_REQUIRE(!outcome->has_value());
-  BOOST_TEST((outcome->error().code() == errc::peer_lost));
-  BOOST_TEST(contains(outcome->error().message(), lost));
+  BOOST_TEST((outcome->end == job_end::failed));
+  BOOST_TEST((outcome->failure->code() == errc::peer_lost));
+  BOOST_TEST(contains(outcome->failure->message(), lost));
+  BOOST_TEST(contains(outcome->summary, "the job failed (" + lost), outcome->summary);
 }
 
 BOOST_FIXTURE_TEST_CASE(a_node_that_falls_silent_is_declared_lost_after_the_peer_timeout,
                         job_fixture) {
   start(1, 2);
-  // The silent worker's connection stays open (the middleman's own heartbeats keep it up); only
-  // its agent stops sending, as a frozen process would.
+  // The silent worker's connection stays open; only its agent stops sending, as a frozen
+  // process would.
   auto silent = options_for(wire::role::worker);
   silent.heartbeat_interval = 1h;
   silent.peer_timeout = 2h;
@@ -509,9 +777,9 @@ BOOST_FIXTURE_TEST_CASE(a_node_that_falls_silent_is_declared_lost_after_the_peer
                            std::to_string(quiet->node_id()) + ") was lost: nothing heard from it";
   const auto outcome = scheduler->wait(5s);
   BOOST_TEST_REQUIRE(outcome.has_value());
-  BOOST_TEST_REQUIRE(!outcome->has_value());
-  BOOST_TEST((outcome->error().code() == errc::peer_lost));
-  BOOST_TEST(contains(outcome->error().message(), lost), outcome->error().message());
+  BOOST_TEST((outcome->end == job_end::failed));
+  BOOST_TEST((outcome->failure->code() == errc::peer_lost));
+  BOOST_TEST(contains(outcome->failure->message(), lost), outcome->failure->message());
   // The survivor and the silent node itself (were it to wake up) hear the same.
   for (node_agent* agent : {agents[1].get(), quiet.get()}) {
     const auto outcome = agent->barrier(wire::group::workers, 5s);
@@ -523,14 +791,12 @@ BOOST_FIXTURE_TEST_CASE(a_node_that_falls_silent_is_declared_lost_after_the_peer
 
 BOOST_FIXTURE_TEST_CASE(when_the_scheduler_is_lost_every_waiting_call_returns_peer_lost,
                         job_fixture) {
-  start(1, 2);
-  const auto agents = join_all(1, 2);
+  const auto agents = running_job(1, 2);
   auto* server = find(agents, wire::role::server, 0);
   auto barrier = std::async(std::launch::async, [&] {
     return find(agents, wire::role::worker, 0)->barrier(wire::group::workers, 10s);
   });
   auto stop = std::async(std::launch::async, [&] { return server->wait_for_stop(10s); });
-  std::this_thread::sleep_for(100ms);
   scheduler->stop();
   for (auto* call : {&barrier, &stop}) {
     BOOST_TEST_REQUIRE((call->wait_for(5s) == std::future_status::ready));
@@ -542,7 +808,164 @@ BOOST_FIXTURE_TEST_CASE(when_the_scheduler_is_lost_every_waiting_call_returns_pe
   }
   const auto outcome = scheduler->wait(1s);
   BOOST_TEST_REQUIRE(outcome.has_value());
-  BOOST_TEST((!outcome->has_value() && outcome->error().code() == errc::peer_lost));
+  BOOST_TEST((outcome->end == job_end::failed && outcome->failure->code() == errc::peer_lost));
+}
+
+BOOST_FIXTURE_TEST_CASE(sync_settings_come_from_worker_rank_0_with_a_quorum_within_the_workers,
+                        job_fixture) {
+  const auto agents = running_job(1, 3);
+  for (auto* other : {find(agents, wire::role::server, 0), find(agents, wire::role::worker, 2)}) {
+    const auto refused = other->send_sync_settings(settings_with_quorum(2), 5s);
+    BOOST_TEST_REQUIRE(!refused.has_value());
+    BOOST_TEST((refused.error().code() == errc::invalid_argument));
+    BOOST_TEST(contains(refused.error().message(),
+                        "not from " + std::string{wire::to_string(other->role())} + " " +
+                            std::to_string(other->rank()) + " (node " +
+                            std::to_string(other->node_id()) + ")"),
+               refused.error().message());
+  }
+  auto* rank0 = find(agents, wire::role::worker, 0);
+  const auto none = rank0->send_sync_settings(settings_with_quorum(0), 5s);
+  BOOST_TEST_REQUIRE(!none.has_value());
+  BOOST_TEST((none.error().code() == errc::invalid_argument));
+  const auto too_many = rank0->send_sync_settings(settings_with_quorum(4), 5s);
+  BOOST_TEST_REQUIRE(!too_many.has_value());
+  BOOST_TEST((too_many.error().code() == errc::invalid_argument));
+  BOOST_TEST(contains(too_many.error().message(), "a quorum of 4 is outside 1..3"),
+             too_many.error().message());
+  BOOST_TEST(rank0->send_sync_settings(settings_with_quorum(3), 5s).has_value());
+  BOOST_TEST(!scheduler->outcome().has_value());
+}
+
+BOOST_FIXTURE_TEST_CASE(
+    with_a_quorum_a_lost_worker_is_marked_not_alive_and_the_survivors_barrier_completes,
+    job_fixture) {
+  auto agents = running_job(1, 3, 2);
+  std::vector<std::unique_ptr<caf::scoped_actor>> listeners;
+  for (auto* subscriber : {find(agents, wire::role::server, 0), find(agents, wire::role::worker, 0),
+                           find(agents, wire::role::worker, 2)}) {
+    listeners.push_back(std::make_unique<caf::scoped_actor>(node_side.sys));
+    subscriber->subscribe(as_listener(*listeners.back()));
+  }
+  // Workers 0 and 2 wait at a barrier that worker 1 never reaches.
+  std::vector<std::future<status>> waiting;
+  for (std::uint32_t rank : {0u, 2u})
+    waiting.push_back(std::async(std::launch::async, [&, rank] {
+      return find(agents, wire::role::worker, rank)->barrier(wire::group::workers, 10s);
+    }));
+  for (auto& barrier : waiting)
+    BOOST_TEST((barrier.wait_for(300ms) == std::future_status::timeout));
+
+  caf::anon_send_exit(find(agents, wire::role::worker, 1)->actor(), caf::exit_reason::kill);
+  // Every subscriber hears of the new table, worker 1 (node 11) not alive; nobody of a failure.
+  for (auto& listener : listeners)
+    BOOST_TEST(next_notice(*listener, 5s) == "membership epoch 2, lost: 11");
+  // The loss released the barrier it held up, and later barriers wait for the live workers only.
+  for (auto& barrier : waiting) {
+    BOOST_TEST_REQUIRE((barrier.wait_for(5s) == std::future_status::ready));
+    BOOST_TEST(barrier.get().has_value());
+  }
+  pass_worker_barrier(agents, {0, 2});
+  BOOST_TEST(!scheduler->outcome().has_value());
+
+  // The live workers finish: the servers stop and the job ends with the loss in its outcome.
+  const auto outcome = finish(agents, {0, 2});
+  BOOST_TEST((outcome.end == job_end::finished_with_losses));
+  BOOST_TEST(outcome.as_status().has_value());
+  BOOST_TEST(outcome.workers_finished == 2u);
+  BOOST_TEST_REQUIRE(outcome.lost_workers.size() == 1u);
+  const auto& lost = outcome.lost_workers.front();
+  BOOST_TEST(lost.rank == 1u);
+  BOOST_TEST(lost.node_id == 11u);
+  BOOST_TEST(lost.why == "its control connection closed");
+  BOOST_TEST(contains(outcome.summary, "2 of 3 workers finished (rank 0, 2); 1 lost (quorum 2): "
+                                       "worker 1 (node 11) "),
+             outcome.summary);
+  BOOST_TEST(contains(outcome.summary, "after the job started: its control connection closed"),
+             outcome.summary);
+}
+
+BOOST_FIXTURE_TEST_CASE(with_a_quorum_a_silent_worker_is_dropped_and_told_so_and_the_job_goes_on,
+                        job_fixture) {
+  start(1, 3);
+  // Worker rank 0 sends the sync settings, then falls silent (no heartbeats) with its connection
+  // open, as a frozen process would. Its settings frame comes before its silence, so the quorum
+  // is known before the peer timeout can pass.
+  auto silent = options_for(wire::role::worker);
+  silent.rank_hint = 0;
+  silent.heartbeat_interval = 1h;
+  silent.peer_timeout = 2h;
+  std::vector<std::future<join_result>> pending;
+  pending.push_back(join_async(options_for(wire::role::server)));
+  pending.push_back(join_async(silent));
+  for (std::int32_t rank : {1, 2}) { // every rank asked for, so none depends on arrival order
+    auto speaking = options_for(wire::role::worker);
+    speaking.rank_hint = rank;
+    pending.push_back(join_async(speaking));
+  }
+  auto agents = admitted(pending);
+  auto* quiet = find(agents, wire::role::worker, 0);
+  std::vector<std::unique_ptr<caf::scoped_actor>> listeners;
+  for (auto* subscriber : {find(agents, wire::role::server, 0), find(agents, wire::role::worker, 1),
+                           find(agents, wire::role::worker, 2)}) {
+    listeners.push_back(std::make_unique<caf::scoped_actor>(node_side.sys));
+    subscriber->subscribe(as_listener(*listeners.back()));
+  }
+  BOOST_TEST_REQUIRE(quiet->send_sync_settings(settings_with_quorum(2), 5s).has_value());
+
+  for (auto& listener : listeners)
+    BOOST_TEST(next_notice(*listener, 5s) == "membership epoch 2, lost: 9");
+  // The silent worker, were it to wake up, learns that it was dropped.
+  const auto woken = quiet->barrier(wire::group::workers, 5s);
+  BOOST_TEST_REQUIRE(!woken.has_value());
+  BOOST_TEST((woken.error().code() == errc::peer_lost));
+  BOOST_TEST(contains(woken.error().message(), "worker 0 (node 9) was lost: nothing heard from it"),
+             woken.error().message());
+  // The others go on: a barrier of the live workers, done, stop.
+  pass_worker_barrier(agents, {1, 2});
+  const auto outcome = finish(agents, {1, 2});
+  BOOST_TEST((outcome.end == job_end::finished_with_losses));
+  BOOST_TEST_REQUIRE(outcome.lost_workers.size() == 1u);
+  BOOST_TEST(outcome.lost_workers.front().node_id == 9u);
+  BOOST_TEST(contains(outcome.lost_workers.front().why, "nothing heard from it for"),
+             outcome.lost_workers.front().why);
+}
+
+BOOST_FIXTURE_TEST_CASE(losing_more_workers_than_the_quorum_allows_fails_the_job_naming_the_node,
+                        job_fixture) {
+  const auto agents = running_job(1, 3, 2);
+  caf::scoped_actor listener{node_side.sys};
+  find(agents, wire::role::server, 0)->subscribe(as_listener(listener));
+
+  caf::anon_send_exit(find(agents, wire::role::worker, 1)->actor(), caf::exit_reason::kill);
+  BOOST_TEST(next_notice(listener, 5s) == "membership epoch 2, lost: 11");
+  caf::anon_send_exit(find(agents, wire::role::worker, 2)->actor(), caf::exit_reason::kill);
+  const std::string lost = "worker 2 (node 13) was lost";
+  const auto notice = next_notice(listener, 5s);
+  BOOST_TEST(contains(notice, "peer_lost: " + lost), notice);
+  const auto call = find(agents, wire::role::worker, 0)->barrier(wire::group::workers, 5s);
+  BOOST_TEST_REQUIRE(!call.has_value());
+  BOOST_TEST((call.error().code() == errc::peer_lost));
+  BOOST_TEST(contains(call.error().message(), lost), call.error().message());
+  const auto outcome = scheduler->wait(5s);
+  BOOST_TEST_REQUIRE(outcome.has_value());
+  BOOST_TEST((outcome->end == job_end::failed));
+  BOOST_TEST(contains(outcome->failure->message(), lost), outcome->failure->message());
+  BOOST_TEST(outcome->lost_workers.size() == 2u);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_lost_server_fails_the_job_whatever_the_quorum, job_fixture) {
+  const auto agents = running_job(1, 2, 1);
+  caf::anon_send_exit(find(agents, wire::role::server, 0)->actor(), caf::exit_reason::kill);
+  const auto outcome = scheduler->wait(5s);
+  BOOST_TEST_REQUIRE(outcome.has_value());
+  BOOST_TEST((outcome->end == job_end::failed));
+  BOOST_TEST(contains(outcome->failure->message(), "server 0 (node 8) was lost"),
+             outcome->failure->message());
+  const auto call = find(agents, wire::role::worker, 1)->barrier(wire::group::workers, 5s);
+  BOOST_TEST_REQUIRE(!call.has_value());
+  BOOST_TEST(contains(call.error().message(), "server 0 (node 8) was lost"),
+             call.error().message());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -6,13 +6,21 @@
 //   kv_worker --check async    each worker pushes ones*(r+1) M times, then a barrier: the value is
 //                              1 + 2 M n(n+1)/2 exactly
 //   kv_worker --check replace  no optimizer: after each round the value is the round's sum
-//   kv_worker --check hang     push and pull until an error (for the failure tests); writes its
-//                              pid to $KV_WORKER_DIR/rank-R
+//   kv_worker --check hang     push and pull until an error (for the failure tests)
+//   kv_worker --check quorum --victim V
+//                              dist_async with a quorum below the number of workers: rank V
+//                              pushes and pulls until it is killed; every other rank r pushes
+//                              ones*(r+1) M times, then a barrier (which completes once rank V is
+//                              lost): the value is 1 + 2 (M sum_{r != V} (r+1) + k (V+1)) for
+//                              some k >= 0 pushes of the victim
 //
+// With $KV_WORKER_DIR set, every rank writes its pid to $KV_WORKER_DIR/rank-R once its keys are
+// initialised, so a test can find (and kill) the process of a rank while the job runs.
 // Exit 0 when every check holds, 1 with the first failure on stderr.
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -66,7 +74,10 @@ int main(int argc, char** argv) {
   std::string type = "dist_sync", check = "sync", shapes_text = "2x3", dtype_name = "float32";
   int rounds = 3;
   app.add_option("--type", type);
-  app.add_option("--check", check)->check(CLI::IsMember({"sync", "async", "replace", "hang"}));
+  int victim = -1;
+  app.add_option("--check", check)
+      ->check(CLI::IsMember({"sync", "async", "replace", "hang", "quorum"}));
+  app.add_option("--victim", victim, "--check quorum: the rank the test kills");
   app.add_option("--shapes", shapes_text, "comma-separated shapes like 2x3,1200x1200");
   app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"float32", "float16"}));
   app.add_option("--rounds", rounds);
@@ -93,12 +104,18 @@ int main(int argc, char** argv) {
     if (auto set = kv.set_optimizer("test", {{"rescale_grad", 2.0}}); !set)
       return failed("set_optimizer: " + set.error().to_string());
 
-  if (check == "hang") {
-    // The failure tests find the process of a given rank through this file.
-    if (const char* dir = std::getenv("KV_WORKER_DIR"))
-      std::ofstream(std::string{dir} + "/rank-" + std::to_string(rank)) << ::getpid() << "\n";
+  if (const char* dir = std::getenv("KV_WORKER_DIR")) {
+    // Written whole, then renamed: a reader never sees a partial file.
+    const std::string file = std::string{dir} + "/rank-" + std::to_string(rank);
+    std::ofstream(file + ".tmp") << ::getpid() << "\n";
+    std::rename((file + ".tmp").c_str(), file.c_str());
+  }
+
+  if (check == "hang" || (check == "quorum" && rank == victim)) {
     for (std::uint64_t i = 0;; ++i) {
-      auto grad = ndarray::ones(shapes[0], context::cpu(), type_of_values);
+      // hang: ones; the quorum victim: ones*(r+1), like its pushes had it lived.
+      auto grad = ndarray::full(shapes[0], check == "quorum" ? rank + 1.0 : 1.0, context::cpu(),
+                                type_of_values);
       if (auto pushed = kv.push(keys[0], grad); !pushed)
         return failed("push: " + pushed.error().to_string());
       auto out = ndarray::zeros(shapes[0], context::cpu(), type_of_values);
@@ -114,7 +131,7 @@ int main(int argc, char** argv) {
       if (auto pushed = kv.push(keys[k], grad); !pushed)
         return failed("push: " + pushed.error().to_string());
     }
-    if (check == "async")
+    if (check == "async" || check == "quorum")
       continue;
     for (std::size_t k = 0; k < keys.size(); ++k) {
       auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
@@ -135,6 +152,33 @@ int main(int argc, char** argv) {
         return failed("pull: " + pulled.error().to_string());
       double expected = 1 + rounds * n * (n + 1);
       if (auto wrong = mismatch(out, expected); !wrong.empty())
+        return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + ": " + wrong);
+    }
+  }
+  if (check == "quorum") {
+    if (victim < 0 || victim >= kv.num_workers())
+      return failed("--check quorum needs --victim in [0, " + std::to_string(kv.num_workers()) +
+                    ")");
+    if (auto waited = kv.barrier(); !waited)
+      return failed("barrier: " + waited.error().to_string());
+    // Every push of rank r adds 2 (r+1) (the test optimizer's rescale_grad): the survivors' M
+    // pushes each, and however many the victim made before it was killed.
+    double survivors = 0;
+    for (int r = 0; r < kv.num_workers(); ++r)
+      survivors += r == victim ? 0 : r + 1;
+    const double base = 1 + 2 * rounds * survivors;
+    const double step = 2 * (victim + 1.0);
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
+      if (auto pulled = kv.pull(keys[k], out); !pulled)
+        return failed("pull: " + pulled.error().to_string());
+      const auto values = out.to_vector<double>();
+      const double pushes = (values.front() - base) / step;
+      if (pushes < 0 || pushes != std::floor(pushes))
+        return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + ": " +
+                      std::to_string(values.front()) + " is not " + std::to_string(base) +
+                      " plus a whole number of the victim's pushes of " + std::to_string(step));
+      if (auto wrong = mismatch(out, values.front()); !wrong.empty())
         return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + ": " + wrong);
     }
   }

@@ -1,7 +1,8 @@
 // The distributed KVStore across real processes on 127.0.0.1: troupe-launch starts troupe-node
 // schedulers and servers and tests/cluster/kv_worker workers, which check MXNet's closed forms
-// themselves and exit 0 only when they hold. Every wait is bounded; every process is stopped by
-// its PID.
+// themselves and exit 0 only when they hold. Some cases start the processes themselves with the
+// DMLC_* environment, to kill one of them or to write hostile bytes to their ports. Every wait
+// is bounded; every process is stopped by its PID.
 
 #include <filesystem>
 #include <optional>
@@ -9,6 +10,9 @@
 #include <thread>
 
 #include <boost/test/unit_test.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/io/basp/header.hpp>
+#include <caf/io/basp/version.hpp>
 
 #include "process_support.hpp"
 #include "tests/shm_files.hpp"
@@ -62,6 +66,150 @@ void require_job_success(const outcome& result, int workers, const std::string& 
         "[worker " + std::to_string(rank) + "] kv_worker rank " + std::to_string(rank) + ":";
     BOOST_TEST(count_lines(result.out, expected) == 1u, expected << "\n" << result.out);
   }
+}
+
+/// The environment of a job of `workers` workers and `servers` servers whose processes a test
+/// starts itself (no launcher), as `role`.
+std::map<std::string, std::string> node_env(const std::string& role, int workers, int servers,
+                                            const std::string& port,
+                                            std::map<std::string, std::string> more = {}) {
+  more["DMLC_ROLE"] = role;
+  more["DMLC_PS_ROOT_URI"] = "127.0.0.1";
+  more["DMLC_PS_ROOT_PORT"] = port;
+  more["DMLC_NUM_WORKER"] = std::to_string(workers);
+  more["DMLC_NUM_SERVER"] = std::to_string(servers);
+  more["DMLC_NODE_HOST"] = "127.0.0.1";
+  return more;
+}
+
+/// The pid of every rank's kv_worker, from the files they write into `dir` (KV_WORKER_DIR) once
+/// their keys are initialised; waits (bounded) until all `workers` have written theirs.
+std::vector<pid_t> worker_pids(const fs::path& dir, int workers,
+                               std::chrono::milliseconds limit = 60s) {
+  std::vector<pid_t> pids(static_cast<std::size_t>(workers), 0);
+  const auto deadline = clock_type::now() + limit;
+  for (int rank = 0; rank < workers; ++rank) {
+    const auto file = dir / ("rank-" + std::to_string(rank));
+    while (!fs::exists(file) && clock_type::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+    std::ifstream(file) >> pids[static_cast<std::size_t>(rank)];
+    BOOST_TEST_REQUIRE(pids[static_cast<std::size_t>(rank)] > 0,
+                       "no pid from worker rank " << rank << " within " << limit.count() << " ms");
+  }
+  return pids;
+}
+
+/// The inodes of the sockets `pid` holds open (/proc/<pid>/fd links "socket:[inode]").
+std::set<std::string> socket_inodes(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", error)) {
+    const auto target = fs::read_symlink(entry.path(), error).string();
+    if (!error && target.starts_with("socket:[") && target.ends_with("]"))
+      inodes.insert(target.substr(8, target.size() - 9));
+  }
+  return inodes;
+}
+
+/// The TCP ports `pid` listens on: its socket inodes matched against the LISTEN rows (state 0A)
+/// of /proc/net/tcp and /proc/net/tcp6.
+std::set<std::uint16_t> listening_ports(pid_t pid) {
+  const auto inodes = socket_inodes(pid);
+  std::set<std::uint16_t> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream rows(table);
+    std::string line;
+    std::getline(rows, line); // the header
+    while (std::getline(rows, line)) {
+      // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      if (state == "0A" && inodes.count(inode) != 0)
+        ports.insert(
+            static_cast<std::uint16_t>(std::stoul(local.substr(local.find(':') + 1), nullptr, 16)));
+    }
+  }
+  return ports;
+}
+
+/// Waits (bounded) until `pid` listens on at least one TCP port, and returns its ports.
+std::set<std::uint16_t> await_listening(pid_t pid, std::chrono::milliseconds limit = 30s) {
+  const auto deadline = clock_type::now() + limit;
+  auto ports = listening_ports(pid);
+  while (ports.empty() && clock_type::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    ports = listening_ports(pid);
+  }
+  BOOST_TEST_REQUIRE(!ports.empty(), "pid " << pid << " listens on no TCP port");
+  return ports;
+}
+
+/// A CAF 0.17 BASP header announcing a payload of `payload_len` bytes, as CAF's own binary
+/// serializer lays it out (caf/io/basp/header.hpp: operation, two padding bytes, flags, payload
+/// length, operation data, source and destination actor; big-endian): what a remote actor's
+/// port reads first, and sizes its read buffer from.
+std::vector<char> basp_header(std::uint32_t payload_len) {
+  caf::io::basp::header header{
+      caf::io::basp::message_type::client_handshake, 0, payload_len, caf::io::basp::version, 0, 0};
+  std::vector<char> bytes;
+  caf::binary_serializer sink{static_cast<caf::execution_unit*>(nullptr), bytes};
+  BOOST_TEST_REQUIRE(!sink(header));
+  BOOST_TEST_REQUIRE(bytes.size() == caf::io::basp::header_size);
+  return bytes;
+}
+
+/// Writes `bytes` to 127.0.0.1:`port` and waits (bounded) until the peer closes the connection.
+bool closed_after_writing(std::uint16_t port, const std::vector<char>& bytes,
+                          std::chrono::milliseconds limit = 10s) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  BOOST_TEST_REQUIRE(fd >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  bool closed = false;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) {
+    const auto deadline = clock_type::now() + limit;
+    while (!closed && clock_type::now() < deadline) {
+      pollfd probe{fd, POLLIN, 0};
+      if (::poll(&probe, 1, 100) <= 0)
+        continue;
+      char buffer[4096];
+      closed = ::recv(fd, buffer, sizeof buffer, 0) <= 0; // what came first: the error reply
+    }
+  }
+  ::close(fd);
+  return closed;
+}
+
+/// Resident memory of `pid` in bytes (VmRSS of /proc/<pid>/status).
+std::size_t resident_bytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.starts_with("VmRSS:"))
+      return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+/// Sends a BASP header announcing 4 GiB - 1 bytes to every port `pids` listen on; each must close
+/// the connection without growing by anything near that. Returns how many ports it hit.
+std::size_t forge_basp_headers(const std::vector<pid_t>& pids) {
+  const auto header = basp_header(0xffffffffu);
+  std::size_t hit = 0;
+  for (const pid_t pid : pids) {
+    const auto before = resident_bytes(pid);
+    for (const auto port : listening_ports(pid)) {
+      BOOST_TEST(closed_after_writing(port, header), "pid " << pid << " port " << port);
+      ++hit;
+    }
+    const auto after = resident_bytes(pid);
+    BOOST_TEST(after < before + (std::size_t{64} << 20),
+               "pid " << pid << " grew from " << before << " to " << after << " bytes");
+  }
+  return hit;
 }
 
 } // namespace
@@ -149,14 +297,7 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_wi
         worker_path, std::vector<std::string>{"--check", "hang"}, as("worker")));
 
   // Wait (bounded) until every worker runs its loop, then kill rank 1.
-  const auto started = clock_type::now();
-  while (clock_type::now() - started < 30s &&
-         std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}) < 3)
-    std::this_thread::sleep_for(20ms);
-  std::ifstream pid_file(dir.path() / "rank-1");
-  pid_t victim = 0;
-  pid_file >> victim;
-  BOOST_TEST_REQUIRE(victim > 0);
+  const pid_t victim = worker_pids(dir.path(), 3)[1];
   BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
   const auto killed_at = clock_type::now();
 
@@ -178,6 +319,92 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_wi
   for (auto& worker : workers)
     if (worker->pid() == victim)
       BOOST_TEST(worker->wait(5s).exit_code == 128 + SIGKILL);
+}
+
+BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_to_finish_exactly) {
+  // CAF 0.17 allocates whatever payload a BASP header announces before any troupe code runs; no
+  // port of a job may speak BASP. Each port gets the header before the workers start and again
+  // while they run.
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  child_process scheduler{node_path, {}, node_env("scheduler", 2, 2, port)};
+  std::vector<std::unique_ptr<child_process>> servers;
+  for (int i = 0; i < 2; ++i)
+    servers.push_back(std::make_unique<child_process>(node_path, std::vector<std::string>{},
+                                                      node_env("server", 2, 2, port)));
+  std::vector<pid_t> job{scheduler.pid()};
+  for (auto& server : servers)
+    job.push_back(server->pid());
+  for (const pid_t pid : job)
+    await_listening(pid);
+  BOOST_TEST(forge_basp_headers(job) == 3u); // the scheduler's port and one data port per server
+
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes", "2x3,1211x1211"},
+        node_env("worker", 2, 2, port, {{"KV_WORKER_DIR", dir.path().string()}})));
+  for (const pid_t pid : worker_pids(dir.path(), 2))
+    job.push_back(pid);
+  BOOST_TEST(forge_basp_headers(job) >= 3u);
+
+  for (auto& worker : workers) {
+    auto result = worker->wait(120s);
+    BOOST_TEST(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+    BOOST_TEST(count_lines(result.out, "sync checks hold for 2 keys over 20 rounds") == 1u,
+               result.out);
+  }
+  for (auto* node : {&scheduler, servers[0].get(), servers[1].get()}) {
+    auto result = node->wait(60s);
+    BOOST_TEST(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(with_a_quorum_of_n_minus_1_a_killed_worker_leaves_the_others_to_finish) {
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::map<std::string, std::string> quorum{{"TROUPE_QUORUM", "2"},
+                                                  {"KV_WORKER_DIR", dir.path().string()}};
+  child_process scheduler{node_path, {}, node_env("scheduler", 3, 1, port, quorum)};
+  child_process server{node_path, {}, node_env("server", 3, 1, port, quorum)};
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 3; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--type", "dist_async", "--check", "quorum", "--victim", "1",
+                                 "--rounds", "30", "--shapes", "2x3,1211x1211"},
+        node_env("worker", 3, 1, port, quorum)));
+
+  // Rank 1 pushes until it is killed; the others cannot pass their final barrier before that.
+  const pid_t victim = worker_pids(dir.path(), 3)[1];
+  BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
+
+  for (auto& worker : workers) {
+    auto result = worker->wait(120s);
+    BOOST_TEST(!result.timed_out, "pid " << worker->pid() << " still running");
+    if (worker->pid() == victim) {
+      BOOST_TEST(result.exit_code == 128 + SIGKILL);
+      continue;
+    }
+    BOOST_TEST(result.exit_code == 0, result.err);
+    BOOST_TEST(count_lines(result.out, "quorum checks hold for 2 keys over 30 rounds") == 1u,
+               result.out);
+  }
+  auto served = server.wait(60s);
+  BOOST_TEST(!served.timed_out);
+  BOOST_TEST(served.exit_code == 0, served.err);
+  // The scheduler: exit 3, and one summary line naming the lost worker, when and why.
+  auto scheduled = scheduler.wait(60s);
+  BOOST_TEST(!scheduled.timed_out);
+  BOOST_TEST(scheduled.exit_code == 3, scheduled.err);
+  const auto summary = count_lines(scheduled.err, "summary: the job finished; 2 of 3 workers "
+                                                  "finished (rank 0, 2); 1 lost (quorum 2): "
+                                                  "worker 1 (node 11) ");
+  BOOST_TEST(summary == 1u, scheduled.err);
+  BOOST_TEST(count_lines(scheduled.err, "its control connection closed") >= 1u, scheduled.err);
 }
 
 BOOST_AUTO_TEST_CASE(the_dmlc_environment_alone_turns_any_troupe_program_into_any_node) {

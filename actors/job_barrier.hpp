@@ -1,0 +1,86 @@
+#pragma once
+// The job barriers of one scheduler: MXNet's KVStore::barrier() (a barrier of the worker group),
+// the init barrier, and ps-lite's barriers of any union of groups (scheduler 1, servers 2,
+// workers 4) at the job's start and end.
+//
+// A barrier is named by (group, barrier_id): every member of the group sends barrier_id 1, then
+// 2, ... (ps-lite's contract: the members call barrier(group) in the same order). It completes
+// when every member it expects has arrived, and then each arrival is released with its own
+// request id. The members it expects are the live ones: the configured number of servers and
+// workers of the group, less those lost (the scheduler itself is always there). So a barrier
+// sent before the job started waits for the nodes still registering, and after a worker is lost
+// within the quorum the survivors' barriers complete without it: the loss releases every
+// barrier it was holding up. A lost member's earlier arrivals no longer count.
+//
+// The scheduler checks that an arrival comes from an admitted member of its group before it
+// forwards it; the barrier refuses what only it can see: a second arrival of a member at one
+// barrier, or a member with too many barriers pending (bounded state per member).
+//
+// job_barriers is the bookkeeping, callable without CAF; spawn_job_barrier wraps it in the
+// barrier_actor of actors/protocols.hpp, which sends each release (or refusal) to the member's
+// control connection itself.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <caf/fwd.hpp>
+
+#include "actors/protocols.hpp"
+#include "engine/log.hpp"
+#include "schema/messages.hpp"
+
+namespace troupe {
+
+/// Most barriers one member may have pending at once. Legitimate nodes wait at one barrier at a
+/// time (barrier() blocks); the bound keeps a misbehaving node from growing the table.
+inline constexpr std::size_t max_pending_barriers_per_member = 8;
+
+class job_barriers {
+public:
+  /// Expects `num_servers` servers and `num_workers` workers until some are lost.
+  job_barriers(std::uint32_t num_servers, std::uint32_t num_workers);
+
+  /// An arrival that was refused, and why (it changed nothing).
+  struct refusal {
+    std::string why;
+  };
+  /// What an arrival completes: every arrival of its barrier (this one included), or nothing.
+  using released = std::vector<barrier_arrival>;
+
+  /// Records `arrival`. Precondition (checked by the scheduler): arrival.group is a non-zero
+  /// union of wire::group bits including the member's role.
+  std::variant<released, refusal> arrive(barrier_arrival arrival);
+
+  /// `member` is lost: it is expected nowhere from now on and its arrivals are forgotten.
+  /// Returns the barriers this completes, each as the list of its arrivals to release. Losing a
+  /// member twice changes nothing.
+  std::vector<released> lose(std::uint32_t member, wire::role member_role);
+
+  /// How many members a barrier of `group` waits for now.
+  std::size_t expected(std::uint8_t group) const noexcept;
+  /// Barriers with at least one arrival that have not completed.
+  std::size_t pending() const noexcept { return waiting_.size(); }
+
+private:
+  using barrier_key = std::pair<std::uint8_t, std::uint64_t>; // group, barrier id
+
+  bool is_lost(std::uint32_t member) const;
+  std::size_t pending_of(std::uint32_t member) const;
+
+  std::uint32_t live_servers_;
+  std::uint32_t live_workers_;
+  std::vector<std::uint32_t> lost_;
+  std::map<barrier_key, std::vector<barrier_arrival>> waiting_;
+};
+
+/// Spawns the barrier actor of a scheduler. It quits only when told to (an exit message); the
+/// scheduler stops it when the job ends.
+barrier_actor spawn_job_barrier(caf::actor_system& system, std::uint32_t num_servers,
+                                std::uint32_t num_workers, logger log);
+
+} // namespace troupe
