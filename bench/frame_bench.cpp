@@ -8,6 +8,7 @@
 //                           [--scheduler stealing|sharing] [--caf-defaults]
 //                           [--write-chunk 4194304] [--in-flight 8388608]
 //                           [--shm-arena 67108864 (0: tensors through the socket)]
+//                           [--window 67108864 (receive window of both ends; 0: no credit)]
 //
 // A forked server process runs a data server whose handler answers each push frame with an ack
 // and each pushpull frame with a pull_reply carrying a tensor chunk of the same size (from a
@@ -55,8 +56,8 @@ namespace {
   std::exit(1);
 }
 
-/// A float32 tensor buffer with every page touched (STACK.md §8), owned through shared_ptr so
-/// that envelopes can keep it alive.
+/// A float32 tensor buffer with every page touched (first-touch memory is slow on small VMs), owned
+/// through shared_ptr so that envelopes can keep it alive.
 std::shared_ptr<std::vector<float>> prefaulted(std::size_t bytes) {
   auto buffer = std::make_shared<std::vector<float>>(bytes / sizeof(float));
   for (std::size_t i = 0; i < buffer->size(); i += 1024)
@@ -84,6 +85,8 @@ struct system_settings {
   std::size_t max_bytes_in_flight = data_link_tuning{}.max_bytes_in_flight;
   /// Same-host arena per direction; 0 measures the socket path.
   std::size_t shm_arena_bytes = data_link_tuning{}.shm_arena_bytes;
+  /// Receive window of both ends; 0 turns the credit off.
+  std::size_t receive_window_bytes = data_link_tuning{}.receive_window_bytes;
 };
 
 data_link_tuning make_tuning(const system_settings& settings, std::size_t largest) {
@@ -92,13 +95,14 @@ data_link_tuning make_tuning(const system_settings& settings, std::size_t larges
   tuning.write_chunk_bytes = settings.write_chunk_bytes;
   tuning.max_bytes_in_flight = settings.max_bytes_in_flight;
   tuning.shm_arena_bytes = settings.shm_arena_bytes;
+  tuning.receive_window_bytes = settings.receive_window_bytes;
   return tuning;
 }
 
 caf::actor_system_config make_config(const system_settings& settings) {
   caf::actor_system_config cfg;
   cfg.load<caf::io::middleman>();
-  // STACK.md §2: as many scheduler threads as cores on small nodes.
+  // As many scheduler threads as cores on small nodes.
   cfg.set("scheduler.max-threads", settings.threads);
   cfg.set("scheduler.policy", caf::atom_from_string(settings.policy));
   if (!settings.caf_defaults)
@@ -224,6 +228,8 @@ int main(int argc, char** argv) {
                  "most bytes per connection handed to CAF and not yet written");
   app.add_option("--shm-arena", settings.shm_arena_bytes,
                  "same-host shared-memory arena per direction (0: through the socket)");
+  app.add_option("--window", settings.receive_window_bytes,
+                 "receive window of both ends in bytes (0: no credit flow control)");
   app.add_flag("--caf-defaults", settings.caf_defaults,
                "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
   CLI11_PARSE(app, argc, argv);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs bench/tcp_baseline and then bench/frame_bench back to back on the same sizes, and prints
 # each frame_bench median beside the baseline's from the same run, with their ratio. On a shared
-# or small machine only ratios measured back to back mean anything (STACK.md §10).
+# or small machine only ratios measured back to back mean anything.
 #
 #   bench/run_frame_bench.sh [BUILD_DIR] [frame_bench flags...]
 #   SIZES=4096,16777216 REPEATS=15 ROUNDS=3 bench/run_frame_bench.sh build-data
