@@ -379,7 +379,7 @@ struct incoming {
 };
 
 /// Takes a read's outcome: link control and the hello order are handled here, refusals and
-/// protocol violations become `refused`, and releases (of refused frames too) are sent.
+/// protocol violations become `refused`, and a refused frame's credit is sent when due.
 incoming take_incoming(link_connection& c, receive_outcome out, const data_link_tuning& tuning) {
   incoming in{out.next_read, std::nullopt, std::move(out.error), out.fatal()};
   if (!c.peer_hello && in.refused)
@@ -399,7 +399,10 @@ incoming take_incoming(link_connection& c, receive_outcome out, const data_link_
   if (in.refused)
     tuning.log.info(c.who + " sent a bad frame" + (in.fatal ? " (closing): " : ": ") +
                     std::string(wire::to_string(in.refused->kind)) + ": " + in.refused->message);
-  send_releases(c, tuning);
+  // A frame refused for its content was released right here; the others are released by
+  // whoever drops their envelope, which wakes the broker.
+  if (in.refused && !in.fatal)
+    send_releases(c, tuning);
   return in;
 }
 
