@@ -175,12 +175,23 @@ void receive_credit::release(std::uint64_t bytes) noexcept {
     std::lock_guard<std::mutex> guard{mutex_};
     uncredited_ += bytes;
     if (!woken_ && wake_ && uncredited_ >= credit_quantum(window_)) {
-      woken_ = true;
-      wake = wake_;
+      try {
+        wake = wake_;
+        woken_ = true;
+      } catch (...) {
+        // Out of memory: the next release tries again (the bytes are counted either way).
+      }
     }
   }
-  if (wake)
+  if (!wake)
+    return;
+  try {
     wake();
+  } catch (...) {
+    // The broker was not told: let the next release tell it, or the credit would never go.
+    std::lock_guard<std::mutex> guard{mutex_};
+    woken_ = false;
+  }
 }
 
 std::uint64_t receive_credit::take() {
