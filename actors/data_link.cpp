@@ -10,6 +10,19 @@
 // most max_bytes_in_flight, in write_chunk_bytes steps, and tops up on each report: the socket
 // always has the next chunk ready while tensors wait in the queue uncopied. A small frame goes to
 // the write buffer and is flushed at once when the connection is idle: no timer delays it.
+//
+// Receive credit: what the peer's window admits goes to CAF, the rest waits in the connection's
+// frame_send_queue (data_link_framing.hpp). Received frames are counted by the connection's
+// receive_credit; when enough of them are released (on any thread) it wakes the broker with
+// released_atom, which also carries the shared-memory releases, and the broker sends a
+// link_credit.
+//
+// Per connection, the link protocol:
+//
+//   open ──our link_hello──> awaiting the peer's hello ──its link_hello──> serving
+//     (data frames wait)        (any other frame: fatal)      (a second hello, a frame beyond the
+//                                                              window, an excess credit: fatal)
+//   fatal: error_reply{bad_frame} (unmetered, frames waiting for credit dropped), then closed
 
 #include "actors/data_link.hpp"
 
@@ -50,26 +63,48 @@ using caf::io::receive_policy;
 
 /// To a broker from itself: send the link hello (the client's first frame).
 using link_start_atom = caf::atom_constant<caf::atom("linkstart")>;
-/// To a broker, from whichever thread dropped a tensor viewing the peer's arena of connection
-/// (uint64 id): send the queued releases.
-using shm_release_atom = caf::atom_constant<caf::atom("shmrelease")>;
+/// To a broker, from whichever thread released something that connection (uint64 id) received: a
+/// tensor viewing the peer's arena, or enough frame bytes for a link credit. Send the arena
+/// releases and the credit.
+using released_atom = caf::atom_constant<caf::atom("released")>;
+
+/// Offsets per arena_release frame: 32 KiB of them, well below max_link_control_frame_bytes, the
+/// most a peer beyond its window reads of a control frame.
+constexpr std::size_t max_releases_per_frame = 4096;
 
 /// One connection's receiving and sending state, the same for both broker kinds.
 struct link_connection {
-  link_connection(std::uint64_t connection_id, connection_handle handle,
-                  std::shared_ptr<receive_buffer_pool> pool, const wire::decode_limits& limits)
-      : id(connection_id), hdl(handle), receiver(std::move(pool), limits) {}
+  /// `name`: "data server: connection 3" or "data link to host:port", for the log. `waker`: what
+  /// a release of something this connection received runs, on any thread (it wakes the broker).
+  link_connection(std::uint64_t connection_id, connection_handle handle, std::string name,
+                  std::function<void()> waker, std::shared_ptr<receive_buffer_pool> pool,
+                  const data_link_tuning& tuning)
+      : id(connection_id), hdl(handle), who(std::move(name)), wake(std::move(waker)),
+        credit(std::make_shared<receive_credit>(tuning.receive_window_bytes)),
+        receiver(std::move(pool), tuning.limits, credit) {
+    credit->on_release(wake);
+  }
 
   std::uint64_t id;
   connection_handle hdl;
+  std::string who;
+  std::function<void()> wake;
+  /// Our receive window: what the peer sent and we have not released or credited.
+  std::shared_ptr<receive_credit> credit;
   frame_receiver receiver;
+  /// What we send, and the peer's window.
   frame_send_queue queue;
   /// Bytes handed to CAF that the socket has not taken yet (CAF's own count, refreshed by every
   /// data_transferred_msg, plus what was appended since).
   std::size_t in_flight = 0;
-  /// The peer broke the framing: whatever else arrives is ignored, and the connection closes as
-  /// soon as the queued frames (the error_reply last) are in CAF's buffer, which CAF still sends.
+  /// The peer broke the framing or the link protocol: whatever else arrives is ignored, nothing
+  /// more is queued, and the connection closes as soon as the admitted frames (the error_reply
+  /// last) are in CAF's buffer, which CAF still sends.
   bool closing = false;
+  /// We sent our link hello (always our first frame).
+  bool hello_sent = false;
+  /// The peer's link hello arrived (its window is known).
+  bool peer_hello = false;
 
   // Same-host fast path (shm_arena.hpp).
   /// Our arena for what we send: created and offered; used once the peer accepted it (tx_on).
@@ -77,25 +112,19 @@ struct link_connection {
   bool tx_on = false;
   /// The peer's arena, mapped read-only, once we accepted its offer.
   std::shared_ptr<shm_peer_arena> rx;
-  /// We sent our link hello.
-  bool hello_sent = false;
   /// The peer's link hello showed our host identity.
   bool peer_same_host = false;
 
   link_connection(const link_connection&) = delete;
   link_connection& operator=(const link_connection&) = delete;
   ~link_connection() {
-    // Tensors may still view the peer's arena (the mapping stays until they go); their releases
-    // have nowhere to go now.
+    // Envelopes may still hold received frames, and tensors may still view the peer's arena (the
+    // mapping stays until they go); their releases have nowhere to go now.
+    credit->on_release({});
     if (rx)
       rx->detach();
   }
 };
-
-void log_line(const data_link_tuning& tuning, const std::string& line) {
-  if (tuning.log)
-    tuning.log(line);
-}
 
 std::optional<error> check_tuning(const data_link_tuning& tuning, const char* who) {
   if (tuning.write_chunk_bytes == 0 || tuning.max_bytes_in_flight == 0)
@@ -165,16 +194,26 @@ std::optional<std::string> encode_into(link_connection& c, wire::message& msg,
   }
 }
 
-/// Queues a frame without a tensor (error replies, link control); these are small and always
-/// encodable.
+/// Queues a frame without a tensor (an error reply) behind the others, to go when the peer's
+/// window admits it; these are small and always encodable.
 void queue_reply(link_connection& c, wire::message reply, const data_link_tuning& tuning) {
   if (auto why = encode_into(c, reply, nullptr, tuning))
-    log_line(tuning, "data link: dropping a " + std::string(wire::kind_name(reply)) + ": " + *why);
+    tuning.log.info("data link: dropping a " + std::string(wire::kind_name(reply)) + ": " + *why);
 }
 
-/// Hands queued bytes to CAF while the in-flight bound allows, flushing each step.
+/// Queues a frame that needs no credit: link control, or the last error reply of a connection
+/// that closes. It goes ahead of the frames waiting for credit.
+void queue_unmetered(link_connection& c, const wire::message& msg, const data_link_tuning& tuning) {
+  try {
+    c.queue.push_unmetered(wire::encode(msg));
+  } catch (const std::exception& e) {
+    tuning.log.info("data link: dropping a " + std::string(wire::kind_name(msg)) + ": " + e.what());
+  }
+}
+
+/// Hands admitted bytes to CAF while the in-flight bound allows, flushing each step.
 void pump(caf::io::abstract_broker* self, link_connection& c, const data_link_tuning& tuning) {
-  while (!c.queue.empty() && c.in_flight < tuning.max_bytes_in_flight) {
+  while (c.queue.ready() && c.in_flight < tuning.max_bytes_in_flight) {
     const std::size_t budget =
         std::min(tuning.write_chunk_bytes, tuning.max_bytes_in_flight - c.in_flight);
     c.in_flight += c.queue.append_to(self->wr_buf(c.hdl), budget);
@@ -185,110 +224,206 @@ void pump(caf::io::abstract_broker* self, link_connection& c, const data_link_tu
 }
 
 // ================================================================================================
-// same-host fast path: the link-control frames, the same at both ends
+// the link protocol: the link-control frames, the same at both ends
 
-/// Queues our link hello: host identity and arena size (0 when we cannot tell our host).
+/// Queues our link hello: host identity, arena size (0 when we cannot tell our host) and our
+/// receive window. Always the first frame a connection sends.
 void queue_hello(link_connection& c, const data_link_tuning& tuning) {
+  if (c.hello_sent)
+    return;
   const std::string& id = host_identity();
   c.hello_sent = true;
-  queue_reply(c,
-              wire::link_hello{id.empty() ? std::string("unknown") : id,
-                               id.empty() ? 0 : static_cast<std::uint64_t>(tuning.shm_arena_bytes)},
-              tuning);
+  queue_unmetered(
+      c,
+      wire::link_hello{id.empty() ? std::string("unknown") : id,
+                       id.empty() ? 0 : static_cast<std::uint64_t>(tuning.shm_arena_bytes),
+                       static_cast<std::uint64_t>(tuning.receive_window_bytes)},
+      tuning);
 }
 
-/// Handles a link_hello, arena_offer, arena_accept or arena_release from the peer. `who`:
-/// "data server: connection 3" or "data link to host:port", for the log. `wake` is
-/// what a release of the peer's arena runs (it tells this broker to send the releases). Queues
-/// the answers; the caller pumps.
-void handle_link_control(link_connection& c, const wire::message& msg,
-                         const data_link_tuning& tuning, const std::string& who,
-                         const std::function<void()>& wake) {
-  if (const auto* hello = std::get_if<wire::link_hello>(&msg)) {
-    if (!c.hello_sent)
-      queue_hello(c, tuning);
-    c.peer_same_host = !host_identity().empty() && hello->host_id == host_identity();
-    if (!c.peer_same_host) {
-      log_line(tuning, who + ": the peer runs on another host; tensors go over TCP");
-      return;
-    }
-    if (tuning.shm_arena_bytes == 0 || hello->arena_bytes == 0 || c.tx)
-      return;
-    auto arena = shm_send_arena::create(tuning.shm_arena_bytes);
-    if (!arena) {
-      log_line(tuning,
-               who + ": no shared-memory arena, tensors go over TCP: " + arena.error().to_string());
-      return;
-    }
-    c.tx = std::move(*arena);
-    queue_reply(c, wire::arena_offer{c.tx->name(), c.tx->size()}, tuning);
-  } else if (const auto* offer = std::get_if<wire::arena_offer>(&msg)) {
-    std::string refusal;
-    if (tuning.shm_arena_bytes == 0)
-      refusal = "shared memory is off here (data.shm_arena_bytes = 0)";
-    else if (!c.peer_same_host)
-      refusal = "no link hello from the same host came first";
-    else if (c.rx)
-      refusal = "an arena was accepted already";
-    else if (offer->bytes > std::numeric_limits<std::size_t>::max())
-      refusal = "the arena is too large";
-    if (refusal.empty()) {
-      auto arena = shm_peer_arena::open(offer->name, static_cast<std::size_t>(offer->bytes));
-      if (arena) {
-        c.rx = std::move(*arena);
-        c.rx->on_release(wake);
-        c.receiver.set_peer_arena(c.rx);
-      } else {
-        refusal = arena.error().to_string();
-      }
-    }
-    if (!refusal.empty())
-      log_line(tuning, who + ": refused the peer's shared-memory arena, its tensors come over " +
-                           "TCP: " + refusal);
-    queue_reply(c, wire::arena_accept{refusal.empty(), refusal}, tuning);
-  } else if (const auto* accept = std::get_if<wire::arena_accept>(&msg)) {
-    if (!c.tx || c.tx_on) {
-      log_line(tuning, who + ": ignoring an arena_accept nobody asked for");
-      return;
-    }
-    // Mapped by the peer or refused: either way the name is no longer needed.
-    c.tx->unlink();
-    if (accept->ok) {
-      c.tx_on = true;
-      log_line(tuning, who + ": tensors of at least " + std::to_string(tuning.shm_threshold_bytes) +
-                           " bytes go through shared memory (" + std::to_string(c.tx->size()) +
-                           " bytes)");
+/// The peer's link hello: its window opens our sending, and same-host peers set up arenas.
+void on_hello(link_connection& c, const wire::link_hello& hello, const data_link_tuning& tuning) {
+  queue_hello(c, tuning);
+  c.peer_hello = true;
+  c.queue.open(hello.window_bytes);
+  c.peer_same_host = !host_identity().empty() && hello.host_id == host_identity();
+  if (!c.peer_same_host) {
+    tuning.log.info(c.who + ": the peer runs on another host; tensors go over TCP");
+    return;
+  }
+  if (tuning.shm_arena_bytes == 0 || hello.arena_bytes == 0 || c.tx)
+    return;
+  auto arena = shm_send_arena::create(tuning.shm_arena_bytes);
+  if (!arena) {
+    tuning.log.info(c.who +
+                    ": no shared-memory arena, tensors go over TCP: " + arena.error().to_string());
+    return;
+  }
+  c.tx = std::move(*arena);
+  queue_unmetered(c, wire::arena_offer{c.tx->name(), c.tx->size()}, tuning);
+}
+
+void on_arena_offer(link_connection& c, const wire::arena_offer& offer,
+                    const data_link_tuning& tuning) {
+  std::string refusal;
+  if (tuning.shm_arena_bytes == 0)
+    refusal = "shared memory is off here (data.shm_arena_bytes = 0)";
+  else if (!c.peer_same_host)
+    refusal = "no link hello from the same host came first";
+  else if (c.rx)
+    refusal = "an arena was accepted already";
+  else if (offer.bytes > std::numeric_limits<std::size_t>::max())
+    refusal = "the arena is too large";
+  if (refusal.empty()) {
+    auto arena = shm_peer_arena::open(offer.name, static_cast<std::size_t>(offer.bytes));
+    if (arena) {
+      c.rx = std::move(*arena);
+      c.rx->on_release(c.wake);
+      c.receiver.set_peer_arena(c.rx);
     } else {
-      log_line(tuning, who + ": the peer refused our shared-memory arena, tensors go over TCP: " +
-                           accept->detail);
-      c.tx.reset();
+      refusal = arena.error().to_string();
     }
+  }
+  if (!refusal.empty())
+    tuning.log.info(
+        c.who + ": refused the peer's shared-memory arena, its tensors come over TCP: " + refusal);
+  queue_unmetered(c, wire::arena_accept{refusal.empty(), refusal}, tuning);
+}
+
+void on_arena_accept(link_connection& c, const wire::arena_accept& accept,
+                     const data_link_tuning& tuning) {
+  if (!c.tx || c.tx_on) {
+    tuning.log.debug(c.who + ": ignoring an arena_accept nobody asked for");
+    return;
+  }
+  // Mapped by the peer or refused: either way the name is no longer needed.
+  c.tx->unlink();
+  if (accept.ok) {
+    c.tx_on = true;
+    tuning.log.info(c.who + ": tensors of at least " + std::to_string(tuning.shm_threshold_bytes) +
+                    " bytes go through shared memory (" + std::to_string(c.tx->size()) + " bytes)");
+  } else {
+    tuning.log.info(c.who + ": the peer refused our shared-memory arena, tensors go over TCP: " +
+                    accept.detail);
+    c.tx.reset();
+  }
+}
+
+/// Handles a link-control frame (link_hello, link_credit, arena_*) from the peer, or any frame
+/// that arrives before the peer's hello. Queues the answers; the caller pumps. Returns why the
+/// peer broke the link protocol, if it did (the caller closes the connection).
+std::optional<std::string> handle_link_control(link_connection& c, const wire::message& msg,
+                                               const data_link_tuning& tuning) {
+  const auto* hello = std::get_if<wire::link_hello>(&msg);
+  if (!c.peer_hello && hello == nullptr)
+    return "the first frame must be a link_hello, not a " + std::string(wire::kind_name(msg));
+  if (hello != nullptr) {
+    if (c.peer_hello)
+      return std::string("a second link_hello");
+    on_hello(c, *hello, tuning);
+  } else if (const auto* credit = std::get_if<wire::link_credit>(&msg)) {
+    return c.queue.credit(credit->bytes);
+  } else if (const auto* offer = std::get_if<wire::arena_offer>(&msg)) {
+    on_arena_offer(c, *offer, tuning);
+  } else if (const auto* accept = std::get_if<wire::arena_accept>(&msg)) {
+    on_arena_accept(c, *accept, tuning);
   } else if (const auto* release = std::get_if<wire::arena_release>(&msg)) {
     std::size_t unknown = 0;
     for (std::uint64_t offset : release->offsets)
       if (!c.tx || !c.tx->release(offset))
         ++unknown;
     if (unknown != 0)
-      log_line(tuning,
-               who + ": ignoring " + std::to_string(unknown) + " releases of regions not in use");
+      tuning.log.debug(c.who + ": ignoring " + std::to_string(unknown) +
+                       " releases of regions not in use");
   }
+  return std::nullopt;
 }
 
-/// Sends what the peer's arena has released (one frame for all of them).
+/// Sends what was released of what the peer sent: the regions of its arena (in frames of at
+/// most max_releases_per_frame offsets) and, once enough frame bytes are released, a credit.
 void send_releases(link_connection& c, const data_link_tuning& tuning) {
-  if (!c.rx)
-    return;
-  auto offsets = c.rx->take_releases();
-  if (!offsets.empty())
-    queue_reply(c, wire::arena_release{std::move(offsets)}, tuning);
+  if (c.rx) {
+    auto offsets = c.rx->take_releases();
+    for (std::size_t first = 0; first < offsets.size(); first += max_releases_per_frame) {
+      const auto last = std::min(offsets.size(), first + max_releases_per_frame);
+      queue_unmetered(c,
+                      wire::arena_release{std::vector<std::uint64_t>(
+                          offsets.begin() + static_cast<std::ptrdiff_t>(first),
+                          offsets.begin() + static_cast<std::ptrdiff_t>(last))},
+                      tuning);
+    }
+  }
+  if (const std::uint64_t bytes = c.credit->take())
+    queue_unmetered(c, wire::link_credit{bytes}, tuning);
 }
 
-/// What a release of connection `id`'s peer arena runs: tells the broker, if it still exists.
+/// What a release of something connection `id` received runs, on any thread: tells the broker,
+/// if it still exists.
 std::function<void()> release_waker(caf::io::abstract_broker* self, std::uint64_t id) {
   return [broker = self->address(), id] {
     if (auto strong = caf::actor_cast<caf::actor>(broker))
-      caf::anon_send(strong, shm_release_atom::value, id);
+      caf::anon_send(strong, released_atom::value, id);
   };
+}
+
+/// What a connection made of one completed read.
+struct incoming {
+  /// Bytes to read next (receive_outcome::next_read).
+  std::size_t next_read = 0;
+  /// A frame for an actor.
+  std::optional<envelope> frame;
+  /// Why the bytes were refused; the peer (or the client's receiver) is told.
+  std::optional<wire::decode_error> refused;
+  /// The connection must close (after the error reply, on a server).
+  bool fatal = false;
+};
+
+/// Takes a read's outcome: link control and the hello order are handled here, refusals and
+/// protocol violations become `refused`, and a refused frame's credit is sent when due.
+incoming take_incoming(link_connection& c, receive_outcome out, const data_link_tuning& tuning) {
+  incoming in{out.next_read, std::nullopt, std::move(out.error), out.fatal()};
+  if (!c.peer_hello && in.refused)
+    in.fatal = true; // nothing but a valid hello may come first
+  if (out.frame) {
+    std::optional<std::string> violation;
+    if (!c.peer_hello || wire::is_link_control(out.frame->msg))
+      violation = handle_link_control(c, out.frame->msg, tuning);
+    else
+      in.frame = std::move(out.frame);
+    if (violation) {
+      in.refused = wire::decode_error{wire::decode_error::code::invalid_value,
+                                      "the link protocol is broken: " + *violation};
+      in.fatal = true;
+    }
+  }
+  if (in.refused)
+    tuning.log.info(c.who + " sent a bad frame" + (in.fatal ? " (closing): " : ": ") +
+                    std::string(wire::to_string(in.refused->kind)) + ": " + in.refused->message);
+  // A frame refused for its content was released right here; the others are released by
+  // whoever drops their envelope, which wakes the broker.
+  if (in.refused && !in.fatal)
+    send_releases(c, tuning);
+  return in;
+}
+
+/// The connection's state for (stats_atom).
+data_link_stats stats_of(const link_connection& c) {
+  const auto credit = c.credit->stats();
+  data_link_stats s;
+  s.connected = true;
+  s.peer_hello = c.peer_hello;
+  s.peer_window = c.queue.peer_window();
+  s.outstanding = c.queue.outstanding();
+  s.waiting_frames = c.queue.waiting_frames();
+  s.waiting_bytes = c.queue.waiting_bytes();
+  s.credit_received = c.queue.credited();
+  s.window = credit.window;
+  s.unreleased = credit.unreleased;
+  s.uncredited = credit.uncredited;
+  s.credit_sent = credit.credited;
+  s.shm_send = c.tx_on;
+  s.shm_receive = c.rx != nullptr;
+  return s;
 }
 
 // ================================================================================================
@@ -322,7 +457,7 @@ void drop_connection(server_broker* self, connection_handle hdl, bool close, con
     self->close(hdl);
   st.handles.erase(id);
   st.connections.erase(i);
-  log_line(st.options.tuning, "data server: connection " + std::to_string(id) + " " + why);
+  st.options.tuning.log.info("data server: connection " + std::to_string(id) + " " + why);
   if (st.options.on_disconnect)
     st.options.on_disconnect(id);
 }
@@ -331,7 +466,7 @@ void drop_connection(server_broker* self, connection_handle hdl, bool close, con
 void serve_writes(server_broker* self, link_connection& c) {
   pump(self, c, self->state.options.tuning);
   if (c.closing && c.queue.empty())
-    drop_connection(self, c.hdl, true, "closed after a frame that broke the framing");
+    drop_connection(self, c.hdl, true, "closed after a frame that broke the framing or protocol");
 }
 
 void dispatch(server_broker* self, link_connection& c, envelope&& request) {
@@ -358,6 +493,25 @@ void dispatch(server_broker* self, link_connection& c, envelope&& request) {
   self->send(target, std::move(request), caf::actor_cast<caf::actor>(self));
 }
 
+/// A read completed on connection `c`: dispatch its frame, answer a refusal, or start closing.
+void on_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
+  const auto& tuning = self->state.options.tuning;
+  auto in = take_incoming(c, c.receiver.consume(buffer), tuning);
+  if (in.fatal) {
+    // The peer gets the reason, whatever its window; what waited for credit is not sent.
+    c.queue.drop_waiting();
+    queue_unmetered(c, bad_frame_reply(*in.refused), tuning);
+    c.closing = true;
+  } else {
+    if (in.refused)
+      queue_reply(c, bad_frame_reply(*in.refused), tuning);
+    self->configure_read(c.hdl, receive_policy::exactly(in.next_read));
+  }
+  if (in.frame)
+    dispatch(self, c, std::move(*in.frame));
+  serve_writes(self, c);
+}
+
 caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr acceptor,
                                std::string endpoint, data_server_options options) {
   auto& st = self->state;
@@ -369,40 +523,25 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
       [=](const caf::io::new_connection_msg& msg) {
         auto& st = self->state;
         const std::uint64_t id = st.next_id++;
-        st.connections.try_emplace(msg.handle, id, msg.handle, st.pool, st.options.tuning.limits);
+        auto& c = st.connections
+                      .try_emplace(msg.handle, id, msg.handle,
+                                   "data server: connection " + std::to_string(id),
+                                   release_waker(self, id), st.pool, st.options.tuning)
+                      .first->second;
         st.handles.emplace(id, msg.handle);
         self->ack_writes(msg.handle, true);
         self->configure_read(msg.handle, receive_policy::exactly(frame_receiver::first_read));
-        log_line(st.options.tuning, "data server: connection " + std::to_string(id) + " from " +
-                                        self->remote_addr(msg.handle) + ":" +
-                                        std::to_string(self->remote_port(msg.handle)));
+        st.options.tuning.log.info(c.who + " from " + self->remote_addr(msg.handle) + ":" +
+                                   std::to_string(self->remote_port(msg.handle)));
+        queue_hello(c, st.options.tuning);
+        serve_writes(self, c);
       },
       [=](caf::io::new_data_msg& msg) {
         auto& st = self->state;
         auto i = st.connections.find(msg.handle);
         if (i == st.connections.end() || i->second.closing)
           return;
-        auto& c = i->second;
-        auto out = c.receiver.consume(msg.buf);
-        if (out.error) {
-          log_line(st.options.tuning,
-                   "data server: connection " + std::to_string(c.id) + " sent a bad frame: " +
-                       std::string(wire::to_string(out.error->kind)) + ": " + out.error->message);
-          queue_reply(c, bad_frame_reply(*out.error), st.options.tuning);
-        }
-        if (out.fatal())
-          c.closing = true;
-        else
-          self->configure_read(msg.handle, receive_policy::exactly(out.next_read));
-        if (out.frame) {
-          if (wire::is_link_control(out.frame->msg))
-            handle_link_control(c, out.frame->msg, st.options.tuning,
-                                "data server: connection " + std::to_string(c.id),
-                                release_waker(self, c.id));
-          else
-            dispatch(self, c, std::move(*out.frame));
-        }
-        serve_writes(self, c);
+        on_read(self, i->second, msg.buf);
       },
       [=](const caf::io::data_transferred_msg& msg) {
         auto& st = self->state;
@@ -417,27 +556,27 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
       },
       [=](const caf::io::acceptor_closed_msg&) {
         // Existing connections keep being served; only new peers are turned away.
-        log_line(self->state.options.tuning, "data server: the listening socket closed");
+        self->state.options.tuning.log.info("data server: the listening socket closed");
       },
       [=](envelope& reply) {
         auto& st = self->state;
         auto h = st.handles.find(reply.connection);
-        if (h == st.handles.end()) {
-          log_line(st.options.tuning,
-                   "data server: dropping a " + std::string(wire::kind_name(reply.msg)) +
-                       " for connection " + std::to_string(reply.connection) + ", which is closed");
+        auto* c = h == st.handles.end() ? nullptr : &st.connections.at(h->second);
+        if (c == nullptr || c->closing) {
+          st.options.tuning.log.debug("data server: dropping a " +
+                                      std::string(wire::kind_name(reply.msg)) + " for connection " +
+                                      std::to_string(reply.connection) + ", which is closed");
           return;
         }
-        auto& c = st.connections.at(h->second);
-        if (auto why = encode_into(c, reply.msg, std::move(reply.keepalive), st.options.tuning)) {
+        if (auto why = encode_into(*c, reply.msg, std::move(reply.keepalive), st.options.tuning)) {
           // The peer waits for an answer to this request id: tell it why none comes.
-          log_line(st.options.tuning, "data server: " + *why);
-          queue_reply(c, failure_reply(reply.msg, wire::error_code::internal, *why),
+          st.options.tuning.log.info("data server: " + *why);
+          queue_reply(*c, failure_reply(reply.msg, wire::error_code::internal, *why),
                       st.options.tuning);
         }
-        serve_writes(self, c);
+        serve_writes(self, *c);
       },
-      [=](shm_release_atom, std::uint64_t id) {
+      [=](released_atom, std::uint64_t id) {
         auto& st = self->state;
         auto h = st.handles.find(id);
         if (h == st.handles.end())
@@ -449,6 +588,11 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         serve_writes(self, c);
       },
       [=](caf::get_atom) { return self->state.endpoint; },
+      [=](stats_atom, std::uint64_t id) {
+        auto& st = self->state;
+        auto h = st.handles.find(id);
+        return h == st.handles.end() ? data_link_stats{} : stats_of(st.connections.at(h->second));
+      },
       [=](stop_atom) {
         auto& st = self->state;
         std::vector<connection_handle> open;
@@ -485,7 +629,7 @@ void link_down(client_broker* self, std::string reason) {
   auto& st = self->state;
   if (!st.down) {
     st.down = true;
-    log_line(st.tuning, "data link: " + reason);
+    st.tuning.log.info("data link: " + reason);
     self->send(st.receiver, link_down_atom::value, st.tag, std::move(reason));
   }
   self->quit();
@@ -496,6 +640,26 @@ void tell_receiver(client_broker* self, wire::message msg) {
   self->send(self->state.receiver, envelope{std::move(msg), nullptr, self->state.tag});
 }
 
+/// A read completed: forward its frame, tell the receiver of a refusal, or go down.
+void on_read(client_broker* self, std::vector<char>& buffer) {
+  auto& st = self->state;
+  auto& c = *st.connection;
+  auto in = take_incoming(c, c.receiver.consume(buffer), st.tuning);
+  if (in.fatal) {
+    link_down(self, "data link to " + st.peer + " closed: the server sent a frame that breaks " +
+                        "the framing or the link protocol: " + in.refused->message);
+    return;
+  }
+  if (in.frame) {
+    in.frame->connection = st.tag;
+    self->send(st.receiver, std::move(*in.frame));
+  }
+  if (in.refused)
+    tell_receiver(self, bad_frame_reply(*in.refused));
+  self->configure_read(c.hdl, receive_policy::exactly(in.next_read));
+  pump(self, c, st.tuning);
+}
+
 caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::actor receiver,
                              std::string peer, data_link_options options) {
   auto& st = self->state;
@@ -503,9 +667,9 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   st.tag = options.tag;
   st.receiver = std::move(receiver);
   st.peer = std::move(peer);
-  st.connection.emplace(1, hdl,
+  st.connection.emplace(1, hdl, "data link to " + st.peer, release_waker(self, 1),
                         std::make_shared<receive_buffer_pool>(st.tuning.max_cached_buffer_bytes),
-                        st.tuning.limits);
+                        st.tuning);
   // Nobody would read what arrives once the receiver is gone.
   self->monitor(st.receiver);
   self->set_down_handler([=](caf::down_msg& msg) {
@@ -514,33 +678,11 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   });
   self->ack_writes(hdl, true);
   self->configure_read(hdl, receive_policy::exactly(frame_receiver::first_read));
-  if (st.tuning.shm_arena_bytes > 0 && !host_identity().empty())
-    self->send(self, link_start_atom::value);
+  self->send(self, link_start_atom::value);
   return {
       [=](caf::io::new_data_msg& msg) {
-        auto& st = self->state;
-        if (st.down)
-          return;
-        auto& c = *st.connection;
-        auto out = c.receiver.consume(msg.buf);
-        if (out.frame && wire::is_link_control(out.frame->msg)) {
-          handle_link_control(c, out.frame->msg, st.tuning, "data link to " + st.peer,
-                              release_waker(self, c.id));
-          pump(self, c, st.tuning);
-        } else if (out.frame) {
-          out.frame->connection = st.tag;
-          self->send(st.receiver, std::move(*out.frame));
-        }
-        if (out.fatal()) {
-          link_down(self, "data link to " + st.peer + " closed: the server sent a frame that " +
-                              "breaks the framing: " + out.error->message);
-          return;
-        }
-        if (out.error) {
-          log_line(st.tuning, "data link: " + st.peer + " sent a bad frame: " + out.error->message);
-          tell_receiver(self, bad_frame_reply(*out.error));
-        }
-        self->configure_read(msg.handle, receive_policy::exactly(out.next_read));
+        if (!self->state.down)
+          on_read(self, msg.buf);
       },
       [=](const caf::io::data_transferred_msg& msg) {
         auto& st = self->state;
@@ -558,7 +700,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
           return;
         auto& c = *st.connection;
         if (auto why = encode_into(c, request.msg, std::move(request.keepalive), st.tuning)) {
-          log_line(st.tuning, "data link: " + *why);
+          st.tuning.log.info("data link: " + *why);
           tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
           return;
         }
@@ -571,7 +713,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         queue_hello(*st.connection, st.tuning);
         pump(self, *st.connection, st.tuning);
       },
-      [=](shm_release_atom, std::uint64_t) {
+      [=](released_atom, std::uint64_t) {
         auto& st = self->state;
         if (st.down)
           return;
@@ -579,6 +721,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         pump(self, *st.connection, st.tuning);
       },
       [=](caf::get_atom) { return self->state.peer; },
+      [=](stats_atom) { return stats_of(*self->state.connection); },
       [=](stop_atom) {
         link_down(self, "data link to " + self->state.peer + " stopped by its owner");
       },

@@ -1,9 +1,10 @@
 #pragma once
-// The data path between processes: pushes, pulls and their replies travel as Cap'n Proto frames
-// (schema/codec.hpp) over CAF broker connections, one per worker-server pair, never as BASP
-// messages (STACK.md §10-§11: BASP copies and allocates per message and carried 3-5 % of the
-// wire for large tensors; a broker runs at 0.6-1.0x raw TCP and adds ~10 µs to a round trip).
-// docs/data-path.md has the design and the measurements.
+// Framed links between processes: pushes, pulls and their replies (and, through the same
+// brokers, control messages) travel as Cap'n Proto frames (schema/codec.hpp) over CAF broker
+// connections, one per pair of peers, never as BASP messages (CAF's remote actors allocate and
+// copy per message, carried 3-5 % of the wire for large tensors and have no backpressure; a
+// broker runs at 0.6-1.0x raw TCP and adds ~10 µs to a round trip). docs/data-path.md has the
+// design and the measurements.
 //
 //   // server process: every incoming frame goes to the actor `route` picks
 //   auto server = spawn_data_server(sys, "127.0.0.1", 0, {.route = [&](const envelope&) {
@@ -20,15 +21,31 @@
 // in bounded steps as the socket drains, referencing tensors without copying them until CAF's
 // write buffer (actors/data_link_framing.hpp). Frames of one connection never interleave.
 //
+// Handshake: each end's first frame is a link_hello (host identity, shared-memory arena size,
+// receive window), sent as the connection opens; until the peer's hello has arrived an end sends
+// nothing else. The peer's first frame must be its hello, and it sends only one.
+//
+// Receive credit: every connection is flow-controlled per direction. The receive window
+// (tuning.receive_window_bytes, announced in the hello) bounds the bytes of frames a peer may
+// have sent that the receiving process has not yet released: a received frame's bytes come back
+// to the sender in a link_credit once the last copy of its envelope is gone (whoever drops it, on
+// any thread), and frames beyond the window wait in the sender's queue, still referencing their
+// tensors. So an actor that keeps received envelopes holds back its peer: it must not keep more
+// than a window's worth while it waits for further frames of the same connection, or the
+// connection stalls. The details (batching, a single frame larger than the window, link control
+// needing no credit) are in actors/data_link_framing.hpp. Link-control frames (link_hello,
+// link_credit, arena_*) are handled by the brokers and never reach an actor.
+//
 // Trust: every frame is validated (decode_limits) before anything else sees it. A frame that
 // fails validation gets an error_reply{bad_frame} naming what was wrong and the connection keeps
 // serving; a frame whose length cannot be right (above the cap, not a multiple of 8, contradicted
-// by its segment table) gets the error_reply and then the connection is closed, since the stream
-// cannot be resynchronised. Nothing a peer sends can make a broker allocate more than
-// max_frame_bytes for one frame, crash, or touch another connection. Frames are bounded one by
-// one, not per connection: the sender bounds how many requests it has outstanding (there is no
-// receive credit yet, see docs/data-path.md), and there is no TLS or peer authentication yet, so
-// a data server must only be reachable by the job's nodes.
+// by its segment table), and a peer that breaks the link protocol (no hello first, a second
+// hello, a frame beyond the window it was granted, a credit for more than it was sent) gets the
+// error_reply and then the connection is closed, since the stream cannot be trusted any more.
+// Nothing a peer sends can make a broker allocate more than max_frame_bytes for one frame or
+// hold more than about a window (plus one frame) of its frames, crash, or touch another
+// connection. There is no TLS or peer authentication yet, so a data server must only be
+// reachable by the job's nodes.
 //
 // Same host: when both ends of a connection run on one host (the link hello compares boot id and
 // hostname) and tuning.shm_arena_bytes is not 0 at both, tensor payloads of at least
@@ -48,10 +65,12 @@
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
 
 #include "actors/protocols.hpp"
 #include "actors/shm_arena.hpp"
 #include "engine/error.hpp"
+#include "engine/log.hpp"
 #include "schema/codec.hpp"
 
 namespace troupe {
@@ -65,7 +84,7 @@ struct data_link_tuning {
   /// every frame body in both directions: an incoming prefix above it closes the connection, an
   /// outgoing frame above it is refused locally (split the tensor with wire::chunker).
   wire::decode_limits limits;
-  /// Bytes appended to a connection's write buffer per step (STACK.md §10: ~4 MiB pieces).
+  /// Bytes appended to a connection's write buffer per step (~4 MiB pieces measured best).
   std::size_t write_chunk_bytes = std::size_t{4} << 20;
   /// Most bytes per connection handed to CAF and not yet taken by the socket; more frames wait
   /// in the broker, still referencing their tensors (no copy) until they are appended.
@@ -79,10 +98,47 @@ struct data_link_tuning {
   /// Smallest tensor payload sent through the arena; smaller ones, and any that find no room
   /// in the ring, go inline as without an arena.
   std::size_t shm_threshold_bytes = default_shm_threshold_bytes;
-  /// Verbose diagnostics: a refused frame, a dropped reply, a closed connection. One line per
-  /// call, on the broker's thread; silent when empty.
-  std::function<void(std::string_view line)> log;
+  /// Receive window of every connection, announced in the link hello: the bytes of frames
+  /// (prefixes included) the peer may have sent that this process has not released yet. 0: no
+  /// flow control (the peer may send without bound).
+  std::size_t receive_window_bytes = std::size_t{64} << 20;
+  /// Diagnostics, on the broker's thread: info for connections, the shared-memory set-up and
+  /// refused frames; debug for dropped replies and ignored releases. Silent by default.
+  logger log;
 };
+
+/// One connection's state as its broker sees it (the answer to stats_atom), for tests and
+/// diagnostics. Bytes include the 8-byte frame prefixes.
+struct data_link_stats {
+  /// The connection exists (a server asked for an unknown or closed id says false).
+  bool connected = false;
+  /// The peer's link hello has arrived; until then only our hello is sent.
+  bool peer_hello = false;
+  /// Sending: the window the peer granted (0: none), bytes sent and not credited back, frames
+  /// (and their bytes) waiting for credit, and what the peer credited back in total.
+  std::uint64_t peer_window = 0;
+  std::uint64_t outstanding = 0;
+  std::uint64_t waiting_frames = 0;
+  std::uint64_t waiting_bytes = 0;
+  std::uint64_t credit_received = 0;
+  /// Receiving: our window, received bytes not released yet, released bytes not credited yet,
+  /// and what we credited back in total.
+  std::uint64_t window = 0;
+  std::uint64_t unreleased = 0;
+  std::uint64_t uncredited = 0;
+  std::uint64_t credit_sent = 0;
+  /// Same host: our arena was accepted (tensors we send may go through it), and we mapped the
+  /// peer's.
+  bool shm_send = false;
+  bool shm_receive = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
+  return f(caf::meta::type_name("data_link_stats"), x.connected, x.peer_hello, x.peer_window,
+           x.outstanding, x.waiting_frames, x.waiting_bytes, x.credit_received, x.window,
+           x.unreleased, x.uncredited, x.credit_sent, x.shm_send, x.shm_receive);
+}
 
 /// How a data server dispatches and reports.
 struct data_server_options {
@@ -105,7 +161,8 @@ struct data_server {
   ///                   connection is gone); a message that cannot be encoded is answered to the
   ///                   peer with error_reply{internal} instead;
   ///   (stop_atom)     close the acceptor and every connection (on_disconnect for each), and quit;
-  ///   (caf::get_atom) -> std::string: the "host:port" it listens on.
+  ///   (caf::get_atom) -> std::string: the "host:port" it listens on;
+  ///   (stats_atom, std::uint64_t connection) -> data_link_stats of that connection.
   /// An envelope's tensor bytes must stay alive (keepalive) and unchanged until the broker has
   /// copied them into the connection's write buffer, which may be a while after the send when
   /// the connection is busy: reply with a snapshot, not with memory the next update overwrites.
@@ -118,11 +175,12 @@ struct data_server {
 
 /// Listens on bind_host:port (bind_host exactly: "0.0.0.0" is the only way to listen on every
 /// interface; port 0 lets the kernel pick) and spawns the server broker. For each complete,
-/// valid frame on connection c it sends (envelope{msg, keepalive = frame buffer, connection = c},
-/// caf::actor broker) to options.route(envelope); whoever answers sends (envelope) with the same
-/// connection id back to the broker. Returns once the broker is listening. Errors:
-/// invalid_argument (no route, empty bind_host, zero write pacing), io_error (the address cannot
-/// be bound), naming host:port.
+/// valid frame on connection c except link control it sends (envelope{msg, keepalive = frame
+/// buffer and receive credit, connection = c}, caf::actor broker) to options.route(envelope);
+/// whoever answers sends (envelope) with the same connection id back to the broker. Dropping the
+/// last copy of a request envelope returns its bytes to the peer's window. Returns once the
+/// broker is listening. Errors: invalid_argument (no route, empty bind_host, zero write pacing),
+/// io_error (the address cannot be bound), naming host:port.
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
                                       std::uint16_t port, data_server_options options);
 
@@ -140,14 +198,16 @@ struct data_link_options {
 ///                message that cannot be encoded (or exceeds max_frame_bytes) is not sent:
 ///                `receiver` gets (envelope{error_reply{request id, internal, why}}) instead;
 ///   (stop_atom)  close the connection (frames not yet handed to the socket are dropped);
-///   (caf::get_atom) -> std::string: the peer's "host:port".
+///   (caf::get_atom) -> std::string: the peer's "host:port";
+///   (stats_atom) -> data_link_stats of the connection.
 /// As on the server, an envelope's tensor bytes must stay alive and unchanged until written.
-/// Every frame from the server arrives at `receiver` as (envelope) (keepalive = frame buffer,
-/// connection = options.tag). A frame that fails validation arrives as a local
+/// Every frame from the server except link control arrives at `receiver` as (envelope)
+/// (keepalive = frame buffer and receive credit, connection = options.tag); dropping its last
+/// copy returns its bytes to the server's window. A frame that fails validation arrives as a local
 /// (envelope{error_reply{0, bad_frame, what}}). When the connection closes, fails, carries a
-/// frame that breaks the framing, or is stopped, `receiver` gets (link_down_atom, options.tag,
-/// std::string reason naming host:port) once and the broker quits; it also quits when `receiver`
-/// terminates.
+/// frame that breaks the framing or the link protocol, or is stopped, `receiver` gets
+/// (link_down_atom, options.tag, std::string reason naming host:port) once and the broker quits;
+/// it also quits when `receiver` terminates.
 /// Errors: invalid_argument (invalid receiver), peer_lost (no connection: names host:port and
 /// why).
 result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& host,

@@ -117,6 +117,108 @@ receive_buffer_pool_stats receive_buffer_pool::stats() const {
 }
 
 // ================================================================================================
+// receive_credit
+
+/// The keepalive of a forwarded envelope: owns what the tensor views and gives the frame's bytes
+/// back when the last copy goes.
+struct receive_credit::hold_state {
+  hold_state(std::shared_ptr<receive_credit> owner, std::uint64_t n,
+             std::shared_ptr<const void> held) noexcept
+      : credit(std::move(owner)), bytes(n), inner(std::move(held)) {}
+  hold_state(const hold_state&) = delete;
+  hold_state& operator=(const hold_state&) = delete;
+  ~hold_state() {
+    // The buffer goes back to its pool first, so that a credit never outruns its memory.
+    inner.reset();
+    credit->release(bytes);
+  }
+
+  std::shared_ptr<receive_credit> credit;
+  std::uint64_t bytes;
+  std::shared_ptr<const void> inner;
+};
+
+bool receive_credit::admits(std::uint64_t bytes) const {
+  if (window_ == 0)
+    return true;
+  std::lock_guard<std::mutex> guard{mutex_};
+  return outstanding_ < credit_quantum(window_) ||
+         (bytes <= window_ && outstanding_ <= window_ - bytes);
+}
+
+std::shared_ptr<const void> receive_credit::hold(std::uint64_t bytes,
+                                                 std::shared_ptr<const void> inner) {
+  if (window_ == 0)
+    return inner;
+  auto state = std::make_shared<hold_state>(shared_from_this(), bytes, std::move(inner));
+  {
+    std::lock_guard<std::mutex> guard{mutex_};
+    outstanding_ += bytes;
+  }
+  // Aliasing: the envelope's keepalive still points at what the tensor views (the frame buffer,
+  // an arena hold), or at the hold itself for a frame without a tensor; ownership is the hold's.
+  const void* target = state->inner ? state->inner.get() : state.get();
+  return std::shared_ptr<const void>(std::move(state), target);
+}
+
+void receive_credit::received_and_released(std::uint64_t bytes) {
+  if (window_ == 0)
+    return;
+  std::lock_guard<std::mutex> guard{mutex_};
+  outstanding_ += bytes;
+  uncredited_ += bytes;
+}
+
+void receive_credit::release(std::uint64_t bytes) noexcept {
+  std::function<void()> wake;
+  {
+    std::lock_guard<std::mutex> guard{mutex_};
+    uncredited_ += bytes;
+    if (!woken_ && wake_ && uncredited_ >= credit_quantum(window_)) {
+      try {
+        wake = wake_;
+        woken_ = true;
+      } catch (...) {
+        // Out of memory: the next release tries again (the bytes are counted either way).
+      }
+    }
+  }
+  if (!wake)
+    return;
+  try {
+    wake();
+  } catch (...) {
+    // The broker was not told: let the next release tell it, or the credit would never go.
+    std::lock_guard<std::mutex> guard{mutex_};
+    woken_ = false;
+  }
+}
+
+std::uint64_t receive_credit::take() {
+  if (window_ == 0)
+    return 0;
+  std::lock_guard<std::mutex> guard{mutex_};
+  woken_ = false;
+  if (uncredited_ < credit_quantum(window_))
+    return 0;
+  const std::uint64_t bytes = uncredited_;
+  outstanding_ -= bytes;
+  credited_ += bytes;
+  uncredited_ = 0;
+  return bytes;
+}
+
+void receive_credit::on_release(std::function<void()> wake) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  wake_ = std::move(wake);
+}
+
+receive_credit_stats receive_credit::stats() const {
+  std::lock_guard<std::mutex> guard{mutex_};
+  return {window_, outstanding_, outstanding_ - uncredited_, uncredited_, credited_};
+}
+
+// ================================================================================================
 // frame_receiver
 
 namespace {
@@ -135,8 +237,16 @@ bool loses_framing(wire::decode_error::code kind) noexcept {
 } // namespace
 
 frame_receiver::frame_receiver(std::shared_ptr<receive_buffer_pool> pool,
-                               wire::decode_limits limits)
-    : pool_(std::move(pool)), limits_(limits) {}
+                               wire::decode_limits limits, std::shared_ptr<receive_credit> credit)
+    : pool_(std::move(pool)), limits_(limits), credit_(std::move(credit)) {}
+
+wire::decode_error frame_receiver::beyond_window(std::uint64_t bytes) const {
+  const auto now = credit_->stats();
+  return {wire::decode_error::code::limit_exceeded,
+          "a frame of " + std::to_string(bytes) + " bytes arrived beyond the receive window of " +
+              std::to_string(now.window) + " bytes (" + std::to_string(now.outstanding) +
+              " bytes outstanding)"};
+}
 
 receive_outcome frame_receiver::consume(std::vector<char>& buffer) {
   if (in_body_)
@@ -147,6 +257,12 @@ receive_outcome frame_receiver::consume(std::vector<char>& buffer) {
   auto length = wire::read_frame_prefix(bytes_of(buffer), limits_);
   if (!length)
     return {0, std::nullopt, length.error()};
+  const std::uint64_t frame_bytes = wire::frame_prefix_bytes + *length;
+  beyond_window_ = credit_ && !credit_->admits(frame_bytes);
+  // Only a frame small enough to be link control (which needs no credit) is read beyond the
+  // window; anything bigger is refused before its body is allocated.
+  if (beyond_window_ && frame_bytes > max_link_control_frame_bytes)
+    return {0, std::nullopt, beyond_window(frame_bytes)};
   std::vector<char> body;
   try {
     body = pool_->take(*length);
@@ -169,6 +285,7 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
     throw std::logic_error("frame_receiver: a body read delivered " +
                            std::to_string(buffer.size()) + " bytes, not the announced " +
                            std::to_string(body_bytes_));
+  const std::uint64_t frame_bytes = wire::frame_prefix_bytes + body_bytes_;
   in_body_ = false;
   body_bytes_ = 0;
   std::vector<char> body = std::move(buffer);
@@ -176,8 +293,14 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
   auto owner = pool_->keep(std::move(body));
   auto decoded = wire::decode_body(bytes_of(*owner), limits_,
                                    arena_ ? arena_->bytes() : std::span<const std::byte>{});
+  const bool control = decoded && wire::is_link_control(decoded->msg);
+  if (beyond_window_ && !control)
+    return {0, std::nullopt, beyond_window(frame_bytes)};
   if (!decoded) {
     const bool fatal = loses_framing(decoded.error().kind);
+    // The sender counted it: it is released at once, and credited like any other.
+    if (credit_ && !fatal)
+      credit_->received_and_released(frame_bytes);
     return {fatal ? 0 : wire::frame_prefix_bytes, std::nullopt, decoded.error()};
   }
   envelope env;
@@ -194,7 +317,19 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
     else
       env.keepalive = std::move(owner);
   }
-  // Without a tensor nothing views the buffer: `owner` returns it to the pool right here.
+  // Without a tensor nothing views the buffer: `owner` returns it to the pool right here. Link
+  // control is handled by the broker at once and needs no credit.
+  if (credit_ && !control) {
+    try {
+      env.keepalive = credit_->hold(frame_bytes, std::move(env.keepalive));
+    } catch (const std::bad_alloc&) {
+      credit_->received_and_released(frame_bytes);
+      return {wire::frame_prefix_bytes, std::nullopt,
+              wire::decode_error{wire::decode_error::code::limit_exceeded,
+                                 "no memory to hold a frame of " + std::to_string(frame_bytes) +
+                                     " bytes"}};
+    }
+  }
   return {wire::frame_prefix_bytes, std::move(env), std::nullopt};
 }
 
@@ -203,13 +338,61 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
 
 void frame_send_queue::push(wire::encoded_frame frame, std::shared_ptr<const void> keepalive) {
   queued_bytes_ += frame.size();
-  entries_.push_back(entry{std::move(frame), std::move(keepalive)});
+  waiting_bytes_ += frame.size();
+  waiting_.push_back(entry{std::move(frame), std::move(keepalive)});
+  admit();
+}
+
+void frame_send_queue::push_unmetered(wire::encoded_frame frame) {
+  queued_bytes_ += frame.size();
+  admitted_.push_back(entry{std::move(frame), nullptr});
+}
+
+void frame_send_queue::open(std::uint64_t peer_window) {
+  open_ = true;
+  peer_window_ = peer_window;
+  admit();
+}
+
+std::optional<std::string> frame_send_queue::credit(std::uint64_t bytes) {
+  if (bytes == 0 || bytes > outstanding_)
+    return "a link credit of " + std::to_string(bytes) + " bytes, with " +
+           std::to_string(outstanding_) + " bytes outstanding (window " +
+           std::to_string(peer_window_) + " bytes)";
+  outstanding_ -= bytes;
+  credited_ += bytes;
+  admit();
+  return std::nullopt;
+}
+
+void frame_send_queue::drop_waiting() {
+  queued_bytes_ -= waiting_bytes_;
+  waiting_bytes_ = 0;
+  waiting_.clear();
+}
+
+void frame_send_queue::admit() {
+  if (!open_)
+    return;
+  const std::uint64_t quantum = credit_quantum(peer_window_);
+  while (!waiting_.empty()) {
+    const std::uint64_t bytes = waiting_.front().frame.size();
+    if (peer_window_ != 0) {
+      const bool fits = bytes <= peer_window_ && outstanding_ <= peer_window_ - bytes;
+      if (!fits && outstanding_ >= quantum)
+        return;
+      outstanding_ += bytes;
+    }
+    waiting_bytes_ -= bytes;
+    admitted_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
 }
 
 std::size_t frame_send_queue::append_to(std::vector<char>& out, std::size_t max_bytes) {
   std::size_t appended = 0;
-  while (!entries_.empty() && appended < max_bytes) {
-    auto& e = entries_.front();
+  while (!admitted_.empty() && appended < max_bytes) {
+    auto& e = admitted_.front();
     const auto pieces = e.frame.pieces();
     while (e.piece < pieces.size() && appended < max_bytes) {
       const auto piece = pieces[e.piece];
@@ -226,7 +409,7 @@ std::size_t frame_send_queue::append_to(std::vector<char>& out, std::size_t max_
     if (e.piece < pieces.size())
       break;
     // Every byte is in `out` now: the frame and the tensor it referenced may go.
-    entries_.pop_front();
+    admitted_.pop_front();
   }
   queued_bytes_ -= appended;
   return appended;

@@ -58,10 +58,10 @@ data_link_tuning tuning_for(const cluster_config& config) {
   data_link_tuning tuning;
   tuning.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
   tuning.shm_arena_bytes = static_cast<std::size_t>(config.shm_arena_bytes);
-  if (config.verbose > 0)
-    tuning.log = [](std::string_view line) {
-      std::fprintf(stderr, "troupe: %.*s\n", static_cast<int>(line.size()), line.data());
-    };
+  tuning.receive_window_bytes = static_cast<std::size_t>(config.link_window_bytes);
+  tuning.log = logger(node_name("node", std::nullopt,
+                                config.node_host.empty() ? config.bind_address : config.node_host),
+                      config.verbose);
   return tuning;
 }
 

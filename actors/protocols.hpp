@@ -42,7 +42,9 @@ namespace troupe {
 struct envelope {
   wire::message msg;
   /// Owner of the memory that msg's tensor_chunk::data views (a frame buffer, an ndarray's
-  /// storage); null when the message carries no tensor.
+  /// storage); null when the message carries no tensor, except that a frame received from a link
+  /// always has one: it also holds the frame's receive credit, returned to the sender when the
+  /// last copy goes (so do not keep received envelopes longer than needed: actors/data_link.hpp).
   std::shared_ptr<const void> keepalive;
   /// Which connection: on a listening side, the connection the message arrived on or must leave
   /// by (a server broker's id for one peer's connection); on a connecting side, the tag the link

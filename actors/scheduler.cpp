@@ -30,8 +30,10 @@ data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& 
   tuning.limits.max_frame_bytes = max_frame_bytes;
   tuning.shm_arena_bytes = 0;
   tuning.max_cached_buffer_bytes = max_frame_bytes;
-  if (log.enabled(log_level::info))
-    tuning.log = [log](std::string_view line) { log.info(line); };
+  // Control frames are small and rare: a few frames' worth of window bounds what a node (or a
+  // stranger) can make the scheduler hold.
+  tuning.receive_window_bytes = 4 * max_frame_bytes;
+  tuning.log = log.part("control link");
   return tuning;
 }
 

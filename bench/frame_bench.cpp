@@ -8,6 +8,7 @@
 //                           [--scheduler stealing|sharing] [--caf-defaults]
 //                           [--write-chunk 4194304] [--in-flight 8388608]
 //                           [--shm-arena 67108864 (0: tensors through the socket)]
+//                           [--window 67108864 (receive window of both ends; 0: no credit)]
 //
 // A forked server process runs a data server whose handler answers each push frame with an ack
 // and each pushpull frame with a pull_reply carrying a tensor chunk of the same size (from a
@@ -86,6 +87,8 @@ struct system_settings {
   std::size_t max_bytes_in_flight = data_link_tuning{}.max_bytes_in_flight;
   /// Same-host arena per direction; 0 measures the socket path.
   std::size_t shm_arena_bytes = data_link_tuning{}.shm_arena_bytes;
+  /// Receive window of both ends; 0 turns the credit off.
+  std::size_t receive_window_bytes = data_link_tuning{}.receive_window_bytes;
 };
 
 data_link_tuning make_tuning(const system_settings& settings, std::size_t largest) {
@@ -94,6 +97,7 @@ data_link_tuning make_tuning(const system_settings& settings, std::size_t larges
   tuning.write_chunk_bytes = settings.write_chunk_bytes;
   tuning.max_bytes_in_flight = settings.max_bytes_in_flight;
   tuning.shm_arena_bytes = settings.shm_arena_bytes;
+  tuning.receive_window_bytes = settings.receive_window_bytes;
   return tuning;
 }
 
@@ -317,6 +321,8 @@ int main(int argc, char** argv) {
                  "most bytes per connection handed to CAF and not yet written");
   app.add_option("--shm-arena", settings.shm_arena_bytes,
                  "same-host shared-memory arena per direction (0: through the socket)");
+  app.add_option("--window", settings.receive_window_bytes,
+                 "receive window of both ends in bytes (0: no credit flow control)");
   app.add_flag("--caf-defaults", settings.caf_defaults,
                "keep CAF's scheduler polling (skip troupe::tune_for_data_path)");
   CLI11_PARSE(app, argc, argv);

@@ -376,9 +376,11 @@ struct SyncSettings {
 struct LinkCredit {
   # Either end of a data or control connection -> the other: the sender of this frame has released
   # `bytes` more bytes of the frames it received, which the peer may now send. Each end starts with
-  # the window the other announced in its LinkHello. Link control: never forwarded to an actor.
+  # the window the other announced in its LinkHello. Sent once the released bytes reach
+  # max(windowBytes / 8, 1). Link control: needs no credit itself, never forwarded to an actor.
   bytes @0 :UInt64;
-  # Bytes released since the previous LinkCredit; > 0.
+  # Bytes released since the previous LinkCredit; > 0 and at most what the peer has outstanding
+  # (more breaks the protocol: the connection is closed).
 }
 
 struct Heartbeat {
@@ -425,19 +427,22 @@ struct Error {
 }
 
 struct LinkHello {
-  # Data connections only: the client's first frame when it has a shared-memory arena to offer
-  # (data.shm_arena_bytes > 0), answered by the server's LinkHello. Neither is forwarded to an
-  # actor. Both ends compare hostId: equal ids mean the same kernel, and then each end with a
-  # non-zero arenaBytes may offer an arena for what it sends (ArenaOffer).
+  # Every framed-link connection: each end's first frame, sent as the connection opens. Until the
+  # peer's LinkHello has arrived an end sends nothing else; any other first frame, or a second
+  # LinkHello, breaks the protocol (the connection is closed). Never forwarded to an actor. Both
+  # ends compare hostId: equal ids mean the same kernel, and then each end with a non-zero
+  # arenaBytes may offer an arena for what it sends (ArenaOffer).
   hostId @0 :Text;
   # /proc/sys/kernel/random/boot_id, a slash and the uts hostname; non-empty.
   arenaBytes @1 :UInt64;
   # Size of the arena the sender would create for its direction; 0: it will neither offer one
   # nor accept the peer's.
   windowBytes @2 :UInt64;
-  # Receive window of the sender: the peer may have this many bytes of frames (prefix included)
-  # outstanding before LinkCredit returns some; a single frame larger than the window is allowed
-  # when nothing else is outstanding. 0: the sender grants no window (no credit flow control).
+  # Receive window of the sender: the peer may have this many bytes of frames (prefix included;
+  # link-control frames are not counted) outstanding before LinkCredit returns some. A frame may
+  # also go when less than max(windowBytes / 8, 1) is outstanding, so a single frame larger than
+  # the window goes (nearly) alone. A frame beyond this breaks the protocol. 0: the sender grants
+  # no window (no credit flow control).
 }
 
 struct ArenaOffer {

@@ -3,6 +3,7 @@
 // hostile peer). Every wait is bounded: a broken data path fails a check, it never hangs.
 
 #include <arpa/inet.h>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <sys/time.h>
 #include <thread>
 #include <unistd.h>
+#include <variant>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -124,6 +126,10 @@ struct link_fixture {
       auto echo = spawn_echo();
       options.route = [echo](const envelope&) { return echo; };
     }
+    options.route = [route = std::move(options.route), seen = last_connection](const envelope& e) {
+      seen->store(e.connection);
+      return route(e);
+    };
     options.on_disconnect = [told = std::move(options.on_disconnect),
                              w = caf::actor_cast<caf::actor>(*watcher)](std::uint64_t id) {
       if (told)
@@ -156,6 +162,45 @@ struct link_fixture {
     return got;
   }
 
+  /// The server's id of `link`'s connection: one tiny push echoed (the route records it).
+  std::uint64_t await_connection(caf::scoped_actor& self, const caf::actor& link) {
+    auto one = std::make_shared<std::vector<float>>(1, 1.0f);
+    self->send(link, envelope{make_push(0, *one), one, 0});
+    auto reply = next_envelope(self);
+    BOOST_TEST_REQUIRE(reply.has_value());
+    return last_connection->load();
+  }
+
+  /// A client link's state.
+  data_link_stats stats_of(const caf::actor& link) {
+    data_link_stats got;
+    (*watcher)
+        ->request(link, patience, stats_atom::value)
+        .receive([&](const data_link_stats& s) { got = s; },
+                 [&](const caf::error& e) { BOOST_TEST_MESSAGE("no stats: " << sys->render(e)); });
+    return got;
+  }
+  /// The state of a server's connection `id`.
+  data_link_stats stats_of(const data_server& server, std::uint64_t id) {
+    data_link_stats got;
+    (*watcher)
+        ->request(server.broker, patience, stats_atom::value, id)
+        .receive([&](const data_link_stats& s) { got = s; },
+                 [&](const caf::error& e) { BOOST_TEST_MESSAGE("no stats: " << sys->render(e)); });
+    return got;
+  }
+  /// Asks `ask` for stats until `wanted` holds them, for up to `patience`; the last answer.
+  static data_link_stats await_stats(const std::function<data_link_stats()>& ask,
+                                     const std::function<bool(const data_link_stats&)>& wanted) {
+    const auto until = std::chrono::steady_clock::now() + patience;
+    auto got = ask();
+    while (!wanted(got) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(2ms);
+      got = ask();
+    }
+    return got;
+  }
+
   /// The ids of the next `count` connections the servers report closed (fewer on timeout).
   /// Tests whose raw peers go away wait for this: CAF 0.17.6 leaks a connection that is still
   /// being closed when the actor system shuts down.
@@ -172,6 +217,9 @@ struct link_fixture {
   /// Receives (peer_lost_atom, connection id) from every server's on_disconnect.
   std::unique_ptr<caf::scoped_actor> watcher;
   std::vector<caf::actor> spawned;
+  /// The connection id of the last request any server routed.
+  std::shared_ptr<std::atomic<std::uint64_t>> last_connection =
+      std::make_shared<std::atomic<std::uint64_t>>(0);
 };
 
 // --- a raw TCP peer, for bytes no encoder would write --------------------------------------
@@ -239,6 +287,29 @@ struct raw_peer {
       return std::nullopt;
     return decoded->msg;
   }
+  /// Sends our link hello (window 0: the server may send without credit) and reads the
+  /// server's, which it sends as the connection opens.
+  std::optional<wire::link_hello> handshake(std::uint64_t window = 0) {
+    if (!send(wire::encode(wire::link_hello{"raw peer", 0, window}).flatten()))
+      return std::nullopt;
+    return server_hello();
+  }
+  /// The server's link hello: its first frame.
+  std::optional<wire::link_hello> server_hello() {
+    auto frame = receive_frame();
+    if (!frame || !std::holds_alternative<wire::link_hello>(*frame))
+      return std::nullopt;
+    return std::get<wire::link_hello>(*frame);
+  }
+  /// The next frame that is not a link credit (credits are added up in `credited`).
+  std::optional<wire::message> receive_reply() {
+    for (;;) {
+      auto frame = receive_frame();
+      if (!frame || !std::holds_alternative<wire::link_credit>(*frame))
+        return frame;
+      credited += std::get<wire::link_credit>(*frame).bytes;
+    }
+  }
   /// True when the server closed the connection (EOF) within the receive timeout.
   bool sees_close() {
     char byte;
@@ -248,6 +319,7 @@ struct raw_peer {
   int fd = -1;
   bool connected = false;
   std::vector<std::uint64_t> last_body;
+  std::uint64_t credited = 0;
 };
 
 const wire::error_reply* as_error(const std::optional<wire::message>& msg) {
@@ -277,6 +349,10 @@ BOOST_AUTO_TEST_CASE(the_send_queue_appends_frames_in_order_in_bounded_steps) {
   BOOST_TEST(queue.frames() == 3u);
   BOOST_TEST(queue.queued_bytes() == expected.size());
   std::vector<char> out;
+  // Nothing goes before the peer's hello has told its window (0 here: no flow control).
+  BOOST_TEST(!queue.ready());
+  BOOST_TEST(queue.append_to(out, 1000) == 0u);
+  queue.open(0);
   while (!queue.empty()) {
     const std::size_t before = out.size();
     BOOST_TEST(queue.append_to(out, 1000) <= 1000u);
@@ -379,6 +455,251 @@ BOOST_AUTO_TEST_CASE(the_buffer_pool_keeps_at_most_its_cap) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+// ================================================================================================
+// Receive credit without a network: the sender's queue and the receiver's window.
+
+BOOST_AUTO_TEST_SUITE(link_credit_alone)
+
+namespace {
+
+std::vector<char> flat_chars(const wire::encoded_frame& frame) {
+  auto flat = frame.flatten();
+  return {reinterpret_cast<const char*>(flat.data()),
+          reinterpret_cast<const char*>(flat.data()) + flat.size()};
+}
+
+/// Appends everything the queue has admitted.
+std::vector<char> drain(frame_send_queue& queue) {
+  std::vector<char> out;
+  while (queue.ready())
+    queue.append_to(out, std::size_t{1} << 20);
+  return out;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(the_send_queue_waits_for_the_window_and_admits_frames_as_credit_returns) {
+  auto values = ramp(4000);
+  const std::size_t frame = wire::encode(make_push(1, *values)).size();
+  const std::uint64_t window = 4 * frame + 100; // four frames and a little
+  frame_send_queue queue;
+  std::vector<char> expected;
+  for (std::uint64_t id = 1; id <= 10; ++id) {
+    auto bytes = flat_chars(wire::encode(make_push(id, *values)));
+    expected.insert(expected.end(), bytes.begin(), bytes.end());
+    queue.push(wire::encode(make_push(id, *values)), values);
+  }
+  BOOST_TEST(queue.waiting_frames() == 10u); // nothing before the peer's hello
+  queue.open(window);
+  BOOST_TEST(queue.waiting_frames() == 6u);
+  BOOST_TEST(queue.outstanding() == 4 * frame);
+  std::vector<char> out = drain(queue);
+  BOOST_TEST(out.size() == 4 * frame);
+
+  // Room for less than a frame, with more than a quantum outstanding: still waiting.
+  BOOST_TEST(!queue.credit(frame - 200).has_value());
+  BOOST_TEST(queue.waiting_frames() == 6u);
+  BOOST_TEST(!queue.ready());
+  // Room for exactly one frame.
+  BOOST_TEST(!queue.credit(300).has_value());
+  BOOST_TEST(queue.waiting_frames() == 5u);
+  BOOST_TEST(queue.outstanding() == 4 * frame - 100);
+
+  // A credit of more than is outstanding, or of nothing, breaks the protocol and changes nothing.
+  auto excess = queue.credit(10 * frame);
+  BOOST_TEST_REQUIRE(excess.has_value());
+  BOOST_TEST(excess->find("link credit of " + std::to_string(10 * frame) + " bytes, with " +
+                          std::to_string(4 * frame - 100) + " bytes outstanding") !=
+                 std::string::npos,
+             *excess);
+  BOOST_TEST(queue.credit(0).has_value());
+  BOOST_TEST(queue.outstanding() == 4 * frame - 100);
+  BOOST_TEST(queue.waiting_frames() == 5u);
+
+  // Everything credited, again and again: the rest flows, every byte in order.
+  while (!queue.empty()) {
+    auto more = drain(queue);
+    out.insert(out.end(), more.begin(), more.end());
+    BOOST_TEST_REQUIRE(!queue.credit(queue.outstanding()).has_value());
+  }
+  BOOST_TEST((out == expected));
+  BOOST_TEST(queue.credited() == 10 * frame);
+}
+
+BOOST_AUTO_TEST_CASE(a_frame_larger_than_the_window_goes_once_less_than_a_quantum_is_outstanding) {
+  auto big = ramp(std::size_t{1} << 16); // 256 KiB
+  auto tiny = ramp(4);
+  const std::uint64_t window = std::uint64_t{64} << 10;
+  const std::uint64_t quantum = credit_quantum(window);
+  BOOST_TEST(quantum == window / 8);
+  const std::size_t big_frame = wire::encode(make_push(1, *big)).size();
+  const std::size_t tiny_frame = wire::encode(make_push(1, *tiny)).size();
+  frame_send_queue queue;
+  queue.open(window);
+  queue.push(wire::encode(make_push(1, *tiny)), tiny);
+  queue.push(wire::encode(make_push(2, *big)), big); // a tiny frame outstanding: it goes
+  queue.push(wire::encode(make_push(3, *tiny)), tiny);
+  BOOST_TEST(queue.waiting_frames() == 1u);
+  BOOST_TEST(queue.outstanding() == tiny_frame + big_frame);
+  BOOST_TEST(!queue.credit(big_frame).has_value()); // a tiny frame outstanding again: it goes
+  BOOST_TEST(queue.waiting_frames() == 0u);
+  queue.push(wire::encode(make_push(4, *big)), big);
+  BOOST_TEST(queue.waiting_frames() == 0u);
+  queue.push(wire::encode(make_push(5, *big)), big);
+  BOOST_TEST(queue.waiting_frames() == 1u);
+  // Exactly a quantum outstanding is too much; one byte less lets the big frame go.
+  BOOST_TEST(!queue.credit(queue.outstanding() - quantum).has_value());
+  BOOST_TEST(queue.waiting_frames() == 1u);
+  BOOST_TEST(!queue.credit(1).has_value());
+  BOOST_TEST(queue.waiting_frames() == 0u);
+  BOOST_TEST(queue.outstanding() == quantum - 1 + big_frame);
+}
+
+BOOST_AUTO_TEST_CASE(link_control_overtakes_frames_waiting_for_credit_but_never_splits_a_frame) {
+  auto big = ramp(std::size_t{1} << 16);
+  frame_send_queue queue;
+  queue.open(std::uint64_t{64} << 10);
+  queue.push(wire::encode(make_push(1, *big)), big);
+  queue.push(wire::encode(make_push(2, *big)), big);
+  BOOST_TEST(queue.waiting_frames() == 1u);
+  std::vector<char> out;
+  BOOST_TEST(queue.append_to(out, 1000) == 1000u); // the first frame is half written...
+  const wire::message hello = wire::link_hello{"host", 0, 4096};
+  queue.push_unmetered(wire::encode(hello)); // ...and the control frame goes behind it
+  auto rest = drain(queue);
+  out.insert(out.end(), rest.begin(), rest.end());
+  auto expected = flat_chars(wire::encode(make_push(1, *big)));
+  auto control = flat_chars(wire::encode(hello));
+  expected.insert(expected.end(), control.begin(), control.end());
+  BOOST_TEST((out == expected));
+  BOOST_TEST(queue.waiting_frames() == 1u);
+  std::weak_ptr<const void> watch = big;
+  big.reset();
+  queue.drop_waiting(); // a connection that closes: the waiting frame and its tensor go
+  BOOST_TEST(queue.empty());
+  BOOST_TEST(queue.queued_bytes() == 0u);
+  BOOST_TEST(watch.expired());
+}
+
+BOOST_AUTO_TEST_CASE(the_receiver_counts_frames_and_credits_them_once_a_quantum_is_released) {
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{64} << 20);
+  const std::uint64_t window = std::uint64_t{64} << 10;
+  auto credit = std::make_shared<receive_credit>(window);
+  std::atomic<int> wakes{0};
+  credit->on_release([&] { ++wakes; });
+  frame_receiver receiver(pool, {}, credit);
+  std::vector<char> scribe_buffer;
+  auto values = ramp(1000);
+  const std::size_t frame = wire::encode(make_push(1, *values)).size();
+  const std::size_t ack_frame = wire::encode(wire::ack{9}).size();
+  std::vector<envelope> held;
+  for (std::uint64_t id = 1; id <= 3; ++id) {
+    auto out = feed(receiver, scribe_buffer, wire::encode(make_push(id, *values)).flatten());
+    BOOST_TEST_REQUIRE(out.frame.has_value());
+    // The keepalive still points at the frame buffer the tensor views.
+    const auto* buffer = static_cast<const std::vector<char>*>(out.frame->keepalive.get());
+    const auto* data =
+        reinterpret_cast<const char*>(std::get<wire::push>(out.frame->msg).tensor.data.data());
+    BOOST_TEST((data >= buffer->data() && data < buffer->data() + buffer->size()));
+    held.push_back(std::move(*out.frame));
+  }
+  // A frame without a tensor: its buffer goes back to the pool at once, its bytes stay counted
+  // until the envelope goes.
+  auto ack = feed(receiver, scribe_buffer, wire::encode(wire::ack{9}).flatten());
+  BOOST_TEST_REQUIRE(ack.frame.has_value());
+  BOOST_TEST(static_cast<bool>(ack.frame->keepalive));
+  BOOST_TEST(pool->stats().cached_buffers == 1u);
+  held.push_back(std::move(*ack.frame));
+  // A link-control frame is not counted.
+  auto control = feed(receiver, scribe_buffer, wire::encode(wire::link_credit{5}).flatten());
+  BOOST_TEST_REQUIRE(control.frame.has_value());
+  BOOST_TEST(!control.frame->keepalive);
+
+  const std::uint64_t total = 3 * frame + ack_frame;
+  BOOST_TEST(total >= credit_quantum(window));
+  auto stats = credit->stats();
+  BOOST_TEST(stats.outstanding == total);
+  BOOST_TEST(stats.unreleased == total);
+  BOOST_TEST(credit->take() == 0u); // nothing released yet
+
+  // Released on another thread, as a shard would: one wake for the quantum.
+  std::thread([&] { held.clear(); }).join();
+  BOOST_TEST(wakes.load() == 1);
+  stats = credit->stats();
+  BOOST_TEST(stats.unreleased == 0u);
+  BOOST_TEST(stats.uncredited == total);
+  BOOST_TEST(credit->take() == total);
+  BOOST_TEST(credit->take() == 0u);
+  BOOST_TEST(credit->stats().outstanding == 0u);
+  BOOST_TEST(credit->stats().credited == total);
+
+  // Less than a quantum released waits for more (no wake, no credit)...
+  auto out = feed(receiver, scribe_buffer, wire::encode(make_push(7, *values)).flatten());
+  BOOST_TEST_REQUIRE(out.frame.has_value());
+  out.frame.reset();
+  BOOST_TEST(wakes.load() == 1);
+  BOOST_TEST(credit->take() == 0u);
+  BOOST_TEST(credit->stats().uncredited == frame);
+  // ...and once the wake is gone (the connection closed) releases only count.
+  credit->on_release({});
+  for (int i = 0; i < 10; ++i)
+    BOOST_TEST(feed(receiver, scribe_buffer, wire::encode(make_push(8, *values)).flatten())
+                   .frame.has_value());
+  BOOST_TEST(wakes.load() == 1);
+  BOOST_TEST(credit->take() == 11 * frame);
+}
+
+BOOST_AUTO_TEST_CASE(a_frame_beyond_the_window_is_fatal_and_refused_from_its_prefix_when_large) {
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{64} << 20);
+  auto values = ramp(3000);
+  const std::size_t frame = wire::encode(make_push(1, *values)).size();
+  const std::uint64_t window = frame + 16; // one such frame and no ack fit
+  auto credit = std::make_shared<receive_credit>(window);
+  std::vector<char> scribe_buffer;
+  std::optional<envelope> held;
+  {
+    frame_receiver receiver(pool, {}, credit);
+    auto out = feed(receiver, scribe_buffer, wire::encode(make_push(1, *values)).flatten());
+    BOOST_TEST_REQUIRE(out.frame.has_value());
+    held = std::move(out.frame);
+  }
+  const auto misses = pool->stats().misses;
+  {
+    // 256 KiB announced: refused from the prefix, nothing allocated for it.
+    frame_receiver receiver(pool, {}, credit);
+    std::vector<char> prefix(8, 0);
+    prefix[2] = 4;
+    auto out = receiver.consume(prefix);
+    BOOST_TEST(out.fatal());
+    BOOST_TEST_REQUIRE(out.error.has_value());
+    BOOST_TEST((out.error->kind == wire::decode_error::code::limit_exceeded));
+    BOOST_TEST(out.error->message.find("a frame of 262152 bytes arrived beyond the receive window "
+                                       "of " +
+                                       std::to_string(window) + " bytes (" + std::to_string(frame) +
+                                       " bytes outstanding)") != std::string::npos,
+               out.error->message);
+    BOOST_TEST(pool->stats().misses == misses);
+  }
+  {
+    // A small frame beyond the window is read, since it might be link control; an ack is not.
+    frame_receiver receiver(pool, {}, credit);
+    auto out = feed(receiver, scribe_buffer, wire::encode(wire::ack{3}).flatten());
+    BOOST_TEST(out.fatal());
+    BOOST_TEST(!out.frame.has_value());
+    BOOST_TEST_REQUIRE(out.error.has_value());
+    BOOST_TEST(out.error->message.find("beyond the receive window") != std::string::npos);
+  }
+  {
+    frame_receiver receiver(pool, {}, credit);
+    auto out = feed(receiver, scribe_buffer, wire::encode(wire::link_credit{3}).flatten());
+    BOOST_TEST_REQUIRE(out.frame.has_value());
+    BOOST_TEST(!out.error.has_value());
+    BOOST_TEST(credit->stats().outstanding == frame);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 BOOST_FIXTURE_TEST_SUITE(data_link_brokers, link_fixture)
 
 BOOST_AUTO_TEST_CASE(the_server_binds_the_loopback_address_it_was_given_and_nothing_else) {
@@ -453,11 +774,12 @@ BOOST_AUTO_TEST_CASE(a_malformed_frame_gets_an_error_reply_and_the_server_keeps_
 
   raw_peer hostile(server.port);
   BOOST_TEST_REQUIRE(hostile.connected);
+  BOOST_TEST_REQUIRE(hostile.handshake().has_value());
   wire::barrier bad_group;
   bad_group.request_id = 7;
   bad_group.group = 0;
   BOOST_TEST_REQUIRE(hostile.send(wire::encode(bad_group).flatten()));
-  auto reply = hostile.receive_frame();
+  auto reply = hostile.receive_reply();
   const auto* error = as_error(reply);
   BOOST_TEST_REQUIRE(error != nullptr);
   BOOST_TEST((error->code == wire::error_code::bad_frame));
@@ -466,7 +788,7 @@ BOOST_AUTO_TEST_CASE(a_malformed_frame_gets_an_error_reply_and_the_server_keeps_
   // The same connection still works...
   auto values = ramp(2000);
   BOOST_TEST_REQUIRE(hostile.send(wire::encode(make_push(8, *values)).flatten()));
-  auto echoed = hostile.receive_frame();
+  auto echoed = hostile.receive_reply();
   BOOST_TEST_REQUIRE(echoed.has_value());
   BOOST_TEST((std::get<wire::push>(*echoed) == make_push(8, *values)));
   // ...and so does every other.
@@ -487,6 +809,7 @@ BOOST_AUTO_TEST_CASE(an_oversized_or_lying_length_closes_only_that_connection) {
     raw_peer hostile(server.port);
     BOOST_TEST_REQUIRE(hostile.connected);
     BOOST_TEST_REQUIRE(hostile.send_prefix(std::uint64_t{1} << 40)); // 1 TiB: above the cap
+    BOOST_TEST_REQUIRE(hostile.server_hello().has_value());
     auto reply = hostile.receive_frame();
     const auto* error = as_error(reply);
     BOOST_TEST_REQUIRE(error != nullptr);
@@ -502,6 +825,7 @@ BOOST_AUTO_TEST_CASE(an_oversized_or_lying_length_closes_only_that_connection) {
     std::vector<std::byte> lying(flat.begin(), flat.begin() + 24);
     lying[0] = std::byte{16};
     BOOST_TEST_REQUIRE(liar.send(lying));
+    BOOST_TEST_REQUIRE(liar.server_hello().has_value());
     auto reply = liar.receive_frame();
     const auto* error = as_error(reply);
     BOOST_TEST_REQUIRE(error != nullptr);
@@ -606,40 +930,11 @@ BOOST_AUTO_TEST_SUITE_END()
 
 namespace {
 
-/// Collects a broker's log lines (they come from the middleman's thread).
-struct log_sink {
-  std::function<void(std::string_view)> writer() {
-    return [lines = lines](std::string_view line) {
-      std::lock_guard<std::mutex> guard{lines->first};
-      lines->second.emplace_back(line);
-    };
-  }
-  /// Waits up to `patience` for a line containing `fragment`.
-  bool await(const std::string& fragment) {
-    const auto until = std::chrono::steady_clock::now() + patience;
-    while (std::chrono::steady_clock::now() < until) {
-      {
-        std::lock_guard<std::mutex> guard{lines->first};
-        for (const auto& line : lines->second)
-          if (line.find(fragment) != std::string::npos)
-            return true;
-      }
-      std::this_thread::sleep_for(2ms);
-    }
-    return false;
-  }
-  std::shared_ptr<std::pair<std::mutex, std::vector<std::string>>> lines =
-      std::make_shared<std::pair<std::mutex, std::vector<std::string>>>();
-};
-
-data_link_tuning shm_tuning(std::size_t arena_bytes, log_sink& sink) {
+data_link_tuning shm_tuning(std::size_t arena_bytes) {
   data_link_tuning tuning;
   tuning.shm_arena_bytes = arena_bytes;
-  tuning.log = sink.writer();
   return tuning;
 }
-
-constexpr std::string_view fast_path_on = "go through shared memory";
 
 } // namespace
 
@@ -771,16 +1066,17 @@ wire::push tagged(wire::push sent, std::uint64_t round) {
 
 BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_inline_when_full) {
   const auto before = testing::arena_files();
-  log_sink server_log, client_log;
   data_server_options server_options;
   auto echo = spawn_tagging_echo(*sys, spawned);
   server_options.route = [echo](const envelope&) { return echo; };
-  server_options.tuning = shm_tuning(std::size_t{1} << 20, server_log);
+  server_options.tuning = shm_tuning(std::size_t{1} << 20);
   auto server = start_server(std::move(server_options));
   caf::scoped_actor self{*sys};
-  auto link = connect(server.port, self, {shm_tuning(std::size_t{1} << 20, client_log)});
-  BOOST_TEST_REQUIRE(client_log.await(std::string(fast_path_on)));
-  BOOST_TEST_REQUIRE(server_log.await(std::string(fast_path_on)));
+  auto link = connect(server.port, self, {shm_tuning(std::size_t{1} << 20)});
+  const auto id = await_connection(self, link);
+  auto both_ways = [](const data_link_stats& s) { return s.shm_send && s.shm_receive; };
+  BOOST_TEST_REQUIRE(both_ways(await_stats([&] { return stats_of(link); }, both_ways)));
+  BOOST_TEST_REQUIRE(both_ways(await_stats([&] { return stats_of(server, id); }, both_ways)));
   // Both arenas are mapped by both ends now: their names are gone from /dev/shm.
   BOOST_TEST((testing::arena_files() == before));
 
@@ -848,15 +1144,13 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_in
 BOOST_AUTO_TEST_CASE(with_the_arena_off_at_either_end_tensors_go_through_the_socket) {
   const auto before = testing::arena_files();
   for (bool client_off : {true, false}) {
-    log_sink server_log, client_log;
     data_server_options server_options;
     auto echo = spawn_tagging_echo(*sys, spawned);
     server_options.route = [echo](const envelope&) { return echo; };
-    server_options.tuning = shm_tuning(client_off ? std::size_t{1} << 20 : 0, server_log);
+    server_options.tuning = shm_tuning(client_off ? std::size_t{1} << 20 : 0);
     auto server = start_server(std::move(server_options));
     caf::scoped_actor self{*sys};
-    auto link =
-        connect(server.port, self, {shm_tuning(client_off ? 0 : std::size_t{1} << 20, client_log)});
+    auto link = connect(server.port, self, {shm_tuning(client_off ? 0 : std::size_t{1} << 20)});
     auto values = ramp(std::size_t{1} << 16);
     for (std::uint64_t id = 1; id <= 20; ++id) {
       self->send(link, envelope{make_push(id, *values), values, 0});
@@ -919,6 +1213,267 @@ BOOST_AUTO_TEST_CASE(a_reference_outside_the_arena_gets_bad_frame_naming_it_and_
   BOOST_TEST((std::get<wire::arena_release>(*release).offsets == std::vector<std::uint64_t>{4096}));
   peer.close();
   BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ================================================================================================
+// Receive credit through both brokers over loopback, each case with the same-host arena off and
+// on (the tensors here stay below its threshold or above its size unless said otherwise, so that
+// frame sizes are known).
+
+BOOST_FIXTURE_TEST_SUITE(link_credit_brokers, link_fixture)
+
+namespace {
+
+constexpr std::size_t arena_settings[] = {0, std::size_t{1} << 20};
+
+data_link_tuning credit_tuning(std::size_t window, std::size_t arena_bytes) {
+  auto tuning = shm_tuning(arena_bytes);
+  tuning.receive_window_bytes = window;
+  return tuning;
+}
+
+data_server_options server_tuned(data_link_tuning tuning) {
+  data_server_options options;
+  options.tuning = std::move(tuning);
+  return options;
+}
+
+/// An actor that keeps every request it gets and never answers (a consumer that holds frames).
+caf::actor spawn_holder(caf::actor_system& sys, std::vector<caf::actor>& spawned) {
+  auto holder = sys.spawn(
+      [](caf::event_based_actor*, int) -> caf::behavior {
+        auto kept = std::make_shared<std::vector<envelope>>();
+        return {[kept](envelope& request, caf::actor&) { kept->push_back(std::move(request)); }};
+      },
+      0);
+  spawned.push_back(holder);
+  return holder;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(
+    a_receiver_holding_its_envelopes_stops_the_sender_and_releasing_them_resumes_it) {
+  for (std::size_t arena : arena_settings) {
+    BOOST_TEST_CONTEXT("arena " << arena) {
+      auto server = start_server(server_tuned(credit_tuning(64 << 20, arena)));
+      caf::scoped_actor self{*sys};
+      auto values = ramp(4000); // 16000 bytes: below the arena threshold, inline either way
+      const std::size_t frame = wire::encode(make_push(1, *values)).size();
+      const std::size_t window = 4 * frame + frame / 2;
+      auto link = connect(server.port, self, {credit_tuning(window, arena)});
+      const auto id = await_connection(self, link);
+
+      constexpr std::uint64_t count = 12;
+      for (std::uint64_t i = 1; i <= count; ++i)
+        self->send(link, envelope{make_push(i, *values), values, 0});
+      // A window's worth arrives, and is held here...
+      std::vector<envelope> held;
+      for (std::uint64_t i = 1; i <= 4; ++i) {
+        auto reply = next_envelope(self);
+        BOOST_TEST_REQUIRE(reply.has_value());
+        BOOST_TEST_REQUIRE((std::get<wire::push>(reply->msg) == make_push(i, *values)));
+        held.push_back(std::move(*reply));
+      }
+      // ...and the rest waits at the server, uncopied, until credit comes back.
+      auto stalled = await_stats([&] { return stats_of(server, id); },
+                                 [&](const data_link_stats& s) { return s.waiting_frames == 8; });
+      BOOST_TEST(stalled.waiting_frames == 8u);
+      BOOST_TEST(stalled.peer_window == window);
+      BOOST_TEST(stalled.outstanding >= 4 * frame);
+      BOOST_TEST(stalled.outstanding <= window);
+      BOOST_TEST(stats_of(link).unreleased == 4 * frame);
+      bool more = false;
+      self->receive([&](envelope&) { more = true; }, caf::after(100ms) >> [] {});
+      BOOST_TEST(!more);
+
+      held.clear();
+      for (std::uint64_t i = 5; i <= count; ++i) {
+        auto reply = next_envelope(self);
+        BOOST_TEST_REQUIRE(reply.has_value());
+        BOOST_TEST_REQUIRE((std::get<wire::push>(reply->msg) == make_push(i, *values)));
+      }
+      const auto client = stats_of(link);
+      BOOST_TEST(client.credit_sent >= 8 * frame);
+      auto settled = await_stats(
+          [&] { return stats_of(server, id); },
+          [&](const data_link_stats& s) { return s.credit_received == client.credit_sent; });
+      BOOST_TEST(settled.credit_received == client.credit_sent);
+      BOOST_TEST(settled.waiting_frames == 0u);
+      self->send(link, stop_atom::value);
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(
+    a_single_frame_larger_than_the_window_goes_through_when_nothing_is_outstanding) {
+  for (std::size_t arena : arena_settings) {
+    BOOST_TEST_CONTEXT("arena " << arena) {
+      auto server = start_server(server_tuned(credit_tuning(64 << 20, arena)));
+      caf::scoped_actor self{*sys};
+      // 2 MiB: above the window and above the 1 MiB arena, so inline either way.
+      auto big = ramp(std::size_t{1} << 19, 2.0f);
+      auto link = connect(server.port, self, {credit_tuning(std::size_t{64} << 10, arena)});
+      const auto id = await_connection(self, link);
+      self->send(link, envelope{make_push(1, *big), big, 0});
+      self->send(link, envelope{make_push(2, *big), big, 0});
+      auto first = next_envelope(self);
+      BOOST_TEST_REQUIRE(first.has_value());
+      BOOST_TEST_REQUIRE((std::get<wire::push>(first->msg) == make_push(1, *big)));
+      // While the first is held, the second waits.
+      auto stalled = await_stats([&] { return stats_of(server, id); },
+                                 [](const data_link_stats& s) { return s.waiting_frames == 1; });
+      BOOST_TEST(stalled.waiting_frames == 1u);
+      first.reset();
+      auto second = next_envelope(self);
+      BOOST_TEST_REQUIRE(second.has_value());
+      BOOST_TEST((std::get<wire::push>(second->msg) == make_push(2, *big)));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(
+    a_peer_beyond_its_window_gets_bad_frame_and_is_closed_while_others_are_served) {
+  for (std::size_t arena : arena_settings) {
+    BOOST_TEST_CONTEXT("arena " << arena) {
+      constexpr std::uint64_t window = 64 << 10;
+      auto holder = spawn_holder(*sys, spawned);
+      auto echo = spawn_echo();
+      auto options = server_tuned(credit_tuning(window, arena));
+      // The hostile peer's pushes are held, so it gets no credit back.
+      options.route = [holder, echo](const envelope& e) {
+        const auto* push = std::get_if<wire::push>(&e.msg);
+        return push != nullptr && push->sender_rank == 99 ? holder : echo;
+      };
+      auto server = start_server(std::move(options));
+      caf::scoped_actor self{*sys};
+      auto link = connect(server.port, self, {credit_tuning(window, arena)});
+
+      raw_peer hostile(server.port);
+      BOOST_TEST_REQUIRE(hostile.connected);
+      auto hello = hostile.handshake();
+      BOOST_TEST_REQUIRE(hello.has_value());
+      BOOST_TEST(hello->window_bytes == window);
+      auto values = ramp(4000);
+      auto push = make_push(1, *values);
+      push.sender_rank = 99;
+      const auto flat = wire::encode(push).flatten();
+      BOOST_TEST_REQUIRE(4 * flat.size() <= window);
+      BOOST_TEST_REQUIRE(5 * flat.size() > window);
+      for (int i = 0; i < 5; ++i)
+        BOOST_TEST_REQUIRE(hostile.send(flat));
+      auto reply = hostile.receive_reply();
+      const auto* error = as_error(reply);
+      BOOST_TEST_REQUIRE(error != nullptr);
+      BOOST_TEST((error->code == wire::error_code::bad_frame));
+      BOOST_TEST(error->message.find("a frame of " + std::to_string(flat.size()) +
+                                     " bytes arrived beyond the receive window of " +
+                                     std::to_string(window) + " bytes (" +
+                                     std::to_string(4 * flat.size()) + " bytes outstanding)") !=
+                     std::string::npos,
+                 error->message);
+      BOOST_TEST(hostile.sees_close());
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+
+      self->send(link, envelope{make_push(7, *values), values, 0});
+      auto other = next_envelope(self);
+      BOOST_TEST_REQUIRE(other.has_value());
+      BOOST_TEST((std::get<wire::push>(other->msg) == make_push(7, *values)));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(no_hello_first_a_second_hello_or_an_excess_credit_closes_the_connection) {
+  auto server = start_server();
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self);
+  auto values = ramp(100);
+  struct breach {
+    const char* what;
+    bool hello_first;
+    wire::message frame;
+    const char* named;
+  };
+  const breach breaches[] = {
+      {"a push before the hello", false, make_push(1, *values),
+       "the first frame must be a link_hello, not a push"},
+      {"a second hello", true, wire::link_hello{"raw peer", 0, 0}, "a second link_hello"},
+      {"a credit for bytes never sent", true, wire::link_credit{1000},
+       "a link credit of 1000 bytes, with 0 bytes outstanding"},
+  };
+  for (const auto& b : breaches) {
+    BOOST_TEST_CONTEXT(b.what) {
+      raw_peer peer(server.port);
+      BOOST_TEST_REQUIRE(peer.connected);
+      if (b.hello_first)
+        BOOST_TEST_REQUIRE(peer.handshake().has_value());
+      else
+        BOOST_TEST_REQUIRE(peer.server_hello().has_value());
+      BOOST_TEST_REQUIRE(peer.send(wire::encode(b.frame).flatten()));
+      auto reply = peer.receive_reply();
+      const auto* error = as_error(reply);
+      BOOST_TEST_REQUIRE(error != nullptr);
+      BOOST_TEST((error->code == wire::error_code::bad_frame));
+      BOOST_TEST(error->message.find(b.named) != std::string::npos, error->message);
+      BOOST_TEST(peer.sees_close());
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+    }
+  }
+  self->send(link, envelope{make_push(3, *values), values, 0});
+  auto reply = next_envelope(self);
+  BOOST_TEST_REQUIRE(reply.has_value());
+  BOOST_TEST(std::get<wire::push>(reply->msg).request_id == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(link_credits_flow_both_ways_and_never_reach_an_actor) {
+  for (std::size_t arena : arena_settings) {
+    BOOST_TEST_CONTEXT("arena " << arena) {
+      constexpr std::size_t window = 32 << 10;
+      auto kinds = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
+      auto echo = spawn_echo();
+      auto options = server_tuned(credit_tuning(window, arena));
+      options.route = [kinds, echo](const envelope& e) {
+        std::lock_guard<std::mutex> guard{kinds->first};
+        kinds->second.emplace(wire::kind_name(e.msg));
+        return echo;
+      };
+      auto server = start_server(std::move(options));
+      caf::scoped_actor self{*sys};
+      auto link = connect(server.port, self, {credit_tuning(window, arena)});
+      // Up to 64 KiB: bigger than both windows, and (with the arena on) through the arena.
+      auto values = ramp(std::size_t{1} << 14);
+      const std::size_t sizes[] = {2, 1025, 4000, std::size_t{1} << 14};
+      constexpr std::uint64_t count = 200;
+      for (std::uint64_t id = 1; id <= count; ++id)
+        self->send(link,
+                   envelope{make_push(id, std::span(*values).first(sizes[id % 4])), values, 0});
+      for (std::uint64_t id = 1; id <= count; ++id) {
+        auto reply = next_envelope(self);
+        BOOST_TEST_REQUIRE(reply.has_value());
+        BOOST_TEST_REQUIRE(std::holds_alternative<wire::push>(reply->msg),
+                           wire::kind_name(reply->msg));
+        BOOST_TEST_REQUIRE((std::get<wire::push>(reply->msg) ==
+                            make_push(id, std::span(*values).first(sizes[id % 4]))));
+      }
+      {
+        std::lock_guard<std::mutex> guard{kinds->first};
+        BOOST_TEST((kinds->second == std::set<std::string>{"push"}));
+      }
+      const auto client = stats_of(link);
+      const auto id = last_connection->load();
+      const auto served = stats_of(server, id);
+      BOOST_TEST(client.credit_sent > 0u);
+      BOOST_TEST(client.credit_received > 0u);
+      BOOST_TEST(served.credit_sent > 0u);
+      BOOST_TEST(served.credit_received > 0u);
+      BOOST_TEST(client.shm_send == (arena != 0));
+      self->send(link, stop_atom::value);
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
