@@ -472,7 +472,7 @@ void serve_writes(server_broker* self, link_connection& c) {
 void dispatch(server_broker* self, link_connection& c, envelope&& request) {
   auto& st = self->state;
   request.connection = c.id;
-  caf::actor target;
+  request_handler target;
   try {
     target = st.options.route(request);
   } catch (const std::exception& e) {
@@ -490,7 +490,7 @@ void dispatch(server_broker* self, link_connection& c, envelope&& request) {
                 st.options.tuning);
     return;
   }
-  self->send(target, std::move(request), caf::actor_cast<caf::actor>(self));
+  self->send(target, std::move(request), caf::actor_cast<reply_sink>(self));
 }
 
 /// A read completed on connection `c`: dispatch its frame, answer a refusal, or start closing.

@@ -9,7 +9,7 @@
 //   // server process: every incoming frame goes to the actor `route` picks
 //   auto server = spawn_data_server(sys, "127.0.0.1", 0, {.route = [&](const envelope&) {
 //     return shard; }}).value();
-//   // shard: (envelope request, caf::actor reply_to) -> send (envelope reply) to reply_to,
+//   // shard: (envelope request, reply_sink reply_to) -> send (envelope reply) to reply_to,
 //   //        with reply.connection = request.connection
 //
 //   // worker process: frames from the server arrive at `receiver` as (envelope)
@@ -142,10 +142,11 @@ typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
 
 /// How a data server dispatches and reports.
 struct data_server_options {
-  /// Chooses the actor that gets each incoming request as (envelope, caf::actor reply_to).
+  /// Chooses the actor that gets each incoming request as (envelope, reply_sink reply_to), the
+  /// sink being the broker itself.
   /// Called on the broker's thread for every frame, so it must be quick and must not block.
   /// Required. Returning an invalid actor answers the request with error_reply{unsupported}.
-  std::function<caf::actor(const envelope&)> route;
+  std::function<request_handler(const envelope&)> route;
   /// Told the id of each connection that closed (the peer left, a fatal frame, stop), once per
   /// connection, on the broker's thread. Optional.
   std::function<void(std::uint64_t connection)> on_disconnect;
@@ -176,7 +177,7 @@ struct data_server {
 /// Listens on bind_host:port (bind_host exactly: "0.0.0.0" is the only way to listen on every
 /// interface; port 0 lets the kernel pick) and spawns the server broker. For each complete,
 /// valid frame on connection c except link control it sends (envelope{msg, keepalive = frame
-/// buffer and receive credit, connection = c}, caf::actor broker) to options.route(envelope);
+/// buffer and receive credit, connection = c}, reply_sink broker) to options.route(envelope);
 /// whoever answers sends (envelope) with the same connection id back to the broker. Dropping the
 /// last copy of a request envelope returns its bytes to the peer's window. Returns once the
 /// broker is listening. Errors: invalid_argument (no route, empty bind_host, zero write pacing),

@@ -214,9 +214,6 @@ using node_agent_actor = caf::typed_actor<
 using scheduler_actor = caf::typed_actor<
     /// A frame from a node, off its control connection; replies go to the sink.
     caf::reacts_to<envelope, reply_sink>,
-    /// The same, as actors/data_link's server broker sends it today (the sink as a dynamically
-    /// typed handle). TODO(cleanup): drop once the broker sends a reply_sink.
-    caf::reacts_to<envelope, caf::actor>,
     /// That control connection closed.
     caf::reacts_to<closed_atom, std::uint64_t>,
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).

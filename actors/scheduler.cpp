@@ -175,9 +175,6 @@ public:
               count_of(0, options_.num_workers, "worker"));
     return {
         [this](envelope& frame, const reply_sink& sink) { on_frame(frame, sink); },
-        [this](envelope& frame, const caf::actor& sink) {
-          on_frame(frame, caf::actor_cast<reply_sink>(sink));
-        },
         [this](closed_atom, std::uint64_t connection) { on_closed(connection); },
         [this](tick_atom) {
           if (self_->current_sender().get() == self_->ctrl())
@@ -699,7 +696,7 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   // The broker holds the scheduler weakly: the scheduler's exit stops the broker (below), and a
   // strong handle each way would keep both alive forever.
   listening.route = [scheduler = actor.address()](const envelope&) {
-    return caf::actor_cast<caf::actor>(scheduler);
+    return caf::actor_cast<request_handler>(scheduler);
   };
   listening.on_disconnect = [scheduler = actor.address()](std::uint64_t connection) {
     if (auto target = caf::actor_cast<caf::actor>(scheduler))

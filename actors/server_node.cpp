@@ -83,15 +83,6 @@ bool is_keyed(const wire::message& msg) {
          std::holds_alternative<wire::pushpull>(msg);
 }
 
-/// TODO(cleanup): see request_router's conversion to std::function<caf::actor(const envelope&)>.
-caf::behavior adapter_behavior(caf::event_based_actor* self, request_router route) {
-  return {
-      [self, route = std::move(route)](envelope& request, const caf::actor& reply_to) {
-        self->send(route(request), std::move(request), caf::actor_cast<reply_sink>(reply_to));
-      },
-  };
-}
-
 caf::behavior local_link_behavior(caf::event_based_actor* self,
                                   std::function<request_handler(const envelope&)> route,
                                   reply_sink reply_to) {
@@ -104,9 +95,8 @@ caf::behavior local_link_behavior(caf::event_based_actor* self,
 
 } // namespace
 
-request_router::request_router(std::vector<shard_actor> shards, request_handler control,
-                               caf::actor adapter)
-    : shards_(std::move(shards)), control_(std::move(control)), adapter_(std::move(adapter)) {}
+request_router::request_router(std::vector<shard_actor> shards, request_handler control)
+    : shards_(std::move(shards)), control_(std::move(control)) {}
 
 request_handler request_router::operator()(const envelope& request) const {
   if (is_keyed(request.msg) && !shards_.empty())
@@ -115,12 +105,8 @@ request_handler request_router::operator()(const envelope& request) const {
   return control_;
 }
 
-request_router::operator std::function<caf::actor(const envelope&)>() const {
-  return [adapter = adapter_](const envelope&) { return adapter; };
-}
-
 server_node::server_node(caf::actor_system& system, server_node_options options)
-    : system_(system), options_(std::move(options)), router_({}, {}, {}) {
+    : system_(system), options_(std::move(options)), router_({}, {}) {
   for (std::uint32_t i = 0; i < options_.shards; ++i) {
     shard_options shard;
     shard.shard_index = i;
@@ -134,15 +120,13 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shards_.push_back(spawn_server_shard(system, std::move(shard)));
   }
   control_ = system.spawn(control_behavior, shards_);
-  adapter_ = system.spawn(adapter_behavior, request_router{shards_, control_, {}});
-  router_ = request_router{shards_, control_, adapter_};
+  router_ = request_router{shards_, control_};
 }
 
 server_node::~server_node() {
   for (auto& shard : shards_)
     caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(control_, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(adapter_, caf::exit_reason::user_shutdown);
 }
 
 void server_node::broadcast(const wire::membership& table) const {

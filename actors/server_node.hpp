@@ -44,20 +44,13 @@ struct server_node_options {
 /// that made it lives.
 class request_router {
 public:
-  request_router(std::vector<shard_actor> shards, request_handler control, caf::actor adapter);
+  request_router(std::vector<shard_actor> shards, request_handler control);
 
   request_handler operator()(const envelope& request) const;
-
-  /// TODO(cleanup): the data server (actors/data_link.hpp) still routes to dynamically typed
-  /// actors and sends them (envelope, caf::actor). This route hands every request to one adapter
-  /// actor, which forwards it with the caf::actor as its reply_sink; it goes away once the data
-  /// server routes to request_handler (then it calls this router directly, with no extra hop).
-  operator std::function<caf::actor(const envelope&)>() const;
 
 private:
   std::vector<shard_actor> shards_;
   request_handler control_;
-  caf::actor adapter_;
 };
 
 class server_node {
@@ -85,7 +78,6 @@ private:
   server_node_options options_;
   std::vector<shard_actor> shards_;
   request_handler control_;
-  caf::actor adapter_;
   request_router router_;
 };
 

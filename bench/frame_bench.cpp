@@ -117,7 +117,7 @@ caf::actor_system_config make_config(const system_settings& settings) {
 /// The server's request handler: an ack for a push chunk, the same slice of its own tensor for a
 /// pushpull chunk.
 caf::behavior bench_handler(caf::event_based_actor* self, std::shared_ptr<std::vector<float>> own) {
-  return {[=](envelope& request, caf::actor& reply_to) {
+  return {[=](envelope& request, const reply_sink& reply_to) {
     if (const auto* push = std::get_if<wire::push>(&request.msg)) {
       self->send(reply_to, envelope{wire::ack{push->request_id}, nullptr, request.connection});
     } else if (const auto* pp = std::get_if<wire::pushpull>(&request.msg)) {
@@ -146,7 +146,9 @@ caf::behavior bench_handler(caf::event_based_actor* self, std::shared_ptr<std::v
     caf::scoped_actor self{sys};
     auto done = caf::actor_cast<caf::actor>(self);
     data_server_options options;
-    options.route = [handler](const envelope&) { return handler; };
+    options.route = [handler](const envelope&) {
+      return caf::actor_cast<request_handler>(handler);
+    };
     options.on_disconnect = [done](std::uint64_t) { caf::anon_send(done, stop_atom::value); };
     options.tuning = make_tuning(settings, largest);
     auto server = spawn_data_server(sys, "127.0.0.1", 0, std::move(options));

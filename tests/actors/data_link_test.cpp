@@ -110,7 +110,7 @@ struct link_fixture {
     // dereferences a null argument tuple for functions without one (UBSan reports it).
     auto echo = sys->spawn(
         [](caf::event_based_actor* self, int) -> caf::behavior {
-          return {[=](envelope& request, caf::actor& reply_to) {
+          return {[=](envelope& request, const reply_sink& reply_to) {
             self->send(reply_to, std::move(request));
           }};
         },
@@ -124,7 +124,7 @@ struct link_fixture {
   data_server start_server(data_server_options options = {}) {
     if (!options.route) {
       auto echo = spawn_echo();
-      options.route = [echo](const envelope&) { return echo; };
+      options.route = [echo](const envelope&) { return caf::actor_cast<request_handler>(echo); };
     }
     options.route = [route = std::move(options.route), seen = last_connection](const envelope& e) {
       seen->store(e.connection);
@@ -846,7 +846,7 @@ BOOST_AUTO_TEST_CASE(an_oversized_or_lying_length_closes_only_that_connection) {
 
 BOOST_AUTO_TEST_CASE(a_request_nobody_handles_is_answered_with_unsupported) {
   data_server_options options;
-  options.route = [](const envelope&) { return caf::actor{}; };
+  options.route = [](const envelope&) { return request_handler{}; };
   auto server = start_server(std::move(options));
   caf::scoped_actor self{*sys};
   auto link = connect(server.port, self);
@@ -1045,7 +1045,7 @@ namespace {
 caf::actor spawn_tagging_echo(caf::actor_system& sys, std::vector<caf::actor>& spawned) {
   auto echo = sys.spawn(
       [](caf::event_based_actor* self, int) -> caf::behavior {
-        return {[=](envelope& request, caf::actor& reply_to) {
+        return {[=](envelope& request, const reply_sink& reply_to) {
           if (auto* push = std::get_if<wire::push>(&request.msg))
             push->round = push->tensor.shm ? 1 : 0;
           self->send(reply_to, std::move(request));
@@ -1068,7 +1068,7 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_in
   const auto before = testing::arena_files();
   data_server_options server_options;
   auto echo = spawn_tagging_echo(*sys, spawned);
-  server_options.route = [echo](const envelope&) { return echo; };
+  server_options.route = [echo](const envelope&) { return caf::actor_cast<request_handler>(echo); };
   server_options.tuning = shm_tuning(std::size_t{1} << 20);
   auto server = start_server(std::move(server_options));
   caf::scoped_actor self{*sys};
@@ -1146,7 +1146,9 @@ BOOST_AUTO_TEST_CASE(with_the_arena_off_at_either_end_tensors_go_through_the_soc
   for (bool client_off : {true, false}) {
     data_server_options server_options;
     auto echo = spawn_tagging_echo(*sys, spawned);
-    server_options.route = [echo](const envelope&) { return echo; };
+    server_options.route = [echo](const envelope&) {
+      return caf::actor_cast<request_handler>(echo);
+    };
     server_options.tuning = shm_tuning(client_off ? std::size_t{1} << 20 : 0);
     auto server = start_server(std::move(server_options));
     caf::scoped_actor self{*sys};
@@ -1245,7 +1247,8 @@ caf::actor spawn_holder(caf::actor_system& sys, std::vector<caf::actor>& spawned
   auto holder = sys.spawn(
       [](caf::event_based_actor*, int) -> caf::behavior {
         auto kept = std::make_shared<std::vector<envelope>>();
-        return {[kept](envelope& request, caf::actor&) { kept->push_back(std::move(request)); }};
+        return {
+            [kept](envelope& request, const reply_sink&) { kept->push_back(std::move(request)); }};
       },
       0);
   spawned.push_back(holder);
@@ -1346,7 +1349,8 @@ BOOST_AUTO_TEST_CASE(
       // The hostile peer's pushes are held, so it gets no credit back.
       options.route = [holder, echo](const envelope& e) {
         const auto* push = std::get_if<wire::push>(&e.msg);
-        return push != nullptr && push->sender_rank == 99 ? holder : echo;
+        return caf::actor_cast<request_handler>(push != nullptr && push->sender_rank == 99 ? holder
+                                                                                           : echo);
       };
       auto server = start_server(std::move(options));
       caf::scoped_actor self{*sys};
@@ -1438,7 +1442,7 @@ BOOST_AUTO_TEST_CASE(link_credits_flow_both_ways_and_never_reach_an_actor) {
       options.route = [kinds, echo](const envelope& e) {
         std::lock_guard<std::mutex> guard{kinds->first};
         kinds->second.emplace(wire::kind_name(e.msg));
-        return echo;
+        return caf::actor_cast<request_handler>(echo);
       };
       auto server = start_server(std::move(options));
       caf::scoped_actor self{*sys};

@@ -1,7 +1,7 @@
 // The shard as an actor and the server node around it, driven through a scoped_actor: replies go
 // to the reply_sink a request names, only the shard's own tick expires pulls, the node fans
 // sync_settings out to every shard and answers once, broadcasts membership, sums the shards'
-// counters, and still serves the data server's older route.
+// counters.
 
 #include <atomic>
 #include <chrono>
@@ -181,23 +181,6 @@ BOOST_AUTO_TEST_CASE(a_server_node_fans_settings_out_and_broadcasts_membership_t
   BOOST_TEST(totals->updates == 2u);
   BOOST_TEST(totals->requests_refused == 3u); // the bad settings, by each shard
   BOOST_TEST(totals->max_lead == 0u);         // each push found worker 0 level with worker 1
-}
-
-BOOST_AUTO_TEST_CASE(the_data_servers_route_reaches_the_shards_through_the_adapter) {
-  server_node_options options;
-  options.num_workers = 1;
-  options.shards = 2;
-  server_node node{system, options};
-  std::function<caf::actor(const envelope&)> route = node.router();
-  auto initial = ndarray::ones({2});
-  envelope init{wire::init{1, 5, whole(initial)}, initial.keepalive(), 4};
-  self->send(route(init), init, caf::actor{self});
-  auto reply = next_reply();
-  BOOST_TEST_REQUIRE(as<wire::ack>(reply) != nullptr);
-  BOOST_TEST(reply->connection == 4u);
-  envelope command{wire::command{2, wire::command_kind::stop, ""}, nullptr, 4};
-  self->send(route(command), command, caf::actor{self});
-  BOOST_TEST(as<wire::ack>(next_reply()) != nullptr);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
