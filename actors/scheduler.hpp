@@ -48,9 +48,10 @@
 // when and why.
 //
 // Why "done" is a command{stop} sent by a worker rather than a barrier on the worker group: a
-// worker that finishes early must be able to leave without waiting for the slowest one (MXNet's
-// complaint #10: rank 0 stopping servers while others still push), and the scheduler must know
-// which workers left on purpose so that their departure is not reported as a lost node.
+// worker that finishes early must be able to leave without waiting for the slowest one (in
+// apache/mxnet#2412 rank 0 stopped the servers while other workers still pushed), and the
+// scheduler must know which workers left on purpose so that their departure is not reported as a
+// lost node.
 
 #include <chrono>
 #include <cstddef>
