@@ -1,5 +1,5 @@
 #pragma once
-// The one bridge between a caller's thread and troupe's actors (STYLE.md: one way to do a thing).
+// The one bridge between a caller's thread and troupe's actors (docs/architecture.md).
 //
 // A blocking facade (the KVStore, the node agent's calls, the scheduler handle) hands an actor a
 // completion<T> with its request and waits on it; the actor delivers the value when the work is

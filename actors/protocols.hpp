@@ -1,5 +1,5 @@
 #pragma once
-// Every interface between troupe's actors, in one place (STYLE.md §3): the envelope that carries
+// Every interface between troupe's actors, in one place: the envelope that carries
 // a wire message inside a process, the atoms, the in-process message types, and one
 // caf::typed_actor per kind of actor with a comment per handler. A message an actor does not
 // handle fails to compile at the send.

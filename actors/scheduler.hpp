@@ -7,15 +7,18 @@
 // the same framed, validated links that carry tensors; no CAF remote-actor (BASP) port faces the
 // network. Each node holds one control connection (a data link, actors/node_agent.hpp) and is
 // known by that connection's id. Frames are Cap'n Proto messages (schema/codec.hpp), capped at
-// scheduler_frame_bytes (64 KiB and a little per node): the broker checks every length prefix
-// before it allocates, answers a frame that fails validation with error_reply{bad_frame} and closes
-// a connection whose framing breaks, so nothing a peer sends reaches the scheduler unchecked or
-// makes it allocate more than that cap per frame.
+// scheduler_frame_bytes (64 KiB and a little per node), with a receive window of four such frames
+// per connection (control_link_tuning): the broker checks every length prefix before it
+// allocates, answers a frame that fails validation with error_reply{bad_frame} and closes a
+// connection whose framing or link protocol breaks, so nothing a peer sends reaches the scheduler
+// unchecked or makes it allocate more than that cap per frame and hold more than about a window
+// per connection.
 //
 // Conversation (node -> scheduler, and what comes back):
 //   registration                 -> admission (admitted{rank, node_id} or rejected{reason}); the
-//                                   first frame of a connection (a host name longer than
-//                                   max_host_bytes gets error_reply{invalid_argument}). ... once S
+//                                   first frame of a connection after the link hellos (a host
+//                                   name longer than max_host_bytes gets
+//                                   error_reply{invalid_argument}). ... once S
 //                                   servers and W workers are admitted, every node gets the
 //                                   membership table (epoch 1): the job has started.
 //   barrier{barrier_id, group}   -> barrier_release{request_id, barrier_id, group}, to each member
@@ -48,9 +51,10 @@
 // when and why.
 //
 // Why "done" is a command{stop} sent by a worker rather than a barrier on the worker group: a
-// worker that finishes early must be able to leave without waiting for the slowest one (MXNet's
-// complaint #10: rank 0 stopping servers while others still push), and the scheduler must know
-// which workers left on purpose so that their departure is not reported as a lost node.
+// worker that finishes early must be able to leave without waiting for the slowest one (in
+// apache/mxnet#2412 rank 0 stopped the servers while other workers still pushed), and the
+// scheduler must know which workers left on purpose so that their departure is not reported as a
+// lost node.
 
 #include <chrono>
 #include <cstddef>
@@ -96,8 +100,9 @@ inline constexpr std::size_t max_control_frame_bytes = std::size_t{4} << 20;
 /// for every node's row in a membership table, at most max_control_frame_bytes.
 std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept;
 
-/// The tuning of a control connection: frames capped at `max_frame_bytes`, no shared-memory
-/// arena (control frames carry no tensors), the link's diagnostics at `log`'s info level.
+/// The tuning of a control connection: frames capped at `max_frame_bytes`, a receive window of
+/// four such frames, no shared-memory arena (control frames carry no tensors), the link's
+/// diagnostics through `log` as its "control link" part.
 data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log);
 
 /// The membership table's key ranges: server i owns ps-lite's range [max_key/S*i,

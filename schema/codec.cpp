@@ -530,7 +530,8 @@ private:
     const auto* bytes = reinterpret_cast<const kj::byte*>(t.data.data());
     const bool aligned = reinterpret_cast<std::uintptr_t>(bytes) % 8 == 0;
     if (t.data.size() >= reference_threshold && aligned) {
-      // The payload becomes a segment of its own that views the caller's memory (STACK.md §10).
+      // The payload becomes a segment of its own that views the caller's memory (Cap'n Proto's
+      // referenceExternalData: no copy; docs/data-path.md, "Framing").
       b.adoptData(st_.builder.getOrphanage().referenceExternalData(
           capnp::Data::Reader(bytes, t.data.size())));
       st_.external = t.data.data();

@@ -9,22 +9,30 @@
 #   bytes [8, 8+L) the standard Cap'n Proto serialization of the Message: segment count - 1
 #                  (uint32 LE), each segment's size in words (uint32 LE), zero padding to a word
 #                  boundary, then the segments. Nothing follows the last segment.
-#   A receiver reads the 8-byte prefix, checks L against its cap (256 MiB by default) before
-#   allocating anything, reads L bytes into an 8-byte-aligned buffer and decodes in place.
+#   A receiver reads the 8-byte prefix, checks L against its cap (data connections: 256 MiB by
+#   default; control connections: far less) and against the receive window it granted (LinkHello)
+#   before allocating anything, reads L bytes into an 8-byte-aligned buffer and decodes in place.
 #
 # Ordering guarantees (what a receiver may rely on, and what it may not):
-#   - Frames on one connection are delivered in the order they were sent (FIFO per connection);
-#     nothing is promised across connections, e.g. a membership update from the scheduler and a
-#     push from a worker may arrive at a server in either order.
+#   - Frames on one connection are delivered in the order they were sent (FIFO per connection),
+#     except that link-control frames (LinkCredit, ArenaRelease, the Error that closes a
+#     connection) go ahead of frames still waiting for credit; nothing is promised across
+#     connections, e.g. a membership update from the scheduler and a push from a worker may
+#     arrive at a server in either order. On the scheduler's connections BarrierRelease frames
+#     come from another actor than the rest, so they may pass a Membership or Error sent at the
+#     same time.
 #   - A worker sends the requests for one key in the order it issued them, on one connection, so
 #     a server sees the pushes of round t of a key from a given worker before those of round t+1.
 #   - The chunks of one tensor (same request id) travel on one connection, in increasing offset
-#     order, without frames of another tensor of the same request in between; the receiver still
-#     checks offsets (no overlaps, no bytes outside the tensor) and does not depend on the order.
+#     order, without frames of another tensor of the same request in between. A server shard
+#     relies on it for pushes: a push chunk that does not start at the byte after the last one
+#     taken is refused. Init and PullReply chunks are reassembled in any order; every receiver
+#     checks offsets (no overlaps, no bytes outside the tensor).
 #   - Every request carries a request id chosen by its sender, unique among that sender's
 #     outstanding requests; the reply (Admission, Ack, PullReply, BarrierRelease or Error) echoes
 #     it. A chunked PullReply repeats the id in every chunk.
-#   - Heartbeats, Membership updates and Errors are not acknowledged.
+#   - Heartbeats, Membership updates, Errors and the scheduler's Command.stop to a server are not
+#     acknowledged.
 #
 # Evolution: fields and union members are never renumbered or reused; new ones get the next
 # ordinal. A receiver rejects a union member it does not know (error code badFrame) rather than
@@ -89,7 +97,8 @@ struct Tensor {
 }
 
 struct Registration {
-  # Node -> scheduler, first message on the control connection. Answered by Admission.
+  # Node -> scheduler, the first message on the control connection after the link hellos.
+  # Answered by Admission.
   requestId @0 :UInt64;
   # Chosen by the node; echoed by the Admission.
   protocolVersion @1 :UInt32;
@@ -160,7 +169,8 @@ struct NodeInfo {
 }
 
 struct KeyRange {
-  # Keys [begin, end) belong to one server shard (ps-lite style ranges of uint64 keys).
+  # ps-keys [begin, end) belong to one server process (ps-lite's ranges of uint64 keys, one per
+  # server); the server spreads them over its shard actors itself (ps_key % shards).
   begin @0 :UInt64;
   # First key of the range.
   end @1 :UInt64;
@@ -168,12 +178,14 @@ struct KeyRange {
   serverRank @2 :UInt32;
   # Rank of the server process that owns the range; < numServers.
   shardIndex @3 :UInt32;
-  # Index of the shard actor within that server process.
+  # Index of a shard actor within that server process; the scheduler sends 0 (the whole range
+  # belongs to the server).
 }
 
 struct Membership {
-  # Scheduler -> every node, once every node is admitted (the job starts) and again after every
-  # change (a node lost); the whole table each time.
+  # Scheduler -> every node still connected and not lost, once every node is admitted (epoch 1:
+  # the job starts) and again, the whole table each time, after each worker lost within the
+  # quorum. A loss that fails the job is announced by an Error instead. Not acknowledged.
   epoch @0 :UInt64;
   # Increases with every change; a node ignores a table older than the one it holds.
   numWorkers @1 :UInt32;
@@ -206,7 +218,9 @@ struct Push {
   senderRank @2 :UInt32;
   # Worker rank of the sender.
   round @3 :UInt64;
-  # The sender's round (version) of this key, 0-based, increasing by one per push.
+  # The sender's round (version) of this key, 0-based, increasing by one per push; when an answer
+  # (Ack.round, PullReply.round) shows that rounds closed without the sender, its next push goes
+  # as the round being collected.
   tensor @4 :Tensor;
   # The pushed value (one chunk of it); required.
 }
@@ -220,9 +234,11 @@ struct PullRequest {
   senderRank @2 :UInt32;
   # Worker rank of the sender.
   round @3 :UInt64;
-  # Round the worker expects: in dist_sync the reply waits until that round is applied; in
-  # dist_async the current value is returned, unless SyncSettings.maxStaleness bounds how far the
-  # sender may run ahead (then the reply waits until every live worker has pushed round - s).
+  # The number of pushes of this key the sender has sent. dist_sync: the reply waits until that
+  # many rounds are complete (so it sees the sender's last push applied). dist_async: the current
+  # value is returned at once, unless SyncSettings.maxStaleness s >= 0 bounds how far the sender
+  # may run ahead: then the reply waits until every live worker has had at least round - s pushes
+  # of the key applied.
   timeoutMs @4 :UInt32;
   # The sender gives up on the request this many milliseconds after sending it; a pull still
   # waiting at the shard then is dropped without a reply. 0: the shard's own bound.
@@ -235,14 +251,16 @@ struct PullReply {
   key @1 :UInt64;
   # Numeric key.
   round @2 :UInt64;
-  # Round whose result the value is.
+  # The key's completed rounds (dist_sync) or applied pushes (dist_async) when the value was
+  # sent: the value is their result. The worker takes it as credit, like Ack.round.
   tensor @3 :Tensor;
   # The value (one chunk of it); required.
 }
 
 struct PushPull {
   # Worker -> server shard: push, then pull the result of the same round (MXNet's pushpull).
-  # Answered by PullReply.
+  # Answered by PullReply once round + 1 rounds are complete, or at once with the current value
+  # when the push came after its round had closed (the reply's round then shows it).
   requestId @0 :UInt64;
   # Echoed by the PullReply or Error.
   key @1 :UInt64;
@@ -258,14 +276,14 @@ struct PushPull {
 }
 
 struct Ack {
-  # Reply to a request that returns no data (Init, Push, SetOptimizer, SetGradientCompression,
-  # SyncSettings, Command): it was applied.
+  # Reply to a request that returns no data (Init, Push, SetOptimizer, SyncSettings, a worker's
+  # Command): it was applied (a Push: it is in its round, was applied, or was dropped).
   requestId @0 :UInt64;
   # The request's id.
   round @1 :UInt64;
-  # Acks of a Push: the rounds of the key the shard had completed when it acked; the worker's
-  # credit (it sends a push of round t only while t < round + SyncSettings.maxRoundsAhead). 0 for
-  # other requests.
+  # Acks of a Push: the rounds of the key the shard had completed when it acked (dist_async: the
+  # pushes of the key it had applied); in dist_sync the worker's credit (it sends a push of round
+  # t only while t < round + SyncSettings.maxRoundsAhead). 0 for other requests.
   dropped @2 :Bool;
   # Acks of a Push: the push arrived after its round had closed with a quorum of other workers
   # and was not applied (dist_sync with quorum < numWorkers); the shard counts it.
@@ -284,7 +302,8 @@ struct Barrier {
 }
 
 struct BarrierRelease {
-  # Scheduler -> each member of a barrier: everybody has arrived.
+  # Scheduler -> each member of a barrier: every live member of the group has arrived (members
+  # lost within the quorum are not waited for).
   requestId @0 :UInt64;
   # The receiving node's Barrier request id.
   barrierId @1 :UInt64;
@@ -313,7 +332,9 @@ struct SetOptimizer {
 }
 
 struct SetGradientCompression {
-  # Worker -> every server: how pushed gradients are compressed. Answered by Ack.
+  # Worker -> every server: how pushed gradients are compressed (MXNet's
+  # set_gradient_compression). Not implemented: no troupe worker sends it, and a server answers
+  # it with Error unsupported.
   requestId @0 :UInt64;
   # Echoed by the Ack or Error.
   type @1 :Text;
@@ -323,18 +344,24 @@ struct SetGradientCompression {
 }
 
 struct Command {
-  # Worker (rank 0) or scheduler -> servers: job control. Answered by Ack.
+  # Job control. Worker -> scheduler: stop ("this worker is done"), answered by Ack. Scheduler
+  # -> each server, once every live worker is done: stop, not acknowledged. Worker -> every
+  # server: the checkpoint commands (and the older mode commands), answered by Ack.
   requestId @0 :UInt64;
   # Echoed by the Ack or Error.
   union {
     unset @1 :Void;
     # Never sent; rejected.
     stop @2 :Void;
-    # Shut down after answering the requests already received (MXNet's kStopServer).
+    # From a worker to the scheduler: the worker is done. From the scheduler to a server: shut
+    # down (MXNet's kStopServer). Sent to a server on a data connection it is acked and changes
+    # nothing.
     saveCheckpoint @3 :Text;
-    # Write parameters and optimizer state to this path (non-empty), on the server's host.
+    # Write each shard's optimizer state (every key's state and update count, and the optimizer)
+    # to this path (non-empty) + ".shard<k>", on the server's host. Parameters are not saved.
     loadCheckpoint @4 :Text;
-    # Replace parameters and optimizer state by those saved at this path (non-empty).
+    # Restore each shard's optimizer state from this path + ".shard<k>" (non-empty), as saved by a
+    # job with the same number of servers and of shards per server.
     syncMode @5 :Void;
     # Apply pushes in rounds of all workers (dist_sync; MXNet's kSyncMode). Superseded by
     # SyncSettings, which troupe's workers send instead; still accepted as SyncSettings with mode
@@ -352,8 +379,9 @@ enum Consistency {
 
 struct SyncSettings {
   # Worker rank 0 -> every server and the scheduler, before its first init: how the job applies
-  # pushes. Answered by Ack. Supersedes Command.syncMode / asyncMode (still accepted: the mode with
-  # the defaults below).
+  # pushes (the scheduler takes the quorum only). Answered by Ack. A shard refuses settings that
+  # differ from its own once it holds a key. Supersedes Command.syncMode / asyncMode (still
+  # accepted: the mode with the defaults below).
   requestId @0 :UInt64;
   # Echoed by the Ack or Error.
   mode @1 :Consistency;
@@ -366,11 +394,14 @@ struct SyncSettings {
   # dist_sync with quorum < numWorkers: scale the sum of a round by numWorkers / quorum before the
   # update, so that it estimates the sum of a full round. Default false (MXNet's scaling).
   maxStaleness @4 :Int64;
-  # dist_async only: -1 none (plain async). s >= 0: a pull for round t waits until every live
-  # worker has pushed round t - s of the key (stale synchronous parallel).
+  # dist_async only: -1 none (plain async). s >= 0: a pull for round t (PullRequest.round: the
+  # sender's pushes) waits until every live worker has had at least t - s pushes of the key
+  # applied (stale synchronous parallel).
   maxRoundsAhead @5 :UInt32;
-  # >= 1: how many rounds beyond the one being collected a shard accepts pushes for from one
-  # worker; a worker holds further pushes until the shard's Ack.round lets them go. Default 2.
+  # >= 1. dist_sync: how many rounds beyond the one being collected a shard accepts pushes for
+  # from one worker; a worker holds further pushes until Ack.round or PullReply.round lets them
+  # go. Every mode: a worker may have at most maxRoundsAhead + 1 pulls of a key waiting at a
+  # shard. Default 2.
 }
 
 struct LinkCredit {
@@ -384,7 +415,9 @@ struct LinkCredit {
 }
 
 struct Heartbeat {
-  # Node -> scheduler, periodically; a node silent for longer than the timeout is lost.
+  # Node -> scheduler and scheduler -> every node, periodically (timeouts.heartbeat); not
+  # acknowledged. Any frame counts as a sign of life: a peer silent for longer than the peer
+  # timeout is lost.
   senderNodeId @0 :UInt32;
   # Node id of the sender.
   sequence @1 :UInt64;
@@ -405,15 +438,21 @@ enum ErrorCode {
   unsupported @8;         # unknown optimizer, compression type or command
   lostPeer @9;            # a node the request depends on was lost
   timeout @10;            # the request could not complete in time
-  shuttingDown @11;       # the receiver is stopping and takes no new requests
+  shuttingDown @11;       # the receiver is stopping and takes no new requests, or (a barrier)
+                          # a member of its group has finished
   internal @12;           # a bug on the receiver's side; the message says more
   invalidArgument @13;    # a parameter value is out of range
 }
 
 struct Error {
-  # Reply to any request that failed; the request changed nothing.
+  # Reply to any request that failed; a request handled by one actor changed nothing (a keyless
+  # request fanned out to every shard of a server answers with the first shard's error, and the
+  # other shards may have applied it). Also sent unasked by the scheduler, with requestId 0, when
+  # the job fails (lostPeer or timeout, naming the node or the missing roles) and to a worker lost
+  # within the quorum.
   requestId @0 :UInt64;
-  # The failed request's id (0 when the frame was too broken to read one).
+  # The failed request's id; 0 for a frame that failed to decode (its id cannot be trusted) and
+  # for the scheduler's unasked notices.
   union {
     noKey @1 :Void;
     # The error is not about one key.
@@ -501,11 +540,11 @@ struct Message {
     setGradientCompression @13 :SetGradientCompression;
     # Worker -> servers.
     command @14 :Command;
-    # Worker or scheduler -> servers.
+    # Worker -> scheduler (done) or servers (checkpoints); scheduler -> servers (stop).
     heartbeat @15 :Heartbeat;
-    # Node -> scheduler.
+    # Node -> scheduler and scheduler -> node.
     error @16 :Error;
-    # Any receiver of a request -> its sender.
+    # Any receiver of a request -> its sender; scheduler -> nodes, unasked.
     linkHello @17 :LinkHello;
     # Either end of a data connection (same-host fast path).
     arenaOffer @18 :ArenaOffer;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fails when an include runs against ../shared/DESIGN.md's arrows:
+# Fails when an include runs against the layering of docs/architecture.md:
 #   kernels/ uses nothing of troupe; engine/ uses kernels only and sees no CAF or Cap'n Proto;
-#   schema/ sees no CAF, engine, kernels or actors; only actors/ sees both CAF and Cap'n Proto.
+#   schema/ sees no CAF, engine, kernels or actors. actors/ (and apps/, bench/, tests/ above it)
+#   may use CAF and the wire's plain structs; Cap'n Proto itself stays inside schema/codec.cpp.
 set -u
 root=${1:-.}
 cd "$root" || exit 2
@@ -11,7 +12,7 @@ bad=$( {
   grep -rnE '#include *[<"]caf/|#include *"(engine|kernels|actors|apps)/' schema
 } 2>/dev/null )
 if [ -n "$bad" ]; then
-  echo "includes against the layering of DESIGN.md:"
+  echo "includes against the layering of docs/architecture.md:"
   echo "$bad"
   exit 1
 fi

@@ -1,7 +1,7 @@
 #pragma once
 // A whole distributed job inside one test process: S server nodes (each with its shards) and W
 // dist_kvstore workers linked to them in-process, plus a barrier among the workers' threads. The
-// workers run the same code as across the network; only the links differ (STYLE.md §9). Problems
+// workers run the same code as across the network; only the links differ. Problems
 // seen on the workers' threads are collected for the test's thread to assert.
 
 #include <chrono>
