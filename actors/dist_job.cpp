@@ -94,6 +94,7 @@ result<job_outcome> run_scheduler(const cluster_config& config,
   options.host = config.scheduler_host;
   options.port = config.scheduler_port.value_or(0);
   options.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  options.quorum = static_cast<std::uint32_t>(config.quorum.value_or(0));
   options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
   options.job_id = config.job_id;
   options.auth_token = config.auth_token;

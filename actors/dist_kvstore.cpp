@@ -71,13 +71,13 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(caf::actor_system& sy
   store->worker_ = spawn_kv_worker(system, options);
   auto links = s.connect_servers(caf::actor_cast<caf::actor>(store->worker_));
   if (!links) {
-    store->finalized_ = true;
-    caf::anon_send_exit(store->worker_, caf::exit_reason::user_shutdown);
+    store->abandon();
     return links.error();
   }
   if (links->links.size() != s.num_servers) {
-    store->finalized_ = true;
-    caf::anon_send_exit(store->worker_, caf::exit_reason::user_shutdown);
+    for (auto& link : links->links)
+      caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+    store->abandon();
     return error{errc::internal, "got " + std::to_string(links->links.size()) +
                                      " server links for " + std::to_string(s.num_servers) +
                                      " servers"};
@@ -97,11 +97,16 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(caf::actor_system& sy
           return message;
         },
         "sync settings");
-    if (!told)
+    // A store that failed to start was never part of the job's work: it must not report done.
+    if (!told) {
+      store->abandon();
       return told.error();
+    }
     if (s.announce_settings)
-      if (auto announced = s.announce_settings(settings); !announced)
+      if (auto announced = s.announce_settings(settings); !announced) {
+        store->abandon();
         return announced.error();
+      }
   }
   return store;
 }
@@ -309,6 +314,13 @@ status dist_kvstore::load_optimizer_states(const std::string& path) {
                              path + ".server" + std::to_string(server)};
       },
       "load_optimizer_states from " + path);
+}
+
+void dist_kvstore::abandon() {
+  finalized_ = true;
+  caf::anon_send_exit(worker_, caf::exit_reason::user_shutdown);
+  for (auto& link : links_)
+    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
 }
 
 status dist_kvstore::finalize() {

@@ -133,6 +133,8 @@ private:
   explicit dist_kvstore(dist_kvstore_setup setup);
 
   bool sync_mode() const noexcept;
+  /// Stops the worker and the links of a store that failed to start, without telling the job.
+  void abandon();
   /// Hands `op` to the worker actor; the request ends when the worker delivers.
   kv_request start(kv_operation op);
   /// The operation for `keys` grouped from a batch call, `values` summed per key when given.

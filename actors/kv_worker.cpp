@@ -419,11 +419,9 @@ private:
       return;
     auto& ps = keys_[ps_key];
     ps.completed = std::max(ps.completed, completed);
-    if (ps.next_round < ps.completed) {
-      ps.next_round = ps.completed;
-      if (dropped)
-        ++dropped_pushes_;
-    }
+    ps.next_round = std::max(ps.next_round, ps.completed);
+    if (dropped)
+      ++dropped_pushes_;
     release_waiting(ps_key);
   }
 

@@ -362,7 +362,8 @@ result<caf::actor> connect_with_backoff(caf::actor_system& sys, const agent_opti
   const std::string where = options.scheduler_host + ":" + std::to_string(options.scheduler_port);
   const auto started = steady::now();
   data_link_options link_options;
-  link_options.tuning = control_link_tuning(max_control_frame_bytes, options.log.part("control"));
+  link_options.tuning =
+      control_link_tuning(max_control_frame_bytes, options.log.part("control link"));
   link_options.tag = control_link_tag;
   auto backoff = first_backoff;
   for (int attempts = 1;; ++attempts) {

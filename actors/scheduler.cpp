@@ -33,7 +33,7 @@ data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& 
   // Control frames are small and rare: a few frames' worth of window bounds what a node (or a
   // stranger) can make the scheduler hold.
   tuning.receive_window_bytes = 4 * max_frame_bytes;
-  tuning.log = log.part("control link");
+  tuning.log = log;
   return tuning;
 }
 
@@ -160,7 +160,8 @@ public:
     options_ = std::move(options);
     outcome_ = std::move(outcome);
     log_ = options_.log;
-    quorum_ = options_.num_workers;
+    quorum_ = options_.quorum == 0 || options_.quorum > options_.num_workers ? options_.num_workers
+                                                                             : options_.quorum;
     started_ = steady::now();
     barrier_ = spawn_job_barrier(self_->system(), options_.num_servers, options_.num_workers,
                                  log_.part("barrier"));
@@ -682,8 +683,9 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   const std::string host = options.host;
   const std::uint16_t port = options.port;
   data_server_options listening;
-  listening.tuning = control_link_tuning(
-      scheduler_frame_bytes(options.num_servers + options.num_workers), options.log.part("port"));
+  listening.tuning =
+      control_link_tuning(scheduler_frame_bytes(options.num_servers + options.num_workers),
+                          options.log.part("control port"));
   auto actor = sys.spawn(scheduler_behavior, std::move(options), outcome);
   // An exit the scheduler did not choose (its host's stop(), the system shutting down).
   actor->attach_functor([outcome, &sys](const caf::error& reason) {

@@ -125,6 +125,9 @@ struct scheduler_options {
   std::uint32_t num_workers = 1;
   /// DMLC_NUM_SERVER, >= 1.
   std::uint32_t num_servers = 1;
+  /// How many workers the job needs alive (sync.quorum) until worker rank 0 announces its own:
+  /// 1..num_workers, 0 meaning num_workers (a lost worker fails the job).
+  std::uint32_t quorum = 0;
   /// Nodes of another job are rejected (wrong_job). Non-empty.
   std::string job_id;
   /// Shared secret; a registration must carry exactly these bytes (bad_token). Empty: no token.

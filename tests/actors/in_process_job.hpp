@@ -17,6 +17,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/send.hpp>
 
 #include "actors/dist_kvstore.hpp"
 #include "actors/server_node.hpp"
@@ -77,31 +78,76 @@ private:
   std::uint64_t generation_ = 0;
 };
 
+/// How an in-process job runs, beyond its type and size.
+struct in_process_options {
+  std::uint32_t shards = 2;
+  std::int64_t bigarray_bound = 1'000'000;
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// The workers' request timeout.
+  std::chrono::milliseconds timeout{20'000};
+  /// sync.* of the cluster configuration (dist_kvstore_setup's fields).
+  std::uint32_t quorum = 0;
+  bool rescale_quorum = false;
+  std::int64_t max_staleness = -1;
+  std::uint32_t max_rounds_ahead = 2;
+  /// Puts an actor between the servers and worker `rank`'s replies: it gets the job's actor
+  /// system and the worker's handle, and returns the sink the servers answer to (the worker
+  /// itself when empty).
+  std::function<caf::actor(caf::actor_system& system, std::uint32_t rank, const caf::actor& worker)>
+      reply_path;
+};
+
+inline in_process_options make_options(std::uint32_t shards, std::int64_t bigarray_bound,
+                                       std::size_t chunk_bytes) {
+  in_process_options options;
+  options.shards = shards;
+  options.bigarray_bound = bigarray_bound;
+  options.chunk_bytes = chunk_bytes;
+  return options;
+}
+
 struct in_process_job {
   caf::actor_system_config config;
   caf::actor_system system{config};
   std::vector<std::unique_ptr<server_node>> servers;
   thread_barrier barrier;
   std::vector<std::unique_ptr<dist_kvstore>> workers;
+  /// The actors options.reply_path put between servers and workers; stopped with the job.
+  std::vector<caf::actor> reply_paths;
 
   in_process_job(std::string type, std::uint32_t num_workers, std::uint32_t num_servers,
                  std::uint32_t shards = 2, std::int64_t bigarray_bound = 1'000'000,
                  std::size_t chunk_bytes = std::size_t{1} << 20)
+      : in_process_job(std::move(type), num_workers, num_servers,
+                       make_options(shards, bigarray_bound, chunk_bytes)) {}
+
+  in_process_job(std::string type, std::uint32_t num_workers, std::uint32_t num_servers,
+                 const in_process_options& options)
       : barrier(num_workers) {
     auto mode = type.find("async") != std::string::npos ? consistency::async : consistency::sync;
     for (std::uint32_t s = 0; s < num_servers; ++s)
       servers.push_back(std::make_unique<server_node>(
-          system, server_node_options{num_workers, shards, mode, chunk_bytes}));
+          system, server_node_options{num_workers, options.shards, mode, options.chunk_bytes}));
     for (std::uint32_t rank = 0; rank < num_workers; ++rank) {
       dist_kvstore_setup setup;
       setup.type = type;
       setup.rank = rank;
       setup.num_workers = num_workers;
       setup.num_servers = num_servers;
-      setup.bigarray_bound = bigarray_bound;
-      setup.chunk_bytes = chunk_bytes;
-      setup.timeout = std::chrono::milliseconds{20000};
-      setup.connect_servers = [this](const caf::actor& replies) -> result<server_links> {
+      setup.bigarray_bound = options.bigarray_bound;
+      setup.chunk_bytes = options.chunk_bytes;
+      setup.timeout = options.timeout;
+      setup.quorum = options.quorum;
+      setup.rescale_quorum = options.rescale_quorum;
+      setup.max_staleness = options.max_staleness;
+      setup.max_rounds_ahead = options.max_rounds_ahead;
+      setup.connect_servers = [this, rank, path = options.reply_path](
+                                  const caf::actor& worker) -> result<server_links> {
+        caf::actor replies = worker;
+        if (path) {
+          replies = path(system, rank, worker);
+          reply_paths.push_back(replies);
+        }
         server_links links;
         for (auto& server : servers)
           links.links.push_back(
@@ -113,10 +159,20 @@ struct in_process_job {
     }
   }
 
+  /// Every server's shard counters, summed.
+  shard_stats stats() const {
+    shard_stats total;
+    for (const auto& server : servers)
+      total += server->stats(std::chrono::seconds{10}).value();
+    return total;
+  }
+
   ~in_process_job() {
     for (auto& worker : workers)
       (void)worker->finalize();
     workers.clear();
+    for (auto& path : reply_paths)
+      caf::anon_send_exit(path, caf::exit_reason::user_shutdown);
     servers.clear();
   }
 
