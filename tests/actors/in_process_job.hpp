@@ -84,9 +84,10 @@ struct in_process_job {
   thread_barrier barrier;
   std::vector<std::unique_ptr<dist_kvstore>> workers;
 
+  /// `quorum`: dist_sync rounds close with that many workers (0: all of them).
   in_process_job(std::string type, std::uint32_t num_workers, std::uint32_t num_servers,
                  std::uint32_t shards = 2, std::int64_t bigarray_bound = 1'000'000,
-                 std::size_t chunk_bytes = std::size_t{1} << 20)
+                 std::size_t chunk_bytes = std::size_t{1} << 20, std::uint32_t quorum = 0)
       : barrier(num_workers) {
     auto mode = type.find("async") != std::string::npos ? consistency::async : consistency::sync;
     for (std::uint32_t s = 0; s < num_servers; ++s)
@@ -101,6 +102,7 @@ struct in_process_job {
       setup.bigarray_bound = bigarray_bound;
       setup.chunk_bytes = chunk_bytes;
       setup.timeout = std::chrono::milliseconds{20000};
+      setup.quorum = quorum;
       setup.connect_servers = [this](const caf::actor& replies) -> result<server_links> {
         server_links links;
         for (auto& server : servers)
