@@ -34,6 +34,9 @@
 // PyTorch's default law, so that the job and bench/pytorch_mnist.py train BENCHMARKS.md's recipe
 // from the same distribution, and uniform or normal pick MXNet's other initializers.
 //
+// Under a tracker that runs this one program for every role (DMLC_ROLE=scheduler or server), the
+// process serves the job instead (serve_if_node_role) and exits with the node's code.
+//
 // main() runs the phases in order: flags, joining the job (dist_*), data, network and trainer,
 // the epochs (train_epoch, end_epoch), the outputs. Exit status: 0 after training; 1 when the
 // job fails (data, store, trainer), logged through troupe::logger ("train_mnist worker 1: ...");
@@ -56,6 +59,7 @@
 
 #include <fmt/core.h>
 
+#include "actors/dist_job.hpp"
 #include "actors/kvstore.hpp"
 #include "actors/trainer.hpp"
 #include "apps/training_report.hpp"
@@ -416,8 +420,8 @@ struct membership {
   bool lead() const noexcept { return rank == 0; }
 };
 
-/// Joins the job of a dist_* store. A process started as a server or the scheduler (DMLC_ROLE)
-/// serves the job inside create() and exits there.
+/// Joins the job of a dist_* store as a worker (main has let a scheduler or server process serve
+/// before).
 result<membership> join(const options& o) {
   membership m;
   if (!o.kvstore.starts_with("dist"))
@@ -661,6 +665,8 @@ void print_banner(const training_job& job) {
 
 int main(int argc, char** argv) {
   reexec_with_suited_openblas_core(argv);
+  if (auto served = serve_if_node_role(argc, argv))
+    return *served;
   options o;
   CLI::App app{"Fashion-MNIST training with troupe's gluon-style API (local or distributed)"};
   add_flags(app, o);
