@@ -88,6 +88,24 @@ job_listener::behavior_type server_listener_actor(job_listener::pointer,
   };
 }
 
+/// The server's end-of-job line: its shards' counters summed. Asked with a short bound, since
+/// the launcher gives a finished server little time to exit.
+void log_shard_stats(const server_node& node, const logger& log,
+                     std::chrono::milliseconds request_timeout) {
+  if (!log.enabled(log_level::info))
+    return;
+  auto stats = node.stats(std::min(request_timeout, std::chrono::milliseconds{1'000}));
+  if (!stats) {
+    log.info("shard counters unavailable: " + stats.error().to_string());
+    return;
+  }
+  log.info("served " + std::to_string(node.shards().size()) +
+           " shards: " + std::to_string(stats->updates) + " updates, " +
+           std::to_string(stats->late_pushes_dropped) + " late pushes dropped, max lead " +
+           std::to_string(stats->max_lead) + " rounds, " + std::to_string(stats->pulls_expired) +
+           " pulls expired, " + std::to_string(stats->requests_refused) + " requests refused");
+}
+
 } // namespace
 
 result<job_outcome> run_scheduler(const cluster_config& config,
@@ -138,10 +156,18 @@ status run_server(const cluster_config& config) {
     return valid;
   node_runtime runtime;
   auto& system = *runtime.system;
-  auto node = std::make_shared<const server_node>(
-      system, server_node_options{static_cast<std::uint32_t>(config.num_workers.value_or(1)),
-                                  static_cast<std::uint32_t>(config.shards_per_server),
-                                  consistency::sync, static_cast<std::size_t>(config.chunk_bytes)});
+  const std::string host = advertised_host(config);
+  server_node_options node_options;
+  node_options.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  node_options.shards = static_cast<std::uint32_t>(config.shards_per_server);
+  node_options.mode = consistency::sync;
+  node_options.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
+  // A waiting pull belongs to a request that gives up after timeouts.request.
+  node_options.pull_timeout = config.request_timeout;
+  // The rank comes with the agent, which needs the data port, which needs the shards' router:
+  // the shards are named before the rank is known.
+  node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};
+  auto node = std::make_shared<const server_node>(system, std::move(node_options));
   data_server_options data_options;
   data_options.route = node->router();
   data_options.tuning = tuning_for(config);
@@ -168,6 +194,8 @@ status run_server(const cluster_config& config) {
       break;
     }
   }
+  log_shard_stats(*node, logger{node_name("server", (*agent)->rank(), host), config.verbose},
+                  config.request_timeout);
   caf::anon_send(data->broker, stop_atom::value);
   caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
   agent->reset();

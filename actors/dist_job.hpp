@@ -48,7 +48,9 @@ result<job_outcome> run_scheduler(const cluster_config& config,
 int scheduler_exit_code(const result<job_outcome>& outcome) noexcept;
 
 /// Runs a server until the scheduler stops the job (ok) or the job fails (the error, naming the
-/// lost node). Membership updates (a worker lost within the quorum) go to every shard.
+/// lost node). Membership updates (a worker lost within the quorum) go to every shard. Its shards
+/// expire a waiting pull after timeouts.request and log as "server@HOST shard I"; at the end of
+/// the job it logs (info) one line with the shards' counters summed.
 status run_server(const cluster_config& config);
 
 /// Whether `config` lets this process run the scheduler or the server it names: validate_for_role
