@@ -219,6 +219,19 @@ const std::vector<std::string> quorum_check{
     "--type", "dist_async", "--check", "quorum",   "--victim",
     "1",      "--rounds",   "30",      "--shapes", "2x3,1211x1211"};
 
+/// troupe-launch arguments for 3 kv_workers running quorum_check and 1 server, with
+/// `launcher_flags`; each worker writes its pid into `dir`.
+std::vector<std::string> launch_quorum_check(const fs::path& dir,
+                                             const std::vector<std::string>& launcher_flags) {
+  std::vector<std::string> args{
+      "-n", "3", "-s", "1", "--node-binary", node_path, "--env", "KV_WORKER_DIR=" + dir.string()};
+  args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
+  args.push_back("--");
+  args.push_back(worker_path);
+  args.insert(args.end(), quorum_check.begin(), quorum_check.end());
+  return args;
+}
+
 /// A dist_async job of 3 workers with quorum 2 whose scheduler and server run `node_program`
 /// (troupe-node, or any troupe program through serve_if_node_role): rank 1 is killed while it
 /// pushes; the others finish exactly, the server exits 0, the scheduler 3 with its summary.
@@ -495,6 +508,43 @@ BOOST_AUTO_TEST_CASE(a_host_app_that_skips_serve_if_node_role_gets_a_clear_error
     BOOST_TEST(result.err.find("troupe::serve_if_node_role(argc, argv)") != std::string::npos,
                result.err);
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_launched_worker_killed_within_the_quorum_leaves_the_job_to_exit_3) {
+  temp_dir dir;
+  child_process launcher{launch_path, launch_quorum_check(dir.path(), {"--quorum", "2"}), {}};
+  const pid_t victim = worker_pids(dir.path(), 3)[1];
+  BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
+  auto result = launcher.wait(120s);
+  BOOST_TEST_REQUIRE(!result.timed_out, result.err);
+  BOOST_TEST(result.exit_code == 3, result.out << result.err);
+  BOOST_TEST(count_lines(result.out, "quorum checks hold for 2 keys over 30 rounds") == 2u,
+             result.out);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: worker 1 was killed by signal 9; the job goes "
+                                     "on without it (quorum 2 of 3") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: summary: the job finished with lost workers: "
+                                     "1 of 3 lost (quorum 2 of 3): worker 1 was killed by signal "
+                                     "9 after ") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.err, "stopping the job") == 0u, result.err);
+}
+
+BOOST_AUTO_TEST_CASE(under_the_launcher_without_a_quorum_a_killed_worker_stops_every_node) {
+  temp_dir dir;
+  child_process launcher{launch_path, launch_quorum_check(dir.path(), {}), {}};
+  const auto pids = worker_pids(dir.path(), 3);
+  BOOST_TEST_REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  auto result = launcher.wait(60s);
+  BOOST_TEST_REQUIRE(!result.timed_out, result.err);
+  BOOST_TEST(result.exit_code == 128 + SIGKILL, result.out << result.err);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: worker 1 was killed by signal 9; stopping "
+                                     "the job") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.out, "checks hold") == 0u, result.out);
+  // The launcher returns once every node it started has been reaped.
+  for (const pid_t pid : pids)
+    BOOST_TEST(!alive(pid), "worker pid " << pid << " still alive");
 }
 
 BOOST_AUTO_TEST_CASE(a_broken_configuration_exits_2_with_one_line_naming_the_place) {
