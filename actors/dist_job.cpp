@@ -1,7 +1,7 @@
 #include "actors/dist_job.hpp"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -34,6 +34,11 @@ struct node_runtime {
   }
 };
 
+/// The address this node gives its peers (and names itself by in logs).
+std::string advertised_host(const cluster_config& config) {
+  return config.node_host.empty() ? config.bind_address : config.node_host;
+}
+
 agent_options agent_options_for(const cluster_config& config, wire::role role,
                                 std::uint16_t data_port) {
   agent_options options;
@@ -42,7 +47,7 @@ agent_options agent_options_for(const cluster_config& config, wire::role role,
   options.role = role;
   options.job_id = config.job_id;
   options.auth_token = config.auth_token;
-  options.host = config.node_host.empty() ? config.bind_address : config.node_host;
+  options.host = advertised_host(config);
   options.data_port = data_port;
   options.rank_hint = config.rank_hint;
   options.connect_timeout = config.connect_timeout;
@@ -81,6 +86,24 @@ job_listener::behavior_type server_listener_actor(job_listener::pointer,
       [](stop_atom) {},                          // ... and the stop
       [node](const wire::membership& table) { node->broadcast(table); },
   };
+}
+
+/// The server's end-of-job line: its shards' counters summed. Asked with a short bound, since
+/// the launcher gives a finished server little time to exit.
+void log_shard_stats(const server_node& node, const logger& log,
+                     std::chrono::milliseconds request_timeout) {
+  if (!log.enabled(log_level::info))
+    return;
+  auto stats = node.stats(std::min(request_timeout, std::chrono::milliseconds{1'000}));
+  if (!stats) {
+    log.info("shard counters unavailable: " + stats.error().to_string());
+    return;
+  }
+  log.info("served " + std::to_string(node.shards().size()) +
+           " shards: " + std::to_string(stats->updates) + " updates, " +
+           std::to_string(stats->late_pushes_dropped) + " late pushes dropped, max lead " +
+           std::to_string(stats->max_lead) + " rounds, " + std::to_string(stats->pulls_expired) +
+           " pulls expired, " + std::to_string(stats->requests_refused) + " requests refused");
 }
 
 } // namespace
@@ -134,10 +157,18 @@ status run_server(const cluster_config& config) {
     return valid;
   node_runtime runtime;
   auto& system = *runtime.system;
-  auto node = std::make_shared<const server_node>(
-      system, server_node_options{static_cast<std::uint32_t>(config.num_workers.value_or(1)),
-                                  static_cast<std::uint32_t>(config.shards_per_server),
-                                  consistency::sync, static_cast<std::size_t>(config.chunk_bytes)});
+  const std::string host = advertised_host(config);
+  server_node_options node_options;
+  node_options.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  node_options.shards = static_cast<std::uint32_t>(config.shards_per_server);
+  node_options.mode = consistency::sync;
+  node_options.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
+  // A waiting pull belongs to a request that gives up after timeouts.request.
+  node_options.pull_timeout = config.request_timeout;
+  // The rank comes with the agent, which needs the data port, which needs the shards' router:
+  // the shards are named before the rank is known.
+  node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};
+  auto node = std::make_shared<const server_node>(system, std::move(node_options));
   data_server_options data_options;
   data_options.route = node->router();
   data_options.tuning = tuning_for(config);
@@ -164,10 +195,93 @@ status run_server(const cluster_config& config) {
       break;
     }
   }
+  log_shard_stats(*node, logger{node_name("server", (*agent)->rank(), host), config.verbose},
+                  config.request_timeout);
   caf::anon_send(data->broker, stop_atom::value);
   caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
   agent->reset();
   return outcome;
+}
+
+status check_node_config(const cluster_config& config) {
+  if (!config.role || *config.role == node_role::worker)
+    return error{errc::invalid_argument,
+                 "the configuration names no scheduler or server role (DMLC_ROLE, [job] role or "
+                 "--role)"};
+  const auto role = *config.role;
+  if (auto valid = validate_for_role(config, role); !valid)
+    return valid;
+  if (role == node_role::scheduler)
+    return check_port_free(config.scheduler_host, config.scheduler_port.value_or(0));
+  return check_port_free(config.bind_address, config.data_port);
+}
+
+int serve_node(const cluster_config& config,
+               const std::function<void(std::uint16_t port)>& on_listening) {
+  if (config.role == node_role::scheduler) {
+    auto outcome = run_scheduler(config, on_listening);
+    // The scheduler has logged its summary line (at error level unless every worker finished).
+    const logger log{node_name("scheduler", std::nullopt, config.scheduler_host), config.verbose};
+    if (!outcome)
+      log.error(outcome.error().to_string());
+    else if (outcome->failure)
+      log.error(outcome->failure->to_string());
+    return scheduler_exit_code(outcome);
+  }
+  if (config.role == node_role::server) {
+    auto outcome = run_server(config);
+    if (outcome)
+      return 0;
+    logger{node_name("server", std::nullopt, advertised_host(config)), config.verbose}.error(
+        outcome.error().to_string());
+    return 1;
+  }
+  logger{"troupe", config.verbose}.error(check_node_config(config).error().to_string());
+  return 2;
+}
+
+std::optional<int> serve_if_node_role(int argc, const char* const* argv) {
+  // The cluster flags among the program's arguments; the rest is the program's business.
+  config_overrides flags;
+  CLI::App app;
+  app.set_help_flag();
+  app.allow_extras();
+  add_config_flags(app, flags);
+  std::optional<error> flag_error;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& failure) {
+    flag_error = error{errc::invalid_argument, failure.what()};
+    flags = {};
+  }
+  const auto environment = process_environment();
+  auto config = load_config(std::nullopt, environment, flags);
+  // The role, even from a configuration that does not load: a scheduler or a server must say
+  // why it cannot serve rather than carry on as a worker.
+  std::optional<node_role> role;
+  if (config)
+    role = config->role;
+  else if (auto flag = flags.values.find("job.role"); flag != flags.values.end())
+    role = parse_role(flag->second);
+  else if (auto variable = environment("DMLC_ROLE"))
+    role = parse_role(*variable);
+  if (!role || *role == node_role::worker)
+    return std::nullopt;
+
+  const logger log{node_name(to_string(*role), std::nullopt, ""), 0};
+  if (flag_error) {
+    log.error(flag_error->message());
+    return 2;
+  }
+  if (!config) {
+    log.error(config.error().message());
+    return 2;
+  }
+  if (auto valid = check_node_config(*config); !valid) {
+    log.error(valid.error().message());
+    return 2;
+  }
+  return serve_node(*config);
 }
 
 result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
@@ -245,25 +359,21 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   return std::unique_ptr<kvstore>{std::move(*store)};
 }
 
-result<std::unique_ptr<kvstore>> create_distributed(const std::string& type) {
-  auto config = load_config(std::nullopt, process_environment(), {});
+result<std::unique_ptr<kvstore>> create_distributed(const std::string& type,
+                                                    const config_overrides& flags) {
+  auto config = load_config(std::nullopt, process_environment(), flags);
   if (!config)
     return config.error();
-  auto role = config->role.value_or(node_role::worker);
-  if (role == node_role::worker)
-    return connect_worker(type, *config);
-  if (role == node_role::scheduler) {
-    auto outcome = run_scheduler(*config);
-    if (!outcome)
-      std::fprintf(stderr, "troupe scheduler: %s\n", outcome.error().to_string().c_str());
-    std::exit(scheduler_exit_code(outcome));
-  }
-  auto outcome = run_server(*config);
-  if (!outcome) {
-    std::fprintf(stderr, "troupe server: %s\n", outcome.error().to_string().c_str());
-    std::exit(1);
-  }
-  std::exit(0);
+  const auto role = config->role.value_or(node_role::worker);
+  if (role != node_role::worker)
+    return error{
+        errc::invalid_argument,
+        "kvstore::create(\"" + type + "\"): this process's configuration names the role " +
+            std::string(to_string(role)) +
+            " (DMLC_ROLE, [job] role or --role), which serves the job instead of holding a "
+            "store: call troupe::serve_if_node_role(argc, argv) first in main and return "
+            "its exit code (actors/dist_job.hpp)"};
+  return connect_worker(type, *config);
 }
 
 } // namespace troupe

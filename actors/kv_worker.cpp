@@ -412,14 +412,16 @@ private:
     }
   }
 
-  /// What an answer says of the server's rounds of a key: more credit, and in dist_sync with a
-  /// quorum, a round that closed without this worker moves its rounds forward.
+  /// What an answer says of the server's rounds of a key: more credit. A push dropped because
+  /// its round closed with a quorum of other workers leaves this worker's round numbers as they
+  /// are: every worker pushes every round, so every round reaches its quorum and no pull waits
+  /// forever. Moving a straggler forward to the round being collected would make it skip rounds
+  /// and push, at the end, a round the others never push.
   void learn_round(std::uint64_t ps_key, std::uint64_t completed, bool dropped) {
     if (!options_.sync)
       return;
     auto& ps = keys_[ps_key];
     ps.completed = std::max(ps.completed, completed);
-    ps.next_round = std::max(ps.next_round, ps.completed);
     if (dropped)
       ++dropped_pushes_;
     release_waiting(ps_key);

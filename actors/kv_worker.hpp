@@ -15,7 +15,9 @@
 // while t < completed + max_rounds_ahead, `completed` being the latest Ack.round or
 // PullReply.round of that key; later requests of the key wait here, in order, holding their
 // tensors (no copy), until an answer brings credit. A push acked `dropped` (its round closed with
-// a quorum of other workers) moves the key's rounds forward to the one being collected.
+// a quorum of other workers) is counted and leaves the key's round numbers as they are: a
+// straggler keeps pushing the rounds in order, its late ones dropped, so that every round of
+// every worker reaches its quorum and the last rounds of a job close.
 //
 // Timeouts and cancellation. A request's timeout runs from when it was sent (not from when it was
 // queued behind others); the worker sweeps every tick and fails a request that is overdue, with

@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "actors/config.hpp"
 #include "actors/dist_job.hpp"
 #include "actors/local_kvstore.hpp"
 #include "engine/comm.hpp"
@@ -67,6 +68,11 @@ kv_request kvstore::pushpull_async(std::span<const kv_key> keys, std::span<const
 }
 
 result<std::unique_ptr<kvstore>> kvstore::create(std::string_view type) {
+  return create(type, config_overrides{});
+}
+
+result<std::unique_ptr<kvstore>> kvstore::create(std::string_view type,
+                                                 const config_overrides& cluster_flags) {
   std::string name{type};
   // MXNet's aliases: local_update_cpu and local_allreduce_cpu reduce on the host,
   // local_allreduce_device on the devices.
@@ -75,7 +81,7 @@ result<std::unique_ptr<kvstore>> kvstore::create(std::string_view type) {
   if (type == "device" || type == "local_allreduce_device")
     return std::unique_ptr<kvstore>{new local_kvstore(name, std::make_unique<comm_device>())};
   if (type.starts_with("dist"))
-    return create_distributed(name);
+    return create_distributed(name, cluster_flags);
   return error{errc::invalid_argument,
                "unknown kvstore type '" + name +
                    "' (available: local, device, dist_sync, dist_async, dist_device_sync, "

@@ -38,6 +38,8 @@
 
 namespace troupe {
 
+struct config_overrides; // actors/config.hpp
+
 /// A push, pull or pushpull under way: wait() blocks until it is done and says how it ended.
 /// Copies share the same request. The outputs of a pull must not be read, and the inputs of a
 /// push not written, before wait() returns. The store fails a request that is not answered
@@ -76,10 +78,17 @@ public:
       std::function<void(const kv_key& key, const ndarray& received, ndarray& stored)>;
 
   /// A store of MXNet's type name; an unknown name is an error that lists the types. A `dist_*`
-  /// type joins the job that the configuration ($TROUPE_CONFIG, the DMLC_* environment) names,
-  /// as a worker: in a process whose DMLC_ROLE is server or scheduler it is an error, since that
-  /// process should serve instead (serve_if_node_role, actors/dist_job.hpp).
+  /// type joins the job that the configuration ($TROUPE_CONFIG, the DMLC_* / TROUPE_*
+  /// environment) names, as a worker. In a process whose configuration names the role server or
+  /// scheduler it is an error naming DMLC_ROLE and serve_if_node_role: a program calls
+  /// troupe::serve_if_node_role(argc, argv) first in main (actors/dist_job.hpp), which serves in
+  /// those processes and returns their exit code, so that one program runs every role.
   static result<std::unique_ptr<kvstore>> create(std::string_view type = "local");
+  /// The same, with the cluster flags a program parsed (add_config_flags: --quorum,
+  /// --max-staleness, --timeout, --config...) over the file and the environment, so that a
+  /// program configures its worker without touching its environment. The local types ignore them.
+  static result<std::unique_ptr<kvstore>> create(std::string_view type,
+                                                 const config_overrides& cluster_flags);
 
   virtual ~kvstore() = default;
 

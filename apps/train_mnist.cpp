@@ -34,6 +34,19 @@
 // PyTorch's default law, so that the job and bench/pytorch_mnist.py train BENCHMARKS.md's recipe
 // from the same distribution, and uniform or normal pick MXNet's other initializers.
 //
+// Under a tracker that runs this one program for every role (DMLC_ROLE=scheduler or server), the
+// process serves the job instead (serve_if_node_role) and exits with the node's code. The cluster
+// flags (--quorum K, --max-staleness S, --rescale-quorum, --timeout, ...; see --help) configure
+// a dist_* worker's store on top of the cluster file and the environment, and are refused with
+// a local store:
+//
+//   troupe-launch -n 3 -s 1 --quorum 2 -- train_mnist --kvstore dist_sync --slow-worker 2:5ms
+//
+// runs dist_sync rounds that close with 2 of 3 workers (the launcher passes its --quorum to every
+// node; given to the launcher, a worker lost within the quorum does not stop the job), while
+// worker 2 sleeps 5 ms in every step after computing its gradients and before the trainer's step:
+// --slow-worker RANK:DURATION is a flag for straggler experiments.
+//
 // main() runs the phases in order: flags, joining the job (dist_*), data, network and trainer,
 // the epochs (train_epoch, end_epoch), the outputs. Exit status: 0 after training; 1 when the
 // job fails (data, store, trainer), logged through troupe::logger ("train_mnist worker 1: ...");
@@ -41,6 +54,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,11 +65,14 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
 #include <fmt/core.h>
 
+#include "actors/config.hpp"
+#include "actors/dist_job.hpp"
 #include "actors/kvstore.hpp"
 #include "actors/trainer.hpp"
 #include "apps/training_report.hpp"
@@ -78,6 +95,12 @@ namespace {
 
 constexpr int exit_failure = 1;
 constexpr int exit_usage = 2;
+
+/// --slow-worker: the worker of `rank` sleeps `delay` in each step.
+struct slow_worker {
+  int rank = 0;
+  std::chrono::milliseconds delay{0};
+};
 
 struct options {
   std::string model = "mlp";
@@ -112,6 +135,12 @@ struct options {
   bool quiet = false;
   bool no_progress = false;
   bool momentum_given = false;
+  std::string slow_worker_text;    ///< --slow-worker as given
+  std::optional<slow_worker> slow; ///< parsed by check_flags
+  config_overrides cluster;        ///< the cluster flags, for a dist_* store
+  /// dist_*: the configuration the store will read (the flags over file and environment), loaded
+  /// by check_flags so that a bad value is a usage error.
+  std::optional<cluster_config> cluster_view;
 };
 
 /// A failure once the flags are accepted (data, store, trainer) is a diagnostic, logged; the
@@ -168,6 +197,28 @@ result<std::vector<double>> parse_epoch_list(const std::string& text) {
     }
   }
   return out;
+}
+
+/// "2:5ms" -> worker 2 sleeps 5 ms per step; an error names the flag and what is wrong.
+result<slow_worker> parse_slow_worker(const std::string& text) {
+  const auto bad = [&](const std::string& why) {
+    return error{errc::invalid_argument, "--slow-worker " + text + ": " + why};
+  };
+  const auto colon = text.find(':');
+  if (colon == std::string::npos)
+    return bad("expected RANK:DURATION, such as 2:5ms");
+  const std::string rank_text = text.substr(0, colon);
+  int rank = -1;
+  const auto [end, ec] =
+      std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+  if (ec != std::errc{} || end != rank_text.data() + rank_text.size() || rank < 0)
+    return bad("'" + rank_text + "' is not a worker rank (an integer >= 0)");
+  auto delay = parse_duration(text.substr(colon + 1));
+  if (!delay)
+    return bad(delay.error().message());
+  if (delay->count() <= 0)
+    return bad("the duration must be positive");
+  return slow_worker{rank, *delay};
 }
 
 /// A set as float32 [n, 784] (or [n, 1, 28, 28] for `spatial`) in [0, 1] and float32 labels,
@@ -388,13 +439,49 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--save-params", o.save_params, "save the trained parameters to this file");
   app.add_flag("--no-progress", o.no_progress, "no progress display on stderr");
   app.add_flag("--quiet", o.quiet, "print only the final JSON line (and errors)");
+  app.add_option("--slow-worker", o.slow_worker_text,
+                 "for straggler experiments: worker RANK sleeps DURATION in each step, after its "
+                 "gradients and before the trainer's step (e.g. 2:5ms)")
+      ->type_name("RANK:DURATION");
+  add_config_flags(app, o.cluster);
 }
 
-/// The checks CLI11 cannot make flag by flag; the contexts --contexts names. An error is a usage
-/// error, its message the line to print.
-result<std::vector<context>> check_flags(const options& o) {
+/// The cluster flags (and the file and environment under them) when the store is dist_*: loaded
+/// as the store will load them, so that a bad value is a usage error naming its flag or
+/// variable; with a local store any cluster flag is a usage error.
+status check_cluster_flags(options& o) {
+  if (!o.kvstore.starts_with("dist")) {
+    std::string given;
+    for (const auto& [key, flag] : o.cluster.flags)
+      given += (given.empty() ? "" : ", ") + flag;
+    if (o.cluster.config_file)
+      given += std::string(given.empty() ? "" : ", ") + "--config";
+    if (!given.empty())
+      return error{errc::invalid_argument,
+                   given + ": cluster flags apply to --kvstore dist_* only (not " + o.kvstore +
+                       ")"};
+    return {};
+  }
+  auto loaded = load_config(std::nullopt, process_environment(), o.cluster);
+  if (!loaded)
+    return loaded.error();
+  o.cluster_view = std::move(*loaded);
+  return {};
+}
+
+/// The checks CLI11 cannot make flag by flag; the contexts --contexts names. Fills o.slow and
+/// o.cluster_view. An error is a usage error, its message the line to print.
+result<std::vector<context>> check_flags(options& o) {
   if (o.momentum_given && o.optimizer != "sgd" && o.optimizer != "nag")
     return error{errc::invalid_argument, "--momentum applies to --optimizer sgd and nag only"};
+  if (!o.slow_worker_text.empty()) {
+    auto slow = parse_slow_worker(o.slow_worker_text);
+    if (!slow)
+      return slow.error();
+    o.slow = *slow;
+  }
+  if (auto cluster = check_cluster_flags(o); !cluster)
+    return cluster.error();
   auto contexts = parse_contexts(o.contexts);
   if (!contexts)
     return contexts.error();
@@ -416,13 +503,13 @@ struct membership {
   bool lead() const noexcept { return rank == 0; }
 };
 
-/// Joins the job of a dist_* store. A process started as a server or the scheduler (DMLC_ROLE)
-/// serves the job inside create() and exits there.
+/// Joins the job of a dist_* store as a worker (main has let a scheduler or server process serve
+/// before), with the cluster flags over the file and environment.
 result<membership> join(const options& o) {
   membership m;
   if (!o.kvstore.starts_with("dist"))
     return m;
-  auto created = kvstore::create(o.kvstore);
+  auto created = kvstore::create(o.kvstore, o.cluster);
   if (!created)
     return with_context("kvstore " + o.kvstore + ": ", created.error());
   m.store = std::move(*created);
@@ -526,6 +613,8 @@ struct training_job {
   std::shared_ptr<nn::sequential> net;
   std::unique_ptr<trainer> train;
   std::int64_t step_batch = 0; ///< what trainer.step() is given (see the file comment)
+  /// --slow-worker naming this worker: how long it sleeps in each step.
+  std::optional<std::chrono::milliseconds> slow_step;
 };
 
 /// The running sums of one epoch on this worker.
@@ -552,6 +641,9 @@ status train_step(training_job& job, const data::batch& batch, int epoch, std::i
     }
   }
   autograd::backward(losses);
+  // A straggler on purpose: its gradients are ready, its push is late.
+  if (job.slow_step)
+    std::this_thread::sleep_for(*job.slow_step);
   if (auto stepped = job.train->step(job.step_batch); !stepped)
     return with_context(fmt::format("epoch {} step {}: ", epoch, step + 1), stepped.error());
   for (std::size_t c = 0; c < losses.size(); ++c) {
@@ -646,21 +738,38 @@ status write_outputs(const training_job& job, const std::vector<report::epoch_me
   return {};
 }
 
+/// ", quorum 2, max staleness 1, worker 2 sleeps 5ms per step": what makes this job's workers
+/// wait for each other differently from plain dist_sync or dist_async.
+std::string sync_note(const options& o) {
+  std::string note;
+  if (o.cluster_view && o.cluster_view->quorum)
+    note += fmt::format(", quorum {}{}", *o.cluster_view->quorum,
+                        o.cluster_view->rescale_quorum ? " (rescaled)" : "");
+  if (o.cluster_view && o.cluster_view->max_staleness)
+    note += fmt::format(", max staleness {}", *o.cluster_view->max_staleness);
+  if (o.slow)
+    note +=
+        fmt::format(", worker {} sleeps {} per step", o.slow->rank, format_duration(o.slow->delay));
+  return note;
+}
+
 /// The banner rank 0 prints before training.
 void print_banner(const training_job& job) {
   const options& o = job.o;
   fmt::print("train_mnist: model {} kvstore {} (update_on_kvstore {}) workers {} contexts {} "
              "batch {} per worker, step batch {}, {} steps per epoch over {} training "
-             "samples{}\n",
+             "samples{}{}\n",
              o.model, o.kvstore, job.train->update_on_kvstore(), job.member.workers, o.contexts,
              o.batch_size, job.step_batch, job.data.steps, job.data.n_train,
-             o.hybridize ? ", hybridized" : "");
+             o.hybridize ? ", hybridized" : "", sync_note(o));
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
   reexec_with_suited_openblas_core(argv);
+  if (auto served = serve_if_node_role(argc, argv))
+    return *served;
   options o;
   CLI::App app{"Fashion-MNIST training with troupe's gluon-style API (local or distributed)"};
   add_flags(app, o);
@@ -684,6 +793,9 @@ int main(int argc, char** argv) {
     return fail(log, member.error().message());
   if (member->store)
     log = log.part(node_name("worker", static_cast<std::uint32_t>(member->rank), ""));
+  if (o.slow && o.slow->rank >= member->workers)
+    return usage(fmt::format("--slow-worker {}: the job has {} worker(s), ranks 0 to {}",
+                             o.slow_worker_text, member->workers, member->workers - 1));
 
   try {
     auto data = load_data(o, *member);
@@ -708,7 +820,10 @@ int main(int argc, char** argv) {
                      std::move(*data),
                      std::move(net),
                      std::move(*train),
-                     step_batch};
+                     step_batch,
+                     std::nullopt};
+    if (o.slow && o.slow->rank == job.member.rank)
+      job.slow_step = o.slow->delay;
     if (job.member.lead() && !o.quiet)
       print_banner(job);
     std::fflush(stdout);

@@ -1,16 +1,20 @@
 // troupe-launch: starts a whole job, as MXNet's tools/launch.py does.
 //
-//   troupe-launch -n W [-s S] [-H hostfile] [--launcher local|ssh] [--config FILE]
+//   troupe-launch -n W [-s S] [--quorum K] [-H hostfile] [--launcher local|ssh] [--config FILE]
 //                 [--env K=V]... -- COMMAND ARGS...
 //
 // It starts the scheduler (`troupe-node --role scheduler`), S servers (`troupe-node --role
 // server`, S defaults to W) and W workers running COMMAND, each with DMLC_ROLE,
-// DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER (and TROUPE_CONFIG with
-// --config) set, and prints every line they write prefixed with `[scheduler]`, `[server i]` or
-// `[worker i]` (i is the node's rank: each asks the scheduler for the rank of its start index
-// through TROUPE_RANK_HINT, which a node whose program is not troupe's ignores). It exits 0 when
-// every worker succeeded and the scheduler and servers then exited by themselves; on the first
-// failure it stops the rest and exits with that failure's code. Exit codes are listed in --help.
+// DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER (TROUPE_QUORUM with
+// --quorum, TROUPE_CONFIG with --config) set, and prints every line they write prefixed with
+// `[scheduler]`, `[server i]` or `[worker i]` (i is the node's rank: each asks the scheduler for
+// the rank of its start index through TROUPE_RANK_HINT, which a node whose program is not
+// troupe's ignores). It exits 0 when every worker succeeded and the scheduler and servers then
+// exited by themselves. A worker that fails while the job runs is lost: within the quorum
+// (--quorum K, TROUPE_QUORUM or [sync] quorum: up to W - K workers) the job goes on without it,
+// and the launcher exits 3 with a summary line naming the lost workers, as the scheduler does (it
+// exits 3 itself then, which is no failure); beyond the quorum, or when the scheduler or a server
+// fails, it stops the rest and exits with that failure's code. Exit codes are listed in --help.
 //
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
@@ -21,6 +25,11 @@
 // troupe::logger as "troupe-launch"; with verbose 1 ([node] verbose or PS_VERBOSE) it also logs
 // each node's start and end. What to do when a node fails is decided in one place,
 // job::on_worker_failed and job::on_node_failed.
+//
+// The launcher learns the quorum from its own configuration only: a quorum given to the worker
+// program alone (`-- train_mnist --quorum 2`) reaches the scheduler through worker rank 0, but a
+// launcher that does not know it stops the job at the first lost worker. Give --quorum to the
+// launcher, which passes it to every node as TROUPE_QUORUM.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -60,13 +69,14 @@ using namespace std::chrono_literals;
 
 // Exit codes of the launcher itself (a worker's code is passed through).
 constexpr int exit_usage = 2;            ///< bad flags, config, hostfile, port in use
+constexpr int exit_lost_workers = 3;     ///< finished, with workers lost within the quorum
 constexpr int exit_finish_timeout = 124; ///< scheduler or servers outlived the workers
 constexpr int exit_cannot_start = 127;   ///< a node's program could not be started
 
 /// Variables the launcher sets itself; --env may not set them.
 const std::vector<std::string> launcher_variables{
     "DMLC_ROLE",       "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
-    "DMLC_NUM_SERVER", "TROUPE_CONFIG",    "TROUPE_RANK_HINT"};
+    "DMLC_NUM_SERVER", "TROUPE_CONFIG",    "TROUPE_RANK_HINT",  "TROUPE_QUORUM"};
 
 struct host {
   std::string name;
@@ -76,6 +86,7 @@ struct host {
 struct options {
   int num_workers = 0;
   std::optional<int> num_servers;
+  std::optional<int> quorum;
   std::string hostfile;
   std::string launcher;
   std::optional<std::string> config;
@@ -198,13 +209,25 @@ std::string default_node_binary() {
   return (self.parent_path() / "troupe-node").string();
 }
 
+/// How many workers the job may lose: it goes on while `quorum` of `num_workers` live.
+struct worker_quorum {
+  int num_workers = 1;
+  int quorum = 1;
+
+  int losses_allowed() const noexcept { return num_workers - quorum; }
+  /// "quorum 2 of 3".
+  std::string describe() const {
+    return "quorum " + std::to_string(quorum) + " of " + std::to_string(num_workers);
+  }
+};
+
 /// Runs the job: starts the children, relays their output, watches their ends.
 class job {
 public:
   job(std::vector<std::string> base_env, int signal_fd, std::chrono::milliseconds stop_grace,
-      std::chrono::milliseconds finish_timeout, troupe::logger log)
+      std::chrono::milliseconds finish_timeout, worker_quorum quorum, troupe::logger log)
       : base_env_(std::move(base_env)), signal_fd_(signal_fd), stop_grace_(stop_grace),
-        finish_timeout_(finish_timeout), log_(std::move(log)) {}
+        finish_timeout_(finish_timeout), quorum_(quorum), log_(std::move(log)) {}
 
   /// Starts `argv` with `env` added to the environment; false (after saying why) when it cannot.
   /// Its stdin is /dev/null, or with `hold_stdin` a pipe the launcher keeps open until it exits:
@@ -315,6 +338,10 @@ public:
       // Whatever a node left behind in its process group goes with it.
       ::kill(-c.pid, SIGKILL);
     }
+    if (!stopping_ && (!lost_.empty() || scheduler_lost_workers_)) {
+      log_summary();
+      return exit_lost_workers;
+    }
     return exit_code_;
   }
 
@@ -412,14 +439,48 @@ private:
       check_progress();
   }
 
-  /// The policy for a worker that exited non-zero or was killed while the job ran. Today the job
-  /// fails: the other nodes are stopped and the launcher exits with this worker's code. A job
-  /// that tolerates lost workers decides here instead.
-  void on_worker_failed(const child& c) { fail_job(c); }
+  /// The policy for a worker that exited non-zero or was killed while the job ran: it is lost.
+  /// While no more than W - K workers are lost (quorum K of W) the job goes on without it, as the
+  /// scheduler and servers do; one loss more and the job fails: the other nodes are stopped and
+  /// the launcher exits with this worker's code.
+  void on_worker_failed(const child& c) {
+    if (static_cast<int>(lost_.size()) >= quorum_.losses_allowed()) {
+      fail_job(c);
+      return;
+    }
+    lost_.push_back({c.label, c.how, clock_type::now() - started_});
+    log_.error(c.label + " " + c.how + "; the job goes on without it (" + quorum_.describe() +
+               ": " + std::to_string(lost_.size()) + " of " +
+               std::to_string(quorum_.losses_allowed()) + " workers that may be lost)");
+  }
 
   /// The scheduler or a server exited non-zero or was killed while the job ran: the job cannot go
-  /// on without it, and fails with its code.
-  void on_node_failed(const child& c) { fail_job(c); }
+  /// on without it, and fails with its code. The scheduler's exit code 3 is no failure: the job
+  /// finished, with workers lost within the quorum (its own summary names them).
+  void on_node_failed(const child& c) {
+    if (c.role == troupe::node_role::scheduler && c.exit_code == exit_lost_workers) {
+      log_.info(c.label + " " + c.how + ": the job finished with lost workers");
+      scheduler_lost_workers_ = true;
+      return;
+    }
+    fail_job(c);
+  }
+
+  /// The launcher's summary of a job that finished with lost workers: how many, which, how and
+  /// when (from the launcher's start).
+  void log_summary() const {
+    std::string which;
+    for (const auto& loss : lost_)
+      which += (which.empty() ? "" : "; ") + loss.label + " " + loss.how + " after " +
+               troupe::format_duration(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(loss.after));
+    if (lost_.empty())
+      which = "every worker process succeeded, but the scheduler lost some (its summary names "
+              "them)";
+    log_.error("summary: the job finished with lost workers: " + std::to_string(lost_.size()) +
+               " of " + std::to_string(quorum_.num_workers) + " lost (" + quorum_.describe() +
+               "): " + which);
+  }
 
   /// Stops every node because `c` failed; the launcher exits with `c`'s code.
   void fail_job(const child& c) {
@@ -487,8 +548,18 @@ private:
   int signal_fd_;
   std::chrono::milliseconds stop_grace_;
   std::chrono::milliseconds finish_timeout_;
+  worker_quorum quorum_;
   troupe::logger log_;
   std::vector<child> children_;
+  /// A worker lost within the quorum: its label, how it ended and when.
+  struct loss {
+    std::string label;
+    std::string how;
+    clock_type::duration after;
+  };
+  std::vector<loss> lost_;
+  bool scheduler_lost_workers_ = false; ///< the scheduler exited 3
+  clock_type::time_point started_ = clock_type::now();
   bool stopping_ = false;
   bool killed_ = false;
   int exit_code_ = 0;
@@ -511,6 +582,12 @@ void add_flags(CLI::App& app, options& opt) {
   app.add_option("-s,--num-servers", opt.num_servers, "Number of servers (default: W)")
       ->check(CLI::Range(1, 100'000))
       ->type_name("S");
+  app.add_option("--quorum", opt.quorum,
+                 "The job goes on while K workers live: up to W - K workers may fail without "
+                 "stopping it, and dist_sync rounds close with K workers. Passed to every node as "
+                 "TROUPE_QUORUM (default: TROUPE_QUORUM, the config's [sync] quorum, else W)")
+      ->check(CLI::Range(1, 100'000))
+      ->type_name("K");
   app.add_option("-H,--hostfile", opt.hostfile,
                  "File of hosts, one `host` or `host:sshport` a line (# comments); servers and "
                  "workers go round-robin over them")
@@ -557,10 +634,13 @@ void add_flags(CLI::App& app, options& opt) {
       "its ssh client); processes it started itself are not stopped on the remote host. "
       "tests/cluster tests ssh mode against an sshd on 127.0.0.1 where openssh-server is "
       "installed.\n"
-      "Exit codes: 0 every worker succeeded; the first failing node's code (128+N for signal "
-      "N) after stopping the rest; 128+N when troupe-launch gets signal N; 2 bad flags, "
-      "config, hostfile or a port in use (nothing started); 124 the scheduler or a server "
-      "kept running after the workers finished; 126/127 a program could not be started.");
+      "Exit codes: 0 every node succeeded; 3 the job finished, but workers were lost within "
+      "the quorum (at most W - K workers failed, or the scheduler exited 3), with a summary "
+      "line naming them; otherwise the code of the node whose failure stopped the job (a "
+      "worker lost beyond the quorum, the scheduler or a server; 128+N for signal N) after "
+      "stopping the rest; 128+N when troupe-launch gets signal N; 2 bad flags, config, "
+      "hostfile or a port in use (nothing started); 124 the scheduler or a server kept "
+      "running after the workers finished; 126/127 a program could not be started.");
 }
 
 /// Every --env pair is NAME=VALUE and sets none of the variables the launcher sets itself; the
@@ -580,7 +660,7 @@ status check_env_pairs(const std::vector<std::string>& pairs) {
     if (std::find(launcher_variables.begin(), launcher_variables.end(), name) !=
         launcher_variables.end())
       return error{errc::invalid_argument, "--env " + kv + ": troupe-launch sets " + name +
-                                               " itself (use -n, -s, --config)"};
+                                               " itself (use -n, -s, --quorum, --config)"};
   }
   return {};
 }
@@ -592,6 +672,8 @@ result<troupe::cluster_config> load_job_config(const options& opt, int num_serve
   troupe::config_overrides overrides;
   overrides.set("job.num_workers", std::to_string(opt.num_workers));
   overrides.set("job.num_servers", std::to_string(num_servers));
+  if (opt.quorum)
+    overrides.set("sync.quorum", std::to_string(*opt.quorum));
   if (!ssh)
     overrides.set("scheduler.host", "127.0.0.1");
   // The scheduler's own view: its bind address is where its port must be free.
@@ -660,6 +742,8 @@ std::vector<std::string> common_environment(const options& opt, const troupe::cl
   common.push_back("DMLC_PS_ROOT_PORT=" + std::to_string(port));
   common.push_back("DMLC_NUM_WORKER=" + std::to_string(opt.num_workers));
   common.push_back("DMLC_NUM_SERVER=" + std::to_string(num_servers));
+  if (opt.quorum)
+    common.push_back("TROUPE_QUORUM=" + std::to_string(*opt.quorum));
   if (opt.config) {
     std::error_code ec;
     auto config_file = std::filesystem::absolute(*opt.config, ec);
@@ -787,7 +871,8 @@ int main(int argc, char** argv) {
                    common_environment(opt, *cfg, *port, num_servers, ssh),
                    std::filesystem::current_path(ec).string()};
 
-  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, log);
+  const worker_quorum quorum{opt.num_workers, cfg->quorum.value_or(opt.num_workers)};
+  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, quorum, log);
   start_nodes(j, plan, node_binary, num_servers);
   // When a node could not start, the job is already stopping: run() waits for what did start.
   return j.run();

@@ -19,7 +19,6 @@
 
 #include "actors/config.hpp"
 #include "actors/dist_job.hpp"
-#include "engine/log.hpp"
 
 using namespace troupe;
 
@@ -55,34 +54,11 @@ int main(int argc, char** argv) {
         error{errc::invalid_argument,
               "troupe-node runs a scheduler or a server: give --role scheduler|server or DMLC_ROLE "
               "(a worker is any program that creates a dist_* KVStore)"});
-  auto role = *config->role;
-  if (auto valid = validate_for_role(*config, role); !valid)
+  if (auto valid = check_node_config(*config); !valid)
     return configuration_error(valid.error());
-  auto listener_host = role == node_role::scheduler ? config->scheduler_host : config->bind_address;
-  auto listener_port =
-      role == node_role::scheduler ? config->scheduler_port.value_or(0) : config->data_port;
-  if (auto free = check_port_free(listener_host, listener_port); !free)
-    return configuration_error(free.error());
-
-  if (role == node_role::scheduler) {
-    auto host = config->scheduler_host;
-    auto outcome = run_scheduler(*config, [&host](std::uint16_t port) {
-      std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);
-      std::fflush(stdout);
-    });
-    // The scheduler has logged its summary line (at error level unless every worker finished).
-    const logger log{node_name("scheduler", std::nullopt, host), config->verbose};
-    if (!outcome)
-      log.error(outcome.error().to_string());
-    else if (outcome->failure)
-      log.error(outcome->failure->to_string());
-    return scheduler_exit_code(outcome);
-  }
-  auto outcome = run_server(*config);
-  if (!outcome) {
-    logger{node_name(to_string(role), std::nullopt, config->node_host), config->verbose}.error(
-        outcome.error().to_string());
-    return 1;
-  }
-  return 0;
+  const auto host = config->scheduler_host;
+  return serve_node(*config, [&host](std::uint16_t port) {
+    std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);
+    std::fflush(stdout);
+  });
 }

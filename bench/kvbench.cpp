@@ -10,6 +10,10 @@
 // time, `gbps` = payload bytes the worker moved (push and pull: size each; pushpull: 2 x size) /
 // median time, and `median_us`, the median in microseconds (for small sizes, the round trip).
 // Between phases the workers meet at a barrier so that every worker measures the same thing.
+//
+// It starts with serve_if_node_role, so under a tracker that runs one program for every role
+// (DMLC_ROLE) it is the scheduler or a server too; the cluster flags (--quorum, --timeout, ...)
+// go to its store.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -18,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "actors/config.hpp"
+#include "actors/dist_job.hpp"
 #include "actors/kvstore.hpp"
 #include "engine/json_line.hpp"
 #include "engine/log.hpp"
@@ -73,6 +79,8 @@ int fail(const std::string& what, const error& err) {
 } // namespace
 
 int main(int argc, char** argv) {
+  if (auto served = serve_if_node_role(argc, argv))
+    return *served;
   CLI::App app{"troupe KVStore benchmark (run under troupe-launch)"};
   std::vector<std::size_t> sizes{4096, 1u << 20, 16u << 20, 128u << 20};
   std::vector<std::size_t> key_counts{1};
@@ -82,9 +90,11 @@ int main(int argc, char** argv) {
   app.add_option("--keys", key_counts, "number of keys the bytes are spread over")->delimiter(',');
   app.add_option("--repeats", repeats)->check(CLI::Range(1, 100000));
   app.add_option("--type", type);
+  config_overrides cluster_flags;
+  add_config_flags(app, cluster_flags);
   CLI11_PARSE(app, argc, argv);
 
-  auto created = kvstore::create(type);
+  auto created = kvstore::create(type, cluster_flags);
   if (!created)
     return fail("create", created.error());
   auto& kv = **created;

@@ -233,6 +233,42 @@ BOOST_AUTO_TEST_CASE(pulls_issued_before_the_round_completes_wait_for_it) {
   BOOST_TEST(seen.seen.empty(), seen.report());
 }
 
+BOOST_AUTO_TEST_CASE(a_straggler_whose_rounds_closed_without_it_still_finishes_every_round) {
+  // dist_sync with a quorum of 2 of 3: workers 0 and 1 run all their rounds before worker 2
+  // starts. Each of worker 2's pushes is then late and dropped, and it keeps its own round
+  // numbers: its last pushpull is of the last round, which has closed, so it returns at once.
+  // (Moved forward to the round being collected, it would push a round nobody else pushes and
+  // wait until its timeout.) Every value anyone pulls is the one of workers 0 and 1 alone.
+  constexpr int rounds = 5;
+  troupe::testing::in_process_options options;
+  options.quorum = 2;
+  in_process_job job{"dist_sync", 3, 1, options};
+  testing::thread_barrier others_done{3};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    if (!seen.check(kv.init(5, ndarray::ones({4})), "init") ||
+        !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+      return;
+    if (rank == 2 && !seen.check(others_done.wait(std::chrono::seconds{20}), "wait for 0 and 1"))
+      return;
+    for (int round = 0; round < rounds; ++round) {
+      auto out = ndarray::zeros({4});
+      if (!seen.check(kv.pushpull(5, ndarray::full({4}, rank + 1.0), out),
+                      "worker " + std::to_string(rank) + " round " + std::to_string(round)))
+        return;
+      // Each round of workers 0 and 1 adds 2 (1 + 2): rescale_grad times their sum.
+      const float expected = 1.0f + 6.0f * static_cast<float>(rank == 2 ? rounds : round + 1);
+      if (first_mismatch(out, expected) >= 0)
+        seen.add("worker " + std::to_string(rank) + " round " + std::to_string(round) + ": got " +
+                 std::to_string(out.to_vector<float>()[0]) + ", expected " +
+                 std::to_string(expected));
+    }
+    if (rank != 2)
+      (void)seen.check(others_done.wait(std::chrono::seconds{20}), "release worker 2");
+  });
+  BOOST_TEST(seen.seen.empty(), seen.report());
+}
+
 BOOST_AUTO_TEST_CASE(bad_input_gets_an_error_naming_the_key_and_changes_nothing) {
   in_process_job job{"dist_sync", 1, 2};
   auto& kv = *job.workers[0];

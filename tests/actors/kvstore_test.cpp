@@ -10,6 +10,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "actors/config.hpp"
 #include "actors/kvstore.hpp"
 #include "engine/comm.hpp"
 
@@ -77,6 +78,30 @@ BOOST_AUTO_TEST_CASE(create_rejects_an_unknown_type_naming_it) {
     BOOST_TEST(dist.error().message().find("DMLC_PS_ROOT_PORT") != std::string::npos,
                dist.error().message());
   }
+}
+
+BOOST_AUTO_TEST_CASE(create_with_cluster_flags_reads_them_over_the_environment) {
+  // Flags beat the environment, so these cases hold whatever DMLC_* the tests run under; none
+  // of them reaches the network.
+  config_overrides as_server;
+  as_server.set("job.role", "server");
+  auto serving = kvstore::create("dist_sync", as_server);
+  BOOST_TEST_REQUIRE(!serving.has_value());
+  BOOST_TEST(serving.error().code() == errc::invalid_argument);
+  BOOST_TEST(serving.error().message().find("names the role server (DMLC_ROLE") !=
+                 std::string::npos,
+             serving.error().message());
+  BOOST_TEST(serving.error().message().find("serve_if_node_role") != std::string::npos);
+
+  config_overrides bad_quorum;
+  bad_quorum.set("sync.quorum", "none");
+  auto bad = kvstore::create("dist_async", bad_quorum);
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message().find("--quorum must be a positive integer, got \"none\"") !=
+                 std::string::npos,
+             bad.error().message());
+  // The local types have no cluster to configure.
+  BOOST_TEST(kvstore::create("local", bad_quorum).has_value());
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_after_init_returns_the_initial_value) {

@@ -6,15 +6,18 @@
 //   FAKE_NODE_DIR          directory for its files (required): pid-<pid> holds "<role>"; it
 //                          claims an index per role by creating <role>-<k> (arrival order)
 //   FAKE_NODE_WORKER_MS    how long a worker works before it succeeds (default 0)
-//   FAKE_NODE_FAIL_INDEX   the worker (by claimed index) that fails instead, after
-//   FAKE_NODE_FAIL_DELAY_MS  (default 300) with exit code FAKE_NODE_FAIL_CODE, or by raising
-//   FAKE_NODE_FAIL_SIGNAL
+//   FAKE_NODE_FAIL_INDEX   the workers (by claimed index, comma-separated) that fail instead,
+//   FAKE_NODE_FAIL_DELAY_MS  after (default 300) with exit code FAKE_NODE_FAIL_CODE, or by
+//   FAKE_NODE_FAIL_SIGNAL  raising
 //   FAKE_NODE_STAY=1       scheduler and servers do not exit by themselves
 //   FAKE_NODE_IGNORE_TERM=1  scheduler and servers ignore SIGTERM
 //   FAKE_NODE_GRANDCHILD=1 every node also forks a process that sleeps (its pid is recorded)
 // A worker that succeeds creates done-<index>; the scheduler and servers exit 0 once there are
-// DMLC_NUM_WORKER of them. Every wait ends after 60 s (exit 9), so nothing outlives a broken test.
+// DMLC_NUM_WORKER of them. With TROUPE_QUORUM set they stop waiting once that many workers are
+// done, as a job with a quorum does, and the scheduler then exits 3 (workers lost) when fewer than
+// DMLC_NUM_WORKER are. Every wait ends after 60 s (exit 9), so nothing outlives a broken test.
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -58,6 +61,19 @@ int claim(const std::filesystem::path& dir, const std::string& prefix) {
   }
 }
 
+/// Whether `index` is in the comma-separated list `list`.
+bool listed(const std::string& list, int index) {
+  std::size_t begin = 0;
+  while (begin <= list.size()) {
+    const auto end = std::min(list.find(',', begin), list.size());
+    const auto item = list.substr(begin, end - begin);
+    if (!item.empty() && std::atoi(item.c_str()) == index)
+      return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
 int count_done(const std::filesystem::path& dir) {
   int n = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir))
@@ -81,13 +97,13 @@ int main(int argc, char** argv) {
   std::string args;
   for (int i = 1; i < argc; ++i)
     args += std::string(i > 1 ? "|" : "") + argv[i];
-  std::printf("fake node role=%s index=%d host=%s root=%s:%s workers=%s servers=%s config=%s "
-              "echo=%s args=%s\n",
-              role.c_str(), index, env_or("DMLC_NODE_HOST", "-").c_str(),
-              env_or("DMLC_PS_ROOT_URI", "-").c_str(), env_or("DMLC_PS_ROOT_PORT", "-").c_str(),
-              env_or("DMLC_NUM_WORKER", "-").c_str(), env_or("DMLC_NUM_SERVER", "-").c_str(),
-              env_or("TROUPE_CONFIG", "-").c_str(), env_or("FAKE_NODE_ECHO", "-").c_str(),
-              args.c_str());
+  std::printf("fake node role=%s index=%d quorum=%s host=%s root=%s:%s workers=%s servers=%s "
+              "config=%s echo=%s args=%s\n",
+              role.c_str(), index, env_or("TROUPE_QUORUM", "-").c_str(),
+              env_or("DMLC_NODE_HOST", "-").c_str(), env_or("DMLC_PS_ROOT_URI", "-").c_str(),
+              env_or("DMLC_PS_ROOT_PORT", "-").c_str(), env_or("DMLC_NUM_WORKER", "-").c_str(),
+              env_or("DMLC_NUM_SERVER", "-").c_str(), env_or("TROUPE_CONFIG", "-").c_str(),
+              env_or("FAKE_NODE_ECHO", "-").c_str(), args.c_str());
   std::fprintf(stderr, "fake node stderr role=%s\n", role.c_str());
   std::fflush(stdout);
 
@@ -103,7 +119,7 @@ int main(int argc, char** argv) {
   using clock = std::chrono::steady_clock;
   const auto give_up = clock::now() + std::chrono::seconds(60);
   if (role == "worker") {
-    if (index == env_int("FAKE_NODE_FAIL_INDEX", -1)) {
+    if (listed(env_or("FAKE_NODE_FAIL_INDEX", ""), index)) {
       std::this_thread::sleep_for(
           std::chrono::milliseconds(env_int("FAKE_NODE_FAIL_DELAY_MS", 300)));
       std::printf("worker %d failing\n", index);
@@ -122,10 +138,11 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, SIG_IGN);
   const bool stay = env_int("FAKE_NODE_STAY", 0) == 1;
   const int workers = env_int("DMLC_NUM_WORKER", 1);
+  const int quorum = env_int("TROUPE_QUORUM", workers);
   while (clock::now() < give_up) {
-    if (!stay && count_done(dir) >= workers) {
+    if (const int done = count_done(dir); !stay && done >= quorum) {
       std::printf("%s done\n", role.c_str());
-      return 0;
+      return role == "scheduler" && done < workers ? 3 : 0;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

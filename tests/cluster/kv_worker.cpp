@@ -1,5 +1,8 @@
 // kv_worker: a worker program for the multi-process tests, started by troupe-launch (or by a test
-// with the DMLC_* environment). It creates a dist KVStore and checks MXNet's closed forms:
+// with the DMLC_* environment). Like any troupe program it first calls serve_if_node_role, so
+// that with DMLC_ROLE=scheduler or server it is that node (and exits with its code); it takes the
+// cluster flags (--quorum, --timeout, ...) and passes them to its store. As a worker it creates a
+// dist KVStore and checks MXNet's closed forms:
 //
 //   kv_worker --check sync     keys initialised to ones, `test` optimizer with rescale_grad 2, rank
 //                              r pushes ones*(r+1): after round i every pull is n(n+1)(i+1) + 1
@@ -31,6 +34,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "actors/config.hpp"
+#include "actors/dist_job.hpp"
 #include "actors/kvstore.hpp"
 
 using namespace troupe;
@@ -70,6 +75,8 @@ std::string mismatch(const ndarray& array, double expected) {
 } // namespace
 
 int main(int argc, char** argv) {
+  if (auto served = serve_if_node_role(argc, argv))
+    return *served;
   CLI::App app{"troupe multi-process test worker"};
   std::string type = "dist_sync", check = "sync", shapes_text = "2x3", dtype_name = "float32";
   int rounds = 3;
@@ -81,11 +88,13 @@ int main(int argc, char** argv) {
   app.add_option("--shapes", shapes_text, "comma-separated shapes like 2x3,1200x1200");
   app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"float32", "float16"}));
   app.add_option("--rounds", rounds);
+  config_overrides cluster_flags;
+  add_config_flags(app, cluster_flags);
   CLI11_PARSE(app, argc, argv);
   auto type_of_values = *parse_dtype(dtype_name);
   auto shapes = parse_shapes(shapes_text);
 
-  auto created = kvstore::create(type);
+  auto created = kvstore::create(type, cluster_flags);
   if (!created)
     return failed("create " + type + ": " + created.error().to_string());
   auto& kv = **created;

@@ -24,6 +24,8 @@ namespace {
 const std::string launch_path = TROUPE_LAUNCH_PATH;
 const std::string node_path = TROUPE_NODE_PATH;
 const std::string worker_path = TROUPE_KV_WORKER_PATH;
+const std::string demo_path = TROUPE_KVSTORE_DEMO_PATH;
+const std::string plain_app_path = TROUPE_PLAIN_HOST_APP_PATH;
 
 /// troupe-launch -n workers -s servers -- kv_worker worker_args...
 outcome launch_job(int workers, int servers, std::vector<std::string> worker_args,
@@ -212,6 +214,68 @@ std::size_t forge_basp_headers(const std::vector<pid_t>& pids) {
   return hit;
 }
 
+/// kv_worker's dist_async quorum check of 30 rounds in which rank 1 pushes until it is killed.
+const std::vector<std::string> quorum_check{
+    "--type", "dist_async", "--check", "quorum",   "--victim",
+    "1",      "--rounds",   "30",      "--shapes", "2x3,1211x1211"};
+
+/// troupe-launch arguments for 3 kv_workers running quorum_check and 1 server, with
+/// `launcher_flags`; each worker writes its pid into `dir`.
+std::vector<std::string> launch_quorum_check(const fs::path& dir,
+                                             const std::vector<std::string>& launcher_flags) {
+  std::vector<std::string> args{
+      "-n", "3", "-s", "1", "--node-binary", node_path, "--env", "KV_WORKER_DIR=" + dir.string()};
+  args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
+  args.push_back("--");
+  args.push_back(worker_path);
+  args.insert(args.end(), quorum_check.begin(), quorum_check.end());
+  return args;
+}
+
+/// A dist_async job of 3 workers with quorum 2 whose scheduler and server run `node_program`
+/// (troupe-node, or any troupe program through serve_if_node_role): rank 1 is killed while it
+/// pushes; the others finish exactly, the server exits 0, the scheduler 3 with its summary.
+void check_a_killed_worker_within_the_quorum(const std::string& node_program) {
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::map<std::string, std::string> quorum{{"TROUPE_QUORUM", "2"},
+                                                  {"KV_WORKER_DIR", dir.path().string()}};
+  child_process scheduler{node_program, {}, node_env("scheduler", 3, 1, port, quorum)};
+  child_process server{node_program, {}, node_env("server", 3, 1, port, quorum)};
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 3; ++i)
+    workers.push_back(std::make_unique<child_process>(worker_path, quorum_check,
+                                                      node_env("worker", 3, 1, port, quorum)));
+
+  // Rank 1 pushes until it is killed; the others cannot pass their final barrier before that.
+  const pid_t victim = worker_pids(dir.path(), 3)[1];
+  BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
+
+  for (auto& worker : workers) {
+    auto result = worker->wait(120s);
+    BOOST_TEST(!result.timed_out, "pid " << worker->pid() << " still running");
+    if (worker->pid() == victim) {
+      BOOST_TEST(result.exit_code == 128 + SIGKILL);
+      continue;
+    }
+    BOOST_TEST(result.exit_code == 0, result.err);
+    BOOST_TEST(count_lines(result.out, "quorum checks hold for 2 keys over 30 rounds") == 1u,
+               result.out);
+  }
+  auto served = server.wait(60s);
+  BOOST_TEST(!served.timed_out);
+  BOOST_TEST(served.exit_code == 0, served.err);
+  // The scheduler: exit 3, and one summary line naming the lost worker, when and why.
+  auto scheduled = scheduler.wait(60s);
+  BOOST_TEST(!scheduled.timed_out);
+  BOOST_TEST(scheduled.exit_code == 3, scheduled.err);
+  const auto summary = count_lines(scheduled.err, "summary: the job finished; 2 of 3 workers "
+                                                  "finished (rank 0, 2); 1 lost (quorum 2): "
+                                                  "worker 1 (node 11) ");
+  BOOST_TEST(summary == 1u, scheduled.err);
+  BOOST_TEST(count_lines(scheduled.err, "its control connection closed") >= 1u, scheduled.err);
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_SUITE(kvstore_across_processes)
@@ -228,6 +292,10 @@ BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory_and_leave_noth
   // Each of the 2 worker-server connections, in both directions.
   BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 4u,
              result.out << result.err);
+  // At the end the server logs its shards' counters: 3 keys (none split: one server) x 3 rounds.
+  BOOST_TEST(count_lines(result.err, "shards: 9 updates, 0 late pushes dropped, max lead 0 rounds, "
+                                     "0 pulls expired, 0 requests refused") == 1u,
+             result.err);
   BOOST_TEST((arena_files() == before));
 }
 
@@ -364,73 +432,119 @@ BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_t
 }
 
 BOOST_AUTO_TEST_CASE(with_a_quorum_of_n_minus_1_a_killed_worker_leaves_the_others_to_finish) {
-  temp_dir dir;
-  const auto port = std::to_string(free_port());
-  const std::map<std::string, std::string> quorum{{"TROUPE_QUORUM", "2"},
-                                                  {"KV_WORKER_DIR", dir.path().string()}};
-  child_process scheduler{node_path, {}, node_env("scheduler", 3, 1, port, quorum)};
-  child_process server{node_path, {}, node_env("server", 3, 1, port, quorum)};
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 3; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--type", "dist_async", "--check", "quorum", "--victim", "1",
-                                 "--rounds", "30", "--shapes", "2x3,1211x1211"},
-        node_env("worker", 3, 1, port, quorum)));
+  check_a_killed_worker_within_the_quorum(node_path);
+}
 
-  // Rank 1 pushes until it is killed; the others cannot pass their final barrier before that.
-  const pid_t victim = worker_pids(dir.path(), 3)[1];
-  BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
-
-  for (auto& worker : workers) {
-    auto result = worker->wait(120s);
-    BOOST_TEST(!result.timed_out, "pid " << worker->pid() << " still running");
-    if (worker->pid() == victim) {
-      BOOST_TEST(result.exit_code == 128 + SIGKILL);
-      continue;
-    }
-    BOOST_TEST(result.exit_code == 0, result.err);
-    BOOST_TEST(count_lines(result.out, "quorum checks hold for 2 keys over 30 rounds") == 1u,
-               result.out);
-  }
-  auto served = server.wait(60s);
-  BOOST_TEST(!served.timed_out);
-  BOOST_TEST(served.exit_code == 0, served.err);
-  // The scheduler: exit 3, and one summary line naming the lost worker, when and why.
-  auto scheduled = scheduler.wait(60s);
-  BOOST_TEST(!scheduled.timed_out);
-  BOOST_TEST(scheduled.exit_code == 3, scheduled.err);
-  const auto summary = count_lines(scheduled.err, "summary: the job finished; 2 of 3 workers "
-                                                  "finished (rank 0, 2); 1 lost (quorum 2): "
-                                                  "worker 1 (node 11) ");
-  BOOST_TEST(summary == 1u, scheduled.err);
-  BOOST_TEST(count_lines(scheduled.err, "its control connection closed") >= 1u, scheduled.err);
+BOOST_AUTO_TEST_CASE(a_program_serving_as_scheduler_and_server_returns_their_exit_codes_3_and_0) {
+  // kv_worker under DMLC_ROLE=scheduler or server runs the node in serve_if_node_role and
+  // returns the node's exit code, as troupe-node does.
+  check_a_killed_worker_within_the_quorum(worker_path);
 }
 
 BOOST_AUTO_TEST_CASE(the_dmlc_environment_alone_turns_any_troupe_program_into_any_node) {
-  // As with MXNet's launch.py: the same program for every role, the role from DMLC_ROLE.
-  auto port = std::to_string(free_port());
-  std::map<std::string, std::string> job{{"DMLC_PS_ROOT_URI", "127.0.0.1"},
-                                         {"DMLC_PS_ROOT_PORT", port},
-                                         {"DMLC_NUM_WORKER", "2"},
-                                         {"DMLC_NUM_SERVER", "1"},
-                                         {"DMLC_NODE_HOST", "127.0.0.1"}};
-  std::vector<std::unique_ptr<child_process>> nodes;
-  for (std::string role : {"scheduler", "server", "worker", "worker"}) {
-    auto env = job;
-    env["DMLC_ROLE"] = role;
-    nodes.push_back(std::make_unique<child_process>(
-        worker_path, std::vector<std::string>{"--check", "sync", "--shapes", "2x3,1211x1211"},
-        env));
+  // As with MXNet's launch.py: the same program for every role, the role from DMLC_ROLE; each
+  // program starts with serve_if_node_role.
+  struct program {
+    std::string path;
+    std::vector<std::string> args;
+    std::string success; ///< what each worker prints when its checks hold
+  };
+  for (const auto& [path, args, success] :
+       {program{worker_path, {"--check", "sync", "--shapes", "2x3,1211x1211"}, "sync checks hold"},
+        program{demo_path, {"--type", "dist_sync", "--contexts", "2"}, "all checks hold"}}) {
+    auto port = std::to_string(free_port());
+    std::vector<std::unique_ptr<child_process>> nodes;
+    for (std::string role : {"scheduler", "server", "worker", "worker"})
+      nodes.push_back(std::make_unique<child_process>(path, args, node_env(role, 2, 1, port)));
+    std::size_t checks = 0;
+    for (auto& node : nodes) {
+      auto result = node->wait(60s);
+      BOOST_TEST(!result.timed_out, path);
+      BOOST_TEST(result.exit_code == 0, path << "\n" << result.out << result.err);
+      checks += count_lines(result.out, success);
+    }
+    BOOST_TEST(checks == 2u, path);
   }
-  std::size_t checks = 0;
-  for (auto& node : nodes) {
-    auto result = node->wait(60s);
-    BOOST_TEST(!result.timed_out);
-    BOOST_TEST(result.exit_code == 0, result.err);
-    checks += count_lines(result.out, "sync checks hold");
+}
+
+BOOST_AUTO_TEST_CASE(serve_if_node_role_reads_argv_cluster_flags_and_a_failed_server_returns_1) {
+  // No scheduler listens on the port; --connect-timeout on the program's command line bounds the
+  // server's attempts (10 s by default).
+  const auto port = std::to_string(free_port());
+  auto result = run(worker_path, {"--check", "sync", "--connect-timeout", "500ms"},
+                    node_env("server", 1, 1, port), 30s);
+  BOOST_TEST(!result.timed_out);
+  BOOST_TEST(result.exit_code == 1, result.err);
+  BOOST_TEST(result.elapsed < 8s);
+  BOOST_TEST(result.err.find("could not reach the scheduler") != std::string::npos, result.err);
+  BOOST_TEST(result.err.find("connect timeout 500ms") != std::string::npos, result.err);
+}
+
+BOOST_AUTO_TEST_CASE(serve_if_node_role_returns_2_for_a_bad_configuration_naming_the_place) {
+  const auto port = std::to_string(free_port());
+  auto variable =
+      run(worker_path, {}, node_env("scheduler", 1, 1, port, {{"TROUPE_QUORUM", "two"}}), 30s);
+  BOOST_TEST(variable.exit_code == 2, variable.err);
+  BOOST_TEST(variable.err.find("TROUPE_QUORUM must be a positive integer") != std::string::npos,
+             variable.err);
+  auto flag = run(worker_path, {"--quorum", "0"}, node_env("server", 1, 1, port), 30s);
+  BOOST_TEST(flag.exit_code == 2, flag.err);
+  BOOST_TEST(flag.err.find("--quorum must be a positive integer") != std::string::npos, flag.err);
+  // A port in use is refused before anything connects.
+  listening_socket taken;
+  auto busy = run(worker_path, {}, node_env("scheduler", 1, 1, std::to_string(taken.port())), 30s);
+  BOOST_TEST(busy.exit_code == 2, busy.err);
+  BOOST_TEST(busy.err.find("in use") != std::string::npos, busy.err);
+}
+
+BOOST_AUTO_TEST_CASE(a_host_app_that_skips_serve_if_node_role_gets_a_clear_error_from_create) {
+  const auto port = std::to_string(free_port());
+  for (const std::string role : {"server", "scheduler"}) {
+    auto result = run(plain_app_path, {}, node_env(role, 1, 1, port), 30s);
+    BOOST_TEST(!result.timed_out, role);
+    BOOST_TEST(result.exit_code == 1, role << ": " << result.err);
+    BOOST_TEST(result.err.find("names the role " + role + " (DMLC_ROLE") != std::string::npos,
+               result.err);
+    BOOST_TEST(result.err.find("troupe::serve_if_node_role(argc, argv)") != std::string::npos,
+               result.err);
   }
-  BOOST_TEST(checks == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(a_launched_worker_killed_within_the_quorum_leaves_the_job_to_exit_3) {
+  temp_dir dir;
+  child_process launcher{launch_path, launch_quorum_check(dir.path(), {"--quorum", "2"}), {}};
+  const pid_t victim = worker_pids(dir.path(), 3)[1];
+  BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
+  auto result = launcher.wait(120s);
+  BOOST_TEST_REQUIRE(!result.timed_out, result.err);
+  BOOST_TEST(result.exit_code == 3, result.out << result.err);
+  BOOST_TEST(count_lines(result.out, "quorum checks hold for 2 keys over 30 rounds") == 2u,
+             result.out);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: worker 1 was killed by signal 9; the job goes "
+                                     "on without it (quorum 2 of 3") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: summary: the job finished with lost workers: "
+                                     "1 of 3 lost (quorum 2 of 3): worker 1 was killed by signal "
+                                     "9 after ") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.err, "stopping the job") == 0u, result.err);
+}
+
+BOOST_AUTO_TEST_CASE(under_the_launcher_without_a_quorum_a_killed_worker_stops_every_node) {
+  temp_dir dir;
+  child_process launcher{launch_path, launch_quorum_check(dir.path(), {}), {}};
+  const auto pids = worker_pids(dir.path(), 3);
+  BOOST_TEST_REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  auto result = launcher.wait(60s);
+  BOOST_TEST_REQUIRE(!result.timed_out, result.err);
+  BOOST_TEST(result.exit_code == 128 + SIGKILL, result.out << result.err);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: worker 1 was killed by signal 9; stopping "
+                                     "the job") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.out, "checks hold") == 0u, result.out);
+  // The launcher returns once every node it started has been reaped.
+  for (const pid_t pid : pids)
+    BOOST_TEST(!alive(pid), "worker pid " << pid << " still alive");
 }
 
 BOOST_AUTO_TEST_CASE(a_broken_configuration_exits_2_with_one_line_naming_the_place) {

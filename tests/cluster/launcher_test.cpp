@@ -342,6 +342,67 @@ BOOST_AUTO_TEST_CASE(the_first_failing_worker_code_is_returned_and_every_other_n
   BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_failing_within_the_quorum_leaves_the_job_to_finish_with_exit_3) {
+  temp_dir dir;
+  // Worker 1 fails once the others are done, and the scheduler has exited 3 (fake_node's quorum).
+  auto r = run_launch(with_command(job_args(3, 2, {"--quorum", "2"})),
+                      {{"FAKE_NODE_DIR", dir.path().string()},
+                       {"FAKE_NODE_FAIL_INDEX", "1"},
+                       {"FAKE_NODE_FAIL_CODE", "5"},
+                       {"FAKE_NODE_FAIL_DELAY_MS", "500"},
+                       {"FAKE_NODE_GRANDCHILD", "1"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 3, r.err);
+  // --quorum reaches every node as TROUPE_QUORUM.
+  for (const auto& line : lines_of(r.out))
+    if (line.find("fake node role=") != std::string::npos)
+      BOOST_TEST(line.find(" quorum=2 ") != std::string::npos, line);
+  BOOST_TEST(r.out.find("worker 1 failing") != std::string::npos, r.out);
+  BOOST_TEST(r.err.find("stopping the job") == std::string::npos, r.err);
+  BOOST_TEST(std::regex_search(r.err, std::regex{R"(troupe-launch: worker \d exited with code 5; )"
+                                                 R"(the job goes on without it \(quorum 2 of 3: )"
+                                                 R"(1 of 1 workers that may be lost\))"}),
+             r.err);
+  BOOST_TEST(std::regex_search(r.err, std::regex{R"(troupe-launch: summary: the job finished with )"
+                                                 R"(lost workers: 1 of 3 lost \(quorum 2 of 3\): )"
+                                                 R"(worker \d exited with code 5 after \d+m?s\n)"}),
+             r.err);
+  std::string left;
+  BOOST_TEST(recorded_pids(dir.path()).size() == 12);
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_lost_beyond_the_quorum_stops_the_job_with_its_code) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(3, 1, {"--quorum", "2"})),
+                      {{"FAKE_NODE_DIR", dir.path().string()},
+                       {"FAKE_NODE_FAIL_INDEX", "0,1"},
+                       {"FAKE_NODE_FAIL_CODE", "5"},
+                       {"FAKE_NODE_WORKER_MS", "30000"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 5, r.err);
+  BOOST_TEST(r.elapsed < 15s); // the third worker would have run 30 s
+  BOOST_TEST(
+      std::regex_search(r.err, std::regex{R"(worker \d exited with code 5; the job goes on)"}),
+      r.err);
+  BOOST_TEST(
+      std::regex_search(r.err, std::regex{R"(worker \d exited with code 5; stopping the job)"}),
+      r.err);
+  BOOST_TEST(r.err.find("summary") == std::string::npos, r.err);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
+BOOST_AUTO_TEST_CASE(a_quorum_larger_than_the_workers_exits_2_naming_the_flag) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(3, 1, {"--quorum", "4"})),
+                      {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST(r.exit_code == 2, r.err);
+  BOOST_TEST(r.err.find("--quorum (4) must not exceed") != std::string::npos, r.err);
+  BOOST_TEST(lines_of(r.err).size() == 1u, r.err);
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_killed_by_a_signal_gives_128_plus_the_signal) {
   temp_dir dir;
   auto r = run_launch(with_command(job_args(2, 1)), {{"FAKE_NODE_DIR", dir.path().string()},
@@ -483,8 +544,8 @@ BOOST_AUTO_TEST_CASE(the_config_file_port_and_env_pairs_reach_every_node) {
 
 BOOST_AUTO_TEST_CASE(env_pairs_that_are_malformed_or_set_launcher_variables_exit_2) {
   temp_dir dir;
-  for (const std::string bad :
-       {"NOEQUALS", "=value", "1X=2", "DMLC_ROLE=server", "DMLC_PS_ROOT_PORT=1"}) {
+  for (const std::string bad : {"NOEQUALS", "=value", "1X=2", "DMLC_ROLE=server",
+                                "DMLC_PS_ROOT_PORT=1", "TROUPE_QUORUM=2"}) {
     auto r = run_launch(with_command(job_args(1, 1, {"--env", bad})),
                         {{"FAKE_NODE_DIR", dir.path().string()}});
     BOOST_TEST(r.exit_code == 2, bad);

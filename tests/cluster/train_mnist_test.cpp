@@ -51,6 +51,28 @@ std::optional<double> final_field(const std::string& text, const std::string& ke
   return std::stod(match[1].str());
 }
 
+/// Lines of `text` that start with `prefix` and hold `fragment`.
+std::size_t count_lines(const std::string& text, const std::string& prefix,
+                        const std::string& fragment) {
+  std::size_t count = 0;
+  for (const auto& line : with_prefix(text, prefix))
+    count += line.find(fragment) != std::string::npos ? 1 : 0;
+  return count;
+}
+
+/// troupe-launch -n `workers` -s 1 `launcher_flags` -- train_mnist: one epoch of at most 20
+/// batches of 64 from the first 6000 samples, then `train_args`.
+outcome launch_short_training(int workers, std::vector<std::string> launcher_flags,
+                              const std::vector<std::string>& train_args) {
+  std::vector<std::string> args{"-n", std::to_string(workers), "-s",
+                                "1",  "--node-binary",         node_path};
+  args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
+  args.insert(args.end(), {"--", train_path, "--train-limit", "6000", "--batch-size", "64",
+                           "--epochs", "1", "--max-batches", "20", "--no-progress"});
+  args.insert(args.end(), train_args.begin(), train_args.end());
+  return run(launch_path, args, {}, 180s);
+}
+
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -129,6 +151,64 @@ BOOST_AUTO_TEST_CASE(dist_sync_workers_with_unequal_parts_finish_without_waiting
   BOOST_TEST(with_prefix(result.out, "[worker 0] epoch ").size() == 2u, result.out);
   BOOST_TEST(final_field(result.out, "workers").value_or(0) == 2.0, result.out);
   BOOST_TEST(result.err.find("timeout") == std::string::npos, result.err);
+}
+
+// 3 workers in dist_sync whose rounds close with 2 of them (--quorum given to the workers, which
+// pass it to their stores; rank 0 announces it to the servers) while worker 2 sleeps in every
+// step: the laggard's late pushes are dropped and the job still ends, every round having reached
+// its quorum.
+BOOST_AUTO_TEST_CASE(dist_sync_workers_with_a_quorum_of_2_of_3_and_a_slow_worker_finish,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  auto result = launch_short_training(
+      3, {"--env", "PS_VERBOSE=1"},
+      {"--kvstore", "dist_sync", "--quorum", "2", "--slow-worker", "2:10ms", "--timeout", "20s"});
+  BOOST_TEST_REQUIRE(!result.timed_out, describe(result));
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  BOOST_TEST(result.out.find("20 steps per epoch over 6000 training samples, quorum 2, worker 2 "
+                             "sleeps 10ms per step") != std::string::npos,
+             result.out);
+  BOOST_TEST(final_field(result.out, "workers").value_or(0) == 3.0, result.out);
+  // The servers' shards heard the quorum from rank 0, and the server logs its counters at the end.
+  BOOST_TEST(result.err.find("dist_sync, quorum 2 of 3") != std::string::npos, result.err);
+  BOOST_TEST(count_lines(result.err, "[server 0]", "late pushes dropped") == 1u, result.err);
+}
+
+BOOST_AUTO_TEST_CASE(dist_async_workers_with_a_staleness_bound_of_1_finish,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  auto result = launch_short_training(2, {}, {"--kvstore", "dist_async", "--max-staleness", "1"});
+  BOOST_TEST_REQUIRE(!result.timed_out, describe(result));
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  BOOST_TEST(result.out.find("training samples, max staleness 1") != std::string::npos, result.out);
+  BOOST_TEST(final_field(result.out, "final_test_acc").value_or(0) > 10.0, result.out);
+}
+
+BOOST_AUTO_TEST_CASE(bad_slow_worker_and_cluster_flags_exit_2_naming_the_flag) {
+  for (const auto& [value, says] : std::vector<std::pair<std::string, std::string>>{
+           {"2", "expected RANK:DURATION"},
+           {"x:5ms", "'x' is not a worker rank"},
+           {"-1:5ms", "'-1' is not a worker rank"},
+           {"1:fast", "\"fast\" is not a duration"},
+           {"1:0ms", "the duration must be positive"},
+           {"1:5ms", "the job has 1 worker(s), ranks 0 to 0"}}) {
+    auto bad = run(train_path, {"--slow-worker", value, "--max-batches", "1"}, {}, 30s);
+    BOOST_TEST(bad.exit_code == 2, value << ": " << describe(bad));
+    BOOST_TEST(lines_of(bad.err).size() == 1u, bad.err);
+    BOOST_TEST(bad.err.find("train_mnist: --slow-worker " + value + ": " + says) !=
+                   std::string::npos,
+               bad.err);
+  }
+  auto local = run(train_path, {"--quorum", "2"}, {}, 30s);
+  BOOST_TEST(local.exit_code == 2, describe(local));
+  BOOST_TEST(local.err.find("--quorum: cluster flags apply to --kvstore dist_* only") !=
+                 std::string::npos,
+             local.err);
+  // Checked against the job's size before joining it.
+  auto too_many =
+      run(train_path, {"--kvstore", "dist_sync", "--quorum", "4"}, {{"DMLC_NUM_WORKER", "3"}}, 30s);
+  BOOST_TEST(too_many.exit_code == 2, describe(too_many));
+  BOOST_TEST(too_many.err.find("--quorum (4) must not exceed DMLC_NUM_WORKER (3)") !=
+                 std::string::npos,
+             too_many.err);
 }
 
 BOOST_AUTO_TEST_CASE(bad_flags_exit_2_with_one_line_naming_them) {
