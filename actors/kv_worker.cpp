@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include <caf/io/middleman.hpp>
+#include <caf/io/typed_broker.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -100,11 +102,25 @@ wire::tensor_chunk slice_tensor(const ndarray& array, const key_slice& slice, bo
   return tensor;
 }
 
+template <class Handle>
+struct broker_of;
+template <class... Sigs>
+struct broker_of<caf::typed_actor<Sigs...>> {
+  using type = caf::io::typed_broker<Sigs...>;
+};
+
+/// Where the worker runs: as a broker on the middleman's I/O thread when the system has one (the
+/// links to the servers are brokers on that thread too, so a request and its replies cross no
+/// other thread between the caller and the socket), else as an ordinary actor (in-process jobs).
+using worker_on_io_thread = broker_of<worker_actor>::type;
+using worker_on_scheduler = worker_actor::base;
+
+template <class Base>
 class worker_state {
 public:
   static inline const char* name = "troupe.kv_worker";
 
-  using pointer = worker_actor::stateful_pointer<worker_state>;
+  using pointer = caf::stateful_actor<worker_state, Base>*;
 
   worker_state() = default;
   worker_state(const worker_state&) = delete;
@@ -580,14 +596,19 @@ private:
   clock::time_point finalize_deadline_;
 };
 
-worker_actor::behavior_type worker_behavior(worker_state::pointer self, kv_worker_options options) {
+template <class Base>
+worker_actor::behavior_type worker_behavior(typename worker_state<Base>::pointer self,
+                                            kv_worker_options options) {
   return self->state.start(self, std::move(options));
 }
 
 } // namespace
 
 worker_actor spawn_kv_worker(caf::actor_system& system, kv_worker_options options) {
-  return system.spawn(worker_behavior, std::move(options));
+  if (system.has_middleman())
+    return system.middleman().spawn_broker(worker_behavior<worker_on_io_thread>,
+                                           std::move(options));
+  return system.spawn(worker_behavior<worker_on_scheduler>, std::move(options));
 }
 
 } // namespace troupe
