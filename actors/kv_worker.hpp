@@ -61,9 +61,9 @@ struct kv_worker_options {
 };
 
 /// Spawns the worker actor of one store. It expects its server_links first. In a system with the
-/// io::middleman it runs on the middleman's I/O thread, beside its links (a 4 KiB push+pull then
-/// crosses no scheduler thread between the caller and the socket: measured 0.82-0.87x the time of
-/// a worker on the scheduler, BENCHMARKS.md); otherwise on the scheduler.
+/// io::middleman it runs on the middleman's I/O thread, beside its links, so a request crosses no
+/// scheduler thread between the caller and the socket (BENCHMARKS.md has the 4 KiB round trips);
+/// otherwise, in an in-process job, on the scheduler.
 worker_actor spawn_kv_worker(caf::actor_system& system, kv_worker_options options);
 
 } // namespace troupe
