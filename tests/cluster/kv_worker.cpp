@@ -9,7 +9,13 @@
 //   kv_worker --check async    each worker pushes ones*(r+1) M times, then a barrier: the value is
 //                              1 + 2 M n(n+1)/2 exactly
 //   kv_worker --check replace  no optimizer: after each round the value is the round's sum
-//   kv_worker --check hang     push and pull until an error (for the failure tests)
+//   kv_worker --check hang     push and pull until an error (for the failure tests), then make one
+//                              more call: both errors go to stderr
+//   kv_worker --check flood --stall-ms T
+//                              dist_sync, 2 workers: rank 0 issues M pushes at once (push_async,
+//                              no pull in between) while rank 1 sleeps T ms before pushing its M
+//                              rounds one by one; then both pull 1 + 2 M (1 + 2): the servers hold
+//                              at most max_rounds_ahead rounds of rank 0's pushes meanwhile
 //   kv_worker --check quorum --victim V
 //                              dist_async with a quorum below the number of workers: rank V
 //                              pushes and pulls until it is killed; every other rank r pushes
@@ -83,7 +89,9 @@ int main(int argc, char** argv) {
   app.add_option("--type", type);
   int victim = -1;
   app.add_option("--check", check)
-      ->check(CLI::IsMember({"sync", "async", "replace", "hang", "quorum"}));
+      ->check(CLI::IsMember({"sync", "async", "replace", "hang", "quorum", "flood"}));
+  int stall_ms = 0;
+  app.add_option("--stall-ms", stall_ms, "--check flood: how long rank 1 waits before pushing");
   app.add_option("--victim", victim, "--check quorum: the rank the test kills");
   app.add_option("--shapes", shapes_text, "comma-separated shapes like 2x3,1200x1200");
   app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"float32", "float16"}));
@@ -125,13 +133,43 @@ int main(int argc, char** argv) {
       // hang: ones; the quorum victim: ones*(r+1), like its pushes had it lived.
       auto grad = ndarray::full(shapes[0], check == "quorum" ? rank + 1.0 : 1.0, context::cpu(),
                                 type_of_values);
-      if (auto pushed = kv.push(keys[0], grad); !pushed)
-        return failed("push: " + pushed.error().to_string());
       auto out = ndarray::zeros(shapes[0], context::cpu(), type_of_values);
+      // After the first failure, one more call: it must fail the same way, at once.
+      auto then = [&] {
+        const auto again = kv.pull(keys[0], out);
+        return again ? std::string{"then: ok"} : "then: " + again.error().to_string();
+      };
+      if (auto pushed = kv.push(keys[0], grad); !pushed)
+        return failed("push: " + pushed.error().to_string() + "; " + then());
       if (auto pulled = kv.pull(keys[0], out); !pulled)
-        return failed("pull: " + pulled.error().to_string());
+        return failed("pull: " + pulled.error().to_string() + "; " + then());
       std::this_thread::sleep_for(std::chrono::milliseconds{20});
     }
+  }
+
+  if (check == "flood") {
+    // Every push of rank r adds 2 (r + 1) in each of the M rounds.
+    auto grad = ndarray::full(shapes[0], rank + 1.0, context::cpu(), type_of_values);
+    if (rank == 0) {
+      std::vector<kv_request> pushes;
+      for (int round = 0; round < rounds; ++round)
+        pushes.push_back(kv.push_async(std::span{&keys[0], 1}, std::span{&grad, 1}));
+      for (auto& pushed : pushes)
+        if (auto done = pushed.wait(); !done)
+          return failed("push: " + done.error().to_string());
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds{stall_ms});
+      for (int round = 0; round < rounds; ++round)
+        if (auto pushed = kv.push(keys[0], grad); !pushed)
+          return failed("push: " + pushed.error().to_string());
+    }
+    auto out = ndarray::zeros(shapes[0], context::cpu(), type_of_values);
+    if (auto pulled = kv.pull(keys[0], out); !pulled)
+      return failed("pull: " + pulled.error().to_string());
+    if (auto wrong = mismatch(out, 1 + 2.0 * rounds * n * (n + 1) / 2); !wrong.empty())
+      return failed("rank " + std::to_string(rank) + ": " + wrong);
+    std::printf("kv_worker rank %d: flood checks hold over %d rounds\n", rank, rounds);
+    return 0;
   }
 
   for (int round = 0; round < rounds; ++round) {

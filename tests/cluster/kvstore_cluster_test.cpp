@@ -4,6 +4,7 @@
 // DMLC_* environment, to kill one of them or to write hostile bytes to their ports. Every wait
 // is bounded; every process is stopped by its PID.
 
+#include <atomic>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -429,6 +430,94 @@ BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_t
     BOOST_TEST(!result.timed_out);
     BOOST_TEST(result.exit_code == 0, result.err);
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_killed_server_fails_every_pending_and_later_call_naming_it_not_a_timeout) {
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::map<std::string, std::string> env{{"KV_WORKER_DIR", dir.path().string()}};
+  child_process scheduler{node_path, {}, node_env("scheduler", 2, 1, port)};
+  child_process server{node_path, {}, node_env("server", 2, 1, port)};
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(worker_path,
+                                                      std::vector<std::string>{"--check", "hang"},
+                                                      node_env("worker", 2, 1, port, env)));
+  worker_pids(dir.path(), 2);
+  BOOST_TEST_REQUIRE(::kill(server.pid(), SIGKILL) == 0);
+  const auto killed_at = clock_type::now();
+  for (auto& worker : workers) {
+    auto result = worker->wait(30s);
+    BOOST_TEST(!result.timed_out);
+    BOOST_TEST(result.exit_code == 1, result.err);
+    // Well within the 30 s request timeout: the connection closed, the scheduler said who.
+    BOOST_TEST((clock_type::now() - killed_at < 10s));
+    // The call under way and the one after it: peer_lost naming the server, never a timeout.
+    std::string failure;
+    for (const auto& line : lines_of(result.err))
+      if (line.starts_with("kv_worker: "))
+        failure = line;
+    BOOST_TEST(failure.find(": peer_lost: ") != std::string::npos, result.err);
+    BOOST_TEST(failure.find("; then: peer_lost: ") != std::string::npos, result.err);
+    BOOST_TEST(failure.find("server 0 (node 8)") != std::string::npos, result.err);
+    BOOST_TEST(result.err.find("timeout") == std::string::npos, result.err);
+  }
+  auto scheduled = scheduler.wait(30s);
+  BOOST_TEST(scheduled.exit_code == 1, scheduled.err);
+  BOOST_TEST(server.wait(5s).exit_code == 128 + SIGKILL);
+}
+
+/// Private memory of `pid` in bytes (RssAnon of /proc/<pid>/status: the heap, not the pages of a
+/// peer's shared-memory arena it maps).
+std::size_t anonymous_bytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.starts_with("RssAnon:"))
+      return std::stoull(line.substr(8)) * 1024;
+  return 0;
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_a_thousand_rounds_ahead_of_a_stalled_one_leaves_the_server_bounded) {
+  // Rank 0 issues 1000 pushes of 1 MiB at once while rank 1 sleeps 3 s: unbounded, the server
+  // would queue 1000 MiB of pushes. It holds at most max_rounds_ahead (2) rounds of them; the rest
+  // wait at the worker, and the link window (8 MiB here) bounds what is in flight.
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::map<std::string, std::string> env{{"KV_WORKER_DIR", dir.path().string()}};
+  child_process scheduler{node_path, {}, node_env("scheduler", 2, 1, port)};
+  child_process server{node_path, {"--link-window-bytes", "8MiB"}, node_env("server", 2, 1, port)};
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "flood", "--rounds", "1000", "--stall-ms", "3000",
+                                 "--shapes", "512x512", "--link-window-bytes", "8MiB"},
+        node_env("worker", 2, 1, port, env)));
+  worker_pids(dir.path(), 2);
+  const auto before = anonymous_bytes(server.pid());
+  // Sampled on a thread of its own while this one collects the workers' output.
+  std::atomic<std::size_t> most{before};
+  std::atomic<bool> sampling{true};
+  std::thread sampler{[&] {
+    while (sampling) {
+      most = std::max(most.load(), anonymous_bytes(server.pid()));
+      std::this_thread::sleep_for(10ms);
+    }
+  }};
+  for (auto& worker : workers) {
+    auto result = worker->wait(120s);
+    BOOST_TEST(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+    BOOST_TEST(count_lines(result.out, "flood checks hold over 1000 rounds") == 1u, result.out);
+  }
+  sampling = false;
+  sampler.join();
+  BOOST_TEST_MESSAGE("server private memory: " << before / 1024 << " KiB after init, at most "
+                                               << most.load() / 1024 << " KiB during the flood");
+  BOOST_TEST(most.load() < before + (std::size_t{64} << 20),
+             "the server grew from " << before << " to " << most.load() << " bytes");
+  BOOST_TEST(scheduler.wait(60s).exit_code == 0);
+  BOOST_TEST(server.wait(60s).exit_code == 0);
 }
 
 BOOST_AUTO_TEST_CASE(with_a_quorum_of_n_minus_1_a_killed_worker_leaves_the_others_to_finish) {
