@@ -96,10 +96,15 @@ namespace {
 constexpr int exit_failure = 1;
 constexpr int exit_usage = 2;
 
-/// --slow-worker: the worker of `rank` sleeps `delay` in each step.
+/// --slow-worker: the worker of `rank` sleeps `delay` in each step; with no rank ("rotate"),
+/// worker r sleeps in steps r, r + W, r + 2W... so that the straggler moves from step to step.
 struct slow_worker {
-  int rank = 0;
+  std::optional<int> rank;
   std::chrono::milliseconds delay{0};
+
+  bool sleeps(int worker, int workers, std::int64_t step) const {
+    return rank ? *rank == worker : step % workers == worker;
+  }
 };
 
 struct options {
@@ -199,20 +204,25 @@ result<std::vector<double>> parse_epoch_list(const std::string& text) {
   return out;
 }
 
-/// "2:5ms" -> worker 2 sleeps 5 ms per step; an error names the flag and what is wrong.
+/// "2:5ms" -> worker 2 sleeps 5 ms per step; "rotate:5ms" -> a different worker each step; an
+/// error names the flag and what is wrong.
 result<slow_worker> parse_slow_worker(const std::string& text) {
   const auto bad = [&](const std::string& why) {
     return error{errc::invalid_argument, "--slow-worker " + text + ": " + why};
   };
   const auto colon = text.find(':');
   if (colon == std::string::npos)
-    return bad("expected RANK:DURATION, such as 2:5ms");
+    return bad("expected RANK:DURATION or rotate:DURATION, such as 2:5ms");
   const std::string rank_text = text.substr(0, colon);
-  int rank = -1;
-  const auto [end, ec] =
-      std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
-  if (ec != std::errc{} || end != rank_text.data() + rank_text.size() || rank < 0)
-    return bad("'" + rank_text + "' is not a worker rank (an integer >= 0)");
+  std::optional<int> rank;
+  if (rank_text != "rotate") {
+    int parsed = -1;
+    const auto [end, ec] =
+        std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), parsed);
+    if (ec != std::errc{} || end != rank_text.data() + rank_text.size() || parsed < 0)
+      return bad("'" + rank_text + "' is not a worker rank (an integer >= 0) nor rotate");
+    rank = parsed;
+  }
   auto delay = parse_duration(text.substr(colon + 1));
   if (!delay)
     return bad(delay.error().message());
@@ -439,9 +449,11 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--save-params", o.save_params, "save the trained parameters to this file");
   app.add_flag("--no-progress", o.no_progress, "no progress display on stderr");
   app.add_flag("--quiet", o.quiet, "print only the final JSON line (and errors)");
-  app.add_option("--slow-worker", o.slow_worker_text,
-                 "for straggler experiments: worker RANK sleeps DURATION in each step, after its "
-                 "gradients and before the trainer's step (e.g. 2:5ms)")
+  app.add_option(
+         "--slow-worker", o.slow_worker_text,
+         "for straggler experiments: worker RANK sleeps DURATION in each step, after its "
+         "gradients and before the trainer's step (e.g. 2:5ms); with rotate:DURATION worker "
+         "r sleeps in steps r, r + W, r + 2W... (the straggler moves)")
       ->type_name("RANK:DURATION");
   add_config_flags(app, o.cluster);
 }
@@ -613,8 +625,8 @@ struct training_job {
   std::shared_ptr<nn::sequential> net;
   std::unique_ptr<trainer> train;
   std::int64_t step_batch = 0; ///< what trainer.step() is given (see the file comment)
-  /// --slow-worker naming this worker: how long it sleeps in each step.
-  std::optional<std::chrono::milliseconds> slow_step;
+  /// --slow-worker: who sleeps in which step, and how long.
+  std::optional<slow_worker> slow;
 };
 
 /// The running sums of one epoch on this worker.
@@ -642,8 +654,8 @@ status train_step(training_job& job, const data::batch& batch, int epoch, std::i
   }
   autograd::backward(losses);
   // A straggler on purpose: its gradients are ready, its push is late.
-  if (job.slow_step)
-    std::this_thread::sleep_for(*job.slow_step);
+  if (job.slow && job.slow->sleeps(job.member.rank, job.member.workers, step))
+    std::this_thread::sleep_for(job.slow->delay);
   if (auto stepped = job.train->step(job.step_batch); !stepped)
     return with_context(fmt::format("epoch {} step {}: ", epoch, step + 1), stepped.error());
   for (std::size_t c = 0; c < losses.size(); ++c) {
@@ -709,7 +721,8 @@ status end_epoch(training_job& job, report::epoch_metrics& m) {
 
 /// Rank 0's outputs after the last epoch: the CSV, the plot and the parameters when asked for,
 /// then the final JSON line.
-status write_outputs(const training_job& job, const std::vector<report::epoch_metrics>& history) {
+status write_outputs(const training_job& job, const std::vector<report::epoch_metrics>& history,
+                     double job_time_s) {
   const options& o = job.o;
   const std::string title =
       fmt::format("train_mnist {} - {} x{} - batch {} - {} lr {}", o.model, o.kvstore,
@@ -733,6 +746,7 @@ status write_outputs(const training_job& job, const std::vector<report::epoch_me
   run.contexts = job.contexts.size();
   run.threads = o.threads;
   run.hybridize = o.hybridize;
+  run.job_time_s = job_time_s;
   fmt::print("{}\n", report::final_line(history, run));
   std::fflush(stdout);
   return {};
@@ -747,9 +761,11 @@ std::string sync_note(const options& o) {
                         o.cluster_view->rescale_quorum ? " (rescaled)" : "");
   if (o.cluster_view && o.cluster_view->max_staleness)
     note += fmt::format(", max staleness {}", *o.cluster_view->max_staleness);
-  if (o.slow)
-    note +=
-        fmt::format(", worker {} sleeps {} per step", o.slow->rank, format_duration(o.slow->delay));
+  if (o.slow && o.slow->rank)
+    note += fmt::format(", worker {} sleeps {} per step", *o.slow->rank,
+                        format_duration(o.slow->delay));
+  else if (o.slow)
+    note += fmt::format(", one worker in turn sleeps {} per step", format_duration(o.slow->delay));
   return note;
 }
 
@@ -793,7 +809,7 @@ int main(int argc, char** argv) {
     return fail(log, member.error().message());
   if (member->store)
     log = log.part(node_name("worker", static_cast<std::uint32_t>(member->rank), ""));
-  if (o.slow && o.slow->rank >= member->workers)
+  if (o.slow && o.slow->rank && *o.slow->rank >= member->workers)
     return usage(fmt::format("--slow-worker {}: the job has {} worker(s), ranks 0 to {}",
                              o.slow_worker_text, member->workers, member->workers - 1));
 
@@ -822,8 +838,7 @@ int main(int argc, char** argv) {
                      std::move(*train),
                      step_batch,
                      std::nullopt};
-    if (o.slow && o.slow->rank == job.member.rank)
-      job.slow_step = o.slow->delay;
+    job.slow = o.slow;
     if (job.member.lead() && !o.quiet)
       print_banner(job);
     std::fflush(stdout);
@@ -833,6 +848,7 @@ int main(int argc, char** argv) {
                      ? std::nullopt
                      : std::optional{progress::mode::off});
     std::vector<report::epoch_metrics> history;
+    const auto started = std::chrono::steady_clock::now();
     for (int epoch = 1; epoch <= o.epochs; ++epoch) {
       auto metrics = train_epoch(job, epoch, bar);
       if (!metrics)
@@ -842,7 +858,10 @@ int main(int argc, char** argv) {
       history.push_back(*metrics);
     }
     if (job.member.lead())
-      if (auto written = write_outputs(job, history); !written)
+      if (auto written = write_outputs(
+              job, history,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+          !written)
         return fail(log, written.error().message());
   } catch (const std::exception& e) {
     return fail(log, e.what());

@@ -43,6 +43,9 @@ std::string final_line(std::span<const epoch_metrics> epochs, const run_summary&
   line["contexts"] = run.contexts;
   line["threads"] = run.threads;
   line["hybridize"] = run.hybridize;
+  line["job_time_s"] = json_line::significant(run.job_time_s, 6);
+  line["job_samples_per_s"] =
+      json_line::significant(run.job_time_s > 0 ? samples / run.job_time_s : 0, 6);
   return line.dump();
 }
 

@@ -46,14 +46,20 @@ struct run_summary {
   std::size_t contexts = 1;
   int threads = 1;
   bool hybridize = false;
+  /// Wall time from the first step to the end of the last epoch's barrier: in a dist job every
+  /// epoch ends when the slowest worker's does, so this is the job's time, stragglers included
+  /// (and the evaluations rank 0 makes between epochs).
+  double job_time_s = 0;
 };
 
 /// The final JSON line that scripts read (no newline), compact, keys in this order:
 /// {"final_test_acc":..,"final_train_loss":..,"samples_per_s":..,"time_s":..,"epochs":..,
 /// "model":"..","kvstore":"..","workers":..,"batch_size":..,"step_batch":..,"contexts":..,
-/// "threads":..,"hybridize":..}. Accuracy and loss are the last epoch's; samples_per_s and time_s
-/// cover every epoch's training loop. Measured numbers have 6 significant digits; a test
-/// accuracy this process did not measure is null. Precondition: `epochs` is not empty.
+/// "threads":..,"hybridize":..,"job_time_s":..,"job_samples_per_s":..}. Accuracy and loss are the
+/// last epoch's; samples_per_s and time_s cover this worker's training loop of every epoch (every
+/// worker's samples at this worker's pace); job_samples_per_s is every worker's samples over
+/// job_time_s. Measured numbers have 6 significant digits; a test accuracy this process did not
+/// measure is null. Precondition: `epochs` is not empty.
 std::string final_line(std::span<const epoch_metrics> epochs, const run_summary& run);
 
 /// A header and one row per epoch: epoch,train_loss,train_acc,test_acc,samples_per_s,time_s,
