@@ -25,6 +25,8 @@ spdlog::level::level_enum spdlog_level(log_level level) {
   switch (level) {
   case log_level::error:
     return spdlog::level::err;
+  case log_level::warning:
+    return spdlog::level::warn;
   case log_level::info:
     return spdlog::level::info;
   case log_level::debug:
@@ -46,6 +48,9 @@ void logger::log(log_level level, std::string_view text) const {
 
 void logger::error(std::string_view text) const {
   log(log_level::error, text);
+}
+void logger::warning(std::string_view text) const {
+  log(log_level::warning, text);
 }
 void logger::info(std::string_view text) const {
   log(log_level::info, text);

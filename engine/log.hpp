@@ -1,6 +1,6 @@
 #pragma once
 // One logging facility for every troupe process. Levels follow ps-lite's PS_VERBOSE: 0 failures
-// only, 1 also connections and phases, 2 also every message. Each line goes to stderr, whole (the
+// and warnings only, 1 also connections and phases, 2 also every message. Each line goes to stderr, whole (the
 // sink is thread-safe), as
 //
 //   2026-12-01 21:15:47.123 E troupe scheduler@127.0.0.1: worker 1 (node 11) was lost: ...
@@ -17,7 +17,13 @@
 
 namespace troupe {
 
-enum class log_level : std::uint8_t { error = 0, info = 1, debug = 2 };
+/// error and warning always print; info from verbose 1 on, debug from 2 on.
+enum class log_level : std::uint8_t { error, warning, info, debug };
+
+/// The verbosity from which a level prints: 0, 0, 1, 2.
+constexpr int verbosity_of(log_level level) noexcept {
+  return level == log_level::info ? 1 : level == log_level::debug ? 2 : 0;
+}
 
 class logger {
 public:
@@ -28,9 +34,11 @@ public:
   logger(std::string who, int verbose);
 
   bool enabled(log_level level) const noexcept {
-    return sink_ && static_cast<int>(level) <= verbose_;
+    return sink_ && verbosity_of(level) <= verbose_;
   }
   void error(std::string_view text) const;
+  /// Something the caller should know that is not a failure (MXNet's warnings).
+  void warning(std::string_view text) const;
   void info(std::string_view text) const;
   void debug(std::string_view text) const;
   void log(log_level level, std::string_view text) const;
