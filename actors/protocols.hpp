@@ -68,7 +68,14 @@ using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
 /// on connection envelope.connection) or, in one process, the worker that sent the request.
 using reply_sink = caf::typed_actor<caf::reacts_to<envelope>>;
 
-/// A link broker, either end (actors/data_link.hpp).
+/// A link, either end: a data link broker (actors/data_link.hpp) or, within one process, a local
+/// link (actors/server_node.hpp), so that a worker cannot tell which it holds.
+///
+/// The brokers are CAF 0.17 brokers (caf::io::stateful_broker), untyped inside: one behaviour
+/// takes the I/O events of their scribes and doorman (new_data_msg, connection_closed_msg, ...)
+/// and their own wake-ups (credit released on another thread, stats) besides the messages below,
+/// and CAF 0.17 has no stateful typed broker. They are handed out only as link_actor, so a sender
+/// can send them nothing else.
 using link_actor = caf::typed_actor<
     /// Send this message: a client link to its server, a server broker on the envelope's
     /// connection.
@@ -110,6 +117,16 @@ using shard_actor = caf::typed_actor<
     caf::reacts_to<tick_atom>,
     /// Its counters.
     caf::replies_to<stats_atom>::with<shard_stats>>;
+
+/// A server's control actor (actors/server_node.hpp): the request_handler of every keyless request,
+/// which it fans out to the server's shards.
+using server_control_actor = caf::typed_actor<
+    /// A worker's keyless request (set_optimizer, sync_settings, a command): sent to every shard
+    /// under an id of the control actor's own; one answer, an ack or the first error, goes to the
+    /// sink once every shard has answered.
+    caf::reacts_to<envelope, reply_sink>,
+    /// A shard's answer to one of those requests.
+    caf::reacts_to<envelope>>;
 
 // --- worker --------------------------------------------------------------------------------------
 

@@ -151,7 +151,7 @@ struct in_process_job {
         server_links links;
         for (auto& server : servers)
           links.links.push_back(
-              caf::actor_cast<link_actor>(spawn_local_link(system, server->router(), replies)));
+              spawn_local_link(system, server->router(), caf::actor_cast<reply_sink>(replies)));
         return links;
       };
       setup.barrier = [this] { return barrier.wait(std::chrono::milliseconds{20000}); };
