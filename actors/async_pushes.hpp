@@ -4,7 +4,7 @@
 // whatever order the workers' pushes complete; and how many pushes of the key each worker has had
 // applied, which bounded staleness (max_staleness = s) compares: a pull for round t is answered
 // once every live worker has had t - s pushes applied. A plain object that the shard actor drives
-// (actors/server_shard.hpp).
+// (actors/shard_core.hpp).
 //
 // Memory per key: one staging buffer per worker, the key's size, and a counter per worker.
 

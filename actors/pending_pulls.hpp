@@ -2,7 +2,7 @@
 // The pulls of one key waiting at a server shard for their round (dist_sync) or for the slowest
 // live worker (bounded staleness). Each records when its request expires: the shard drops it then
 // without a reply, since the requester has given up. The shard bounds how many one worker may
-// have waiting (server_shard.hpp), so a peer cannot grow this list without bound.
+// have waiting (shard_core.hpp), so a peer cannot grow this list without bound.
 
 #include <algorithm>
 #include <chrono>

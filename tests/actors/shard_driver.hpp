@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "actors/server_shard.hpp"
+#include "actors/shard_core.hpp"
 #include "actors/wire_conversions.hpp"
 #include "schema/chunking.hpp"
 

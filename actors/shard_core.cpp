@@ -1,4 +1,4 @@
-#include "actors/server_shard.hpp"
+#include "actors/shard_core.hpp"
 
 #include <algorithm>
 #include <exception>
