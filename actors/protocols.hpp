@@ -106,7 +106,7 @@ struct shard_stats {
   std::uint64_t requests_refused = 0;
 };
 
-/// A server shard (actors/server_shard.hpp).
+/// A server shard (actors/server_shard.hpp, its logic in actors/shard_core.hpp).
 using shard_actor = caf::typed_actor<
     /// A worker's request (init, push, pushpull, pull_request, set_optimizer, sync_settings,
     /// command); every reply, now or when a round completes, goes to the sink.

@@ -21,7 +21,7 @@
 
 #include "actors/key_placement.hpp"
 #include "actors/protocols.hpp"
-#include "actors/shard_core.hpp"
+#include "actors/server_shard.hpp"
 #include "engine/log.hpp"
 
 namespace troupe {

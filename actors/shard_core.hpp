@@ -1,8 +1,8 @@
 #pragma once
-// A server shard: holds the values and optimizer state of the ps-keys routed to it and answers
-// init, push, pull, pushpull, set_optimizer, sync_settings and checkpoint commands (MXNet's
-// KVStoreDistServer, src/kvstore/kvstore_dist_server.h, one per key range instead of one per
-// process).
+// The logic of a server shard: holds the values and optimizer state of the ps-keys routed to it
+// and answers init, push, pull, pushpull, set_optimizer, sync_settings and checkpoint commands
+// (MXNet's KVStoreDistServer, src/kvstore/kvstore_dist_server.h, one per key range instead of one
+// per process).
 //
 // How pushes are applied is the job's sync policy, which worker rank 0 sends before any init
 // (sync_settings; the older sync_mode / async_mode commands set the mode with the defaults).
@@ -51,9 +51,8 @@
 // value as the optimizer left it, and the push that completed the round gets the error instead
 // of its ack (in dist_async: the push whose update failed, which is not counted).
 //
-// shard_core is the logic, callable without CAF; spawn_server_shard wraps it in a shard_actor
-// (actors/protocols.hpp) that replies to each request's reply_sink and sweeps expired pulls on a
-// tick it sends itself.
+// shard_core is the logic, callable without CAF; the server shard actor
+// (actors/server_shard.hpp) wraps it.
 
 #include <chrono>
 #include <cstdint>
@@ -64,8 +63,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <caf/actor_system.hpp>
 
 #include "actors/async_pushes.hpp"
 #include "actors/pending_pulls.hpp"
@@ -228,9 +225,5 @@ private:
   std::vector<bool> live_;
   shard_stats stats_;
 };
-
-/// A shard_actor running a shard_core: replies go to each request's reply_sink; it sends itself
-/// a tick every options.sweep_interval to expire pulls (ticks from anyone else are ignored).
-shard_actor spawn_server_shard(caf::actor_system& system, shard_options options);
 
 } // namespace troupe

@@ -2,7 +2,7 @@
 // One key's dist_sync rounds on a server shard: which workers have contributed to the round being
 // collected, the sum of their contributions, the pushes that came early for later rounds and the
 // pushes that came too late for a round that closed without them. A plain object (no actors, no
-// network) that the shard actor drives (actors/shard_core.hpp): the shard feeds it each push
+// network) that a server shard drives (actors/shard_core.hpp): the shard feeds it each push
 // chunk, applies the update when the round reaches its quorum and answers the workers.
 //
 // Why an object inside the shard and not a barrier actor per key: a push chunk of dist_sync goes

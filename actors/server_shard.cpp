@@ -1,0 +1,47 @@
+#include "actors/server_shard.hpp"
+
+#include <memory>
+#include <utility>
+
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+namespace troupe {
+namespace {
+
+struct shard_actor_state {
+  std::unique_ptr<shard_core> core;
+  std::chrono::milliseconds sweep_interval{};
+  static inline const char* name = "troupe.server_shard";
+};
+
+shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_actor_state> self,
+                                          shard_options options) {
+  self->state.sweep_interval = options.sweep_interval;
+  self->state.core = std::make_unique<shard_core>(std::move(options));
+  self->delayed_send(self, self->state.sweep_interval, tick_atom::value);
+  return {
+      [self](envelope& request, const reply_sink& sink) {
+        self->state.core->handle(std::move(request),
+                                 [self, sink](envelope out) { self->send(sink, std::move(out)); });
+      },
+      [self](const wire::membership& table) { self->state.core->on_membership(table); },
+      [self](tick_atom) {
+        // Only the shard's own tick sweeps and schedules the next: ticks from elsewhere would
+        // multiply the timers.
+        if (self->current_sender().get() != self->ctrl())
+          return;
+        self->state.core->expire_pulls();
+        self->delayed_send(self, self->state.sweep_interval, tick_atom::value);
+      },
+      [self](stats_atom) { return self->state.core->stats(); },
+  };
+}
+
+} // namespace
+
+shard_actor spawn_server_shard(caf::actor_system& system, shard_options options) {
+  return system.spawn(shard_behavior, std::move(options));
+}
+
+} // namespace troupe
