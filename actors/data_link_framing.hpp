@@ -43,7 +43,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/protocols.hpp"
+#include "actors/envelope.hpp"
 #include "actors/shm_arena.hpp"
 #include "schema/codec.hpp"
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/protocols.hpp"
+#include "actors/envelope.hpp"
 
 namespace troupe {
 

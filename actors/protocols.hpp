@@ -1,8 +1,8 @@
 #pragma once
-// Every interface between troupe's actors, in one place: the envelope that carries
-// a wire message inside a process, the atoms, the in-process message types, and one
-// caf::typed_actor per kind of actor with a comment per handler. A message an actor does not
-// handle fails to compile at the send.
+// Every interface between troupe's actors, in one place: the atoms, the in-process message types,
+// and one caf::typed_actor per kind of actor with a comment per handler. A message an actor does
+// not handle fails to compile at the send. Two plain types that the actors' logic also handles
+// without CAF have headers of their own: the envelope (actors/envelope.hpp) and shard_stats.
 //
 // Two transports, one message form. Between processes every message, control or data, is a
 // Cap'n Proto frame (schema/codec.hpp) on troupe's own framed links (actors/data_link.hpp): the
@@ -32,25 +32,13 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/bridge.hpp"
+#include "actors/envelope.hpp"
+#include "actors/shard_stats.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
 #include "schema/messages.hpp"
 
 namespace troupe {
-
-/// A wire message inside one process, with whatever keeps its tensor bytes alive.
-struct envelope {
-  wire::message msg;
-  /// Owner of the memory that msg's tensor_chunk::data views (a frame buffer, an ndarray's
-  /// storage); null when the message carries no tensor, except that a frame received from a link
-  /// always has one: it also holds the frame's receive credit, returned to the sender when the
-  /// last copy goes (so do not keep received envelopes longer than needed: actors/data_link.hpp).
-  std::shared_ptr<const void> keepalive;
-  /// Which connection: on a listening side, the connection the message arrived on or must leave
-  /// by (a server broker's id for one peer's connection); on a connecting side, the tag the link
-  /// was opened with (data_link_options::tag); 0 within one process.
-  std::uint64_t connection = 0;
-};
 
 // --- atoms (at most 10 characters in CAF 0.17) --------------------------------------------------
 using link_down_atom = caf::atom_constant<caf::atom("link_down")>;
@@ -90,21 +78,6 @@ using link_actor = caf::typed_actor<
 using request_handler = caf::typed_actor<caf::reacts_to<envelope, reply_sink>>;
 
 // --- server --------------------------------------------------------------------------------------
-
-/// What a shard counts, for logs, the job's summary and tests.
-struct shard_stats {
-  /// Rounds (sync) or pushes (async) applied, over every key of the shard.
-  std::uint64_t updates = 0;
-  /// Pushes that arrived after their round had closed with a quorum, dropped unapplied.
-  std::uint64_t late_pushes_dropped = 0;
-  /// Bounded staleness: the most rounds any worker's push was ahead of the slowest live worker
-  /// when it arrived (the instrument that shows max_staleness holds).
-  std::uint64_t max_lead = 0;
-  /// Pulls that waited at the shard and expired with their request.
-  std::uint64_t pulls_expired = 0;
-  /// Requests refused with an error reply.
-  std::uint64_t requests_refused = 0;
-};
 
 /// A server shard (actors/server_shard.hpp, its logic in actors/shard_core.hpp).
 using shard_actor = caf::typed_actor<

@@ -53,15 +53,6 @@ result<sync_policy> policy_from(const wire::sync_settings& msg, std::uint32_t nu
 
 } // namespace
 
-shard_stats& operator+=(shard_stats& total, const shard_stats& more) noexcept {
-  total.updates += more.updates;
-  total.late_pushes_dropped += more.late_pushes_dropped;
-  total.max_lead = std::max(total.max_lead, more.max_lead);
-  total.pulls_expired += more.pulls_expired;
-  total.requests_refused += more.requests_refused;
-  return total;
-}
-
 std::uint64_t shard_core::key_entry::completed() const noexcept {
   if (sync)
     return sync->completed();

@@ -65,8 +65,9 @@
 #include <vector>
 
 #include "actors/async_pushes.hpp"
+#include "actors/envelope.hpp"
 #include "actors/pending_pulls.hpp"
-#include "actors/protocols.hpp"
+#include "actors/shard_stats.hpp"
 #include "actors/sync_round.hpp"
 #include "engine/log.hpp"
 #include "engine/ndarray.hpp"
@@ -115,9 +116,6 @@ struct shard_options {
   /// Null: optimizer::create.
   optimizer_factory make_optimizer;
 };
-
-/// Sums stats of several shards (max_lead: the largest).
-shard_stats& operator+=(shard_stats& total, const shard_stats& more) noexcept;
 
 class shard_core {
 public:
