@@ -20,7 +20,7 @@ std::chrono::steady_clock::time_point backstop(std::chrono::milliseconds timeout
 
 } // namespace
 
-dist_kvstore::dist_kvstore(dist_kvstore_setup setup)
+dist_kvstore::dist_kvstore(worker_setup setup)
     : owned_resources_(setup.owned_resources), setup_(std::move(setup)) {
   setup_.owned_resources.reset();
   if (setup_.type.find("device") != std::string::npos)
@@ -29,8 +29,7 @@ dist_kvstore::dist_kvstore(dist_kvstore_setup setup)
     comm_ = std::make_unique<comm_host>();
 }
 
-result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(caf::actor_system& system,
-                                                           dist_kvstore_setup setup) {
+result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   auto invalid = [](std::string text) { return error{errc::invalid_argument, std::move(text)}; };
   if (!known_type(setup.type))
     return invalid("unknown distributed kvstore type '" + setup.type +
@@ -52,12 +51,13 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(caf::actor_system& sy
   if (setup.max_staleness >= 0 && !async)
     return invalid("max_staleness " + std::to_string(setup.max_staleness) + " bounds dist_async; " +
                    setup.type + " already waits for every round (staleness 0)");
-  if (!setup.connect_servers || !setup.barrier)
-    return invalid("a distributed kvstore needs server links and a barrier");
+  if (!setup.system || !setup.connect_servers || !setup.barrier)
+    return invalid("a distributed kvstore needs an actor system, server links and a barrier");
 
   std::unique_ptr<dist_kvstore> store{new dist_kvstore(std::move(setup))};
   auto& s = store->setup_;
-  store->system_ = &system;
+  auto& system = *s.system;
+  store->system_ = s.system;
   kv_worker_options options;
   options.rank = s.rank;
   options.num_workers = s.num_workers;
@@ -342,6 +342,34 @@ status dist_kvstore::finalize() {
   for (auto& link : links_)
     caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
   return outcome;
+}
+
+result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
+                                                const cluster_config& config) {
+  auto setup = join_worker(type, config);
+  if (!setup)
+    return setup.error();
+  auto store = dist_kvstore::create(std::move(*setup));
+  if (!store)
+    return store.error();
+  return std::unique_ptr<kvstore>{std::move(*store)};
+}
+
+result<std::unique_ptr<kvstore>> create_distributed(const std::string& type,
+                                                    const config_overrides& flags) {
+  auto config = load_config(std::nullopt, process_environment(), flags);
+  if (!config)
+    return config.error();
+  const auto role = config->role.value_or(node_role::worker);
+  if (role != node_role::worker)
+    return error{
+        errc::invalid_argument,
+        "kvstore::create(\"" + type + "\"): this process's configuration names the role " +
+            std::string(to_string(role)) +
+            " (DMLC_ROLE, [job] role or --role), which serves the job instead of holding a "
+            "store: call troupe::serve_if_node_role(argc, argv) first in main and return "
+            "its exit code (actors/dist_job.hpp)"};
+  return connect_worker(type, *config);
 }
 
 } // namespace troupe

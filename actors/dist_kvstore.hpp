@@ -16,9 +16,10 @@
 // sync or async, the quorum of a dist_sync round, bounded staleness for dist_async
 // (wire::sync_settings).
 //
-// This class knows nothing of how the job was assembled: dist_kvstore_setup hands it the links to
-// the servers, the job's barrier and what to do at finalize. actors/dist_job.hpp builds a setup
-// from the cluster configuration; tests build one from actors in their own process.
+// This class knows nothing of how the job was assembled: a worker_setup (actors/dist_job.hpp)
+// hands it the links to the servers, the job's barrier and what to do at finalize. join_worker
+// builds one from the cluster configuration (connect_worker below); tests build one from actors in
+// their own process.
 
 #include <chrono>
 #include <functional>
@@ -29,6 +30,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
+#include "actors/dist_job.hpp"
 #include "actors/key_registry.hpp"
 #include "actors/kvstore.hpp"
 #include "actors/protocols.hpp"
@@ -38,52 +40,10 @@
 
 namespace troupe {
 
-struct dist_kvstore_setup {
-  /// One of dist_sync, dist_async, dist_device_sync, dist_device_async, dist_sync_device,
-  /// dist_async_device.
-  std::string type = "dist_sync";
-  std::uint32_t rank = 0;
-  std::uint32_t num_workers = 1;
-  std::uint32_t num_servers = 1;
-  /// MXNET_KVSTORE_BIGARRAY_BOUND: keys with at least this many elements are split over servers.
-  std::int64_t bigarray_bound = 1'000'000;
-  /// Largest tensor payload per frame.
-  std::size_t chunk_bytes = wire::default_chunk_bytes;
-  /// A request not answered this long after it was sent fails with errc::timeout.
-  std::chrono::milliseconds timeout{30'000};
-
-  /// The job's consistency, announced by rank 0 (sync.* of the cluster configuration):
-  /// dist_sync rounds close with `quorum` workers (0: all of them), scaled by
-  /// num_workers / quorum when `rescale_quorum`; a dist_async pull waits until every live worker
-  /// is at most `max_staleness` rounds behind (-1: no bound); a server accepts pushes at most
-  /// `max_rounds_ahead` rounds beyond the one it collects.
-  std::uint32_t quorum = 0;
-  bool rescale_quorum = false;
-  std::int64_t max_staleness = -1;
-  std::uint32_t max_rounds_ahead = 2;
-
-  /// Opens one link per server rank, each sending its replies to `receiver` as (envelope) with
-  /// the tag rank + 1 and its loss as (link_down_atom, tag, why).
-  std::function<result<server_links>(const caf::actor& receiver)> connect_servers;
-  /// Blocks until every (live) worker of the job has arrived.
-  std::function<status()> barrier;
-  /// Rank 0: tells the scheduler the job's consistency (it decides how many lost workers the
-  /// job survives). Optional.
-  std::function<status(const wire::sync_settings&)> announce_settings;
-  /// Called once with the worker actor, e.g. to subscribe it to the node agent. Optional.
-  std::function<void(const worker_actor&)> on_started;
-  /// Called once when the store is finalized (tell the job this worker is done).
-  std::function<void()> on_finalize;
-  /// Whatever must outlive the store (the actor system it runs in, the node agent); released
-  /// after everything else of the store.
-  std::shared_ptr<void> owned_resources;
-  logger log;
-};
-
 class dist_kvstore final : public kvstore {
 public:
-  static result<std::unique_ptr<dist_kvstore>> create(caf::actor_system& system,
-                                                      dist_kvstore_setup setup);
+  /// A store running its worker actor in setup.system.
+  static result<std::unique_ptr<dist_kvstore>> create(worker_setup setup);
   ~dist_kvstore() override;
 
   using kvstore::broadcast;
@@ -130,7 +90,7 @@ public:
   const worker_actor& worker() const noexcept { return worker_; }
 
 private:
-  explicit dist_kvstore(dist_kvstore_setup setup);
+  explicit dist_kvstore(worker_setup setup);
 
   bool sync_mode() const noexcept;
   /// Stops the worker and the links of a store that failed to start, without telling the job.
@@ -148,7 +108,7 @@ private:
   wire::sync_settings settings() const;
 
   std::shared_ptr<void> owned_resources_; // first member: released last
-  dist_kvstore_setup setup_;
+  worker_setup setup_;
   caf::actor_system* system_ = nullptr;
   worker_actor worker_;
   std::vector<link_actor> links_; // closed at finalize
@@ -156,5 +116,18 @@ private:
   std::unique_ptr<comm> comm_;
   bool finalized_ = false;
 };
+
+/// Joins the job as a worker (join_worker) and returns its store of `type` (dist_sync, dist_async,
+/// ...). Worker rank 0 first tells the scheduler the job's sync settings (mode, sync.quorum, ...),
+/// so that the scheduler knows how many workers the job needs alive.
+result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
+                                                const cluster_config& config);
+
+/// kvstore::create's entry for distributed types: reads the configuration ($TROUPE_CONFIG or
+/// --config, the DMLC_* environment, then `flags`) and connects a worker. A configuration naming
+/// the role scheduler or server is an error that names DMLC_ROLE and serve_if_node_role: that
+/// process should serve, not hold a store.
+result<std::unique_ptr<kvstore>> create_distributed(const std::string& type,
+                                                    const config_overrides& flags);
 
 } // namespace troupe

@@ -3,7 +3,7 @@
 #include <array>
 
 #include "actors/config.hpp"
-#include "actors/dist_job.hpp"
+#include "actors/dist_kvstore.hpp"
 #include "actors/local_kvstore.hpp"
 #include "engine/comm.hpp"
 

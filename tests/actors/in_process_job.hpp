@@ -85,7 +85,7 @@ struct in_process_options {
   std::size_t chunk_bytes = std::size_t{1} << 20;
   /// The workers' request timeout.
   std::chrono::milliseconds timeout{20'000};
-  /// sync.* of the cluster configuration (dist_kvstore_setup's fields).
+  /// sync.* of the cluster configuration (worker_setup's fields).
   std::uint32_t quorum = 0;
   bool rescale_quorum = false;
   std::int64_t max_staleness = -1;
@@ -129,7 +129,8 @@ struct in_process_job {
       servers.push_back(std::make_unique<server_node>(
           system, server_node_options{num_workers, options.shards, mode, options.chunk_bytes}));
     for (std::uint32_t rank = 0; rank < num_workers; ++rank) {
-      dist_kvstore_setup setup;
+      worker_setup setup;
+      setup.system = &system;
       setup.type = type;
       setup.rank = rank;
       setup.num_workers = num_workers;
@@ -155,7 +156,7 @@ struct in_process_job {
         return links;
       };
       setup.barrier = [this] { return barrier.wait(std::chrono::milliseconds{20000}); };
-      workers.push_back(dist_kvstore::create(system, std::move(setup)).value());
+      workers.push_back(dist_kvstore::create(std::move(setup)).value());
     }
   }
 
