@@ -1,7 +1,7 @@
 #pragma once
 // How one process of a distributed job is assembled from the cluster configuration
-// (actors/config.hpp): the scheduler, a server (its shards behind a data server), or a worker
-// (its node agent, and the worker_setup its store runs on: join_worker; the store itself,
+// (actors/config/config.hpp): the scheduler, a server (its shards behind a data server), or a
+// worker (its node agent, and the worker_setup its store runs on: join_worker; the store itself,
 // dist_kvstore, sits above these actors). troupe-node runs the first two; any troupe program
 // runs whichever role the configuration names when it starts with serve_if_node_role, which keeps
 // MXNet's convention (one program for every role, the role from DMLC_ROLE) without the library
@@ -37,7 +37,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
 #include "engine/log.hpp"

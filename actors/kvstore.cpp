@@ -2,7 +2,7 @@
 
 #include <array>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_kvstore.hpp"
 #include "actors/local_kvstore.hpp"
 #include "engine/comm.hpp"

@@ -38,7 +38,7 @@
 
 namespace troupe {
 
-struct config_overrides; // actors/config.hpp
+struct config_overrides; // actors/config/config.hpp
 
 /// A push, pull or pushpull under way: wait() blocks until it is done and says how it ended.
 /// Copies share the same request. The outputs of a pull must not be read, and the inputs of a

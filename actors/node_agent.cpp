@@ -12,7 +12,7 @@
 #include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/data_link.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/wire_conversions.hpp"

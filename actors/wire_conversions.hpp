@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "engine/dtype.hpp"
 #include "engine/error.hpp"
 #include "schema/messages.hpp"

@@ -71,7 +71,7 @@
 
 #include <fmt/core.h>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
 #include "actors/kvstore.hpp"
 #include "actors/trainer.hpp"

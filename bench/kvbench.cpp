@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
 #include "actors/kvstore.hpp"
 #include "engine/json_line.hpp"

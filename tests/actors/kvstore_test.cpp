@@ -10,7 +10,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/kvstore.hpp"
 #include "engine/comm.hpp"
 

@@ -34,7 +34,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
 #include "actors/kvstore.hpp"
 

@@ -1,4 +1,4 @@
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

@@ -17,7 +17,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace troupe;
