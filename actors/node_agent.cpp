@@ -14,8 +14,8 @@
 
 #include "actors/config/config.hpp"
 #include "actors/data_link.hpp"
+#include "actors/logic/wire_conversions.hpp"
 #include "actors/scheduler.hpp"
-#include "actors/wire_conversions.hpp"
 
 namespace troupe {
 

@@ -2,7 +2,7 @@
 // Every interface between troupe's actors, in one place: the atoms, the in-process message types,
 // and one caf::typed_actor per kind of actor with a comment per handler. A message an actor does
 // not handle fails to compile at the send. Two plain types that the actors' logic also handles
-// without CAF have headers of their own: the envelope (actors/envelope.hpp) and shard_stats.
+// without CAF have headers of their own: the envelope (actors/logic/envelope.hpp) and shard_stats.
 //
 // Two transports, one message form. Between processes every message, control or data, is a
 // Cap'n Proto frame (schema/codec.hpp) on troupe's own framed links (actors/data_link.hpp): the
@@ -32,8 +32,8 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/bridge.hpp"
-#include "actors/envelope.hpp"
-#include "actors/shard_stats.hpp"
+#include "actors/logic/envelope.hpp"
+#include "actors/logic/shard_stats.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
 #include "schema/messages.hpp"
@@ -79,7 +79,7 @@ using request_handler = caf::typed_actor<caf::reacts_to<envelope, reply_sink>>;
 
 // --- server --------------------------------------------------------------------------------------
 
-/// A server shard (actors/server_shard.hpp, its logic in actors/shard_core.hpp).
+/// A server shard (actors/server_shard.hpp, its logic in actors/logic/shard_core.hpp).
 using shard_actor = caf::typed_actor<
     /// A worker's request (init, push, pushpull, pull_request, set_optimizer, sync_settings,
     /// command); every reply, now or when a round completes, goes to the sink.

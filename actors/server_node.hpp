@@ -19,7 +19,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
-#include "actors/key_placement.hpp"
+#include "actors/logic/key_placement.hpp"
 #include "actors/protocols.hpp"
 #include "actors/server_shard.hpp"
 #include "engine/log.hpp"

@@ -1,12 +1,12 @@
 #pragma once
-// A server shard as an actor: a shard_core (actors/shard_core.hpp, where the shard's contract is
-// written down) behind a thin shard_actor (actors/protocols.hpp). The actor replies to each
+// A server shard as an actor: a shard_core (actors/logic/shard_core.hpp, where the shard's contract
+// is written down) behind a thin shard_actor (actors/protocols.hpp). The actor replies to each
 // request's reply_sink and sweeps expired pulls on a tick it sends itself.
 
 #include <caf/actor_system.hpp>
 
+#include "actors/logic/shard_core.hpp"
 #include "actors/protocols.hpp"
-#include "actors/shard_core.hpp"
 
 namespace troupe {
 

@@ -16,7 +16,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 
-#include "actors/key_placement.hpp"
+#include "actors/logic/key_placement.hpp"
 #include "in_process_job.hpp"
 
 using namespace troupe;

@@ -10,7 +10,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "actors/key_placement.hpp"
+#include "actors/logic/key_placement.hpp"
 #include "in_process_job.hpp"
 
 using namespace troupe;

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/envelope.hpp"
+#include "actors/logic/envelope.hpp"
 
 namespace troupe {
 

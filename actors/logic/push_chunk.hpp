@@ -1,7 +1,7 @@
 #pragma once
-// What the per-key push logic of a server shard (actors/sync_round.hpp, actors/async_pushes.hpp)
-// shares: a push chunk as the logic sees it, what became of it, and the checks every chunk passes
-// before it touches a buffer.
+// What the per-key push logic of a server shard (actors/logic/sync_round.hpp,
+// actors/logic/async_pushes.hpp) shares: a push chunk as the logic sees it, what became of it, and
+// the checks every chunk passes before it touches a buffer.
 //
 // A push's chunks come in order, each once: they are the chunker's consecutive slices
 // (schema/chunking.hpp) and every link delivers one worker's frames in the order sent. So one

@@ -1,10 +1,10 @@
-#include "actors/sync_round.hpp"
+#include "actors/logic/sync_round.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
-#include "actors/wire_conversions.hpp"
+#include "actors/logic/wire_conversions.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/half.hpp"
 

@@ -1,4 +1,4 @@
-#include "actors/push_chunk.hpp"
+#include "actors/logic/push_chunk.hpp"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "actors/async_pushes.hpp"
+#include "actors/logic/async_pushes.hpp"
 
 #include <algorithm>
 #include <limits>

@@ -8,7 +8,7 @@
 // (sync_settings; the older sync_mode / async_mode commands set the mode with the defaults).
 // Settings that differ from the current ones are refused once the shard holds a key, whose
 // rounds are built for the policy it was initialised under.
-//  - dist_sync: a key's rounds are a sync_round (actors/sync_round.hpp, the rules in full): a
+//  - dist_sync: a key's rounds are a sync_round (actors/logic/sync_round.hpp, the rules in full): a
 //    round closes as soon as `quorum` workers (default all N) have pushed every byte of it, and
 //    the optimizer runs once on the sum of exactly those pushes, or, with no optimizer, the sum
 //    replaces the value. MXNet scales nothing on the server; with rescale_quorum and a quorum
@@ -18,7 +18,7 @@
 //    stale_round error). Pushes up to max_rounds_ahead rounds early wait, copied out of their
 //    frames; later ones are refused. A pull for round t is answered once t rounds are complete.
 //  - dist_async: each worker's push is applied as soon as all of its bytes have arrived
-//    (actors/async_pushes.hpp); a pull is answered at once with the current value, or, with
+//    (actors/logic/async_pushes.hpp); a pull is answered at once with the current value, or, with
 //    max_staleness = s >= 0 (stale synchronous parallel), once every live worker has pushed the
 //    key at least t - s times, which is checked after each applied push and each membership
 //    change. s = 0 orders pushes and pulls as dist_sync does.
@@ -64,11 +64,11 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/async_pushes.hpp"
-#include "actors/envelope.hpp"
-#include "actors/pending_pulls.hpp"
-#include "actors/shard_stats.hpp"
-#include "actors/sync_round.hpp"
+#include "actors/logic/async_pushes.hpp"
+#include "actors/logic/envelope.hpp"
+#include "actors/logic/pending_pulls.hpp"
+#include "actors/logic/shard_stats.hpp"
+#include "actors/logic/sync_round.hpp"
 #include "engine/log.hpp"
 #include "engine/ndarray.hpp"
 #include "engine/optimizer.hpp"

@@ -1,11 +1,11 @@
-#include "actors/shard_core.hpp"
+#include "actors/logic/shard_core.hpp"
 
 #include <algorithm>
 #include <exception>
 #include <limits>
 #include <utility>
 
-#include "actors/wire_conversions.hpp"
+#include "actors/logic/wire_conversions.hpp"
 #include "engine/serialize.hpp"
 #include "schema/codec.hpp"
 

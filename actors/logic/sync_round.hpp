@@ -2,7 +2,7 @@
 // One key's dist_sync rounds on a server shard: which workers have contributed to the round being
 // collected, the sum of their contributions, the pushes that came early for later rounds and the
 // pushes that came too late for a round that closed without them. A plain object (no actors, no
-// network) that a server shard drives (actors/shard_core.hpp): the shard feeds it each push
+// network) that a server shard drives (actors/logic/shard_core.hpp): the shard feeds it each push
 // chunk, applies the update when the round reaches its quorum and answers the workers.
 //
 // Why an object inside the shard and not a barrier actor per key: a push chunk of dist_sync goes
@@ -15,7 +15,8 @@
 //
 // Rules, with N workers, quorum K (1 <= K <= N), max_rounds_ahead M and c rounds completed (the
 // round being collected is round c):
-//  - A chunk of round c joins the round (chunks of a push come in order, actors/push_chunk.hpp).
+//  - A chunk of round c joins the round (chunks of a push come in order,
+//  actors/logic/push_chunk.hpp).
 //  - The round closes as soon as K distinct workers have pushed every byte of it; the sum is
 //    then exactly the sum of those K pushes.
 //      K == N: chunks are summed into the merge buffer as they arrive (the first bytes to reach a
@@ -43,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/push_chunk.hpp"
+#include "actors/logic/push_chunk.hpp"
 #include "engine/ndarray.hpp"
 #include "schema/messages.hpp"
 

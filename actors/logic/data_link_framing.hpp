@@ -43,8 +43,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/envelope.hpp"
-#include "actors/shm_arena.hpp"
+#include "actors/logic/envelope.hpp"
+#include "actors/logic/shm_arena.hpp"
 #include "schema/codec.hpp"
 
 namespace troupe {

@@ -1,4 +1,4 @@
-#include "actors/key_placement.hpp"
+#include "actors/logic/key_placement.hpp"
 
 #include <cmath>
 

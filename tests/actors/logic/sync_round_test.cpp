@@ -8,7 +8,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "actors/sync_round.hpp"
+#include "actors/logic/sync_round.hpp"
 
 using namespace troupe;
 

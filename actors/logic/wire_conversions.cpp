@@ -1,4 +1,4 @@
-#include "actors/wire_conversions.hpp"
+#include "actors/logic/wire_conversions.hpp"
 
 namespace troupe {
 

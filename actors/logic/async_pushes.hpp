@@ -4,14 +4,14 @@
 // whatever order the workers' pushes complete; and how many pushes of the key each worker has had
 // applied, which bounded staleness (max_staleness = s) compares: a pull for round t is answered
 // once every live worker has had t - s pushes applied. A plain object that the shard actor drives
-// (actors/shard_core.hpp).
+// (actors/logic/shard_core.hpp).
 //
 // Memory per key: one staging buffer per worker, the key's size, and a counter per worker.
 
 #include <cstdint>
 #include <vector>
 
-#include "actors/push_chunk.hpp"
+#include "actors/logic/push_chunk.hpp"
 #include "engine/ndarray.hpp"
 
 namespace troupe {

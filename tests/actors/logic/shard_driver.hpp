@@ -8,8 +8,8 @@
 #include <optional>
 #include <vector>
 
-#include "actors/shard_core.hpp"
-#include "actors/wire_conversions.hpp"
+#include "actors/logic/shard_core.hpp"
+#include "actors/logic/wire_conversions.hpp"
 #include "schema/chunking.hpp"
 
 namespace troupe::testing {

@@ -1,4 +1,4 @@
-#include "actors/data_link_framing.hpp"
+#include "actors/logic/data_link_framing.hpp"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "actors/shm_arena.hpp"
+#include "actors/logic/shm_arena.hpp"
 
 #include <cerrno>
 #include <cstring>

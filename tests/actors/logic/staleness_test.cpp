@@ -9,7 +9,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "tests/actors/shard_driver.hpp"
+#include "tests/actors/logic/shard_driver.hpp"
 
 using namespace troupe;
 using troupe::testing::shard_driver;
