@@ -1,4 +1,4 @@
-#include "actors/update_policy.hpp"
+#include "actors/gluon/update_policy.hpp"
 
 #include <string>
 

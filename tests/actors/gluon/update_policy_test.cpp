@@ -7,7 +7,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "actors/update_policy.hpp"
+#include "actors/gluon/update_policy.hpp"
 
 using troupe::errc;
 using troupe::resolve_update_on_kvstore;

@@ -9,9 +9,9 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "actors/trainer.hpp"
+#include "actors/gluon/trainer.hpp"
 #include "engine/nn/initializer.hpp"
-#include "in_process_job.hpp"
+#include "tests/actors/in_process_job.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace troupe;

@@ -13,7 +13,7 @@
 //  - model.py::_create_kvstore: a store type that is not `dist*` with one context per parameter
 //    gets no store at all (each context updates locally; update_on_kvstore is false, whatever the
 //    caller asked); `local` with a parameter of more than 16M elements defaults to false;
-//  - then actors/update_policy.hpp's table: dist_*async forces true (a caller's false is an
+//  - then actors/gluon/update_policy.hpp's table: dist_*async forces true (a caller's false is an
 //    error), a caller's value replaces the default, a store that cannot run the optimizer falls
 //    back to false (a caller's true is an error).
 //

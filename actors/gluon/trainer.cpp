@@ -1,11 +1,11 @@
-#include "actors/trainer.hpp"
+#include "actors/gluon/trainer.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <set>
 #include <utility>
 
-#include "actors/update_policy.hpp"
+#include "actors/gluon/update_policy.hpp"
 #include "engine/serialize.hpp"
 
 namespace troupe {
