@@ -82,7 +82,7 @@ int serve_node(const cluster_config& config,
 /// on. It never ends the process itself.
 std::optional<int> serve_if_node_role(int argc, const char* const* argv);
 
-/// What a worker's store (actors/dist_kvstore.hpp) runs on: its type and options, its place
+/// What a worker's store (actors/kvstore/dist_kvstore.hpp) runs on: its type and options, its place
 /// in the job, and how to reach the rest of the job. join_worker builds one from the cluster
 /// configuration; tests build one from actors in their own process.
 struct worker_setup {

@@ -24,7 +24,7 @@
 
 #include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "engine/json_line.hpp"
 #include "engine/log.hpp"
 

@@ -56,7 +56,7 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "engine/error.hpp"
 #include "engine/lr_scheduler.hpp"
 #include "engine/nn/parameter.hpp"

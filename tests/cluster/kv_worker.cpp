@@ -36,7 +36,7 @@
 
 #include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 
 using namespace troupe;
 

@@ -11,7 +11,7 @@
 
 #include "actors/gluon/trainer.hpp"
 #include "engine/nn/initializer.hpp"
-#include "tests/actors/in_process_job.hpp"
+#include "tests/actors/kvstore/in_process_job.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace troupe;

@@ -9,7 +9,7 @@
 //
 // Modes: `local` (values summed on the host) and `device` (summed on the pushing devices' side;
 // see engine/comm.hpp), and the distributed `dist_sync`, `dist_async`, `dist_device_sync` and
-// `dist_device_async` (actors/dist_kvstore.hpp), whose values live on server processes.
+// `dist_device_async` (actors/kvstore/dist_kvstore.hpp), whose values live on server processes.
 //
 // Keys are ints or strings, not both in one store. A push without an optimizer replaces the
 // stored value with the sum of the pushed list; after set_optimizer (or set_updater) a push

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "actors/key_registry.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/key_registry.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "engine/comm.hpp"
 
 namespace troupe {

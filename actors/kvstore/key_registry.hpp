@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 
 namespace troupe {
 

@@ -19,7 +19,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/send.hpp>
 
-#include "actors/dist_kvstore.hpp"
+#include "actors/kvstore/dist_kvstore.hpp"
 #include "actors/server_node.hpp"
 
 namespace troupe::testing {

@@ -1,4 +1,4 @@
-#include "actors/dist_kvstore.hpp"
+#include "actors/kvstore/dist_kvstore.hpp"
 
 #include <caf/send.hpp>
 

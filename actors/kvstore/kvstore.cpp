@@ -1,10 +1,10 @@
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 
 #include <array>
 
 #include "actors/config/config.hpp"
-#include "actors/dist_kvstore.hpp"
-#include "actors/local_kvstore.hpp"
+#include "actors/kvstore/dist_kvstore.hpp"
+#include "actors/kvstore/local_kvstore.hpp"
 #include "engine/comm.hpp"
 
 namespace troupe {

@@ -17,7 +17,7 @@
 #include <caf/send.hpp>
 
 #include "actors/logic/key_placement.hpp"
-#include "in_process_job.hpp"
+#include "tests/actors/kvstore/in_process_job.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;

@@ -11,7 +11,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/config/config.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "engine/comm.hpp"
 
 using namespace troupe;

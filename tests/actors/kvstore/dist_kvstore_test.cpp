@@ -11,7 +11,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/logic/key_placement.hpp"
-#include "in_process_job.hpp"
+#include "tests/actors/kvstore/in_process_job.hpp"
 
 using namespace troupe;
 using troupe::testing::in_process_job;

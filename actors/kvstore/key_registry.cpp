@@ -1,4 +1,4 @@
-#include "actors/key_registry.hpp"
+#include "actors/kvstore/key_registry.hpp"
 
 #include <algorithm>
 

@@ -31,8 +31,8 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/dist_job.hpp"
-#include "actors/key_registry.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/key_registry.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "actors/protocols.hpp"
 #include "engine/comm.hpp"
 #include "engine/log.hpp"

@@ -1,4 +1,4 @@
-#include "actors/local_kvstore.hpp"
+#include "actors/kvstore/local_kvstore.hpp"
 
 #include <utility>
 
