@@ -51,8 +51,8 @@
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
-#include "actors/data_link_framing.hpp"
-#include "actors/shm_arena.hpp"
+#include "actors/logic/data_link_framing.hpp"
+#include "actors/logic/shm_arena.hpp"
 
 namespace troupe {
 

@@ -19,7 +19,7 @@
 // Both ends cut frames from the stream into pooled buffers and decode them in place (a decoded
 // tensor views the frame buffer, which the envelope's keepalive owns), and write outgoing frames
 // in bounded steps as the socket drains, referencing tensors without copying them until CAF's
-// write buffer (actors/data_link_framing.hpp). Frames of one connection never interleave.
+// write buffer (actors/logic/data_link_framing.hpp). Frames of one connection never interleave.
 //
 // Handshake: each end's first frame is a link_hello (host identity, shared-memory arena size,
 // receive window), sent as the connection opens; until the peer's hello has arrived an end sends
@@ -33,7 +33,7 @@
 // tensors. So an actor that keeps received envelopes holds back its peer: it must not keep more
 // than a window's worth while it waits for further frames of the same connection, or the
 // connection stalls. The details (batching, a single frame larger than the window, link control
-// needing no credit) are in actors/data_link_framing.hpp. Link-control frames (link_hello,
+// needing no credit) are in actors/logic/data_link_framing.hpp. Link-control frames (link_hello,
 // link_credit, arena_*) are handled by the brokers and never reach an actor.
 //
 // Trust: every frame is validated (decode_limits) before anything else sees it. A frame that
@@ -50,8 +50,8 @@
 // Same host: when both ends of a connection run on one host (the link hello compares boot id and
 // hostname) and tuning.shm_arena_bytes is not 0 at both, tensor payloads of at least
 // shm_threshold_bytes travel through a shared-memory arena per direction and only small frames
-// through the socket (actors/shm_arena.hpp). Setting it up never fails a link: any failure, and
-// a full arena, just means the bytes go through the socket.
+// through the socket (actors/logic/shm_arena.hpp). Setting it up never fails a link: any failure,
+// and a full arena, just means the bytes go through the socket.
 //
 // Failure detection: brokers have no CAF heartbeats; a closed or reset connection is the signal
 // (on_disconnect on the server, link_down_atom at the client's receiver). A peer that hangs with
@@ -67,8 +67,8 @@
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
 
+#include "actors/logic/shm_arena.hpp"
 #include "actors/protocols.hpp"
-#include "actors/shm_arena.hpp"
 #include "engine/error.hpp"
 #include "engine/log.hpp"
 #include "schema/codec.hpp"
@@ -91,8 +91,8 @@ struct data_link_tuning {
   std::size_t max_bytes_in_flight = std::size_t{8} << 20;
   /// Capacity of received frame buffers one broker keeps for reuse (warm, pre-faulted).
   std::size_t max_cached_buffer_bytes = std::size_t{1} << 30;
-  /// Same-host fast path (actors/shm_arena.hpp): size of the shared-memory arena each end of a
-  /// connection creates for what it sends, when the link hello shows both ends on one host and
+  /// Same-host fast path (actors/logic/shm_arena.hpp): size of the shared-memory arena each end of
+  /// a connection creates for what it sends, when the link hello shows both ends on one host and
   /// both have a non-zero size. 0: tensors always travel through the socket.
   std::size_t shm_arena_bytes = std::size_t{64} << 20;
   /// Smallest tensor payload sent through the arena; smaller ones, and any that find no room

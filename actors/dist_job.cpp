@@ -12,7 +12,6 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/data_link.hpp"
-#include "actors/dist_kvstore.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_node.hpp"
@@ -284,8 +283,7 @@ std::optional<int> serve_if_node_role(int argc, const char* const* argv) {
   return serve_node(*config);
 }
 
-result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
-                                                const cluster_config& config) {
+result<worker_setup> join_worker(const std::string& type, const cluster_config& config) {
   if (auto valid = validate_for_role(config, node_role::worker); !valid)
     return valid.error();
   auto resources = std::make_shared<worker_resources>();
@@ -305,7 +303,8 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   std::sort(servers.begin(), servers.end(),
             [](const auto& a, const auto& b) { return a.rank < b.rank; });
 
-  dist_kvstore_setup setup;
+  worker_setup setup;
+  setup.system = &system;
   setup.type = type;
   setup.rank = agent_ptr->rank();
   setup.num_workers = membership.num_workers;
@@ -353,27 +352,7 @@ result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
   };
   setup.owned_resources = resources;
   setup.log = logger{node_name("worker", agent_ptr->rank(), config.node_host), config.verbose};
-  auto store = dist_kvstore::create(system, std::move(setup));
-  if (!store)
-    return store.error();
-  return std::unique_ptr<kvstore>{std::move(*store)};
-}
-
-result<std::unique_ptr<kvstore>> create_distributed(const std::string& type,
-                                                    const config_overrides& flags) {
-  auto config = load_config(std::nullopt, process_environment(), flags);
-  if (!config)
-    return config.error();
-  const auto role = config->role.value_or(node_role::worker);
-  if (role != node_role::worker)
-    return error{
-        errc::invalid_argument,
-        "kvstore::create(\"" + type + "\"): this process's configuration names the role " +
-            std::string(to_string(role)) +
-            " (DMLC_ROLE, [job] role or --role), which serves the job instead of holding a "
-            "store: call troupe::serve_if_node_role(argc, argv) first in main and return "
-            "its exit code (actors/dist_job.hpp)"};
-  return connect_worker(type, *config);
+  return setup;
 }
 
 } // namespace troupe

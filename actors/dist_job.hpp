@@ -1,7 +1,8 @@
 #pragma once
 // How one process of a distributed job is assembled from the cluster configuration
-// (actors/config.hpp): the scheduler, a server (its shards behind a data server), or a worker
-// (a dist_kvstore linked to every server). troupe-node runs the first two; any troupe program
+// (actors/config/config.hpp): the scheduler, a server (its shards behind a data server), or a
+// worker (its node agent, and the worker_setup its store runs on: join_worker; the store itself,
+// dist_kvstore, sits above these actors). troupe-node runs the first two; any troupe program
 // runs whichever role the configuration names when it starts with serve_if_node_role, which keeps
 // MXNet's convention (one program for every role, the role from DMLC_ROLE) without the library
 // ever ending the process:
@@ -26,14 +27,21 @@
 //   2  (serve_if_node_role) a bad configuration or a port in use, before any network activity
 // A server process exits 0 when the scheduler stopped the job, 1 when the job failed, 2 as above.
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
-#include "actors/config.hpp"
-#include "actors/kvstore.hpp"
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include "actors/config/config.hpp"
+#include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
+#include "engine/log.hpp"
+#include "schema/chunking.hpp"
 
 namespace troupe {
 
@@ -74,17 +82,58 @@ int serve_node(const cluster_config& config,
 /// on. It never ends the process itself.
 std::optional<int> serve_if_node_role(int argc, const char* const* argv);
 
-/// Joins the job as a worker and returns its KVStore of `type` (dist_sync, dist_async, ...).
-/// Worker rank 0 first tells the scheduler the job's sync settings (mode, sync.quorum, ...), so
-/// that the scheduler knows how many workers the job needs alive.
-result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
-                                                const cluster_config& config);
+/// What a worker's store (actors/kvstore/dist_kvstore.hpp) runs on: its type and options, its place
+/// in the job, and how to reach the rest of the job. join_worker builds one from the cluster
+/// configuration; tests build one from actors in their own process.
+struct worker_setup {
+  /// The actor system the store's worker actor runs in; it must outlive the store (join_worker's
+  /// is kept alive by owned_resources).
+  caf::actor_system* system = nullptr;
+  /// One of dist_sync, dist_async, dist_device_sync, dist_device_async, dist_sync_device,
+  /// dist_async_device.
+  std::string type = "dist_sync";
+  std::uint32_t rank = 0;
+  std::uint32_t num_workers = 1;
+  std::uint32_t num_servers = 1;
+  /// MXNET_KVSTORE_BIGARRAY_BOUND: keys with at least this many elements are split over servers.
+  std::int64_t bigarray_bound = 1'000'000;
+  /// Largest tensor payload per frame.
+  std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// A request not answered this long after it was sent fails with errc::timeout.
+  std::chrono::milliseconds timeout{30'000};
 
-/// kvstore::create's entry for distributed types: reads the configuration ($TROUPE_CONFIG or
-/// --config, the DMLC_* environment, then `flags`) and connects a worker. A configuration naming
-/// the role scheduler or server is an error that names DMLC_ROLE and serve_if_node_role: that
-/// process should serve, not hold a store.
-result<std::unique_ptr<kvstore>> create_distributed(const std::string& type,
-                                                    const config_overrides& flags);
+  /// The job's consistency, announced by rank 0 (sync.* of the cluster configuration):
+  /// dist_sync rounds close with `quorum` workers (0: all of them), scaled by
+  /// num_workers / quorum when `rescale_quorum`; a dist_async pull waits until every live worker
+  /// is at most `max_staleness` rounds behind (-1: no bound); a server accepts pushes at most
+  /// `max_rounds_ahead` rounds beyond the one it collects.
+  std::uint32_t quorum = 0;
+  bool rescale_quorum = false;
+  std::int64_t max_staleness = -1;
+  std::uint32_t max_rounds_ahead = 2;
+
+  /// Opens one link per server rank, each sending its replies to `receiver` as (envelope) with
+  /// the tag rank + 1 and its loss as (link_down_atom, tag, why).
+  std::function<result<server_links>(const caf::actor& receiver)> connect_servers;
+  /// Blocks until every (live) worker of the job has arrived.
+  std::function<status()> barrier;
+  /// Rank 0: tells the scheduler the job's consistency (it decides how many lost workers the
+  /// job survives). Optional.
+  std::function<status(const wire::sync_settings&)> announce_settings;
+  /// Called once with the worker actor, e.g. to subscribe it to the node agent. Optional.
+  std::function<void(const worker_actor&)> on_started;
+  /// Called once when the store is finalized (tell the job this worker is done).
+  std::function<void()> on_finalize;
+  /// Whatever must outlive the store (the actor system it runs in, the node agent); released
+  /// after everything else of the store.
+  std::shared_ptr<void> owned_resources;
+  logger log;
+};
+
+/// Joins the job that `config` names as a worker whose store will be of `type`: the node agent
+/// registers with the scheduler and waits for the first membership table; the links to the
+/// servers open when the store calls connect_servers. The setup owns the actor system and the
+/// agent (owned_resources).
+result<worker_setup> join_worker(const std::string& type, const cluster_config& config);
 
 } // namespace troupe

@@ -13,8 +13,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "actors/key_placement.hpp"
-#include "actors/wire_conversions.hpp"
+#include "actors/logic/key_placement.hpp"
+#include "actors/logic/wire_conversions.hpp"
 
 namespace troupe {
 namespace {

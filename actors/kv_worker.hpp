@@ -5,7 +5,7 @@
 //   facade (dist_kvstore) ──kv_operation──> worker actor ──envelope──> link to server s
 //                         <──completion────             <──envelope── (replies, tag s + 1)
 //
-// It owns routing (a key's slices and their servers, actors/key_placement.hpp), the requests
+// It owns routing (a key's slices and their servers, actors/logic/key_placement.hpp), the requests
 // under way, the reassembly of pull replies into the caller's outputs, and the round numbers of
 // every ps-key. Calls from one facade are handled in the order they were made, and the requests
 // of one ps-key leave in that order on that server's link, so a pull after a push sees the push.

@@ -12,10 +12,10 @@
 #include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/data_link.hpp"
+#include "actors/logic/wire_conversions.hpp"
 #include "actors/scheduler.hpp"
-#include "actors/wire_conversions.hpp"
 
 namespace troupe {
 

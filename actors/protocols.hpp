@@ -1,8 +1,8 @@
 #pragma once
-// Every interface between troupe's actors, in one place: the envelope that carries
-// a wire message inside a process, the atoms, the in-process message types, and one
-// caf::typed_actor per kind of actor with a comment per handler. A message an actor does not
-// handle fails to compile at the send.
+// Every interface between troupe's actors, in one place: the atoms, the in-process message types,
+// and one caf::typed_actor per kind of actor with a comment per handler. A message an actor does
+// not handle fails to compile at the send. Two plain types that the actors' logic also handles
+// without CAF have headers of their own: the envelope (actors/logic/envelope.hpp) and shard_stats.
 //
 // Two transports, one message form. Between processes every message, control or data, is a
 // Cap'n Proto frame (schema/codec.hpp) on troupe's own framed links (actors/data_link.hpp): the
@@ -32,25 +32,13 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/bridge.hpp"
+#include "actors/logic/envelope.hpp"
+#include "actors/logic/shard_stats.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
 #include "schema/messages.hpp"
 
 namespace troupe {
-
-/// A wire message inside one process, with whatever keeps its tensor bytes alive.
-struct envelope {
-  wire::message msg;
-  /// Owner of the memory that msg's tensor_chunk::data views (a frame buffer, an ndarray's
-  /// storage); null when the message carries no tensor, except that a frame received from a link
-  /// always has one: it also holds the frame's receive credit, returned to the sender when the
-  /// last copy goes (so do not keep received envelopes longer than needed: actors/data_link.hpp).
-  std::shared_ptr<const void> keepalive;
-  /// Which connection: on a listening side, the connection the message arrived on or must leave
-  /// by (a server broker's id for one peer's connection); on a connecting side, the tag the link
-  /// was opened with (data_link_options::tag); 0 within one process.
-  std::uint64_t connection = 0;
-};
 
 // --- atoms (at most 10 characters in CAF 0.17) --------------------------------------------------
 using link_down_atom = caf::atom_constant<caf::atom("link_down")>;
@@ -68,7 +56,14 @@ using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
 /// on connection envelope.connection) or, in one process, the worker that sent the request.
 using reply_sink = caf::typed_actor<caf::reacts_to<envelope>>;
 
-/// A link broker, either end (actors/data_link.hpp).
+/// A link, either end: a data link broker (actors/data_link.hpp) or, within one process, a local
+/// link (actors/server_node.hpp), so that a worker cannot tell which it holds.
+///
+/// The brokers are CAF 0.17 brokers (caf::io::stateful_broker), untyped inside: one behaviour
+/// takes the I/O events of their scribes and doorman (new_data_msg, connection_closed_msg, ...)
+/// and their own wake-ups (credit released on another thread, stats) besides the messages below,
+/// and CAF 0.17 has no stateful typed broker. They are handed out only as link_actor, so a sender
+/// can send them nothing else.
 using link_actor = caf::typed_actor<
     /// Send this message: a client link to its server, a server broker on the envelope's
     /// connection.
@@ -84,22 +79,7 @@ using request_handler = caf::typed_actor<caf::reacts_to<envelope, reply_sink>>;
 
 // --- server --------------------------------------------------------------------------------------
 
-/// What a shard counts, for logs, the job's summary and tests.
-struct shard_stats {
-  /// Rounds (sync) or pushes (async) applied, over every key of the shard.
-  std::uint64_t updates = 0;
-  /// Pushes that arrived after their round had closed with a quorum, dropped unapplied.
-  std::uint64_t late_pushes_dropped = 0;
-  /// Bounded staleness: the most rounds any worker's push was ahead of the slowest live worker
-  /// when it arrived (the instrument that shows max_staleness holds).
-  std::uint64_t max_lead = 0;
-  /// Pulls that waited at the shard and expired with their request.
-  std::uint64_t pulls_expired = 0;
-  /// Requests refused with an error reply.
-  std::uint64_t requests_refused = 0;
-};
-
-/// A server shard (actors/server_shard.hpp).
+/// A server shard (actors/server_shard.hpp, its logic in actors/logic/shard_core.hpp).
 using shard_actor = caf::typed_actor<
     /// A worker's request (init, push, pushpull, pull_request, set_optimizer, sync_settings,
     /// command); every reply, now or when a round completes, goes to the sink.
@@ -110,6 +90,16 @@ using shard_actor = caf::typed_actor<
     caf::reacts_to<tick_atom>,
     /// Its counters.
     caf::replies_to<stats_atom>::with<shard_stats>>;
+
+/// A server's control actor (actors/server_node.hpp): the request_handler of every keyless request,
+/// which it fans out to the server's shards.
+using server_control_actor = caf::typed_actor<
+    /// A worker's keyless request (set_optimizer, sync_settings, a command): sent to every shard
+    /// under an id of the control actor's own; one answer, an ack or the first error, goes to the
+    /// sink once every shard has answered.
+    caf::reacts_to<envelope, reply_sink>,
+    /// A shard's answer to one of those requests.
+    caf::reacts_to<envelope>>;
 
 // --- worker --------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@
 #include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/job_barrier.hpp"
 
 namespace troupe {

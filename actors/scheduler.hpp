@@ -67,7 +67,7 @@
 
 #include "actors/bridge.hpp"
 #include "actors/data_link.hpp"
-#include "actors/key_placement.hpp"
+#include "actors/logic/key_placement.hpp"
 #include "actors/protocols.hpp"
 #include "engine/error.hpp"
 #include "engine/log.hpp"
@@ -106,7 +106,7 @@ std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept;
 data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log);
 
 /// The membership table's key ranges: server i owns ps-lite's range [max_key/S*i,
-/// max_key/S*(i+1)) (actors/key_placement.hpp's server_key_ranges, so workers and the table
+/// max_key/S*(i+1)) (actors/logic/key_placement.hpp's server_key_ranges, so workers and the table
 /// agree), as shard_index 0: a server splits its range over its shards itself. Like ps-lite, the
 /// top max_key % S keys belong to no server; ps-keys are range.begin + key, far below them.
 /// Precondition: num_servers >= 1.

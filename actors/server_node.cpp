@@ -14,9 +14,6 @@
 namespace troupe {
 namespace {
 
-/// The control actor: a request_handler that also takes the shards' answers.
-using control_actor = request_handler::extend<caf::reacts_to<envelope>>;
-
 /// One request fanned out to every shard: replies still missing, the first error, the requester.
 struct fan_out {
   std::uint64_t original_id = 0;
@@ -33,8 +30,9 @@ struct control_state {
   static inline const char* name = "troupe.server_control";
 };
 
-control_actor::behavior_type control_behavior(control_actor::stateful_pointer<control_state> self,
-                                              std::vector<shard_actor> shards) {
+server_control_actor::behavior_type
+control_behavior(server_control_actor::stateful_pointer<control_state> self,
+                 std::vector<shard_actor> shards) {
   self->state.shards = std::move(shards);
   return {
       // A worker's request (set_optimizer, sync_settings, a command) goes to every shard under
@@ -83,13 +81,16 @@ bool is_keyed(const wire::message& msg) {
          std::holds_alternative<wire::pushpull>(msg);
 }
 
-caf::behavior local_link_behavior(caf::event_based_actor* self,
-                                  std::function<request_handler(const envelope&)> route,
-                                  reply_sink reply_to) {
+link_actor::behavior_type local_link_behavior(link_actor::pointer self,
+                                              std::function<request_handler(const envelope&)> route,
+                                              reply_sink reply_to) {
   return {
       [self, route = std::move(route), reply_to](envelope& request) {
         self->send(route(request), std::move(request), reply_to);
       },
+      // A store closes its links at finalize, whichever kind they are.
+      [self](stop_atom) { self->quit(); },
+      [](caf::get_atom) { return std::string{"in-process"}; },
   };
 }
 
@@ -140,6 +141,8 @@ result<shard_stats> server_node::stats(std::chrono::milliseconds timeout) const 
     shard_stats sum;
     std::size_t missing = 0;
   };
+  // A one-shot helper that takes no messages of its own, only the answers to its requests; CAF
+  // 0.17 has no typed actor with an empty interface, so it stays a plain event_based_actor.
   system_.spawn([shards = shards_, done, timeout](caf::event_based_actor* self) {
     if (shards.empty()) {
       done.deliver(shard_stats{});
@@ -170,11 +173,10 @@ result<shard_stats> server_node::stats(std::chrono::milliseconds timeout) const 
   return *got;
 }
 
-caf::actor spawn_local_link(caf::actor_system& system,
+link_actor spawn_local_link(caf::actor_system& system,
                             std::function<request_handler(const envelope&)> route,
-                            caf::actor reply_to) {
-  return system.spawn(local_link_behavior, std::move(route),
-                      caf::actor_cast<reply_sink>(std::move(reply_to)));
+                            reply_sink reply_to) {
+  return system.spawn(local_link_behavior, std::move(route), std::move(reply_to));
 }
 
 } // namespace troupe

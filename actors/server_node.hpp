@@ -1,7 +1,8 @@
 #pragma once
-// The actors of one server process: its shards, and a control actor that fans set_optimizer,
-// sync_settings and commands out to every shard and answers once when all have answered (ps-lite's
-// one server = many shards here, so that updates of different keys run on different cores).
+// The actors of one server process: its shards, and a control actor (server_control_actor) that
+// fans set_optimizer, sync_settings and commands out to every shard and answers once when all have
+// answered (ps-lite's one server = many shards here, so that updates of different keys run on
+// different cores).
 //
 //   router() / route(envelope): the request_handler for a request: keyed requests (init, push,
 //     pushpull, pull_request) go to shard ps_key % shards, the others to the control actor. The
@@ -18,7 +19,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
-#include "actors/key_placement.hpp"
+#include "actors/logic/key_placement.hpp"
 #include "actors/protocols.hpp"
 #include "actors/server_shard.hpp"
 #include "engine/log.hpp"
@@ -77,16 +78,16 @@ private:
   caf::actor_system& system_;
   server_node_options options_;
   std::vector<shard_actor> shards_;
-  request_handler control_;
+  server_control_actor control_;
   request_router router_;
 };
 
 /// An in-process link from a worker to a server: (envelope) sent to it goes to
-/// route(envelope) as (envelope, reply_to). The same form as a data_link client broker, so a
-/// worker cannot tell a server in its own process from one across the network. `reply_to` must
-/// take (envelope).
-caf::actor spawn_local_link(caf::actor_system& system,
+/// route(envelope) as (envelope, reply_to); stop_atom ends it; get_atom answers "in-process".
+/// The same link_actor as a data_link client broker, so a worker cannot tell a server in its own
+/// process from one across the network.
+link_actor spawn_local_link(caf::actor_system& system,
                             std::function<request_handler(const envelope&)> route,
-                            caf::actor reply_to);
+                            reply_sink reply_to);
 
 } // namespace troupe

@@ -24,7 +24,7 @@
 #include <fmt/core.h>
 
 #include "actors/dist_job.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "engine/log.hpp"
 
 using namespace troupe;

@@ -71,10 +71,10 @@
 
 #include <fmt/core.h>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
-#include "actors/kvstore.hpp"
-#include "actors/trainer.hpp"
+#include "actors/gluon/trainer.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "apps/training_report.hpp"
 #include "engine/autograd.hpp"
 #include "engine/blas_setup.hpp"

@@ -53,7 +53,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "engine/log.hpp"
 
 extern char** environ;

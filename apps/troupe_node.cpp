@@ -17,7 +17,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
 
 using namespace troupe;

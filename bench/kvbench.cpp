@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 #include "engine/json_line.hpp"
 #include "engine/log.hpp"
 

@@ -179,8 +179,8 @@ result<std::size_t> read_frame_prefix(std::span<const std::byte> prefix,
 /// (enums, required fields, lists and texts against limits, tensor consistency). `body` must
 /// outlive the returned message's tensor view unless copied().
 ///
-/// `arena`: the peer's shared-memory arena as mapped here (actors/shm_arena.hpp), or empty when
-/// the connection has none. A tensor with a shm reference (tensor_chunk::shm) is accepted only
+/// `arena`: the peer's shared-memory arena as mapped here (actors/logic/shm_arena.hpp), or empty
+/// when the connection has none. A tensor with a shm reference (tensor_chunk::shm) is accepted only
 /// when the reference lies inside `arena` at an 8-byte-aligned offset, with no inline data; its
 /// data then views `arena` (which must outlive that view). Otherwise: invalid_tensor naming the
 /// reference.

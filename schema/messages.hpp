@@ -47,7 +47,7 @@ inline constexpr std::uint8_t all = scheduler | servers | workers;
 } // namespace group
 
 /// Where a chunk's bytes lie in the sender's shared-memory arena (troupe.capnp Tensor.shm): the
-/// same-host fast path of a data connection (actors/shm_arena.hpp, docs/data-path.md).
+/// same-host fast path of a data connection (actors/logic/shm_arena.hpp, docs/data-path.md).
 struct shm_ref {
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;

@@ -14,7 +14,8 @@ cmake --build "$build_dir" -j "$(nproc)" || exit 1
 
 printf '\n%-16s %-8s %s\n' suite result summary
 status=0
-for suite in kernels_tests engine_tests schema_tests actors_tests; do
+for suite in kernels_tests engine_tests schema_tests config_tests logic_tests actors_tests kvstore_tests \
+  gluon_tests; do
   exe=$(find "$build_dir/tests" -name "$suite" -type f -perm -u+x | head -n 1)
   log="$build_dir/$suite.gpu.log"
   if "$exe" --report_level=short --log_level=message >"$log" 2>&1; then result=pass; else result=FAIL; status=1; fi

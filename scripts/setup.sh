@@ -16,7 +16,7 @@ packages=(
   libopenblas-dev                # CPU GEMM
   zlib1g-dev                     # gzip for the IDX data files
   libcli11-dev                   # command-line flags of the apps
-  libtomlplusplus-dev            # toml++ 3.3: the cluster config file (actors/config.cpp)
+  libtomlplusplus-dev            # toml++ 3.3: the cluster config file (actors/config/config.cpp)
   libspdlog-dev                  # the logging facility (engine/log.hpp)
   nlohmann-json3-dev             # JSON lines of the apps and benchmarks
   dataset-fashion-mnist          # the data the main job trains on

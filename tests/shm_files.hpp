@@ -1,6 +1,6 @@
 #pragma once
-// What troupe's same-host shared-memory arenas (actors/shm_arena.hpp) leave in /dev/shm: tests
-// compare it before and after a job, which must leave nothing behind.
+// What troupe's same-host shared-memory arenas (actors/logic/shm_arena.hpp) leave in /dev/shm:
+// tests compare it before and after a job, which must leave nothing behind.
 
 #include <filesystem>
 #include <set>

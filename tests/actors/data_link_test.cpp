@@ -31,8 +31,8 @@
 #include <caf/send.hpp>
 
 #include "actors/data_link.hpp"
-#include "actors/data_link_framing.hpp"
-#include "actors/shm_arena.hpp"
+#include "actors/logic/data_link_framing.hpp"
+#include "actors/logic/shm_arena.hpp"
 #include "schema/chunking.hpp"
 #include "tests/shm_files.hpp"
 
@@ -925,8 +925,8 @@ BOOST_AUTO_TEST_CASE(spawning_a_server_without_a_route_is_a_caller_error) {
 BOOST_AUTO_TEST_SUITE_END()
 
 // ================================================================================================
-// The same-host fast path (actors/shm_arena.hpp): the ring and the mappings alone, the codec's
-// checks of a reference, then both brokers over loopback, which share this host.
+// The same-host fast path (actors/logic/shm_arena.hpp): the ring and the mappings alone, the
+// codec's checks of a reference, then both brokers over loopback, which share this host.
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/server_node.hpp"
-#include "tests/actors/shard_driver.hpp"
+#include "tests/actors/logic/shard_driver.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;

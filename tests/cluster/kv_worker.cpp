@@ -40,9 +40,9 @@
 #include <unistd.h>
 #include <vector>
 
-#include "actors/config.hpp"
+#include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 
 using namespace troupe;
 

@@ -10,7 +10,7 @@
 #include <iostream>
 #include <string>
 
-#include "actors/kvstore.hpp"
+#include "actors/kvstore/kvstore.hpp"
 
 int main(int argc, char** argv) {
   const std::string type = argc > 1 ? argv[1] : "dist_sync";

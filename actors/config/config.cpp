@@ -1,0 +1,908 @@
+#include "actors/config/config.hpp"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <ifaddrs.h>
+#include <limits>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sstream>
+#include <sys/socket.h>
+#include <thread>
+#include <toml++/toml.h>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+namespace troupe {
+
+std::string_view to_string(node_role role) noexcept {
+  switch (role) {
+  case node_role::scheduler:
+    return "scheduler";
+  case node_role::server:
+    return "server";
+  case node_role::worker:
+    return "worker";
+  }
+  return "unknown";
+}
+
+std::optional<node_role> parse_role(std::string_view text) noexcept {
+  for (auto role : {node_role::scheduler, node_role::server, node_role::worker})
+    if (text == to_string(role))
+      return role;
+  return std::nullopt;
+}
+
+int cluster_config::default_shards() noexcept {
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+namespace {
+
+// --- values as the layers give them ------------------------------------------------------------
+
+/// One value from one layer: text from the environment or a flag (parsed here), or a typed TOML
+/// value (TOML says whether it is a string or a number, so "4" in the file is not a number).
+struct literal {
+  enum class form : std::uint8_t { text, toml_string, toml_integer, toml_other };
+  form kind = form::text;
+  std::string text;         ///< text and toml_string: the string; toml_other: its TOML form
+  std::int64_t integer = 0; ///< toml_integer
+};
+
+/// How a value appears after "got" in a message.
+std::string describe(const literal& value) {
+  switch (value.kind) {
+  case literal::form::text:
+  case literal::form::toml_string:
+    return '"' + value.text + '"';
+  case literal::form::toml_integer:
+    return std::to_string(value.integer);
+  case literal::form::toml_other:
+    return value.text;
+  }
+  return value.text;
+}
+
+/// A whole-string decimal integer; nullopt for anything else ("", "4x", "0x10", " 4").
+std::optional<std::int64_t> parse_integer(std::string_view text) {
+  std::int64_t out = 0;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (!text.empty() && text.front() == '+')
+    ++first;
+  auto [end, ec] = std::from_chars(first, last, out);
+  if (ec != std::errc{} || end != last || first == last)
+    return std::nullopt;
+  return out;
+}
+
+/// An integer from TOML, or from text in the environment and on the command line.
+std::optional<std::int64_t> integer_of(const literal& value) {
+  switch (value.kind) {
+  case literal::form::toml_integer:
+    return value.integer;
+  case literal::form::text:
+    return parse_integer(value.text);
+  default:
+    return std::nullopt;
+  }
+}
+
+/// A string from TOML, or text; a TOML number is not a string.
+std::optional<std::string> string_of(const literal& value) {
+  if (value.kind == literal::form::text || value.kind == literal::form::toml_string)
+    return value.text;
+  return std::nullopt;
+}
+
+/// "16MiB", "4096", "1GiB": a byte count with an optional binary suffix.
+std::optional<std::int64_t> parse_bytes(std::string_view text) {
+  struct suffix {
+    std::string_view name;
+    std::int64_t factor;
+  };
+  static constexpr suffix suffixes[] = {
+      {"GiB", std::int64_t{1} << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}};
+  std::int64_t factor = 1;
+  for (const auto& s : suffixes) {
+    if (text.size() > s.name.size() && text.ends_with(s.name)) {
+      text.remove_suffix(s.name.size());
+      factor = s.factor;
+      break;
+    }
+  }
+  auto count = parse_integer(text);
+  if (!count || *count < 0 || *count > std::numeric_limits<std::int64_t>::max() / factor)
+    return std::nullopt;
+  return *count * factor;
+}
+
+bool has_space(std::string_view text) {
+  return std::any_of(text.begin(), text.end(),
+                     [](unsigned char c) { return std::isspace(c) || std::iscntrl(c); });
+}
+
+// --- the keys ----------------------------------------------------------------------------------
+
+/// Stores a value into the config; on a bad value, returns what was expected ("a positive
+/// integer") for the message "<subject> must be <expected>, got <value>".
+using setter = std::function<std::optional<std::string>(cluster_config&, const literal&)>;
+
+struct field {
+  config_key key;
+  setter set;
+  /// The key this one replaces when a later layer sets it: DMLC_NODE_HOST and DMLC_INTERFACE
+  /// name one address two ways, as do job.token and job.token_file.
+  std::string_view replaces;
+  /// The member of `replaces`, reset to its default when this key replaces it.
+  std::string cluster_config::*replaced = nullptr;
+};
+
+template <class T>
+void assign(T& target, std::int64_t value) {
+  target = static_cast<T>(value);
+}
+template <class T>
+void assign(std::optional<T>& target, std::int64_t value) {
+  target = static_cast<T>(value);
+}
+
+template <class M>
+setter integer_setter(M cluster_config::*member, std::int64_t min, std::int64_t max,
+                      std::string expectation) {
+  return [=](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    auto parsed = integer_of(value);
+    if (!parsed || *parsed < min || *parsed > max)
+      return expectation;
+    assign(cfg.*member, *parsed);
+    return std::nullopt;
+  };
+}
+
+setter bytes_setter(std::int64_t cluster_config::*member, std::int64_t min) {
+  return [=](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    std::optional<std::int64_t> parsed =
+        value.kind == literal::form::toml_integer ? std::optional{value.integer} : std::nullopt;
+    if (auto text = string_of(value))
+      parsed = parse_bytes(*text);
+    if (!parsed || *parsed < min)
+      return "a size in bytes of at least " + std::to_string(min) +
+             " (an integer, or a string such as \"16MiB\")";
+    cfg.*member = *parsed;
+    return std::nullopt;
+  };
+}
+
+setter duration_setter(std::chrono::milliseconds cluster_config::*member) {
+  return [=](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    auto text = string_of(value);
+    auto parsed =
+        text ? parse_duration(*text)
+             : result<std::chrono::milliseconds>{error{errc::invalid_argument, "not a string"}};
+    if (!parsed || parsed->count() <= 0)
+      return "a positive duration such as \"500ms\", \"5s\" or \"2m\"";
+    cfg.*member = *parsed;
+    return std::nullopt;
+  };
+}
+
+/// A string checked by `valid`, stored as given.
+setter string_setter(std::string cluster_config::*member, bool (*valid)(std::string_view),
+                     std::string expectation) {
+  return [=](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    auto text = string_of(value);
+    if (!text || !valid(*text))
+      return expectation;
+    cfg.*member = *text;
+    return std::nullopt;
+  };
+}
+
+bool valid_host(std::string_view text) {
+  return !text.empty() && text.size() <= 253 && !has_space(text);
+}
+bool valid_interface(std::string_view text) {
+  return !text.empty() && text.size() < IFNAMSIZ && !has_space(text) &&
+         text.find('/') == std::string_view::npos;
+}
+bool valid_job_id(std::string_view text) {
+  return !text.empty() && text.size() <= 64 &&
+         std::all_of(text.begin(), text.end(), [](unsigned char c) {
+           return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+         });
+}
+bool valid_token(std::string_view text) {
+  return text.find('\n') == std::string_view::npos && text.find('\0') == std::string_view::npos;
+}
+bool valid_path(std::string_view text) {
+  return !text.empty() && text.find('\0') == std::string_view::npos;
+}
+
+setter bool_setter(bool cluster_config::*member) {
+  return [=](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    const std::string& text = value.text;
+    const bool toml_bool = value.kind == literal::form::toml_other;
+    const bool env_text = value.kind == literal::form::text;
+    if ((toml_bool || env_text) && text == "true")
+      cfg.*member = true;
+    else if ((toml_bool || env_text) && text == "false")
+      cfg.*member = false;
+    else if (env_text && text == "1")
+      cfg.*member = true;
+    else if (env_text && text == "0")
+      cfg.*member = false;
+    else
+      return "true or false";
+    return std::nullopt;
+  };
+}
+
+setter role_setter() {
+  return [](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    auto text = string_of(value);
+    auto role = text ? parse_role(*text) : std::nullopt;
+    if (!role)
+      return "one of \"scheduler\", \"server\", \"worker\"";
+    cfg.role = role;
+    return std::nullopt;
+  };
+}
+
+constexpr std::int64_t max_nodes = 100'000;
+
+/// Every key, in the order of docs/cluster.sample.toml. Immutable after first use.
+const std::vector<field>& fields() {
+  static const std::vector<field> table = [] {
+    const std::string positive = "a positive integer";
+    const std::string port = "a port number from 0 to 65535";
+    std::vector<field> t;
+    // [job]
+    t.push_back({{"job", "role", "DMLC_ROLE", "--role", "ROLE", "",
+                  "This node's role: scheduler, server or worker. Unset, a program that creates "
+                  "a dist_* KVStore is a worker."},
+                 role_setter(),
+                 {}});
+    t.push_back({{"job", "num_workers", "DMLC_NUM_WORKER", "--num-workers", "N", "",
+                  "Number of workers, the size of a sync round. Required for a job."},
+                 integer_setter(&cluster_config::num_workers, 1, max_nodes, positive),
+                 {}});
+    t.push_back({{"job", "num_servers", "DMLC_NUM_SERVER", "--num-servers", "N", "",
+                  "Number of server processes, each owning a key range. Required for a job."},
+                 integer_setter(&cluster_config::num_servers, 1, max_nodes, positive),
+                 {}});
+    t.push_back({{"job", "id", "TROUPE_JOB_ID", "--job-id", "ID", "\"troupe\"",
+                  "Name of the job; the scheduler refuses nodes of another job."},
+                 string_setter(&cluster_config::job_id, valid_job_id,
+                               "a job id of 1 to 64 letters, digits, '.', '_' or '-'"),
+                 {}});
+    t.push_back(
+        {{"job", "token", "TROUPE_JOB_TOKEN", "", "TOKEN", "\"\"",
+          "Shared secret every node presents when it registers; empty: none. No flag: "
+          "a flag would show in `ps`."},
+         string_setter(&cluster_config::auth_token, valid_token, "a token without newlines"),
+         "job.token_file",
+         &cluster_config::auth_token_file});
+    t.push_back({{"job", "token_file", "", "--token-file", "FILE", "",
+                  "File whose contents (without the trailing newline) are the token; replaces "
+                  "job.token."},
+                 string_setter(&cluster_config::auth_token_file, valid_path, "a file path"),
+                 "job.token",
+                 &cluster_config::auth_token});
+    // [scheduler]
+    t.push_back(
+        {{"scheduler", "host", "DMLC_PS_ROOT_URI", "--scheduler-host", "HOST", "\"127.0.0.1\"",
+          "Address of the scheduler."},
+         string_setter(&cluster_config::scheduler_host, valid_host, "a host name or IP address"),
+         {}});
+    t.push_back({{"scheduler", "port", "DMLC_PS_ROOT_PORT", "--scheduler-port", "PORT", "",
+                  "Port of the scheduler. Required for a job; 0 lets a scheduler pick a free "
+                  "port (for tests that discover it)."},
+                 integer_setter(&cluster_config::scheduler_port, 0, 65535, port),
+                 {}});
+    // [node]
+    t.push_back({{"node", "host", "DMLC_NODE_HOST", "--host", "HOST", "",
+                  "Address peers use to reach this node; beats node.interface. The scheduler "
+                  "is reached at scheduler.host instead."},
+                 string_setter(&cluster_config::node_host, valid_host, "a host name or IP address"),
+                 "node.interface",
+                 &cluster_config::node_interface});
+    t.push_back({{"node", "interface", "DMLC_INTERFACE", "--interface", "NAME", "",
+                  "Network interface whose IPv4 address is this node's address (ignored by "
+                  "the scheduler, as in ps-lite)."},
+                 string_setter(&cluster_config::node_interface, valid_interface,
+                               "an interface name such as \"eth0\""),
+                 "node.host",
+                 &cluster_config::node_host});
+    t.push_back(
+        {{"node", "bind", "", "--bind", "ADDRESS", "\"127.0.0.1\"",
+          "Address every listener binds. Unset: this node's address when the "
+          "configuration names one, else 127.0.0.1."},
+         string_setter(&cluster_config::bind_address, valid_host, "a host name or IP address"),
+         {}});
+    t.push_back({{"node", "port", "PORT", "--port", "PORT", "0",
+                  "Port of this node's data listener; 0: a free port."},
+                 integer_setter(&cluster_config::data_port, 0, 65535, port),
+                 {}});
+    t.push_back({{"node", "rank_hint", "TROUPE_RANK_HINT", "--rank-hint", "RANK", "-1",
+                  "Rank to ask the scheduler for (troupe-launch numbers its nodes); granted when "
+                  "free, else the next free one; -1: none."},
+                 integer_setter(&cluster_config::rank_hint, -1, max_nodes - 1,
+                                "a rank >= 0, or -1 for none"),
+                 {}});
+    t.push_back(
+        {{"node", "shards", "", "--shards", "N", "",
+          "Server shards per server process. Default: the hardware threads."},
+         integer_setter(&cluster_config::shards_per_server, 1, 4096, "an integer from 1 to 4096"),
+         {}});
+    t.push_back({{"node", "verbose", "PS_VERBOSE", "--verbose", "LEVEL", "0",
+                  "Logging: 0 quiet, 1 connections, 2 every message."},
+                 integer_setter(&cluster_config::verbose, 0, 2, "0, 1 or 2"),
+                 {}});
+    // [timeouts]
+    t.push_back({{"timeouts", "request", "", "--timeout", "DURATION", "\"30s\"",
+                  "How long a request waits for its answer, from when it was sent (a dist_sync "
+                  "request waits for the slowest worker)."},
+                 duration_setter(&cluster_config::request_timeout),
+                 {}});
+    t.push_back({{"timeouts", "peer", "", "--peer-timeout", "DURATION", "\"5s\"",
+                  "A node silent this long (heartbeats included) is lost."},
+                 duration_setter(&cluster_config::peer_timeout),
+                 {}});
+    t.push_back({{"timeouts", "heartbeat", "", "--heartbeat", "DURATION", "\"500ms\"",
+                  "Interval of heartbeats between nodes and the scheduler; shorter than "
+                  "timeouts.peer."},
+                 duration_setter(&cluster_config::heartbeat_interval),
+                 {}});
+    t.push_back({{"timeouts", "connect", "", "--connect-timeout", "DURATION", "\"10s\"",
+                  "How long a node keeps retrying, with backoff, a peer that refuses to connect."},
+                 duration_setter(&cluster_config::connect_timeout),
+                 {}});
+    t.push_back({{"timeouts", "startup", "", "--startup-timeout", "DURATION", "\"60s\"",
+                  "How long the job waits for all nodes to register."},
+                 duration_setter(&cluster_config::startup_timeout),
+                 {}});
+    // [data]
+    t.push_back({{"data", "bigarray_bound", "MXNET_KVSTORE_BIGARRAY_BOUND", "--bigarray-bound", "N",
+                  "1000000",
+                  "Arrays of at least this many elements are split over all "
+                  "servers."},
+                 integer_setter(&cluster_config::bigarray_bound, 1,
+                                std::numeric_limits<std::int64_t>::max(), positive),
+                 {}});
+    t.push_back({{"data", "max_frame_bytes", "", "--max-frame-bytes", "BYTES", "\"256MiB\"",
+                  "Largest frame accepted from the network."},
+                 bytes_setter(&cluster_config::max_frame_bytes, 4096),
+                 {}});
+    t.push_back({{"data", "chunk_bytes", "", "--chunk-bytes", "BYTES", "\"1MiB\"",
+                  "Size of the chunks big tensors travel in; at most data.max_frame_bytes."},
+                 bytes_setter(&cluster_config::chunk_bytes, 4096),
+                 {}});
+    t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
+                  "Shared-memory arena per direction of a data connection between processes on "
+                  "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},
+                 bytes_setter(&cluster_config::shm_arena_bytes, 0),
+                 {}});
+    t.push_back({{"data", "link_window_bytes", "", "--link-window-bytes", "BYTES", "\"64MiB\"",
+                  "Receive window of every connection: bytes of frames a peer may have in flight "
+                  "before the receiver releases some."},
+                 bytes_setter(&cluster_config::link_window_bytes, 65536),
+                 {}});
+    // [sync]
+    t.push_back({{"sync", "quorum", "TROUPE_QUORUM", "--quorum", "K", "",
+                  "dist_sync: a round closes when K workers have pushed all of it; every mode: "
+                  "the job goes on while K workers live. Default: the number of workers."},
+                 integer_setter(&cluster_config::quorum, 1, max_nodes, positive),
+                 {}});
+    t.push_back({{"sync", "rescale_quorum", "TROUPE_RESCALE_QUORUM", "--rescale-quorum", "BOOL",
+                  "false", "Scale a quorum round's sum by num_workers / quorum."},
+                 bool_setter(&cluster_config::rescale_quorum),
+                 {}});
+    t.push_back({{"sync", "max_staleness", "TROUPE_MAX_STALENESS", "--max-staleness", "S", "",
+                  "dist_async: a pull for round t waits until every live worker pushed round "
+                  "t - S. Default: none."},
+                 integer_setter(&cluster_config::max_staleness, 0, 1'000'000,
+                                "an integer from 0 to 1000000"),
+                 {}});
+    t.push_back({{"sync", "max_rounds_ahead", "TROUPE_MAX_ROUNDS_AHEAD", "--max-rounds-ahead", "N",
+                  "2", "Rounds beyond the current one a server accepts pushes for from a worker."},
+                 integer_setter(&cluster_config::max_rounds_ahead, 1, 1'000'000, positive),
+                 {}});
+    return t;
+  }();
+  return table;
+}
+
+std::string dotted(const config_key& key) {
+  return std::string(key.section) + '.' + std::string(key.name);
+}
+
+const field* find_field(std::string_view section, std::string_view name) {
+  for (const auto& f : fields())
+    if (f.key.section == section && f.key.name == name)
+      return &f;
+  return nullptr;
+}
+
+const field* find_field(std::string_view dotted_key) {
+  auto dot = dotted_key.find('.');
+  if (dot == std::string_view::npos)
+    return nullptr;
+  return find_field(dotted_key.substr(0, dot), dotted_key.substr(dot + 1));
+}
+
+std::string section_list() {
+  std::string out;
+  for (const auto& f : fields()) {
+    std::string section = "[" + std::string(f.key.section) + "]";
+    if (out.find(section) == std::string::npos)
+      out += (out.empty() ? "" : ", ") + section;
+  }
+  return out;
+}
+
+// --- layering ----------------------------------------------------------------------------------
+
+enum class layer : std::uint8_t { file = 1, env = 2, flags = 3 };
+
+/// Where a value came from, for messages: "cluster.toml:7:15: job.num_workers",
+/// "DMLC_NUM_WORKER", "--num-workers".
+struct origin {
+  std::string where;   ///< "file:line:column", or empty for env and flags
+  std::string subject; ///< the key, variable or flag
+  layer from = layer::file;
+
+  std::string prefix() const { return where.empty() ? subject : where + ": " + subject; }
+};
+
+/// The config being built, with the origin of every value a layer set.
+struct builder {
+  cluster_config cfg;
+  std::map<std::string, origin, std::less<>> origins;
+
+  status apply(const field& f, const literal& value, origin from) {
+    if (auto expected = f.set(cfg, value))
+      return error{errc::invalid_argument,
+                   from.prefix() + " must be " + *expected + ", got " + describe(value)};
+    if (!f.replaces.empty()) {
+      // A later layer naming the address (or token) one way drops what an earlier layer said
+      // the other way; within one layer, resolve() decides.
+      auto other = origins.find(f.replaces);
+      if (other != origins.end() && other->second.from < from.from) {
+        cfg.*f.replaced = cluster_config{}.*f.replaced;
+        origins.erase(other);
+      }
+    }
+    origins[dotted(f.key)] = std::move(from);
+    return ok();
+  }
+
+  const origin* origin_of(std::string_view key) const {
+    auto found = origins.find(key);
+    return found == origins.end() ? nullptr : &found->second;
+  }
+};
+
+std::string position(const std::string& file, const toml::source_position& at) {
+  return file + ":" + std::to_string(at.line) + ":" + std::to_string(at.column);
+}
+
+literal literal_of(const toml::node& node) {
+  if (auto s = node.as_string())
+    return {literal::form::toml_string, s->get(), 0};
+  if (auto i = node.as_integer())
+    return {literal::form::toml_integer, {}, i->get()};
+  if (node.is_array())
+    return {literal::form::toml_other, "an array", 0};
+  if (node.is_table())
+    return {literal::form::toml_other, "a table", 0};
+  std::ostringstream text;
+  node.visit([&](const auto& value) { text << value; });
+  return {literal::form::toml_other, text.str(), 0};
+}
+
+status apply_file(builder& b, const std::filesystem::path& path) {
+  const std::string name = path.string();
+  std::string content;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      return error{errc::io_error, "cannot read config file " + name + ": " + std::strerror(errno)};
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    if (in.bad() || std::filesystem::is_directory(path))
+      return error{errc::io_error, "cannot read config file " + name + ": not a regular file"};
+    content = buffer.str();
+  }
+  toml::table root;
+  try {
+    root = toml::parse(content, name);
+  } catch (const toml::parse_error& err) {
+    // One line, whatever the parser says.
+    std::string description{err.description()};
+    std::replace(description.begin(), description.end(), '\n', ' ');
+    return error{errc::corrupt_data, position(name, err.source().begin) + ": " + description};
+  }
+  for (auto&& [section_key, section_node] : root) {
+    const std::string section{section_key.str()};
+    auto* section_table = section_node.as_table();
+    bool known = false;
+    for (const auto& f : fields())
+      known = known || f.key.section == section;
+    if (!known || !section_table) {
+      std::string msg = position(name, section_key.source().begin) + ": ";
+      if (known)
+        msg += "[" + section + "] must be a table";
+      else if (!section_table) {
+        msg += "unknown key '" + section + "' outside any section";
+        for (const auto& f : fields())
+          if (f.key.name == section) {
+            msg += " (it belongs in [" + std::string(f.key.section) + "])";
+            break;
+          }
+      } else {
+        msg += "unknown section [" + section + "] (sections: " + section_list() + ")";
+      }
+      return error{errc::invalid_argument, msg};
+    }
+    for (auto&& [key, node] : *section_table) {
+      const field* f = find_field(section, key.str());
+      if (!f)
+        return error{errc::invalid_argument, position(name, key.source().begin) +
+                                                 ": unknown key '" + std::string(key.str()) +
+                                                 "' in [" + section + "]"};
+      auto applied = b.apply(*f, literal_of(node),
+                             {position(name, node.source().begin), dotted(f->key), layer::file});
+      if (!applied)
+        return applied;
+    }
+  }
+  return ok();
+}
+
+/// The environment, read once: the configuration file it names and every variable of a key.
+struct environment_values {
+  std::optional<std::filesystem::path> config_file;
+  std::vector<std::pair<const field*, std::string>> values;
+};
+
+/// The one place troupe reads environment variables. An empty variable counts as unset, as
+/// launch scripts often export empty ones.
+environment_values read_environment(const env_lookup& env) {
+  environment_values out;
+  auto get = [&](std::string_view name) -> std::optional<std::string> {
+    auto value = env(name);
+    if (value && value->empty())
+      return std::nullopt;
+    return value;
+  };
+  if (auto file = get("TROUPE_CONFIG"))
+    out.config_file = *file;
+  for (const auto& f : fields())
+    if (!f.key.env.empty())
+      if (auto value = get(f.key.env))
+        out.values.emplace_back(&f, std::move(*value));
+  return out;
+}
+
+bool is_wildcard(std::string_view address) {
+  return address == "0.0.0.0" || address == "::" || address == "[::]";
+}
+
+/// Derived values and checks across keys, once every layer is in.
+status resolve(builder& b) {
+  auto& cfg = b.cfg;
+  if (!cfg.auth_token_file.empty()) {
+    const origin* file_origin = b.origin_of("job.token_file");
+    if (const origin* token_origin = b.origin_of("job.token"))
+      return error{errc::invalid_argument, token_origin->prefix() + " and " +
+                                               file_origin->prefix() +
+                                               " both set the token; keep one"};
+    std::ifstream in(cfg.auth_token_file, std::ios::binary);
+    std::ostringstream text;
+    if (in)
+      text << in.rdbuf();
+    if (!in || std::filesystem::is_directory(cfg.auth_token_file))
+      return error{errc::io_error, file_origin->prefix() + ": cannot read token file " +
+                                       cfg.auth_token_file + ": " + std::strerror(errno)};
+    std::string token = text.str();
+    while (!token.empty() && (token.back() == '\n' || token.back() == '\r'))
+      token.pop_back();
+    if (token.empty() || !valid_token(token))
+      return error{errc::invalid_argument, file_origin->prefix() + ": token file " +
+                                               cfg.auth_token_file +
+                                               " must hold one non-empty line"};
+    cfg.auth_token = std::move(token);
+  }
+
+  const bool scheduler = cfg.role == node_role::scheduler;
+  if (scheduler) {
+    // ps-lite: the scheduler is reached at DMLC_PS_ROOT_URI and ignores DMLC_INTERFACE.
+    cfg.node_host = cfg.scheduler_host;
+    if (!b.origin_of("node.bind") && b.origin_of("scheduler.host"))
+      cfg.bind_address = cfg.scheduler_host;
+  } else {
+    if (cfg.node_host.empty() && !cfg.node_interface.empty()) {
+      auto address = interface_ipv4(cfg.node_interface);
+      if (!address)
+        return error{address.error().code(),
+                     b.origin_of("node.interface")->prefix() + ": " + address.error().message()};
+      cfg.node_host = *address;
+    }
+    if (!b.origin_of("node.bind") && !cfg.node_host.empty())
+      cfg.bind_address = cfg.node_host;
+    if (cfg.node_host.empty() && !is_wildcard(cfg.bind_address))
+      cfg.node_host = cfg.bind_address;
+  }
+
+  // "--heartbeat (5s)", or "timeouts.request (5s, the default)".
+  auto named = [&](std::string_view key, const std::string& value) {
+    const origin* o = b.origin_of(key);
+    return o ? o->prefix() + " (" + value + ")"
+             : std::string(key) + " (" + value + ", the default)";
+  };
+  if (cfg.heartbeat_interval >= cfg.peer_timeout)
+    return error{errc::invalid_argument,
+                 named("timeouts.heartbeat", format_duration(cfg.heartbeat_interval)) +
+                     " must be shorter than " +
+                     named("timeouts.peer", format_duration(cfg.peer_timeout))};
+  if (cfg.quorum && cfg.num_workers && *cfg.quorum > *cfg.num_workers)
+    return error{errc::invalid_argument,
+                 named("sync.quorum", std::to_string(*cfg.quorum)) + " must not exceed " +
+                     named("job.num_workers", std::to_string(*cfg.num_workers))};
+  if (cfg.chunk_bytes > cfg.max_frame_bytes)
+    return error{errc::invalid_argument,
+                 named("data.chunk_bytes", std::to_string(cfg.chunk_bytes)) + " must not exceed " +
+                     named("data.max_frame_bytes", std::to_string(cfg.max_frame_bytes))};
+  return ok();
+}
+
+/// "DMLC_PS_ROOT_PORT ([scheduler] port or --scheduler-port)".
+std::string naming(std::string_view dotted_key) {
+  const field* f = find_field(dotted_key);
+  const auto& k = f->key;
+  std::string toml = "[" + std::string(k.section) + "] " + std::string(k.name);
+  std::string out = k.env.empty() ? toml : std::string(k.env) + " (" + toml;
+  if (!k.flag.empty())
+    out += (k.env.empty() ? " (" : " or ") + std::string(k.flag) + ")";
+  else if (!k.env.empty())
+    out += ")";
+  return out;
+}
+
+} // namespace
+
+std::span<const config_key> config_keys() noexcept {
+  static const std::vector<config_key> keys = [] {
+    std::vector<config_key> out;
+    for (const auto& f : fields())
+      out.push_back(f.key);
+    return out;
+  }();
+  return keys;
+}
+
+env_lookup process_environment() {
+  return [](std::string_view name) -> std::optional<std::string> {
+    const char* value = std::getenv(std::string(name).c_str());
+    if (!value)
+      return std::nullopt;
+    return std::string(value);
+  };
+}
+
+env_lookup environment_from(std::map<std::string, std::string, std::less<>> variables) {
+  return [vars = std::move(variables)](std::string_view name) -> std::optional<std::string> {
+    auto found = vars.find(name);
+    if (found == vars.end())
+      return std::nullopt;
+    return found->second;
+  };
+}
+
+void config_overrides::set(std::string_view key, std::string value) {
+  values[std::string(key)] = std::move(value);
+}
+
+void add_config_flags(CLI::App& app, config_overrides& out) {
+  const std::string group = "Cluster configuration";
+  app.add_option_function<std::string>(
+         "--config", [&out](const std::string& path) { out.config_file = path; },
+         "Cluster config file (TOML; docs/cluster.sample.toml lists every key). Default: "
+         "$TROUPE_CONFIG. Later layers win: file < environment < flags.")
+      ->type_name("FILE")
+      ->group(group);
+  for (const auto& f : fields()) {
+    const auto& k = f.key;
+    if (k.flag.empty())
+      continue;
+    std::string help = std::string(k.help) + " [" + dotted(k) + "]";
+    if (!k.env.empty())
+      help += " (env " + std::string(k.env) + ")";
+    if (!k.default_text.empty())
+      help += " Default: " + std::string(k.default_text) + ".";
+    std::string key = dotted(k);
+    std::string flag{k.flag};
+    app.add_option_function<std::string>(
+           flag,
+           [&out, key, flag](const std::string& value) {
+             out.set(key, value);
+             out.flags[key] = flag;
+           },
+           help)
+        ->type_name(std::string(k.value_name))
+        ->group(group);
+  }
+}
+
+result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
+                                   const env_lookup& env, const config_overrides& flags) {
+  builder b;
+  environment_values environment = read_environment(env);
+
+  std::optional<std::filesystem::path> path = file;
+  if (!path)
+    path = flags.config_file;
+  if (!path)
+    path = environment.config_file;
+  if (path)
+    if (auto applied = apply_file(b, *path); !applied)
+      return applied.error();
+
+  // Within the environment DMLC_NODE_HOST beats DMLC_INTERFACE: resolve() prefers node.host.
+  for (const auto& [f, value] : environment.values)
+    if (auto applied =
+            b.apply(*f, {literal::form::text, value, 0}, {{}, std::string(f->key.env), layer::env});
+        !applied)
+      return applied.error();
+
+  for (const auto& [key, value] : flags.values) {
+    const field* f = find_field(key);
+    if (!f)
+      return error{errc::invalid_argument, "unknown configuration key '" + key + "'"};
+    auto flag = flags.flags.find(key);
+    std::string subject = flag != flags.flags.end() ? flag->second
+                          : f->key.flag.empty()     ? key
+                                                    : std::string(f->key.flag);
+    if (auto applied = b.apply(*f, {literal::form::text, value, 0}, {{}, subject, layer::flags});
+        !applied)
+      return applied.error();
+  }
+
+  if (auto resolved = resolve(b); !resolved)
+    return resolved.error();
+  return std::move(b.cfg);
+}
+
+status validate_for_role(const cluster_config& cfg, node_role role) {
+  const std::string who = "a " + std::string(to_string(role));
+  if (cfg.role && *cfg.role != role)
+    return error{errc::invalid_argument, "the configuration names role " +
+                                             std::string(to_string(*cfg.role)) + " (" +
+                                             naming("job.role") + "), but this node is " + who};
+  std::vector<std::string> missing;
+  if (!cfg.scheduler_port)
+    missing.push_back(naming("scheduler.port"));
+  if (!cfg.num_workers)
+    missing.push_back(naming("job.num_workers"));
+  if (!cfg.num_servers)
+    missing.push_back(naming("job.num_servers"));
+  if (!missing.empty()) {
+    std::string msg = who + " needs ";
+    for (std::size_t i = 0; i < missing.size(); ++i)
+      msg += (i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + missing[i];
+    return error{errc::invalid_argument, msg};
+  }
+  if (role != node_role::scheduler && *cfg.scheduler_port == 0)
+    return error{errc::invalid_argument,
+                 who + " cannot reach a scheduler on port 0: " + naming("scheduler.port") +
+                     " = 0 only lets a test's scheduler pick a free port"};
+  if (role == node_role::server && cfg.node_host.empty())
+    return error{errc::invalid_argument,
+                 who + " listening on " + cfg.bind_address + " needs " + naming("node.host") +
+                     " or " + naming("node.interface") + " so that workers know where to connect"};
+  return ok();
+}
+
+status check_port_free(const std::string& host, std::uint16_t port) {
+  if (port == 0)
+    return ok();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0)
+    return error{errc::io_error, "cannot resolve " + host + ": " + ::gai_strerror(rc)};
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard{found, &::freeaddrinfo};
+  int fd = ::socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, found->ai_protocol);
+  if (fd < 0)
+    return error{errc::io_error, std::string("cannot open a socket: ") + std::strerror(errno)};
+  int one = 1;
+  // Listeners set SO_REUSEADDR, so a port in TIME_WAIT is free for them and for this check.
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc = ::bind(fd, found->ai_addr, found->ai_addrlen);
+  int bind_errno = errno;
+  ::close(fd);
+  if (rc == 0)
+    return ok();
+  if (bind_errno == EADDRINUSE)
+    return error{errc::io_error, "port " + service + " on " + host + " is in use"};
+  if (bind_errno == EADDRNOTAVAIL)
+    return error{errc::io_error, host + " is not an address of this machine"};
+  return error{errc::io_error,
+               "cannot bind " + host + ":" + service + ": " + std::strerror(bind_errno)};
+}
+
+result<std::string> interface_ipv4(std::string_view name) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0)
+    return error{errc::io_error,
+                 std::string("cannot list network interfaces: ") + std::strerror(errno)};
+  std::unique_ptr<ifaddrs, decltype(&::freeifaddrs)> guard{list, &::freeifaddrs};
+  std::vector<std::string> with_ipv4;
+  for (ifaddrs* it = list; it; it = it->ifa_next) {
+    if (!it->ifa_addr || it->ifa_addr->sa_family != AF_INET)
+      continue;
+    if (it->ifa_name == name) {
+      char text[INET_ADDRSTRLEN] = {};
+      const auto* addr = reinterpret_cast<const sockaddr_in*>(it->ifa_addr);
+      ::inet_ntop(AF_INET, &addr->sin_addr, text, sizeof text);
+      return std::string(text);
+    }
+    if (std::find(with_ipv4.begin(), with_ipv4.end(), it->ifa_name) == with_ipv4.end())
+      with_ipv4.emplace_back(it->ifa_name);
+  }
+  std::string present;
+  for (const auto& n : with_ipv4)
+    present += (present.empty() ? "" : ", ") + n;
+  return error{errc::invalid_argument, "no network interface \"" + std::string(name) +
+                                           "\" with an IPv4 address (interfaces with one: " +
+                                           (present.empty() ? "none" : present) + ")"};
+}
+
+result<std::chrono::milliseconds> parse_duration(std::string_view text) {
+  struct unit {
+    std::string_view name;
+    std::int64_t ms;
+  };
+  // "ms" before "m" and "s": the longest suffix that matches.
+  static constexpr unit units[] = {{"ms", 1}, {"s", 1000}, {"m", 60'000}, {"h", 3'600'000}};
+  for (const auto& u : units) {
+    if (text.size() <= u.name.size() || !text.ends_with(u.name))
+      continue;
+    auto count = parse_integer(text.substr(0, text.size() - u.name.size()));
+    if (!count)
+      break;
+    if (*count < 0 || *count > std::numeric_limits<std::int64_t>::max() / u.ms)
+      break;
+    return std::chrono::milliseconds{*count * u.ms};
+  }
+  return error{errc::invalid_argument, "\"" + std::string(text) +
+                                           "\" is not a duration such as \"500ms\", \"5s\", "
+                                           "\"2m\" or \"1h\""};
+}
+
+std::string format_duration(std::chrono::milliseconds value) {
+  const auto ms = value.count();
+  if (ms != 0 && ms % 3'600'000 == 0)
+    return std::to_string(ms / 3'600'000) + "h";
+  if (ms != 0 && ms % 60'000 == 0)
+    return std::to_string(ms / 60'000) + "m";
+  if (ms != 0 && ms % 1000 == 0)
+    return std::to_string(ms / 1000) + "s";
+  return std::to_string(ms) + "ms";
+}
+
+} // namespace troupe

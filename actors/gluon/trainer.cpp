@@ -1,0 +1,457 @@
+#include "actors/gluon/trainer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <utility>
+
+#include "actors/gluon/update_policy.hpp"
+#include "engine/serialize.hpp"
+
+namespace troupe {
+
+namespace {
+
+/// MXNet's _create_kvstore: `local` keeps the optimizer on the workers when a parameter has more
+/// than this many elements (the store's host-side update would be the bottleneck).
+constexpr std::int64_t local_update_bound = 1024 * 1024 * 16;
+
+bool shape_is_known(const shape_vector& shape) {
+  return std::none_of(shape.begin(), shape.end(), [](std::int64_t extent) { return extent == 0; });
+}
+
+std::string context_list(const std::vector<context>& contexts) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < contexts.size(); ++i)
+    text += (i ? ", " : "") + contexts[i].to_string();
+  return text + "]";
+}
+
+error misuse(const std::string& call) {
+  // MXNet's assertion text, so that users find the same advice.
+  return {errc::invalid_argument,
+          call + " when parameters are updated on kvstore is not supported. Try setting "
+                 "`update_on_kvstore` to False when creating trainer."};
+}
+
+} // namespace
+
+/// What the local updaters share, as MXNet's updaters share one Optimizer object: the scheduler
+/// and num_update, the largest update count reached by any weight (Optimizer._update_count).
+struct trainer::schedule {
+  std::shared_ptr<lr_scheduler> scheduler;
+  std::int64_t num_update = 0;
+
+  /// One update of `weight` by `grad` with the rate the scheduler gives for this update.
+  void run(updater& update, std::int64_t index, const ndarray& grad, ndarray& weight) {
+    num_update = std::max(num_update, update.update_count(index) + 1);
+    if (scheduler)
+      scheduler->apply(update.optimizer(), num_update);
+    update(index, grad, weight);
+  }
+};
+
+trainer::~trainer() = default;
+
+result<std::unique_ptr<trainer>> trainer::create(nn::parameter_list parameters,
+                                                 std::string_view optimizer_name,
+                                                 const optimizer_params& hyper,
+                                                 std::string_view kvstore_type,
+                                                 std::optional<bool> update_on_kvstore) {
+  return make(std::move(parameters), optimizer_name, hyper, nullptr, nullptr, true, kvstore_type,
+              update_on_kvstore);
+}
+
+result<std::unique_ptr<trainer>> trainer::create(nn::parameter_list parameters,
+                                                 std::string_view optimizer_name,
+                                                 const optimizer_params& hyper,
+                                                 std::shared_ptr<kvstore> store,
+                                                 std::optional<bool> update_on_kvstore) {
+  kvstore* raw = store.get();
+  return make(std::move(parameters), optimizer_name, hyper, std::move(store), raw, false, {},
+              update_on_kvstore);
+}
+
+result<std::unique_ptr<trainer>> trainer::create(nn::parameter_list parameters,
+                                                 std::string_view optimizer_name,
+                                                 const optimizer_params& hyper, kvstore* store,
+                                                 std::optional<bool> update_on_kvstore) {
+  return make(std::move(parameters), optimizer_name, hyper, nullptr, store, false, {},
+              update_on_kvstore);
+}
+
+result<std::unique_ptr<trainer>>
+trainer::make(nn::parameter_list parameters, std::string_view optimizer_name,
+              const optimizer_params& hyper, std::shared_ptr<kvstore> owned, kvstore* store,
+              bool store_from_type, std::string_view type, std::optional<bool> update_on_kvstore) {
+  // Trainer.__init__ and _check_contexts: every parameter initialised, all on one set of
+  // contexts (one updater per context, one key per parameter).
+  if (parameters.empty())
+    return error{errc::empty_list, "trainer: no parameters to train"};
+  std::set<const nn::parameter*> seen;
+  const std::vector<context>* contexts = nullptr;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const auto* param = parameters[i].get();
+    if (!param)
+      return error{errc::invalid_argument, "trainer: parameter " + std::to_string(i) + " is null"};
+    if (!seen.insert(param).second)
+      return error{errc::invalid_argument,
+                   "trainer: parameter " + param->name() + " is listed twice"};
+    if (param->list_ctx().empty())
+      return error{errc::invalid_argument,
+                   "trainer: parameter " + param->name() +
+                       " has not been initialized; call initialize() before creating the trainer"};
+    if (!contexts)
+      contexts = &param->list_ctx();
+    else if (param->list_ctx() != *contexts)
+      return error{errc::context_mismatch,
+                   "trainer: all parameters must be initialized on the same set of contexts, but "
+                   "parameter " +
+                       param->name() + " is initialized on " + context_list(param->list_ctx()) +
+                       " while previous parameters are initialized on " + context_list(*contexts)};
+    if (param->lr_mult != 1.0 || param->wd_mult != 1.0)
+      return error{errc::not_supported,
+                   "trainer: parameter " + param->name() + " has lr_mult " +
+                       std::to_string(param->lr_mult) + " and wd_mult " +
+                       std::to_string(param->wd_mult) +
+                       "; per-parameter multipliers are not applied by troupe's optimizers yet"};
+  }
+
+  auto opt = optimizer::create(optimizer_name, hyper);
+  if (!opt)
+    return opt.error();
+
+  std::unique_ptr<trainer> made{new trainer};
+  made->parameters_ = std::move(parameters);
+  made->user_update_on_kvstore_ = update_on_kvstore;
+  made->scale_ = (*opt)->rescale_grad();
+  made->last_rescale_ = made->scale_;
+  made->schedule_ = std::make_shared<schedule>();
+  made->in_store_.assign(made->parameters_.size(), false);
+  made->warn_ = [](const std::string& warning) {
+    std::fprintf(stderr, "troupe trainer warning: %s\n", warning.c_str());
+  };
+  for (std::size_t c = 0; c < contexts->size(); ++c)
+    made->updaters_.push_back(std::make_unique<updater>((*opt)->clone()));
+
+  // model.py::_create_kvstore.
+  std::optional<bool> choice = update_on_kvstore;
+  if (store_from_type) {
+    const bool dist = type.find("dist") != std::string_view::npos;
+    if (!type.empty() && type != "none") {
+      auto created = kvstore::create(type);
+      if (!created)
+        return created.error();
+      // One context on one machine: nothing to reduce, so no store (made to check the name).
+      if (dist || contexts->size() > 1)
+        owned = std::move(*created);
+    }
+    store = owned.get();
+    if (store && type == "local" && !choice) {
+      bool all_known = true;
+      std::int64_t largest = 0;
+      for (const auto& param : made->parameters_) {
+        all_known = all_known && shape_is_known(param->shape());
+        largest = std::max(largest, element_count(param->shape()));
+      }
+      if (largest > local_update_bound)
+        choice = false;
+      else if (!all_known)
+        made->size_rule_pending_ = true; // decided when the store is set up (MXNet's moment)
+    }
+  }
+  made->owned_store_ = std::move(owned);
+  made->store_ = store;
+  if (store) {
+    auto resolved =
+        resolve_update_on_kvstore(store->type(), store->is_capable("optimizer"), choice);
+    if (!resolved)
+      return resolved.error();
+    made->update_on_kvstore_ = *resolved;
+  }
+  return made;
+}
+
+bool trainer::distributed() const noexcept {
+  return store_ && store_->type().find("dist") != std::string::npos;
+}
+
+const troupe::optimizer& trainer::optimizer() const noexcept {
+  return store_updater_ ? store_updater_->optimizer() : updaters_.front()->optimizer();
+}
+
+std::vector<troupe::optimizer*> trainer::local_optimizers() {
+  std::vector<troupe::optimizer*> all;
+  for (auto& update : updaters_)
+    all.push_back(&update->optimizer());
+  if (store_updater_)
+    all.push_back(&store_updater_->optimizer());
+  return all;
+}
+
+void trainer::warn(const std::string& message) const {
+  if (warn_)
+    warn_(message);
+}
+
+void trainer::set_rescale(double rescale) {
+  // MXNet's _check_and_rescale_grad: the servers keep the rescale_grad of the first step. MXNet
+  // raises a UserWarning at every step that differs; troupe warns when the batch size changes to
+  // one the servers were not given, so that a run of such steps gives one warning, not one each.
+  if (update_on_kvstore_ && distributed() && store_ready_ && store_rescale_ &&
+      rescale != *store_rescale_ && rescale != last_rescale_)
+    warn("possible change in the batch_size from the previous step detected (rescale_grad " +
+         std::to_string(rescale) + ", the servers' " + std::to_string(*store_rescale_) +
+         "). The optimizer's gradient normalizing factor will not change with the new "
+         "batch_size when update_on_kvstore=True and a distributed kvstore is used.");
+  last_rescale_ = rescale;
+  for (auto* opt : local_optimizers())
+    opt->set_rescale_grad(rescale);
+}
+
+void trainer::resolve_size_rule() {
+  if (!size_rule_pending_ || store_ready_)
+    return;
+  bool all_known = true;
+  std::int64_t largest = 0;
+  for (const auto& param : parameters_) {
+    all_known = all_known && shape_is_known(param->shape());
+    largest = std::max(largest, element_count(param->shape()));
+  }
+  if (largest > local_update_bound) {
+    update_on_kvstore_ = false;
+    size_rule_pending_ = false;
+  } else if (all_known) {
+    size_rule_pending_ = false;
+  }
+}
+
+status trainer::prepare_store() {
+  resolve_size_rule();
+  if (!store_) {
+    store_ready_ = true;
+    return ok();
+  }
+  return status_of([&]() -> status {
+    // _init_params: parameters whose arrays exist now; deferred ones wait for a later step.
+    std::vector<kv_key> keys;
+    std::vector<ndarray> values;
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      if (!in_store_[i] && parameters_[i]->is_initialized()) {
+        keys.emplace_back(static_cast<std::int64_t>(i));
+        values.push_back(parameters_[i]->list_data().front());
+      }
+    if (!keys.empty())
+      if (auto initialised = store_->init(keys, values); !initialised)
+        return error{initialised.error().code(),
+                     "trainer: kvstore init: " + initialised.error().message()};
+
+    if (!store_ready_) {
+      // The decision is final from here: the store now runs (or does not run) the optimizer.
+      size_rule_pending_ = false;
+      if (update_on_kvstore_) {
+        if (distributed()) {
+          // The servers get a copy; its rescale_grad is this (first) step's.
+          auto copy = updaters_.front()->optimizer().clone();
+          store_rescale_ = copy->rescale_grad();
+          if (auto sent = store_->set_optimizer(std::move(copy)); !sent)
+            return error{sent.error().code(),
+                         "trainer: kvstore set_optimizer: " + sent.error().message()};
+        } else {
+          // The store runs the trainer's own updater, so that rate, scheduler and rescale
+          // changes reach it. The function owns what it uses: the store may outlive the trainer.
+          store_updater_ = std::make_shared<updater>(updaters_.front()->optimizer().clone());
+          auto update = [update = store_updater_, plan = schedule_](
+                            const kv_key& key, const ndarray& received, ndarray& stored) {
+            plan->run(*update, std::get<std::int64_t>(key), received, stored);
+          };
+          if (auto set = store_->set_updater(std::move(update)); !set)
+            return error{set.error().code(),
+                         "trainer: kvstore set_updater: " + set.error().message()};
+        }
+      }
+      store_ready_ = true;
+    }
+
+    // Every context of every worker starts from the store's value (rank 0's on dist stores).
+    std::vector<kv_request> pulls;
+    for (const auto& key : keys) {
+      const auto i = std::get<std::int64_t>(key);
+      auto& data = parameters_[static_cast<std::size_t>(i)]->list_data();
+      std::vector<kv_key> repeated(data.size(), key);
+      pulls.push_back(store_->pull_async(repeated, data, -static_cast<int>(i)));
+    }
+    status outcome;
+    for (auto& pull : pulls)
+      if (auto done = pull.wait(); !done && outcome)
+        outcome = done;
+    if (!outcome)
+      return outcome;
+    for (const auto& key : keys)
+      in_store_[static_cast<std::size_t>(std::get<std::int64_t>(key))] = true;
+    return ok();
+  });
+}
+
+status trainer::reduce(bool pull_weights) {
+  // Start every key before waiting for any, so that one key's transfer overlaps the others'.
+  std::vector<kv_request> requests;
+  status outcome = status_of([&]() -> status {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      auto& param = *parameters_[i];
+      if (param.req() == grad_req::null)
+        continue;
+      auto& grads = param.list_grad();
+      std::vector<kv_key> keys(grads.size(), kv_key{static_cast<std::int64_t>(i)});
+      const int priority = -static_cast<int>(i);
+      if (pull_weights)
+        requests.push_back(store_->pushpull_async(keys, grads, param.list_data(), priority));
+      else
+        requests.push_back(store_->pushpull_async(keys, grads, grads, priority));
+    }
+    return ok();
+  });
+  // Even after a failure, the requests under way are waited for: they write the parameters.
+  for (auto& request : requests)
+    if (auto done = request.wait(); !done && outcome)
+      outcome = done;
+  return outcome;
+}
+
+status trainer::update_locally() {
+  return status_of([&]() -> status {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      auto& param = *parameters_[i];
+      if (param.req() == grad_req::null)
+        continue;
+      auto& data = param.list_data();
+      auto& grads = param.list_grad();
+      if (data.size() != updaters_.size())
+        return error{errc::context_mismatch, "trainer: parameter " + param.name() +
+                                                 " now lives on " + context_list(param.list_ctx()) +
+                                                 " but the trainer was created for " +
+                                                 std::to_string(updaters_.size()) + " contexts"};
+      for (std::size_t c = 0; c < data.size(); ++c)
+        schedule_->run(*updaters_[c], static_cast<std::int64_t>(i), grads[c], data[c]);
+    }
+    return ok();
+  });
+}
+
+status trainer::step(std::int64_t batch_size, bool /*ignore_stale_grad: see the header*/) {
+  if (batch_size <= 0)
+    return error{errc::invalid_argument,
+                 "trainer: step with batch_size " + std::to_string(batch_size) + " (must be > 0)"};
+  set_rescale(scale_ / static_cast<double>(batch_size));
+  if (auto ready = prepare_store(); !ready)
+    return ready;
+  if (store_)
+    if (auto reduced = reduce(update_on_kvstore_); !reduced)
+      return reduced;
+  if (update_on_kvstore_)
+    return ok();
+  return update_locally();
+}
+
+status trainer::allreduce_grads() {
+  resolve_size_rule();
+  if (update_on_kvstore_)
+    return misuse("allreduce_grads()");
+  if (auto ready = prepare_store(); !ready)
+    return ready;
+  return store_ ? reduce(false) : ok();
+}
+
+status trainer::update(std::int64_t batch_size, bool /*ignore_stale_grad*/) {
+  if (batch_size <= 0)
+    return error{errc::invalid_argument, "trainer: update with batch_size " +
+                                             std::to_string(batch_size) + " (must be > 0)"};
+  resolve_size_rule();
+  if (update_on_kvstore_)
+    return misuse("update()");
+  if (auto ready = prepare_store(); !ready)
+    return ready;
+  set_rescale(scale_ / static_cast<double>(batch_size));
+  return update_locally();
+}
+
+double trainer::learning_rate() const {
+  if (schedule_->scheduler)
+    return (*schedule_->scheduler)(schedule_->num_update);
+  return optimizer().learning_rate();
+}
+
+status trainer::set_learning_rate(double learning_rate) {
+  if (update_on_kvstore_ && distributed())
+    return error{
+        errc::not_supported,
+        "trainer: set_learning_rate on kvstore '" + store_->type() +
+            "' with update_on_kvstore: the servers hold the optimizer and keep the rate "
+            "they were given; create the trainer with update_on_kvstore=false to change it"};
+  if (schedule_->scheduler)
+    return error{errc::invalid_argument,
+                 "trainer: set_learning_rate with an lr_scheduler set; the rate can be changed "
+                 "only when no scheduler is defined (remove it with set_lr_scheduler(nullptr))"};
+  for (auto* opt : local_optimizers())
+    opt->set_learning_rate(learning_rate);
+  return ok();
+}
+
+status trainer::set_lr_scheduler(std::shared_ptr<lr_scheduler> scheduler) {
+  if (update_on_kvstore_ && distributed())
+    return error{errc::not_supported,
+                 "trainer: set_lr_scheduler on kvstore '" + store_->type() +
+                     "' with update_on_kvstore: the servers hold the optimizer and cannot run a "
+                     "scheduler; create the trainer with update_on_kvstore=false to use one"};
+  schedule_->scheduler = std::move(scheduler);
+  return ok();
+}
+
+status trainer::save_states(const std::string& path) {
+  if (auto ready = prepare_store(); !ready)
+    return ready;
+  if (update_on_kvstore_ && distributed()) {
+    if (auto saved = store_->save_optimizer_states(path, true); !saved)
+      return error{saved.error().code(),
+                   "trainer: save_states to " + path + ": " + saved.error().message()};
+    return ok();
+  }
+  const updater& source = store_updater_ ? *store_updater_ : *updaters_.front();
+  return write_file(path, source.save_states(true));
+}
+
+status trainer::load_states(const std::string& path) {
+  if (auto ready = prepare_store(); !ready)
+    return ready;
+  if (update_on_kvstore_ && distributed()) {
+    if (auto loaded = store_->load_optimizer_states(path); !loaded)
+      return error{loaded.error().code(),
+                   "trainer: load_states from " + path + ": " + loaded.error().message()};
+    // The servers now hold the saved optimizer, whose rescale_grad this trainer does not know.
+    store_rescale_.reset();
+    return ok();
+  }
+  auto bytes = read_file(path);
+  if (!bytes)
+    return bytes.error();
+  // Every updater gets the same state (MXNet: for updater in self._updaters: set_states); a
+  // rejected file leaves the first one as it was, and so all of them.
+  std::vector<updater*> targets;
+  for (auto& update : updaters_)
+    targets.push_back(update.get());
+  if (store_updater_)
+    targets.push_back(store_updater_.get());
+  for (auto* target : targets)
+    if (auto loaded = target->load_states(*bytes); !loaded)
+      return error{loaded.error().code(),
+                   "trainer: load_states from " + path + ": " + loaded.error().message()};
+  // num_update comes back with the counts (MXNet unpickles it with the optimizer).
+  const updater& counted = store_updater_ ? *store_updater_ : *updaters_.front();
+  schedule_->num_update = 0;
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    schedule_->num_update =
+        std::max(schedule_->num_update, counted.update_count(static_cast<std::int64_t>(i)));
+  return ok();
+}
+
+} // namespace troupe

@@ -1,0 +1,375 @@
+#include "actors/kvstore/dist_kvstore.hpp"
+
+#include <caf/send.hpp>
+
+#include "actors/kv_worker.hpp"
+
+namespace troupe {
+namespace {
+
+bool known_type(const std::string& type) {
+  return type == "dist_sync" || type == "dist_async" || type == "dist_device_sync" ||
+         type == "dist_device_async" || type == "dist_sync_device" || type == "dist_async_device";
+}
+
+/// How long wait() waits at most: the worker fails a request itself once it has gone unanswered
+/// for the timeout since it was sent, so this only catches a worker that stopped answering.
+std::chrono::steady_clock::time_point backstop(std::chrono::milliseconds timeout) {
+  return std::chrono::steady_clock::now() + 2 * timeout + std::chrono::seconds{1};
+}
+
+} // namespace
+
+dist_kvstore::dist_kvstore(worker_setup setup)
+    : owned_resources_(setup.owned_resources), setup_(std::move(setup)) {
+  setup_.owned_resources.reset();
+  if (setup_.type.find("device") != std::string::npos)
+    comm_ = std::make_unique<comm_device>();
+  else
+    comm_ = std::make_unique<comm_host>();
+}
+
+result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
+  auto invalid = [](std::string text) { return error{errc::invalid_argument, std::move(text)}; };
+  if (!known_type(setup.type))
+    return invalid("unknown distributed kvstore type '" + setup.type +
+                   "' (dist_sync, dist_async, dist_device_sync, dist_device_async)");
+  if (setup.num_servers == 0 || setup.num_workers == 0 || setup.rank >= setup.num_workers)
+    return invalid("a distributed kvstore needs at least one server and one worker and a rank "
+                   "below the number of workers (rank " +
+                   std::to_string(setup.rank) + " of " + std::to_string(setup.num_workers) +
+                   " workers, " + std::to_string(setup.num_servers) + " servers)");
+  if (setup.chunk_bytes < 8 || setup.chunk_bytes % 8 != 0)
+    return invalid("chunk size " + std::to_string(setup.chunk_bytes) +
+                   " is not a positive multiple of 8 bytes");
+  if (setup.quorum > setup.num_workers)
+    return invalid("quorum " + std::to_string(setup.quorum) + " exceeds the job's " +
+                   std::to_string(setup.num_workers) + " workers");
+  if (setup.max_rounds_ahead == 0)
+    return invalid("max_rounds_ahead must be at least 1");
+  const bool async = setup.type.find("async") != std::string::npos;
+  if (setup.max_staleness >= 0 && !async)
+    return invalid("max_staleness " + std::to_string(setup.max_staleness) + " bounds dist_async; " +
+                   setup.type + " already waits for every round (staleness 0)");
+  if (!setup.system || !setup.connect_servers || !setup.barrier)
+    return invalid("a distributed kvstore needs an actor system, server links and a barrier");
+
+  std::unique_ptr<dist_kvstore> store{new dist_kvstore(std::move(setup))};
+  auto& s = store->setup_;
+  auto& system = *s.system;
+  store->system_ = s.system;
+  kv_worker_options options;
+  options.rank = s.rank;
+  options.num_workers = s.num_workers;
+  options.num_servers = s.num_servers;
+  options.sync = store->sync_mode();
+  options.bigarray_bound = s.bigarray_bound;
+  options.chunk_bytes = s.chunk_bytes;
+  options.request_timeout = s.timeout;
+  options.max_rounds_ahead = s.max_rounds_ahead;
+  options.log = s.log;
+  store->worker_ = spawn_kv_worker(system, options);
+  auto links = s.connect_servers(caf::actor_cast<caf::actor>(store->worker_));
+  if (!links) {
+    store->abandon();
+    return links.error();
+  }
+  if (links->links.size() != s.num_servers) {
+    for (auto& link : links->links)
+      caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+    store->abandon();
+    return error{errc::internal, "got " + std::to_string(links->links.size()) +
+                                     " server links for " + std::to_string(s.num_servers) +
+                                     " servers"};
+  }
+  store->links_ = links->links;
+  caf::anon_send(store->worker_, std::move(*links));
+  if (s.on_started)
+    s.on_started(store->worker_);
+  if (s.rank == 0) {
+    // Servers learn the job's consistency from rank 0, before any init of it reaches them; the
+    // scheduler learns how many lost workers the job survives.
+    const auto settings = store->settings();
+    auto told = store->to_every_server(
+        [settings](std::uint64_t id, std::uint32_t) -> wire::message {
+          auto message = settings;
+          message.request_id = id;
+          return message;
+        },
+        "sync settings");
+    // A store that failed to start was never part of the job's work: it must not report done.
+    if (!told) {
+      store->abandon();
+      return told.error();
+    }
+    if (s.announce_settings)
+      if (auto announced = s.announce_settings(settings); !announced) {
+        store->abandon();
+        return announced.error();
+      }
+  }
+  return store;
+}
+
+dist_kvstore::~dist_kvstore() {
+  (void)finalize();
+}
+
+bool dist_kvstore::sync_mode() const noexcept {
+  return setup_.type.find("async") == std::string::npos;
+}
+
+wire::sync_settings dist_kvstore::settings() const {
+  wire::sync_settings settings;
+  settings.mode = sync_mode() ? wire::consistency_mode::sync : wire::consistency_mode::async;
+  settings.quorum = setup_.quorum == 0 ? setup_.num_workers : setup_.quorum;
+  settings.rescale_quorum = setup_.rescale_quorum;
+  settings.max_staleness = setup_.max_staleness;
+  settings.max_rounds_ahead = setup_.max_rounds_ahead;
+  return settings;
+}
+
+kv_request dist_kvstore::start(kv_operation op) {
+  completion<status> done;
+  op.done = done;
+  std::string what = op.what;
+  caf::anon_send(worker_, std::move(op));
+  return kv_request{std::move(done), std::move(what), backstop(setup_.timeout)};
+}
+
+result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const kv_key> keys,
+                                                  std::span<const ndarray> values,
+                                                  std::span<ndarray> outputs, const char* what) {
+  kv_operation op;
+  op.call = call;
+  op.what = what;
+  const bool pushes = call == kv_call::push || call == kv_call::pushpull;
+  const bool pulls = call == kv_call::pull || call == kv_call::pushpull;
+  auto groups = pushes ? keys_.group(keys, values, what, "pushed value")
+                       : keys_.group(keys, outputs, what, "output");
+  if (!groups)
+    return groups.error();
+  std::optional<std::vector<key_group>> output_groups;
+  if (pushes && pulls) {
+    auto grouped = keys_.group(keys, outputs, what, "output");
+    if (!grouped)
+      return grouped.error();
+    output_groups = std::move(*grouped);
+  }
+  auto built = status_of([&]() -> status {
+    for (std::size_t g = 0; g < groups->size(); ++g) {
+      const auto& group = (*groups)[g];
+      const auto& declared = *group.declaration;
+      kv_key_work work;
+      work.index = declared.index;
+      work.name = to_string(declared.key);
+      work.shape = declared.shape;
+      work.type = declared.type;
+      if (pushes) {
+        std::vector<ndarray> list;
+        for (auto position : group.positions)
+          list.push_back(values[position]);
+        // One host value goes out as it is (the caller leaves it alone until the request
+        // completes, as kv_request says); a list is summed first, on the host or the devices.
+        ndarray merged = list.size() == 1 && list[0].ctx().is_cpu()
+                             ? list[0]
+                             : comm_->reduce(declared.index, list);
+        work.value = merged.ctx().is_cpu() ? merged : merged.copy_to(context::cpu());
+      }
+      if (pulls) {
+        const auto& positions = output_groups ? (*output_groups)[g].positions : group.positions;
+        for (auto position : positions)
+          work.outputs.push_back(outputs[position]);
+      }
+      op.keys.push_back(std::move(work));
+    }
+    return ok();
+  });
+  if (!built)
+    return built.error();
+  return op;
+}
+
+status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray> values) {
+  if (auto checked = keys_.check_new(keys, values); !checked)
+    return checked;
+  for (const auto& key : keys)
+    if (auto number = std::get_if<std::int64_t>(&key); number && *number < 0)
+      return error{errc::invalid_argument,
+                   "init of key " + to_string(key) + ": distributed stores take keys >= 0"};
+  keys_.declare(keys, values);
+  if (setup_.rank == 0) {
+    kv_operation op;
+    op.call = kv_call::init;
+    op.what = "init";
+    auto built = status_of([&]() -> status {
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const auto& declared = *keys_.find(keys[i], "init").value();
+        kv_key_work work;
+        work.index = declared.index;
+        work.name = to_string(declared.key);
+        work.shape = declared.shape;
+        work.type = declared.type;
+        work.value = values[i].ctx().is_cpu() ? values[i] : values[i].copy_to(context::cpu());
+        op.keys.push_back(std::move(work));
+      }
+      return ok();
+    });
+    if (!built)
+      return built;
+    if (auto done = start(std::move(op)).wait(); !done)
+      return done;
+  }
+  return setup_.barrier();
+}
+
+kv_request dist_kvstore::push_async(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                    int /*priority*/) {
+  auto op = make_operation(kv_call::push, keys, values, {}, "push");
+  return op ? start(std::move(*op)) : kv_request::done(op.error());
+}
+
+kv_request dist_kvstore::pull_async(std::span<const kv_key> keys, std::span<ndarray> outputs,
+                                    int /*priority*/) {
+  auto op = make_operation(kv_call::pull, keys, {}, outputs, "pull");
+  return op ? start(std::move(*op)) : kv_request::done(op.error());
+}
+
+kv_request dist_kvstore::pushpull_async(std::span<const kv_key> keys,
+                                        std::span<const ndarray> values, std::span<ndarray> outputs,
+                                        int /*priority*/) {
+  auto op = make_operation(kv_call::pushpull, keys, values, outputs, "pushpull");
+  return op ? start(std::move(*op)) : kv_request::done(op.error());
+}
+
+status dist_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray> values,
+                          int priority) {
+  return push_async(keys, values, priority).wait();
+}
+
+status dist_kvstore::pull(std::span<const kv_key> keys, std::span<ndarray> outputs, int priority) {
+  return pull_async(keys, outputs, priority).wait();
+}
+
+status dist_kvstore::pushpull(std::span<const kv_key> keys, std::span<const ndarray> values,
+                              std::span<ndarray> outputs, int priority) {
+  return pushpull_async(keys, values, outputs, priority).wait();
+}
+
+status dist_kvstore::barrier() {
+  return setup_.barrier();
+}
+
+status dist_kvstore::to_every_server(
+    std::function<wire::message(std::uint64_t request_id, std::uint32_t server)> make,
+    std::string what) const {
+  kv_operation op;
+  op.call = kv_call::every_server;
+  op.message_for = std::move(make);
+  op.what = std::move(what);
+  return const_cast<dist_kvstore*>(this)->start(std::move(op)).wait();
+}
+
+status dist_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
+  if (!opt)
+    return error{errc::invalid_argument, "set_optimizer with no optimizer"};
+  if (setup_.rank == 0) {
+    std::vector<wire::optimizer_param> params;
+    for (const auto& [name, value] : opt->params())
+      params.push_back({name, value});
+    auto sent = to_every_server(
+        [name = opt->name(), params](std::uint64_t id, std::uint32_t) -> wire::message {
+          return wire::set_optimizer{id, name, params};
+        },
+        "set_optimizer " + opt->name());
+    if (!sent)
+      return sent;
+  }
+  return setup_.barrier();
+}
+
+status dist_kvstore::set_updater(updater_function) {
+  return error{errc::not_supported,
+               "set_updater: a distributed kvstore runs updates on its servers; use "
+               "set_optimizer, or pull the summed gradients and update on the worker"};
+}
+
+bool dist_kvstore::is_capable(std::string_view capability) const noexcept {
+  return capability == "optimizer";
+}
+
+status dist_kvstore::save_optimizer_states(const std::string& path, bool) const {
+  return to_every_server(
+      [path](std::uint64_t id, std::uint32_t server) -> wire::message {
+        return wire::command{id, wire::command_kind::save_checkpoint,
+                             path + ".server" + std::to_string(server)};
+      },
+      "save_optimizer_states to " + path);
+}
+
+status dist_kvstore::load_optimizer_states(const std::string& path) {
+  return to_every_server(
+      [path](std::uint64_t id, std::uint32_t server) -> wire::message {
+        return wire::command{id, wire::command_kind::load_checkpoint,
+                             path + ".server" + std::to_string(server)};
+      },
+      "load_optimizer_states from " + path);
+}
+
+void dist_kvstore::abandon() {
+  finalized_ = true;
+  caf::anon_send_exit(worker_, caf::exit_reason::user_shutdown);
+  for (auto& link : links_)
+    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+}
+
+status dist_kvstore::finalize() {
+  if (finalized_)
+    return ok();
+  finalized_ = true;
+  completion<status> drained;
+  caf::anon_send(worker_, finalize_atom::value, drained);
+  status outcome = ok();
+  if (auto got = drained.wait_until(backstop(setup_.timeout)))
+    outcome = *got;
+  else if (auto late = drained.cancel())
+    outcome = *late;
+  else
+    outcome = error{errc::timeout, "finalize: the KVStore worker did not answer"};
+  if (setup_.on_finalize)
+    setup_.on_finalize();
+  caf::anon_send_exit(worker_, caf::exit_reason::user_shutdown);
+  for (auto& link : links_)
+    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+  return outcome;
+}
+
+result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,
+                                                const cluster_config& config) {
+  auto setup = join_worker(type, config);
+  if (!setup)
+    return setup.error();
+  auto store = dist_kvstore::create(std::move(*setup));
+  if (!store)
+    return store.error();
+  return std::unique_ptr<kvstore>{std::move(*store)};
+}
+
+result<std::unique_ptr<kvstore>> create_distributed(const std::string& type,
+                                                    const config_overrides& flags) {
+  auto config = load_config(std::nullopt, process_environment(), flags);
+  if (!config)
+    return config.error();
+  const auto role = config->role.value_or(node_role::worker);
+  if (role != node_role::worker)
+    return error{
+        errc::invalid_argument,
+        "kvstore::create(\"" + type + "\"): this process's configuration names the role " +
+            std::string(to_string(role)) +
+            " (DMLC_ROLE, [job] role or --role), which serves the job instead of holding a "
+            "store: call troupe::serve_if_node_role(argc, argv) first in main and return "
+            "its exit code (actors/dist_job.hpp)"};
+  return connect_worker(type, *config);
+}
+
+} // namespace troupe

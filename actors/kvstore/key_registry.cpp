@@ -1,0 +1,120 @@
+#include "actors/kvstore/key_registry.hpp"
+
+#include <algorithm>
+
+namespace troupe {
+namespace {
+
+std::string_view kind_text(bool integer) {
+  return integer ? "ints" : "strings";
+}
+
+} // namespace
+
+status key_registry::check_new(std::span<const kv_key> keys,
+                               std::span<const ndarray> values) const {
+  if (keys.size() != values.size())
+    return error{errc::invalid_argument, "init with " + std::to_string(keys.size()) + " keys and " +
+                                             std::to_string(values.size()) + " values"};
+  if (keys.empty())
+    return error{errc::empty_list, "init with an empty list of keys"};
+  auto kind = kind_;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto this_kind = kind_of(keys[i]);
+    if (kind != key_kind::none && this_kind != kind)
+      return error{errc::key_type_mix, "init of key " + to_string(keys[i]) +
+                                           ": int and string keys cannot be mixed in one store"};
+    kind = this_kind;
+    if (find(keys[i], "init").has_value())
+      return error{errc::already_initialized,
+                   "init of key " + to_string(keys[i]) + ", which is already initialised"};
+    for (std::size_t j = 0; j < i; ++j)
+      if (keys[j] == keys[i])
+        return error{errc::already_initialized,
+                     "init lists key " + to_string(keys[i]) + " more than once"};
+    if (values[i].is_none())
+      return error{errc::invalid_argument,
+                   "init of key " + to_string(keys[i]) + " with an empty handle"};
+  }
+  return ok();
+}
+
+void key_registry::declare(std::span<const kv_key> keys, std::span<const ndarray> values) {
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    std::int64_t index;
+    if (auto number = std::get_if<std::int64_t>(&keys[i])) {
+      index = *number;
+    } else {
+      index = next_name_index_++;
+      names_.emplace(std::get<std::string>(keys[i]), index);
+    }
+    kind_ = kind_of(keys[i]);
+    by_index_[index] = key_declaration{keys[i], index, values[i].shape(), values[i].dtype()};
+  }
+}
+
+result<const key_declaration*> key_registry::find(const kv_key& key,
+                                                  std::string_view operation) const {
+  auto kind = kind_of(key);
+  if (kind_ != key_kind::none && kind != kind_)
+    return error{errc::key_type_mix, std::string{operation} + " of key " + to_string(key) +
+                                         ": this store's keys are " +
+                                         std::string{kind_text(kind_ == key_kind::integer)} +
+                                         "; int and string keys cannot be mixed in one store"};
+  if (auto number = std::get_if<std::int64_t>(&key)) {
+    if (auto found = by_index_.find(*number); found != by_index_.end())
+      return &found->second;
+  } else if (auto name = names_.find(std::get<std::string>(key)); name != names_.end()) {
+    return &by_index_.at(name->second);
+  }
+  return error{errc::unknown_key, std::string{operation} + " of key " + to_string(key) +
+                                      ", which was never initialised"};
+}
+
+status key_registry::check_like(const key_declaration& declared, const ndarray& given,
+                                std::string_view operation, std::string_view role) {
+  auto prefix = std::string{operation} + " of key " + to_string(declared.key) + ": ";
+  if (given.is_none())
+    return error{errc::invalid_argument,
+                 prefix + "the " + std::string{role} + " is an empty handle"};
+  if (given.shape() != declared.shape)
+    return error{errc::shape_mismatch, prefix + std::string{role} + " has shape " +
+                                           shape_to_string(given.shape()) + ", init declared " +
+                                           shape_to_string(declared.shape)};
+  if (given.dtype() != declared.type)
+    return error{errc::dtype_mismatch, prefix + std::string{role} + " has dtype " +
+                                           std::string{to_string(given.dtype())} +
+                                           ", init declared " +
+                                           std::string{to_string(declared.type)}};
+  return ok();
+}
+
+result<std::vector<key_group>> key_registry::group(std::span<const kv_key> keys,
+                                                   std::span<const ndarray> arrays,
+                                                   std::string_view operation,
+                                                   std::string_view role) const {
+  if (keys.size() != arrays.size())
+    return error{errc::invalid_argument, std::string{operation} + " with " +
+                                             std::to_string(keys.size()) + " keys and " +
+                                             std::to_string(arrays.size()) + " arrays"};
+  if (keys.empty())
+    return error{errc::empty_list, std::string{operation} + " with an empty list"};
+  std::vector<key_group> groups;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto declared = find(keys[i], operation);
+    if (!declared)
+      return declared.error();
+    if (auto like = check_like(**declared, arrays[i], operation, role); !like)
+      return like.error();
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const key_group& candidate) {
+      return candidate.declaration == *declared;
+    });
+    if (same == groups.end())
+      groups.push_back({*declared, {i}});
+    else
+      same->positions.push_back(i);
+  }
+  return groups;
+}
+
+} // namespace troupe

@@ -1,0 +1,159 @@
+#pragma once
+// The KVStore: the one interface host apps use for every mode, with Apache MXNet's semantics
+// (python/mxnet/kvstore/kvstore.py, src/kvstore/kvstore_local.h).
+//
+//   auto kv = troupe::kvstore::create("local").value();
+//   kv->init(3, ndarray::ones({2, 3}));
+//   kv->push(3, {a, b, c, d});          // the list is summed, then replaces the value
+//   kv->pull(3, out);                   // out == a + b + c + d
+//
+// Modes: `local` (values summed on the host) and `device` (summed on the pushing devices' side;
+// see engine/comm.hpp), and the distributed `dist_sync`, `dist_async`, `dist_device_sync` and
+// `dist_device_async` (actors/kvstore/dist_kvstore.hpp), whose values live on server processes.
+//
+// Keys are ints or strings, not both in one store. A push without an optimizer replaces the
+// stored value with the sum of the pushed list; after set_optimizer (or set_updater) a push
+// runs the update in the store instead.
+//
+// Every call checks all of its arguments before it changes anything: an unknown key, a shape or
+// dtype that differs from init, mixed key types or an empty list return an error that names the
+// key and the expected and actual values, and the stored values stay as they were.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "actors/bridge.hpp"
+#include "engine/error.hpp"
+#include "engine/ndarray.hpp"
+#include "engine/optimizer.hpp"
+
+namespace troupe {
+
+struct config_overrides; // actors/config/config.hpp
+
+/// A push, pull or pushpull under way: wait() blocks until it is done and says how it ended.
+/// Copies share the same request. The outputs of a pull must not be read, and the inputs of a
+/// push not written, before wait() returns. The store fails a request that is not answered
+/// within its timeout of being sent; wait() itself gives up at the latest at `deadline` (a
+/// backstop for a worker that no longer answers). When wait() gives up, or the last copy of an
+/// unfinished request is dropped, the request is cancelled: a reply arriving later never writes
+/// into its outputs.
+class kv_request {
+public:
+  /// A request that is already complete with `outcome`.
+  static kv_request done(status outcome = {});
+  /// A request whose outcome `outcome` delivers; `what` names it in a timeout.
+  kv_request(completion<status> outcome, std::string what,
+             std::chrono::steady_clock::time_point deadline);
+
+  kv_request() : kv_request(done()) {}
+  status wait() const;
+  bool ready() const;
+
+private:
+  struct caller;
+  explicit kv_request(std::shared_ptr<caller> c) : caller_(std::move(c)) {}
+  std::shared_ptr<caller> caller_;
+};
+
+/// An int or a string key, as MXNet accepts either.
+using kv_key = std::variant<std::int64_t, std::string>;
+
+/// "3" or "'weight'".
+std::string to_string(const kv_key& key);
+
+class kvstore {
+public:
+  /// A custom update run by the store on each push: (key, pushed sum, stored value to update).
+  using updater_function =
+      std::function<void(const kv_key& key, const ndarray& received, ndarray& stored)>;
+
+  /// A store of MXNet's type name; an unknown name is an error that lists the types. A `dist_*`
+  /// type joins the job that the configuration ($TROUPE_CONFIG, the DMLC_* / TROUPE_*
+  /// environment) names, as a worker. In a process whose configuration names the role server or
+  /// scheduler it is an error naming DMLC_ROLE and serve_if_node_role: a program calls
+  /// troupe::serve_if_node_role(argc, argv) first in main (actors/dist_job.hpp), which serves in
+  /// those processes and returns their exit code, so that one program runs every role.
+  static result<std::unique_ptr<kvstore>> create(std::string_view type = "local");
+  /// The same, with the cluster flags a program parsed (add_config_flags: --quorum,
+  /// --max-staleness, --timeout, --config...) over the file and the environment, so that a
+  /// program configures its worker without touching its environment. The local types ignore them.
+  static result<std::unique_ptr<kvstore>> create(std::string_view type,
+                                                 const config_overrides& cluster_flags);
+
+  virtual ~kvstore() = default;
+
+  /// The name the store was created with.
+  virtual const std::string& type() const noexcept = 0;
+  virtual int rank() const noexcept = 0;
+  virtual int num_workers() const noexcept = 0;
+
+  // Every batch call takes parallel lists: keys[i] goes with values[i]. A key may repeat, and
+  // then its values form one list (MXNet's grouping of key-value pairs).
+
+  /// Declares keys and their initial values; a key can be initialised once.
+  virtual status init(std::span<const kv_key> keys, std::span<const ndarray> values) = 0;
+  /// Pushes values; the values of one key are summed.
+  virtual status push(std::span<const kv_key> keys, std::span<const ndarray> values,
+                      int priority = 0) = 0;
+  /// Copies each key's stored value into its outputs.
+  virtual status pull(std::span<const kv_key> keys, std::span<ndarray> outputs,
+                      int priority = 0) = 0;
+  /// Non-blocking forms: they check the arguments, start the work and return at once; errors
+  /// found later are reported by the request's wait(). The local modes finish before returning.
+  /// Pushes and pulls of one key from one worker take effect in the order they were issued.
+  virtual kv_request push_async(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                int priority = 0);
+  virtual kv_request pull_async(std::span<const kv_key> keys, std::span<ndarray> outputs,
+                                int priority = 0);
+  virtual kv_request pushpull_async(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                    std::span<ndarray> outputs, int priority = 0);
+
+  /// push then pull, with the same keys.
+  virtual status pushpull(std::span<const kv_key> keys, std::span<const ndarray> values,
+                          std::span<ndarray> outputs, int priority = 0);
+  /// init then pull.
+  virtual status broadcast(std::span<const kv_key> keys, std::span<const ndarray> values,
+                           std::span<ndarray> outputs, int priority = 0);
+
+  status init(const kv_key& key, const ndarray& value);
+  status push(const kv_key& key, const ndarray& value, int priority = 0);
+  status push(const kv_key& key, std::span<const ndarray> values, int priority = 0);
+  status push(const kv_key& key, std::initializer_list<ndarray> values, int priority = 0);
+  status pull(const kv_key& key, ndarray& output, int priority = 0);
+  status pull(const kv_key& key, std::span<ndarray> outputs, int priority = 0);
+  status pushpull(const kv_key& key, const ndarray& value, ndarray& output, int priority = 0);
+  status pushpull(const kv_key& key, std::span<const ndarray> values, std::span<ndarray> outputs,
+                  int priority = 0);
+  status broadcast(const kv_key& key, const ndarray& value, ndarray& output, int priority = 0);
+  status broadcast(const kv_key& key, const ndarray& value, std::span<ndarray> outputs,
+                   int priority = 0);
+
+  /// Blocks until every worker of the job has called barrier() (a no-op in the local modes).
+  virtual status barrier() { return {}; }
+
+  /// Pushes run this optimizer in the store from now on (MXNet's update_on_kvstore).
+  virtual status set_optimizer(std::unique_ptr<optimizer> opt) = 0;
+  status set_optimizer(std::string_view name, const optimizer_params& params = {});
+  /// Pushes run `update` in the store from now on (MXNet's _set_updater).
+  virtual status set_updater(updater_function update) = 0;
+  /// "optimizer": whether set_optimizer runs the optimizer in the store.
+  virtual bool is_capable(std::string_view capability) const noexcept = 0;
+
+  /// Writes the optimizer's per-key state (and, with dump_optimizer, the optimizer itself) to
+  /// `path`; load restores it bit for bit. Both need set_optimizer first.
+  virtual status save_optimizer_states(const std::string& path,
+                                       bool dump_optimizer = false) const = 0;
+  virtual status load_optimizer_states(const std::string& path) = 0;
+};
+
+} // namespace troupe

@@ -1,0 +1,103 @@
+#include "actors/kvstore/local_kvstore.hpp"
+
+#include <utility>
+
+#include "engine/serialize.hpp"
+
+namespace troupe {
+
+local_kvstore::local_kvstore(std::string type, std::unique_ptr<comm> reduction)
+    : type_(std::move(type)), comm_(std::move(reduction)) {}
+
+status local_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray> values) {
+  // The whole batch is checked first, so that a bad pair initialises nothing.
+  if (auto checked = keys_.check_new(keys, values); !checked)
+    return checked;
+  return status_of([&]() -> status {
+    std::vector<ndarray> copies;
+    for (const auto& value : values)
+      copies.push_back(value.copy_to(context::cpu()));
+    keys_.declare(keys, values);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      stored_[keys_.find(keys[i], "init").value()->index] = std::move(copies[i]);
+    return ok();
+  });
+}
+
+status local_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray> values,
+                           int /*priority: one thread, nothing to reorder*/) {
+  auto groups = keys_.group(keys, values, "push", "pushed value");
+  if (!groups)
+    return groups.error();
+  return status_of([&]() -> status {
+    for (const auto& group : *groups) {
+      std::vector<ndarray> list;
+      for (auto position : group.positions)
+        list.push_back(values[position]);
+      auto index = group.declaration->index;
+      auto& target = stored_.at(index);
+      const ndarray& merged = comm_->reduce(index, list);
+      if (updater_)
+        (*updater_)(index, merged, target);
+      else if (custom_updater_)
+        custom_updater_(group.declaration->key, merged, target);
+      else
+        merged.copy_to(target);
+    }
+    return ok();
+  });
+}
+
+status local_kvstore::pull(std::span<const kv_key> keys, std::span<ndarray> outputs,
+                           int /*priority*/) {
+  auto groups = keys_.group(keys, outputs, "pull", "output");
+  if (!groups)
+    return groups.error();
+  return status_of([&]() -> status {
+    for (const auto& group : *groups)
+      for (auto position : group.positions)
+        comm_->broadcast(stored_.at(group.declaration->index), outputs.subspan(position, 1));
+    return ok();
+  });
+}
+
+status local_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
+  if (!opt)
+    return error{errc::invalid_argument, "set_optimizer with no optimizer"};
+  updater_ = std::make_unique<troupe::updater>(std::move(opt));
+  custom_updater_ = nullptr;
+  return ok();
+}
+
+status local_kvstore::set_updater(updater_function update) {
+  if (!update)
+    return error{errc::invalid_argument, "set_updater with an empty function"};
+  custom_updater_ = std::move(update);
+  updater_.reset();
+  return ok();
+}
+
+bool local_kvstore::is_capable(std::string_view capability) const noexcept {
+  return capability == "optimizer";
+}
+
+status local_kvstore::save_optimizer_states(const std::string& path, bool dump_optimizer) const {
+  if (!updater_)
+    return error{errc::invalid_argument,
+                 "save_optimizer_states needs an optimizer set with set_optimizer"};
+  return write_file(path, updater_->save_states(dump_optimizer));
+}
+
+status local_kvstore::load_optimizer_states(const std::string& path) {
+  if (!updater_)
+    return error{errc::invalid_argument,
+                 "load_optimizer_states needs an optimizer set with set_optimizer"};
+  auto bytes = read_file(path);
+  if (!bytes)
+    return bytes.error();
+  if (auto loaded = updater_->load_states(*bytes); !loaded)
+    return error{loaded.error().code(), path + ": " + loaded.error().message()};
+  return ok();
+}
+
+} // namespace troupe

@@ -1,0 +1,53 @@
+#pragma once
+// The single-process KVStore behind `local` and `device` (MXNet's KVStoreLocal): stored values
+// live on cpu(0); the pushed lists are reduced by a comm strategy (engine/comm.hpp) and then
+// either replace the stored value or are handed to the updater.
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "actors/kvstore/key_registry.hpp"
+#include "actors/kvstore/kvstore.hpp"
+#include "engine/comm.hpp"
+
+namespace troupe {
+
+class local_kvstore final : public kvstore {
+public:
+  /// `type` is the name reported by type(); `reduction` is comm_host or comm_device.
+  local_kvstore(std::string type, std::unique_ptr<comm> reduction);
+
+  using kvstore::broadcast;
+  using kvstore::init;
+  using kvstore::pull;
+  using kvstore::push;
+  using kvstore::pushpull;
+  using kvstore::set_optimizer;
+
+  const std::string& type() const noexcept override { return type_; }
+  int rank() const noexcept override { return 0; }
+  int num_workers() const noexcept override { return 1; }
+
+  status init(std::span<const kv_key> keys, std::span<const ndarray> values) override;
+  status push(std::span<const kv_key> keys, std::span<const ndarray> values,
+              int priority = 0) override;
+  status pull(std::span<const kv_key> keys, std::span<ndarray> outputs, int priority = 0) override;
+
+  status set_optimizer(std::unique_ptr<optimizer> opt) override;
+  status set_updater(updater_function update) override;
+  bool is_capable(std::string_view capability) const noexcept override;
+
+  status save_optimizer_states(const std::string& path, bool dump_optimizer = false) const override;
+  status load_optimizer_states(const std::string& path) override;
+
+private:
+  std::string type_;
+  std::unique_ptr<comm> comm_;
+  key_registry keys_;
+  std::map<std::int64_t, ndarray> stored_;   // by key index
+  std::unique_ptr<troupe::updater> updater_; // set_optimizer
+  updater_function custom_updater_;          // set_updater
+};
+
+} // namespace troupe

@@ -1,0 +1,608 @@
+#include "actors/logic/shard_core.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <utility>
+
+#include "actors/logic/wire_conversions.hpp"
+#include "engine/serialize.hpp"
+#include "schema/codec.hpp"
+
+namespace troupe {
+namespace {
+
+envelope error_envelope(std::uint64_t request_id, std::optional<std::uint64_t> key,
+                        wire::error_code code, std::string message) {
+  return envelope{wire::error_reply{request_id, key, code, std::move(message)}, nullptr, 0};
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  return shape_to_string(shape_vector(shape.begin(), shape.end()));
+}
+
+std::string describe(const sync_policy& policy, std::uint32_t num_workers) {
+  if (policy.mode == consistency::async)
+    return policy.max_staleness < 0
+               ? std::string{"dist_async"}
+               : "dist_async with max_staleness " + std::to_string(policy.max_staleness);
+  return "dist_sync, quorum " + std::to_string(policy.quorum) + " of " +
+         std::to_string(num_workers) + (policy.rescale_quorum ? " rescaled" : "") +
+         ", max_rounds_ahead " + std::to_string(policy.max_rounds_ahead);
+}
+
+/// The policy a sync_settings message asks for, or why a job of `num_workers` cannot have it.
+result<sync_policy> policy_from(const wire::sync_settings& msg, std::uint32_t num_workers) {
+  auto refused = [](std::string why) {
+    return error{errc::invalid_argument, "sync_settings: " + why};
+  };
+  if (msg.quorum < 1 || msg.quorum > num_workers)
+    return refused("quorum " + std::to_string(msg.quorum) + " for a job of " +
+                   std::to_string(num_workers) + " workers (1.." + std::to_string(num_workers) +
+                   ")");
+  if (msg.max_rounds_ahead < 1)
+    return refused("max_rounds_ahead 0 (at least 1)");
+  if (msg.max_staleness < -1)
+    return refused("max_staleness " + std::to_string(msg.max_staleness) + " (-1 or >= 0)");
+  if (msg.mode == consistency::sync && msg.max_staleness >= 0)
+    return refused("max_staleness " + std::to_string(msg.max_staleness) +
+                   " with dist_sync (it bounds dist_async)");
+  return sync_policy{msg.mode, msg.quorum, msg.rescale_quorum, msg.max_staleness,
+                     msg.max_rounds_ahead};
+}
+
+} // namespace
+
+std::uint64_t shard_core::key_entry::completed() const noexcept {
+  if (sync)
+    return sync->completed();
+  return async ? async->applied() : 0;
+}
+
+shard_core::shard_core(shard_options options)
+    : options_(std::move(options)), policy_(options_.policy), live_(options_.num_workers, true) {
+  if (policy_.quorum == 0)
+    policy_.quorum = options_.num_workers;
+}
+
+// --- requests ------------------------------------------------------------------------------------
+
+void shard_core::handle(envelope request, reply_function reply) noexcept {
+  try {
+    // Replies leave by the connection the request came in on.
+    auto connection = request.connection;
+    reply_function routed = [connection, reply = std::move(reply)](envelope out) {
+      out.connection = connection;
+      reply(std::move(out));
+    };
+    auto failed = [&](const char* what) {
+      auto id = wire::request_id_of(request.msg);
+      auto key = wire::key_of(request.msg);
+      refuse(routed, id, key, wire::error_code::internal,
+             std::string{wire::kind_name(request.msg)} + " request " + std::to_string(id) +
+                 (key ? " of key " + std::to_string(*key) : std::string{}) +
+                 " failed on server shard " + std::to_string(options_.shard_index) + ": " + what);
+    };
+    try {
+      dispatch(request, routed);
+    } catch (const std::exception& e) {
+      failed(e.what());
+    } catch (...) {
+      failed("an exception of unknown type");
+    }
+  } catch (...) {
+    // Not even the error reply could be made (memory is exhausted): the request goes unanswered
+    // and expires at its sender, but the shard keeps serving.
+  }
+}
+
+void shard_core::dispatch(envelope& request, const reply_function& reply) {
+  auto& msg = request.msg;
+  if (auto* init = std::get_if<wire::init>(&msg)) {
+    on_init(*init, reply);
+  } else if (auto* push = std::get_if<wire::push>(&msg)) {
+    on_push({push->request_id, push->key, push->sender_rank, push->round, false, 0, {}},
+            push->tensor, reply);
+  } else if (auto* pushpull = std::get_if<wire::pushpull>(&msg)) {
+    on_push({pushpull->request_id, pushpull->key, pushpull->sender_rank, pushpull->round, true,
+             pushpull->timeout_ms, now()},
+            pushpull->tensor, reply);
+  } else if (auto* pull = std::get_if<wire::pull_request>(&msg)) {
+    on_pull(*pull, reply);
+  } else if (auto* optimizer = std::get_if<wire::set_optimizer>(&msg)) {
+    on_set_optimizer(*optimizer, reply);
+  } else if (auto* settings = std::get_if<wire::sync_settings>(&msg)) {
+    on_sync_settings(*settings, reply);
+  } else if (auto* command = std::get_if<wire::command>(&msg)) {
+    on_command(*command, reply);
+  } else {
+    refuse(reply, wire::request_id_of(msg), std::nullopt, wire::error_code::unsupported,
+           "a server shard does not take " + std::string{wire::kind_name(msg)} + " messages");
+  }
+}
+
+void shard_core::refuse(const reply_function& reply, std::uint64_t request_id,
+                        std::optional<std::uint64_t> key, wire::error_code code,
+                        std::string message) {
+  ++stats_.requests_refused;
+  if (options_.log.enabled(log_level::debug))
+    options_.log.debug("refused: " + message);
+  reply(error_envelope(request_id, key, code, std::move(message)));
+}
+
+void shard_core::on_init(const wire::init& msg, const reply_function& reply) {
+  auto& tensor = msg.tensor;
+  auto found = keys_.find(msg.key);
+  if (found != keys_.end() && found->second.initialized()) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::already_initialized,
+           "init of key " + std::to_string(msg.key) + ", which is initialised");
+    return;
+  }
+  if (found == keys_.end()) {
+    // Checked before anything is allocated: the value's size is the peer's to choose.
+    wire::decode_limits limits;
+    limits.max_tensor_bytes = options_.max_value_bytes;
+    if (auto invalid = wire::validate_tensor(tensor, limits)) {
+      refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+             "init of key " + std::to_string(msg.key) + ": " + invalid->message +
+                 " (max_value_bytes of this shard)");
+      return;
+    }
+    key_entry entry;
+    shape_vector shape(tensor.shape.begin(), tensor.shape.end());
+    entry.stored = ndarray::empty(shape, context::cpu(), from_wire(tensor.type));
+    auto bytes = std::span{static_cast<std::byte*>(entry.stored.raw_data()), entry.stored.nbytes()};
+    entry.init_assembly.emplace(bytes, tensor.type, tensor.shape);
+    found = keys_.emplace(msg.key, std::move(entry)).first;
+  }
+  auto& entry = found->second;
+  auto added = entry.init_assembly->add(tensor);
+  if (!added) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           "init of key " + std::to_string(msg.key) + ": " + added.error().message);
+    if (entry.init_assembly->bytes_received() == 0)
+      keys_.erase(found); // nothing of it arrived: as if never begun
+    return;
+  }
+  if (!*added)
+    return;
+  if (policy_.mode == consistency::sync)
+    entry.sync.emplace(entry.stored, sync_round_options{msg.key, options_.num_workers,
+                                                        policy_.quorum, policy_.max_rounds_ahead});
+  else
+    entry.async.emplace(msg.key, entry.stored, options_.num_workers);
+  entry.init_assembly.reset();
+  reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+shard_core::key_entry* shard_core::usable_key(std::uint64_t key, std::uint64_t request_id,
+                                              const char* what, const reply_function& reply) {
+  auto found = keys_.find(key);
+  if (found == keys_.end() || !found->second.initialized()) {
+    refuse(reply, request_id, key, wire::error_code::unknown_key,
+           std::string{what} + " of key " + std::to_string(key) + ", which was never initialised");
+    return nullptr;
+  }
+  return &found->second;
+}
+
+// --- pushes --------------------------------------------------------------------------------------
+
+void shard_core::on_push(const push_request& push, const wire::tensor_chunk& tensor,
+                         const reply_function& reply) {
+  const char* what = push.then_pull ? "pushpull" : "push";
+  auto* entry = usable_key(push.key, push.request_id, what, reply);
+  if (entry == nullptr)
+    return;
+  // Built only for an error: a push that passes costs no string.
+  auto name = [&] { return std::string{what} + " of key " + std::to_string(push.key); };
+  auto declared_type = to_wire(entry->stored.dtype());
+  const auto& declared_shape = entry->stored.shape();
+  if (tensor.type != declared_type) {
+    refuse(reply, push.request_id, push.key, wire::error_code::dtype_mismatch,
+           name() + ": dtype " + std::string{wire::to_string(tensor.type)} + ", init declared " +
+               std::string{wire::to_string(declared_type)});
+    return;
+  }
+  if (!std::equal(tensor.shape.begin(), tensor.shape.end(), declared_shape.begin(),
+                  declared_shape.end())) {
+    refuse(reply, push.request_id, push.key, wire::error_code::shape_mismatch,
+           name() + ": shape " + shape_text(tensor.shape) + ", init declared " +
+               shape_to_string(declared_shape));
+    return;
+  }
+  if (push.sender >= options_.num_workers) {
+    refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
+           name() + " from worker rank " + std::to_string(push.sender) + "; the job has " +
+               std::to_string(options_.num_workers) + " workers");
+    return;
+  }
+  // A pushpull's pull half counts among the sender's waiting pulls: refused whole, up front.
+  if (push.then_pull && tensor.offset == 0 &&
+      entry->pulls.count_from(push.sender) >= pull_limit()) {
+    refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
+           name() + " from worker " + std::to_string(push.sender) + ": " +
+               std::to_string(pull_limit()) +
+               " of its pulls of the key are waiting already (max_rounds_ahead + 1)");
+    return;
+  }
+  push_chunk chunk{push.request_id, push.sender, push.round, tensor.offset, tensor.data};
+  if (entry->sync)
+    on_sync_push(*entry, push, chunk, reply);
+  else
+    on_async_push(*entry, push, chunk, reply);
+}
+
+void shard_core::on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
+                              const reply_function& reply) {
+  auto& round = *entry.sync;
+  auto outcome = chunk.round > round.completed()
+                     ? round.defer(chunk,
+                                   [this, push, reply](const push_outcome& how) {
+                                     answer_push(keys_.at(push.key), push, how, reply);
+                                   })
+                     : round.add(chunk);
+  switch (outcome.fate) {
+  case chunk_fate::refused:
+    refuse(reply, push.request_id, push.key, outcome.code, std::move(outcome.problem));
+    return;
+  case chunk_fate::taken:
+  case chunk_fate::deferred:
+  case chunk_fate::late:
+    return;
+  case chunk_fate::dropped:
+    answer_push(entry, push, push_outcome{true, std::nullopt}, reply);
+    return;
+  case chunk_fate::completed: {
+    push_outcome how;
+    if (round.quorum_reached())
+      how.failure = close_round(entry, push.key);
+    answer_push(entry, push, how, reply);
+    admit_deferred(entry, push.key);
+    return;
+  }
+  }
+}
+
+std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64_t key) {
+  auto& round = *entry.sync;
+  auto closing = round.completed();
+  auto scale = policy_.rescale_quorum && policy_.quorum < options_.num_workers
+                   ? static_cast<double>(options_.num_workers) / policy_.quorum
+                   : 1.0;
+  auto failure = apply(key, entry, round.sum(), scale);
+  round.close();
+  answer_pulls(key, entry);
+  if (failure) {
+    auto what = "update of key " + std::to_string(key) + " with the sum of round " +
+                std::to_string(closing) + " failed: " + *failure;
+    options_.log.error(what);
+    return what;
+  }
+  ++stats_.updates;
+  if (options_.log.enabled(log_level::debug))
+    options_.log.debug("key " + std::to_string(key) + ": round " + std::to_string(closing) +
+                       " closed");
+  return std::nullopt;
+}
+
+void shard_core::admit_deferred(key_entry& entry, std::uint64_t key) {
+  auto& round = *entry.sync;
+  for (;;) {
+    auto admitted = round.admit_deferred();
+    bool closes = round.quorum_reached();
+    push_outcome closed;
+    if (closes)
+      closed.failure = close_round(entry, key);
+    // The last push that entered whole completed the quorum: it hears of a failed update.
+    auto closer = admitted.size();
+    if (closes)
+      for (std::size_t i = admitted.size(); i-- > 0;)
+        if (!admitted[i].dropped) {
+          closer = i;
+          break;
+        }
+    for (std::size_t i = 0; i < admitted.size(); ++i)
+      admitted[i].answer(i == closer ? closed : push_outcome{admitted[i].dropped, std::nullopt});
+    if (!closes)
+      return;
+  }
+}
+
+void shard_core::on_async_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
+                               const reply_function& reply) {
+  auto& pushes = *entry.async;
+  auto outcome = pushes.add(chunk);
+  if (outcome.refused()) {
+    refuse(reply, push.request_id, push.key, outcome.code, std::move(outcome.problem));
+    return;
+  }
+  if (outcome.fate != chunk_fate::completed)
+    return;
+  // Bounded staleness's instrument: how many pushes the sender is ahead of the slowest live
+  // worker as this push arrives.
+  auto slowest = pushes.slowest(live_);
+  auto own = pushes.pushes_of(push.sender);
+  if (slowest != std::numeric_limits<std::uint64_t>::max() && own > slowest)
+    stats_.max_lead = std::max(stats_.max_lead, own - slowest);
+  if (auto failure = apply(push.key, entry, pushes.received(push.sender), 1.0)) {
+    refuse(reply, push.request_id, push.key, wire::error_code::internal,
+           "update of key " + std::to_string(push.key) + " with a push of worker " +
+               std::to_string(push.sender) + " failed: " + *failure);
+    return;
+  }
+  pushes.count_applied(push.sender);
+  ++stats_.updates;
+  answer_push(entry, push, {}, reply);
+  answer_pulls(push.key, entry);
+}
+
+void shard_core::answer_push(key_entry& entry, const push_request& push, const push_outcome& how,
+                             const reply_function& reply) {
+  if (how.failure) {
+    refuse(reply, push.request_id, push.key, wire::error_code::internal, *how.failure);
+    return;
+  }
+  if (how.dropped) {
+    ++stats_.late_pushes_dropped;
+    if (options_.log.enabled(log_level::debug))
+      options_.log.debug("key " + std::to_string(push.key) + ": late push of round " +
+                         std::to_string(push.round) + " from worker " +
+                         std::to_string(push.sender) + " dropped");
+  }
+  if (!push.then_pull) {
+    reply(envelope{wire::ack{push.request_id, entry.completed(), how.dropped}, nullptr, 0});
+    return;
+  }
+  if (how.dropped) {
+    send_value(push.key, entry, push.request_id, reply);
+    return;
+  }
+  wait_or_answer(entry, push.key,
+                 waiting_pull{push.request_id, push.sender, push.round + 1,
+                              expiry(push.arrival, push.timeout_ms), reply});
+}
+
+std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry, ndarray& received,
+                                             double scale) {
+  try {
+    if (scale != 1.0)
+      received *= scale;
+    if (updater_) {
+      if (entry.stored.storage_is_shared())
+        entry.stored = entry.stored.copy();
+      (*updater_)(static_cast<std::int64_t>(key), received, entry.stored);
+    } else {
+      // Replace: the received buffer becomes the value; the old value's buffer is reused for the
+      // next push unless a reply still reads it (make_writable checks).
+      std::swap(entry.stored, received);
+    }
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string{e.what()};
+  } catch (...) {
+    return std::string{"an exception of unknown type"};
+  }
+}
+
+// --- pulls ---------------------------------------------------------------------------------------
+
+void shard_core::on_pull(const wire::pull_request& msg, const reply_function& reply) {
+  auto* entry = usable_key(msg.key, msg.request_id, "pull", reply);
+  if (entry == nullptr)
+    return;
+  auto name = [&] { return "pull of key " + std::to_string(msg.key); };
+  if (msg.sender_rank >= options_.num_workers) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           name() + " from worker rank " + std::to_string(msg.sender_rank) + "; the job has " +
+               std::to_string(options_.num_workers) + " workers");
+    return;
+  }
+  if (!pull_ready(*entry, msg.round) && entry->pulls.count_from(msg.sender_rank) >= pull_limit()) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           name() + " for round " + std::to_string(msg.round) + " from worker " +
+               std::to_string(msg.sender_rank) + ": " + std::to_string(pull_limit()) +
+               " of its pulls of the key are waiting already (max_rounds_ahead + 1)");
+    return;
+  }
+  wait_or_answer(*entry, msg.key,
+                 waiting_pull{msg.request_id, msg.sender_rank, msg.round,
+                              expiry(now(), msg.timeout_ms), reply});
+}
+
+void shard_core::wait_or_answer(key_entry& entry, std::uint64_t key, waiting_pull pull) {
+  if (pull_ready(entry, pull.round))
+    send_value(key, entry, pull.request_id, pull.reply);
+  else
+    entry.pulls.add(std::move(pull));
+}
+
+bool shard_core::pull_ready(const key_entry& entry, std::uint64_t round) const noexcept {
+  if (entry.sync)
+    return entry.sync->completed() >= round;
+  if (policy_.max_staleness < 0)
+    return true;
+  auto staleness = static_cast<std::uint64_t>(policy_.max_staleness);
+  return round <= staleness || entry.async->slowest(live_) >= round - staleness;
+}
+
+void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
+  if (entry.pulls.empty())
+    return;
+  auto ready =
+      entry.pulls.take([&](const waiting_pull& pull) { return pull_ready(entry, pull.round); });
+  for (auto& pull : ready)
+    send_value(key, entry, pull.request_id, pull.reply);
+}
+
+void shard_core::send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
+                            const reply_function& reply) const {
+  const auto& value = entry.stored;
+  wire::tensor_chunk tensor;
+  tensor.type = to_wire(value.dtype());
+  tensor.shape.assign(value.shape().begin(), value.shape().end());
+  tensor.total_bytes = value.nbytes();
+  tensor.data = std::span{static_cast<const std::byte*>(value.raw_data()), value.nbytes()};
+  wire::chunker chunks{wire::pull_reply{request_id, key, entry.completed(), std::move(tensor)},
+                       options_.chunk_bytes};
+  auto keepalive = value.keepalive();
+  for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
+    reply(envelope{chunks.chunk(i), keepalive, 0});
+}
+
+shard_clock::time_point shard_core::expiry(shard_clock::time_point arrival,
+                                           std::uint32_t timeout_ms) const {
+  return arrival + (timeout_ms > 0 ? std::chrono::milliseconds{timeout_ms} : options_.pull_timeout);
+}
+
+std::size_t shard_core::expire_pulls() noexcept {
+  std::size_t expired = 0;
+  try {
+    auto at = now();
+    for (auto& [key, entry] : keys_)
+      expired += entry.pulls.expire(at);
+  } catch (...) {
+    // An allocation failed while sweeping; the next sweep tries again.
+  }
+  stats_.pulls_expired += expired;
+  if (expired > 0 && options_.log.enabled(log_level::debug))
+    options_.log.debug(std::to_string(expired) + " waiting pulls expired");
+  return expired;
+}
+
+void shard_core::on_membership(const wire::membership& table) noexcept {
+  try {
+    std::vector<bool> live(options_.num_workers, true);
+    for (const auto& node : table.nodes)
+      if (node.node_role == wire::role::worker && !node.alive && node.rank < live.size())
+        live[node.rank] = false;
+    if (live == live_)
+      return;
+    live_ = std::move(live);
+    options_.log.info("membership epoch " + std::to_string(table.epoch) + ": " +
+                      std::to_string(std::count(live_.begin(), live_.end(), true)) + " of " +
+                      std::to_string(options_.num_workers) + " workers live");
+    // Bounded staleness no longer waits for the workers that left.
+    for (auto& [key, entry] : keys_)
+      if (entry.async)
+        answer_pulls(key, entry);
+  } catch (...) {
+    // Only an allocation can fail here; the pulls then wait for the next push or expire.
+  }
+}
+
+// --- control -------------------------------------------------------------------------------------
+
+void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_function& reply) {
+  optimizer_params params;
+  for (const auto& param : msg.params)
+    params[param.name] = param.value;
+  auto created = options_.make_optimizer ? options_.make_optimizer(msg.name, params)
+                                         : optimizer::create(msg.name, params);
+  if (!created) {
+    refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument,
+           created.error().message());
+    return;
+  }
+  updater_ = std::make_unique<updater>(std::move(*created));
+  reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+void shard_core::on_sync_settings(const wire::sync_settings& msg, const reply_function& reply) {
+  auto wanted = policy_from(msg, options_.num_workers);
+  if (!wanted) {
+    refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument,
+           wanted.error().message());
+    return;
+  }
+  set_policy(*wanted, msg.request_id, reply);
+}
+
+void shard_core::set_policy(const sync_policy& wanted, std::uint64_t request_id,
+                            const reply_function& reply) {
+  if (wanted != policy_) {
+    // A key's rounds or counts are built for the policy it was initialised under.
+    if (!keys_.empty()) {
+      refuse(reply, request_id, std::nullopt, wire::error_code::invalid_argument,
+             "sync settings " + describe(wanted, options_.num_workers) + " after key " +
+                 std::to_string(keys_.begin()->first) + " was initialised under " +
+                 describe(policy_, options_.num_workers) +
+                 "; the settings change only before any init");
+      return;
+    }
+    policy_ = wanted;
+    options_.log.info("shard " + std::to_string(options_.shard_index) + ": " +
+                      describe(policy_, options_.num_workers));
+  }
+  reply(envelope{wire::ack{request_id}, nullptr, 0});
+}
+
+std::string shard_core::checkpoint_path(const std::string& base) const {
+  return base + ".shard" + std::to_string(options_.shard_index);
+}
+
+void shard_core::on_command(const wire::command& msg, const reply_function& reply) {
+  auto fail = [&](const error& err) {
+    refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument, err.message());
+  };
+  if (msg.kind == wire::command_kind::stop) {
+    reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+    return;
+  }
+  if (msg.kind == wire::command_kind::sync_mode || msg.kind == wire::command_kind::async_mode) {
+    // The older form of sync_settings: the mode, with every other setting at its default.
+    sync_policy wanted;
+    wanted.mode =
+        msg.kind == wire::command_kind::sync_mode ? consistency::sync : consistency::async;
+    wanted.quorum = options_.num_workers;
+    set_policy(wanted, msg.request_id, reply);
+    return;
+  }
+  if (!updater_) {
+    fail(error{errc::invalid_argument,
+               "optimizer states live on the servers only after set_optimizer"});
+    return;
+  }
+  auto path = checkpoint_path(msg.path);
+  if (msg.kind == wire::command_kind::save_checkpoint) {
+    if (auto written = write_file(path, updater_->save_states(true)); !written) {
+      fail(written.error());
+      return;
+    }
+  } else {
+    auto bytes = read_file(path);
+    if (!bytes) {
+      fail(bytes.error());
+      return;
+    }
+    if (auto loaded = updater_->load_states(*bytes); !loaded) {
+      fail(error{loaded.error().code(), path + ": " + loaded.error().message()});
+      return;
+    }
+  }
+  reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+// --- queries -------------------------------------------------------------------------------------
+
+std::uint64_t shard_core::completed_rounds(std::uint64_t ps_key) const {
+  auto found = keys_.find(ps_key);
+  return found == keys_.end() ? 0 : found->second.completed();
+}
+
+std::uint64_t shard_core::dropped_pushes(std::uint64_t ps_key) const {
+  auto found = keys_.find(ps_key);
+  return found == keys_.end() || !found->second.sync ? 0 : found->second.sync->dropped();
+}
+
+std::size_t shard_core::waiting_pulls(std::uint64_t ps_key) const {
+  auto found = keys_.find(ps_key);
+  return found == keys_.end() ? 0 : found->second.pulls.size();
+}
+
+ndarray shard_core::value(std::uint64_t ps_key) const {
+  auto found = keys_.find(ps_key);
+  return found == keys_.end() ? ndarray{} : found->second.stored;
+}
+
+} // namespace troupe

@@ -1,0 +1,227 @@
+#pragma once
+// The logic of a server shard: holds the values and optimizer state of the ps-keys routed to it
+// and answers init, push, pull, pushpull, set_optimizer, sync_settings and checkpoint commands
+// (MXNet's KVStoreDistServer, src/kvstore/kvstore_dist_server.h, one per key range instead of one
+// per process).
+//
+// How pushes are applied is the job's sync policy, which worker rank 0 sends before any init
+// (sync_settings; the older sync_mode / async_mode commands set the mode with the defaults).
+// Settings that differ from the current ones are refused once the shard holds a key, whose
+// rounds are built for the policy it was initialised under.
+//  - dist_sync: a key's rounds are a sync_round (actors/logic/sync_round.hpp, the rules in full): a
+//    round closes as soon as `quorum` workers (default all N) have pushed every byte of it, and
+//    the optimizer runs once on the sum of exactly those pushes, or, with no optimizer, the sum
+//    replaces the value. MXNet scales nothing on the server; with rescale_quorum and a quorum
+//    K < N the sum is multiplied by N / K first (for integer dtypes the factor is converted to
+//    the dtype). Pushes for a round that closed without them are acknowledged with
+//    ack.dropped and not applied (quorum < N; with quorum N a push from the past is a
+//    stale_round error). Pushes up to max_rounds_ahead rounds early wait, copied out of their
+//    frames; later ones are refused. A pull for round t is answered once t rounds are complete.
+//  - dist_async: each worker's push is applied as soon as all of its bytes have arrived
+//    (actors/logic/async_pushes.hpp); a pull is answered at once with the current value, or, with
+//    max_staleness = s >= 0 (stale synchronous parallel), once every live worker has pushed the
+//    key at least t - s times, which is checked after each applied push and each membership
+//    change. s = 0 orders pushes and pulls as dist_sync does.
+// Acks of pushes carry the key's completed rounds (dist_sync) or applied pushes (dist_async):
+// the worker's credit for max_rounds_ahead. Pull replies carry the same count as their round.
+// A pushpull is a push whose pull half waits like a pull for round (push round + 1); when the
+// push came too late for its round, the pull half is answered at once with the current value
+// (its round, past push round + 1, tells the worker that the push was dropped).
+//
+// Waiting pulls are bounded and expire: a worker may have at most max_rounds_ahead + 1 pulls of
+// a key waiting when it sends another (a pushpull is checked at its first chunk, so pushpulls
+// already under way may add theirs); each expires with its request (timeout_ms, or
+// shard_options::pull_timeout when 0) and is then dropped without a reply, when the actor's
+// periodic sweep finds it.
+//
+// Memory per key is bounded whatever the workers send: the value, a merge buffer, a staging
+// buffer per worker and at most max_rounds_ahead deferred pushes per worker (dist_sync), or a
+// staging buffer per worker (dist_async); init may declare at most max_value_bytes.
+//
+// Values are read by pull replies on other threads (the broker writes them to the socket) while
+// the shard goes on, so a buffer that a reply still holds is never overwritten: the shard takes a
+// fresh one from the pool instead (copy-on-write).
+//
+// Every request is checked before it touches state: an unknown key, a tensor whose dtype, shape
+// or size differs from init, a sender rank out of range, a chunk out of order, a round from the
+// past or too far ahead: the sender gets an error_reply naming the key and the values, and the
+// stored value is unchanged. An exception while handling a request (an allocation, the
+// optimizer) becomes an error_reply naming the request; none leaves the shard. If the optimizer
+// fails on a round's sum, that round still closes (so that no worker waits forever) with the
+// value as the optimizer left it, and the push that completed the round gets the error instead
+// of its ack (in dist_async: the push whose update failed, which is not counted).
+//
+// shard_core is the logic, callable without CAF; the server shard actor
+// (actors/server_shard.hpp) wraps it.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/logic/async_pushes.hpp"
+#include "actors/logic/envelope.hpp"
+#include "actors/logic/pending_pulls.hpp"
+#include "actors/logic/shard_stats.hpp"
+#include "actors/logic/sync_round.hpp"
+#include "engine/log.hpp"
+#include "engine/ndarray.hpp"
+#include "engine/optimizer.hpp"
+#include "schema/chunking.hpp"
+
+namespace troupe {
+
+/// dist_sync or dist_async: the wire's enumeration, under the name the engine side uses.
+using consistency = wire::consistency_mode;
+
+/// How a shard applies pushes (troupe.capnp SyncSettings).
+struct sync_policy {
+  consistency mode = consistency::sync;
+  /// dist_sync: workers whose whole push closes a round, 1..num_workers; 0: all of them.
+  std::uint32_t quorum = 0;
+  /// dist_sync with quorum < num_workers: multiply a round's sum by num_workers / quorum.
+  bool rescale_quorum = false;
+  /// dist_async: -1 none; s >= 0 bounds how far a worker's pulls run ahead of the slowest.
+  std::int64_t max_staleness = -1;
+  /// Rounds beyond the one being collected whose pushes a key keeps (>= 1).
+  std::uint32_t max_rounds_ahead = 2;
+  friend bool operator==(const sync_policy&, const sync_policy&) = default;
+};
+
+/// Makes the optimizer that set_optimizer names (optimizer::create unless a test says otherwise).
+using optimizer_factory =
+    std::function<result<std::unique_ptr<optimizer>>(std::string_view, const optimizer_params&)>;
+
+struct shard_options {
+  std::uint32_t shard_index = 0;
+  std::uint32_t num_workers = 1;
+  /// Until worker rank 0 sends sync_settings (or a sync_mode / async_mode command).
+  sync_policy policy;
+  /// Largest tensor payload per reply frame.
+  std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// How long a pull waits at most when its request names no timeout (timeout_ms = 0).
+  std::chrono::milliseconds pull_timeout{30'000};
+  /// The actor's sweep for expired pulls runs this often.
+  std::chrono::milliseconds sweep_interval{1'000};
+  /// Largest value a key may have (init), so that no peer makes the shard allocate more.
+  std::uint64_t max_value_bytes = std::uint64_t{1} << 32;
+  logger log;
+  /// The time pulls wait against; null: shard_clock::now.
+  std::function<shard_clock::time_point()> clock;
+  /// Null: optimizer::create.
+  optimizer_factory make_optimizer;
+};
+
+class shard_core {
+public:
+  using reply_function = troupe::reply_function;
+
+  explicit shard_core(shard_options options);
+
+  /// Handles one request; replies (now or when a round completes) go through `reply`, each with
+  /// the request's connection id. Never throws.
+  void handle(envelope request, reply_function reply) noexcept;
+  /// Takes a new membership table: a worker listed with role worker and alive == false is no
+  /// longer live, so bounded staleness stops waiting for it; before any table every worker is
+  /// live. Answers the pulls that no longer wait.
+  void on_membership(const wire::membership& table) noexcept;
+  /// Drops the waiting pulls whose request has expired by now (options.clock), without a reply;
+  /// returns how many.
+  std::size_t expire_pulls() noexcept;
+
+  const shard_stats& stats() const noexcept { return stats_; }
+  const sync_policy& policy() const noexcept { return policy_; }
+  /// Rounds completed (dist_sync) or pushes applied (dist_async) for `ps_key`; 0 for an unknown
+  /// key.
+  std::uint64_t completed_rounds(std::uint64_t ps_key) const;
+  /// Late pushes dropped for `ps_key`.
+  std::uint64_t dropped_pushes(std::uint64_t ps_key) const;
+  /// Pulls of `ps_key` waiting.
+  std::size_t waiting_pulls(std::uint64_t ps_key) const;
+  /// The stored value of `ps_key`, or the none handle.
+  ndarray value(std::uint64_t ps_key) const;
+
+private:
+  /// What a push chunk's request needs to be answered.
+  struct push_request {
+    std::uint64_t request_id = 0;
+    std::uint64_t key = 0;
+    std::uint32_t sender = 0;
+    std::uint64_t round = 0;
+    bool then_pull = false;
+    std::uint32_t timeout_ms = 0;
+    shard_clock::time_point arrival;
+  };
+  struct key_entry {
+    ndarray stored;
+    /// Receives init's chunks until the value is whole; empty afterwards.
+    std::optional<wire::reassembler> init_assembly;
+    /// Exactly one of the two once initialised, by the policy's mode.
+    std::optional<sync_round> sync;
+    std::optional<async_pushes> async;
+    pending_pulls pulls;
+
+    bool initialized() const noexcept { return !init_assembly.has_value(); }
+    /// Rounds completed (sync) or pushes applied (async).
+    std::uint64_t completed() const noexcept;
+  };
+
+  void dispatch(envelope& request, const reply_function& reply);
+  void refuse(const reply_function& reply, std::uint64_t request_id,
+              std::optional<std::uint64_t> key, wire::error_code code, std::string message);
+  void on_init(const wire::init& msg, const reply_function& reply);
+  void on_push(const push_request& push, const wire::tensor_chunk& tensor,
+               const reply_function& reply);
+  /// The entry a push or pull may use, or nullptr after refusing the request.
+  key_entry* usable_key(std::uint64_t key, std::uint64_t request_id, const char* what,
+                        const reply_function& reply);
+  void on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
+                    const reply_function& reply);
+  void on_async_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
+                     const reply_function& reply);
+  /// Applies the sum of the round that has its quorum, closes it and answers the pulls it
+  /// releases; returns why the update failed, if it did (the round is closed all the same).
+  std::optional<std::string> close_round(key_entry& entry, std::uint64_t key);
+  /// Lets the deferred pushes of the rounds that open in, closing each round they complete.
+  void admit_deferred(key_entry& entry, std::uint64_t key);
+  /// Answers a push that has all its bytes in its round or was applied (ack, or the pull half of
+  /// a pushpull), one that was dropped as late, or one whose round's update failed.
+  void answer_push(key_entry& entry, const push_request& push, const push_outcome& how,
+                   const reply_function& reply);
+  /// Multiplies `received` by `scale` (unless 1) and runs the update with it, or swaps it into
+  /// the value when there is no optimizer; an exception is caught and returned as its text.
+  std::optional<std::string> apply(std::uint64_t key, key_entry& entry, ndarray& received,
+                                   double scale);
+  void on_pull(const wire::pull_request& msg, const reply_function& reply);
+  void wait_or_answer(key_entry& entry, std::uint64_t key, waiting_pull pull);
+  bool pull_ready(const key_entry& entry, std::uint64_t round) const noexcept;
+  void answer_pulls(std::uint64_t key, key_entry& entry);
+  void send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
+                  const reply_function& reply) const;
+  /// The waiting pulls one worker may have on one key when it sends another.
+  std::size_t pull_limit() const noexcept { return policy_.max_rounds_ahead + std::size_t{1}; }
+  shard_clock::time_point now() const {
+    return options_.clock ? options_.clock() : shard_clock::now();
+  }
+  shard_clock::time_point expiry(shard_clock::time_point arrival, std::uint32_t timeout_ms) const;
+  void on_set_optimizer(const wire::set_optimizer& msg, const reply_function& reply);
+  void on_sync_settings(const wire::sync_settings& msg, const reply_function& reply);
+  void set_policy(const sync_policy& wanted, std::uint64_t request_id, const reply_function& reply);
+  void on_command(const wire::command& msg, const reply_function& reply);
+  std::string checkpoint_path(const std::string& base) const;
+
+  shard_options options_;
+  sync_policy policy_;
+  std::map<std::uint64_t, key_entry> keys_;
+  std::unique_ptr<updater> updater_;
+  /// live_[w]: worker w counts for bounded staleness.
+  std::vector<bool> live_;
+  shard_stats stats_;
+};
+
+} // namespace troupe

@@ -1,0 +1,233 @@
+#include "actors/logic/shm_arena.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <random>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+#include <utility>
+
+namespace troupe {
+
+namespace {
+
+constexpr std::size_t region_alignment = 64;
+constexpr std::string_view arena_prefix = "/troupe-";
+constexpr std::size_t arena_hex_digits = 32;
+
+std::string errno_text(int code) {
+  return std::string(std::strerror(code));
+}
+
+std::string random_arena_name() {
+  std::random_device device;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string name(arena_prefix);
+  for (std::size_t i = 0; i < arena_hex_digits / 8; ++i) {
+    const std::uint32_t word = device();
+    for (int nibble = 0; nibble < 8; ++nibble)
+      name += hex[(word >> (4 * nibble)) & 0xf];
+  }
+  return name;
+}
+
+} // namespace
+
+const std::string& host_identity() {
+  static const std::string identity = [] {
+    std::string boot_id;
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::getline(in, boot_id);
+    utsname names{};
+    std::string host = ::uname(&names) == 0 ? std::string(names.nodename) : std::string();
+    if (boot_id.empty() && host.empty())
+      return std::string();
+    return boot_id + "/" + host;
+  }();
+  return identity;
+}
+
+bool is_arena_name(std::string_view name) noexcept {
+  if (name.size() != arena_prefix.size() + arena_hex_digits || !name.starts_with(arena_prefix))
+    return false;
+  for (char c : name.substr(arena_prefix.size()))
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return false;
+  return true;
+}
+
+// ================================================================================================
+// shm_send_arena
+
+result<std::unique_ptr<shm_send_arena>> shm_send_arena::create(std::size_t bytes) {
+  if (bytes == 0)
+    return error{errc::invalid_argument, "shared-memory arena of 0 bytes"};
+  const std::string name = random_arena_name();
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0)
+    return error{errc::io_error, "shm_open " + name + ": " + errno_text(errno)};
+  auto fail = [&](const char* step) {
+    const int code = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return error{errc::io_error, std::string(step) + " " + name + " (" + std::to_string(bytes) +
+                                     " bytes): " + errno_text(code)};
+  };
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    return fail("ftruncate");
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED)
+    return fail("mmap");
+  ::close(fd); // the mapping keeps the object
+  return std::unique_ptr<shm_send_arena>(
+      new shm_send_arena(name, static_cast<std::byte*>(base), bytes));
+}
+
+shm_send_arena::~shm_send_arena() {
+  unlink();
+  ::munmap(base_, size_);
+}
+
+void shm_send_arena::unlink() noexcept {
+  if (linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+std::optional<std::size_t> shm_send_arena::allocate(std::size_t bytes) {
+  if (bytes == 0 || bytes > size_)
+    return std::nullopt;
+  const std::size_t need = (bytes + region_alignment - 1) / region_alignment * region_alignment;
+  if (need > size_)
+    return std::nullopt;
+  std::size_t at;
+  if (regions_.empty()) {
+    at = 0;
+  } else {
+    const std::size_t front = regions_.front().offset;
+    const std::size_t back_end = regions_.back().end;
+    const bool wrapped = regions_.back().offset < front;
+    if (wrapped) {
+      // In use: [front, ...) up to the old end, and [0, back_end): room only in between.
+      if (need > front - back_end)
+        return std::nullopt;
+      at = back_end;
+    } else if (need <= front) {
+      // In use: [front, back_end). The start is free: wrap early to keep few pages in use.
+      at = 0;
+    } else if (need <= size_ - back_end) {
+      at = back_end;
+    } else {
+      return std::nullopt;
+    }
+  }
+  regions_.push_back(region{at, at + need, false});
+  return at;
+}
+
+bool shm_send_arena::release(std::uint64_t offset) {
+  // Outstanding regions are few (each one is a tensor chunk in flight) and mostly released
+  // near the front, so a linear search from the front is fine.
+  auto i = regions_.begin();
+  for (; i != regions_.end(); ++i)
+    if (i->offset == offset && !i->released)
+      break;
+  if (i == regions_.end())
+    return false;
+  i->released = true;
+  while (!regions_.empty() && regions_.front().released)
+    regions_.pop_front();
+  return true;
+}
+
+// ================================================================================================
+// shm_peer_arena
+
+result<std::shared_ptr<shm_peer_arena>> shm_peer_arena::open(const std::string& name,
+                                                             std::size_t bytes) {
+  if (!is_arena_name(name))
+    return error{errc::invalid_argument,
+                 "arena name \"" + name + "\" is not /troupe- and 32 hex digits"};
+  if (bytes == 0)
+    return error{errc::invalid_argument, "arena of 0 bytes"};
+  const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0)
+    return error{errc::io_error, "shm_open " + name + ": " + errno_text(errno)};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int code = errno;
+    ::close(fd);
+    return error{errc::io_error, "fstat " + name + ": " + errno_text(code)};
+  }
+  if (info.st_size < 0 || static_cast<std::uint64_t>(info.st_size) < bytes) {
+    ::close(fd);
+    return error{errc::invalid_argument, "arena " + name + " has " + std::to_string(info.st_size) +
+                                             " bytes, " + std::to_string(bytes) + " announced"};
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  const int code = errno;
+  ::close(fd);
+  if (base == MAP_FAILED)
+    return error{errc::io_error, "mmap " + name + ": " + errno_text(code)};
+  return std::shared_ptr<shm_peer_arena>(
+      new shm_peer_arena(static_cast<const std::byte*>(base), bytes));
+}
+
+shm_peer_arena::~shm_peer_arena() {
+  ::munmap(const_cast<std::byte*>(base_), size_);
+}
+
+std::shared_ptr<const void> shm_peer_arena::hold(std::uint64_t offset) {
+  // The owner keeps the mapping (this object) alive as long as the tensor views it.
+  auto self = shared_from_this();
+  return std::shared_ptr<const void>(
+      static_cast<const void*>(base_ + offset),
+      [self = std::move(self), offset](const void*) { self->release(offset); });
+}
+
+void shm_peer_arena::release(std::uint64_t offset) noexcept {
+  std::function<void()> wake;
+  try {
+    std::lock_guard<std::mutex> guard{mutex_};
+    if (detached_)
+      return;
+    const bool was_empty = releases_.empty();
+    releases_.push_back(offset);
+    if (was_empty)
+      wake = wake_;
+  } catch (...) {
+    // Out of memory: the region stays taken, and the sender falls back to inline frames.
+    return;
+  }
+  if (wake) {
+    try {
+      wake();
+    } catch (...) {
+      // The broker is told with the next release; until then the region stays taken.
+    }
+  }
+}
+
+std::vector<std::uint64_t> shm_peer_arena::take_releases() {
+  std::lock_guard<std::mutex> guard{mutex_};
+  return std::exchange(releases_, {});
+}
+
+void shm_peer_arena::on_release(std::function<void()> wake) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  wake_ = std::move(wake);
+}
+
+void shm_peer_arena::detach() {
+  std::lock_guard<std::mutex> guard{mutex_};
+  detached_ = true;
+  wake_ = nullptr;
+  releases_.clear();
+}
+
+} // namespace troupe

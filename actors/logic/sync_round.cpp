@@ -1,0 +1,228 @@
+#include "actors/logic/sync_round.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "actors/logic/wire_conversions.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/half.hpp"
+
+namespace troupe {
+namespace {
+
+template <class T>
+void add_elements(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  kernels::cpu::add(reinterpret_cast<const T*>(dst), reinterpret_cast<const T*>(src),
+                    reinterpret_cast<T*>(dst), bytes / sizeof(T));
+}
+
+} // namespace
+
+void accumulate(std::byte* dst, const std::byte* src, std::size_t bytes, wire::dtype type) {
+  switch (type) {
+  case wire::dtype::float32:
+    return add_elements<float>(dst, src, bytes);
+  case wire::dtype::float64:
+    return add_elements<double>(dst, src, bytes);
+  case wire::dtype::int32:
+    return add_elements<std::int32_t>(dst, src, bytes);
+  case wire::dtype::int64:
+    return add_elements<std::int64_t>(dst, src, bytes);
+  case wire::dtype::float16: {
+    using half = kernels::cpu::half_bits;
+    const half* inputs[2] = {reinterpret_cast<const half*>(dst),
+                             reinterpret_cast<const half*>(src)};
+    kernels::cpu::sum_n_half(inputs, 2, reinterpret_cast<half*>(dst), bytes / sizeof(half));
+    return;
+  }
+  }
+}
+
+sync_round::sync_round(const ndarray& like, sync_round_options options)
+    : options_(options), layout_(like), wire_type_(to_wire(like.dtype())),
+      workers_(options.num_workers) {}
+
+chunk_outcome sync_round::add(const push_chunk& chunk) {
+  if (chunk.round > completed_)
+    return refuse(wire::error_code::internal, chunk, "a later round's chunk reached add()");
+  return chunk.round == completed_ ? add_current(chunk) : add_late(chunk);
+}
+
+chunk_outcome sync_round::add_current(const push_chunk& chunk) {
+  auto& worker = workers_[chunk.sender];
+  if (worker.done)
+    return refuse(wire::error_code::invalid_argument, chunk, "the worker pushed this round twice");
+  if (auto checked = check(chunk, worker.bytes); checked.refused())
+    return checked;
+  bool whole = chunk.offset == 0 && chunk.data.size() == layout_.bytes;
+  if (streaming()) {
+    stream(chunk.offset, chunk.data);
+  } else if (whole) {
+    contribute(chunk.data);
+  } else {
+    stage_chunk(worker.staging, chunk, layout_);
+  }
+  worker.bytes += chunk.data.size();
+  if (worker.bytes < layout_.bytes)
+    return {chunk_fate::taken};
+  if (!streaming() && !whole)
+    contribute_staged(worker);
+  finish_push(worker);
+  return {chunk_fate::completed};
+}
+
+chunk_outcome sync_round::add_late(const push_chunk& chunk) {
+  if (streaming())
+    return refuse(wire::error_code::stale_round, chunk,
+                  std::to_string(completed_) + " rounds are complete");
+  auto& worker = workers_[chunk.sender];
+  bool continues = worker.draining && worker.late_round == chunk.round;
+  if (auto checked = check(chunk, continues ? worker.late_bytes : 0); checked.refused())
+    return checked;
+  worker.draining = true;
+  worker.late_round = chunk.round;
+  worker.late_bytes = chunk.offset + chunk.data.size();
+  if (worker.late_bytes < layout_.bytes)
+    return {chunk_fate::late};
+  worker.draining = false;
+  ++dropped_;
+  return {chunk_fate::dropped};
+}
+
+chunk_outcome sync_round::defer(const push_chunk& chunk, deferred_answer answer) {
+  if (chunk.round <= completed_)
+    return refuse(wire::error_code::internal, chunk, "a current round's chunk reached defer()");
+  if (chunk.round - completed_ > options_.max_rounds_ahead)
+    return refuse(
+        wire::error_code::invalid_argument, chunk,
+        "round " + std::to_string(completed_) + " is being collected and a push may be at most " +
+            std::to_string(options_.max_rounds_ahead) + " rounds ahead of it (max_rounds_ahead)");
+  auto found = std::find_if(deferred_.begin(), deferred_.end(), [&](const deferred_push& push) {
+    return push.sender == chunk.sender && push.round == chunk.round;
+  });
+  if (found != deferred_.end() && found->request_id != chunk.request_id)
+    return refuse(wire::error_code::invalid_argument, chunk, "the worker pushed this round twice");
+  if (auto checked = check(chunk, found == deferred_.end() ? 0 : found->bytes); checked.refused())
+    return checked;
+  if (found == deferred_.end()) {
+    // Staged before it joins the queue, so that a failed allocation changes nothing.
+    deferred_push push{chunk.sender, chunk.round, chunk.request_id, {}, 0, std::move(answer)};
+    stage_chunk(push.buffer, chunk, layout_);
+    deferred_.push_back(std::move(push));
+    found = std::prev(deferred_.end());
+  } else {
+    stage_chunk(found->buffer, chunk, layout_);
+  }
+  found->bytes += chunk.data.size();
+  return {chunk_fate::deferred};
+}
+
+void sync_round::open_merge() {
+  if (!merge_open_) {
+    make_writable(merge_, layout_);
+    merge_open_ = true;
+  }
+}
+
+void sync_round::stream(std::uint64_t offset, std::span<const std::byte> data) {
+  open_merge();
+  auto end = offset + data.size();
+  // [offset, filled) already holds other workers' bytes: add; [filled, end) is new: copy.
+  auto added_end = std::min(end, merge_filled_);
+  if (added_end > offset)
+    accumulate(bytes_of(merge_) + offset, data.data(), added_end - offset, wire_type_);
+  auto copy_begin = std::max(offset, merge_filled_);
+  if (end > copy_begin)
+    std::memcpy(bytes_of(merge_) + copy_begin, data.data() + (copy_begin - offset),
+                end - copy_begin);
+  merge_filled_ = std::max(merge_filled_, end);
+}
+
+void sync_round::contribute(std::span<const std::byte> whole) {
+  open_merge();
+  if (whole.empty())
+    return;
+  if (done_ == 0)
+    std::memcpy(bytes_of(merge_), whole.data(), whole.size());
+  else
+    accumulate(bytes_of(merge_), whole.data(), whole.size(), wire_type_);
+}
+
+void sync_round::contribute_staged(worker_state& worker) {
+  if (done_ == 0) {
+    // The first push of the round becomes the sum: no copy. The merge buffer it replaces serves
+    // as this worker's staging next time (make_writable checks nobody reads it).
+    std::swap(merge_, worker.staging);
+    merge_open_ = true;
+    return;
+  }
+  contribute({bytes_of(worker.staging), layout_.bytes});
+}
+
+void sync_round::finish_push(worker_state& worker) {
+  worker.done = true;
+  ++done_;
+}
+
+void sync_round::close() {
+  ++completed_;
+  done_ = 0;
+  merge_filled_ = 0;
+  merge_open_ = false;
+  for (auto& worker : workers_) {
+    if (!worker.done && worker.bytes > 0) {
+      // Closed without this worker's push: its remaining bytes are late (only with K < N; with
+      // K == N every worker is done when the round closes).
+      worker.draining = true;
+      worker.late_round = completed_ - 1;
+      worker.late_bytes = worker.bytes;
+    }
+    worker.bytes = 0;
+    worker.done = false;
+  }
+}
+
+std::vector<admitted_push> sync_round::admit_deferred() {
+  std::vector<admitted_push> answers;
+  auto next = deferred_.begin();
+  while (!quorum_reached() && next != deferred_.end()) {
+    if (next->round > completed_) {
+      ++next;
+      continue;
+    }
+    if (next->round == completed_ && streaming())
+      open_merge(); // may allocate: before the push leaves the queue
+    auto push = std::move(*next);
+    next = deferred_.erase(next);
+    auto& worker = workers_[push.sender];
+    bool whole = push.bytes == layout_.bytes;
+    if (push.round < completed_) {
+      // Its round closed with a quorum while it waited (K < N only).
+      if (whole) {
+        ++dropped_;
+        answers.push_back({std::move(push.answer), true});
+      } else {
+        worker.draining = true;
+        worker.late_round = push.round;
+        worker.late_bytes = push.bytes;
+      }
+      continue;
+    }
+    if (streaming()) {
+      stream(0, {bytes_of(push.buffer), push.bytes});
+    } else {
+      std::swap(worker.staging, push.buffer);
+      if (whole)
+        contribute_staged(worker);
+    }
+    worker.bytes = push.bytes;
+    if (whole) {
+      finish_push(worker);
+      answers.push_back({std::move(push.answer), false});
+    }
+  }
+  return answers;
+}
+
+} // namespace troupe

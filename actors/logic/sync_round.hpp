@@ -1,0 +1,178 @@
+#pragma once
+// One key's dist_sync rounds on a server shard: which workers have contributed to the round being
+// collected, the sum of their contributions, the pushes that came early for later rounds and the
+// pushes that came too late for a round that closed without them. A plain object (no actors, no
+// network) that a server shard drives (actors/logic/shard_core.hpp): the shard feeds it each push
+// chunk, applies the update when the round reaches its quorum and answers the workers.
+//
+// Why an object inside the shard and not a barrier actor per key: a push chunk of dist_sync goes
+// from the link straight to the shard that holds the key, and the round is summed there, so the
+// data path has no extra actor hop per chunk (the 4 KiB push+pull round trip is dominated by hops,
+// docs/data-path.md); the merge buffer stays next to the value it updates, with no message
+// carrying tensors between two actors; and the round rules are tested here without an actor
+// system. The job's barriers (start, KVStore::barrier(), end), which hold no tensor, are barrier
+// actors of the scheduler.
+//
+// Rules, with N workers, quorum K (1 <= K <= N), max_rounds_ahead M and c rounds completed (the
+// round being collected is round c):
+//  - A chunk of round c joins the round (chunks of a push come in order,
+//  actors/logic/push_chunk.hpp).
+//  - The round closes as soon as K distinct workers have pushed every byte of it; the sum is
+//    then exactly the sum of those K pushes.
+//      K == N: chunks are summed into the merge buffer as they arrive (the first bytes to reach a
+//      place are copied, later ones added: no zero-fill pass, no staging copy).
+//      K <  N: a push whose one chunk is the whole tensor is summed at once; a push of several
+//      chunks is staged per worker and summed when its last chunk arrives, so the bytes of a
+//      worker that does not finish before the round closes never reach the sum.
+//  - A chunk of a round in (c, c + M] is copied out of its frame into a pooled buffer at once
+//    (frame buffers are released promptly: the links' receive credit depends on it), one buffer
+//    per (worker, round); those pushes enter their round when it opens, in arrival order. A chunk
+//    of a round beyond c + M is refused, naming the rounds.
+//  - A chunk of a round below c: with K < N it is late, dropped unapplied and counted once its
+//    push is whole (never applied to a later round); with K == N it cannot be honest and is
+//    refused as stale_round.
+//
+// Memory per key, bounded by N and M whatever the workers send: the merge buffer, at most one
+// staging buffer per worker (K < N) and at most M deferred buffers per worker, each the key's
+// size; counters per worker.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/logic/push_chunk.hpp"
+#include "engine/ndarray.hpp"
+#include "schema/messages.hpp"
+
+namespace troupe {
+
+struct sync_round_options {
+  /// The key, for the messages of refused chunks.
+  std::uint64_t key = 0;
+  std::uint32_t num_workers = 1;
+  /// Workers whose whole push closes a round: 1..num_workers.
+  std::uint32_t quorum = 1;
+  /// Rounds beyond the one being collected whose pushes are kept (>= 1).
+  std::uint32_t max_rounds_ahead = 2;
+};
+
+/// How a push ended in its round.
+struct push_outcome {
+  /// Its round closed without it; it was not applied.
+  bool dropped = false;
+  /// It completed its round's quorum and the update with the round's sum failed: why.
+  std::optional<std::string> failure;
+};
+
+/// How to answer a deferred push: called by the shard once the push's round has taken every byte
+/// of it, or has closed without it.
+using deferred_answer = std::function<void(const push_outcome&)>;
+
+/// A deferred push that entered its round whole, or was dropped, and how to answer it.
+struct admitted_push {
+  deferred_answer answer;
+  bool dropped = false;
+};
+
+class sync_round {
+public:
+  /// `like`: the key's value (its shape and dtype; the round allocates buffers like it).
+  sync_round(const ndarray& like, sync_round_options options);
+
+  /// Rounds closed so far; the round being collected is this one.
+  std::uint64_t completed() const noexcept { return completed_; }
+  /// Late pushes dropped so far.
+  std::uint64_t dropped() const noexcept { return dropped_; }
+  /// Deferred pushes waiting for their round.
+  std::size_t deferred() const noexcept { return deferred_.size(); }
+  const sync_round_options& options() const noexcept { return options_; }
+
+  /// Takes a chunk of the round being collected or of an earlier one (chunk.round <= completed();
+  /// a later round goes to defer()).
+  chunk_outcome add(const push_chunk& chunk);
+  /// Keeps a chunk of a later round (chunk.round > completed()) until that round opens. `answer`
+  /// is kept with the first chunk of the push and dropped for the others.
+  chunk_outcome defer(const push_chunk& chunk, deferred_answer answer);
+
+  /// K workers have pushed every byte: the shard must apply sum() and call close() before
+  /// anything else.
+  bool quorum_reached() const noexcept { return done_ >= options_.quorum; }
+  /// The sum of the round's K pushes (precondition: quorum_reached()). The shard may scale it,
+  /// update with it, or swap it into the key's value (the round then reuses the old value's
+  /// buffer unless something still reads it).
+  ndarray& sum() noexcept { return merge_; }
+  /// Ends the round: one more completed, the next round opens empty. Pushes still missing bytes
+  /// become late.
+  void close();
+  /// Lets the deferred pushes of the round now open enter it, in arrival order, until it reaches
+  /// its quorum; deferred pushes of a round that has closed meanwhile are dropped. Returns, in
+  /// order, how to answer those that entered whole or were dropped (a push that entered with
+  /// bytes missing is answered by its last chunk, like any other).
+  std::vector<admitted_push> admit_deferred();
+
+private:
+  struct worker_state {
+    /// Bytes of this round's push received (in the merge buffer when K == N, else in staging).
+    std::uint64_t bytes = 0;
+    bool done = false;
+    /// K < N: the push being received, when it has several chunks.
+    ndarray staging;
+    /// A late push being received and dropped (K < N): its round and bytes so far.
+    bool draining = false;
+    std::uint64_t late_round = 0;
+    std::uint64_t late_bytes = 0;
+  };
+  struct deferred_push {
+    std::uint32_t sender = 0;
+    std::uint64_t round = 0;
+    std::uint64_t request_id = 0;
+    ndarray buffer;
+    std::uint64_t bytes = 0;
+    deferred_answer answer;
+  };
+
+  bool streaming() const noexcept { return options_.quorum == options_.num_workers; }
+  chunk_outcome refuse(wire::error_code code, const push_chunk& chunk,
+                       const std::string& why) const {
+    return refuse_chunk(options_.key, code, chunk, why);
+  }
+  chunk_outcome check(const push_chunk& chunk, std::uint64_t received) const {
+    return check_order(options_.key, chunk, received, layout_.bytes);
+  }
+  chunk_outcome add_current(const push_chunk& chunk);
+  chunk_outcome add_late(const push_chunk& chunk);
+  /// K == N: sums bytes [offset, offset + data.size()) into the merge buffer.
+  void stream(std::uint64_t offset, std::span<const std::byte> data);
+  /// K < N: adds a whole push to the sum.
+  void contribute(std::span<const std::byte> whole);
+  /// K < N: adds worker's staged push to the sum.
+  void contribute_staged(worker_state& worker);
+  void finish_push(worker_state& worker);
+  /// The buffer for writing the sum into, allocated (or reused) when the round's first bytes come.
+  void open_merge();
+
+  sync_round_options options_;
+  value_layout layout_;
+  wire::dtype wire_type_;
+  std::uint64_t completed_ = 0;
+  std::uint64_t dropped_ = 0;
+  ndarray merge_;
+  /// K == N: bytes [0, merge_filled_) of merge_ hold a contribution (every worker's push is a
+  /// prefix that grows in order, so what has been written is a prefix too).
+  std::uint64_t merge_filled_ = 0;
+  bool merge_open_ = false;
+  /// Workers whose whole push is in the sum.
+  std::uint32_t done_ = 0;
+  std::vector<worker_state> workers_;
+  /// In arrival order of their first chunk.
+  std::deque<deferred_push> deferred_;
+};
+
+/// dst[i] += src[i] over `bytes` bytes of `type` (float16: each sum taken in float32 and rounded).
+void accumulate(std::byte* dst, const std::byte* src, std::size_t bytes, wire::dtype type);
+
+} // namespace troupe

@@ -1,0 +1,43 @@
+#pragma once
+// The one place where wire values (schema/messages.hpp) and engine values (engine/) meet. schema/
+// cannot include engine/ and engine/ knows nothing of the wire, so actors/, which sees both,
+// converts here; the static_asserts in the .cpp fail the build when the enumerations drift apart.
+
+#include <cstdint>
+
+#include "actors/config/config.hpp"
+#include "engine/dtype.hpp"
+#include "engine/error.hpp"
+#include "schema/messages.hpp"
+
+namespace troupe {
+
+/// Element types: the same names and numbers on both sides (checked at compile time).
+constexpr wire::dtype to_wire(dtype type) noexcept {
+  return static_cast<wire::dtype>(type);
+}
+constexpr dtype from_wire(wire::dtype type) noexcept {
+  return static_cast<dtype>(type);
+}
+
+/// Roles: config's node_role and the wire's role have the same members (checked).
+constexpr wire::role to_wire(node_role role) noexcept {
+  return static_cast<wire::role>(role);
+}
+constexpr node_role from_wire(wire::role role) noexcept {
+  return static_cast<node_role>(role);
+}
+
+/// The error code a reply carries for a failure of kind `code`.
+wire::error_code to_wire(errc code) noexcept;
+
+/// The error a caller sees for a reply's code. lost_peer and shutting_down are peer_lost (the
+/// node that answered is going away), stale_round, not_admitted and invalid_argument are
+/// invalid_argument, bad_frame is malformed_message.
+errc from_wire(wire::error_code code) noexcept;
+
+/// A reply's error as a troupe::error, its message prefixed with `context` ("pull of key 3 from
+/// server 0: ").
+error from_wire(const wire::error_reply& reply, const std::string& context = {});
+
+} // namespace troupe

@@ -1,0 +1,554 @@
+// The cluster configuration: defaults, the sample file, file < environment < flags, every
+// DMLC_* variable, and errors that name the file position, the variable or the flag.
+
+#include <CLI/CLI.hpp>
+#include <arpa/inet.h>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <netinet/in.h>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "actors/config/config.hpp"
+#include "tests/temp_dir.hpp"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+using troupe::testing::temp_dir;
+
+namespace {
+
+using env_map = std::map<std::string, std::string, std::less<>>;
+
+const fs::path sample_path = fs::path(TROUPE_SOURCE_DIR) / "docs" / "cluster.sample.toml";
+
+cluster_config load_ok(const std::optional<fs::path>& file, env_map env = {},
+                       const config_overrides& flags = {}) {
+  auto loaded = load_config(file, environment_from(std::move(env)), flags);
+  if (!loaded)
+    BOOST_FAIL("load_config failed: " << loaded.error().to_string());
+  return *loaded;
+}
+
+error load_error(const std::optional<fs::path>& file, env_map env = {},
+                 const config_overrides& flags = {}) {
+  auto loaded = load_config(file, environment_from(std::move(env)), flags);
+  BOOST_TEST_REQUIRE(!loaded.has_value());
+  return loaded.error();
+}
+
+/// The flags `args` as a binary using add_config_flags would parse them.
+config_overrides parse_flags(std::vector<std::string> args) {
+  config_overrides flags;
+  CLI::App app{"config test"};
+  add_config_flags(app, flags);
+  std::reverse(args.begin(), args.end()); // CLI11 takes the vector form in reverse order
+  app.parse(args);
+  return flags;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(config)
+
+BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values_unset) {
+  auto cfg = load_ok(std::nullopt);
+  BOOST_TEST(!cfg.role.has_value());
+  BOOST_TEST(!cfg.num_workers.has_value());
+  BOOST_TEST(!cfg.num_servers.has_value());
+  BOOST_TEST(!cfg.scheduler_port.has_value());
+  BOOST_TEST(cfg.job_id == "troupe");
+  BOOST_TEST(cfg.auth_token.empty());
+  BOOST_TEST(cfg.scheduler_host == "127.0.0.1");
+  BOOST_TEST(cfg.bind_address == "127.0.0.1");
+  BOOST_TEST(cfg.node_host == "127.0.0.1"); // peers reach a loopback node on loopback
+  BOOST_TEST(cfg.data_port == 0);
+  BOOST_TEST(cfg.shards_per_server == cluster_config::default_shards());
+  BOOST_TEST(cfg.shards_per_server >= 1);
+  BOOST_TEST(cfg.verbose == 0);
+  BOOST_TEST(cfg.request_timeout == 30s);
+  BOOST_TEST(cfg.peer_timeout == 5s);
+  BOOST_TEST(cfg.heartbeat_interval == 500ms);
+  BOOST_TEST(!cfg.quorum.has_value());
+  BOOST_TEST(!cfg.rescale_quorum);
+  BOOST_TEST(!cfg.max_staleness.has_value());
+  BOOST_TEST(cfg.max_rounds_ahead == 2);
+  BOOST_TEST(cfg.link_window_bytes == 64 * 1024 * 1024);
+  BOOST_TEST(cfg.connect_timeout == 10s);
+  BOOST_TEST(cfg.startup_timeout == 60s);
+  BOOST_TEST(cfg.bigarray_bound == 1'000'000);
+  BOOST_TEST(cfg.max_frame_bytes == 256 * 1024 * 1024);
+  BOOST_TEST(cfg.chunk_bytes == 1024 * 1024);
+  BOOST_TEST(cfg.shm_arena_bytes == 64 * 1024 * 1024);
+}
+
+BOOST_AUTO_TEST_CASE(the_sample_file_loads_to_exactly_the_defaults) {
+  BOOST_TEST_REQUIRE(fs::exists(sample_path));
+  BOOST_TEST((load_ok(sample_path) == load_ok(std::nullopt)));
+}
+
+BOOST_AUTO_TEST_CASE(the_sample_file_names_every_key_and_its_commented_examples_load) {
+  std::ifstream in(sample_path);
+  BOOST_TEST_REQUIRE(in.good());
+  const std::regex section_line{R"(^\[(\w+)\]\s*$)"};
+  const std::regex key_line{R"(^(# )?(\w+) = (.*)$)"};
+  std::set<std::string> seen;
+  std::string section, line, uncommented;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, section_line)) {
+      section = m[1];
+    } else if (std::regex_match(line, m, key_line)) {
+      bool commented = m[1].matched;
+      auto key = std::find_if(config_keys().begin(), config_keys().end(), [&](const auto& k) {
+        return k.section == section && k.name == m[2].str();
+      });
+      if (key == config_keys().end()) {
+        if (!commented)
+          BOOST_FAIL("sample key " << m[2] << " in [" << section << "] is not a key");
+        uncommented += line + "\n";
+        continue;
+      }
+      seen.insert(section + "." + m[2].str());
+      if (!key->default_text.empty()) {
+        BOOST_TEST(!commented, section << "." << key->name << " has a default: write it out");
+        BOOST_TEST(m[3].str() == std::string(key->default_text));
+      } else {
+        BOOST_TEST(commented, section << "." << key->name << " has no default: comment it");
+      }
+      uncommented += (commented ? line.substr(2) : line) + "\n";
+      continue;
+    }
+    uncommented += line + "\n";
+  }
+  for (const auto& key : config_keys())
+    BOOST_TEST(seen.count(std::string(key.section) + "." + std::string(key.name)) == 1,
+               key.section << "." << key.name << " is missing from the sample");
+
+  // The examples must be valid values; the token file is the one that must exist to load.
+  temp_dir dir;
+  auto token = dir.write("job.token", "s3cret\n");
+  uncommented = std::regex_replace(uncommented, std::regex{R"(token_file = ".*")"},
+                                   "token_file = \"" + token.string() + "\"");
+  uncommented = std::regex_replace(uncommented, std::regex{R"(\ntoken = "")"}, "\n");
+  auto examples = dir.write("examples.toml", uncommented);
+  auto cfg = load_ok(examples);
+  BOOST_TEST((cfg.role == node_role::worker));
+  BOOST_TEST((cfg.num_workers == 2));
+  BOOST_TEST(cfg.auth_token == "s3cret");
+  BOOST_TEST((cfg.scheduler_port == 9091));
+  BOOST_TEST(cfg.node_host == "10.0.0.5"); // host beats interface within one layer
+}
+
+BOOST_AUTO_TEST_CASE(the_environment_beats_the_file_and_flags_beat_the_environment) {
+  temp_dir dir;
+  auto file = dir.write("cluster.toml", "[job]\nnum_workers = 2\n[node]\nverbose = 1\n");
+  env_map env{{"DMLC_NUM_WORKER", "3"}};
+  auto flags = parse_flags({"--num-workers", "4"});
+
+  BOOST_TEST((load_ok(file).num_workers == 2));
+  BOOST_TEST((load_ok(file, env).num_workers == 3));
+  auto all = load_ok(file, env, flags);
+  BOOST_TEST((all.num_workers == 4));
+  BOOST_TEST(all.verbose == 1); // a key no later layer sets keeps the file's value
+  BOOST_TEST((load_ok(std::nullopt, {}, flags).num_workers == 4));
+}
+
+BOOST_AUTO_TEST_CASE(every_dmlc_variable_sets_its_field) {
+  env_map env{{"DMLC_ROLE", "server"},
+              {"DMLC_PS_ROOT_URI", "10.1.2.3"},
+              {"DMLC_PS_ROOT_PORT", "9100"},
+              {"DMLC_NUM_WORKER", "3"},
+              {"DMLC_NUM_SERVER", "2"},
+              {"DMLC_NODE_HOST", "10.9.8.7"},
+              {"PORT", "9200"},
+              {"PS_VERBOSE", "2"},
+              {"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"},
+              {"TROUPE_JOB_ID", "mnist-7"},
+              {"TROUPE_JOB_TOKEN", "tok"}};
+  auto cfg = load_ok(std::nullopt, env);
+  BOOST_TEST((cfg.role == node_role::server));
+  BOOST_TEST(cfg.scheduler_host == "10.1.2.3");
+  BOOST_TEST((cfg.scheduler_port == 9100));
+  BOOST_TEST((cfg.num_workers == 3));
+  BOOST_TEST((cfg.num_servers == 2));
+  BOOST_TEST(cfg.node_host == "10.9.8.7");
+  BOOST_TEST(cfg.bind_address == "10.9.8.7"); // the configuration named this node's address
+  BOOST_TEST(cfg.data_port == 9200);
+  BOOST_TEST(cfg.verbose == 2);
+  BOOST_TEST(cfg.bigarray_bound == 1000);
+  BOOST_TEST(cfg.job_id == "mnist-7");
+  BOOST_TEST(cfg.auth_token == "tok");
+  BOOST_TEST(validate_for_role(cfg, node_role::server).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(the_scheduler_binds_its_root_uri_and_ignores_dmlc_interface) {
+  env_map env{{"DMLC_ROLE", "scheduler"},
+              {"DMLC_PS_ROOT_URI", "127.0.0.2"},
+              {"DMLC_INTERFACE", "troupe-absent0"}};
+  auto cfg = load_ok(std::nullopt, env);
+  BOOST_TEST(cfg.node_host == "127.0.0.2");
+  BOOST_TEST(cfg.bind_address == "127.0.0.2");
+  env["DMLC_ROLE"] = "worker";
+  auto err = load_error(std::nullopt, env);
+  BOOST_TEST(err.message().find("DMLC_INTERFACE") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(dmlc_interface_lo_gives_127_0_0_1) {
+  auto cfg = load_ok(std::nullopt, {{"DMLC_ROLE", "worker"}, {"DMLC_INTERFACE", "lo"}});
+  BOOST_TEST(cfg.node_interface == "lo");
+  BOOST_TEST(cfg.node_host == "127.0.0.1");
+  BOOST_TEST(cfg.bind_address == "127.0.0.1");
+  auto direct = interface_ipv4("lo");
+  BOOST_TEST_REQUIRE(direct.has_value());
+  BOOST_TEST(*direct == "127.0.0.1");
+}
+
+BOOST_AUTO_TEST_CASE(an_absent_interface_is_an_error_naming_the_variable_and_the_interface) {
+  auto err = load_error(std::nullopt, {{"DMLC_INTERFACE", "troupe-nope0"}});
+  BOOST_TEST((err.code() == errc::invalid_argument));
+  BOOST_TEST(err.message().find("DMLC_INTERFACE: no network interface \"troupe-nope0\"") == 0,
+             err.message());
+  BOOST_TEST(err.message().find("lo") != std::string::npos); // lists the interfaces present
+  BOOST_TEST(err.message().find('\n') == std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(dmlc_node_host_beats_dmlc_interface_in_the_same_layer) {
+  auto cfg =
+      load_ok(std::nullopt, {{"DMLC_NODE_HOST", "127.0.0.3"}, {"DMLC_INTERFACE", "troupe-nope0"}});
+  BOOST_TEST(cfg.node_host == "127.0.0.3");
+}
+
+BOOST_AUTO_TEST_CASE(an_interface_from_a_later_layer_replaces_a_host_from_the_file) {
+  temp_dir dir;
+  auto file = dir.write("cluster.toml", "[node]\nhost = \"10.0.0.5\"\n");
+  BOOST_TEST(load_ok(file).node_host == "10.0.0.5");
+  auto cfg = load_ok(file, {{"DMLC_INTERFACE", "lo"}});
+  BOOST_TEST(cfg.node_host == "127.0.0.1");
+  BOOST_TEST(load_ok(file, {}, parse_flags({"--interface", "lo"})).node_host == "127.0.0.1");
+}
+
+BOOST_AUTO_TEST_CASE(an_explicit_bind_address_is_kept_and_a_wildcard_leaves_the_host_unknown) {
+  auto wildcard = load_ok(std::nullopt, {}, parse_flags({"--bind", "0.0.0.0"}));
+  BOOST_TEST(wildcard.bind_address == "0.0.0.0");
+  BOOST_TEST(wildcard.node_host.empty());
+  auto named =
+      load_ok(std::nullopt, {{"DMLC_NODE_HOST", "10.0.0.9"}}, parse_flags({"--bind", "0.0.0.0"}));
+  BOOST_TEST(named.bind_address == "0.0.0.0");
+  BOOST_TEST(named.node_host == "10.0.0.9");
+}
+
+BOOST_AUTO_TEST_CASE(bad_environment_values_name_the_variable_and_the_value) {
+  BOOST_TEST(load_error(std::nullopt, {{"DMLC_NUM_WORKER", "x"}}).message() ==
+             "DMLC_NUM_WORKER must be a positive integer, got \"x\"");
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"DMLC_ROLE", "master"},
+      {"DMLC_PS_ROOT_URI", "a host"},
+      {"DMLC_PS_ROOT_PORT", "70000"},
+      {"DMLC_PS_ROOT_PORT", "90a"},
+      {"DMLC_NUM_WORKER", "0"},
+      {"DMLC_NUM_WORKER", "-2"},
+      {"DMLC_NUM_SERVER", "two"},
+      {"DMLC_NODE_HOST", "a\tb"},
+      {"DMLC_INTERFACE", "a/b"},
+      {"PORT", "-1"},
+      {"PS_VERBOSE", "3"},
+      {"MXNET_KVSTORE_BIGARRAY_BOUND", "1e6"},
+      {"TROUPE_JOB_ID", "no spaces please"},
+  };
+  for (const auto& [name, value] : bad) {
+    auto err = load_error(std::nullopt, {{name, value}});
+    BOOST_TEST((err.code() == errc::invalid_argument));
+    BOOST_TEST(err.message().find(name + " must be ") == 0, err.message());
+    BOOST_TEST(err.message().ends_with("got \"" + value + "\""), err.message());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_empty_variable_counts_as_unset) {
+  auto cfg = load_ok(std::nullopt, {{"DMLC_NUM_WORKER", ""}, {"DMLC_INTERFACE", ""}});
+  BOOST_TEST(!cfg.num_workers.has_value());
+  BOOST_TEST(cfg.node_interface.empty());
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_key_names_file_line_column_and_key) {
+  temp_dir dir;
+  auto file = dir.write("cluster.toml", "[job]\nnum_workers = 2\n  nm_servers = 2\n");
+  auto err = load_error(file);
+  BOOST_TEST((err.code() == errc::invalid_argument));
+  BOOST_TEST(err.message() == file.string() + ":3:3: unknown key 'nm_servers' in [job]");
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_section_or_a_key_outside_a_section_names_its_line) {
+  temp_dir dir;
+  auto section = dir.write("a.toml", "[job]\nid = \"x\"\n\n[jobs]\nid = \"y\"\n");
+  BOOST_TEST(
+      load_error(section).message().find(section.string() + ":4:2: unknown section [jobs]") == 0);
+  auto top = dir.write("b.toml", "num_workers = 2\n");
+  BOOST_TEST(load_error(top).message() ==
+             top.string() + ":1:1: unknown key 'num_workers' outside any section (it belongs "
+                            "in [job])");
+}
+
+BOOST_AUTO_TEST_CASE(a_malformed_value_names_file_line_column_key_and_value) {
+  temp_dir dir;
+  auto file = dir.write("cluster.toml", "# a job\n\n[job]\nid = \"j\"\n\n# two workers\n"
+                                        "num_workers = \"two\"\n");
+  BOOST_TEST(load_error(file).message() ==
+             file.string() + ":7:15: job.num_workers must be a positive integer, got \"two\"");
+  // TOML is typed: a quoted number is a string, and a float is not a port.
+  auto port = dir.write("port.toml", "[scheduler]\nport = 9.5\n");
+  BOOST_TEST(load_error(port).message() ==
+             port.string() + ":2:8: scheduler.port must be a port number from 0 to 65535, "
+                             "got 9.5");
+  auto duration = dir.write("timeout.toml", "[timeouts]\nrequest = 5\n");
+  BOOST_TEST(load_error(duration).message().find(duration.string() +
+                                                 ":2:11: timeouts.request must be a positive "
+                                                 "duration") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(broken_toml_is_corrupt_data_naming_file_and_line) {
+  temp_dir dir;
+  auto file = dir.write("cluster.toml", "[job]\nnum_workers = 2\n[scheduler\nport = 9000\n");
+  auto err = load_error(file);
+  BOOST_TEST((err.code() == errc::corrupt_data));
+  BOOST_TEST(err.message().find(file.string() + ":3:") == 0, err.message());
+  BOOST_TEST(err.message().find('\n') == std::string::npos);
+
+  auto duplicate = dir.write("dup.toml", "[job]\nid = \"a\"\nid = \"b\"\n");
+  BOOST_TEST(load_error(duplicate).message().find(duplicate.string() + ":3:") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_missing_file_is_an_io_error_naming_it) {
+  temp_dir dir;
+  auto err = load_error(dir.path() / "absent.toml");
+  BOOST_TEST((err.code() == errc::io_error));
+  BOOST_TEST(err.message().find("absent.toml") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(troupe_config_names_the_file_when_no_flag_does) {
+  temp_dir dir;
+  auto env_file = dir.write("env.toml", "[job]\nnum_servers = 5\n");
+  auto flag_file = dir.write("flag.toml", "[job]\nnum_servers = 6\n");
+  BOOST_TEST((load_ok(std::nullopt, {{"TROUPE_CONFIG", env_file.string()}}).num_servers == 5));
+  auto flags = parse_flags({"--config", flag_file.string()});
+  BOOST_TEST(
+      (load_ok(std::nullopt, {{"TROUPE_CONFIG", env_file.string()}}, flags).num_servers == 6));
+}
+
+BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag) {
+  temp_dir dir;
+  auto token = dir.write("token", "abc\r\n");
+  auto flags = parse_flags({"--role",
+                            "scheduler",
+                            "--scheduler-host",
+                            "127.0.0.1",
+                            "--scheduler-port",
+                            "0",
+                            "--num-workers",
+                            "7",
+                            "--num-servers",
+                            "3",
+                            "--job-id",
+                            "j",
+                            "--token-file",
+                            token.string(),
+                            "--host",
+                            "127.0.0.1",
+                            "--interface",
+                            "lo",
+                            "--bind",
+                            "127.0.0.1",
+                            "--port",
+                            "1234",
+                            "--shards",
+                            "3",
+                            "--verbose",
+                            "1",
+                            "--timeout",
+                            "2m",
+                            "--peer-timeout",
+                            "20s",
+                            "--heartbeat",
+                            "1s",
+                            "--connect-timeout",
+                            "3s",
+                            "--startup-timeout",
+                            "1h",
+                            "--bigarray-bound",
+                            "10",
+                            "--max-frame-bytes",
+                            "1MiB",
+                            "--chunk-bytes",
+                            "65536",
+                            "--shm-arena-bytes",
+                            "0",
+                            "--rank-hint",
+                            "2",
+                            "--link-window-bytes",
+                            "1MiB",
+                            "--quorum",
+                            "5",
+                            "--rescale-quorum",
+                            "true",
+                            "--max-staleness",
+                            "3",
+                            "--max-rounds-ahead",
+                            "4"});
+  auto cfg = load_ok(std::nullopt, {}, flags);
+  BOOST_TEST((cfg.role == node_role::scheduler));
+  BOOST_TEST((cfg.scheduler_port == 0));
+  BOOST_TEST((cfg.num_workers == 7));
+  BOOST_TEST((cfg.num_servers == 3));
+  BOOST_TEST(cfg.job_id == "j");
+  BOOST_TEST(cfg.auth_token == "abc");
+  BOOST_TEST(cfg.data_port == 1234);
+  BOOST_TEST(cfg.shards_per_server == 3);
+  BOOST_TEST(cfg.verbose == 1);
+  BOOST_TEST(cfg.request_timeout == 2min);
+  BOOST_TEST(cfg.heartbeat_interval == 1s);
+  BOOST_TEST(cfg.connect_timeout == 3s);
+  BOOST_TEST(cfg.startup_timeout == 1h);
+  BOOST_TEST(cfg.bigarray_bound == 10);
+  BOOST_TEST(cfg.max_frame_bytes == 1024 * 1024);
+  BOOST_TEST(cfg.chunk_bytes == 65536);
+  BOOST_TEST(cfg.shm_arena_bytes == 0);
+  BOOST_TEST(cfg.rank_hint == 2);
+  BOOST_TEST(cfg.peer_timeout == 20s);
+  BOOST_TEST(cfg.link_window_bytes == 1024 * 1024);
+  BOOST_TEST((cfg.quorum == 5));
+  BOOST_TEST(cfg.rescale_quorum);
+  BOOST_TEST((cfg.max_staleness == 3));
+  BOOST_TEST(cfg.max_rounds_ahead == 4);
+  std::size_t with_flag = 0;
+  for (const auto& key : config_keys())
+    with_flag += key.flag.empty() ? 0 : 1;
+  BOOST_TEST(flags.values.size() == with_flag); // the list above covers every flag
+
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--num-workers", "two"})).message() ==
+             "--num-workers must be a positive integer, got \"two\"");
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--timeout", "5"})).message() ==
+             "--timeout must be a positive duration such as \"500ms\", \"5s\" or \"2m\", got "
+             "\"5\"");
+}
+
+BOOST_AUTO_TEST_CASE(values_that_contradict_each_other_name_both_keys) {
+  auto heartbeat = load_error(std::nullopt, {}, parse_flags({"--heartbeat", "5s"}));
+  BOOST_TEST(heartbeat.message() ==
+             "--heartbeat (5s) must be shorter than timeouts.peer (5s, the default)");
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--num-workers", "2", "--quorum", "3"}))
+                 .message() == "--quorum (3) must not exceed --num-workers (2)");
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--rescale-quorum", "yes"})).message() ==
+             "--rescale-quorum must be true or false, got \"yes\"");
+  temp_dir dir;
+  auto file = dir.write("c.toml", "[data]\nmax_frame_bytes = 65536\nchunk_bytes = \"1MiB\"\n");
+  BOOST_TEST(load_error(file).message() ==
+             file.string() + ":3:15: data.chunk_bytes (1048576) must not exceed " + file.string() +
+                 ":2:19: data.max_frame_bytes (65536)");
+  auto both = dir.write("t.toml", "[job]\ntoken = \"a\"\ntoken_file = \"/nonexistent\"\n");
+  BOOST_TEST(load_error(both).message().find("both set the token") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_token_file_gives_the_token_and_a_missing_one_is_named) {
+  temp_dir dir;
+  auto token = dir.write("token", "secret\n");
+  auto file = dir.write("c.toml", "[job]\ntoken = \"inline\"\n");
+  BOOST_TEST(load_ok(file).auth_token == "inline");
+  // A later layer's token file replaces the file's inline token.
+  BOOST_TEST(load_ok(file, {}, parse_flags({"--token-file", token.string()})).auth_token ==
+             "secret");
+  auto err = load_error(std::nullopt, {}, parse_flags({"--token-file", "/nonexistent/tok"}));
+  BOOST_TEST((err.code() == errc::io_error));
+  BOOST_TEST(err.message().find("--token-file: cannot read token file /nonexistent/tok") == 0,
+             err.message());
+}
+
+BOOST_AUTO_TEST_CASE(validate_for_role_names_every_missing_value) {
+  auto empty = load_ok(std::nullopt);
+  auto missing = validate_for_role(empty, node_role::server);
+  BOOST_TEST_REQUIRE(!missing.has_value());
+  BOOST_TEST(missing.error().message() ==
+             "a server needs DMLC_PS_ROOT_PORT ([scheduler] port or --scheduler-port), "
+             "DMLC_NUM_WORKER ([job] num_workers or --num-workers) and DMLC_NUM_SERVER ([job] "
+             "num_servers or --num-servers)");
+
+  env_map env{{"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_WORKER", "2"}, {"DMLC_NUM_SERVER", "1"}};
+  auto job = load_ok(std::nullopt, env);
+  for (auto role : {node_role::scheduler, node_role::server, node_role::worker})
+    BOOST_TEST(validate_for_role(job, role).has_value(), to_string(role));
+
+  env["DMLC_PS_ROOT_PORT"] = "0";
+  auto port0 = load_ok(std::nullopt, env);
+  BOOST_TEST(validate_for_role(port0, node_role::scheduler).has_value());
+  BOOST_TEST(!validate_for_role(port0, node_role::worker).has_value());
+
+  env["DMLC_PS_ROOT_PORT"] = "9000";
+  env["DMLC_ROLE"] = "worker";
+  auto worker = load_ok(std::nullopt, env);
+  auto mismatch = validate_for_role(worker, node_role::server);
+  BOOST_TEST_REQUIRE(!mismatch.has_value());
+  BOOST_TEST(mismatch.error().message().find("role worker (DMLC_ROLE") != std::string::npos);
+
+  env.erase("DMLC_ROLE");
+  auto wildcard = load_ok(std::nullopt, env, parse_flags({"--bind", "0.0.0.0"}));
+  BOOST_TEST(!validate_for_role(wildcard, node_role::server).has_value());
+  BOOST_TEST(validate_for_role(wildcard, node_role::worker).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(a_port_in_use_is_detected_and_a_free_one_is_not) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  BOOST_TEST_REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  BOOST_TEST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  BOOST_TEST_REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof addr;
+  BOOST_TEST_REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const auto port = ntohs(addr.sin_port);
+
+  auto in_use = check_port_free("127.0.0.1", port);
+  BOOST_TEST_REQUIRE(!in_use.has_value());
+  BOOST_TEST((in_use.error().code() == errc::io_error));
+  BOOST_TEST(in_use.error().message() ==
+             "port " + std::to_string(port) + " on 127.0.0.1 is in use");
+  ::close(fd);
+  BOOST_TEST(check_port_free("127.0.0.1", port).has_value());
+  BOOST_TEST(check_port_free("127.0.0.1", 0).has_value());
+  // 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
+  auto foreign = check_port_free("192.0.2.1", port);
+  BOOST_TEST_REQUIRE(!foreign.has_value());
+  BOOST_TEST(foreign.error().message() == "192.0.2.1 is not an address of this machine");
+}
+
+BOOST_AUTO_TEST_CASE(durations_read_and_print_with_units) {
+  BOOST_TEST(parse_duration("250ms").value() == 250ms);
+  BOOST_TEST(parse_duration("5s").value() == 5s);
+  BOOST_TEST(parse_duration("2m").value() == 2min);
+  BOOST_TEST(parse_duration("1h").value() == 1h);
+  for (auto bad : {"5", "s", "", "1.5s", "5 s", "-1s", "5sec"})
+    BOOST_TEST(!parse_duration(bad).has_value(), bad);
+  for (auto ms : {0, 1, 500, 1000, 1500, 60'000, 90'000, 3'600'000})
+    BOOST_TEST(parse_duration(format_duration(std::chrono::milliseconds{ms})).value().count() ==
+               ms);
+  BOOST_TEST(format_duration(500ms) == "500ms");
+  BOOST_TEST(format_duration(5s) == "5s");
+}
+
+BOOST_AUTO_TEST_CASE(roles_print_and_parse_with_ps_lite_names) {
+  for (auto role : {node_role::scheduler, node_role::server, node_role::worker})
+    BOOST_TEST((parse_role(to_string(role)) == role));
+  BOOST_TEST(!parse_role("Worker").has_value());
+}
+
+BOOST_AUTO_TEST_SUITE_END()

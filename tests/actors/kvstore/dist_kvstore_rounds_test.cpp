@@ -1,0 +1,254 @@
+// The distributed KVStore's rounds through the whole worker: requests that time out are cancelled,
+// dist_sync rounds close with a quorum of workers (one of them frozen at a known round), and
+// bounded staleness keeps every worker within s rounds of the slowest. W workers and S servers in
+// one process (in_process_job), checked against closed forms.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/logic/key_placement.hpp"
+#include "tests/actors/kvstore/in_process_job.hpp"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+using troupe::testing::in_process_job;
+using troupe::testing::in_process_options;
+using troupe::testing::problems;
+
+namespace {
+
+using hold_atom = caf::atom_constant<caf::atom("hold")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+
+/// Between the servers and a worker: passes replies on, except that after (hold_atom) it keeps
+/// every pull_reply until (release_atom), which sends the kept ones on, in order.
+caf::behavior valve(caf::event_based_actor* self, caf::actor worker) {
+  auto held = std::make_shared<std::vector<envelope>>();
+  auto holding = std::make_shared<bool>(false);
+  return {
+      [=](envelope& reply) {
+        if (*holding && std::holds_alternative<wire::pull_reply>(reply.msg))
+          held->push_back(std::move(reply));
+        else
+          self->send(worker, std::move(reply));
+      },
+      [=](hold_atom) { *holding = true; },
+      [=](release_atom) {
+        *holding = false;
+        for (auto& reply : *held)
+          self->send(worker, std::move(reply));
+        held->clear();
+      },
+  };
+}
+
+bool all_equal(const ndarray& array, float expected) {
+  auto values = array.to_vector<float>();
+  return std::all_of(values.begin(), values.end(), [&](float v) { return v == expected; });
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(dist_kvstore_requests)
+
+BOOST_AUTO_TEST_CASE(a_pull_whose_reply_is_held_past_its_timeout_leaves_its_output_untouched) {
+  caf::actor gate;
+  in_process_options options;
+  options.timeout = 300ms;
+  options.reply_path = [&gate](caf::actor_system& system, std::uint32_t, const caf::actor& worker) {
+    gate = system.spawn(valve, worker);
+    return gate;
+  };
+  auto job = std::make_unique<in_process_job>("dist_sync", 1, 1, options);
+  auto& kv = *job->workers[0];
+
+  BOOST_TEST_REQUIRE(kv.init(3, ndarray::ones({4, 4})).has_value());
+  caf::anon_send(gate, hold_atom::value);
+  auto out = ndarray::full({4, 4}, -7.0f);
+  const auto started = std::chrono::steady_clock::now();
+  auto timed_out = kv.pull(3, out);
+  BOOST_TEST_REQUIRE(!timed_out.has_value());
+  BOOST_TEST((timed_out.error().code() == errc::timeout), timed_out.error().to_string());
+  BOOST_TEST(timed_out.error().message().find("pull of key 3") != std::string::npos,
+             timed_out.error().message());
+  BOOST_TEST((std::chrono::steady_clock::now() - started < 2s));
+
+  // An abandoned request is cancelled too: its caller dropped it without waiting.
+  auto abandoned_out = ndarray::full({4, 4}, -9.0f);
+  {
+    std::vector<ndarray> outputs{abandoned_out};
+    auto dropped = kv.pull_async(std::vector<kv_key>{std::int64_t{3}}, outputs);
+  }
+
+  caf::anon_send(gate, release_atom::value);
+  // The worker handles the late replies before this pull's, which proves they were dropped.
+  auto fresh = ndarray::zeros({4, 4});
+  BOOST_TEST_REQUIRE(kv.pull(3, fresh).has_value());
+  BOOST_TEST(all_equal(fresh, 1.0f));
+  BOOST_TEST(all_equal(out, -7.0f));
+  BOOST_TEST(all_equal(abandoned_out, -9.0f));
+  // And the store goes on: a round, then its value.
+  BOOST_TEST_REQUIRE(kv.push(3, ndarray::full({4, 4}, 5.0f)).has_value());
+  BOOST_TEST_REQUIRE(kv.pull(3, fresh).has_value());
+  BOOST_TEST(all_equal(fresh, 5.0f));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+struct quorum_case {
+  std::uint32_t workers;
+  std::uint32_t quorum;
+  bool rescale = false;
+};
+
+std::string describe(const quorum_case& c) {
+  return "W=" + std::to_string(c.workers) + " K=" + std::to_string(c.quorum) +
+         (c.rescale ? " rescaled" : "");
+}
+
+/// MXNet's dist_sync check with a quorum: keys initialised to ones, the `test` optimizer with
+/// rescale_grad 2, worker r pushes ones*(r+1). The workers push one after the other in rank order,
+/// so the first K live ranks close each round and the others arrive late; with K < W rank 0 is
+/// frozen (stops pushing and pulling) from round `frozen_from` on. After round i every live worker
+/// pulls 1 + 2 sum_{rounds} scale * sum_{first K live ranks} (r + 1).
+void check_quorum(const quorum_case& c) {
+  BOOST_TEST_CONTEXT(describe(c)) {
+    constexpr int rounds = 5;
+    constexpr int frozen_from = 2;
+    const bool freeze = c.quorum < c.workers;
+    in_process_options options;
+    options.quorum = c.quorum;
+    options.rescale_quorum = c.rescale;
+    options.bigarray_bound = 1000; // both keys are split over both servers
+    options.chunk_bytes = 4096;    // and every key travels in several chunks
+    in_process_job job{"dist_sync", c.workers, 2, options};
+    const std::vector<shape_vector> shapes = {{3, 700}, {2500}};
+    std::vector<kv_key> keys = {std::int64_t{4}, std::int64_t{9}};
+    problems seen;
+    job.run([&](std::uint32_t, kvstore& kv) {
+      std::vector<ndarray> initial;
+      for (const auto& shape : shapes)
+        initial.push_back(ndarray::ones(shape));
+      if (seen.check(kv.init(keys, initial), "init"))
+        (void)seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer");
+    });
+    BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
+
+    const double scale = c.rescale ? double(c.workers) / c.quorum : 1.0;
+    double expected = 1;
+    std::uint64_t late = 0;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::uint32_t> live;
+      for (std::uint32_t rank = 0; rank < c.workers; ++rank)
+        if (!(freeze && rank == 0 && round >= frozen_from))
+          live.push_back(rank);
+      for (auto rank : live)
+        for (std::size_t k = 0; k < keys.size(); ++k)
+          BOOST_TEST_REQUIRE(
+              job.workers[rank]->push(keys[k], ndarray::full(shapes[k], rank + 1.0f)).has_value());
+      double sum = 0;
+      for (std::uint32_t i = 0; i < c.quorum; ++i)
+        sum += live[i] + 1;
+      expected += 2 * scale * sum;
+      late += live.size() - c.quorum;
+      for (auto rank : live)
+        for (std::size_t k = 0; k < keys.size(); ++k) {
+          auto out = ndarray::zeros(shapes[k]);
+          BOOST_TEST_REQUIRE(job.workers[rank]->pull(keys[k], out).has_value());
+          BOOST_TEST(all_equal(out, static_cast<float>(expected)),
+                     "rank " << rank << " key " << to_string(keys[k]) << " round " << round << ": "
+                             << out.to_vector<float>()[0] << ", expected " << expected);
+        }
+    }
+    // Every late push was dropped and counted once per ps-key it touched (both keys are split
+    // over the two servers), and every ps-key was updated once per round.
+    std::uint64_t ps_keys = 0;
+    for (std::size_t k = 0; k < keys.size(); ++k)
+      ps_keys += place_key(static_cast<std::uint64_t>(std::get<std::int64_t>(keys[k])),
+                           element_count(shapes[k]), 2, options.bigarray_bound)
+                     .size();
+    BOOST_TEST(ps_keys == 4u);
+    const auto stats = job.stats();
+    BOOST_TEST(stats.late_pushes_dropped == late * ps_keys);
+    BOOST_TEST(stats.updates == rounds * ps_keys);
+  }
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(dist_sync_with_a_quorum)
+
+BOOST_AUTO_TEST_CASE(rounds_close_with_the_first_k_workers_and_a_frozen_one_does_not_stop_them) {
+  for (std::uint32_t workers : {2u, 3u, 5u}) {
+    std::vector<std::uint32_t> quorums = {1, workers - 1, workers};
+    quorums.erase(std::unique(quorums.begin(), quorums.end()), quorums.end());
+    for (auto quorum : quorums)
+      check_quorum({workers, quorum});
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rescale_quorum_scales_a_rounds_sum_by_n_over_k) {
+  check_quorum({3, 2, true});
+  check_quorum({5, 1, true});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(dist_async_with_bounded_staleness)
+
+/// Worker 0 is slow (it sleeps in every step); the others pushpull as fast as they can. With
+/// staleness s no push arrives more than s rounds ahead of the slowest live worker (the shards'
+/// instrument), and the fast workers do run ahead that far; the value after everyone's rounds is
+/// exactly async's sum.
+BOOST_AUTO_TEST_CASE(no_worker_gets_more_than_s_rounds_ahead_of_the_slowest) {
+  for (std::uint32_t workers : {2u, 3u, 5u})
+    for (std::int64_t staleness : {0, 1, 3}) {
+      BOOST_TEST_CONTEXT("W=" << workers << " s=" << staleness) {
+        constexpr int rounds = 10;
+        in_process_options options;
+        options.max_staleness = staleness;
+        in_process_job job{"dist_async", workers, 2, options};
+        const shape_vector shape{64};
+        problems seen;
+        job.run([&](std::uint32_t rank, kvstore& kv) {
+          if (!seen.check(kv.init(7, ndarray::ones(shape)), "init") ||
+              !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+            return;
+          auto out = ndarray::zeros(shape);
+          for (int round = 0; round < rounds; ++round) {
+            if (rank == 0)
+              std::this_thread::sleep_for(5ms);
+            if (!seen.check(kv.pushpull(7, ndarray::full(shape, rank + 1.0f), out), "pushpull"))
+              return;
+          }
+          (void)seen.check(kv.barrier(), "barrier");
+          if (seen.check(kv.pull(7, out), "final pull")) {
+            const double expected = 1 + 2.0 * rounds * workers * (workers + 1) / 2;
+            if (!all_equal(out, static_cast<float>(expected)))
+              seen.add("rank " + std::to_string(rank) + ": " +
+                       std::to_string(out.to_vector<float>()[0]) + ", expected " +
+                       std::to_string(expected));
+          }
+        });
+        BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
+        const auto lead = job.stats().max_lead;
+        BOOST_TEST(lead <= static_cast<std::uint64_t>(staleness));
+        BOOST_TEST(lead == static_cast<std::uint64_t>(staleness),
+                   "the fast workers never ran ahead as far as allowed: " << lead);
+      }
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

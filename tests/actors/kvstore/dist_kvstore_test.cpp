@@ -1,0 +1,357 @@
+// The distributed KVStore inside one process: W workers and S servers (several shards each) as
+// actors, checked against MXNet's closed forms for dist_sync and dist_async
+// (tests/nightly/dist_sync_kvstore.py of MXNet 1.x).
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "actors/logic/key_placement.hpp"
+#include "tests/actors/kvstore/in_process_job.hpp"
+
+using namespace troupe;
+using troupe::testing::in_process_job;
+using troupe::testing::problems;
+
+namespace {
+
+/// The first element that differs from `expected`, or -1.
+std::int64_t first_mismatch(const ndarray& array, float expected) {
+  auto values = array.to_vector<float>();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (values[i] != expected)
+      return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+/// MXNet's dist_sync check: key initialised to ones, `test` optimizer with rescale_grad 2, worker
+/// r pushes ones*(r+1): after round i every worker pulls n(n+1)(i+1) + 1.
+void check_sync_closed_form(std::uint32_t workers, std::uint32_t servers,
+                            const std::vector<shape_vector>& shapes, int rounds,
+                            dtype type = dtype::float32) {
+  in_process_job job{"dist_sync", workers, servers, 3};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    std::vector<kv_key> keys;
+    std::vector<ndarray> initial;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      keys.push_back(static_cast<std::int64_t>(k * 7 + 3));
+      initial.push_back(ndarray::ones(shapes[k], context::cpu(), type));
+    }
+    if (!seen.check(kv.init(keys, initial), "init"))
+      return;
+    if (!seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+      return;
+    for (int round = 0; round < rounds; ++round) {
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto grad = ndarray::full(shapes[k], rank + 1.0, context::cpu(), type);
+        if (!seen.check(kv.push(keys[k], grad), "push"))
+          return;
+      }
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto out = ndarray::zeros(shapes[k], context::cpu(), type);
+        if (!seen.check(kv.pull(keys[k], out), "pull"))
+          return;
+        float expected = static_cast<float>(workers * (workers + 1) * (round + 1) + 1);
+        if (auto at = first_mismatch(out, expected); at >= 0)
+          seen.add("worker " + std::to_string(rank) + " key " + to_string(keys[k]) + " shape " +
+                   shape_to_string(shapes[k]) + " round " + std::to_string(round) + ": element " +
+                   std::to_string(at) + " is " + std::to_string(out.to_vector<float>()[at]) +
+                   ", expected " + std::to_string(expected));
+      }
+    }
+  });
+  BOOST_TEST(seen.seen.empty(), "W=" << workers << " S=" << servers << "\n" << seen.report());
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(key_placement_as_mxnet)
+
+BOOST_AUTO_TEST_CASE(small_keys_go_whole_to_one_server_and_big_ones_are_split_over_all) {
+  auto small = place_key(3, 999'999, 4, 1'000'000);
+  BOOST_TEST_REQUIRE(small.size() == 1u);
+  BOOST_TEST(small[0].server == (3u * 9973u) % 4u);
+  BOOST_TEST(small[0].ps_key == server_key_ranges(4)[small[0].server].begin + 3);
+  auto big = place_key(5, 1'440'000, 3, 1'000'000);
+  BOOST_TEST_REQUIRE(big.size() == 3u);
+  std::int64_t covered = 0;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    BOOST_TEST(big[i].server == i);
+    BOOST_TEST(big[i].begin == covered);
+    covered = big[i].end;
+  }
+  BOOST_TEST(covered == 1'440'000);
+  // MXNet's rounding: part i ends at round(N/S*(i+1)).
+  auto odd = place_key(1, 1'466'521, 2, 1'000'000);
+  BOOST_TEST(odd[0].end == 733'261);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(dist_kvstore_in_one_process)
+
+BOOST_AUTO_TEST_CASE(dist_sync_matches_the_closed_form_for_every_worker_and_server_count) {
+  std::vector<shape_vector> shapes{{0}, {1}, {2, 3}, {1000}, {5, 7}};
+  for (std::uint32_t workers = 1; workers <= 8; ++workers)
+    for (std::uint32_t servers = 1; servers <= 4; ++servers)
+      check_sync_closed_form(workers, servers, shapes, 2);
+}
+
+BOOST_AUTO_TEST_CASE(dist_sync_splits_big_keys_over_the_servers_and_sums_them_exactly) {
+  std::vector<shape_vector> shapes{{1'000'000}, {1200, 1200}, {1211, 1211}};
+  for (auto [workers, servers] :
+       std::vector<std::pair<std::uint32_t, std::uint32_t>>{{1, 1}, {2, 3}, {4, 2}, {3, 4}})
+    check_sync_closed_form(workers, servers, shapes, 2);
+}
+
+BOOST_AUTO_TEST_CASE(dist_sync_sums_float16_keys_exactly) {
+  check_sync_closed_form(4, 2, {{2, 3}, {300, 300}}, 3, dtype::float16);
+}
+
+BOOST_AUTO_TEST_CASE(dist_sync_without_an_optimizer_replaces_the_value_with_the_round_sum) {
+  for (std::uint32_t workers : {1u, 3u, 5u}) {
+    in_process_job job{"dist_sync", workers, 2};
+    problems seen;
+    job.run([&](std::uint32_t rank, kvstore& kv) {
+      if (!seen.check(kv.init("w", ndarray::full({40, 30}, 100.0)), "init"))
+        return;
+      for (int round = 0; round < 3; ++round) {
+        auto out = ndarray::zeros({40, 30});
+        if (!seen.check(kv.pushpull("w", ndarray::full({40, 30}, (rank + 1.0) * (round + 1)), out),
+                        "pushpull"))
+          return;
+        float expected = workers * (workers + 1) / 2.0f * (round + 1);
+        if (first_mismatch(out, expected) >= 0)
+          seen.add("round " + std::to_string(round) + ": got " +
+                   std::to_string(out.to_vector<float>()[0]) + ", expected " +
+                   std::to_string(expected));
+      }
+    });
+    BOOST_TEST(seen.seen.empty(), seen.report());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(dist_device_sync_sums_each_workers_devices_before_the_round) {
+  // Each of W workers pushes one value per device d (cpu(0..2)) of (rank+1)(d+1); the round's sum
+  // is 6 * W(W+1)/2, added once per round through `test` with rescale_grad 1.
+  for (std::string type : {"dist_device_sync", "dist_sync"}) {
+    const std::uint32_t workers = 3;
+    in_process_job job{type, workers, 2};
+    problems seen;
+    job.run([&](std::uint32_t rank, kvstore& kv) {
+      if (!seen.check(kv.init("w", ndarray::zeros({64, 64})), "init") ||
+          !seen.check(kv.set_optimizer("test", {{"rescale_grad", 1.0}}), "set_optimizer"))
+        return;
+      for (int round = 0; round < 3; ++round) {
+        std::vector<ndarray> grads;
+        for (int d = 0; d < 3; ++d)
+          grads.push_back(ndarray::full({64, 64}, (rank + 1.0) * (d + 1), context::cpu(d)));
+        std::vector<ndarray> outs{ndarray::zeros({64, 64}, context::cpu(0)),
+                                  ndarray::zeros({64, 64}, context::cpu(2))};
+        if (!seen.check(kv.pushpull("w", grads, outs), "pushpull"))
+          return;
+        float expected = 6.0f * workers * (workers + 1) / 2.0f * (round + 1);
+        for (auto& out : outs)
+          if (first_mismatch(out, expected) >= 0)
+            seen.add(type + " round " + std::to_string(round) + ": got " +
+                     std::to_string(out.to_vector<float>()[0]) + ", expected " +
+                     std::to_string(expected));
+      }
+    });
+    BOOST_TEST(seen.seen.empty(), seen.report());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(dist_async_applies_every_push_exactly_once) {
+  // N workers push integer gradients M times; after a barrier the value is 1 + 2 M N(N+1)/2.
+  for (auto [workers, servers] :
+       std::vector<std::pair<std::uint32_t, std::uint32_t>>{{1, 1}, {3, 2}, {6, 3}}) {
+    const int pushes = 25;
+    in_process_job job{"dist_async", workers, servers};
+    problems seen;
+    job.run([&](std::uint32_t rank, kvstore& kv) {
+      std::vector<kv_key> keys{0, 1};
+      std::vector<ndarray> initial{ndarray::ones({17}), ndarray::ones({1'100'000})};
+      if (!seen.check(kv.init(keys, initial), "init") ||
+          !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+        return;
+      for (int i = 0; i < pushes; ++i)
+        for (std::size_t k = 0; k < keys.size(); ++k)
+          if (!seen.check(kv.push(keys[k], ndarray::full(initial[k].shape(), rank + 1.0)), "push"))
+            return;
+      if (!seen.check(kv.barrier(), "barrier"))
+        return;
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto out = ndarray::zeros(initial[k].shape());
+        if (!seen.check(kv.pull(keys[k], out), "pull"))
+          return;
+        float expected = 1.0f + static_cast<float>(pushes * workers * (workers + 1));
+        if (first_mismatch(out, expected) >= 0)
+          seen.add("key " + std::to_string(k) + ": got " +
+                   std::to_string(out.to_vector<float>()[0]) + ", expected " +
+                   std::to_string(expected));
+      }
+    });
+    BOOST_TEST(seen.seen.empty(), "W=" << workers << "\n" << seen.report());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(pulls_issued_before_the_round_completes_wait_for_it) {
+  // Worker 0 pushes and pulls at once; its pull is only answered after worker 1's push.
+  in_process_job job{"dist_sync", 2, 1};
+  problems seen;
+  std::atomic<bool> second_pushed{false};
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    if (!seen.check(kv.init(9, ndarray::zeros({4})), "init"))
+      return;
+    if (rank == 0) {
+      std::vector<kv_key> key{9};
+      std::vector<ndarray> grad{ndarray::ones({4})};
+      std::vector<ndarray> out{ndarray::zeros({4})};
+      (void)kv.push_async(key, grad);
+      auto pulled = kv.pull_async(key, out);
+      std::this_thread::sleep_for(std::chrono::milliseconds{100});
+      if (pulled.ready())
+        seen.add("the pull completed before the round did");
+      if (!seen.check(pulled.wait(), "pull"))
+        return;
+      if (!second_pushed)
+        seen.add("pull answered before worker 1 pushed");
+      if (first_mismatch(out[0], 3.0f) >= 0)
+        seen.add("pulled " + std::to_string(out[0].to_vector<float>()[0]) + ", expected 3");
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds{300});
+      second_pushed = true;
+      (void)seen.check(kv.push(9, ndarray::full({4}, 2.0)), "push");
+    }
+  });
+  BOOST_TEST(seen.seen.empty(), seen.report());
+}
+
+BOOST_AUTO_TEST_CASE(a_straggler_whose_rounds_closed_without_it_still_finishes_every_round) {
+  // dist_sync with a quorum of 2 of 3: workers 0 and 1 run all their rounds before worker 2
+  // starts. Each of worker 2's pushes is then late and dropped, and it keeps its own round
+  // numbers: its last pushpull is of the last round, which has closed, so it returns at once.
+  // (Moved forward to the round being collected, it would push a round nobody else pushes and
+  // wait until its timeout.) Every value anyone pulls is the one of workers 0 and 1 alone.
+  constexpr int rounds = 5;
+  troupe::testing::in_process_options options;
+  options.quorum = 2;
+  in_process_job job{"dist_sync", 3, 1, options};
+  testing::thread_barrier others_done{3};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    if (!seen.check(kv.init(5, ndarray::ones({4})), "init") ||
+        !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+      return;
+    if (rank == 2 && !seen.check(others_done.wait(std::chrono::seconds{20}), "wait for 0 and 1"))
+      return;
+    for (int round = 0; round < rounds; ++round) {
+      auto out = ndarray::zeros({4});
+      if (!seen.check(kv.pushpull(5, ndarray::full({4}, rank + 1.0), out),
+                      "worker " + std::to_string(rank) + " round " + std::to_string(round)))
+        return;
+      // Each round of workers 0 and 1 adds 2 (1 + 2): rescale_grad times their sum.
+      const float expected = 1.0f + 6.0f * static_cast<float>(rank == 2 ? rounds : round + 1);
+      if (first_mismatch(out, expected) >= 0)
+        seen.add("worker " + std::to_string(rank) + " round " + std::to_string(round) + ": got " +
+                 std::to_string(out.to_vector<float>()[0]) + ", expected " +
+                 std::to_string(expected));
+    }
+    if (rank != 2)
+      (void)seen.check(others_done.wait(std::chrono::seconds{20}), "release worker 2");
+  });
+  BOOST_TEST(seen.seen.empty(), seen.report());
+}
+
+BOOST_AUTO_TEST_CASE(bad_input_gets_an_error_naming_the_key_and_changes_nothing) {
+  in_process_job job{"dist_sync", 1, 2};
+  auto& kv = *job.workers[0];
+  BOOST_TEST_REQUIRE(kv.init("weight", ndarray::full({3, 4}, 5.0)).has_value());
+  auto unknown = kv.push("bias", ndarray::ones({3, 4}));
+  BOOST_TEST_REQUIRE(!unknown.has_value());
+  BOOST_TEST(unknown.error().code() == errc::unknown_key);
+  BOOST_TEST(unknown.error().message().find("'bias'") != std::string::npos);
+  auto shape = kv.push("weight", ndarray::ones({4, 3}));
+  BOOST_TEST_REQUIRE(!shape.has_value());
+  BOOST_TEST(shape.error().code() == errc::shape_mismatch);
+  auto type = kv.push("weight", ndarray::ones({3, 4}, context::cpu(), dtype::float16));
+  BOOST_TEST_REQUIRE(!type.has_value());
+  BOOST_TEST(type.error().code() == errc::dtype_mismatch);
+  auto out = ndarray::zeros({3, 4});
+  BOOST_TEST_REQUIRE(kv.pull("weight", out).has_value());
+  BOOST_TEST(first_mismatch(out, 5.0f) == -1);
+  BOOST_TEST(kv.set_updater([](const kv_key&, const ndarray&, ndarray&) {}).error().code() ==
+             errc::not_supported);
+  BOOST_TEST(!kv.set_optimizer("sgdd").has_value());
+}
+
+BOOST_AUTO_TEST_CASE(the_servers_optimizer_state_is_saved_and_restored_bit_for_bit) {
+  auto base = (std::filesystem::temp_directory_path() /
+               ("troupe-dist-states-" + std::to_string(::getpid())))
+                  .string();
+  optimizer_params sgd{{"learning_rate", 0.05}, {"momentum", 0.9}};
+  auto grad_of = [](std::uint32_t rank, int round) {
+    return ndarray::random_normal(0, 1, {1'200'000}, rank * 100 + round);
+  };
+  ndarray at_save, expected;
+  {
+    in_process_job job{"dist_sync", 2, 2};
+    problems seen;
+    job.run([&](std::uint32_t rank, kvstore& kv) {
+      if (!seen.check(kv.init(0, ndarray::zeros({1'200'000})), "init") ||
+          !seen.check(kv.set_optimizer("sgd", sgd), "set_optimizer"))
+        return;
+      for (int round = 0; round < 6; ++round) {
+        if (!seen.check(kv.push(0, grad_of(rank, round)), "push"))
+          return;
+        if (round == 2) {
+          auto out = ndarray::zeros({1'200'000});
+          (void)seen.check(kv.pull(0, out), "pull");
+          (void)seen.check(kv.barrier(), "barrier");
+          if (rank == 0) {
+            at_save = out;
+            (void)seen.check(kv.save_optimizer_states(base), "save");
+          }
+          (void)seen.check(kv.barrier(), "barrier");
+        }
+      }
+      auto out = ndarray::zeros({1'200'000});
+      (void)seen.check(kv.pull(0, out), "pull");
+      if (rank == 0)
+        expected = out;
+    });
+    BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
+  }
+  in_process_job job{"dist_sync", 2, 2};
+  problems seen;
+  ndarray resumed;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    if (!seen.check(kv.init(0, at_save), "init") ||
+        !seen.check(kv.set_optimizer("sgd", sgd), "set_optimizer"))
+      return;
+    if (rank == 0)
+      (void)seen.check(kv.load_optimizer_states(base), "load");
+    (void)seen.check(kv.barrier(), "barrier");
+    for (int round = 3; round < 6; ++round)
+      if (!seen.check(kv.push(0, grad_of(rank, round)), "push"))
+        return;
+    auto out = ndarray::zeros({1'200'000});
+    (void)seen.check(kv.pull(0, out), "pull");
+    if (rank == 0)
+      resumed = out;
+  });
+  BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
+  BOOST_TEST((resumed.to_vector<float>() == expected.to_vector<float>()));
+  for (int server = 0; server < 2; ++server)
+    for (int shard = 0; shard < 2; ++shard)
+      std::filesystem::remove(base + ".server" + std::to_string(server) + ".shard" +
+                              std::to_string(shard));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

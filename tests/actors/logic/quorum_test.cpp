@@ -1,0 +1,160 @@
+// dist_sync with a quorum, through a shard_core driven message by message: a round closes with
+// the first K workers whose every byte has arrived, its update uses exactly their sum (checked
+// against the closed form with the `test` optimizer and in replace mode), the pushes that did not
+// make it are acknowledged as dropped, counted, and never reach a later round; rescale_quorum
+// scales the sum by N / K.
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "tests/actors/logic/shard_driver.hpp"
+
+using namespace troupe;
+using troupe::testing::shard_driver;
+
+namespace {
+
+constexpr std::uint64_t key = 42;
+constexpr std::int64_t elements = 6;
+constexpr std::size_t chunk_bytes = 8; // three chunks per push
+
+/// Worker w's push in round i: distinct per worker and per round, so that a push applied to the
+/// wrong round shows.
+float contribution(std::uint32_t worker, std::uint64_t round) {
+  return static_cast<float>(worker + 1) + 10.0f * static_cast<float>(round);
+}
+
+sync_policy quorum_of(std::uint32_t quorum, bool rescale = false) {
+  sync_policy policy;
+  policy.quorum = quorum;
+  policy.rescale_quorum = rescale;
+  return policy;
+}
+
+/// The quorums the sweep tries for n workers: 1, n - 1 and n, each once.
+std::vector<std::uint32_t> quorums_for(std::uint32_t workers) {
+  std::vector<std::uint32_t> quorums{1};
+  if (workers - 1 > 1)
+    quorums.push_back(workers - 1);
+  if (workers > 1)
+    quorums.push_back(workers);
+  return quorums;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(shard_quorum)
+
+BOOST_AUTO_TEST_CASE(a_round_sums_exactly_the_first_k_workers_to_push_every_byte) {
+  constexpr std::uint64_t rounds = 3;
+  for (std::uint32_t workers : {2u, 3u, 5u})
+    for (auto quorum : quorums_for(workers))
+      for (bool with_optimizer : {true, false}) {
+        BOOST_TEST_CONTEXT("N = " << workers << ", K = " << quorum
+                                  << (with_optimizer ? ", test optimizer" : ", replace")) {
+          shard_driver job{workers, quorum_of(quorum)};
+          if (with_optimizer)
+            job.send(wire::set_optimizer{1, "test", {{"rescale_grad", 2.0}}});
+          auto initial = ndarray::ones({elements});
+          BOOST_TEST_REQUIRE(job.init(key, initial));
+          float expected = 1.0f;
+          for (std::uint64_t round = 0; round < rounds; ++round) {
+            // The order in which workers finish changes every round; the last one starts first
+            // and finishes last, so with K < N part of its push is there before the round
+            // closes without it.
+            std::vector<std::uint32_t> order(workers);
+            for (std::uint32_t j = 0; j < workers; ++j)
+              order[j] = static_cast<std::uint32_t>((j + round) % workers);
+            auto straggler = order.back();
+            std::vector<ndarray> values;
+            std::vector<std::vector<wire::message>> chunks;
+            std::vector<std::uint64_t> ids;
+            for (std::uint32_t w = 0; w < workers; ++w) {
+              values.push_back(ndarray::full({elements}, contribution(w, round)));
+              ids.push_back(job.next_id++);
+              chunks.push_back(
+                  shard_driver::push_chunks(ids[w], key, w, round, values[w], chunk_bytes));
+            }
+            auto pull = job.pull(key, order.front(), round + 1);
+            job.send(chunks[straggler][0], values[straggler].keepalive());
+            for (std::size_t c = 0; c < 3; ++c)
+              for (std::uint32_t j = 0; j + 1 < workers; ++j)
+                job.send(chunks[order[j]][c], values[order[j]].keepalive());
+            for (std::size_t c = 1; c < 3; ++c)
+              job.send(chunks[straggler][c], values[straggler].keepalive());
+
+            float sum = 0;
+            for (std::uint32_t j = 0; j < quorum; ++j)
+              sum += contribution(order[j], round);
+            expected = with_optimizer ? expected + 2.0f * sum : sum;
+            BOOST_TEST(job.stored(key) == std::vector<float>(elements, expected),
+                       boost::test_tools::per_element());
+            BOOST_TEST(job.shard->completed_rounds(key) == round + 1);
+            auto pulled = job.pulled(pull);
+            BOOST_TEST_REQUIRE(pulled.has_value());
+            BOOST_TEST(*pulled == std::vector<float>(elements, expected),
+                       boost::test_tools::per_element());
+            for (std::uint32_t j = 0; j < workers; ++j) {
+              auto* ack = job.ack(ids[order[j]]);
+              BOOST_TEST_REQUIRE(ack != nullptr);
+              BOOST_TEST(ack->dropped == (j >= quorum));
+              if (j >= quorum)
+                BOOST_TEST(ack->round == round + 1);
+            }
+          }
+          BOOST_TEST(job.shard->dropped_pushes(key) == (workers - quorum) * rounds);
+          BOOST_TEST(job.shard->stats().late_pushes_dropped == (workers - quorum) * rounds);
+          BOOST_TEST(job.shard->stats().updates == rounds);
+          BOOST_TEST(job.shard->stats().requests_refused == 0u);
+        }
+      }
+}
+
+BOOST_AUTO_TEST_CASE(rescale_quorum_multiplies_the_sum_by_n_over_k_and_nothing_else_does) {
+  for (bool rescale : {true, false})
+    for (bool with_optimizer : {true, false}) {
+      BOOST_TEST_CONTEXT((rescale ? "rescaled, " : "not rescaled, ")
+                         << (with_optimizer ? "test optimizer" : "replace")) {
+        shard_driver job{3, quorum_of(2, rescale)};
+        if (with_optimizer)
+          job.send(wire::set_optimizer{1, "test", {{"rescale_grad", 2.0}}});
+        auto initial = ndarray::ones({elements});
+        BOOST_TEST_REQUIRE(job.init(key, initial));
+        auto one = ndarray::full({elements}, 1.0), two = ndarray::full({elements}, 2.0);
+        job.push(key, 0, 0, one);
+        job.push(key, 1, 0, two);
+        // (1 + 2) * 3 / 2 = 4.5 rescaled; with `test`, the value becomes 1 + 2 * sum.
+        float sum = rescale ? 4.5f : 3.0f;
+        BOOST_TEST(job.stored(key) ==
+                       std::vector<float>(elements, with_optimizer ? 1.0f + 2.0f * sum : sum),
+                   boost::test_tools::per_element());
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(a_late_pushpull_is_answered_at_once_with_the_value_of_the_closed_round) {
+  shard_driver job{3, quorum_of(2)};
+  auto initial = ndarray::zeros({elements});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  auto one = ndarray::full({elements}, 1.0), two = ndarray::full({elements}, 2.0);
+  auto late = ndarray::full({elements}, 100.0);
+  job.push(key, 0, 0, one);
+  job.push(key, 1, 0, two);
+  auto pushpull = job.pushpull(key, 2, 0, late);
+  auto* reply = job.value_reply(pushpull);
+  BOOST_TEST_REQUIRE(reply != nullptr);
+  BOOST_TEST(reply->round == 1u);
+  BOOST_TEST(testing::floats_of(reply->tensor) == std::vector<float>(elements, 3.0f),
+             boost::test_tools::per_element());
+  BOOST_TEST(job.shard->dropped_pushes(key) == 1u);
+  // The worker that was late takes part in the next round like any other.
+  job.push(key, 2, 1, late);
+  job.push(key, 0, 1, one);
+  BOOST_TEST(job.stored(key) == std::vector<float>(elements, 101.0f),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_SUITE_END()

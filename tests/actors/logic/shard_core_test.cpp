@@ -1,0 +1,446 @@
+// A server shard's logic driven directly, message by message, with no network and no actors:
+// the sync round rule, replies held until their round, and bad requests answered with an error
+// that names the key while the stored value stays as it was.
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "tests/actors/logic/shard_driver.hpp"
+
+using namespace troupe;
+using troupe::testing::shard_driver;
+using troupe::testing::whole;
+
+namespace {
+
+/// The shard tests' first fixture: two workers, dist_sync, replies kept in order.
+struct shard_fixture : shard_driver {
+  shard_fixture() : shard_driver(2) {}
+
+  template <class T>
+  const T* last() const {
+    return replies.empty() ? nullptr : std::get_if<T>(&replies.back().msg);
+  }
+};
+
+} // namespace
+
+BOOST_FIXTURE_TEST_SUITE(server_shard_logic, shard_fixture)
+
+BOOST_AUTO_TEST_CASE(a_round_completes_when_every_worker_has_pushed_and_replaces_the_value) {
+  auto initial = ndarray::full({2, 2}, 9.0);
+  send(wire::init{1, 4, whole(initial)}, initial);
+  BOOST_TEST_REQUIRE(last<wire::ack>() != nullptr);
+  BOOST_TEST(replies.back().connection == 7u);
+
+  auto first = ndarray::full({2, 2}, 1.0), second = ndarray::full({2, 2}, 2.0);
+  send(wire::pull_request{2, 4, 0, 1}); // round 1: not complete yet, so no reply
+  send(wire::push{3, 4, 0, 0, whole(first)}, first);
+  BOOST_TEST(last<wire::ack>()->request_id == 3u);
+  BOOST_TEST(shard->completed_rounds(4) == 0u);
+  BOOST_TEST(stored(4) == std::vector<float>(4, 9.0f));
+  send(wire::push{4, 4, 1, 0, whole(second)}, second);
+  BOOST_TEST(shard->completed_rounds(4) == 1u);
+  BOOST_TEST(stored(4) == std::vector<float>(4, 3.0f));
+  // The held pull is answered with round 1's value.
+  bool answered = false;
+  for (auto& reply : replies)
+    if (auto* value = std::get_if<wire::pull_reply>(&reply.msg); value && value->request_id == 2) {
+      answered = true;
+      BOOST_TEST(value->round == 1u);
+      BOOST_TEST(value->tensor.data.size() == 16u);
+    }
+  BOOST_TEST(answered);
+}
+
+BOOST_AUTO_TEST_CASE(a_push_for_the_next_round_waits_for_the_current_one) {
+  auto initial = ndarray::zeros({3});
+  send(wire::init{1, 0, whole(initial)}, initial);
+  auto ones = ndarray::ones({3});
+  send(wire::push{2, 0, 0, 0, whole(ones)}, ones);
+  send(wire::push{3, 0, 0, 1, whole(ones)}, ones); // worker 0 is a round ahead
+  BOOST_TEST(shard->completed_rounds(0) == 0u);
+  send(wire::push{4, 0, 1, 0, whole(ones)}, ones);
+  BOOST_TEST(shard->completed_rounds(0) == 1u);
+  BOOST_TEST(stored(0) == std::vector<float>(3, 2.0f));
+  send(wire::push{5, 0, 1, 1, whole(ones)}, ones);
+  BOOST_TEST(shard->completed_rounds(0) == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(bad_pushes_get_errors_naming_the_key_and_leave_the_value_alone) {
+  auto initial = ndarray::full({2, 3}, 5.0);
+  send(wire::init{1, 11, whole(initial)}, initial);
+
+  auto wrong_shape = ndarray::ones({3, 2});
+  send(wire::push{2, 11, 0, 0, whole(wrong_shape)}, wrong_shape);
+  auto* shape_error = last<wire::error_reply>();
+  BOOST_TEST_REQUIRE(shape_error != nullptr);
+  BOOST_TEST((shape_error->code == wire::error_code::shape_mismatch));
+  BOOST_TEST(shape_error->message.find("key 11") != std::string::npos);
+  BOOST_TEST(shape_error->message.find("(3,2)") != std::string::npos);
+  BOOST_TEST(*shape_error->key == 11u);
+
+  auto wrong_type = ndarray::ones({2, 3}, context::cpu(), dtype::float16);
+  send(wire::push{3, 11, 0, 0, whole(wrong_type)}, wrong_type);
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::dtype_mismatch));
+
+  auto ones = ndarray::ones({2, 3});
+  send(wire::push{4, 99, 0, 0, whole(ones)}, ones);
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::unknown_key));
+  send(wire::push{5, 11, 7, 0, whole(ones)}, ones); // rank 7 in a job of 2 workers
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::invalid_argument));
+  send(wire::pull_request{6, 99, 0, 0});
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::unknown_key));
+  send(wire::init{7, 11, whole(initial)}, initial);
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::already_initialized));
+
+  send(wire::push{8, 11, 0, 0, whole(ones)}, ones);
+  send(wire::push{9, 11, 0, 0, whole(ones)}, ones); // the same round twice
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::invalid_argument));
+  BOOST_TEST(stored(11) == std::vector<float>(6, 5.0f));
+  send(wire::push{10, 11, 1, 0, whole(ones)}, ones);
+  BOOST_TEST(stored(11) == std::vector<float>(6, 2.0f)); // still serving, rounds intact
+  send(wire::push{11, 11, 1, 0, whole(ones)}, ones);     // a round from the past
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::stale_round));
+}
+
+BOOST_AUTO_TEST_CASE(a_value_a_reply_still_reads_is_never_overwritten) {
+  auto initial = ndarray::zeros({4});
+  send(wire::init{1, 2, whole(initial)}, initial);
+  auto ones = ndarray::ones({4});
+  send(wire::push{2, 2, 0, 0, whole(ones)}, ones);
+  send(wire::push{3, 2, 1, 0, whole(ones)}, ones);
+  send(wire::pull_request{4, 2, 0, 1});
+  auto* held = last<wire::pull_reply>();
+  BOOST_TEST_REQUIRE(held != nullptr);
+  auto held_bytes = held->tensor.data;
+  auto threes = ndarray::full({4}, 3.0);
+  send(wire::push{5, 2, 0, 1, whole(threes)}, threes);
+  send(wire::push{6, 2, 1, 1, whole(threes)}, threes);
+  send(wire::push{7, 2, 0, 2, whole(threes)}, threes); // round 3 would reuse round 1's buffer
+  send(wire::push{8, 2, 1, 2, whole(threes)}, threes);
+  // The reply of round 1 (kept alive by its envelope) still shows round 1's sum.
+  std::vector<float> seen(4);
+  std::memcpy(seen.data(), held_bytes.data(), 16);
+  BOOST_TEST(seen == std::vector<float>(4, 2.0f));
+  BOOST_TEST(stored(2) == std::vector<float>(4, 6.0f));
+  BOOST_TEST(shard->completed_rounds(2) == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(an_unknown_optimizer_is_refused_and_a_known_one_updates_once_per_round) {
+  send(wire::set_optimizer{1, "sgdd", {}});
+  BOOST_TEST((last<wire::error_reply>()->code == wire::error_code::invalid_argument));
+  send(wire::set_optimizer{2, "test", {{"rescale_grad", 2.0}}});
+  BOOST_TEST(last<wire::ack>()->request_id == 2u);
+  auto initial = ndarray::ones({2});
+  send(wire::init{3, 5, whole(initial)}, initial);
+  auto one = ndarray::full({2}, 1.0), two = ndarray::full({2}, 2.0);
+  send(wire::push{4, 5, 0, 0, whole(one)}, one);
+  send(wire::push{5, 5, 1, 0, whole(two)}, two);
+  BOOST_TEST(stored(5) == std::vector<float>(2, 7.0f)); // 1 + 2 * (1 + 2)
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- bounds, settings and failures
+// -----------------------------------------------------------------
+
+namespace {
+
+constexpr std::uint64_t key = 4;
+
+/// A tensor chunk of `frame`'s floats [from, to) as part of a tensor of frame->size() floats.
+wire::tensor_chunk slice_of(const std::shared_ptr<std::vector<float>>& frame, std::size_t from,
+                            std::size_t to) {
+  wire::tensor_chunk tensor;
+  tensor.shape = {static_cast<std::int64_t>(frame->size())};
+  tensor.total_bytes = frame->size() * sizeof(float);
+  tensor.offset = from * sizeof(float);
+  tensor.data = std::as_bytes(std::span{*frame}.subspan(from, to - from));
+  return tensor;
+}
+
+sync_policy quorum_of(std::uint32_t quorum, std::uint32_t ahead = 2) {
+  sync_policy policy;
+  policy.quorum = quorum;
+  policy.max_rounds_ahead = ahead;
+  return policy;
+}
+
+bool names(const wire::error_reply* error, const std::string& part) {
+  return error != nullptr && error->message.find(part) != std::string::npos;
+}
+
+/// An optimizer whose every update throws.
+struct exploding_optimizer : optimizer {
+  exploding_optimizer() : optimizer("exploding", {}) {}
+  std::size_t state_count() const noexcept override { return 0; }
+  void apply(float*, const float*, std::span<float* const>, std::size_t,
+             std::int64_t) const override {
+    throw std::runtime_error("the optimizer exploded");
+  }
+};
+
+shard_options with_exploding_optimizer() {
+  shard_options options;
+  options.make_optimizer =
+      [](std::string_view name,
+         const optimizer_params& params) -> result<std::unique_ptr<optimizer>> {
+    if (name == "exploding")
+      return std::unique_ptr<optimizer>{std::make_unique<exploding_optimizer>()};
+    return optimizer::create(name, params);
+  };
+  return options;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(server_shard_bounds)
+
+BOOST_AUTO_TEST_CASE(max_rounds_ahead_defers_up_to_m_rounds_and_refuses_a_push_beyond) {
+  shard_driver job{2, quorum_of(2, 2)};
+  auto initial = ndarray::zeros({3});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  std::vector<ndarray> w0;
+  for (int round = 0; round < 4; ++round)
+    w0.push_back(ndarray::full({3}, 1.0 + round));
+  auto r0 = job.push(key, 0, 0, w0[0]);
+  auto r1 = job.push(key, 0, 1, w0[1]);
+  auto r2 = job.push(key, 0, 2, w0[2]);
+  auto r3 = job.push(key, 0, 3, w0[3]);
+  BOOST_TEST(job.ack(r0) != nullptr);
+  BOOST_TEST(job.replies_to(r1) == 0u); // deferred: answered when round 1 takes it
+  BOOST_TEST(job.replies_to(r2) == 0u);
+  auto* beyond = job.error(r3);
+  BOOST_TEST_REQUIRE(beyond != nullptr);
+  BOOST_TEST((beyond->code == wire::error_code::invalid_argument));
+  BOOST_TEST(names(beyond, "for round 3 from worker 0: round 0 is being collected"));
+  BOOST_TEST(names(beyond, "at most 2 rounds ahead"));
+  auto ten = ndarray::full({3}, 10.0);
+  job.push(key, 1, 0, ten);
+  BOOST_TEST(job.stored(key) == std::vector<float>(3, 11.0f), boost::test_tools::per_element());
+  BOOST_TEST_REQUIRE(job.ack(r1) != nullptr); // round 1 opened and took it
+  BOOST_TEST(job.ack(r1)->round == 1u);
+  job.push(key, 1, 1, ten);
+  BOOST_TEST(job.stored(key) == std::vector<float>(3, 12.0f), boost::test_tools::per_element());
+  BOOST_TEST(job.ack(r2) != nullptr);
+  job.push(key, 1, 2, ten);
+  BOOST_TEST(job.stored(key) == std::vector<float>(3, 13.0f), boost::test_tools::per_element());
+  BOOST_TEST(job.shard->completed_rounds(key) == 3u);
+  BOOST_TEST(job.shard->stats().requests_refused == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(deferred_staged_and_summed_chunks_hold_no_frame_buffer) {
+  for (std::uint32_t quorum : {2u, 3u}) {
+    BOOST_TEST_CONTEXT("quorum " << quorum << " of 3") {
+      shard_driver job{3, quorum_of(quorum)};
+      auto initial = ndarray::zeros({4});
+      BOOST_TEST_REQUIRE(job.init(key, initial));
+      // Worker 0: the first half of round 0 (staged with quorum 2, summed with quorum 3).
+      auto frame = std::make_shared<std::vector<float>>(4, 1.0f);
+      job.send(wire::push{1, key, 0, 0, slice_of(frame, 0, 2)}, frame);
+      BOOST_TEST(frame.use_count() == 1);
+      // Worker 1: rounds 1 and 2 ahead, deferred; one of them in two chunks.
+      auto later = std::make_shared<std::vector<float>>(4, 2.0f);
+      job.send(wire::push{2, key, 1, 1, slice_of(later, 0, 4)}, later);
+      job.send(wire::push{3, key, 1, 2, slice_of(later, 0, 2)}, later);
+      job.send(wire::push{3, key, 1, 2, slice_of(later, 2, 4)}, later);
+      BOOST_TEST(later.use_count() == 1);
+      BOOST_TEST(job.replies.size() == 1u); // the init's ack only: nothing refused
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_waiting_pull_expires_with_its_request_and_is_dropped_without_a_reply) {
+  shard_options options;
+  options.pull_timeout = std::chrono::milliseconds{200};
+  shard_driver job{2, {}, options};
+  auto initial = ndarray::zeros({2});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  auto named = job.pull(key, 0, 1, 50);  // expires at 50 ms
+  auto unnamed = job.pull(key, 1, 1, 0); // the shard's own bound: 200 ms
+  auto one = ndarray::ones({2});
+  auto pushpull = job.pushpull(key, 0, 0, one, 120);
+  BOOST_TEST(job.shard->waiting_pulls(key) == 3u);
+  job.now += std::chrono::milliseconds{49};
+  BOOST_TEST(job.shard->expire_pulls() == 0u);
+  job.now += std::chrono::milliseconds{1};
+  BOOST_TEST(job.shard->expire_pulls() == 1u);
+  job.now += std::chrono::milliseconds{70};
+  BOOST_TEST(job.shard->expire_pulls() == 1u);
+  BOOST_TEST(job.shard->waiting_pulls(key) == 1u);
+  job.now += std::chrono::milliseconds{80};
+  BOOST_TEST(job.shard->expire_pulls() == 1u);
+  BOOST_TEST(job.shard->waiting_pulls(key) == 0u);
+  job.push(key, 1, 0, one);
+  BOOST_TEST(job.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(job.replies_to(named) == 0u);
+  BOOST_TEST(job.replies_to(unnamed) == 0u);
+  BOOST_TEST(job.replies_to(pushpull) == 0u);
+  BOOST_TEST(job.shard->stats().pulls_expired == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_may_have_at_most_max_rounds_ahead_plus_one_pulls_of_a_key_waiting) {
+  shard_driver job{2, quorum_of(2, 2)};
+  auto initial = ndarray::zeros({2});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  for (int i = 0; i < 3; ++i)
+    job.pull(key, 0, 1);
+  auto fourth = job.pull(key, 0, 1);
+  BOOST_TEST((job.error(fourth) != nullptr &&
+              job.error(fourth)->code == wire::error_code::invalid_argument));
+  BOOST_TEST(names(job.error(fourth), "3 of its pulls of the key are waiting already"));
+  auto one = ndarray::ones({2});
+  auto pushpull = job.pushpull(key, 0, 0, one);
+  BOOST_TEST(names(job.error(pushpull), "3 of its pulls of the key are waiting already"));
+  auto other = job.pull(key, 1, 1); // another worker's pulls are its own
+  BOOST_TEST(job.replies_to(other) == 0u);
+  // The refused pushpull left the round alone: worker 0 pushes round 0 as usual.
+  job.push(key, 0, 0, one);
+  job.push(key, 1, 0, one);
+  BOOST_TEST(job.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(job.pulled(other).has_value());
+  BOOST_TEST(job.shard->waiting_pulls(key) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(sync_settings_are_checked_and_change_only_before_any_init) {
+  shard_driver job{2};
+  using wire::consistency_mode;
+  job.send(wire::sync_settings{1, consistency_mode::sync, 0, false, -1, 2});
+  BOOST_TEST(names(job.error(1), "quorum 0 for a job of 2 workers (1..2)"));
+  job.send(wire::sync_settings{2, consistency_mode::sync, 3, false, -1, 2});
+  BOOST_TEST(names(job.error(2), "quorum 3"));
+  job.send(wire::sync_settings{3, consistency_mode::sync, 2, false, 1, 2});
+  BOOST_TEST(names(job.error(3), "max_staleness 1 with dist_sync"));
+  job.send(wire::sync_settings{4, consistency_mode::async, 2, false, -2, 2});
+  BOOST_TEST(names(job.error(4), "max_staleness -2"));
+  job.send(wire::sync_settings{5, consistency_mode::sync, 2, false, -1, 0});
+  BOOST_TEST(names(job.error(5), "max_rounds_ahead 0"));
+  job.send(wire::sync_settings{6, consistency_mode::sync, 1, true, -1, 3});
+  BOOST_TEST(job.ack(6) != nullptr);
+  BOOST_TEST((job.shard->policy() == sync_policy{consistency::sync, 1, true, -1, 3}));
+  auto initial = ndarray::zeros({2});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  job.send(wire::sync_settings{7, consistency_mode::async, 2, false, 0, 2});
+  BOOST_TEST(names(job.error(7), "after key 4 was initialised"));
+  job.send(wire::sync_settings{8, consistency_mode::sync, 1, true, -1, 3}); // the same: fine
+  BOOST_TEST(job.ack(8) != nullptr);
+  BOOST_TEST(job.shard->stats().requests_refused == 6u);
+}
+
+BOOST_AUTO_TEST_CASE(the_older_mode_commands_set_the_mode_with_every_default) {
+  shard_driver job{3};
+  job.send(wire::command{1, wire::command_kind::async_mode, ""});
+  BOOST_TEST(job.ack(1) != nullptr);
+  BOOST_TEST((job.shard->policy() == sync_policy{consistency::async, 3, false, -1, 2}));
+  job.send(wire::command{2, wire::command_kind::sync_mode, ""});
+  BOOST_TEST((job.shard->policy() == sync_policy{consistency::sync, 3, false, -1, 2}));
+  auto initial = ndarray::zeros({2});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  job.send(wire::command{3, wire::command_kind::sync_mode, ""});
+  BOOST_TEST(job.ack(3) != nullptr);
+  job.send(wire::command{4, wire::command_kind::async_mode, ""});
+  BOOST_TEST(names(job.error(4), "the settings change only before any init"));
+}
+
+BOOST_AUTO_TEST_CASE(acks_carry_the_completed_rounds_or_applied_pushes_as_the_workers_credit) {
+  shard_driver sync{2};
+  auto initial = ndarray::zeros({2});
+  BOOST_TEST_REQUIRE(sync.init(key, initial));
+  auto one = ndarray::ones({2});
+  auto first = sync.push(key, 0, 0, one);
+  auto closing = sync.push(key, 1, 0, one);
+  auto next = sync.push(key, 0, 1, one);
+  BOOST_TEST(sync.ack(first)->round == 0u);
+  BOOST_TEST(sync.ack(closing)->round == 1u);
+  BOOST_TEST(sync.ack(next)->round == 1u);
+  BOOST_TEST(!sync.ack(closing)->dropped);
+
+  shard_driver async{2, sync_policy{consistency::async, 0, false, -1, 2}};
+  BOOST_TEST_REQUIRE(async.init(key, initial));
+  async.push(key, 0, 0, one);
+  auto second = async.push(key, 0, 1, one);
+  BOOST_TEST(async.ack(second)->round == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(an_exception_from_the_optimizer_becomes_an_error_reply_and_the_round_closes) {
+  shard_driver job{2, {}, with_exploding_optimizer()};
+  job.send(wire::set_optimizer{1, "exploding", {}});
+  BOOST_TEST_REQUIRE(job.ack(1) != nullptr);
+  auto initial = ndarray::ones({2});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  auto pull = job.pull(key, 0, 1);
+  auto two = ndarray::full({2}, 2.0);
+  auto first = job.push(key, 0, 0, two);
+  auto closing = job.pushpull(key, 1, 0, two);
+  BOOST_TEST(job.ack(first) != nullptr);
+  auto* failed = job.error(closing);
+  BOOST_TEST_REQUIRE(failed != nullptr);
+  BOOST_TEST((failed->code == wire::error_code::internal));
+  BOOST_TEST(
+      names(failed, "update of key 4 with the sum of round 0 failed: the optimizer exploded"));
+  BOOST_TEST(job.replies_to(closing) == 1u); // the error instead of the pull half
+  BOOST_TEST(job.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(job.stored(key) == std::vector<float>(2, 1.0f), boost::test_tools::per_element());
+  BOOST_TEST(job.pulled(pull).has_value()); // nobody waits forever
+  BOOST_TEST(job.shard->stats().updates == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_deferred_push_that_completes_a_failing_round_gets_the_error) {
+  shard_driver job{2, quorum_of(1), with_exploding_optimizer()};
+  job.send(wire::set_optimizer{1, "exploding", {}});
+  auto initial = ndarray::ones({2});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  auto two = ndarray::full({2}, 2.0);
+  auto deferred = job.push(key, 1, 1, two);
+  auto closing = job.push(key, 0, 0, two);
+  BOOST_TEST(names(job.error(closing), "round 0 failed"));
+  BOOST_TEST(names(job.error(deferred), "round 1 failed"));
+  BOOST_TEST(job.replies_to(deferred) == 1u);
+  BOOST_TEST(job.shard->completed_rounds(key) == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(in_dist_async_a_push_whose_update_throws_is_refused_and_not_counted) {
+  shard_driver job{1, sync_policy{consistency::async, 0, false, -1, 2}, with_exploding_optimizer()};
+  job.send(wire::set_optimizer{1, "exploding", {}});
+  auto initial = ndarray::ones({2});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  auto two = ndarray::full({2}, 2.0);
+  auto push = job.push(key, 0, 0, two);
+  BOOST_TEST(names(job.error(push), "update of key 4 with a push of worker 0 failed"));
+  BOOST_TEST(job.shard->completed_rounds(key) == 0u);
+  BOOST_TEST(job.stored(key) == std::vector<float>(2, 1.0f), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(
+    an_allocation_that_fails_becomes_an_error_reply_and_an_oversized_init_is_refused) {
+  // A chunk of a tensor of 2^48 floats (1 PiB): more than any machine can allocate.
+  std::vector<float> bytes(2, 1.0f);
+  wire::tensor_chunk huge;
+  huge.shape = {std::int64_t{1} << 48};
+  huge.total_bytes = std::uint64_t{1} << 50;
+  huge.data = std::as_bytes(std::span{bytes});
+
+  shard_options unbounded;
+  unbounded.max_value_bytes = std::uint64_t{1} << 62;
+  shard_driver job{1, {}, unbounded};
+  job.send(wire::init{1, key, huge});
+  auto* failed = job.error(1);
+  BOOST_TEST_REQUIRE(failed != nullptr);
+  BOOST_TEST((failed->code == wire::error_code::internal));
+  BOOST_TEST(names(failed, "init request 1 of key 4 failed on server shard 0"));
+  BOOST_TEST(job.shard->value(key).is_none());
+  auto initial = ndarray::ones({2});
+  BOOST_TEST(job.init(key, initial)); // the shard goes on
+
+  shard_driver bounded{1};
+  bounded.send(wire::init{1, key, huge});
+  BOOST_TEST((bounded.error(1) != nullptr &&
+              bounded.error(1)->code == wire::error_code::invalid_argument));
+  BOOST_TEST(names(bounded.error(1), "max_value_bytes"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
