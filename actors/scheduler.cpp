@@ -372,8 +372,7 @@ private:
       return refuse("a quorum of " + std::to_string(settings.quorum) + " with " +
                     std::to_string(lost_workers_.size()) + " workers already lost");
     quorum_ = settings.quorum;
-    log_.info("the job's quorum is " + std::to_string(quorum_) + " of " +
-              count_of(quorum_, options_.num_workers, "worker") +
+    log_.info("the job's quorum is " + count_of(quorum_, options_.num_workers, "worker") +
               (quorum_ < options_.num_workers
                    ? ": it survives the loss of " + std::to_string(options_.num_workers - quorum_)
                    : std::string{": any lost worker fails it"}));

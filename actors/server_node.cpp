@@ -142,26 +142,30 @@ result<shard_stats> server_node::stats(std::chrono::milliseconds timeout) const 
     std::size_t missing = 0;
   };
   // A one-shot helper that takes no messages of its own, only the answers to its requests; CAF
-  // 0.17 has no typed actor with an empty interface, so it stays a plain event_based_actor.
-  system_.spawn([shards = shards_, done, timeout](caf::event_based_actor* self) {
-    if (shards.empty()) {
-      done.deliver(shard_stats{});
-      return;
-    }
-    auto counted = std::make_shared<tally>(tally{{}, shards.size()});
-    for (const auto& shard : shards)
-      self->request(shard, timeout, stats_atom::value)
-          .then(
-              [counted, done](const shard_stats& stats) {
-                counted->sum += stats;
-                if (--counted->missing == 0)
-                  done.deliver(counted->sum);
-              },
-              [done](const caf::error& failure) {
-                done.deliver(error{errc::timeout, "shard statistics: a shard did not answer (" +
-                                                      caf::to_string(failure) + ")"});
-              });
-  });
+  // 0.17 has no typed actor with an empty interface, so it stays a plain event_based_actor. It
+  // takes an unused argument: CAF 0.17.6's init_fun_factory dereferences a null argument tuple
+  // for a function without one (UBSan reports it).
+  system_.spawn(
+      [shards = shards_, done, timeout](caf::event_based_actor* self, int) {
+        if (shards.empty()) {
+          done.deliver(shard_stats{});
+          return;
+        }
+        auto counted = std::make_shared<tally>(tally{{}, shards.size()});
+        for (const auto& shard : shards)
+          self->request(shard, timeout, stats_atom::value)
+              .then(
+                  [counted, done](const shard_stats& stats) {
+                    counted->sum += stats;
+                    if (--counted->missing == 0)
+                      done.deliver(counted->sum);
+                  },
+                  [done](const caf::error& failure) {
+                    done.deliver(error{errc::timeout, "shard statistics: a shard did not answer (" +
+                                                          caf::to_string(failure) + ")"});
+                  });
+      },
+      0);
   // The helper's own requests end by `timeout`; the margin covers its start.
   auto got = done.wait_until(completion<result<shard_stats>>::clock::now() + timeout +
                              std::chrono::seconds{1});

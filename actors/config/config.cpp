@@ -261,163 +261,187 @@ setter role_setter() {
 
 constexpr std::int64_t max_nodes = 100'000;
 
+constexpr const char* positive = "a positive integer";
+constexpr const char* port = "a port number from 0 to 65535";
+
+/// The keys of [job], in the order of docs/cluster.sample.toml.
+void add_job_fields(std::vector<field>& t) {
+  t.push_back({{"job", "role", "DMLC_ROLE", "--role", "ROLE", "",
+                "This node's role: scheduler, server or worker. Unset, a program that creates "
+                "a dist_* KVStore is a worker."},
+               role_setter(),
+               {}});
+  t.push_back({{"job", "num_workers", "DMLC_NUM_WORKER", "--num-workers", "N", "",
+                "Number of workers, the size of a sync round. Required for a job."},
+               integer_setter(&cluster_config::num_workers, 1, max_nodes, positive),
+               {}});
+  t.push_back({{"job", "num_servers", "DMLC_NUM_SERVER", "--num-servers", "N", "",
+                "Number of server processes, each owning a key range. Required for a job."},
+               integer_setter(&cluster_config::num_servers, 1, max_nodes, positive),
+               {}});
+  t.push_back({{"job", "id", "TROUPE_JOB_ID", "--job-id", "ID", "\"troupe\"",
+                "Name of the job; the scheduler refuses nodes of another job."},
+               string_setter(&cluster_config::job_id, valid_job_id,
+                             "a job id of 1 to 64 letters, digits, '.', '_' or '-'"),
+               {}});
+  t.push_back({{"job", "token", "TROUPE_JOB_TOKEN", "", "TOKEN", "\"\"",
+                "Shared secret every node presents when it registers; empty: none. No flag: "
+                "a flag would show in `ps`."},
+               string_setter(&cluster_config::auth_token, valid_token, "a token without newlines"),
+               "job.token_file",
+               &cluster_config::auth_token_file});
+  t.push_back({{"job", "token_file", "", "--token-file", "FILE", "",
+                "File whose contents (without the trailing newline) are the token; replaces "
+                "job.token."},
+               string_setter(&cluster_config::auth_token_file, valid_path, "a file path"),
+               "job.token",
+               &cluster_config::auth_token});
+}
+
+/// The keys of [scheduler], in the order of docs/cluster.sample.toml.
+void add_scheduler_fields(std::vector<field>& t) {
+  t.push_back(
+      {{"scheduler", "host", "DMLC_PS_ROOT_URI", "--scheduler-host", "HOST", "\"127.0.0.1\"",
+        "Address of the scheduler."},
+       string_setter(&cluster_config::scheduler_host, valid_host, "a host name or IP address"),
+       {}});
+  t.push_back({{"scheduler", "port", "DMLC_PS_ROOT_PORT", "--scheduler-port", "PORT", "",
+                "Port of the scheduler. Required for a job; 0 lets a scheduler pick a free "
+                "port (for tests that discover it)."},
+               integer_setter(&cluster_config::scheduler_port, 0, 65535, port),
+               {}});
+}
+
+/// The keys of [node], in the order of docs/cluster.sample.toml.
+void add_node_fields(std::vector<field>& t) {
+  t.push_back({{"node", "host", "DMLC_NODE_HOST", "--host", "HOST", "",
+                "Address peers use to reach this node; beats node.interface. The scheduler "
+                "is reached at scheduler.host instead."},
+               string_setter(&cluster_config::node_host, valid_host, "a host name or IP address"),
+               "node.interface",
+               &cluster_config::node_interface});
+  t.push_back({{"node", "interface", "DMLC_INTERFACE", "--interface", "NAME", "",
+                "Network interface whose IPv4 address is this node's address (ignored by "
+                "the scheduler, as in ps-lite)."},
+               string_setter(&cluster_config::node_interface, valid_interface,
+                             "an interface name such as \"eth0\""),
+               "node.host",
+               &cluster_config::node_host});
+  t.push_back(
+      {{"node", "bind", "", "--bind", "ADDRESS", "\"127.0.0.1\"",
+        "Address every listener binds. Unset: this node's address when the "
+        "configuration names one, else 127.0.0.1."},
+       string_setter(&cluster_config::bind_address, valid_host, "a host name or IP address"),
+       {}});
+  t.push_back({{"node", "port", "PORT", "--port", "PORT", "0",
+                "Port of this node's data listener; 0: a free port."},
+               integer_setter(&cluster_config::data_port, 0, 65535, port),
+               {}});
+  t.push_back(
+      {{"node", "rank_hint", "TROUPE_RANK_HINT", "--rank-hint", "RANK", "-1",
+        "Rank to ask the scheduler for (troupe-launch numbers its nodes); granted when "
+        "free, else the next free one; -1: none."},
+       integer_setter(&cluster_config::rank_hint, -1, max_nodes - 1, "a rank >= 0, or -1 for none"),
+       {}});
+  t.push_back(
+      {{"node", "shards", "", "--shards", "N", "",
+        "Server shards per server process. Default: the hardware threads."},
+       integer_setter(&cluster_config::shards_per_server, 1, 4096, "an integer from 1 to 4096"),
+       {}});
+  t.push_back({{"node", "verbose", "PS_VERBOSE", "--verbose", "LEVEL", "0",
+                "Logging: 0 quiet, 1 connections, 2 every message."},
+               integer_setter(&cluster_config::verbose, 0, 2, "0, 1 or 2"),
+               {}});
+}
+
+/// The keys of [timeouts], in the order of docs/cluster.sample.toml.
+void add_timeouts_fields(std::vector<field>& t) {
+  t.push_back({{"timeouts", "request", "", "--timeout", "DURATION", "\"30s\"",
+                "How long a request waits for its answer, from when it was sent (a dist_sync "
+                "request waits for the slowest worker)."},
+               duration_setter(&cluster_config::request_timeout),
+               {}});
+  t.push_back({{"timeouts", "peer", "", "--peer-timeout", "DURATION", "\"5s\"",
+                "A node silent this long (heartbeats included) is lost."},
+               duration_setter(&cluster_config::peer_timeout),
+               {}});
+  t.push_back({{"timeouts", "heartbeat", "", "--heartbeat", "DURATION", "\"500ms\"",
+                "Interval of heartbeats between nodes and the scheduler; shorter than "
+                "timeouts.peer."},
+               duration_setter(&cluster_config::heartbeat_interval),
+               {}});
+  t.push_back({{"timeouts", "connect", "", "--connect-timeout", "DURATION", "\"10s\"",
+                "How long a node keeps retrying, with backoff, a peer that refuses to connect."},
+               duration_setter(&cluster_config::connect_timeout),
+               {}});
+  t.push_back({{"timeouts", "startup", "", "--startup-timeout", "DURATION", "\"60s\"",
+                "How long the job waits for all nodes to register."},
+               duration_setter(&cluster_config::startup_timeout),
+               {}});
+}
+
+/// The keys of [data], in the order of docs/cluster.sample.toml.
+void add_data_fields(std::vector<field>& t) {
+  t.push_back({{"data", "bigarray_bound", "MXNET_KVSTORE_BIGARRAY_BOUND", "--bigarray-bound", "N",
+                "1000000",
+                "Arrays of at least this many elements are split over all "
+                "servers."},
+               integer_setter(&cluster_config::bigarray_bound, 1,
+                              std::numeric_limits<std::int64_t>::max(), positive),
+               {}});
+  t.push_back({{"data", "max_frame_bytes", "", "--max-frame-bytes", "BYTES", "\"256MiB\"",
+                "Largest frame accepted from the network."},
+               bytes_setter(&cluster_config::max_frame_bytes, 4096),
+               {}});
+  t.push_back({{"data", "chunk_bytes", "", "--chunk-bytes", "BYTES", "\"1MiB\"",
+                "Size of the chunks big tensors travel in; at most data.max_frame_bytes."},
+               bytes_setter(&cluster_config::chunk_bytes, 4096),
+               {}});
+  t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
+                "Shared-memory arena per direction of a data connection between processes on "
+                "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},
+               bytes_setter(&cluster_config::shm_arena_bytes, 0),
+               {}});
+  t.push_back({{"data", "link_window_bytes", "", "--link-window-bytes", "BYTES", "\"64MiB\"",
+                "Receive window of every connection: bytes of frames a peer may have in flight "
+                "before the receiver releases some."},
+               bytes_setter(&cluster_config::link_window_bytes, 65536),
+               {}});
+}
+
+/// The keys of [sync], in the order of docs/cluster.sample.toml.
+void add_sync_fields(std::vector<field>& t) {
+  t.push_back({{"sync", "quorum", "TROUPE_QUORUM", "--quorum", "K", "",
+                "dist_sync: a round closes when K workers have pushed all of it; every mode: "
+                "the job goes on while K workers live. Default: the number of workers."},
+               integer_setter(&cluster_config::quorum, 1, max_nodes, positive),
+               {}});
+  t.push_back({{"sync", "rescale_quorum", "TROUPE_RESCALE_QUORUM", "--rescale-quorum", "BOOL",
+                "false", "Scale a quorum round's sum by num_workers / quorum."},
+               bool_setter(&cluster_config::rescale_quorum),
+               {}});
+  t.push_back(
+      {{"sync", "max_staleness", "TROUPE_MAX_STALENESS", "--max-staleness", "S", "",
+        "dist_async: a pull for round t waits until every live worker pushed round "
+        "t - S. Default: none."},
+       integer_setter(&cluster_config::max_staleness, 0, 1'000'000, "an integer from 0 to 1000000"),
+       {}});
+  t.push_back({{"sync", "max_rounds_ahead", "TROUPE_MAX_ROUNDS_AHEAD", "--max-rounds-ahead", "N",
+                "2", "Rounds beyond the current one a server accepts pushes for from a worker."},
+               integer_setter(&cluster_config::max_rounds_ahead, 1, 1'000'000, positive),
+               {}});
+}
+
 /// Every key, in the order of docs/cluster.sample.toml. Immutable after first use.
 const std::vector<field>& fields() {
   static const std::vector<field> table = [] {
-    const std::string positive = "a positive integer";
-    const std::string port = "a port number from 0 to 65535";
     std::vector<field> t;
-    // [job]
-    t.push_back({{"job", "role", "DMLC_ROLE", "--role", "ROLE", "",
-                  "This node's role: scheduler, server or worker. Unset, a program that creates "
-                  "a dist_* KVStore is a worker."},
-                 role_setter(),
-                 {}});
-    t.push_back({{"job", "num_workers", "DMLC_NUM_WORKER", "--num-workers", "N", "",
-                  "Number of workers, the size of a sync round. Required for a job."},
-                 integer_setter(&cluster_config::num_workers, 1, max_nodes, positive),
-                 {}});
-    t.push_back({{"job", "num_servers", "DMLC_NUM_SERVER", "--num-servers", "N", "",
-                  "Number of server processes, each owning a key range. Required for a job."},
-                 integer_setter(&cluster_config::num_servers, 1, max_nodes, positive),
-                 {}});
-    t.push_back({{"job", "id", "TROUPE_JOB_ID", "--job-id", "ID", "\"troupe\"",
-                  "Name of the job; the scheduler refuses nodes of another job."},
-                 string_setter(&cluster_config::job_id, valid_job_id,
-                               "a job id of 1 to 64 letters, digits, '.', '_' or '-'"),
-                 {}});
-    t.push_back(
-        {{"job", "token", "TROUPE_JOB_TOKEN", "", "TOKEN", "\"\"",
-          "Shared secret every node presents when it registers; empty: none. No flag: "
-          "a flag would show in `ps`."},
-         string_setter(&cluster_config::auth_token, valid_token, "a token without newlines"),
-         "job.token_file",
-         &cluster_config::auth_token_file});
-    t.push_back({{"job", "token_file", "", "--token-file", "FILE", "",
-                  "File whose contents (without the trailing newline) are the token; replaces "
-                  "job.token."},
-                 string_setter(&cluster_config::auth_token_file, valid_path, "a file path"),
-                 "job.token",
-                 &cluster_config::auth_token});
-    // [scheduler]
-    t.push_back(
-        {{"scheduler", "host", "DMLC_PS_ROOT_URI", "--scheduler-host", "HOST", "\"127.0.0.1\"",
-          "Address of the scheduler."},
-         string_setter(&cluster_config::scheduler_host, valid_host, "a host name or IP address"),
-         {}});
-    t.push_back({{"scheduler", "port", "DMLC_PS_ROOT_PORT", "--scheduler-port", "PORT", "",
-                  "Port of the scheduler. Required for a job; 0 lets a scheduler pick a free "
-                  "port (for tests that discover it)."},
-                 integer_setter(&cluster_config::scheduler_port, 0, 65535, port),
-                 {}});
-    // [node]
-    t.push_back({{"node", "host", "DMLC_NODE_HOST", "--host", "HOST", "",
-                  "Address peers use to reach this node; beats node.interface. The scheduler "
-                  "is reached at scheduler.host instead."},
-                 string_setter(&cluster_config::node_host, valid_host, "a host name or IP address"),
-                 "node.interface",
-                 &cluster_config::node_interface});
-    t.push_back({{"node", "interface", "DMLC_INTERFACE", "--interface", "NAME", "",
-                  "Network interface whose IPv4 address is this node's address (ignored by "
-                  "the scheduler, as in ps-lite)."},
-                 string_setter(&cluster_config::node_interface, valid_interface,
-                               "an interface name such as \"eth0\""),
-                 "node.host",
-                 &cluster_config::node_host});
-    t.push_back(
-        {{"node", "bind", "", "--bind", "ADDRESS", "\"127.0.0.1\"",
-          "Address every listener binds. Unset: this node's address when the "
-          "configuration names one, else 127.0.0.1."},
-         string_setter(&cluster_config::bind_address, valid_host, "a host name or IP address"),
-         {}});
-    t.push_back({{"node", "port", "PORT", "--port", "PORT", "0",
-                  "Port of this node's data listener; 0: a free port."},
-                 integer_setter(&cluster_config::data_port, 0, 65535, port),
-                 {}});
-    t.push_back({{"node", "rank_hint", "TROUPE_RANK_HINT", "--rank-hint", "RANK", "-1",
-                  "Rank to ask the scheduler for (troupe-launch numbers its nodes); granted when "
-                  "free, else the next free one; -1: none."},
-                 integer_setter(&cluster_config::rank_hint, -1, max_nodes - 1,
-                                "a rank >= 0, or -1 for none"),
-                 {}});
-    t.push_back(
-        {{"node", "shards", "", "--shards", "N", "",
-          "Server shards per server process. Default: the hardware threads."},
-         integer_setter(&cluster_config::shards_per_server, 1, 4096, "an integer from 1 to 4096"),
-         {}});
-    t.push_back({{"node", "verbose", "PS_VERBOSE", "--verbose", "LEVEL", "0",
-                  "Logging: 0 quiet, 1 connections, 2 every message."},
-                 integer_setter(&cluster_config::verbose, 0, 2, "0, 1 or 2"),
-                 {}});
-    // [timeouts]
-    t.push_back({{"timeouts", "request", "", "--timeout", "DURATION", "\"30s\"",
-                  "How long a request waits for its answer, from when it was sent (a dist_sync "
-                  "request waits for the slowest worker)."},
-                 duration_setter(&cluster_config::request_timeout),
-                 {}});
-    t.push_back({{"timeouts", "peer", "", "--peer-timeout", "DURATION", "\"5s\"",
-                  "A node silent this long (heartbeats included) is lost."},
-                 duration_setter(&cluster_config::peer_timeout),
-                 {}});
-    t.push_back({{"timeouts", "heartbeat", "", "--heartbeat", "DURATION", "\"500ms\"",
-                  "Interval of heartbeats between nodes and the scheduler; shorter than "
-                  "timeouts.peer."},
-                 duration_setter(&cluster_config::heartbeat_interval),
-                 {}});
-    t.push_back({{"timeouts", "connect", "", "--connect-timeout", "DURATION", "\"10s\"",
-                  "How long a node keeps retrying, with backoff, a peer that refuses to connect."},
-                 duration_setter(&cluster_config::connect_timeout),
-                 {}});
-    t.push_back({{"timeouts", "startup", "", "--startup-timeout", "DURATION", "\"60s\"",
-                  "How long the job waits for all nodes to register."},
-                 duration_setter(&cluster_config::startup_timeout),
-                 {}});
-    // [data]
-    t.push_back({{"data", "bigarray_bound", "MXNET_KVSTORE_BIGARRAY_BOUND", "--bigarray-bound", "N",
-                  "1000000",
-                  "Arrays of at least this many elements are split over all "
-                  "servers."},
-                 integer_setter(&cluster_config::bigarray_bound, 1,
-                                std::numeric_limits<std::int64_t>::max(), positive),
-                 {}});
-    t.push_back({{"data", "max_frame_bytes", "", "--max-frame-bytes", "BYTES", "\"256MiB\"",
-                  "Largest frame accepted from the network."},
-                 bytes_setter(&cluster_config::max_frame_bytes, 4096),
-                 {}});
-    t.push_back({{"data", "chunk_bytes", "", "--chunk-bytes", "BYTES", "\"1MiB\"",
-                  "Size of the chunks big tensors travel in; at most data.max_frame_bytes."},
-                 bytes_setter(&cluster_config::chunk_bytes, 4096),
-                 {}});
-    t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
-                  "Shared-memory arena per direction of a data connection between processes on "
-                  "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},
-                 bytes_setter(&cluster_config::shm_arena_bytes, 0),
-                 {}});
-    t.push_back({{"data", "link_window_bytes", "", "--link-window-bytes", "BYTES", "\"64MiB\"",
-                  "Receive window of every connection: bytes of frames a peer may have in flight "
-                  "before the receiver releases some."},
-                 bytes_setter(&cluster_config::link_window_bytes, 65536),
-                 {}});
-    // [sync]
-    t.push_back({{"sync", "quorum", "TROUPE_QUORUM", "--quorum", "K", "",
-                  "dist_sync: a round closes when K workers have pushed all of it; every mode: "
-                  "the job goes on while K workers live. Default: the number of workers."},
-                 integer_setter(&cluster_config::quorum, 1, max_nodes, positive),
-                 {}});
-    t.push_back({{"sync", "rescale_quorum", "TROUPE_RESCALE_QUORUM", "--rescale-quorum", "BOOL",
-                  "false", "Scale a quorum round's sum by num_workers / quorum."},
-                 bool_setter(&cluster_config::rescale_quorum),
-                 {}});
-    t.push_back({{"sync", "max_staleness", "TROUPE_MAX_STALENESS", "--max-staleness", "S", "",
-                  "dist_async: a pull for round t waits until every live worker pushed round "
-                  "t - S. Default: none."},
-                 integer_setter(&cluster_config::max_staleness, 0, 1'000'000,
-                                "an integer from 0 to 1000000"),
-                 {}});
-    t.push_back({{"sync", "max_rounds_ahead", "TROUPE_MAX_ROUNDS_AHEAD", "--max-rounds-ahead", "N",
-                  "2", "Rounds beyond the current one a server accepts pushes for from a worker."},
-                 integer_setter(&cluster_config::max_rounds_ahead, 1, 1'000'000, positive),
-                 {}});
+    add_job_fields(t);
+    add_scheduler_fields(t);
+    add_node_fields(t);
+    add_timeouts_fields(t);
+    add_data_fields(t);
+    add_sync_fields(t);
     return t;
   }();
   return table;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "actors/gluon/update_policy.hpp"
+#include "engine/log.hpp"
 #include "engine/serialize.hpp"
 
 namespace troupe {
@@ -128,9 +129,7 @@ trainer::make(nn::parameter_list parameters, std::string_view optimizer_name,
   made->last_rescale_ = made->scale_;
   made->schedule_ = std::make_shared<schedule>();
   made->in_store_.assign(made->parameters_.size(), false);
-  made->warn_ = [](const std::string& warning) {
-    std::fprintf(stderr, "troupe trainer warning: %s\n", warning.c_str());
-  };
+  made->warn_ = [log = logger{"trainer", 0}](const std::string& warning) { log.warning(warning); };
   for (std::size_t c = 0; c < contexts->size(); ++c)
     made->updaters_.push_back(std::make_unique<updater>((*opt)->clone()));
 
