@@ -12,6 +12,8 @@
 # copy of those four binaries from an older commit is enough.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/jsonl.sh
+. bench/jsonl.sh
 [ $# -eq 2 ] || { echo "usage: $0 BUILD_A BUILD_B" >&2; exit 2; }
 a=$1
 b=$2
@@ -27,19 +29,8 @@ for round in $(seq 1 "$rounds"); do
 done
 echo "# $rounds interleaved rounds; A=$a B=$b; W=${W:-1} S=${S:-1}"
 printf '%-9s %-11s %-10s %-10s %-8s %-8s %-8s %-8s\n' op bytes A_us B_us B/A_us A_ratio B_ratio B/A_ratio
-awk '
-  function field(line, name,    m) {
-    if (match(line, "\"" name "\":\"?[^,\"}]*")) {
-      m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
-    }
-    return ""
-  }
-  function median(list,    n, values, i, j, t) {
-    n = split(list, values, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
-      if (values[j] + 0 < values[i] + 0) { t = values[i]; values[i] = values[j]; values[j] = t }
-    return n % 2 ? values[(n + 1) / 2] : (values[n / 2] + values[n / 2 + 1]) / 2
-  }
+awk "$jsonl_awk"'
+
   {
     side = $1; sub(/side=/, "", side)
     bytes = field($0, "bytes")

@@ -12,6 +12,8 @@
 # one way after the other, divided by the time the push+pull took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/jsonl.sh
+. bench/jsonl.sh
 build=build
 if [ $# -gt 0 ] && [ -d "$1" ]; then
   build=$1
@@ -34,15 +36,7 @@ for round in $(seq 1 "$rounds"); do
   "$build/bench/tcp_baseline" --sizes "$sizes" --repeats "$repeats" | tee "$log"
   echo "# round $round: $build/bench/frame_bench --sizes $sizes --repeats $repeats $*"
   "$build/bench/frame_bench" --sizes "$sizes" --repeats "$repeats" "$@" | tee -a "$log"
-  awk '
-    function field(line, name,    m) {
-      if (match(line, "\"" name "\":\"?[^,\"}]*")) {
-        m = substr(line, RSTART, RLENGTH)
-        sub("\"" name "\":\"?", "", m)
-        return m
-      }
-      return ""
-    }
+  awk "$jsonl_awk"'
     {
       bench = field($0, "bench"); bytes = field($0, "bytes")
       if (bench == "tcp_baseline") {

@@ -11,6 +11,8 @@
 # moves the bytes as fast as a bare socket carries them one way after the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/jsonl.sh
+. bench/jsonl.sh
 build=${1:-build}
 sizes=${SIZES:-4096,16777216,134217728}
 keys=${KEYS:-1}
@@ -35,13 +37,7 @@ done
 echo
 echo "# W=$workers S=$servers keys=$keys: kvbench vs tcp_baseline of the same round"
 printf '%-6s %-9s %-11s %-10s %-10s %-7s %-10s %-10s\n' round op bytes kv_gbps tcp_gbps ratio kv_us tcp_us
-awk '
-  function field(line, name,    m) {
-    if (match(line, "\"" name "\":\"?[^,\"}]*")) {
-      m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
-    }
-    return ""
-  }
+awk "$jsonl_awk"'
   {
     round = $1; sub(/round=/, "", round)
     bytes = field($0, "bytes")

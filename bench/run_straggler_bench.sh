@@ -19,6 +19,8 @@
 #   REPEATS=3 EPOCHS=5 SLOW=2:5ms BATCH=64 bench/run_straggler_bench.sh build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/jsonl.sh
+. bench/jsonl.sh
 build=${1:-build}
 repeats=${REPEATS:-3}
 epochs=${EPOCHS:-5}
@@ -53,13 +55,7 @@ for repeat in $(seq 1 "$repeats"); do
       echo "run_straggler_bench: repeat $repeat of $setting skipped: it printed no result" >&2
       continue
     fi
-    printf '%s\n' "$out" | tail -n 1 | awk -v setting="$setting" -v repeat="$repeat" -v slow="$slow" '
-      function field(line, name,    m) {
-        if (match(line, "\"" name "\":\"?[^,\"}]*")) {
-          m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
-        }
-        return ""
-      }
+    printf '%s\n' "$out" | tail -n 1 | awk -v setting="$setting" -v repeat="$repeat" -v slow="$slow" "$jsonl_awk"'
       {
         printf "{\"bench\":\"straggler\",\"setting\":\"%s\",\"repeat\":%d,\"slow\":\"%s\"," \
                "\"samples_per_s\":%s,\"test_acc\":%s}\n", setting, repeat, slow,
@@ -71,19 +67,8 @@ done
 echo
 echo "# medians over $repeats repeats: 3 workers, 1 server, $epochs epochs, batch $batch per worker, slow $slow"
 printf '%-24s %-12s %-10s\n' setting samples_per_s test_acc
-awk '
-  function field(line, name,    m) {
-    if (match(line, "\"" name "\":\"?[^,\"}]*")) {
-      m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
-    }
-    return ""
-  }
-  function median(list,    n, values, i, j, t) {
-    n = split(list, values, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
-      if (values[j] + 0 < values[i] + 0) { t = values[i]; values[i] = values[j]; values[j] = t }
-    return n % 2 ? values[(n + 1) / 2] : (values[n / 2] + values[n / 2 + 1]) / 2
-  }
+awk "$jsonl_awk"'
+
   {
     s = field($0, "setting")
     if (!(s in seen)) { seen[s] = 1; order[++count] = s }

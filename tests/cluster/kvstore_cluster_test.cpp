@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include <boost/test/unit_test.hpp>
@@ -188,13 +189,19 @@ bool closed_after_writing(std::uint16_t port, const std::vector<char>& bytes,
   return closed;
 }
 
-/// Resident memory of `pid` in bytes (VmRSS of /proc/<pid>/status).
-std::size_t resident_bytes(pid_t pid) {
+/// A memory figure of `pid` in bytes: the line `field` ("VmRSS:", "RssAnon:") of
+/// /proc/<pid>/status.
+std::size_t status_bytes(pid_t pid, std::string_view field) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(status, line);)
-    if (line.starts_with("VmRSS:"))
-      return std::stoull(line.substr(6)) * 1024;
+    if (line.starts_with(field))
+      return std::stoull(line.substr(field.size())) * 1024;
   return 0;
+}
+
+/// Resident memory of `pid` in bytes.
+std::size_t resident_bytes(pid_t pid) {
+  return status_bytes(pid, "VmRSS:");
 }
 
 /// Sends a BASP header announcing 4 GiB - 1 bytes to every port `pids` listen on; each must close
@@ -467,14 +474,10 @@ BOOST_AUTO_TEST_CASE(a_killed_server_fails_every_pending_and_later_call_naming_i
   BOOST_TEST(server.wait(5s).exit_code == 128 + SIGKILL);
 }
 
-/// Private memory of `pid` in bytes (RssAnon of /proc/<pid>/status: the heap, not the pages of a
-/// peer's shared-memory arena it maps).
+/// Private memory of `pid` in bytes: the heap, not the pages of a peer's shared-memory arena it
+/// maps.
 std::size_t anonymous_bytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.starts_with("RssAnon:"))
-      return std::stoull(line.substr(8)) * 1024;
-  return 0;
+  return status_bytes(pid, "RssAnon:");
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_a_thousand_rounds_ahead_of_a_stalled_one_leaves_the_server_bounded) {

@@ -1,0 +1,19 @@
+# Sourced by the bench/*.sh scripts: awk functions for the JSON lines the benchmarks print, to put
+# in front of a program, awk "$jsonl_awk"'{ ... }'. One flat object per line, no nesting.
+#   field(line, name)  the value of "name" (a number, or a string without its quotes); "" if absent
+#   median(list)       the median of a space-separated list of numbers
+# shellcheck disable=SC2034  # used by the scripts that source this file
+jsonl_awk='
+  function field(line, name,    m) {
+    if (match(line, "\"" name "\":\"?[^,\"}]*")) {
+      m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
+    }
+    return ""
+  }
+  function median(list,    n, values, i, j, t) {
+    n = split(list, values, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+      if (values[j] + 0 < values[i] + 0) { t = values[i]; values[i] = values[j]; values[j] = t }
+    return n % 2 ? values[(n + 1) / 2] : (values[n / 2] + values[n / 2 + 1]) / 2
+  }
+'
