@@ -49,6 +49,7 @@ using closed_atom = caf::atom_constant<caf::atom("closed")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
+using copied_atom = caf::atom_constant<caf::atom("copied")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -144,6 +145,24 @@ struct server_links {
   std::vector<std::string> names;
 };
 
+/// A large reply chunk's copy into a caller's output, which a worker hands to its copier so that
+/// the middleman's I/O thread, where the worker runs, goes on reading sockets while the bytes
+/// move (actors/kv_worker.cpp). `run` reports back to the worker with copied_atom.
+struct reply_copy {
+  std::function<void()> run;
+};
+
+/// The worker's helper on CAF's scheduler: runs each reply_copy in the order it arrives.
+using reply_copier_actor = caf::typed_actor<caf::reacts_to<reply_copy>>;
+
+/// How the copy of one reply chunk ended (the worker's copier tells its worker).
+enum class chunk_copy : std::uint8_t {
+  more,      ///< copied; the request expects more chunks
+  complete,  ///< copied; that was the request's last chunk
+  cancelled, ///< not copied: the caller stopped waiting (the output is no longer ours)
+  failed     ///< not copied: the chunk does not fit the request (the text says why)
+};
+
 /// The KVStore worker of one process (actors/kv_worker.hpp).
 using worker_actor = caf::typed_actor<
     /// Its links, once they are open (sent once, right after the spawn).
@@ -163,7 +182,10 @@ using worker_actor = caf::typed_actor<
     /// Sweep for requests whose timeout has passed (sent by the worker to itself).
     caf::reacts_to<tick_atom>,
     /// Deliver once every request under way has completed (or the timeout has passed).
-    caf::reacts_to<finalize_atom, completion<status>>>;
+    caf::reacts_to<finalize_atom, completion<status>>,
+    /// Its copier copied (or could not copy) a chunk of the reply to request `id`: a chunk_copy
+    /// and, when it failed, why.
+    caf::reacts_to<copied_atom, std::uint64_t, std::uint8_t, std::string>>;
 
 // --- control plane -------------------------------------------------------------------------------
 
@@ -248,6 +270,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::envelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::wire::membership)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::reply_copy)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)

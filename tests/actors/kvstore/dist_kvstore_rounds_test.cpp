@@ -61,7 +61,8 @@ bool all_equal(const ndarray& array, float expected) {
 
 BOOST_AUTO_TEST_SUITE(dist_kvstore_requests)
 
-BOOST_AUTO_TEST_CASE(a_pull_whose_reply_is_held_past_its_timeout_leaves_its_output_untouched) {
+/// A pull of a `shape` key whose reply is held back past its timeout, then released.
+void check_held_pull_leaves_its_output_untouched(const shape_vector& shape) {
   caf::actor gate;
   in_process_options options;
   options.timeout = 300ms;
@@ -72,9 +73,9 @@ BOOST_AUTO_TEST_CASE(a_pull_whose_reply_is_held_past_its_timeout_leaves_its_outp
   auto job = std::make_unique<in_process_job>("dist_sync", 1, 1, options);
   auto& kv = *job->workers[0];
 
-  BOOST_TEST_REQUIRE(kv.init(3, ndarray::ones({4, 4})).has_value());
+  BOOST_TEST_REQUIRE(kv.init(3, ndarray::ones(shape)).has_value());
   caf::anon_send(gate, hold_atom::value);
-  auto out = ndarray::full({4, 4}, -7.0f);
+  auto out = ndarray::full(shape, -7.0f);
   const auto started = std::chrono::steady_clock::now();
   auto timed_out = kv.pull(3, out);
   BOOST_TEST_REQUIRE(!timed_out.has_value());
@@ -84,7 +85,7 @@ BOOST_AUTO_TEST_CASE(a_pull_whose_reply_is_held_past_its_timeout_leaves_its_outp
   BOOST_TEST((std::chrono::steady_clock::now() - started < 2s));
 
   // An abandoned request is cancelled too: its caller dropped it without waiting.
-  auto abandoned_out = ndarray::full({4, 4}, -9.0f);
+  auto abandoned_out = ndarray::full(shape, -9.0f);
   {
     std::vector<ndarray> outputs{abandoned_out};
     auto dropped = kv.pull_async(std::vector<kv_key>{std::int64_t{3}}, outputs);
@@ -92,15 +93,25 @@ BOOST_AUTO_TEST_CASE(a_pull_whose_reply_is_held_past_its_timeout_leaves_its_outp
 
   caf::anon_send(gate, release_atom::value);
   // The worker handles the late replies before this pull's, which proves they were dropped.
-  auto fresh = ndarray::zeros({4, 4});
+  auto fresh = ndarray::zeros(shape);
   BOOST_TEST_REQUIRE(kv.pull(3, fresh).has_value());
   BOOST_TEST(all_equal(fresh, 1.0f));
   BOOST_TEST(all_equal(out, -7.0f));
   BOOST_TEST(all_equal(abandoned_out, -9.0f));
   // And the store goes on: a round, then its value.
-  BOOST_TEST_REQUIRE(kv.push(3, ndarray::full({4, 4}, 5.0f)).has_value());
+  BOOST_TEST_REQUIRE(kv.push(3, ndarray::full(shape, 5.0f)).has_value());
   BOOST_TEST_REQUIRE(kv.pull(3, fresh).has_value());
   BOOST_TEST(all_equal(fresh, 5.0f));
+}
+
+BOOST_AUTO_TEST_CASE(a_pull_whose_reply_is_held_past_its_timeout_leaves_its_output_untouched) {
+  check_held_pull_leaves_its_output_untouched({4, 4});
+}
+
+// 4 MiB in four 1 MiB chunks: a reply this large is copied on the worker's copier, off the I/O
+// thread (actors/kv_worker.cpp), and must be cancelled just the same.
+BOOST_AUTO_TEST_CASE(a_large_pull_held_past_its_timeout_leaves_its_output_untouched) {
+  check_held_pull_leaves_its_output_untouched({1024, 1024});
 }
 
 BOOST_AUTO_TEST_SUITE_END()
