@@ -1,7 +1,7 @@
 #pragma once
 // One logging facility for every troupe process. Levels follow ps-lite's PS_VERBOSE: 0 failures
-// and warnings only, 1 also connections and phases, 2 also every message. Each line goes to stderr, whole (the
-// sink is thread-safe), as
+// and warnings only, 1 also connections and phases, 2 also every message. Each line goes to stderr,
+// whole (the sink is thread-safe), as
 //
 //   2026-12-01 21:15:47.123 E troupe scheduler@127.0.0.1: worker 1 (node 11) was lost: ...
 //
@@ -33,9 +33,7 @@ public:
   /// `who`.
   logger(std::string who, int verbose);
 
-  bool enabled(log_level level) const noexcept {
-    return sink_ && verbosity_of(level) <= verbose_;
-  }
+  bool enabled(log_level level) const noexcept { return sink_ && verbosity_of(level) <= verbose_; }
   void error(std::string_view text) const;
   /// Something the caller should know that is not a failure (MXNet's warnings).
   void warning(std::string_view text) const;
