@@ -563,9 +563,10 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         auto h = st.handles.find(reply.connection);
         auto* c = h == st.handles.end() ? nullptr : &st.connections.at(h->second);
         if (c == nullptr || c->closing) {
-          st.options.tuning.log.debug("data server: dropping a " +
-                                      std::string(wire::kind_name(reply.msg)) + " for connection " +
-                                      std::to_string(reply.connection) + ", which is closed");
+          st.options.tuning.log.debug([&] {
+            return "data server: dropping a " + std::string(wire::kind_name(reply.msg)) +
+                   " for connection " + std::to_string(reply.connection) + ", which is closed";
+          });
           return;
         }
         if (auto why = encode_into(*c, reply.msg, std::move(reply.keepalive), st.options.tuning)) {

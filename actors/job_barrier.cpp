@@ -89,9 +89,11 @@ void release(barrier_pointer self, const job_barriers::released& arrivals) {
   if (arrivals.empty())
     return;
   const auto& first = arrivals.front();
-  self->state.log.debug("barrier " + std::to_string(first.barrier_id) + " of group " +
-                        std::to_string(first.group) + " released " +
-                        std::to_string(arrivals.size()) + " members");
+  self->state.log.debug([&] {
+    return "barrier " + std::to_string(first.barrier_id) + " of group " +
+           std::to_string(first.group) + " released " + std::to_string(arrivals.size()) +
+           " members";
+  });
   for (const auto& arrival : arrivals)
     self->send(arrival.sink, envelope{wire::barrier_release{arrival.request_id, arrival.barrier_id,
                                                             arrival.group},

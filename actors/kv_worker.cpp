@@ -446,8 +446,10 @@ private:
       if (const auto* err = std::get_if<wire::error_reply>(&reply.msg); err && id == 0)
         options_.log.error("a server refused a frame: " + err->message);
       else
-        options_.log.debug("dropped a late " + std::string{wire::kind_name(reply.msg)} +
-                           " for request " + std::to_string(id));
+        options_.log.debug([&] {
+          return "dropped a late " + std::string{wire::kind_name(reply.msg)} + " for request " +
+                 std::to_string(id);
+        });
       return;
     }
     auto p = found->second;

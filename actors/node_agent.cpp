@@ -113,7 +113,7 @@ private:
 
   void on_frame(const wire::message& msg) {
     last_heard_ = steady::now();
-    log_.debug(std::string{wire::kind_name(msg)} + " from the scheduler");
+    log_.debug([&] { return std::string{wire::kind_name(msg)} + " from the scheduler"; });
     if (const auto* admission = std::get_if<wire::admission>(&msg))
       on_admission(*admission);
     else if (const auto* table = std::get_if<wire::membership>(&msg))

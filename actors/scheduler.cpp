@@ -190,7 +190,7 @@ private:
   void on_frame(const envelope& frame, const reply_sink& sink) {
     const auto index = find(frame.connection);
     const wire::message& msg = frame.msg;
-    log_.debug(std::string{wire::kind_name(msg)} + " from " + who(index));
+    log_.debug([&] { return std::string{wire::kind_name(msg)} + " from " + who(index); });
     if (index)
       nodes_[*index].last_seen = steady::now();
     if (const auto* reg = std::get_if<wire::registration>(&msg))
@@ -332,8 +332,10 @@ private:
                       "barrier " + std::to_string(request.barrier_id) + " on group " +
                           std::to_string(request.group) +
                           " cannot complete: " + describe(other.info) + " has finished");
-    log_.debug(describe(node.info) + " at barrier " + std::to_string(request.barrier_id) +
-               " of group " + std::to_string(request.group));
+    log_.debug([&] {
+      return describe(node.info) + " at barrier " + std::to_string(request.barrier_id) +
+             " of group " + std::to_string(request.group);
+    });
     self_->send(barrier_, barrier_arrival{request.group, request.barrier_id,
                                           static_cast<std::uint32_t>(index), node.info.node_role,
                                           request.request_id, node.sink, node.connection});

@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 namespace troupe {
 
@@ -39,6 +41,14 @@ public:
   void warning(std::string_view text) const;
   void info(std::string_view text) const;
   void debug(std::string_view text) const;
+  /// debug(make): calls `make()` for the text only when debug lines print, so a line on a path
+  /// that runs for every message costs nothing at the default verbosity.
+  template <class Make>
+  requires std::is_invocable_r_v<std::string, Make>
+  void debug(Make&& make) const {
+    if (enabled(log_level::debug))
+      log(log_level::debug, std::forward<Make>(make)());
+  }
   void log(log_level level, std::string_view text) const;
 
   /// The same level and sink under another name ("worker 1@host" -> "worker 1@host data link").

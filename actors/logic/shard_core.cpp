@@ -125,8 +125,7 @@ void shard_core::refuse(const reply_function& reply, std::uint64_t request_id,
                         std::optional<std::uint64_t> key, wire::error_code code,
                         std::string message) {
   ++stats_.requests_refused;
-  if (options_.log.enabled(log_level::debug))
-    options_.log.debug("refused: " + message);
+  options_.log.debug([&] { return "refused: " + message; });
   reply(error_envelope(request_id, key, code, std::move(message)));
 }
 
@@ -280,9 +279,9 @@ std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64
     return what;
   }
   ++stats_.updates;
-  if (options_.log.enabled(log_level::debug))
-    options_.log.debug("key " + std::to_string(key) + ": round " + std::to_string(closing) +
-                       " closed");
+  options_.log.debug([&] {
+    return "key " + std::to_string(key) + ": round " + std::to_string(closing) + " closed";
+  });
   return std::nullopt;
 }
 
@@ -345,10 +344,11 @@ void shard_core::answer_push(key_entry& entry, const push_request& push, const p
   }
   if (how.dropped) {
     ++stats_.late_pushes_dropped;
-    if (options_.log.enabled(log_level::debug))
-      options_.log.debug("key " + std::to_string(push.key) + ": late push of round " +
-                         std::to_string(push.round) + " from worker " +
-                         std::to_string(push.sender) + " dropped");
+    options_.log.debug([&] {
+      return "key " + std::to_string(push.key) + ": late push of round " +
+             std::to_string(push.round) + " from worker " + std::to_string(push.sender) +
+             " dropped";
+    });
   }
   if (!push.then_pull) {
     reply(envelope{wire::ack{push.request_id, entry.completed(), how.dropped}, nullptr, 0});
@@ -465,8 +465,8 @@ std::size_t shard_core::expire_pulls() noexcept {
     // An allocation failed while sweeping; the next sweep tries again.
   }
   stats_.pulls_expired += expired;
-  if (expired > 0 && options_.log.enabled(log_level::debug))
-    options_.log.debug(std::to_string(expired) + " waiting pulls expired");
+  if (expired > 0)
+    options_.log.debug([&] { return std::to_string(expired) + " waiting pulls expired"; });
   return expired;
 }
 
