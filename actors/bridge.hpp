@@ -11,8 +11,8 @@
 //   // caller                                    // actor
 //   completion<status> done;                     ...
 //   caf::anon_send(worker, op{..., done});       done.while_live([&] { copy into output; });
-//   auto got = done.wait_until(deadline);        done.deliver(ok());
-//   if (!got) { done.cancel(); ... timeout }
+//   auto got = done.wait_or_cancel(deadline);    done.deliver(ok());
+//   if (!got) { ... timeout }
 //
 // Copies share one state. Thread-safe: any thread may call any member.
 
@@ -61,6 +61,15 @@ public:
     std::unique_lock lock{state_->mutex};
     state_->changed.wait_until(lock, deadline, [&] { return state_->value.has_value(); });
     return state_->value;
+  }
+
+  /// Consumer: the value, waiting for it until `deadline`, then cancelling: nullopt when none
+  /// came, and then the producer's calls do nothing. A value delivered between the wait and the
+  /// cancel is returned, not lost.
+  std::optional<T> wait_or_cancel(clock::time_point deadline) const {
+    if (auto got = wait_until(deadline))
+      return got;
+    return cancel();
   }
 
   /// Consumer: the value if it has been delivered, without waiting.

@@ -255,7 +255,6 @@ private:
                                           std::to_string(options_.num_servers) + " servers"});
       return;
     }
-    std::vector<std::shared_ptr<part>> parts;
     switch (op.call) {
     case kv_call::every_server:
       for (std::uint32_t server = 0; server < options_.num_servers; ++server) {

@@ -42,7 +42,6 @@ namespace troupe {
 
 struct kv_worker_options {
   std::uint32_t rank = 0;
-  std::uint32_t num_workers = 1;
   std::uint32_t num_servers = 1;
   /// dist_sync (rounds, credit) or dist_async.
   bool sync = true;

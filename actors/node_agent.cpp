@@ -430,9 +430,7 @@ result<std::unique_ptr<node_agent>> node_agent::join(caf::actor_system& sys,
   // The agent ends the wait itself at `deadline` (checked at its heartbeats); this bound only
   // covers an actor system that stopped answering.
   auto got =
-      joined_done.wait_until(deadline + options.heartbeat_interval + std::chrono::seconds{1});
-  if (!got)
-    got = joined_done.cancel();
+      joined_done.wait_or_cancel(deadline + options.heartbeat_interval + std::chrono::seconds{1});
   if (!got)
     return give_up(error{errc::timeout, "the node agent did not report within " +
                                             format_duration(options.startup_timeout)});
@@ -456,10 +454,8 @@ status node_agent::call(wire::message request, std::string what,
                         std::chrono::milliseconds timeout) {
   completion<status> done;
   caf::anon_send(actor_, control_call{std::move(request), what, done});
-  if (auto got = done.wait_until(completion<status>::clock::now() + timeout))
+  if (auto got = done.wait_or_cancel(completion<status>::clock::now() + timeout))
     return *got;
-  if (auto late = done.cancel())
-    return *late;
   return error{errc::timeout, what + " not answered within " + format_duration(timeout)};
 }
 

@@ -167,13 +167,11 @@ result<shard_stats> server_node::stats(std::chrono::milliseconds timeout) const 
       },
       0);
   // The helper's own requests end by `timeout`; the margin covers its start.
-  auto got = done.wait_until(completion<result<shard_stats>>::clock::now() + timeout +
-                             std::chrono::seconds{1});
-  if (!got) {
-    done.cancel();
+  auto got = done.wait_or_cancel(completion<result<shard_stats>>::clock::now() + timeout +
+                                 std::chrono::seconds{1});
+  if (!got)
     return error{errc::timeout,
                  "shard statistics: no answer within " + std::to_string(timeout.count()) + " ms"};
-  }
   return *got;
 }
 

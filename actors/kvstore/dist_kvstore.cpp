@@ -18,6 +18,16 @@ std::chrono::steady_clock::time_point backstop(std::chrono::milliseconds timeout
   return std::chrono::steady_clock::now() + 2 * timeout + std::chrono::seconds{1};
 }
 
+/// What the worker needs to know of a declared key; the caller adds values and outputs.
+kv_key_work work_for(const key_declaration& declared) {
+  kv_key_work work;
+  work.index = declared.index;
+  work.name = to_string(declared.key);
+  work.shape = declared.shape;
+  work.type = declared.type;
+  return work;
+}
+
 } // namespace
 
 dist_kvstore::dist_kvstore(worker_setup setup)
@@ -57,10 +67,8 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   std::unique_ptr<dist_kvstore> store{new dist_kvstore(std::move(setup))};
   auto& s = store->setup_;
   auto& system = *s.system;
-  store->system_ = s.system;
   kv_worker_options options;
   options.rank = s.rank;
-  options.num_workers = s.num_workers;
   options.num_servers = s.num_servers;
   options.sync = store->sync_mode();
   options.bigarray_bound = s.bigarray_bound;
@@ -160,11 +168,7 @@ result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const 
     for (std::size_t g = 0; g < groups->size(); ++g) {
       const auto& group = (*groups)[g];
       const auto& declared = *group.declaration;
-      kv_key_work work;
-      work.index = declared.index;
-      work.name = to_string(declared.key);
-      work.shape = declared.shape;
-      work.type = declared.type;
+      auto work = work_for(declared);
       if (pushes) {
         std::vector<ndarray> list;
         for (auto position : group.positions)
@@ -205,11 +209,7 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
     auto built = status_of([&]() -> status {
       for (std::size_t i = 0; i < keys.size(); ++i) {
         const auto& declared = *keys_.find(keys[i], "init").value();
-        kv_key_work work;
-        work.index = declared.index;
-        work.name = to_string(declared.key);
-        work.shape = declared.shape;
-        work.type = declared.type;
+        auto work = work_for(declared);
         work.value = values[i].ctx().is_cpu() ? values[i] : values[i].copy_to(context::cpu());
         op.keys.push_back(std::move(work));
       }
@@ -330,17 +330,13 @@ status dist_kvstore::finalize() {
   completion<status> drained;
   caf::anon_send(worker_, finalize_atom::value, drained);
   status outcome = ok();
-  if (auto got = drained.wait_until(backstop(setup_.timeout)))
+  if (auto got = drained.wait_or_cancel(backstop(setup_.timeout)))
     outcome = *got;
-  else if (auto late = drained.cancel())
-    outcome = *late;
   else
     outcome = error{errc::timeout, "finalize: the KVStore worker did not answer"};
   if (setup_.on_finalize)
     setup_.on_finalize();
-  caf::anon_send_exit(worker_, caf::exit_reason::user_shutdown);
-  for (auto& link : links_)
-    caf::anon_send_exit(link, caf::exit_reason::user_shutdown);
+  abandon();
   return outcome;
 }
 

@@ -109,7 +109,6 @@ private:
 
   std::shared_ptr<void> owned_resources_; // first member: released last
   worker_setup setup_;
-  caf::actor_system* system_ = nullptr;
   worker_actor worker_;
   std::vector<link_actor> links_; // closed at finalize
   key_registry keys_;

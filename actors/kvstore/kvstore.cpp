@@ -40,10 +40,8 @@ kv_request::kv_request(completion<status> outcome, std::string what,
     : caller_(std::make_shared<caller>(std::move(outcome), std::move(what), deadline)) {}
 
 status kv_request::wait() const {
-  if (auto got = caller_->outcome.wait_until(caller_->deadline))
+  if (auto got = caller_->outcome.wait_or_cancel(caller_->deadline))
     return *got;
-  if (auto late = caller_->outcome.cancel())
-    return *late;
   return error{errc::timeout, caller_->what + " did not complete: the KVStore worker did not "
                                               "answer in time"};
 }
