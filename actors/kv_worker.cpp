@@ -5,6 +5,7 @@
 #include <exception>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -56,14 +57,13 @@ struct pull_target {
   std::size_t slices_left = 0;
 };
 
-enum class request_kind : std::uint8_t { init, push, pushpull, pull, keyless };
-
 /// One request to one server: one slice of one key, or a keyless message.
 struct part {
   std::shared_ptr<call_state> call;
-  request_kind kind = request_kind::keyless;
+  kv_call kind = kv_call::every_server;
   std::uint32_t server = 0;
-  std::string what;
+  /// The key's name, or for a keyless request the call's (how errors name it: what_of).
+  std::string name;
   /// Keyed requests.
   key_slice slice;
   bool whole = true; ///< the slice is the whole key (not split over servers)
@@ -213,20 +213,19 @@ private:
   /// Runs a handler so that nothing it throws escapes the actor: the call it served (if any)
   /// fails naming what was being done.
   template <class Body>
-  void guarded(const std::string& what, Body&& body, completion<status>* call = nullptr) {
-    try {
+  void guarded(std::string_view what, Body&& body, completion<status>* call = nullptr) {
+    const status outcome = status_of([&]() -> status {
       body();
-    } catch (const exception& e) {
-      report(what, e.error(), call);
-    } catch (const std::exception& e) {
-      report(what, error{errc::internal, e.what()}, call);
-    }
+      return ok();
+    });
+    if (!outcome)
+      report(what, outcome.error(), call);
   }
 
-  void report(const std::string& what, const error& why, completion<status>* call) {
-    options_.log.error(what + ": " + why.to_string());
+  void report(std::string_view what, const error& why, completion<status>* call) {
+    options_.log.error(std::string{what} + ": " + why.to_string());
     if (call)
-      call->deliver(error{why.code(), what + ": " + why.message()});
+      call->deliver(error{why.code(), std::string{what} + ": " + why.message()});
   }
 
   // --- setup ---------------------------------------------------------------------------------
@@ -258,7 +257,7 @@ private:
     switch (op.call) {
     case kv_call::every_server:
       for (std::uint32_t server = 0; server < options_.num_servers; ++server) {
-        auto p = new_part(call, request_kind::keyless, server, op.what + " on " + names_[server]);
+        auto p = new_part(call, kv_call::every_server, server, op.what);
         const auto id = next_request_id_++;
         sent(id, p);
         send(server, envelope{op.message_for(id, server), nullptr, 0});
@@ -276,13 +275,13 @@ private:
       call->end(ok());
   }
 
-  std::shared_ptr<part> new_part(const std::shared_ptr<call_state>& call, request_kind kind,
-                                 std::uint32_t server, std::string what) {
+  std::shared_ptr<part> new_part(const std::shared_ptr<call_state>& call, kv_call kind,
+                                 std::uint32_t server, std::string name) {
     auto p = std::make_shared<part>();
     p->call = call;
     p->kind = kind;
     p->server = server;
-    p->what = std::move(what);
+    p->name = std::move(name);
     ++call->remaining;
     return p;
   }
@@ -303,6 +302,15 @@ private:
     return "request";
   }
 
+  /// How errors name a request: "pull of key 3 from server 1 (node 10) at 127.0.0.1:40123",
+  /// "set_optimizer sgd on server 0". Built only when something is reported.
+  std::string what_of(const part& p) const {
+    if (p.kind == kv_call::every_server)
+      return p.name + " on " + names_[p.server];
+    return std::string{verb(p.kind)} + " of key " + p.name +
+           (p.kind == kv_call::pull ? " from " : " to ") + names_[p.server];
+  }
+
   /// The requests of one key of a call: one per slice, each queued behind the key's earlier
   /// requests when those are still waiting for credit.
   void add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work) {
@@ -312,28 +320,20 @@ private:
     std::shared_ptr<pull_target> target;
     if (kind == kv_call::pull || kind == kv_call::pushpull)
       target = make_target(work, slices.size());
-    const auto request = kind == kv_call::init       ? request_kind::init
-                         : kind == kv_call::push     ? request_kind::push
-                         : kind == kv_call::pushpull ? request_kind::pushpull
-                                                     : request_kind::pull;
-    const char* direction = kind == kv_call::pull ? " from " : " to ";
     for (const auto& slice : slices) {
-      auto p = new_part(call, request, slice.server,
-                        std::string{verb(kind)} + " of key " + work.name + direction +
-                            names_[slice.server]);
+      auto p = new_part(call, kind, slice.server, work.name);
       p->slice = slice;
       p->whole = slices.size() == 1;
       p->value = work.value;
       if (target) {
         auto bytes = element_bytes(target->buffer, slice.begin, slice.end);
-        auto shape = p->whole ? std::vector<std::int64_t>(work.shape.begin(), work.shape.end())
-                              : std::vector<std::int64_t>{slice.size()};
+        auto shape = p->whole ? std::move(work.shape) : shape_vector{slice.size()};
         p->copy_off_thread = bytes.size() >= copy_off_thread_bytes;
         p->assembly.emplace(bytes, to_wire(work.type), std::move(shape));
         p->target = target;
       }
-      if (request == request_kind::init)
-        send_keyed(p);
+      if (kind == kv_call::init)
+        send_keyed(p, keys_[p->slice.ps_key]);
       else
         submit(p);
     }
@@ -354,8 +354,8 @@ private:
 
   // --- credit and sending --------------------------------------------------------------------
 
-  bool has_credit(const ps_key_state& ps, request_kind kind) const {
-    if (!options_.sync || kind == request_kind::pull)
+  bool has_credit(const ps_key_state& ps, kv_call kind) const {
+    if (!options_.sync || kind == kv_call::pull)
       return true;
     return ps.next_round < ps.completed + options_.max_rounds_ahead;
   }
@@ -363,22 +363,18 @@ private:
   void submit(const std::shared_ptr<part>& p) {
     auto& ps = keys_[p->slice.ps_key];
     if (ps.waiting.empty() && has_credit(ps, p->kind))
-      send_keyed(p);
+      send_keyed(p, ps);
     else
       ps.waiting.push_back(p);
   }
 
   /// Sends what credit now allows of the key's waiting requests, in order.
-  void release_waiting(std::uint64_t ps_key) {
-    auto found = keys_.find(ps_key);
-    if (found == keys_.end())
-      return;
-    auto& ps = found->second;
+  void release_waiting(ps_key_state& ps) {
     while (!ps.waiting.empty() && has_credit(ps, ps.waiting.front()->kind)) {
       auto p = std::move(ps.waiting.front());
       ps.waiting.pop_front();
       if (!p->call->over())
-        send_keyed(p);
+        send_keyed(p, ps);
     }
   }
 
@@ -387,20 +383,20 @@ private:
         options_.request_timeout.count(), std::numeric_limits<std::uint32_t>::max()));
   }
 
-  void send_keyed(const std::shared_ptr<part>& p) {
-    auto& ps = keys_[p->slice.ps_key];
+  /// Sends request `p` of the ps-key whose state is `ps`.
+  void send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     const auto id = next_request_id_++;
     const auto ps_key = p->slice.ps_key;
     wire::message whole;
     switch (p->kind) {
-    case request_kind::init:
+    case kv_call::init:
       whole = wire::init{id, ps_key, slice_tensor(p->value, p->slice, p->whole)};
       break;
-    case request_kind::push:
+    case kv_call::push:
       whole = wire::push{id, ps_key, options_.rank, ps.next_round++,
                          slice_tensor(p->value, p->slice, p->whole)};
       break;
-    case request_kind::pushpull:
+    case kv_call::pushpull:
       whole = wire::pushpull{id,
                              ps_key,
                              options_.rank,
@@ -408,10 +404,10 @@ private:
                              slice_tensor(p->value, p->slice, p->whole),
                              timeout_ms()};
       break;
-    case request_kind::pull:
+    case kv_call::pull:
       whole = wire::pull_request{id, ps_key, options_.rank, ps.next_round, timeout_ms()};
       break;
-    case request_kind::keyless:
+    case kv_call::every_server:
       return;
     }
     sent(id, p);
@@ -453,17 +449,18 @@ private:
     }
     auto p = found->second;
     if (const auto* ack = std::get_if<wire::ack>(&reply.msg)) {
-      if (p->kind == request_kind::push)
+      if (p->kind == kv_call::push)
         learn_round(p->slice.ps_key, ack->round, ack->dropped);
       finish(id, p, ok());
     } else if (std::holds_alternative<wire::pull_reply>(reply.msg)) {
       on_value(id, p, reply);
     } else if (const auto* err = std::get_if<wire::error_reply>(&reply.msg)) {
-      finish(id, p, from_wire(*err, p->what + ": "));
+      finish(id, p, from_wire(*err, what_of(*p) + ": "));
     } else {
       finish(id, p,
-             error{errc::malformed_message,
-                   p->what + ": unexpected " + std::string{wire::kind_name(reply.msg)} + " reply"});
+             error{errc::malformed_message, what_of(*p) + ": unexpected " +
+                                                std::string{wire::kind_name(reply.msg)} +
+                                                " reply"});
     }
   }
 
@@ -479,13 +476,13 @@ private:
     ps.completed = std::max(ps.completed, completed);
     if (dropped)
       ++dropped_pushes_;
-    release_waiting(ps_key);
+    release_waiting(ps);
   }
 
   void on_value(std::uint64_t id, const std::shared_ptr<part>& p, envelope& reply) {
     const auto& value = std::get<wire::pull_reply>(reply.msg);
     if (!p->assembly) {
-      finish(id, p, error{errc::malformed_message, p->what + ": unexpected pull reply"});
+      finish(id, p, error{errc::malformed_message, what_of(*p) + ": unexpected pull reply"});
       return;
     }
     if (!p->reply_seen) {
@@ -531,7 +528,7 @@ private:
       parts_.erase(id);
       return;
     case chunk_copy::failed:
-      finish(id, p, error{errc::malformed_message, p->what + ": " + problem});
+      finish(id, p, error{errc::malformed_message, what_of(*p) + ": " + problem});
       return;
     case chunk_copy::complete:
       break;
@@ -579,10 +576,10 @@ private:
     auto failed = std::move(parts_);
     parts_.clear();
     for (auto& [id, p] : failed)
-      p->call->end(error{why.code(), p->what + ": " + why.message()});
+      p->call->end(error{why.code(), what_of(*p) + ": " + why.message()});
     for (auto& [key, ps] : keys_) {
       for (auto& p : ps.waiting)
-        p->call->end(error{why.code(), p->what + ": " + why.message()});
+        p->call->end(error{why.code(), what_of(*p) + ": " + why.message()});
       ps.waiting.clear();
     }
     maybe_finalized();
@@ -613,9 +610,9 @@ private:
         parts_.erase(found);
         continue;
       }
-      error why{errc::timeout, p->what + " not answered within " +
+      error why{errc::timeout, what_of(*p) + " not answered within " +
                                    describe(options_.request_timeout) + " of being sent"};
-      if (p->kind != request_kind::keyless)
+      if (p->kind != kv_call::every_server)
         fail_waiting(p->slice.ps_key, why);
       finish(id, p, why);
     }
@@ -632,8 +629,8 @@ private:
     if (found == keys_.end())
       return;
     for (auto& p : found->second.waiting)
-      p->call->end(
-          error{why.code(), p->what + ": waiting behind a request that failed: " + why.message()});
+      p->call->end(error{why.code(),
+                         what_of(*p) + ": waiting behind a request that failed: " + why.message()});
     found->second.waiting.clear();
   }
 
