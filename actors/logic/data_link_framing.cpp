@@ -142,8 +142,7 @@ bool receive_credit::admits(std::uint64_t bytes) const {
   if (window_ == 0)
     return true;
   std::lock_guard<std::mutex> guard{mutex_};
-  return outstanding_ < credit_quantum(window_) ||
-         (bytes <= window_ && outstanding_ <= window_ - bytes);
+  return credit_admits(window_, outstanding_, bytes);
 }
 
 std::shared_ptr<const void> receive_credit::hold(std::uint64_t bytes,
@@ -374,12 +373,10 @@ void frame_send_queue::drop_waiting() {
 void frame_send_queue::admit() {
   if (!open_)
     return;
-  const std::uint64_t quantum = credit_quantum(peer_window_);
   while (!waiting_.empty()) {
     const std::uint64_t bytes = waiting_.front().frame.size();
     if (peer_window_ != 0) {
-      const bool fits = bytes <= peer_window_ && outstanding_ <= peer_window_ - bytes;
-      if (!fits && outstanding_ >= quantum)
+      if (!credit_admits(peer_window_, outstanding_, bytes))
         return;
       outstanding_ += bytes;
     }

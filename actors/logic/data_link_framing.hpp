@@ -96,6 +96,14 @@ constexpr std::uint64_t credit_quantum(std::uint64_t window) noexcept {
   return window / 8 > 0 ? window / 8 : 1;
 }
 
+/// The one admission rule both ends apply, so that a sender that keeps it is never refused: a
+/// frame of `bytes` may go when less than a quantum is outstanding, or when it fits the window
+/// beside what is.
+constexpr bool credit_admits(std::uint64_t window, std::uint64_t outstanding,
+                             std::uint64_t bytes) noexcept {
+  return outstanding < credit_quantum(window) || (bytes <= window && outstanding <= window - bytes);
+}
+
 /// Largest link-control frame (prefix included) a receiver reads while the sender is beyond its
 /// window: control frames need no credit, but what a frame is shows only once it is decoded.
 /// Bigger frames beyond the window are refused from their prefix, before anything is allocated.

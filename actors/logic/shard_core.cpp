@@ -235,12 +235,18 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
 void shard_core::on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
                               const reply_function& reply) {
   auto& round = *entry.sync;
-  auto outcome = chunk.round > round.completed()
-                     ? round.defer(chunk,
-                                   [this, push, reply](const push_outcome& how) {
-                                     answer_push(keys_.at(push.key), push, how, reply);
-                                   })
-                     : round.add(chunk);
+  chunk_outcome outcome;
+  if (chunk.round > round.completed()) {
+    // The round keeps the answer of a push's first chunk only (sync_round::defer).
+    deferred_answer answer;
+    if (chunk.offset == 0)
+      answer = [this, push, reply](const push_outcome& how) {
+        answer_push(keys_.at(push.key), push, how, reply);
+      };
+    outcome = round.defer(chunk, std::move(answer));
+  } else {
+    outcome = round.add(chunk);
+  }
   switch (outcome.fate) {
   case chunk_fate::refused:
     refuse(reply, push.request_id, push.key, outcome.code, std::move(outcome.problem));
@@ -253,11 +259,14 @@ void shard_core::on_sync_push(key_entry& entry, const push_request& push, const 
     answer_push(entry, push, push_outcome{true, std::nullopt}, reply);
     return;
   case chunk_fate::completed: {
+    // Deferred pushes can enter only a round that opened: none while this one stays open.
     push_outcome how;
-    if (round.quorum_reached())
+    const bool closes = round.quorum_reached();
+    if (closes)
       how.failure = close_round(entry, push.key);
     answer_push(entry, push, how, reply);
-    admit_deferred(entry, push.key);
+    if (closes)
+      admit_deferred(entry, push.key);
     return;
   }
   }
@@ -354,13 +363,13 @@ void shard_core::answer_push(key_entry& entry, const push_request& push, const p
     reply(envelope{wire::ack{push.request_id, entry.completed(), how.dropped}, nullptr, 0});
     return;
   }
-  if (how.dropped) {
+  // A dropped push's pull gets the value of the round that closed without it.
+  if (how.dropped || pull_ready(entry, push.round + 1)) {
     send_value(push.key, entry, push.request_id, reply);
     return;
   }
-  wait_or_answer(entry, push.key,
-                 waiting_pull{push.request_id, push.sender, push.round + 1,
-                              expiry(push.arrival, push.timeout_ms), reply});
+  entry.pulls.add(waiting_pull{push.request_id, push.sender, push.round + 1,
+                               expiry(push.arrival, push.timeout_ms), reply});
 }
 
 std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry, ndarray& received,
@@ -398,23 +407,19 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_function& re
                std::to_string(options_.num_workers) + " workers");
     return;
   }
-  if (!pull_ready(*entry, msg.round) && entry->pulls.count_from(msg.sender_rank) >= pull_limit()) {
+  if (pull_ready(*entry, msg.round)) {
+    send_value(msg.key, *entry, msg.request_id, reply);
+    return;
+  }
+  if (entry->pulls.count_from(msg.sender_rank) >= pull_limit()) {
     refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
            name() + " for round " + std::to_string(msg.round) + " from worker " +
                std::to_string(msg.sender_rank) + ": " + std::to_string(pull_limit()) +
                " of its pulls of the key are waiting already (max_rounds_ahead + 1)");
     return;
   }
-  wait_or_answer(*entry, msg.key,
-                 waiting_pull{msg.request_id, msg.sender_rank, msg.round,
-                              expiry(now(), msg.timeout_ms), reply});
-}
-
-void shard_core::wait_or_answer(key_entry& entry, std::uint64_t key, waiting_pull pull) {
-  if (pull_ready(entry, pull.round))
-    send_value(key, entry, pull.request_id, pull.reply);
-  else
-    entry.pulls.add(std::move(pull));
+  entry->pulls.add(waiting_pull{msg.request_id, msg.sender_rank, msg.round,
+                                expiry(now(), msg.timeout_ms), reply});
 }
 
 bool shard_core::pull_ready(const key_entry& entry, std::uint64_t round) const noexcept {
@@ -422,15 +427,27 @@ bool shard_core::pull_ready(const key_entry& entry, std::uint64_t round) const n
     return entry.sync->completed() >= round;
   if (policy_.max_staleness < 0)
     return true;
+  return within_staleness(round, entry.async->slowest(live_));
+}
+
+bool shard_core::within_staleness(std::uint64_t round, std::uint64_t slowest) const noexcept {
   auto staleness = static_cast<std::uint64_t>(policy_.max_staleness);
-  return round <= staleness || entry.async->slowest(live_) >= round - staleness;
+  return round <= staleness || slowest >= round - staleness;
 }
 
 void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
   if (entry.pulls.empty())
     return;
-  auto ready =
-      entry.pulls.take([&](const waiting_pull& pull) { return pull_ready(entry, pull.round); });
+  std::vector<waiting_pull> ready;
+  if (entry.async && policy_.max_staleness >= 0) {
+    // The slowest worker is the same for every waiting pull: found once, not once per pull.
+    const auto slowest = entry.async->slowest(live_);
+    ready = entry.pulls.take(
+        [&](const waiting_pull& pull) { return within_staleness(pull.round, slowest); });
+  } else {
+    ready =
+        entry.pulls.take([&](const waiting_pull& pull) { return pull_ready(entry, pull.round); });
+  }
   for (auto& pull : ready)
     send_value(key, entry, pull.request_id, pull.reply);
 }

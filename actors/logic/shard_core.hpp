@@ -198,8 +198,10 @@ private:
   std::optional<std::string> apply(std::uint64_t key, key_entry& entry, ndarray& received,
                                    double scale);
   void on_pull(const wire::pull_request& msg, const reply_function& reply);
-  void wait_or_answer(key_entry& entry, std::uint64_t key, waiting_pull pull);
   bool pull_ready(const key_entry& entry, std::uint64_t round) const noexcept;
+  /// Bounded staleness: a pull for `round` may have the value once the slowest live worker has
+  /// pushed round - max_staleness.
+  bool within_staleness(std::uint64_t round, std::uint64_t slowest) const noexcept;
   void answer_pulls(std::uint64_t key, key_entry& entry);
   void send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
                   const reply_function& reply) const;
