@@ -63,9 +63,7 @@ data_link_tuning tuning_for(const cluster_config& config) {
   tuning.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
   tuning.shm_arena_bytes = static_cast<std::size_t>(config.shm_arena_bytes);
   tuning.receive_window_bytes = static_cast<std::size_t>(config.link_window_bytes);
-  tuning.log = logger(node_name("node", std::nullopt,
-                                config.node_host.empty() ? config.bind_address : config.node_host),
-                      config.verbose);
+  tuning.log = logger(node_name("node", std::nullopt, advertised_host(config)), config.verbose);
   return tuning;
 }
 
@@ -323,9 +321,8 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
     for (const auto& server : servers) {
       data_link_options options{tuning, server.rank + 1};
       auto link = connect_data_link(system, server.host, server.data_port, receiver, options);
-      const std::string name = "server " + std::to_string(server.rank) + " (node " +
-                               std::to_string(server.node_id) + ") at " + server.host + ":" +
-                               std::to_string(server.data_port);
+      const std::string name =
+          wire::describe(server) + " at " + server.host + ":" + std::to_string(server.data_port);
       if (!link) {
         for (auto& open : opened.links)
           caf::anon_send_exit(open, caf::exit_reason::user_shutdown);

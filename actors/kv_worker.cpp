@@ -588,8 +588,7 @@ private:
   void on_membership(const wire::membership& table) {
     for (const auto& node : table.nodes)
       if (node.node_role == wire::role::worker && !node.alive)
-        options_.log.info("worker " + std::to_string(node.rank) + " (node " +
-                          std::to_string(node.node_id) + ") is gone; the job goes on");
+        options_.log.info(wire::describe(node) + " is gone; the job goes on");
   }
 
   void schedule_tick() { self()->delayed_send(self(), tick_interval_, tick_atom::value); }

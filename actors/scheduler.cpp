@@ -48,11 +48,6 @@ std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers) {
   return ranges;
 }
 
-std::string describe(const wire::node_info& node) {
-  return std::string{wire::to_string(node.node_role)} + " " + std::to_string(node.rank) +
-         " (node " + std::to_string(node.node_id) + ")";
-}
-
 status job_outcome::as_status() const {
   if (end != job_end::failed)
     return ok();
@@ -580,9 +575,8 @@ private:
     line += " (quorum " + std::to_string(quorum_) + ")";
     for (std::size_t i = 0; i < outcome.lost_workers.size(); ++i) {
       const auto& lost = outcome.lost_workers[i];
-      line += (i == 0 ? ": " : "; ") + std::string{"worker "} + std::to_string(lost.rank) +
-              " (node " + std::to_string(lost.node_id) + ") " + seconds(lost.after) +
-              " after the job started: " + lost.why;
+      line += (i == 0 ? ": " : "; ") + wire::describe(wire::role::worker, lost.rank, lost.node_id) +
+              " " + seconds(lost.after) + " after the job started: " + lost.why;
     }
     return line;
   }

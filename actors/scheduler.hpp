@@ -112,9 +112,6 @@ data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& 
 /// Precondition: num_servers >= 1.
 std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers);
 
-/// "worker 2 (node 13)": how every message names a node.
-std::string describe(const wire::node_info& node);
-
 /// How the scheduler of one job runs. Durations are wall-clock.
 struct scheduler_options {
   /// Address the scheduler's port binds to (DMLC_PS_ROOT_URI). Default: loopback only.

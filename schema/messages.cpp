@@ -47,6 +47,15 @@ std::string_view to_string(role node_role) noexcept {
   return "invalid role";
 }
 
+std::string describe(role node_role, std::uint32_t rank, std::uint32_t node_id) {
+  return std::string{to_string(node_role)} + " " + std::to_string(rank) + " (node " +
+         std::to_string(node_id) + ")";
+}
+
+std::string describe(const node_info& node) {
+  return describe(node.node_role, node.rank, node.node_id);
+}
+
 bool operator==(const tensor_chunk& a, const tensor_chunk& b) noexcept {
   return a.type == b.type && a.shape == b.shape && a.total_bytes == b.total_bytes &&
          a.offset == b.offset && std::ranges::equal(a.data, b.data);

@@ -132,6 +132,10 @@ struct node_info {
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
+/// "worker 2 (node 13)": how every message names a node.
+std::string describe(role node_role, std::uint32_t rank, std::uint32_t node_id);
+std::string describe(const node_info& node);
+
 /// Keys [begin, end) live on shard `shard_index` of server `server_rank`.
 struct key_range {
   std::uint64_t begin = 0;
