@@ -625,8 +625,6 @@ struct training_job {
   std::shared_ptr<nn::sequential> net;
   std::unique_ptr<trainer> train;
   std::int64_t step_batch = 0; ///< what trainer.step() is given (see the file comment)
-  /// --slow-worker: who sleeps in which step, and how long.
-  std::optional<slow_worker> slow;
 };
 
 /// The running sums of one epoch on this worker.
@@ -654,8 +652,9 @@ status train_step(training_job& job, const data::batch& batch, int epoch, std::i
   }
   autograd::backward(losses);
   // A straggler on purpose: its gradients are ready, its push is late.
-  if (job.slow && job.slow->sleeps(job.member.rank, job.member.workers, step))
-    std::this_thread::sleep_for(job.slow->delay);
+  if (const auto& slow = job.o.slow;
+      slow && slow->sleeps(job.member.rank, job.member.workers, step))
+    std::this_thread::sleep_for(slow->delay);
   if (auto stepped = job.train->step(job.step_batch); !stepped)
     return with_context(fmt::format("epoch {} step {}: ", epoch, step + 1), stepped.error());
   for (std::size_t c = 0; c < losses.size(); ++c) {
@@ -836,9 +835,7 @@ int main(int argc, char** argv) {
                      std::move(*data),
                      std::move(net),
                      std::move(*train),
-                     step_batch,
-                     std::nullopt};
-    job.slow = o.slow;
+                     step_batch};
     if (job.member.lead() && !o.quiet)
       print_banner(job);
     std::fflush(stdout);

@@ -20,7 +20,7 @@ b=$2
 rounds=${ROUNDS:-5}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for round in $(seq 1 "$rounds"); do
+for _ in $(seq 1 "$rounds"); do
   for side in A B; do
     build=$a
     [ "$side" = B ] && build=$b

@@ -1,7 +1,10 @@
+# shellcheck shell=bash
 # Sourced by the bench/*.sh scripts: awk functions for the JSON lines the benchmarks print, to put
 # in front of a program, awk "$jsonl_awk"'{ ... }'. One flat object per line, no nesting.
 #   field(line, name)  the value of "name" (a number, or a string without its quotes); "" if absent
 #   median(list)       the median of a space-separated list of numbers
+# and a shell filter: ... | final_line  keeps the last train_mnist-style final JSON line (the one
+# with "final_test_acc"), without troupe-launch's "[worker N] " prefix.
 # shellcheck disable=SC2034  # used by the scripts that source this file
 jsonl_awk='
   function field(line, name,    m) {
@@ -17,3 +20,5 @@ jsonl_awk='
     return n % 2 ? values[(n + 1) / 2] : (values[n / 2] + values[n / 2 + 1]) / 2
   }
 '
+
+final_line() { grep '"final_test_acc"' | sed -e 's/^\[worker [0-9]*\] //' | tail -n 1; }

@@ -50,12 +50,12 @@ for repeat in $(seq 1 "$repeats"); do
     out=$(timeout -k 10 "$run_timeout" "$build/apps/troupe-launch" -n 3 -s 1 -- \
             "$build/apps/train_mnist" $(flags_of "$setting") --epochs "$epochs" \
             --batch-size "$batch" --threads 1 --no-progress 2>/dev/null |
-            grep '"final_test_acc"' | sed -e 's/^\[worker [0-9]*\] //' || true)
+            final_line || true)
     if [ -z "$out" ]; then
       echo "run_straggler_bench: repeat $repeat of $setting skipped: it printed no result" >&2
       continue
     fi
-    printf '%s\n' "$out" | tail -n 1 | awk -v setting="$setting" -v repeat="$repeat" -v slow="$slow" "$jsonl_awk"'
+    printf '%s\n' "$out" | awk -v setting="$setting" -v repeat="$repeat" -v slow="$slow" "$jsonl_awk"'
       {
         printf "{\"bench\":\"straggler\",\"setting\":\"%s\",\"repeat\":%d,\"slow\":\"%s\"," \
                "\"samples_per_s\":%s,\"test_acc\":%s}\n", setting, repeat, slow,

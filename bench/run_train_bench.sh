@@ -16,6 +16,8 @@
 #   REPEATS=3 EPOCHS=1 SETTINGS="local dist" SEED=0 bench/run_train_bench.sh build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/jsonl.sh
+. bench/jsonl.sh
 build=${1:-build}
 repeats=${REPEATS:-3}
 epochs=${EPOCHS:-1}
@@ -32,7 +34,6 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 # The final JSON line of a run (a launcher prefix such as "[worker 0] " removed).
-final_line() { grep '"final_test_acc"' | sed -e 's/^\[worker [0-9]*\] //' | tail -n 1; }
 
 run_troupe_local() {
   timeout -k 10 "$run_timeout" "$build/apps/train_mnist" --model mlp --kvstore local --epochs "$epochs" --batch-size 128 \

@@ -21,6 +21,7 @@
 using namespace troupe;
 using namespace std::chrono_literals;
 using troupe::testing::whole;
+using troupe::testing::with_lost_workers;
 
 namespace {
 
@@ -59,19 +60,6 @@ struct actor_fixture {
 template <class T>
 const T* as(const std::optional<envelope>& reply) {
   return reply ? std::get_if<T>(&reply->msg) : nullptr;
-}
-
-wire::membership with_worker_lost(std::uint32_t workers, std::uint32_t lost) {
-  wire::membership table;
-  table.num_workers = workers;
-  for (std::uint32_t rank = 0; rank < workers; ++rank) {
-    wire::node_info node;
-    node.node_role = wire::role::worker;
-    node.rank = rank;
-    node.alive = rank != lost;
-    table.nodes.push_back(node);
-  }
-  return table;
 }
 
 } // namespace
@@ -167,7 +155,7 @@ BOOST_AUTO_TEST_CASE(a_server_node_fans_settings_out_and_broadcasts_membership_t
     self->send(node.route(pull), pull, sink);
   }
   BOOST_TEST(!any_reply_within(50ms)); // worker 1 has not pushed: both pulls wait
-  node.broadcast(with_worker_lost(2, 1));
+  node.broadcast(with_lost_workers(2, {1}));
   std::set<std::uint64_t> answered;
   for (int i = 0; i < 2; ++i) {
     auto reply = next_reply();

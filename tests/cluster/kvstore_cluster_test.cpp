@@ -29,32 +29,28 @@ const std::string worker_path = TROUPE_KV_WORKER_PATH;
 const std::string demo_path = TROUPE_KVSTORE_DEMO_PATH;
 const std::string plain_app_path = TROUPE_PLAIN_HOST_APP_PATH;
 
+/// troupe-launch -n workers -s servers launcher_flags... -- kv_worker worker_args...
+std::vector<std::string> launch_args(int workers, int servers,
+                                     const std::vector<std::string>& launcher_flags,
+                                     const std::vector<std::string>& worker_args) {
+  std::vector<std::string> args{
+      "-n", std::to_string(workers), "-s", std::to_string(servers), "--node-binary", node_path};
+  args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
+  args.push_back("--");
+  args.push_back(worker_path);
+  args.insert(args.end(), worker_args.begin(), worker_args.end());
+  return args;
+}
+
 /// troupe-launch -n workers -s servers -- kv_worker worker_args...
 outcome launch_job(int workers, int servers, std::vector<std::string> worker_args,
                    std::chrono::milliseconds limit = 120s) {
-  std::vector<std::string> args{"-n",
-                                std::to_string(workers),
-                                "-s",
-                                std::to_string(servers),
-                                "--node-binary",
-                                node_path,
-                                "--",
-                                worker_path};
-  args.insert(args.end(), worker_args.begin(), worker_args.end());
-  return run(launch_path, args, {}, limit);
+  return run(launch_path, launch_args(workers, servers, {}, worker_args), {}, limit);
 }
 
 /// A port on 127.0.0.1 that was free a moment ago (listened on, then closed).
 std::uint16_t free_port() {
   return static_cast<std::uint16_t>(listening_socket{}.port());
-}
-
-std::size_t count_lines(const std::string& text, const std::string& fragment) {
-  std::size_t count = 0;
-  for (const auto& line : lines_of(text))
-    if (line.find(fragment) != std::string::npos)
-      ++count;
-  return count;
 }
 
 void require_job_success(const outcome& result, int workers, const std::string& check) {
@@ -231,13 +227,9 @@ const std::vector<std::string> quorum_check{
 /// `launcher_flags`; each worker writes its pid into `dir`.
 std::vector<std::string> launch_quorum_check(const fs::path& dir,
                                              const std::vector<std::string>& launcher_flags) {
-  std::vector<std::string> args{
-      "-n", "3", "-s", "1", "--node-binary", node_path, "--env", "KV_WORKER_DIR=" + dir.string()};
-  args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
-  args.push_back("--");
-  args.push_back(worker_path);
-  args.insert(args.end(), quorum_check.begin(), quorum_check.end());
-  return args;
+  std::vector<std::string> flags{"--env", "KV_WORKER_DIR=" + dir.string()};
+  flags.insert(flags.end(), launcher_flags.begin(), launcher_flags.end());
+  return launch_args(3, 1, flags, quorum_check);
 }
 
 /// A dist_async job of 3 workers with quorum 2 whose scheduler and server run `node_program`
@@ -356,21 +348,14 @@ BOOST_AUTO_TEST_CASE(without_an_optimizer_each_round_replaces_the_value_with_its
 BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_within_the_timeout) {
   temp_dir dir;
   auto port = std::to_string(free_port());
-  std::map<std::string, std::string> job{
-      {"DMLC_PS_ROOT_URI", "127.0.0.1"}, {"DMLC_PS_ROOT_PORT", port},
-      {"DMLC_NUM_WORKER", "3"},          {"DMLC_NUM_SERVER", "1"},
-      {"DMLC_NODE_HOST", "127.0.0.1"},   {"KV_WORKER_DIR", dir.path().string()}};
-  auto as = [&](const std::string& role) {
-    auto env = job;
-    env["DMLC_ROLE"] = role;
-    return env;
-  };
-  child_process scheduler{node_path, {}, as("scheduler")};
-  child_process server{node_path, {}, as("server")};
+  const std::map<std::string, std::string> more{{"KV_WORKER_DIR", dir.path().string()}};
+  child_process scheduler{node_path, {}, node_env("scheduler", 3, 1, port, more)};
+  child_process server{node_path, {}, node_env("server", 3, 1, port, more)};
   std::vector<std::unique_ptr<child_process>> workers;
   for (int i = 0; i < 3; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path, std::vector<std::string>{"--check", "hang"}, as("worker")));
+    workers.push_back(std::make_unique<child_process>(worker_path,
+                                                      std::vector<std::string>{"--check", "hang"},
+                                                      node_env("worker", 3, 1, port, more)));
 
   // Wait (bounded) until every worker runs its loop, then kill rank 1.
   const pid_t victim = worker_pids(dir.path(), 3)[1];

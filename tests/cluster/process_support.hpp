@@ -189,6 +189,23 @@ inline std::vector<std::string> with_prefix(const std::string& text, const std::
   return out;
 }
 
+/// How many lines of `text` hold `fragment`.
+inline std::size_t count_lines(const std::string& text, const std::string& fragment) {
+  std::size_t count = 0;
+  for (const auto& line : lines_of(text))
+    count += line.find(fragment) != std::string::npos ? 1 : 0;
+  return count;
+}
+
+/// How many lines of `text` start with `prefix` and hold `fragment`.
+inline std::size_t count_lines(const std::string& text, const std::string& prefix,
+                               const std::string& fragment) {
+  std::size_t count = 0;
+  for (const auto& line : with_prefix(text, prefix))
+    count += line.find(fragment) != std::string::npos ? 1 : 0;
+  return count;
+}
+
 /// A TCP socket listening on 127.0.0.1 at a port the kernel chose; closed on destruction.
 class listening_socket {
 public:

@@ -51,15 +51,6 @@ std::optional<double> final_field(const std::string& text, const std::string& ke
   return std::stod(match[1].str());
 }
 
-/// Lines of `text` that start with `prefix` and hold `fragment`.
-std::size_t count_lines(const std::string& text, const std::string& prefix,
-                        const std::string& fragment) {
-  std::size_t count = 0;
-  for (const auto& line : with_prefix(text, prefix))
-    count += line.find(fragment) != std::string::npos ? 1 : 0;
-  return count;
-}
-
 /// troupe-launch -n `workers` -s 1 `launcher_flags` -- train_mnist: one epoch of at most 20
 /// batches of 64 from the first 6000 samples, then `train_args`.
 outcome launch_short_training(int workers, std::vector<std::string> launcher_flags,

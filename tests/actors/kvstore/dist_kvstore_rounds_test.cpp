@@ -17,9 +17,11 @@
 #include <caf/send.hpp>
 
 #include "actors/logic/key_placement.hpp"
+#include "tests/actors/kvstore/array_checks.hpp"
 #include "tests/actors/kvstore/in_process_job.hpp"
 
 using namespace troupe;
+using troupe::testing::all_equal;
 using namespace std::chrono_literals;
 using troupe::testing::in_process_job;
 using troupe::testing::in_process_options;
@@ -50,11 +52,6 @@ caf::behavior valve(caf::event_based_actor* self, caf::actor worker) {
         held->clear();
       },
   };
-}
-
-bool all_equal(const ndarray& array, float expected) {
-  auto values = array.to_vector<float>();
-  return std::all_of(values.begin(), values.end(), [&](float v) { return v == expected; });
 }
 
 } // namespace

@@ -11,22 +11,15 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/logic/key_placement.hpp"
+#include "tests/actors/kvstore/array_checks.hpp"
 #include "tests/actors/kvstore/in_process_job.hpp"
 
 using namespace troupe;
+using troupe::testing::first_mismatch;
 using troupe::testing::in_process_job;
 using troupe::testing::problems;
 
 namespace {
-
-/// The first element that differs from `expected`, or -1.
-std::int64_t first_mismatch(const ndarray& array, float expected) {
-  auto values = array.to_vector<float>();
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (values[i] != expected)
-      return static_cast<std::int64_t>(i);
-  return -1;
-}
 
 /// MXNet's dist_sync check: key initialised to ones, `test` optimizer with rescale_grad 2, worker
 /// r pushes ones*(r+1): after round i every worker pulls n(n+1)(i+1) + 1.

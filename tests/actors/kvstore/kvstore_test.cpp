@@ -13,8 +13,10 @@
 #include "actors/config/config.hpp"
 #include "actors/kvstore/kvstore.hpp"
 #include "engine/comm.hpp"
+#include "tests/actors/kvstore/array_checks.hpp"
 
 using namespace troupe;
+using troupe::testing::all_equal;
 
 namespace {
 
@@ -24,14 +26,6 @@ std::unique_ptr<kvstore> make(const std::string& type) {
   auto created = kvstore::create(type);
   BOOST_TEST_REQUIRE(created.has_value());
   return std::move(*created);
-}
-
-/// Every element of `array` equals `expected` exactly.
-bool all_equal(const ndarray& array, float expected) {
-  for (float value : array.to_vector<float>())
-    if (value != expected)
-      return false;
-  return true;
 }
 
 std::vector<context> cpu_contexts(int count) {

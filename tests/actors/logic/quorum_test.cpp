@@ -13,6 +13,7 @@
 #include "tests/actors/logic/shard_driver.hpp"
 
 using namespace troupe;
+using troupe::testing::quorum_of;
 using troupe::testing::shard_driver;
 
 namespace {
@@ -25,13 +26,6 @@ constexpr std::size_t chunk_bytes = 8; // three chunks per push
 /// wrong round shows.
 float contribution(std::uint32_t worker, std::uint64_t round) {
   return static_cast<float>(worker + 1) + 10.0f * static_cast<float>(round);
-}
-
-sync_policy quorum_of(std::uint32_t quorum, bool rescale = false) {
-  sync_policy policy;
-  policy.quorum = quorum;
-  policy.rescale_quorum = rescale;
-  return policy;
 }
 
 /// The quorums the sweep tries for n workers: 1, n - 1 and n, each once.
@@ -118,7 +112,7 @@ BOOST_AUTO_TEST_CASE(rescale_quorum_multiplies_the_sum_by_n_over_k_and_nothing_e
     for (bool with_optimizer : {true, false}) {
       BOOST_TEST_CONTEXT((rescale ? "rescaled, " : "not rescaled, ")
                          << (with_optimizer ? "test optimizer" : "replace")) {
-        shard_driver job{3, quorum_of(2, rescale)};
+        shard_driver job{3, quorum_of(2, 2, rescale)};
         if (with_optimizer)
           job.send(wire::set_optimizer{1, "test", {{"rescale_grad", 2.0}}});
         auto initial = ndarray::ones({elements});

@@ -11,6 +11,7 @@
 #include "tests/actors/logic/shard_driver.hpp"
 
 using namespace troupe;
+using troupe::testing::quorum_of;
 using troupe::testing::shard_driver;
 using troupe::testing::whole;
 
@@ -161,13 +162,6 @@ wire::tensor_chunk slice_of(const std::shared_ptr<std::vector<float>>& frame, st
   tensor.offset = from * sizeof(float);
   tensor.data = std::as_bytes(std::span{*frame}.subspan(from, to - from));
   return tensor;
-}
-
-sync_policy quorum_of(std::uint32_t quorum, std::uint32_t ahead = 2) {
-  sync_policy policy;
-  policy.quorum = quorum;
-  policy.max_rounds_ahead = ahead;
-  return policy;
 }
 
 bool names(const wire::error_reply* error, const std::string& part) {

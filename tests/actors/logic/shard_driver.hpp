@@ -3,6 +3,7 @@
 // what the server shard tests share. Replies are collected in order, with their keepalives, so a
 // test can look up the answer to each request id.
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -54,13 +55,6 @@ struct shard_driver {
 
   /// Sends `msg` whose tensor views `value`.
   void send(wire::message msg, const ndarray& value) { send(std::move(msg), value.keepalive()); }
-
-  /// Sends `msg` (init, push or pushpull with a whole tensor) as chunks of `chunk_bytes`.
-  void send_chunked(wire::message msg, const ndarray& value, std::size_t chunk_bytes) {
-    wire::chunker chunks{std::move(msg), chunk_bytes};
-    for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
-      send(chunks.chunk(i), value.keepalive());
-  }
 
   /// The chunks of a push of `value` (kept alive by the caller), to send one by one.
   static std::vector<wire::message> push_chunks(std::uint64_t id, std::uint64_t key,
@@ -138,5 +132,31 @@ struct shard_driver {
     return shard->value(key).to_vector<float>();
   }
 };
+
+/// A dist_sync policy whose rounds close with `quorum` workers.
+inline sync_policy quorum_of(std::uint32_t quorum, std::uint32_t ahead = 2, bool rescale = false) {
+  sync_policy policy;
+  policy.quorum = quorum;
+  policy.max_rounds_ahead = ahead;
+  policy.rescale_quorum = rescale;
+  return policy;
+}
+
+/// A membership table of `workers` workers (and one server) in which the ranks `lost` are gone.
+inline wire::membership with_lost_workers(std::uint32_t workers,
+                                          const std::vector<std::uint32_t>& lost) {
+  wire::membership table;
+  table.epoch = 2;
+  table.num_workers = workers;
+  table.num_servers = 1;
+  for (std::uint32_t rank = 0; rank < workers; ++rank) {
+    wire::node_info node;
+    node.node_role = wire::role::worker;
+    node.rank = rank;
+    node.alive = std::find(lost.begin(), lost.end(), rank) == lost.end();
+    table.nodes.push_back(node);
+  }
+  return table;
+}
 
 } // namespace troupe::testing

@@ -13,6 +13,7 @@
 
 using namespace troupe;
 using troupe::testing::shard_driver;
+using troupe::testing::with_lost_workers;
 
 namespace {
 
@@ -24,21 +25,6 @@ sync_policy staleness(std::int64_t s) {
   policy.mode = consistency::async;
   policy.max_staleness = s;
   return policy;
-}
-
-wire::membership with_lost_workers(std::uint32_t workers, std::vector<std::uint32_t> lost) {
-  wire::membership table;
-  table.epoch = 2;
-  table.num_workers = workers;
-  table.num_servers = 1;
-  for (std::uint32_t rank = 0; rank < workers; ++rank) {
-    wire::node_info node;
-    node.node_role = wire::role::worker;
-    node.rank = rank;
-    node.alive = std::find(lost.begin(), lost.end(), rank) == lost.end();
-    table.nodes.push_back(node);
-  }
-  return table;
 }
 
 /// MXNet's nightly set-up: the `test` optimizer with rescale_grad 2, the key initialised to ones,
