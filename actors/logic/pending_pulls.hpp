@@ -20,13 +20,26 @@ using shard_clock = std::chrono::steady_clock;
 /// Sends one reply to the requester of a request.
 using reply_function = std::function<void(envelope)>;
 
+/// A request's way back: its requester's reply function, stamping every reply with the
+/// connection the request came in on. One value, so that a waiting pull or a deferred push keeps
+/// one function and not a function wrapping another.
+struct reply_route {
+  reply_function send;
+  std::uint64_t connection = 0;
+
+  void operator()(envelope out) const {
+    out.connection = connection;
+    send(std::move(out));
+  }
+};
+
 struct waiting_pull {
   std::uint64_t request_id = 0;
   std::uint32_t sender = 0;
   /// The round it waits for (pull_request.round; a pushpull's push round + 1).
   std::uint64_t round = 0;
   shard_clock::time_point expiry;
-  reply_function reply;
+  reply_route reply;
 };
 
 class pending_pulls {

@@ -70,11 +70,7 @@ shard_core::shard_core(shard_options options)
 void shard_core::handle(envelope request, reply_function reply) noexcept {
   try {
     // Replies leave by the connection the request came in on.
-    auto connection = request.connection;
-    reply_function routed = [connection, reply = std::move(reply)](envelope out) {
-      out.connection = connection;
-      reply(std::move(out));
-    };
+    const reply_route routed{std::move(reply), request.connection};
     auto failed = [&](const char* what) {
       auto id = wire::request_id_of(request.msg);
       auto key = wire::key_of(request.msg);
@@ -96,7 +92,7 @@ void shard_core::handle(envelope request, reply_function reply) noexcept {
   }
 }
 
-void shard_core::dispatch(envelope& request, const reply_function& reply) {
+void shard_core::dispatch(envelope& request, const reply_route& reply) {
   auto& msg = request.msg;
   if (auto* init = std::get_if<wire::init>(&msg)) {
     on_init(*init, reply);
@@ -121,7 +117,7 @@ void shard_core::dispatch(envelope& request, const reply_function& reply) {
   }
 }
 
-void shard_core::refuse(const reply_function& reply, std::uint64_t request_id,
+void shard_core::refuse(const reply_route& reply, std::uint64_t request_id,
                         std::optional<std::uint64_t> key, wire::error_code code,
                         std::string message) {
   ++stats_.requests_refused;
@@ -129,7 +125,7 @@ void shard_core::refuse(const reply_function& reply, std::uint64_t request_id,
   reply(error_envelope(request_id, key, code, std::move(message)));
 }
 
-void shard_core::on_init(const wire::init& msg, const reply_function& reply) {
+void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   auto& tensor = msg.tensor;
   auto found = keys_.find(msg.key);
   if (found != keys_.end() && found->second.initialized()) {
@@ -175,7 +171,7 @@ void shard_core::on_init(const wire::init& msg, const reply_function& reply) {
 }
 
 shard_core::key_entry* shard_core::usable_key(std::uint64_t key, std::uint64_t request_id,
-                                              const char* what, const reply_function& reply) {
+                                              const char* what, const reply_route& reply) {
   auto found = keys_.find(key);
   if (found == keys_.end() || !found->second.initialized()) {
     refuse(reply, request_id, key, wire::error_code::unknown_key,
@@ -188,7 +184,7 @@ shard_core::key_entry* shard_core::usable_key(std::uint64_t key, std::uint64_t r
 // --- pushes --------------------------------------------------------------------------------------
 
 void shard_core::on_push(const push_request& push, const wire::tensor_chunk& tensor,
-                         const reply_function& reply) {
+                         const reply_route& reply) {
   const char* what = push.then_pull ? "pushpull" : "push";
   auto* entry = usable_key(push.key, push.request_id, what, reply);
   if (entry == nullptr)
@@ -233,7 +229,7 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
 }
 
 void shard_core::on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
-                              const reply_function& reply) {
+                              const reply_route& reply) {
   auto& round = *entry.sync;
   chunk_outcome outcome;
   if (chunk.round > round.completed()) {
@@ -318,7 +314,7 @@ void shard_core::admit_deferred(key_entry& entry, std::uint64_t key) {
 }
 
 void shard_core::on_async_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
-                               const reply_function& reply) {
+                               const reply_route& reply) {
   auto& pushes = *entry.async;
   auto outcome = pushes.add(chunk);
   if (outcome.refused()) {
@@ -346,7 +342,7 @@ void shard_core::on_async_push(key_entry& entry, const push_request& push, const
 }
 
 void shard_core::answer_push(key_entry& entry, const push_request& push, const push_outcome& how,
-                             const reply_function& reply) {
+                             const reply_route& reply) {
   if (how.failure) {
     refuse(reply, push.request_id, push.key, wire::error_code::internal, *how.failure);
     return;
@@ -396,7 +392,7 @@ std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry
 
 // --- pulls ---------------------------------------------------------------------------------------
 
-void shard_core::on_pull(const wire::pull_request& msg, const reply_function& reply) {
+void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply) {
   auto* entry = usable_key(msg.key, msg.request_id, "pull", reply);
   if (entry == nullptr)
     return;
@@ -453,7 +449,7 @@ void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
 }
 
 void shard_core::send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
-                            const reply_function& reply) const {
+                            const reply_route& reply) const {
   const auto& value = entry.stored;
   wire::tensor_chunk tensor;
   tensor.type = to_wire(value.dtype());
@@ -510,7 +506,7 @@ void shard_core::on_membership(const wire::membership& table) noexcept {
 
 // --- control -------------------------------------------------------------------------------------
 
-void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_function& reply) {
+void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_route& reply) {
   optimizer_params params;
   for (const auto& param : msg.params)
     params[param.name] = param.value;
@@ -525,7 +521,7 @@ void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_fu
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
 }
 
-void shard_core::on_sync_settings(const wire::sync_settings& msg, const reply_function& reply) {
+void shard_core::on_sync_settings(const wire::sync_settings& msg, const reply_route& reply) {
   auto wanted = policy_from(msg, options_.num_workers);
   if (!wanted) {
     refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument,
@@ -536,7 +532,7 @@ void shard_core::on_sync_settings(const wire::sync_settings& msg, const reply_fu
 }
 
 void shard_core::set_policy(const sync_policy& wanted, std::uint64_t request_id,
-                            const reply_function& reply) {
+                            const reply_route& reply) {
   if (wanted != policy_) {
     // A key's rounds or counts are built for the policy it was initialised under.
     if (!keys_.empty()) {
@@ -558,7 +554,7 @@ std::string shard_core::checkpoint_path(const std::string& base) const {
   return base + ".shard" + std::to_string(options_.shard_index);
 }
 
-void shard_core::on_command(const wire::command& msg, const reply_function& reply) {
+void shard_core::on_command(const wire::command& msg, const reply_route& reply) {
   auto fail = [&](const error& err) {
     refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument, err.message());
   };

@@ -171,19 +171,19 @@ private:
     std::uint64_t completed() const noexcept;
   };
 
-  void dispatch(envelope& request, const reply_function& reply);
-  void refuse(const reply_function& reply, std::uint64_t request_id,
-              std::optional<std::uint64_t> key, wire::error_code code, std::string message);
-  void on_init(const wire::init& msg, const reply_function& reply);
+  void dispatch(envelope& request, const reply_route& reply);
+  void refuse(const reply_route& reply, std::uint64_t request_id, std::optional<std::uint64_t> key,
+              wire::error_code code, std::string message);
+  void on_init(const wire::init& msg, const reply_route& reply);
   void on_push(const push_request& push, const wire::tensor_chunk& tensor,
-               const reply_function& reply);
+               const reply_route& reply);
   /// The entry a push or pull may use, or nullptr after refusing the request.
   key_entry* usable_key(std::uint64_t key, std::uint64_t request_id, const char* what,
-                        const reply_function& reply);
+                        const reply_route& reply);
   void on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
-                    const reply_function& reply);
+                    const reply_route& reply);
   void on_async_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
-                     const reply_function& reply);
+                     const reply_route& reply);
   /// Applies the sum of the round that has its quorum, closes it and answers the pulls it
   /// releases; returns why the update failed, if it did (the round is closed all the same).
   std::optional<std::string> close_round(key_entry& entry, std::uint64_t key);
@@ -192,29 +192,29 @@ private:
   /// Answers a push that has all its bytes in its round or was applied (ack, or the pull half of
   /// a pushpull), one that was dropped as late, or one whose round's update failed.
   void answer_push(key_entry& entry, const push_request& push, const push_outcome& how,
-                   const reply_function& reply);
+                   const reply_route& reply);
   /// Multiplies `received` by `scale` (unless 1) and runs the update with it, or swaps it into
   /// the value when there is no optimizer; an exception is caught and returned as its text.
   std::optional<std::string> apply(std::uint64_t key, key_entry& entry, ndarray& received,
                                    double scale);
-  void on_pull(const wire::pull_request& msg, const reply_function& reply);
+  void on_pull(const wire::pull_request& msg, const reply_route& reply);
   bool pull_ready(const key_entry& entry, std::uint64_t round) const noexcept;
   /// Bounded staleness: a pull for `round` may have the value once the slowest live worker has
   /// pushed round - max_staleness.
   bool within_staleness(std::uint64_t round, std::uint64_t slowest) const noexcept;
   void answer_pulls(std::uint64_t key, key_entry& entry);
   void send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
-                  const reply_function& reply) const;
+                  const reply_route& reply) const;
   /// The waiting pulls one worker may have on one key when it sends another.
   std::size_t pull_limit() const noexcept { return policy_.max_rounds_ahead + std::size_t{1}; }
   shard_clock::time_point now() const {
     return options_.clock ? options_.clock() : shard_clock::now();
   }
   shard_clock::time_point expiry(shard_clock::time_point arrival, std::uint32_t timeout_ms) const;
-  void on_set_optimizer(const wire::set_optimizer& msg, const reply_function& reply);
-  void on_sync_settings(const wire::sync_settings& msg, const reply_function& reply);
-  void set_policy(const sync_policy& wanted, std::uint64_t request_id, const reply_function& reply);
-  void on_command(const wire::command& msg, const reply_function& reply);
+  void on_set_optimizer(const wire::set_optimizer& msg, const reply_route& reply);
+  void on_sync_settings(const wire::sync_settings& msg, const reply_route& reply);
+  void set_policy(const sync_policy& wanted, std::uint64_t request_id, const reply_route& reply);
+  void on_command(const wire::command& msg, const reply_route& reply);
   std::string checkpoint_path(const std::string& base) const;
 
   shard_options options_;
