@@ -34,10 +34,12 @@
 #include "actors/logic/data_link_framing.hpp"
 #include "actors/logic/shm_arena.hpp"
 #include "schema/chunking.hpp"
+#include "tests/raw_peer.hpp"
 #include "tests/shm_files.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
+using troupe::testing::raw_peer;
 
 namespace {
 
@@ -220,106 +222,6 @@ struct link_fixture {
   /// The connection id of the last request any server routed.
   std::shared_ptr<std::atomic<std::uint64_t>> last_connection =
       std::make_shared<std::atomic<std::uint64_t>>(0);
-};
-
-// --- a raw TCP peer, for bytes no encoder would write --------------------------------------
-
-struct raw_peer {
-  explicit raw_peer(std::uint16_t port, const char* address = "127.0.0.1") {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval timeout{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(port);
-    ::inet_pton(AF_INET, address, &to.sin_addr);
-    connected = ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0;
-  }
-  ~raw_peer() { close(); }
-
-  void close() {
-    if (fd >= 0)
-      ::close(fd);
-    fd = -1;
-  }
-
-  bool send(std::span<const std::byte> bytes) {
-    while (!bytes.empty()) {
-      auto n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n <= 0)
-        return false;
-      bytes = bytes.subspan(static_cast<std::size_t>(n));
-    }
-    return true;
-  }
-  bool send_prefix(std::uint64_t body_length) {
-    std::byte prefix[8];
-    for (int i = 0; i < 8; ++i)
-      prefix[i] = static_cast<std::byte>(body_length >> (8 * i));
-    return send(prefix);
-  }
-  /// Reads exactly `size` bytes; false on close, error or timeout.
-  bool receive(void* out, std::size_t size) {
-    auto* at = static_cast<char*>(out);
-    while (size > 0) {
-      auto n = ::recv(fd, at, size, 0);
-      if (n <= 0)
-        return false;
-      at += n;
-      size -= static_cast<std::size_t>(n);
-    }
-    return true;
-  }
-  /// The next frame from the server, decoded (into a buffer kept in `last_body`).
-  std::optional<wire::message> receive_frame() {
-    std::byte prefix[8];
-    if (!receive(prefix, sizeof prefix))
-      return std::nullopt;
-    auto length = wire::read_frame_prefix(prefix);
-    if (!length)
-      return std::nullopt;
-    last_body.assign(*length / 8, 0);
-    if (!receive(last_body.data(), *length))
-      return std::nullopt;
-    auto decoded = wire::decode_body(std::as_bytes(std::span(last_body)));
-    if (!decoded)
-      return std::nullopt;
-    return decoded->msg;
-  }
-  /// Sends our link hello (window 0: the server may send without credit) and reads the
-  /// server's, which it sends as the connection opens.
-  std::optional<wire::link_hello> handshake(std::uint64_t window = 0) {
-    if (!send(wire::encode(wire::link_hello{"raw peer", 0, window}).flatten()))
-      return std::nullopt;
-    return server_hello();
-  }
-  /// The server's link hello: its first frame.
-  std::optional<wire::link_hello> server_hello() {
-    auto frame = receive_frame();
-    if (!frame || !std::holds_alternative<wire::link_hello>(*frame))
-      return std::nullopt;
-    return std::get<wire::link_hello>(*frame);
-  }
-  /// The next frame that is not a link credit (credits are added up in `credited`).
-  std::optional<wire::message> receive_reply() {
-    for (;;) {
-      auto frame = receive_frame();
-      if (!frame || !std::holds_alternative<wire::link_credit>(*frame))
-        return frame;
-      credited += std::get<wire::link_credit>(*frame).bytes;
-    }
-  }
-  /// True when the server closed the connection (EOF) within the receive timeout.
-  bool sees_close() {
-    char byte;
-    return ::recv(fd, &byte, 1, 0) == 0;
-  }
-
-  int fd = -1;
-  bool connected = false;
-  std::vector<std::uint64_t> last_body;
-  std::uint64_t credited = 0;
 };
 
 const wire::error_reply* as_error(const std::optional<wire::message>& msg) {

@@ -35,9 +35,11 @@
 #include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
 #include "schema/codec.hpp"
+#include "tests/raw_peer.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
+using troupe::testing::raw_peer;
 
 namespace {
 
@@ -257,85 +259,6 @@ private:
   caf::scoped_actor self_;
   caf::actor link_;
 };
-
-/// A plain TCP connection to 127.0.0.1:port, for bytes no troupe node would send.
-class raw_socket {
-public:
-  explicit raw_socket(std::uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    BOOST_TEST_REQUIRE(fd_ >= 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = htons(port);
-    BOOST_TEST_REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  }
-  ~raw_socket() { ::close(fd_); }
-  raw_socket(const raw_socket&) = delete;
-  raw_socket& operator=(const raw_socket&) = delete;
-
-  void write(const std::vector<std::byte>& bytes) {
-    BOOST_TEST_REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-                       static_cast<ssize_t>(bytes.size()));
-  }
-
-  /// Reads for up to `timeout`, until the peer closes; returns the bytes and whether it closed.
-  std::pair<std::vector<std::byte>, bool> read_until_closed(std::chrono::milliseconds timeout) {
-    std::vector<std::byte> got;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left <= 0ms)
-        return {got, false};
-      pollfd probe{fd_, POLLIN, 0};
-      if (::poll(&probe, 1, static_cast<int>(left.count())) <= 0)
-        continue;
-      std::byte buffer[4096];
-      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
-      if (n <= 0)
-        return {got, true};
-      got.insert(got.end(), buffer, buffer + n);
-    }
-  }
-
-  /// The whole frames at the start of `bytes`, decoded, until one does not decode.
-  static std::vector<wire::message> frames(std::span<const std::byte> bytes) {
-    std::vector<wire::message> decoded;
-    while (bytes.size() >= wire::frame_prefix_bytes) {
-      auto length = wire::read_frame_prefix(bytes.first(wire::frame_prefix_bytes));
-      if (!length || bytes.size() < wire::frame_prefix_bytes + *length)
-        break;
-      auto frame = wire::decode(bytes.first(wire::frame_prefix_bytes + *length));
-      if (!frame)
-        break;
-      decoded.push_back(frame->msg);
-      bytes = bytes.subspan(wire::frame_prefix_bytes + *length);
-    }
-    return decoded;
-  }
-
-  /// The first frame in `bytes` that is not the link's own (the listener's hello comes first),
-  /// decoded.
-  static std::optional<wire::message> first_frame(const std::vector<std::byte>& bytes) {
-    for (auto& frame : frames(bytes))
-      if (!wire::is_link_control(frame))
-        return frame;
-    return std::nullopt;
-  }
-
-private:
-  int fd_ = -1;
-};
-
-/// An 8-byte little-endian length prefix followed by `body`.
-std::vector<std::byte> frame_bytes(std::uint64_t length, std::vector<std::byte> body = {}) {
-  std::vector<std::byte> bytes(wire::frame_prefix_bytes);
-  for (std::size_t i = 0; i < wire::frame_prefix_bytes; ++i)
-    bytes[i] = static_cast<std::byte>((length >> (8 * i)) & 0xff);
-  bytes.insert(bytes.end(), body.begin(), body.end());
-  return bytes;
-}
 
 /// Checks that `reply` is an error_reply with `code`, and returns it.
 wire::error_reply expect_error(const std::optional<wire::message>& reply, wire::error_code code) {
@@ -575,30 +498,33 @@ BOOST_FIXTURE_TEST_CASE(garbage_and_an_oversized_length_prefix_close_the_connect
   start(1, 1);
   // 24 bytes of 0x5a: a length prefix of 0x5a5a5a5a5a5a5a5a, far above the cap.
   // A 1 GiB prefix: a multiple of 8, but above the cap, checked before anything is allocated.
-  for (const auto& bytes : {std::vector<std::byte>(24, std::byte{0x5a}), frame_bytes(1ull << 30)}) {
-    raw_socket stranger{scheduler->port()};
-    stranger.write(bytes);
+  for (const auto& bytes :
+       {std::vector<std::byte>(24, std::byte{0x5a}), raw_peer::prefix_bytes(1ull << 30)}) {
+    raw_peer stranger{scheduler->port()};
+    BOOST_TEST_REQUIRE(stranger.connected);
+    BOOST_TEST_REQUIRE(stranger.send(bytes));
     const auto [reply, closed] = stranger.read_until_closed(5s);
     BOOST_TEST(closed);
-    const auto err = expect_error(raw_socket::first_frame(reply), wire::error_code::bad_frame);
+    const auto err = expect_error(raw_peer::first_frame(reply), wire::error_code::bad_frame);
     BOOST_TEST(contains(err.message, "frame_too_large"), err.message);
   }
   // A well-formed frame with a value the protocol forbids (a quorum of 0): an error, and the
   // connection serves on, since the stream is still in step: a registration of an old protocol
   // version on it is answered.
-  raw_socket stranger{scheduler->port()};
+  raw_peer stranger{scheduler->port()};
+  BOOST_TEST_REQUIRE(stranger.connected);
   // Every connection opens with a link hello (window 0: no flow control asked of the scheduler).
-  stranger.write(wire::encode(wire::link_hello{"stranger", 0, 0}).flatten());
-  stranger.write(wire::encode(settings_with_quorum(0)).flatten());
+  BOOST_TEST_REQUIRE(stranger.send(wire::encode(wire::link_hello{"stranger", 0, 0}).flatten()));
+  BOOST_TEST_REQUIRE(stranger.send(wire::encode(settings_with_quorum(0)).flatten()));
   wire::registration old_version =
       framed_client::registration(job_id, token, wire::role::worker, 0);
   old_version.request_id = 7;
   old_version.protocol_version = 99;
-  stranger.write(wire::encode(old_version).flatten());
+  BOOST_TEST_REQUIRE(stranger.send(wire::encode(old_version).flatten()));
   const auto [replies, closed] = stranger.read_until_closed(1s);
   BOOST_TEST(!closed);
   std::vector<wire::message> answers;
-  for (auto& frame : raw_socket::frames(replies))
+  for (auto& frame : raw_peer::frames(replies))
     if (!wire::is_link_control(frame))
       answers.push_back(frame);
   BOOST_TEST_REQUIRE(answers.size() == 2u);
