@@ -155,6 +155,15 @@ struct reply_copy {
 /// The worker's helper on CAF's scheduler: runs each reply_copy in the order it arrives.
 using reply_copier_actor = caf::typed_actor<caf::reacts_to<reply_copy>>;
 
+/// Work queued on one context by the dependency engine (engine/dispatch.hpp).
+struct device_work {
+  std::function<void()> run;
+};
+
+/// One device context's actor (actors/device_actors.hpp): runs that context's work one task at a
+/// time, in the order it arrives, on a thread of its own.
+using device_actor = caf::typed_actor<caf::reacts_to<device_work>>;
+
 /// How the copy of one reply chunk ended (the worker's copier tells its worker).
 enum class chunk_copy : std::uint8_t {
   more,      ///< copied; the request expects more chunks
@@ -271,6 +280,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::wire::membership)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::reply_copy)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::device_work)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)

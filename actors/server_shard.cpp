@@ -6,6 +6,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "engine/dispatch.hpp"
+
 namespace troupe {
 namespace {
 
@@ -22,6 +24,9 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
   self->delayed_send(self, self->state.sweep_interval, tick_atom::value);
   return {
       [self](envelope& request, const reply_sink& sink) {
+        // A shard's arrays are its own and its answers leave from this thread: its operations run
+        // here, not on a device actor (a hop per operation would cost more than the operation).
+        const engine::inline_scope here;
         self->state.core->handle(std::move(request),
                                  [self, sink](envelope out) { self->send(sink, std::move(out)); });
       },
@@ -31,6 +36,7 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
         // multiply the timers.
         if (self->current_sender().get() != self->ctrl())
           return;
+        const engine::inline_scope here;
         self->state.core->expire_pulls();
         self->delayed_send(self, self->state.sweep_interval, tick_atom::value);
       },

@@ -72,6 +72,7 @@
 #include <fmt/core.h>
 
 #include "actors/config/config.hpp"
+#include "actors/device_actors.hpp"
 #include "actors/dist_job.hpp"
 #include "actors/gluon/trainer.hpp"
 #include "actors/kvstore/kvstore.hpp"
@@ -802,6 +803,13 @@ int main(int argc, char** argv) {
   // The kernels call OpenBLAS, whose pthreads build otherwise starts one thread per core.
   kernels::cpu::set_blas_threads(o.threads);
   logger log{"train_mnist", 0};
+  // One device actor per context, so that the contexts of --contexts compute concurrently.
+  const auto use_device_actors = device_actors_requested();
+  if (!use_device_actors)
+    return usage(use_device_actors.error().message());
+  std::optional<device_scope> devices;
+  if (*use_device_actors)
+    devices.emplace();
 
   auto member = join(o);
   if (!member)

@@ -258,8 +258,8 @@ private:
       if (node.custom)
         node.custom(output_grads, input_grads);
       else
-        node.op->backward(op_backward_call{node.attrs, node.inputs, node.outputs, node.saved,
-                                           output_grads, input_grads, reqs});
+        queue_backward(*node.op, node.attrs, node.inputs, node.outputs, node.saved, output_grads,
+                       input_grads, reqs);
     }
     for (std::size_t i = 0; i < count; ++i)
       if (reqs[i] != grad_req::null && !direct[i])
@@ -289,7 +289,7 @@ private:
     node.released = true;
     node.inputs.clear();
     node.outputs.clear();
-    node.saved.clear();
+    node.saved.reset();
     node.custom = nullptr;
   }
 

@@ -26,7 +26,9 @@ struct autograd_node {
   /// The outputs' values without autograd state (a node must not own its outputs' state, which
   /// owns the node).
   std::vector<ndarray> outputs;
-  std::vector<ndarray> saved;
+  /// The op's state for backward. Shared: the forward that fills it and the backward that reads
+  /// it may still be queued on the context's lane when the node is released.
+  std::shared_ptr<std::vector<ndarray>> saved = std::make_shared<std::vector<ndarray>>();
   /// Recording order: backward visits nodes from the latest.
   std::uint64_t sequence = 0;
   bool released = false;

@@ -122,7 +122,8 @@ struct executor::impl {
     const symbol_node* node = nullptr;
     std::vector<ndarray> inputs;
     std::vector<ndarray> outputs;
-    std::vector<ndarray> saved; // the op's state, kept across calls so that it can reuse it
+    // The op's state, kept across calls so that it can reuse it; shared with the queued calls.
+    std::shared_ptr<std::vector<ndarray>> saved = std::make_shared<std::vector<ndarray>>();
     bool runs_backward = false;
     std::vector<ndarray> output_grads;
     std::vector<ndarray> input_grads;
@@ -758,9 +759,11 @@ void executor::forward(bool is_train) {
   const autograd::pause_scope pause(is_train);
   for (const impl::slot& entry : state.argument_inputs)
     state.nodes[entry.node].inputs[entry.index] = state.arguments[entry.source];
-  for (impl::node_state& node : state.nodes)
-    node.node->op->forward(
-        op_forward_call{node.node->attrs, is_train, node.inputs, node.outputs, node.saved});
+  for (impl::node_state& node : state.nodes) {
+    const auto& op = *node.node->op;
+    queue_forward(op, node.node->attrs, is_train, seed_for_call(op, node.node->attrs, is_train),
+                  node.inputs, node.outputs, node.saved);
+  }
   for (std::size_t h = 0; h < state.outputs.size(); ++h)
     if (state.output_arguments[h] != none)
       state.outputs[h] = state.arguments[state.output_arguments[h]];
@@ -817,9 +820,8 @@ void executor::backward(std::span<const ndarray> output_grads) {
     impl::node_state& node = state.nodes[k];
     if (!node.runs_backward)
       continue;
-    node.node->op->backward(op_backward_call{node.node->attrs, node.inputs, node.outputs,
-                                             node.saved, node.output_grads, node.input_grads,
-                                             node.reqs});
+    queue_backward(*node.node->op, node.node->attrs, node.inputs, node.outputs, node.saved,
+                   node.output_grads, node.input_grads, node.reqs);
     for (impl::delivery& entry : node.deliveries) {
       ndarray& target = entry.argument == none ? entry.target : state.gradients[entry.argument];
       if (entry.add)

@@ -33,12 +33,11 @@ std::vector<ndarray> run(const op_def& op, std::span<const ndarray> inputs, cons
                       std::any_of(inputs.begin(), inputs.end(), detail::carries_gradient);
   auto* trace = detail::current_trace();
   std::shared_ptr<autograd_node> node;
-  std::vector<ndarray> scratch_saved;
-  auto& saved = record ? (node = std::make_shared<autograd_node>())->saved : scratch_saved;
-  {
-    detail::inside_operator inside;
-    op.forward(op_forward_call{attrs, autograd::is_training(), inputs, outputs, saved});
-  }
+  auto saved = record ? (node = std::make_shared<autograd_node>())->saved
+                      : std::make_shared<std::vector<ndarray>>();
+  const bool is_train = autograd::is_training();
+  queue_forward(op, attrs, is_train, seed_for_call(op, attrs, is_train), inputs, outputs,
+                std::move(saved));
   if (record) {
     node->op = &op;
     node->attrs = attrs;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "engine/autograd_state.hpp"
+#include "engine/dispatch.hpp"
 #include "engine/nd.hpp"
 #include "engine/random.hpp"
 #include "engine/storage.hpp"
@@ -509,27 +510,31 @@ ndarray broadcast_one(const ndarray& one, const shape_vector& shape) {
   return out;
 }
 
+/// Queues out = lhs op rhs on out's context, a one-element side broadcast to the other's shape
+/// (out has that shape; it may be lhs itself).
+void queue_binary(binary_op op, const ndarray& lhs, const ndarray& rhs, ndarray& out) {
+  engine::push(name_of(op), out.ctx(), {.reads = {&lhs, &rhs}, .writes = {&out}},
+               [op, lhs, rhs, out]() mutable {
+                 if (lhs.shape() == rhs.shape())
+                   apply_binary(op, lhs, rhs, out);
+                 else if (rhs.size() == 1)
+                   apply_binary(op, lhs, broadcast_one(rhs, out.shape()), out);
+                 else
+                   apply_binary(op, broadcast_one(lhs, out.shape()), rhs, out);
+               });
+}
+
 ndarray binary_result(binary_op op, const ndarray& lhs, const ndarray& rhs) {
   const auto name = name_of(op);
   require_handle(lhs, name);
   require_handle(rhs, name);
   require_same_kind(name, lhs, rhs);
-  if (lhs.shape() == rhs.shape()) {
-    ndarray out(lhs.shape(), lhs.ctx(), lhs.dtype());
-    apply_binary(op, lhs, rhs, out);
-    return out;
-  }
-  if (rhs.size() == 1) {
-    ndarray out(lhs.shape(), lhs.ctx(), lhs.dtype());
-    apply_binary(op, lhs, broadcast_one(rhs, lhs.shape()), out);
-    return out;
-  }
-  if (lhs.size() == 1) {
-    ndarray out(rhs.shape(), lhs.ctx(), lhs.dtype());
-    apply_binary(op, broadcast_one(lhs, rhs.shape()), rhs, out);
-    return out;
-  }
-  shape_mismatch(name, lhs.shape(), rhs.shape());
+  if (lhs.shape() != rhs.shape() && rhs.size() != 1 && lhs.size() != 1)
+    shape_mismatch(name, lhs.shape(), rhs.shape());
+  const auto& shape = lhs.shape() == rhs.shape() || rhs.size() == 1 ? lhs.shape() : rhs.shape();
+  ndarray out(shape, lhs.ctx(), lhs.dtype());
+  queue_binary(op, lhs, rhs, out);
+  return out;
 }
 
 void binary_in_place(binary_op op, ndarray& self, const ndarray& rhs) {
@@ -537,24 +542,27 @@ void binary_in_place(binary_op op, ndarray& self, const ndarray& rhs) {
   require_handle(self, name);
   require_handle(rhs, name);
   require_same_kind(name, self, rhs);
-  if (self.shape() == rhs.shape())
-    apply_binary(op, self, rhs, self);
-  else if (rhs.size() == 1)
-    apply_binary(op, self, broadcast_one(rhs, self.shape()), self);
-  else
+  if (self.shape() != rhs.shape() && rhs.size() != 1)
     shape_mismatch(name, self.shape(), rhs.shape());
+  queue_binary(op, self, rhs, self);
+}
+
+void queue_scalar(scalar_op op, std::string_view name, const ndarray& x, double value,
+                  ndarray& out) {
+  engine::push(name, out.ctx(), {.reads = {&x}, .writes = {&out}},
+               [op, x, value, out]() mutable { apply_scalar(op, x, value, out); });
 }
 
 ndarray scalar_result(scalar_op op, std::string_view name, const ndarray& x, double value) {
   require_handle(x, name);
   ndarray out(x.shape(), x.ctx(), x.dtype());
-  apply_scalar(op, x, value, out);
+  queue_scalar(op, name, x, value, out);
   return out;
 }
 
 void scalar_in_place(scalar_op op, std::string_view name, ndarray& self, double value) {
   require_handle(self, name);
-  apply_scalar(op, self, value, self);
+  queue_scalar(op, name, self, value, self);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1153,11 +1161,13 @@ std::size_t ndarray::nbytes() const noexcept {
 
 void* ndarray::raw_data() {
   require_some("raw_data");
+  engine::wait_for(storage_);
   return static_cast<unsigned char*>(storage_->data()) + byte_offset_;
 }
 
 const void* ndarray::raw_data() const {
   require_some("raw_data");
+  engine::wait_for(storage_);
   return static_cast<const unsigned char*>(storage_->data()) + byte_offset_;
 }
 
@@ -1199,6 +1209,11 @@ void ndarray::require_some(const char* operation) const {
   require_handle(*this, operation);
 }
 
+void ndarray::wait_to_read() const {
+  require_some("wait_to_read");
+  engine::wait_for(storage_);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Copies and views.
 
@@ -1214,9 +1229,14 @@ void ndarray::copy_to(ndarray& destination) const {
   destination.require_some("copy_to");
   if (shape_ != destination.shape_)
     shape_mismatch("copy_to", shape_, destination.shape_);
-  const auto n = static_cast<std::size_t>(size());
-  if (n == 0)
+  if (size() == 0)
     return;
+  engine::push("copy_to", destination.ctx_, {.reads = {this}, .writes = {&destination}},
+               [source = *this, destination]() mutable { source.copy_values_to(destination); });
+}
+
+void ndarray::copy_values_to(ndarray& destination) const {
+  const auto n = static_cast<std::size_t>(size());
   if (dtype_ == destination.dtype_) {
     copy_bytes(destination.raw_data(), destination.ctx_, raw_data(), ctx_, nbytes());
     return;
@@ -1297,9 +1317,15 @@ ndarray ndarray::at(std::int64_t index) const {
 
 ndarray& ndarray::fill(double value) {
   require_some("fill");
-  const auto n = static_cast<std::size_t>(size());
-  if (n == 0)
+  if (size() == 0)
     return *this;
+  engine::push("fill", ctx_, {.writes = {this}},
+               [target = *this, value]() mutable { target.fill_values(value); });
+  return *this;
+}
+
+void ndarray::fill_values(double value) {
+  const auto n = static_cast<std::size_t>(size());
   if (ctx_.is_cpu()) {
     host_fill(dtype_, raw_data(), value, n);
   } else if (value == 0.0 && !std::signbit(value)) {
@@ -1311,7 +1337,6 @@ ndarray& ndarray::fill(double value) {
     host_fill(dtype_, host.raw_data(), value, n);
     host.copy_to(*this);
   }
-  return *this;
 }
 
 template <class T>
@@ -1518,6 +1543,14 @@ std::ostream& operator<<(std::ostream& out, const ndarray& array) {
 // ---------------------------------------------------------------------------------------------
 // Reductions of the KVStore.
 
+namespace {
+
+// What sum_into and axpy queue, run on the output's lane.
+void sum_values_into(std::span<const ndarray> inputs, ndarray& out);
+void axpy_values(double alpha, const ndarray& x, ndarray& y);
+
+} // namespace
+
 void sum_into(std::span<const ndarray> inputs, ndarray& out) {
   require_handle(out, "sum_into");
   for (std::size_t k = 0; k < inputs.size(); ++k) {
@@ -1527,18 +1560,32 @@ void sum_into(std::span<const ndarray> inputs, ndarray& out) {
     if (inputs[k].shape() != out.shape())
       shape_mismatch("sum_into", inputs[k].shape(), out.shape(), what);
   }
-  const auto n = static_cast<std::size_t>(out.size());
-  if (n == 0)
+  if (out.size() == 0)
     return;
   if (inputs.empty()) {
     out.fill(0.0);
     return;
   }
+  std::vector<const ndarray*> reads;
+  reads.reserve(inputs.size());
+  for (const auto& input : inputs)
+    reads.push_back(&input);
+  const ndarray* writes[] = {&out};
+  engine::push("sum_into", out.ctx(), reads, writes,
+               [inputs = std::vector<ndarray>(inputs.begin(), inputs.end()), out]() mutable {
+                 sum_values_into(inputs, out);
+               });
+}
+
+namespace {
+
+void sum_values_into(std::span<const ndarray> inputs, ndarray& out) {
+  const auto n = static_cast<std::size_t>(out.size());
   // The kernels let `out` be inputs[0] itself but overlap nothing else.
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     if (overlaps(inputs[k], out) && (k > 0 || inputs[k].raw_data() != out.raw_data())) {
       ndarray result(out.shape(), out.ctx(), out.dtype());
-      sum_into(inputs, result);
+      sum_values_into(inputs, result);
       result.copy_to(out);
       return;
     }
@@ -1565,6 +1612,8 @@ void sum_into(std::span<const ndarray> inputs, ndarray& out) {
   result.copy_to(out);
 }
 
+} // namespace
+
 void axpy(double alpha, const ndarray& x, ndarray& y) {
   require_handle(x, "axpy");
   require_handle(y, "axpy");
@@ -1574,8 +1623,16 @@ void axpy(double alpha, const ndarray& x, ndarray& y) {
   const auto n = static_cast<std::size_t>(y.size());
   if (n == 0)
     return;
+  engine::push("axpy", y.ctx(), {.reads = {&x}, .writes = {&y}},
+               [alpha, x, y]() mutable { axpy_values(alpha, x, y); });
+}
+
+namespace {
+
+void axpy_values(double alpha, const ndarray& x, ndarray& y) {
+  const auto n = static_cast<std::size_t>(y.size());
   if (overlaps(x, y) && x.raw_data() != y.raw_data()) {
-    axpy(alpha, x.copy(), y);
+    axpy_values(alpha, x.copy(), y);
     return;
   }
   const context ctx = y.ctx();
@@ -1593,5 +1650,7 @@ void axpy(double alpha, const ndarray& x, ndarray& y) {
   host_axpy(y.dtype(), alpha, hx.raw_data(), hy.raw_data(), n);
   hy.copy_to(y);
 }
+
+} // namespace
 
 } // namespace troupe

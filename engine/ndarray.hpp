@@ -1,8 +1,12 @@
 #pragma once
 // ndarray: MXNet's NDArray. A handle to a shape, an element type, a context and reference-counted
 // storage; copying a handle shares the storage (as `b = a` does in MXNet), copy() duplicates it.
-// reshape() and slice() are views on the same storage. Operations run synchronously on the
-// calling thread (GPU work is complete when the call returns).
+// reshape() and slice() are views on the same storage. Operations go through the dependency
+// engine (engine/dispatch.hpp): without a device backend they run on the calling thread and are
+// complete when the call returns; with one (the device actors) they are queued on the array's
+// context and the call returns at once, and reading the values waits for them. Checks on shapes,
+// dtypes and contexts run on the caller either way; an error inside queued work is thrown at the
+// next wait on the array it writes.
 //
 // Storage of every size comes from storage_pool (engine/storage.hpp): freed blocks are kept and
 // reused, because the first write to fresh memory runs at ~0.3 GB/s on these machines against
@@ -114,6 +118,13 @@ public:
   /// Shared ownership of the storage block, for code outside the engine that must keep the bytes
   /// alive while it reads them (a frame being written to a socket).
   std::shared_ptr<const void> keepalive() const noexcept { return storage_; }
+  /// The storage block itself (the dependency engine names arrays by their blocks).
+  const std::shared_ptr<storage>& block() const noexcept { return storage_; }
+
+  /// Waits until the work queued on this array (engine/dispatch.hpp) is done and throws the error
+  /// it failed with, naming the operation and the context (MXNet's wait_to_read). Reading the
+  /// values (to_vector, data<T>(), raw_data()) waits in the same way.
+  void wait_to_read() const;
 
   /// A new array on `target` holding the same values (a copy even when target == ctx()).
   ndarray copy_to(context target) const;
@@ -198,6 +209,9 @@ public:
   std::string to_string() const;
 
 private:
+  /// copy_to(ndarray&) and fill() as they run on the array's lane.
+  void copy_values_to(ndarray& destination) const;
+  void fill_values(double value);
   void require_some(const char* operation) const;
 
   std::shared_ptr<storage> storage_;

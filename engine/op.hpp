@@ -14,6 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,6 +73,9 @@ struct op_forward_call {
   std::span<const ndarray> inputs;
   std::span<ndarray> outputs;
   std::vector<ndarray>& saved;
+  /// The seed of a random operator (Dropout) for this call, drawn when the call was queued (see
+  /// op_def::draws_seed), so that queued work on several contexts draws in call order.
+  std::uint64_t seed = 0;
 };
 
 /// What a backward call sees: the forward's inputs, outputs and saved state, the gradients of
@@ -106,12 +110,28 @@ struct op_def {
   /// Used by deferred initialisation and simple_bind. Null for ops without parameters.
   void (*fill_input_shapes)(const op_attrs& attrs, std::span<shape_vector> inputs) = nullptr;
   void (*forward)(const op_forward_call& call);
+  /// Whether a call with these attributes draws a seed from the operators' source (null: never).
+  bool (*draws_seed)(const op_attrs& attrs, bool is_train) = nullptr;
   void (*backward)(const op_backward_call& call);
   /// Whether backward reads the forward inputs / outputs (memory planning may free or reuse
   /// those buffers after forward when it does not).
   bool backward_reads_inputs = true;
   bool backward_reads_outputs = true;
 };
+
+/// Queues one forward call of `op` on the outputs' context (engine/dispatch.hpp): the inputs are
+/// read, the outputs written, `saved` filled (it stays shared with the backward that reads it).
+/// The caller allocates the outputs with the shapes infer_shape gave and draws the seed
+/// (seed_for_call). Without a device backend the call runs at once and throws what it throws.
+void queue_forward(const op_def& op, const op_attrs& attrs, bool is_train, std::uint64_t seed,
+                   std::span<const ndarray> inputs, std::span<ndarray> outputs,
+                   std::shared_ptr<std::vector<ndarray>> saved);
+/// Queues one backward call in the same way: the input gradients are written (or added to, as
+/// reqs say), everything else read.
+void queue_backward(const op_def& op, const op_attrs& attrs, std::span<const ndarray> inputs,
+                    std::span<const ndarray> outputs, std::shared_ptr<std::vector<ndarray>> saved,
+                    std::span<const ndarray> output_grads, std::span<ndarray> input_grads,
+                    std::span<const grad_req> reqs);
 
 /// The operator of that name; throws troupe::exception (errc::invalid_argument) naming it and
 /// listing the known names.
@@ -125,5 +145,8 @@ std::vector<std::string> list_ops();
 void seed_operators(std::uint64_t seed);
 /// The next 64-bit seed from that source (thread-safe).
 std::uint64_t next_operator_seed();
+/// The seed of one call of `op`: next_operator_seed() when the op draws one, else 0. Callers
+/// draw it when they queue the call.
+std::uint64_t seed_for_call(const op_def& op, const op_attrs& attrs, bool is_train);
 
 } // namespace troupe

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 
+#include "engine/dispatch.hpp"
 #include "engine/serialize.hpp"
 #include "kernels/cpu/optimizer_rules.hpp"
 
@@ -249,20 +251,46 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
   }
   ++entry.update_count;
 
-  // Updates run in float32; other dtypes are widened and rounded back once.
-  bool widen = weight.dtype() != dtype::float32;
-  ndarray weight32 = widen ? weight.as_type(dtype::float32) : weight;
-  ndarray grad32 = grad;
-  if (grad32.dtype() != dtype::float32 || !grad32.ctx().is_cpu())
-    grad32 = grad.ctx().is_cpu() ? grad.as_type(dtype::float32)
-                                 : grad.copy_to(context::cpu()).as_type(dtype::float32);
-  std::vector<float*> state;
-  for (auto& buffer : entry.buffers)
-    state.push_back(buffer.data<float>());
-  optimizer_->apply(weight32.data<float>(), grad32.data<float>(), state,
-                    static_cast<std::size_t>(weight.size()), entry.update_count);
-  if (widen)
-    weight32.copy_to(weight);
+  std::vector<const ndarray*> writes{&weight};
+  for (const auto& buffer : entry.buffers)
+    writes.push_back(&buffer);
+  const ndarray* reads[] = {&grad};
+  // An optimizer that cannot be copied (a caller's own subclass, unknown to create()) updates at
+  // once on this thread, where no queued update can see its parameters change.
+  std::shared_ptr<const troupe::optimizer> opt = queued_view();
+  std::optional<engine::inline_scope> at_once;
+  if (!opt) {
+    opt = std::shared_ptr<const troupe::optimizer>(optimizer_.get(), [](const auto*) {});
+    at_once.emplace();
+  }
+  engine::push("update of weight " + std::to_string(index), weight.ctx(), reads, writes,
+               [opt = std::move(opt), grad, weight, buffers = entry.buffers,
+                count = entry.update_count]() mutable {
+                 // Updates run in float32; other dtypes are widened and rounded back once.
+                 bool widen = weight.dtype() != dtype::float32;
+                 ndarray weight32 = widen ? weight.as_type(dtype::float32) : weight;
+                 ndarray grad32 = grad;
+                 if (grad32.dtype() != dtype::float32 || !grad32.ctx().is_cpu())
+                   grad32 = grad.ctx().is_cpu()
+                                ? grad.as_type(dtype::float32)
+                                : grad.copy_to(context::cpu()).as_type(dtype::float32);
+                 std::vector<float*> state;
+                 for (auto& buffer : buffers)
+                   state.push_back(buffer.data<float>());
+                 opt->apply(weight32.data<float>(), grad32.data<float>(), state,
+                            static_cast<std::size_t>(weight.size()), count);
+                 if (widen)
+                   weight32.copy_to(weight);
+               });
+}
+
+std::shared_ptr<const troupe::optimizer> updater::queued_view() {
+  if (!snapshot_ || snapshot_->params() != optimizer_->params() ||
+      snapshot_->name() != optimizer_->name()) {
+    auto copy = optimizer::create(optimizer_->name(), optimizer_->params());
+    snapshot_ = copy ? std::shared_ptr<const troupe::optimizer>(std::move(*copy)) : nullptr;
+  }
+  return snapshot_;
 }
 
 std::int64_t updater::update_count(std::int64_t index) const {

@@ -71,8 +71,9 @@ class updater {
 public:
   explicit updater(std::unique_ptr<troupe::optimizer> opt);
 
-  /// weight <- update(weight, grad). Shapes must match; the state is created on first use.
-  /// Throws troupe::exception for a shape mismatch or a gpu context.
+  /// weight <- update(weight, grad), queued on the weight's context (engine/dispatch.hpp). Shapes
+  /// must match; the state is created on first use. Throws troupe::exception for a shape
+  /// mismatch or a gpu context.
   void operator()(std::int64_t index, const ndarray& grad, ndarray& weight);
 
   troupe::optimizer& optimizer() noexcept { return *optimizer_; }
@@ -92,7 +93,13 @@ private:
     std::int64_t update_count = 0;
     std::vector<ndarray> buffers;
   };
+  /// The optimizer as the queued updates see it: a copy made when its parameters last changed,
+  /// so that a rate set after an update was queued does not reach that update. Null when
+  /// optimizer::create does not know the optimizer's name.
+  std::shared_ptr<const troupe::optimizer> queued_view();
+
   std::unique_ptr<troupe::optimizer> optimizer_;
+  std::shared_ptr<const troupe::optimizer> snapshot_;
   std::map<std::int64_t, weight_state> states_;
 };
 

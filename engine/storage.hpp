@@ -24,8 +24,10 @@
 // Thread-safe: one mutex guards the buckets; fresh memory is obtained, pre-faulted and released
 // outside it.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 
 #include "engine/context.hpp"
@@ -35,6 +37,14 @@ namespace troupe {
 namespace detail {
 struct pool_core;
 } // namespace detail
+
+/// What the dependency engine (engine/dispatch.hpp) keeps on a block: which queued task used it
+/// last (its lane and ticket in one word), and the error of a failed task that wrote it.
+struct storage_dependency {
+  std::atomic<std::uint64_t> last_use{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error; ///< written and cleared under the engine's error mutex
+};
 
 /// A block of memory of one device: `capacity()` bytes at `data()`, never null (a request for 0
 /// bytes gets the smallest class). Not copyable; owned through std::shared_ptr<storage>. When the
@@ -57,6 +67,8 @@ public:
   std::size_t capacity() const noexcept { return capacity_; }
   /// The context the block was requested for.
   context ctx() const noexcept { return ctx_; }
+  /// The engine's record of the work queued on this block.
+  storage_dependency& dependency() const noexcept { return dependency_; }
 
 private:
   friend class storage_pool;
@@ -65,6 +77,7 @@ private:
   void* data_;
   std::size_t capacity_;
   context ctx_;
+  mutable storage_dependency dependency_;
 };
 
 /// Counters of one pool, for tests and diagnostics; a consistent snapshot.

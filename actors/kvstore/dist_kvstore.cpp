@@ -179,11 +179,16 @@ result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const 
                              ? list[0]
                              : comm_->reduce(declared.index, list);
         work.value = merged.ctx().is_cpu() ? merged : merged.copy_to(context::cpu());
+        // The worker actor reads the bytes on its own thread, which must not wait for queued
+        // work (engine/dispatch.hpp): the wait is here, on the caller's.
+        work.value.wait_to_read();
       }
       if (pulls) {
         const auto& positions = output_groups ? (*output_groups)[g].positions : group.positions;
-        for (auto position : positions)
+        for (auto position : positions) {
+          outputs[position].wait_to_read(); // nothing queued may still use what the reply writes
           work.outputs.push_back(outputs[position]);
+        }
       }
       op.keys.push_back(std::move(work));
     }
@@ -211,6 +216,7 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
         const auto& declared = *keys_.find(keys[i], "init").value();
         auto work = work_for(declared);
         work.value = values[i].ctx().is_cpu() ? values[i] : values[i].copy_to(context::cpu());
+        work.value.wait_to_read();
         op.keys.push_back(std::move(work));
       }
       return ok();

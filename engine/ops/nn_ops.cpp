@@ -432,7 +432,11 @@ void dropout_forward(const op_forward_call& call) {
   ndarray& mask = reuse_saved(call.saved, 0, x.shape());
   call.saved.resize(1);
   cpu::dropout_forward(x.data<float>(), y.data<float>(), mask.data<float>(), to_size(x.size()),
-                       call.attrs.p, next_operator_seed());
+                       call.attrs.p, call.seed);
+}
+
+bool dropout_draws_seed(const op_attrs& attrs, bool is_train) {
+  return is_train && attrs.p != 0.0;
 }
 
 void dropout_backward(const op_backward_call& call) {
@@ -627,6 +631,7 @@ void register_nn_ops(op_table& table) {
                     .input_names = data_only_names,
                     .infer_shape = dropout_infer_shape,
                     .forward = dropout_forward,
+                    .draws_seed = dropout_draws_seed,
                     .backward = dropout_backward,
                     .backward_reads_inputs = false,
                     .backward_reads_outputs = false},

@@ -8,6 +8,8 @@
 #include <random>
 #include <utility>
 
+#include "engine/autograd_state.hpp"
+#include "engine/dispatch.hpp"
 #include "engine/op.hpp"
 #include "engine/ops/register.hpp"
 
@@ -88,6 +90,68 @@ std::uint64_t next_operator_seed() {
   auto& source = operator_seeds();
   const std::lock_guard lock{source.mutex};
   return source.engine();
+}
+
+std::uint64_t seed_for_call(const op_def& op, const op_attrs& attrs, bool is_train) {
+  return op.draws_seed != nullptr && op.draws_seed(attrs, is_train) ? next_operator_seed() : 0;
+}
+
+namespace {
+
+void add_addresses(std::vector<const ndarray*>& to, std::span<const ndarray> arrays) {
+  for (const auto& array : arrays)
+    to.push_back(&array);
+}
+
+} // namespace
+
+void queue_forward(const op_def& op, const op_attrs& attrs, bool is_train, std::uint64_t seed,
+                   std::span<const ndarray> inputs, std::span<ndarray> outputs,
+                   std::shared_ptr<std::vector<ndarray>> saved) {
+  if (!engine::has_backend()) { // the naive engine: no closure, no allocation
+    detail::inside_operator inside;
+    op.forward(op_forward_call{attrs, is_train, inputs, outputs, *saved, seed});
+    return;
+  }
+  std::vector<const ndarray*> reads, writes;
+  add_addresses(reads, inputs);
+  add_addresses(writes, outputs);
+  engine::push(op.name, outputs.empty() ? context::cpu() : outputs[0].ctx(), reads, writes,
+               [&op, attrs, is_train, seed,
+                inputs = std::vector<ndarray>(inputs.begin(), inputs.end()),
+                outputs = std::vector<ndarray>(outputs.begin(), outputs.end()),
+                saved = std::move(saved)]() mutable {
+                 detail::inside_operator inside;
+                 op.forward(op_forward_call{attrs, is_train, inputs, outputs, *saved, seed});
+               });
+}
+
+void queue_backward(const op_def& op, const op_attrs& attrs, std::span<const ndarray> inputs,
+                    std::span<const ndarray> outputs, std::shared_ptr<std::vector<ndarray>> saved,
+                    std::span<const ndarray> output_grads, std::span<ndarray> input_grads,
+                    std::span<const grad_req> reqs) {
+  if (!engine::has_backend()) {
+    detail::inside_operator inside;
+    op.backward(op_backward_call{attrs, inputs, outputs, *saved, output_grads, input_grads, reqs});
+    return;
+  }
+  std::vector<const ndarray*> reads, writes;
+  add_addresses(reads, inputs);
+  add_addresses(reads, outputs);
+  add_addresses(reads, output_grads);
+  add_addresses(writes, input_grads);
+  const context ctx = !output_grads.empty() ? output_grads[0].ctx() : context::cpu();
+  engine::push(std::string{op.name} + " backward", ctx, reads, writes,
+               [&op, attrs, inputs = std::vector<ndarray>(inputs.begin(), inputs.end()),
+                outputs = std::vector<ndarray>(outputs.begin(), outputs.end()),
+                saved = std::move(saved),
+                output_grads = std::vector<ndarray>(output_grads.begin(), output_grads.end()),
+                input_grads = std::vector<ndarray>(input_grads.begin(), input_grads.end()),
+                reqs = std::vector<grad_req>(reqs.begin(), reqs.end())]() mutable {
+                 detail::inside_operator inside;
+                 op.backward(op_backward_call{attrs, inputs, outputs, *saved, output_grads,
+                                              input_grads, reqs});
+               });
 }
 
 std::string op_attrs::describe(std::string_view op_name) const {

@@ -52,7 +52,8 @@ forward_result run_forward(const op_def& op, const op_attrs& attrs, std::span<co
   forward_result result;
   for (auto& shape : op.infer_shape(attrs, shapes_of(inputs)))
     result.outputs.push_back(ndarray::full(shape, NAN));
-  op.forward({attrs, is_train, inputs, result.outputs, result.saved});
+  op.forward(
+      {attrs, is_train, inputs, result.outputs, result.saved, seed_for_call(op, attrs, is_train)});
   return result;
 }
 

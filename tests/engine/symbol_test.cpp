@@ -20,6 +20,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "engine/autograd.hpp"
+#include "engine/dispatch.hpp"
 #include "engine/nd.hpp"
 #include "engine/ndarray.hpp"
 #include "engine/op.hpp"
@@ -426,7 +427,8 @@ BOOST_AUTO_TEST_CASE(an_mlp_against_the_op_defs_called_directly) {
       shapes.push_back(input.shape());
     for (const auto& shape : c.op.infer_shape(c.attrs, shapes))
       c.outputs.emplace_back(shape);
-    c.op.forward(op_forward_call{c.attrs, true, c.inputs, c.outputs, c.saved});
+    c.op.forward(op_forward_call{c.attrs, true, c.inputs, c.outputs, c.saved,
+                                 seed_for_call(c.op, c.attrs, true)});
     return c;
   };
   auto fc1 = run("FullyConnected", fully_connected_attrs(16),
@@ -721,6 +723,11 @@ BOOST_AUTO_TEST_CASE(an_inference_plan_of_a_5_layer_mlp_reuses_buffers) {
 }
 
 BOOST_AUTO_TEST_CASE(a_bound_executor_allocates_nothing_per_call) {
+  if (engine::has_backend()) {
+    // Queued work carries its arrays in an allocated closure; the naive engine allocates nothing.
+    BOOST_TEST_MESSAGE("skipped: a device backend is installed (TROUPE_TEST_ENGINE=queued)");
+    return;
+  }
   auto exec = mlp_loss()
                   .simple_bind(context::cpu(), {{"data", {32, 12}}, {"label", {32}}},
                                grad_req::write, {{"label", grad_req::null}})
