@@ -82,8 +82,8 @@ void backward(const ndarray& head, const ndarray& head_grad = {}, bool retain_gr
 /// none handle when input i needs no gradient; otherwise an array of input i's shape to
 /// overwrite (for a parameter's first contribution, its attached gradient itself, so nothing is
 /// copied afterwards).
-using custom_backward = std::function<void(std::span<const ndarray> output_grads,
-                                           std::span<ndarray> input_grads)>;
+using custom_backward =
+    std::function<void(std::span<const ndarray> output_grads, std::span<ndarray> input_grads)>;
 
 /// Records a computation made outside the operator registry (a hybridized block's executor) as
 /// one step of the graph when recording is on and some input carries history or a gradient:

@@ -27,13 +27,15 @@ void require_uniform(std::span<const ndarray> values) {
   }
 }
 
-/// Sums `values` into `merged` on merged's context, staging inputs from other contexts.
+/// Sums `values` into `merged` on merged's context, staging inputs from other devices. Every
+/// cpu(i) is host memory: a host sum reads them where they are (the dependency engine orders the
+/// read after their writers).
 void sum_on(ndarray& merged, std::vector<ndarray>& staging, std::span<const ndarray> values) {
   std::vector<ndarray> operands;
   operands.reserve(values.size());
   staging.resize(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
-    if (values[i].ctx() == merged.ctx()) {
+    if (values[i].ctx() == merged.ctx() || (values[i].ctx().is_cpu() && merged.ctx().is_cpu())) {
       operands.push_back(values[i]);
     } else {
       values[i].copy_to(fit(staging[i], values[i], merged.ctx()));

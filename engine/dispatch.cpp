@@ -51,8 +51,8 @@ struct lane {
   }
 };
 
-/// A block's last use (storage_dependency::last_use) in one word: the lane's index in the top
-/// byte, the ticket below. 0: never used by queued work.
+/// A queued use of a block (storage_dependency) in one word: the lane's index in the top byte,
+/// the ticket below. 0: none.
 constexpr int ticket_bits = 56;
 constexpr std::uint64_t max_lanes = 255;
 
@@ -110,6 +110,12 @@ private:
 
 constexpr std::uint64_t use_word(const lane& where, std::uint64_t ticket) {
   return (where.index << ticket_bits) | ticket;
+}
+constexpr std::uint64_t lane_index_of(std::uint64_t use) {
+  return use >> ticket_bits;
+}
+constexpr std::uint64_t ticket_of(std::uint64_t use) {
+  return use & ((std::uint64_t{1} << ticket_bits) - 1);
 }
 
 lane_table& lanes() {
@@ -202,10 +208,10 @@ void run_inline(std::span<const ndarray* const> reads, std::span<const ndarray* 
                 const std::function<void()>& work) {
   for (const auto* array : reads)
     if (const auto* block = block_of(array))
-      wait_for(*block);
+      wait_for(*block, access_kind::read);
   for (const auto* array : writes)
     if (const auto* block = block_of(array))
-      wait_for(*block);
+      wait_for(*block, access_kind::write);
   work();
 }
 
@@ -232,21 +238,34 @@ void push_queued(std::string_view operation, context ctx, std::span<const ndarra
   const std::uint64_t ticket = own.issued.load(std::memory_order_relaxed) + 1;
   own.issued.store(ticket, std::memory_order_relaxed);
 
-  // A block last used on another lane: this task waits for that use when it starts. Each task
-  // waited for the use before its own, so waiting for the last one covers them all.
+  // Uses on other lanes this task must wait for when it starts (on its own lane, order does it):
+  // a read waits for the block's last write, a write also for the reads since. Each of those had
+  // waited for the write before it, so these cover every earlier use.
   std::vector<std::pair<lane*, std::uint64_t>> waits;
-  auto note = [&](const std::shared_ptr<storage>& block) {
-    auto& last_use = block->dependency().last_use;
-    const std::uint64_t before = last_use.load(std::memory_order_relaxed);
-    const std::uint64_t lane_index = before >> ticket_bits;
-    if (before != 0 && lane_index != own.index)
-      waits.emplace_back(&lanes().at(lane_index), before & ((std::uint64_t{1} << ticket_bits) - 1));
-    last_use.store(use_word(own, ticket), std::memory_order_release);
+  auto wait_on = [&](std::uint64_t use) {
+    if (use != 0 && lane_index_of(use) != own.index)
+      waits.emplace_back(&lanes().at(lane_index_of(use)), ticket_of(use));
   };
-  for (const auto& block : read_blocks)
-    note(block);
-  for (const auto& block : written_blocks)
-    note(block);
+  const std::uint64_t this_use = use_word(own, ticket);
+  for (const auto& block : read_blocks) {
+    auto& dependency = block->dependency();
+    wait_on(dependency.last_write.load(std::memory_order_relaxed));
+    auto same_lane =
+        std::find_if(dependency.readers.begin(), dependency.readers.end(),
+                     [&](std::uint64_t use) { return lane_index_of(use) == own.index; });
+    if (same_lane != dependency.readers.end())
+      *same_lane = this_use;
+    else
+      dependency.readers.push_back(this_use);
+  }
+  for (const auto& block : written_blocks) {
+    auto& dependency = block->dependency();
+    wait_on(dependency.last_write.load(std::memory_order_relaxed));
+    for (const auto use : dependency.readers)
+      wait_on(use);
+    dependency.readers.clear();
+    dependency.last_write.store(this_use, std::memory_order_release);
+  }
 
   backend->post(ctx, [&own, ticket, operation = std::string{operation}, ctx,
                       waits = std::move(waits), read_blocks = std::move(read_blocks),
@@ -315,15 +334,24 @@ void push(std::string_view operation, context ctx, std::span<const ndarray* cons
   push_queued(operation, ctx, reads, writes, std::move(work));
 }
 
-void wait_for(const std::shared_ptr<storage>& block) {
+void wait_for(const std::shared_ptr<storage>& block, access_kind kind) {
   if (block == nullptr || !has_backend() || on_lane)
     return;
   auto& dependency = block->dependency();
-  const std::uint64_t last_use = dependency.last_use.load(std::memory_order_acquire);
-  if (last_use != 0)
-    lanes()
-        .at(last_use >> ticket_bits)
-        .wait_until(last_use & ((std::uint64_t{1} << ticket_bits) - 1));
+  auto wait_on = [](std::uint64_t use) {
+    if (use != 0)
+      lanes().at(lane_index_of(use)).wait_until(ticket_of(use));
+  };
+  if (kind == access_kind::write) {
+    std::vector<std::uint64_t> readers;
+    {
+      std::lock_guard issue(issue_mutex());
+      readers = dependency.readers;
+    }
+    for (const auto use : readers)
+      wait_on(use);
+  }
+  wait_on(dependency.last_write.load(std::memory_order_acquire));
   if (!dependency.failed.load(std::memory_order_acquire))
     return;
   std::exception_ptr error;

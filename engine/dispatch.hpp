@@ -14,11 +14,13 @@
 // Ordering:
 //  - each lane runs its tasks one at a time in ticket order, so work on one context needs no
 //    other dependency tracking;
-//  - each array remembers the last queued task that used it (read or write). A task that uses an
-//    array last used on another lane first waits, on its own lane, until that task is done; as
-//    that task had waited for the use before it, the chain covers every earlier use. Every wait
-//    is on a task pushed earlier, so the lanes cannot wait on each other in a cycle; work of
-//    another lane that does not touch the array goes on meanwhile;
+//  - each array remembers the last queued task that wrote it and the tasks that read it since
+//    (the latest per lane). A task that reads an array first waits, on its own lane, for the last
+//    write when another lane did it; a task that writes also waits for the reads since. Readers
+//    on several lanes run at the same time, and as each use had waited for the write before it,
+//    these waits cover every earlier use. Every wait is on a task pushed earlier, so the lanes
+//    cannot wait on each other in a cycle; work of another lane that does not touch the array
+//    goes on meanwhile;
 //  - work queued from inside a lane's task (an operator that calls others) runs at once, inline:
 //    it is already ordered by the task around it;
 //  - a caller may run at most `max_queued_per_lane` tasks ahead of a lane; the next push waits.
@@ -94,10 +96,12 @@ void push(std::string_view operation, context ctx, access arrays, std::function<
 void push(std::string_view operation, context ctx, std::span<const ndarray* const> reads,
           std::span<const ndarray* const> writes, std::function<void()> work);
 
-/// Waits until the queued work that uses `block` is done; throws the error a failed task left on
-/// it (once: the error is cleared when thrown). Does nothing on a lane's thread or without a
-/// backend.
-void wait_for(const std::shared_ptr<storage>& block);
+enum class access_kind : std::uint8_t { read, write };
+
+/// Waits until the queued work that writes `block` is done (and, to write it, the work that reads
+/// it too); throws the error a failed task left on it (once: the error is cleared when thrown).
+/// Does nothing on a lane's thread or without a backend.
+void wait_for(const std::shared_ptr<storage>& block, access_kind kind);
 /// Waits until every lane has finished everything queued so far; throws the first error of any
 /// task since the last waitall (cleared when thrown).
 void waitall();

@@ -1161,13 +1161,13 @@ std::size_t ndarray::nbytes() const noexcept {
 
 void* ndarray::raw_data() {
   require_some("raw_data");
-  engine::wait_for(storage_);
+  engine::wait_for(storage_, engine::access_kind::write);
   return static_cast<unsigned char*>(storage_->data()) + byte_offset_;
 }
 
 const void* ndarray::raw_data() const {
   require_some("raw_data");
-  engine::wait_for(storage_);
+  engine::wait_for(storage_, engine::access_kind::read);
   return static_cast<const unsigned char*>(storage_->data()) + byte_offset_;
 }
 
@@ -1211,7 +1211,12 @@ void ndarray::require_some(const char* operation) const {
 
 void ndarray::wait_to_read() const {
   require_some("wait_to_read");
-  engine::wait_for(storage_);
+  engine::wait_for(storage_, engine::access_kind::read);
+}
+
+void ndarray::wait_to_write() const {
+  require_some("wait_to_write");
+  engine::wait_for(storage_, engine::access_kind::write);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1556,7 +1561,10 @@ void sum_into(std::span<const ndarray> inputs, ndarray& out) {
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     const std::string what = "input " + std::to_string(k) + " ";
     require_handle(inputs[k], "sum_into");
-    require_same_kind("sum_into", inputs[k], out, what);
+    // A host sum reads any cpu(i) where it is: they are all host memory.
+    const bool on_host = inputs[k].ctx().is_cpu() && out.ctx().is_cpu();
+    if (!on_host || inputs[k].dtype() != out.dtype())
+      require_same_kind("sum_into", inputs[k], out, what);
     if (inputs[k].shape() != out.shape())
       shape_mismatch("sum_into", inputs[k].shape(), out.shape(), what);
   }

@@ -125,6 +125,9 @@ public:
   /// it failed with, naming the operation and the context (MXNet's wait_to_read). Reading the
   /// values (to_vector, data<T>(), raw_data()) waits in the same way.
   void wait_to_read() const;
+  /// Waits also for the queued work that reads this array: after it, nothing queued uses the
+  /// array (MXNet's wait_to_write), and code outside the engine may write it.
+  void wait_to_write() const;
 
   /// A new array on `target` holding the same values (a copy even when target == ctx()).
   ndarray copy_to(context target) const;
@@ -224,7 +227,8 @@ private:
 
 std::ostream& operator<<(std::ostream& out, const ndarray& array);
 
-/// out = Σ inputs (all of one shape, dtype and context as `out`); used by the KVStore's
+/// out = Σ inputs (all of one shape, dtype and context as `out`, or any cpu context when `out` is
+/// on one: they are all host memory); used by the KVStore's
 /// reduction for cpu and gpu contexts alike. An empty list zero-fills. One pass of the kernels'
 /// sum_n, summing in input order (reproducible); `out` may be inputs[0] itself, and is computed
 /// through a pooled temporary when it overlaps any other input. float16 accumulates in float32

@@ -247,7 +247,7 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
   if (entry.buffers.size() != optimizer_->state_count()) {
     entry.buffers.clear();
     for (std::size_t i = 0; i < optimizer_->state_count(); ++i)
-      entry.buffers.push_back(ndarray::zeros(weight.shape(), context::cpu(), dtype::float32));
+      entry.buffers.push_back(ndarray::zeros(weight.shape(), weight.ctx(), dtype::float32));
   }
   ++entry.update_count;
 

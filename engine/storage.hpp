@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <vector>
 
 #include "engine/context.hpp"
 
@@ -38,10 +39,12 @@ namespace detail {
 struct pool_core;
 } // namespace detail
 
-/// What the dependency engine (engine/dispatch.hpp) keeps on a block: which queued task used it
-/// last (its lane and ticket in one word), and the error of a failed task that wrote it.
+/// What the dependency engine (engine/dispatch.hpp) keeps on a block: the queued task that wrote
+/// it last and those that read it since, each as its lane and ticket in one word, and the error
+/// of a failed task that wrote it.
 struct storage_dependency {
-  std::atomic<std::uint64_t> last_use{0};
+  std::atomic<std::uint64_t> last_write{0};
+  std::vector<std::uint64_t> readers; ///< under the engine's issue mutex; one per lane at most
   std::atomic<bool> failed{false};
   std::exception_ptr error; ///< written and cleared under the engine's error mutex
 };

@@ -186,7 +186,7 @@ result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const 
       if (pulls) {
         const auto& positions = output_groups ? (*output_groups)[g].positions : group.positions;
         for (auto position : positions) {
-          outputs[position].wait_to_read(); // nothing queued may still use what the reply writes
+          outputs[position].wait_to_write(); // nothing queued may still use what the reply writes
           work.outputs.push_back(outputs[position]);
         }
       }

@@ -37,6 +37,11 @@ status local_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray
       auto index = group.declaration->index;
       auto& target = stored_.at(index);
       const ndarray& merged = comm_->reduce(index, list);
+      // The key moves to the context its sum is made on (MXNet moves it to the merge GPU): its
+      // update then runs on that context's device actor, and keys merged on different contexts
+      // update concurrently.
+      if (merged.ctx() != target.ctx())
+        target = target.copy_to(merged.ctx());
       if (updater_)
         (*updater_)(index, merged, target);
       else if (custom_updater_)

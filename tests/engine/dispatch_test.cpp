@@ -104,6 +104,20 @@ BOOST_AUTO_TEST_CASE(work_on_another_array_of_a_context_is_not_held_back_by_a_cr
   BOOST_TEST(y.to_vector<float>() == std::vector<float>(8, 1.0f), boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE(readers_on_two_contexts_run_at_the_same_time_and_a_writer_waits_for_both) {
+  test::queued_engine queued;
+  auto x = ndarray::full({4}, 2.0, context::cpu(2));
+  std::atomic<bool> second_read{false}, first_saw_it{false};
+  // The reader on cpu(0) waits for the one on cpu(1): reads of one array must not queue behind
+  // each other.
+  engine::push("first reader", context::cpu(0), {.reads = {&x}},
+               [&] { first_saw_it = wait_for_flag(second_read, 5000ms); });
+  engine::push("second reader", context::cpu(1), {.reads = {&x}}, [&] { second_read = true; });
+  x += 1.0; // on cpu(2): after both reads
+  BOOST_TEST(x.to_vector<float>() == std::vector<float>(4, 3.0f), boost::test_tools::per_element());
+  BOOST_TEST(first_saw_it.load());
+}
+
 BOOST_AUTO_TEST_CASE(an_error_in_queued_work_is_thrown_at_the_next_wait_naming_the_work) {
   test::queued_engine queued;
   auto a = ndarray::zeros({2}, context::cpu(1));

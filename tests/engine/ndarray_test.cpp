@@ -526,9 +526,15 @@ BOOST_AUTO_TEST_CASE(sum_into_rejects_an_input_unlike_the_output_naming_it) {
   const std::vector<ndarray> dtypes{ndarray::zeros({4}, context::cpu(), dtype::float64)};
   require_error([&] { troupe::sum_into(dtypes, out); }, errc::dtype_mismatch,
                 "sum_into: input 0 dtype float64 does not match float32");
-  const std::vector<ndarray> contexts{ndarray::zeros({4}, context::cpu(3))};
-  require_error([&] { troupe::sum_into(contexts, out); }, errc::context_mismatch,
-                "sum_into: input 0 context cpu(3) does not match cpu(0)");
+}
+
+BOOST_AUTO_TEST_CASE(sum_into_reads_inputs_of_other_cpu_contexts_where_they_are) {
+  auto out = ndarray::zeros({4});
+  const std::vector<ndarray> inputs{ndarray::full({4}, 1.5, context::cpu(3)),
+                                    ndarray::full({4}, 2.0, context::cpu(0))};
+  troupe::sum_into(inputs, out);
+  BOOST_TEST(out.to_vector<float>() == std::vector<float>(4, 3.5f),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(axpy_adds_alpha_times_x_for_every_dtype) {
