@@ -81,7 +81,24 @@ const ndarray& comm_device::reduce(std::int64_t key, std::span<const ndarray> va
     entry.merged = ndarray::empty(values[0].shape(), pick_merge_context(values), values[0].dtype());
   else if (entry.merged.storage_is_shared()) // a send still reads last round's sum
     entry.merged = ndarray::empty(values[0].shape(), entry.merged.ctx(), values[0].dtype());
-  sum_on(entry.merged, entry.staging, values);
+  // More than two inputs: a tree. Each level sums pairs on the first one's device, and the sums
+  // of a level run concurrently on their device actors; the last two meet in the merge buffer.
+  std::vector<ndarray> level(values.begin(), values.end());
+  entry.partials.resize(values.size());
+  entry.partial_staging.resize(values.size());
+  std::size_t slot = 0;
+  while (level.size() > 2) {
+    std::vector<ndarray> next;
+    for (std::size_t j = 0; j + 1 < level.size(); j += 2, ++slot) {
+      auto& partial = fit(entry.partials[slot], level[j], level[j].ctx());
+      sum_on(partial, entry.partial_staging[slot], std::span(level).subspan(j, 2));
+      next.push_back(partial);
+    }
+    if (level.size() % 2 == 1)
+      next.push_back(level.back());
+    level = std::move(next);
+  }
+  sum_on(entry.merged, entry.staging, level);
   return entry.merged;
 }
 

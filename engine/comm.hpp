@@ -5,8 +5,11 @@
 //  - comm_host   (`local`):  every value is summed on the host, in one pass over all inputs.
 //  - comm_device (`device`): each key gets a merge buffer on one of the pushing devices (the
 //    least loaded one, as MXNet balances merge buffers by size); the other inputs are copied
-//    there and summed by that device's kernel. For cpu(i) contexts this is the very code path
-//    gpu(i) takes; only the kernel behind sum_into differs.
+//    there and summed by that device's kernel. More than two inputs are summed as a tree: pairs
+//    on the first one's device, level by level, so that with device actors
+//    (actors/device_actors.hpp) the sums of a level run concurrently. For cpu(i) contexts this
+//    is the very code path gpu(i) takes; only the kernel behind sum_into differs, and a host sum
+//    reads other cpu contexts in place instead of copying them.
 //
 // Both keep their buffers per key and reuse them round after round.
 
@@ -59,7 +62,9 @@ public:
 private:
   struct buffers {
     ndarray merged;
-    std::vector<ndarray> staging; // copies of inputs from other devices, on merged's context
+    std::vector<ndarray> staging;  // copies of inputs from other devices, on merged's context
+    std::vector<ndarray> partials; // the tree's sums of pairs (more than two inputs)
+    std::vector<std::vector<ndarray>> partial_staging;
   };
   context pick_merge_context(std::span<const ndarray> values);
 

@@ -160,6 +160,62 @@ BOOST_AUTO_TEST_CASE(dist_device_sync_sums_each_workers_devices_before_the_round
   }
 }
 
+BOOST_AUTO_TEST_CASE(dist_device_modes_match_mxnets_multi_device_closed_form) {
+  // MXNet's multi-device dist check: d devices per worker each push ones*(rank+1) for a key
+  // initialised to ones, `test` with rescale_grad 2: after round i every device pulls
+  // d n(n+1)(i+1) + 1 (dist_device_sync); dist_device_async reaches the last round's value once
+  // a barrier has passed. A small key and one split over the servers.
+  const int rounds = 3;
+  for (std::string type : {"dist_device_sync", "dist_device_async"})
+    for (int devices : {2, 3})
+      for (std::uint32_t workers : {2u, 3u}) {
+        in_process_job job{type, workers, 2, 2, 100'000};
+        problems seen;
+        const bool sync = type == "dist_device_sync";
+        job.run([&](std::uint32_t rank, kvstore& kv) {
+          const std::vector<kv_key> keys{3, 10};
+          const std::vector<shape_vector> shapes{{3, 5}, {400, 300}};
+          const std::vector<ndarray> initial{ndarray::ones(shapes[0]), ndarray::ones(shapes[1])};
+          if (!seen.check(kv.init(keys, initial), "init") ||
+              !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+            return;
+          auto check = [&](int round) {
+            for (std::size_t k = 0; k < keys.size(); ++k) {
+              std::vector<ndarray> outs;
+              for (int d = 0; d < devices; ++d)
+                outs.push_back(ndarray::zeros(shapes[k], context::cpu(d)));
+              if (!seen.check(kv.pull(keys[k], outs), "pull"))
+                return;
+              const auto expected =
+                  static_cast<float>(devices * workers * (workers + 1) * (round + 1) + 1);
+              for (int d = 0; d < devices; ++d)
+                if (auto at = first_mismatch(outs[d], expected); at >= 0)
+                  seen.add(type + " d=" + std::to_string(devices) +
+                           " W=" + std::to_string(workers) + " key " + to_string(keys[k]) +
+                           " round " + std::to_string(round) + " cpu(" + std::to_string(d) +
+                           "): element " + std::to_string(at) + " is " +
+                           std::to_string(outs[d].to_vector<float>()[at]) + ", expected " +
+                           std::to_string(expected));
+            }
+          };
+          for (int round = 0; round < rounds; ++round) {
+            for (std::size_t k = 0; k < keys.size(); ++k) {
+              std::vector<ndarray> grads;
+              for (int d = 0; d < devices; ++d)
+                grads.push_back(ndarray::full(shapes[k], rank + 1.0, context::cpu(d)));
+              if (!seen.check(kv.push(keys[k], grads), "push"))
+                return;
+            }
+            if (sync)
+              check(round);
+          }
+          if (!sync && seen.check(kv.barrier(), "barrier"))
+            check(rounds - 1);
+        });
+        BOOST_TEST(seen.seen.empty(), seen.report());
+      }
+}
+
 BOOST_AUTO_TEST_CASE(dist_async_applies_every_push_exactly_once) {
   // N workers push integer gradients M times; after a barrier the value is 1 + 2 M N(N+1)/2.
   for (auto [workers, servers] :
