@@ -41,6 +41,8 @@ std::string final_line(std::span<const epoch_metrics> epochs, const run_summary&
   line["batch_size"] = run.batch_size;
   line["step_batch"] = run.step_batch;
   line["contexts"] = run.contexts;
+  line["stages"] = run.stages;
+  line["micro_batches"] = run.micro_batches;
   line["threads"] = run.threads;
   line["hybridize"] = run.hybridize;
   line["job_time_s"] = json_line::significant(run.job_time_s, 6);

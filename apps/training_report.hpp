@@ -44,6 +44,8 @@ struct run_summary {
   std::int64_t batch_size = 0; ///< per worker
   std::int64_t step_batch = 0; ///< what trainer.step() was given
   std::size_t contexts = 1;
+  std::size_t stages = 1;         ///< model-parallel stages (1: none)
+  std::int64_t micro_batches = 1; ///< parts of a batch pipelined through the stages
   int threads = 1;
   bool hybridize = false;
   /// Wall time from the first step to the end of the last epoch's barrier: in a dist job every
@@ -55,7 +57,8 @@ struct run_summary {
 /// The final JSON line that scripts read (no newline), compact, keys in this order:
 /// {"final_test_acc":..,"final_train_loss":..,"samples_per_s":..,"time_s":..,"epochs":..,
 /// "model":"..","kvstore":"..","workers":..,"batch_size":..,"step_batch":..,"contexts":..,
-/// "threads":..,"hybridize":..,"job_time_s":..,"job_samples_per_s":..}. Accuracy and loss are the
+/// "stages":..,"micro_batches":..,"threads":..,"hybridize":..,"job_time_s":..,
+/// "job_samples_per_s":..}. Accuracy and loss are the
 /// last epoch's; samples_per_s and time_s cover this worker's training loop of every epoch (every
 /// worker's samples at this worker's pace); job_samples_per_s is every worker's samples over
 /// job_time_s. Measured numbers have 6 significant digits; a test accuracy this process did not

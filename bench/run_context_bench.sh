@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Data parallelism over the contexts of one process: train_mnist on one context against two
-# (cpu(0),cpu(1)), each context's work queued on its own device actor, OpenBLAS on one thread per
-# call (--threads 1), for the MLP and LeNet. For reference, the two contexts also run under the
-# naive engine (TROUPE_ENGINE_TYPE=naive: every operation on the caller's thread, one context
-# after the other).
+# Two contexts of one process against one: train_mnist with data parallelism over cpu(0) and
+# cpu(1), and with the network cut into two model-parallel stages on them, each context's work
+# queued on its own device actor, OpenBLAS on one thread per call (--threads 1), for the MLP and
+# LeNet. For reference, data parallelism also runs under the naive engine
+# (TROUPE_ENGINE_TYPE=naive: every operation on the caller's thread, one context after the other).
 #
 #   one_context          --contexts cpu(0)
 #   two_contexts         --contexts cpu(0),cpu(1) --kvstore device
 #   two_contexts_naive   the same under the naive engine
+#   pipeline_m1          --model-parallel cpu(0),cpu(1) --micro-batches 1 (stages take turns)
+#   pipeline_m4          --model-parallel cpu(0),cpu(1) --micro-batches 4 (stages overlap)
 #
 # Each run prints one JSON line (train_mnist's samples/s over the training steps, and the test
 # accuracy); the last lines give the medians per model and setting and the speed-up of two
@@ -28,17 +30,19 @@ run_timeout=${RUN_TIMEOUT:-900}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-settings=(one_context two_contexts two_contexts_naive)
+settings=(one_context two_contexts two_contexts_naive pipeline_m1 pipeline_m4)
 for repeat in $(seq 1 "$repeats"); do
   for model in $models; do
     for setting in "${settings[@]}"; do
-      engine=device contexts="cpu(0),cpu(1)"
+      engine=device placement=(--contexts "cpu(0),cpu(1)")
       case $setting in
-      one_context) contexts="cpu(0)" ;;
+      one_context) placement=(--contexts "cpu(0)") ;;
       two_contexts_naive) engine=naive ;;
+      pipeline_m1) placement=(--model-parallel "cpu(0),cpu(1)" --micro-batches 1) ;;
+      pipeline_m4) placement=(--model-parallel "cpu(0),cpu(1)" --micro-batches 4) ;;
       esac
       out=$(TROUPE_ENGINE_TYPE=$engine timeout -k 10 "$run_timeout" "$build/apps/train_mnist" \
-              --model "$model" --contexts "$contexts" --kvstore device --threads 1 \
+              --model "$model" "${placement[@]}" --kvstore device --threads 1 \
               --epochs "$epochs" --quiet 2>/dev/null | final_line || true)
       if [ -z "$out" ]; then
         echo "run_context_bench: repeat $repeat of $model $setting skipped: no result" >&2

@@ -1,6 +1,7 @@
 #include "engine/nd.hpp"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <utility>
 
@@ -109,6 +110,17 @@ ndarray flatten(const ndarray& x) {
 
 ndarray reshape(const ndarray& x, shape_vector shape) {
   return run_one("Reshape", {x}, reshape_attrs(std::move(shape)));
+}
+
+ndarray copy_to(const ndarray& x, context target) {
+  std::array<ndarray, 1> out{x.copy_to(target)};
+  autograd::record_custom(
+      std::span<const ndarray>(&x, 1), out,
+      [](std::span<const ndarray> output_grads, std::span<ndarray> input_grads) {
+        if (!input_grads[0].is_none())
+          output_grads[0].copy_to(input_grads[0]);
+      });
+  return std::move(out[0]);
 }
 
 ndarray dropout(const ndarray& x, double p) {

@@ -45,6 +45,10 @@ ndarray tanh(const ndarray& x);
 ndarray flatten(const ndarray& x);
 /// A reshape that autograd and tracing see (-1 inferred once).
 ndarray reshape(const ndarray& x, shape_vector shape);
+/// `x`'s values on `target` (MXNet's as_in_context / copyto under autograd): when recorded, the
+/// gradient flows back to x's context the same way. Model parallelism moves activations between
+/// stages with it.
+ndarray copy_to(const ndarray& x, context target);
 /// Inverted dropout with probability p in training mode; the identity otherwise.
 ndarray dropout(const ndarray& x, double p);
 /// Per-sample -log softmax(logits)[label]: logits [n, classes], label [n] float class indices;

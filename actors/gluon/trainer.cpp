@@ -85,8 +85,10 @@ result<std::unique_ptr<trainer>>
 trainer::make(nn::parameter_list parameters, std::string_view optimizer_name,
               const optimizer_params& hyper, std::shared_ptr<kvstore> owned, kvstore* store,
               bool store_from_type, std::string_view type, std::optional<bool> update_on_kvstore) {
-  // Trainer.__init__ and _check_contexts: every parameter initialised, all on one set of
-  // contexts (one updater per context, one key per parameter).
+  // Trainer.__init__ and _check_contexts: every parameter initialised, each on as many contexts
+  // (updater c updates copy c of every parameter; one key per parameter). MXNet wants one set of
+  // contexts for all; troupe lets the sets differ, so that the stages of a model-parallel
+  // network (engine/nn/pipeline.hpp) keep their parameters on their own contexts.
   if (parameters.empty())
     return error{errc::empty_list, "trainer: no parameters to train"};
   std::set<const nn::parameter*> seen;
@@ -104,9 +106,9 @@ trainer::make(nn::parameter_list parameters, std::string_view optimizer_name,
                        " has not been initialized; call initialize() before creating the trainer"};
     if (!contexts)
       contexts = &param->list_ctx();
-    else if (param->list_ctx() != *contexts)
+    else if (param->list_ctx().size() != contexts->size())
       return error{errc::context_mismatch,
-                   "trainer: all parameters must be initialized on the same set of contexts, but "
+                   "trainer: all parameters must be initialized on as many contexts, but "
                    "parameter " +
                        param->name() + " is initialized on " + context_list(param->list_ctx()) +
                        " while previous parameters are initialized on " + context_list(*contexts)};

@@ -73,7 +73,9 @@ public:
   /// "dist_async", ... ("" or "none": no store; a non-dist type with one context per parameter:
   /// no store either, see the file comment). `update_on_kvstore`: nullopt is MXNet's None.
   /// Errors: no parameters, a null or repeated parameter, a parameter that was never
-  /// initialize()d or lives on other contexts than the first one, lr_mult/wd_mult other than 1;
+  /// initialize()d or lives on another number of contexts than the first one (the contexts may
+  /// differ: a model-parallel network's stages, engine/nn/pipeline.hpp), lr_mult/wd_mult other
+  /// than 1;
   /// the optimizer's (unknown name or parameter); the store's (unknown type, cannot connect); the
   /// update_on_kvstore table's.
   static result<std::unique_ptr<trainer>>

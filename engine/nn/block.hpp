@@ -90,7 +90,7 @@ public:
 
   /// Turns cached execution on or off for this block and all its children (gluon's hybridize),
   /// and drops the graphs cached so far.
-  void hybridize(bool active = true);
+  virtual void hybridize(bool active = true);
   bool is_hybridized() const noexcept { return active_; }
   /// How many times this block has traced its forward into a graph: once per input shape,
   /// context and training mode while hybridized.

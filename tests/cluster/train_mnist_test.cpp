@@ -254,7 +254,8 @@ BOOST_AUTO_TEST_CASE(the_final_line_is_compact_json_with_its_keys_in_order) {
   BOOST_TEST(report::final_line(epochs, run) ==
              R"({"final_test_acc":84.9,"final_train_loss":0.412346,"samples_per_s":43636.4,)"
              R"("time_s":2.75,"epochs":2,"model":"mlp","kvstore":"dist_sync","workers":2,)"
-             R"("batch_size":64,"step_batch":128,"contexts":1,"threads":1,"hybridize":false,)"
+             R"("batch_size":64,"step_batch":128,"contexts":1,"stages":1,"micro_batches":1,)"
+             R"("threads":1,"hybridize":false,)"
              R"("job_time_s":4.0,"job_samples_per_s":30000.0})");
   epochs[1].test_acc.reset(); // a worker that did not evaluate
   BOOST_TEST(report::final_line(epochs, run).starts_with(R"({"final_test_acc":null,)"));

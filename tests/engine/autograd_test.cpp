@@ -51,6 +51,21 @@ void require_close(const std::vector<float>& analytic, const std::vector<double>
 
 BOOST_AUTO_TEST_SUITE(autograd_tests)
 
+BOOST_AUTO_TEST_CASE(a_recorded_copy_to_another_context_sends_the_gradient_back) {
+  auto x = ndarray::from_values({1, 2, 3}, {3}, context::cpu(0));
+  x.attach_grad();
+  ndarray y;
+  {
+    autograd::record_scope record;
+    y = nd::multiply(nd::copy_to(x, context::cpu(1)), nd::copy_to(x, context::cpu(1)));
+  }
+  y.backward();
+  BOOST_TEST(y.ctx() == context::cpu(1));
+  BOOST_TEST(x.grad().ctx() == context::cpu(0));
+  BOOST_TEST(x.grad().to_vector<float>() == (std::vector<float>{2, 4, 6}),
+             boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_CASE(product_of_a_value_with_itself_gives_twice_the_value) {
   auto x = values({1, -2, 3}, {3});
   x.attach_grad();
