@@ -828,7 +828,7 @@ void print_banner(const training_job& job) {
              "samples{}{}\n",
              o.model, o.kvstore, job.train->update_on_kvstore(), job.member.workers,
              o.stages.empty() ? o.contexts
-                              : fmt::format("{} as model-parallel stages, {} micro-batches",
+                              : fmt::format("{} (model-parallel stages, {} micro-batches)",
                                             o.model_parallel, o.micro_batches),
              o.batch_size, job.step_batch, job.data.steps, job.data.n_train,
              o.hybridize ? ", hybridized" : "", sync_note(o));

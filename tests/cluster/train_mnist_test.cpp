@@ -3,6 +3,7 @@
 // runs are kept short (one epoch, or a few hundred samples) for a 2-core CI machine; every wait is
 // bounded.
 
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -123,6 +124,41 @@ BOOST_AUTO_TEST_CASE(a_hybridized_run_on_two_contexts_prints_what_the_imperative
                    << hybridized.out);
 }
 
+// Two model-parallel stages run the same operators in the same order as one context, so with the
+// whole batch (one micro-batch) they print the same metrics; four micro-batches add the parts'
+// gradients up in another order (float rounding), and a dist_sync job of two workers runs the
+// pipeline in each.
+BOOST_AUTO_TEST_CASE(a_two_stage_pipeline_trains_as_one_context_does,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  const std::vector<std::string> common{"--epochs", "1", "--max-batches", "20", "--quiet"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return run(train_path, extra, {}, 120s);
+  };
+  auto one_context = with({});
+  auto whole = with({"--model-parallel", "cpu(0),cpu(1)"});
+  auto parts = with({"--model-parallel", "cpu(0),cpu(1)", "--micro-batches", "4"});
+  for (const auto* result : {&one_context, &whole, &parts})
+    BOOST_TEST_REQUIRE(result->exit_code == 0, describe(*result));
+  for (const char* key : {"final_test_acc", "final_train_loss"})
+    BOOST_TEST(final_field(one_context.out, key).value_or(-1) ==
+                   final_field(whole.out, key).value_or(-2),
+               key << "\n"
+                   << one_context.out << "\n"
+                   << whole.out);
+  BOOST_TEST(std::abs(final_field(one_context.out, "final_test_acc").value_or(-1) -
+                      final_field(parts.out, "final_test_acc").value_or(-100)) < 1.0,
+             one_context.out << "\n"
+                             << parts.out);
+  BOOST_TEST(final_field(parts.out, "micro_batches").value_or(0) == 4, parts.out);
+
+  auto job = launch_short_training(
+      2, {},
+      {"--kvstore", "dist_sync", "--model-parallel", "cpu(0),cpu(1)", "--micro-batches", "2"});
+  BOOST_TEST_REQUIRE(job.exit_code == 0, describe(job));
+  BOOST_TEST(final_field(job.out, "stages").value_or(0) == 2, job.out);
+}
+
 // 1023 samples over 2 workers: part 0 holds 512 (8 batches of 64), part 1 511 (7 batches). A
 // worker that ran its 8th batch would push into a sync round nobody else joins (MXNet hangs there,
 // apache/mxnet#7888; troupe's store would time out). Every worker runs common_batch_count = 7
@@ -210,6 +246,14 @@ BOOST_AUTO_TEST_CASE(bad_flags_exit_2_with_one_line_naming_them) {
   BOOST_TEST(context.err.find("'tpu(1)' is not a context") != std::string::npos, context.err);
   auto momentum = run(train_path, {"--optimizer", "adam", "--momentum", "0.9"}, {}, 30s);
   BOOST_TEST(momentum.exit_code == 2, describe(momentum));
+  auto parts = run(train_path, {"--micro-batches", "4"}, {}, 30s);
+  BOOST_TEST(parts.exit_code == 2, describe(parts));
+  BOOST_TEST(parts.err.find("--micro-batches needs --model-parallel") != std::string::npos,
+             parts.err);
+  auto both = run(train_path, {"--model-parallel", "cpu(0),cpu(1)", "--contexts", "cpu(0),cpu(1)"},
+                  {}, 30s);
+  BOOST_TEST(both.exit_code == 2, describe(both));
+  BOOST_TEST(both.err.find("--model-parallel and --contexts") != std::string::npos, both.err);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
