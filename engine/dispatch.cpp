@@ -215,8 +215,10 @@ void run_inline(std::span<const ndarray* const> reads, std::span<const ndarray* 
   work();
 }
 
-void push_queued(std::string_view operation, context ctx, std::span<const ndarray* const> reads,
-                 std::span<const ndarray* const> writes, std::function<void()> work) {
+/// Queues `work` (moved from); false, leaving it alone, when the backend went away since the
+/// caller looked (set_backend from another thread): the caller runs it itself.
+bool push_queued(std::string_view operation, context ctx, std::span<const ndarray* const> reads,
+                 std::span<const ndarray* const> writes, std::function<void()>& work) {
   lane& own = lanes().of(ctx);
   // Back-pressure: the caller waits for the lane instead of queueing without bound.
   const auto issued = own.issued.load(std::memory_order_relaxed);
@@ -235,6 +237,8 @@ void push_queued(std::string_view operation, context ctx, std::span<const ndarra
 
   std::lock_guard issue(issue_mutex());
   auto& backend = installed_backend();
+  if (!backend)
+    return false;
   const std::uint64_t ticket = own.issued.load(std::memory_order_relaxed) + 1;
   own.issued.store(ticket, std::memory_order_relaxed);
 
@@ -285,6 +289,7 @@ void push_queued(std::string_view operation, context ctx, std::span<const ndarra
       mark_failed(written_blocks, std::move(failure));
     own.complete(ticket);
   });
+  return true;
 }
 
 } // namespace
@@ -331,7 +336,8 @@ void push(std::string_view operation, context ctx, std::span<const ndarray* cons
     run_inline(reads, writes, work);
     return;
   }
-  push_queued(operation, ctx, reads, writes, std::move(work));
+  if (!push_queued(operation, ctx, reads, writes, work))
+    run_inline(reads, writes, work);
 }
 
 void wait_for(const std::shared_ptr<storage>& block, access_kind kind) {
