@@ -13,7 +13,9 @@ namespace troupe {
 
 namespace {
 
-device_actor::behavior_type device_behavior() {
+// `ctx` is unused: CAF 0.17.6 dereferences a null argument tuple when an actor is spawned with no
+// arguments (UBSan: "reference binding to null pointer"), so the context comes along.
+device_actor::behavior_type device_behavior(context /*ctx*/) {
   return {
       [](device_work& work) { work.run(); },
   };
@@ -31,7 +33,7 @@ device_actor device_actors::actor_of(context ctx) {
   std::lock_guard lock(mutex_);
   auto& actor = actors_[ctx];
   if (!actor)
-    actor = system_.spawn<caf::detached>(device_behavior);
+    actor = system_.spawn<caf::detached>(device_behavior, ctx);
   return actor;
 }
 

@@ -175,6 +175,19 @@ void mark_failed(std::span<const std::shared_ptr<storage>> written, std::excepti
     unreported_error() = std::move(error);
 }
 
+/// Waits for the queued uses of `block` that an access of `kind` must follow.
+void wait_for_uses(const std::shared_ptr<storage>& block, access_kind kind);
+
+/// A successful write replaces what a failed one left: the block's error goes.
+void clear_failures(std::span<const std::shared_ptr<storage>> written) {
+  for (const auto& block : written)
+    if (block->dependency().failed.load(std::memory_order_acquire)) {
+      std::lock_guard lock(error_mutex());
+      block->dependency().error = nullptr;
+      block->dependency().failed.store(false, std::memory_order_release);
+    }
+}
+
 /// The error a failed read left on one of `read`, if any: work on a failed input fails too.
 std::exception_ptr inherited_failure(std::span<const std::shared_ptr<storage>> read) {
   for (const auto& block : read)
@@ -209,10 +222,14 @@ void run_inline(std::span<const ndarray* const> reads, std::span<const ndarray* 
   for (const auto* array : reads)
     if (const auto* block = block_of(array))
       wait_for(*block, access_kind::read);
+  std::vector<std::shared_ptr<storage>> written;
   for (const auto* array : writes)
-    if (const auto* block = block_of(array))
-      wait_for(*block, access_kind::write);
+    if (const auto* block = block_of(array)) {
+      wait_for_uses(*block, access_kind::write);
+      written.push_back(*block);
+    }
   work();
+  clear_failures(written);
 }
 
 /// Queues `work` (moved from); false, leaving it alone, when the backend went away since the
@@ -287,6 +304,8 @@ bool push_queued(std::string_view operation, context ctx, std::span<const ndarra
     }
     if (failure)
       mark_failed(written_blocks, std::move(failure));
+    else
+      clear_failures(written_blocks);
     own.complete(ticket);
   });
   return true;
@@ -343,6 +362,26 @@ void push(std::string_view operation, context ctx, std::span<const ndarray* cons
 void wait_for(const std::shared_ptr<storage>& block, access_kind kind) {
   if (block == nullptr || !has_backend() || on_lane)
     return;
+  wait_for_uses(block, kind);
+  auto& dependency = block->dependency();
+  if (!dependency.failed.load(std::memory_order_acquire))
+    return;
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(error_mutex());
+    error = dependency.error;
+    if (unreported_error() == error)
+      unreported_error() = nullptr; // seen here: waitall need not throw it again
+  }
+  if (error)
+    std::rethrow_exception(error);
+}
+
+namespace {
+
+void wait_for_uses(const std::shared_ptr<storage>& block, access_kind kind) {
+  if (!has_backend() || on_lane) // on a lane, the task's arrays are ready
+    return;
   auto& dependency = block->dependency();
   auto wait_on = [](std::uint64_t use) {
     if (use != 0)
@@ -358,19 +397,9 @@ void wait_for(const std::shared_ptr<storage>& block, access_kind kind) {
       wait_on(use);
   }
   wait_on(dependency.last_write.load(std::memory_order_acquire));
-  if (!dependency.failed.load(std::memory_order_acquire))
-    return;
-  std::exception_ptr error;
-  {
-    std::lock_guard lock(error_mutex());
-    error = std::exchange(dependency.error, nullptr);
-    dependency.failed.store(false, std::memory_order_release);
-    if (unreported_error() == error)
-      unreported_error() = nullptr;
-  }
-  if (error)
-    std::rethrow_exception(error);
 }
+
+} // namespace
 
 void waitall() {
   for (auto* each : lanes().all())

@@ -3,8 +3,9 @@
 // that context's lane and runs there in the order it was queued; the caller goes on at once.
 // Reading an array's bytes from outside a lane (to_vector, data<T>(), raw_data(), wait_to_read)
 // first waits for the queued work that uses that array; an error inside queued work is kept on
-// the arrays the work writes and thrown at the next wait on one of them (and by waitall), naming
-// the operation and the context.
+// the arrays the work writes and thrown at every wait on one of them (and once by waitall),
+// naming the operation and the context, until a later task writes the array again. Work that
+// reads a failed array fails with its error, whenever it runs.
 //
 // Who runs a lane is a device_backend. The engine itself has none: without one (the naive engine,
 // MXNet's NaiveEngine, and the default) every operation runs at once on the caller's thread. The
@@ -99,11 +100,12 @@ void push(std::string_view operation, context ctx, std::span<const ndarray* cons
 enum class access_kind : std::uint8_t { read, write };
 
 /// Waits until the queued work that writes `block` is done (and, to write it, the work that reads
-/// it too); throws the error a failed task left on it (once: the error is cleared when thrown).
-/// Does nothing on a lane's thread or without a backend.
+/// it too); throws the error a failed task left on it. The error stays with the block, thrown at
+/// every wait, until a later task writes the block without failing. Does nothing on a lane's
+/// thread or without a backend.
 void wait_for(const std::shared_ptr<storage>& block, access_kind kind);
 /// Waits until every lane has finished everything queued so far; throws the first error of any
-/// task since the last waitall (cleared when thrown).
+/// task since the last waitall that no wait on its array has thrown yet (once).
 void waitall();
 
 } // namespace engine

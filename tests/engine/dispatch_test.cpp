@@ -131,10 +131,10 @@ BOOST_AUTO_TEST_CASE(an_error_in_queued_work_is_thrown_at_the_next_wait_naming_t
     BOOST_TEST((e.error().code() == errc::shape_mismatch));
     BOOST_TEST(e.error().message() == "exploding op on cpu(1): the shapes were wrong");
   }
-  a.wait_to_read(); // thrown once
+  BOOST_CHECK_THROW(a.wait_to_read(), exception); // the array stays failed
   BOOST_CHECK_THROW(b.to_vector<float>(), exception);
   engine::waitall(); // every error was seen at a wait
-  a.fill(3.0);       // the array is usable again
+  a.fill(3.0);       // a write that succeeds makes the array usable again
   BOOST_TEST(a.to_vector<float>() == std::vector<float>(2, 3.0f), boost::test_tools::per_element());
 }
 
