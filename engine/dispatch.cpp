@@ -216,7 +216,7 @@ const std::shared_ptr<storage>* block_of(const ndarray* array) {
   return &array->block();
 }
 
-/// Runs at once: on a lane's thread or in an inline scope, after the queued work on the arrays.
+/// Runs at once in an inline scope, after the queued work on the arrays.
 void run_inline(std::span<const ndarray* const> reads, std::span<const ndarray* const> writes,
                 const std::function<void()>& work) {
   for (const auto* array : reads)
@@ -347,11 +347,13 @@ void push(std::string_view operation, context ctx, access arrays, std::function<
 
 void push(std::string_view operation, context ctx, std::span<const ndarray* const> reads,
           std::span<const ndarray* const> writes, std::function<void()> work) {
-  if (!has_backend()) {
+  // Without a backend, or inside a lane's task (whose arrays are ready, and whose outcome the
+  // task's own bookkeeping records): at once, nothing to wait for.
+  if (!has_backend() || on_lane) {
     work();
     return;
   }
-  if (runs_inline()) {
+  if (inline_requested) {
     run_inline(reads, writes, work);
     return;
   }
