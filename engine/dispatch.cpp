@@ -339,6 +339,11 @@ bool runs_inline() noexcept {
   return on_lane || inline_requested;
 }
 
+void add_addresses(std::vector<const ndarray*>& to, std::span<const ndarray> arrays) {
+  for (const auto& array : arrays)
+    to.push_back(&array);
+}
+
 void push(std::string_view operation, context ctx, access arrays, std::function<void()> work) {
   push(operation, ctx, std::span<const ndarray* const>(arrays.reads.begin(), arrays.reads.size()),
        std::span<const ndarray* const>(arrays.writes.begin(), arrays.writes.size()),

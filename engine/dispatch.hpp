@@ -38,6 +38,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/context.hpp"
 
@@ -89,6 +90,10 @@ struct access {
   std::initializer_list<const ndarray*> reads = {};
   std::initializer_list<const ndarray*> writes = {};
 };
+
+/// Appends the address of each of `arrays` to `to`: the reads or writes of a task whose arrays
+/// come as a span (an operator's inputs).
+void add_addresses(std::vector<const ndarray*>& to, std::span<const ndarray> arrays);
 
 /// Queues `work` on `ctx`'s lane (or runs it at once, see the file comment). `operation` names it
 /// in errors ("FullyConnected", "copy_to").

@@ -1575,9 +1575,7 @@ void sum_into(std::span<const ndarray> inputs, ndarray& out) {
     return;
   }
   std::vector<const ndarray*> reads;
-  reads.reserve(inputs.size());
-  for (const auto& input : inputs)
-    reads.push_back(&input);
+  engine::add_addresses(reads, inputs);
   const ndarray* writes[] = {&out};
   engine::push("sum_into", out.ctx(), reads, writes,
                [inputs = std::vector<ndarray>(inputs.begin(), inputs.end()), out]() mutable {

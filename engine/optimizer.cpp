@@ -252,8 +252,7 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
   ++entry.update_count;
 
   std::vector<const ndarray*> writes{&weight};
-  for (const auto& buffer : entry.buffers)
-    writes.push_back(&buffer);
+  engine::add_addresses(writes, entry.buffers);
   const ndarray* reads[] = {&grad};
   // An optimizer that cannot be copied (a caller's own subclass, unknown to create()) updates at
   // once on this thread, where no queued update can see its parameters change.

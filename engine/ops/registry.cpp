@@ -96,15 +96,6 @@ std::uint64_t seed_for_call(const op_def& op, const op_attrs& attrs, bool is_tra
   return op.draws_seed != nullptr && op.draws_seed(attrs, is_train) ? next_operator_seed() : 0;
 }
 
-namespace {
-
-void add_addresses(std::vector<const ndarray*>& to, std::span<const ndarray> arrays) {
-  for (const auto& array : arrays)
-    to.push_back(&array);
-}
-
-} // namespace
-
 void queue_forward(const op_def& op, const op_attrs& attrs, bool is_train, std::uint64_t seed,
                    std::span<const ndarray> inputs, std::span<ndarray> outputs,
                    std::shared_ptr<std::vector<ndarray>> saved) {
@@ -114,8 +105,8 @@ void queue_forward(const op_def& op, const op_attrs& attrs, bool is_train, std::
     return;
   }
   std::vector<const ndarray*> reads, writes;
-  add_addresses(reads, inputs);
-  add_addresses(writes, outputs);
+  engine::add_addresses(reads, inputs);
+  engine::add_addresses(writes, outputs);
   engine::push(op.name, outputs.empty() ? context::cpu() : outputs[0].ctx(), reads, writes,
                [&op, attrs, is_train, seed,
                 inputs = std::vector<ndarray>(inputs.begin(), inputs.end()),
@@ -136,10 +127,10 @@ void queue_backward(const op_def& op, const op_attrs& attrs, std::span<const nda
     return;
   }
   std::vector<const ndarray*> reads, writes;
-  add_addresses(reads, inputs);
-  add_addresses(reads, outputs);
-  add_addresses(reads, output_grads);
-  add_addresses(writes, input_grads);
+  engine::add_addresses(reads, inputs);
+  engine::add_addresses(reads, outputs);
+  engine::add_addresses(reads, output_grads);
+  engine::add_addresses(writes, input_grads);
   const context ctx = !output_grads.empty() ? output_grads[0].ctx() : context::cpu();
   engine::push(std::string{op.name} + " backward", ctx, reads, writes,
                [&op, attrs, inputs = std::vector<ndarray>(inputs.begin(), inputs.end()),

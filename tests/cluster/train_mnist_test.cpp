@@ -65,6 +65,16 @@ outcome launch_short_training(int workers, std::vector<std::string> launcher_fla
   return run(launch_path, args, {}, 180s);
 }
 
+/// The two runs printed the same final test accuracy and training loss, to the last digit.
+void require_same_final_metrics(const outcome& first, const outcome& second) {
+  for (const char* key : {"final_test_acc", "final_train_loss"})
+    BOOST_TEST(final_field(first.out, key).value_or(-1) ==
+                   final_field(second.out, key).value_or(-2),
+               key << "\n"
+                   << first.out << "\n"
+                   << second.out);
+}
+
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -116,12 +126,7 @@ BOOST_AUTO_TEST_CASE(a_hybridized_run_on_two_contexts_prints_what_the_imperative
   auto hybridized = run(train_path, with_hybrid, {}, 120s);
   BOOST_TEST_REQUIRE(imperative.exit_code == 0, describe(imperative));
   BOOST_TEST_REQUIRE(hybridized.exit_code == 0, describe(hybridized));
-  for (const char* key : {"final_test_acc", "final_train_loss"})
-    BOOST_TEST(final_field(imperative.out, key).value_or(-1) ==
-                   final_field(hybridized.out, key).value_or(-2),
-               key << "\n"
-                   << imperative.out << "\n"
-                   << hybridized.out);
+  require_same_final_metrics(imperative, hybridized);
 }
 
 // Two model-parallel stages run the same operators in the same order as one context, so with the
@@ -140,12 +145,7 @@ BOOST_AUTO_TEST_CASE(a_two_stage_pipeline_trains_as_one_context_does,
   auto parts = with({"--model-parallel", "cpu(0),cpu(1)", "--micro-batches", "4"});
   for (const auto* result : {&one_context, &whole, &parts})
     BOOST_TEST_REQUIRE(result->exit_code == 0, describe(*result));
-  for (const char* key : {"final_test_acc", "final_train_loss"})
-    BOOST_TEST(final_field(one_context.out, key).value_or(-1) ==
-                   final_field(whole.out, key).value_or(-2),
-               key << "\n"
-                   << one_context.out << "\n"
-                   << whole.out);
+  require_same_final_metrics(one_context, whole);
   BOOST_TEST(std::abs(final_field(one_context.out, "final_test_acc").value_or(-1) -
                       final_field(parts.out, "final_test_acc").value_or(-100)) < 1.0,
              one_context.out << "\n"

@@ -43,12 +43,10 @@ ndarray batch_labels(int step, std::int64_t rows) {
   return ndarray::from_values(labels, {rows});
 }
 
-/// One step: the loss of each micro-batch (labels moved to the output's context), one backward
-/// over all of them, the update.
-void train_step(nn::pipeline& net, trainer& train, int step, std::int64_t rows,
-                std::int64_t parts) {
-  const auto x = batch_data(step, rows);
-  const auto labels = batch_labels(step, rows);
+/// The loss of each micro-batch of `x` (labels moved to the output's context), recorded, then one
+/// backward over all of them.
+void forward_and_backward(nn::pipeline& net, const ndarray& x, const ndarray& labels,
+                          std::int64_t parts) {
   std::vector<ndarray> losses;
   {
     autograd::record_scope record;
@@ -61,6 +59,12 @@ void train_step(nn::pipeline& net, trainer& train, int step, std::int64_t rows,
     }
   }
   autograd::backward(losses);
+}
+
+/// One step on batch `step` of `rows` rows: forward_and_backward, then the update.
+void train_step(nn::pipeline& net, trainer& train, int step, std::int64_t rows,
+                std::int64_t parts) {
+  forward_and_backward(net, batch_data(step, rows), batch_labels(step, rows), parts);
   BOOST_TEST_REQUIRE(train.step(rows).has_value());
 }
 
@@ -164,21 +168,8 @@ BOOST_AUTO_TEST_CASE(every_worker_of_a_dist_sync_job_runs_the_pipeline_and_pushe
       return;
     }
     for (int step = 0; step < 3; ++step) {
-      const auto x = batch_data(step, 24).slice(rank * 12, rank * 12 + 12);
-      const auto labels = batch_labels(step, 24).slice(rank * 12, rank * 12 + 12);
-      std::vector<ndarray> losses;
-      {
-        autograd::record_scope record;
-        auto outputs = net->forward_micro_batches(x, 3);
-        std::int64_t begin = 0;
-        for (auto& out : outputs) {
-          const auto end = begin + out.shape()[0];
-          losses.push_back(
-              nd::softmax_cross_entropy(out, labels.slice(begin, end).copy_to(out.ctx())));
-          begin = end;
-        }
-      }
-      autograd::backward(losses);
+      forward_and_backward(*net, batch_data(step, 24).slice(rank * 12, rank * 12 + 12),
+                           batch_labels(step, 24).slice(rank * 12, rank * 12 + 12), 3);
       if (!seen.check((*made)->step(24), "step"))
         return;
     }
