@@ -565,13 +565,9 @@ void softmax_cross_entropy_backward(const float* probabilities, const float* lab
   }
 }
 
-void dropout_forward(const float* x, float* y, float* mask, std::size_t n, double p,
-                     std::uint64_t seed) noexcept {
+void dropout_mask(float* mask, std::size_t n, double p, std::uint64_t seed) noexcept {
   if (!(p > 0.0)) {
-    for (std::size_t i = 0; i < n; ++i) {
-      mask[i] = 1.0f;
-      y[i] = x[i];
-    }
+    std::fill(mask, mask + n, 1.0f);
     return;
   }
   std::mt19937_64 engine{seed};
@@ -582,6 +578,17 @@ void dropout_forward(const float* x, float* y, float* mask, std::size_t n, doubl
   const auto threshold = static_cast<std::uint64_t>(std::ceil(std::min(p, 1.0) * 0x1.0p53));
   for (std::size_t i = 0; i < n; ++i)
     mask[i] = (engine() >> 11) < threshold ? 0.0f : keep;
+}
+
+void dropout_forward(const float* x, float* y, float* mask, std::size_t n, double p,
+                     std::uint64_t seed) noexcept {
+  dropout_mask(mask, n, p, seed);
+  // a mask of ones: y is x exactly (copied, as x · 1 would quiet a signalling NaN)
+  if (!(p > 0.0)) {
+    for (std::size_t i = 0; i < n; ++i)
+      y[i] = x[i];
+    return;
+  }
   for (std::size_t i = 0; i < n; ++i)
     y[i] = x[i] * mask[i];
 }

@@ -84,6 +84,12 @@ void softmax_cross_entropy_backward(const float* probabilities, const float* lab
                                     const float* dloss, float* dlogits, write_mode mode,
                                     std::size_t batch, std::size_t classes) noexcept;
 
+/// The mask of dropout_forward alone: mask[i] = 0 with probability p, else 1/(1-p), the i-th
+/// draw of a std::mt19937_64 seeded with `seed` deciding element i (u = (engine() >> 11)·2⁻⁵³,
+/// dropped when u < p); p <= 0 gives a mask of ones. The GPU dropout (kernels/cuda/nn.hpp) draws
+/// its mask here too, so that a seed gives the same mask on every device.
+void dropout_mask(float* mask, std::size_t n, double p, std::uint64_t seed) noexcept;
+
 /// Inverted dropout: mask[i] = 0 with probability p, else 1/(1-p); y = x · mask. The mask comes
 /// from a std::mt19937_64 seeded with `seed` (so a seed reproduces it); p in [0, 1), and p == 0
 /// gives a mask of ones.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -16,11 +17,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/launch.cuh"
 
 namespace troupe::kernels::cuda {
 
-namespace {
+namespace detail {
 
 [[noreturn]] void throw_failure(const char* call, int device, const char* name, const char* message,
                                 const char* file, int line) {
@@ -45,32 +46,48 @@ void check_status(cublasStatus_t status, const char* call, int device, const cha
                 line);
 }
 
-} // namespace
+} // namespace detail
 
-/// The one way troupe calls CUDA or cuBLAS: evaluates `call` and throws std::runtime_error
-/// naming the call, `device` and the error when it does not succeed.
-#define TROUPE_CUDA_CHECK(device, call)                                                            \
-  ::troupe::kernels::cuda::check_status((call), #call, (device), __FILE__, __LINE__)
+using namespace detail;
 
 namespace {
 
 /// Device discovery, once per process: the set of visible devices cannot change after the
 /// runtime has initialised.
 struct discovery {
-  int count = 0;
+  int count = 0;                   ///< devices troupe offers: gpu(0) to gpu(count - 1)
+  int physical_count = 0;          ///< GPUs the CUDA runtime reports
   cudaError_t error = cudaSuccess; ///< why count is 0, when cudaGetDeviceCount failed
 };
+
+/// TROUPE_GPU_CONTEXTS=N (N > the physical count, at most 64) offers N gpu contexts on fewer
+/// GPUs, gpu(i) running on GPU i % physical_count with its own stream: a one-GPU machine can then
+/// run what two GPU contexts run (a pipeline's stages on two streams). Anything else: unset.
+int requested_contexts() noexcept {
+  const char* text = std::getenv("TROUPE_GPU_CONTEXTS");
+  if (text == nullptr || *text == '\0')
+    return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > 64) {
+    std::fprintf(stderr, "troupe: TROUPE_GPU_CONTEXTS='%s' is not a count from 1 to 64; ignored\n",
+                 text);
+    return 0;
+  }
+  return static_cast<int>(value);
+}
 
 const discovery& discover() noexcept {
   static const discovery result = [] {
     discovery d;
     // Not through TROUPE_CUDA_CHECK on purpose: without a driver this fails with
     // cudaErrorInsufficientDriver (not cudaErrorNoDevice), and any failure means "no GPU".
-    d.error = cudaGetDeviceCount(&d.count);
+    d.error = cudaGetDeviceCount(&d.physical_count);
     if (d.error != cudaSuccess) {
-      d.count = 0;
+      d.physical_count = 0;
       cudaGetLastError();
     }
+    d.count = d.physical_count > 0 ? std::max(d.physical_count, requested_contexts()) : 0;
     return d;
   }();
   return result;
@@ -88,7 +105,7 @@ struct registry {
 registry& state() {
   static registry* r = [] {
     auto* created = new registry;
-    const auto count = static_cast<std::size_t>(discover().count);
+    const auto count = static_cast<std::size_t>(discover().physical_count);
     created->handles.assign(count, nullptr);
     created->peer_enabled.assign(count * count, 0);
     return created;
@@ -96,34 +113,31 @@ registry& state() {
   return *r;
 }
 
-/// Checks that `device` exists and makes it current for this thread.
-void activate(int device, const char* function) {
-  const int count = discover().count;
-  if (device < 0 || device >= count)
-    throw std::runtime_error(std::string{"troupe::kernels::cuda::"} + function +
-                             ": no CUDA device " + std::to_string(device) + " (" +
-                             std::to_string(count) + " present)");
-  TROUPE_CUDA_CHECK(device, cudaSetDevice(device));
-}
-
-/// Blocks until the work queued on the current device's default stream has finished, so that
-/// the call that queued it has host-side (synchronous) semantics.
-void wait_for(int device) {
-  TROUPE_CUDA_CHECK(device, cudaStreamSynchronize(nullptr));
-}
-
-cublasHandle_t handle_for(int device) {
+cublasHandle_t default_handle_for(int device) {
   registry& r = state();
   std::lock_guard lock{r.mutex};
-  cublasHandle_t& handle = r.handles[static_cast<std::size_t>(device)];
+  cublasHandle_t& handle = r.handles[static_cast<std::size_t>(physical_device(device))];
   if (handle == nullptr) {
     cublasHandle_t created = nullptr;
-    // binds to the current device, which activate() has set
+    // binds to the current device, which activate() has set, and to the legacy default stream
     TROUPE_CUDA_CHECK(device, cublasCreate(&created));
     handle = created;
   }
   return handle;
 }
+
+/// The stream this thread's stream_scope installed, or null.
+thread_local const stream* installed_stream = nullptr;
+
+/// Page-locked host memory of one thread, grown on demand and released with the thread.
+struct pinned_buffer {
+  void* pointer = nullptr;
+  std::size_t bytes = 0;
+  ~pinned_buffer() {
+    if (pointer != nullptr)
+      cudaFreeHost(pointer); // at thread exit: nothing to report to
+  }
+};
 
 cudaError_t tolerate_already_enabled(cudaError_t status) noexcept {
   if (status != cudaErrorPeerAccessAlreadyEnabled)
@@ -137,37 +151,24 @@ cudaError_t tolerate_already_enabled(cudaError_t status) noexcept {
 void enable_peer_access(int dst_device, int src_device) {
   registry& r = state();
   std::lock_guard lock{r.mutex};
-  const auto count = static_cast<std::size_t>(discover().count);
-  signed char& known = r.peer_enabled[static_cast<std::size_t>(dst_device) * count +
-                                      static_cast<std::size_t>(src_device)];
+  const auto count = static_cast<std::size_t>(discover().physical_count);
+  signed char& known =
+      r.peer_enabled[static_cast<std::size_t>(physical_device(dst_device)) * count +
+                     static_cast<std::size_t>(physical_device(src_device))];
   if (known != 0)
     return;
   int possible = 0;
-  TROUPE_CUDA_CHECK(dst_device, cudaDeviceCanAccessPeer(&possible, dst_device, src_device));
+  TROUPE_CUDA_CHECK(dst_device, cudaDeviceCanAccessPeer(&possible, physical_device(dst_device),
+                                                        physical_device(src_device)));
   if (possible != 0) {
-    TROUPE_CUDA_CHECK(dst_device, cudaSetDevice(dst_device));
-    TROUPE_CUDA_CHECK(dst_device,
-                      tolerate_already_enabled(cudaDeviceEnablePeerAccess(src_device, 0)));
+    TROUPE_CUDA_CHECK(dst_device, cudaSetDevice(physical_device(dst_device)));
+    TROUPE_CUDA_CHECK(dst_device, tolerate_already_enabled(
+                                      cudaDeviceEnablePeerAccess(physical_device(src_device), 0)));
   }
   known = possible != 0 ? 1 : -1;
 }
 
 // --- kernels ---------------------------------------------------------------------------------
-
-constexpr unsigned block_threads = 256;
-// Enough blocks to fill any current GPU; larger inputs are covered by the grid-stride loops.
-constexpr std::size_t max_blocks = 8192;
-
-unsigned grid_for(std::size_t n) {
-  return static_cast<unsigned>(std::min((n + block_threads - 1) / block_threads, max_blocks));
-}
-
-__device__ std::size_t first_index() {
-  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ std::size_t grid_stride() {
-  return static_cast<std::size_t>(gridDim.x) * blockDim.x;
-}
 
 struct plus_op {
   __device__ float operator()(float x, float y) const { return x + y; }
@@ -235,20 +236,117 @@ void binary(int device, const char* function, const float* a, const float* b, fl
   activate(device, function);
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(device, (binary_kernel<<<grid_for(n), block_threads>>>(a, b, out, n, Op{}),
-                             cudaGetLastError()));
-  wait_for(device);
-}
-
-int to_int(std::size_t value, int device, const char* what) {
-  if (value > static_cast<std::size_t>(INT_MAX))
-    throw std::runtime_error(std::string{"troupe::kernels::cuda::gemm on device "} +
-                             std::to_string(device) + ": " + what + " = " + std::to_string(value) +
-                             " does not fit cuBLAS' 32-bit int");
-  return static_cast<int>(value);
+  TROUPE_CUDA_CHECK(
+      device,
+      (binary_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(a, b, out, n, Op{}),
+       cudaGetLastError()));
+  finish(device);
 }
 
 } // namespace
+
+struct stream::resources {
+  cudaStream_t handle = nullptr;
+  cublasHandle_t blas = nullptr;
+};
+
+// --- launch.cuh ------------------------------------------------------------------------------
+
+namespace detail {
+
+void activate(int device, const char* function) {
+  const int count = discover().count;
+  if (device < 0 || device >= count)
+    throw std::runtime_error(std::string{"troupe::kernels::cuda::"} + function +
+                             ": no CUDA device " + std::to_string(device) + " (" +
+                             std::to_string(count) + " present)");
+  TROUPE_CUDA_CHECK(device, cudaSetDevice(physical_device(device)));
+}
+
+int physical_device(int device) noexcept {
+  const int physical = discover().physical_count;
+  return physical > 0 ? device % physical : device;
+}
+
+cudaStream_t current_stream(int device) {
+  const stream* installed = installed_stream;
+  if (installed != nullptr && installed->device() == device)
+    return installed->get()->handle;
+  return cudaStreamLegacy;
+}
+
+cublasHandle_t current_blas(int device) {
+  const stream* installed = installed_stream;
+  if (installed != nullptr && installed->device() == device)
+    return installed->get()->blas;
+  return default_handle_for(device);
+}
+
+void finish(int device) {
+  TROUPE_CUDA_CHECK(device, cudaStreamSynchronize(current_stream(device)));
+}
+
+int to_int(std::size_t value, int device, const char* function, const char* what) {
+  if (value > static_cast<std::size_t>(INT_MAX))
+    throw std::runtime_error(std::string{"troupe::kernels::cuda::"} + function + " on device " +
+                             std::to_string(device) + ": " + what + " = " + std::to_string(value) +
+                             " does not fit a 32-bit int");
+  return static_cast<int>(value);
+}
+
+void* pinned_scratch(int device, std::size_t bytes) {
+  thread_local pinned_buffer buffer;
+  if (buffer.bytes < bytes) {
+    if (buffer.pointer != nullptr) {
+      // Work queued earlier on this thread may still read the old buffer.
+      finish(device);
+      TROUPE_CUDA_CHECK(device, cudaFreeHost(buffer.pointer));
+      buffer = {};
+    }
+    void* pointer = nullptr;
+    TROUPE_CUDA_CHECK(device, cudaMallocHost(&pointer, bytes));
+    buffer.pointer = pointer;
+    buffer.bytes = bytes;
+  }
+  return buffer.pointer;
+}
+
+} // namespace detail
+
+// --- streams ---------------------------------------------------------------------------------
+
+stream::stream(int device) : device_{device}, resources_{std::make_unique<resources>()} {
+  activate(device, "stream");
+  TROUPE_CUDA_CHECK(device, cudaStreamCreateWithFlags(&resources_->handle, cudaStreamNonBlocking));
+  try {
+    TROUPE_CUDA_CHECK(device, cublasCreate(&resources_->blas));
+    TROUPE_CUDA_CHECK(device, cublasSetStream(resources_->blas, resources_->handle));
+  } catch (...) {
+    if (resources_->blas != nullptr)
+      cublasDestroy(resources_->blas);
+    cudaStreamDestroy(resources_->handle);
+    throw;
+  }
+}
+
+stream::~stream() {
+  // A destructor must not throw: failures here (a device already lost) are only reported.
+  if (cudaSetDevice(physical_device(device_)) != cudaSuccess ||
+      cudaStreamSynchronize(resources_->handle) != cudaSuccess)
+    std::fprintf(stderr,
+                 "troupe::kernels::cuda::stream: device %d failed while its stream closed: %s\n",
+                 device_, cudaGetErrorString(cudaGetLastError()));
+  cublasDestroy(resources_->blas);
+  cudaStreamDestroy(resources_->handle);
+}
+
+stream_scope::stream_scope(const stream& s) noexcept : previous_{installed_stream} {
+  installed_stream = &s;
+}
+
+stream_scope::~stream_scope() {
+  installed_stream = previous_;
+}
 
 // --- discovery -------------------------------------------------------------------------------
 
@@ -277,10 +375,14 @@ const char* describe_device(int device) {
   if (auto found = r.descriptions.find(device); found != r.descriptions.end())
     return found->second.c_str();
   cudaDeviceProp properties{};
-  TROUPE_CUDA_CHECK(device, cudaGetDeviceProperties(&properties, device));
+  const int physical = physical_device(device);
+  TROUPE_CUDA_CHECK(device, cudaGetDeviceProperties(&properties, physical));
   const auto gib = properties.totalGlobalMem >> 30;
   std::string text = std::string{properties.name} + " (sm_" + std::to_string(properties.major) +
                      std::to_string(properties.minor) + ", " + std::to_string(gib) + " GiB)";
+  if (physical != device)
+    text += " as context gpu(" + std::to_string(device) + ") on GPU " + std::to_string(physical) +
+            " (TROUPE_GPU_CONTEXTS)";
   return r.descriptions.emplace(device, std::move(text)).first->second.c_str();
 }
 
@@ -311,16 +413,18 @@ void copy_host_to_device(int device, void* dst, const void* src, std::size_t byt
   activate(device, "copy_host_to_device");
   if (bytes == 0)
     return;
-  TROUPE_CUDA_CHECK(device, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  wait_for(device);
+  TROUPE_CUDA_CHECK(
+      device, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current_stream(device)));
+  finish(device);
 }
 
 void copy_device_to_host(int device, void* dst, const void* src, std::size_t bytes) {
   activate(device, "copy_device_to_host");
   if (bytes == 0)
     return;
-  TROUPE_CUDA_CHECK(device, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-  wait_for(device);
+  TROUPE_CUDA_CHECK(
+      device, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, current_stream(device)));
+  finish(device);
 }
 
 void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src,
@@ -329,26 +433,28 @@ void copy_device_to_device(int dst_device, void* dst, int src_device, const void
   activate(dst_device, "copy_device_to_device");
   if (bytes == 0)
     return;
-  if (dst_device == src_device) {
-    TROUPE_CUDA_CHECK(dst_device, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    wait_for(dst_device);
+  if (physical_device(dst_device) == physical_device(src_device)) {
+    TROUPE_CUDA_CHECK(dst_device, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                                  current_stream(dst_device)));
+    finish(dst_device);
     return;
   }
   enable_peer_access(dst_device, src_device);
-  TROUPE_CUDA_CHECK(dst_device, cudaMemcpyPeer(dst, dst_device, src, src_device, bytes));
-  // A peer copy is ordered with both devices' default streams; wait on both before returning.
-  TROUPE_CUDA_CHECK(dst_device, cudaSetDevice(dst_device));
-  wait_for(dst_device);
-  TROUPE_CUDA_CHECK(src_device, cudaSetDevice(src_device));
-  wait_for(src_device);
+  TROUPE_CUDA_CHECK(dst_device, cudaSetDevice(physical_device(dst_device)));
+  // The source was complete when the call that wrote it returned (every call finishes its
+  // stream), so ordering the copy on the destination's stream is enough.
+  TROUPE_CUDA_CHECK(dst_device, cudaMemcpyPeerAsync(dst, physical_device(dst_device), src,
+                                                    physical_device(src_device), bytes,
+                                                    current_stream(dst_device)));
+  finish(dst_device);
 }
 
 void zero(int device, void* pointer, std::size_t bytes) {
   activate(device, "zero");
   if (bytes == 0)
     return;
-  TROUPE_CUDA_CHECK(device, cudaMemset(pointer, 0, bytes));
-  wait_for(device);
+  TROUPE_CUDA_CHECK(device, cudaMemsetAsync(pointer, 0, bytes, current_stream(device)));
+  finish(device);
 }
 
 // --- element-wise ----------------------------------------------------------------------------
@@ -370,26 +476,30 @@ void scale(int device, const float* x, float alpha, float* out, std::size_t n) {
   if (n == 0)
     return;
   TROUPE_CUDA_CHECK(
-      device, (scale_kernel<<<grid_for(n), block_threads>>>(x, alpha, out, n), cudaGetLastError()));
-  wait_for(device);
+      device,
+      (scale_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(x, alpha, out, n),
+       cudaGetLastError()));
+  finish(device);
 }
 
 void axpy(int device, float alpha, const float* x, float* y, std::size_t n) {
   activate(device, "axpy");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(
-      device, (axpy_kernel<<<grid_for(n), block_threads>>>(alpha, x, y, n), cudaGetLastError()));
-  wait_for(device);
+  TROUPE_CUDA_CHECK(device, (axpy_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(
+                                 alpha, x, y, n),
+                             cudaGetLastError()));
+  finish(device);
 }
 
 void fill(int device, float* out, float value, std::size_t n) {
   activate(device, "fill");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(
-      device, (fill_kernel<<<grid_for(n), block_threads>>>(out, value, n), cudaGetLastError()));
-  wait_for(device);
+  TROUPE_CUDA_CHECK(device, (fill_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(
+                                 out, value, n),
+                             cudaGetLastError()));
+  finish(device);
 }
 
 void sum_n(int device, const float* const* inputs, std::size_t count, float* out, std::size_t n) {
@@ -397,13 +507,13 @@ void sum_n(int device, const float* const* inputs, std::size_t count, float* out
   if (n == 0)
     return;
   if (count == 0) {
-    TROUPE_CUDA_CHECK(device, cudaMemset(out, 0, n * sizeof(float)));
+    TROUPE_CUDA_CHECK(device, cudaMemsetAsync(out, 0, n * sizeof(float), current_stream(device)));
   } else if (count == 1) {
     if (out != inputs[0])
-      TROUPE_CUDA_CHECK(device,
-                        cudaMemcpy(out, inputs[0], n * sizeof(float), cudaMemcpyDeviceToDevice));
+      TROUPE_CUDA_CHECK(device, cudaMemcpyAsync(out, inputs[0], n * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, current_stream(device)));
   } else {
-    // Groups run one after another on the default stream; each continues the running sum in
+    // Groups run one after another on the stream; each continues the running sum in
     // `out`, so only the first group may read inputs[0] (which `out` may alias).
     for (std::size_t begin = 0; begin < count; begin += inputs_per_launch) {
       input_group group{};
@@ -411,29 +521,34 @@ void sum_n(int device, const float* const* inputs, std::size_t count, float* out
       std::copy(inputs + begin, inputs + begin + group.count, group.inputs);
       const bool continue_sum = begin != 0;
       TROUPE_CUDA_CHECK(
-          device, (sum_group_kernel<<<grid_for(n), block_threads>>>(group, continue_sum, out, n),
+          device, (sum_group_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(
+                       group, continue_sum, out, n),
                    cudaGetLastError()));
     }
   }
-  wait_for(device);
+  finish(device);
 }
 
 void float_to_half(int device, const float* in, std::uint16_t* out, std::size_t n) {
   activate(device, "float_to_half");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(device, (float_to_half_kernel<<<grid_for(n), block_threads>>>(in, out, n),
-                             cudaGetLastError()));
-  wait_for(device);
+  TROUPE_CUDA_CHECK(
+      device,
+      (float_to_half_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(in, out, n),
+       cudaGetLastError()));
+  finish(device);
 }
 
 void half_to_float(int device, const std::uint16_t* in, float* out, std::size_t n) {
   activate(device, "half_to_float");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(device, (half_to_float_kernel<<<grid_for(n), block_threads>>>(in, out, n),
-                             cudaGetLastError()));
-  wait_for(device);
+  TROUPE_CUDA_CHECK(
+      device,
+      (half_to_float_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(in, out, n),
+       cudaGetLastError()));
+  finish(device);
 }
 
 // --- GEMM ------------------------------------------------------------------------------------
@@ -448,16 +563,16 @@ void gemm(int device, bool transpose_a, bool transpose_b, std::size_t m, std::si
   // compute Cᵀ (n×m) = op(B)ᵀ · op(A)ᵀ: swap the operands and m/n, keep each transpose flag.
   // Leading dimensions of 0 (legal for the empty A and B of k == 0, never read then) are
   // raised to 1, which cuBLAS requires.
-  const int ld_a = to_int(std::max<std::size_t>(lda, 1), device, "lda");
-  const int ld_b = to_int(std::max<std::size_t>(ldb, 1), device, "ldb");
-  const int ld_c = to_int(ldc, device, "ldc");
-  cublasHandle_t handle = handle_for(device);
-  TROUPE_CUDA_CHECK(device,
-                    cublasSgemm(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, device, "n"),
-                                to_int(m, device, "m"), to_int(k, device, "k"), &alpha, b, ld_b, a,
-                                ld_a, &beta, c, ld_c));
-  wait_for(device);
+  const int ld_a = to_int(std::max<std::size_t>(lda, 1), device, "gemm", "lda");
+  const int ld_b = to_int(std::max<std::size_t>(ldb, 1), device, "gemm", "ldb");
+  const int ld_c = to_int(ldc, device, "gemm", "ldc");
+  cublasHandle_t handle = current_blas(device);
+  TROUPE_CUDA_CHECK(
+      device, cublasSgemm(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, device, "gemm", "n"),
+                          to_int(m, device, "gemm", "m"), to_int(k, device, "gemm", "k"), &alpha, b,
+                          ld_b, a, ld_a, &beta, c, ld_c));
+  finish(device);
 }
 
 } // namespace troupe::kernels::cuda

@@ -2,23 +2,61 @@
 // The GPU side of kernels/: device discovery, memory and the float32 kernels that the engine
 // dispatches to for gpu(i) contexts. One header, two implementations: device.cu (built when
 // TROUPE_HAVE_CUDA) and device_none.cpp (CPU-only build: zero devices, every other call throws).
-// Kernels run on the device's default stream and are complete when the call returns, so that the
-// engine's host-side semantics hold; there are no streams of troupe's own.
+// A call runs on the stream that this thread has installed for the device (stream_scope: a GPU
+// device actor installs its own), or else on the device's legacy default stream, and is complete
+// when it returns, so that the engine's host-side semantics hold.
 //
 // No call is made when device_count() == 0 except device_count() and built_with_cuda().
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace troupe::kernels::cuda {
 
 /// True when this build contains the CUDA implementation.
 bool built_with_cuda() noexcept;
-/// Number of usable GPUs; 0 when built without CUDA, when no driver is loaded or no device
-/// exists (any CUDA error counts as zero devices and is cleared).
+/// Number of usable GPU contexts: the GPUs present, or TROUPE_GPU_CONTEXTS=N of them when N is
+/// larger (gpu(i) then runs on GPU i % present, with its own stream and memory, so that one GPU
+/// can stand for several, e.g. a pipeline's stages on two streams). 0 when built without CUDA,
+/// when no driver is loaded or no device exists (any CUDA error counts as zero devices and is
+/// cleared).
 int device_count() noexcept;
 /// "NVIDIA H200 (sm_90, 139 GiB)" or a note saying why there is none.
 const char* describe_device(int device);
+
+/// A CUDA stream of one device (non-blocking with respect to the legacy default stream) and a
+/// cuBLAS handle bound to it: what a GPU device actor owns, so that two actors' work can overlap
+/// on the device. Throws std::runtime_error when the device does not exist.
+class stream {
+public:
+  explicit stream(int device);
+  ~stream();
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+
+  int device() const noexcept { return device_; }
+
+  struct resources; ///< defined by the implementation
+  resources* get() const noexcept { return resources_.get(); }
+
+private:
+  int device_;
+  std::unique_ptr<resources> resources_;
+};
+
+/// While it lives, this thread's calls on `s.device()` run on `s` (scopes nest; the previous one
+/// comes back on destruction).
+class stream_scope {
+public:
+  explicit stream_scope(const stream& s) noexcept;
+  ~stream_scope();
+  stream_scope(const stream_scope&) = delete;
+  stream_scope& operator=(const stream_scope&) = delete;
+
+private:
+  const stream* previous_;
+};
 
 // Memory. Failures throw std::runtime_error naming the device and the CUDA error.
 void* allocate(int device, std::size_t bytes);

@@ -5,10 +5,11 @@
 #include <string>
 
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/none.hpp"
 
 namespace troupe::kernels::cuda {
 
-namespace {
+namespace detail {
 
 [[noreturn]] void built_without_cuda(const char* function, int device) {
   throw std::runtime_error(std::string{"troupe::kernels::cuda::"} + function + " on device " +
@@ -16,7 +17,9 @@ namespace {
                            ": troupe was built without CUDA (TROUPE_ENABLE_CUDA=OFF or no nvcc)");
 }
 
-} // namespace
+} // namespace detail
+
+using detail::built_without_cuda;
 
 bool built_with_cuda() noexcept {
   return false;
@@ -29,6 +32,19 @@ int device_count() noexcept {
 const char* describe_device(int) {
   return "no GPU: troupe was built without CUDA";
 }
+
+struct stream::resources {};
+
+stream::stream(int device) : device_{device} {
+  built_without_cuda("stream", device);
+}
+
+stream::~stream() = default;
+
+// Nothing runs on a stream here, so a scope has nothing to route.
+stream_scope::stream_scope(const stream&) noexcept : previous_{nullptr} {}
+
+stream_scope::~stream_scope() = default;
 
 void* allocate(int device, std::size_t) {
   built_without_cuda("allocate", device);

@@ -18,6 +18,7 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/half.hpp"
 #include "kernels/cuda/device.hpp"
+#include "tests/kernels/cuda_test_support.hpp"
 #include "tests/kernels/gemm_test_support.hpp"
 
 namespace cpu = troupe::kernels::cpu;
@@ -25,54 +26,6 @@ namespace cuda = troupe::kernels::cuda;
 using namespace troupe::kernels::testing;
 
 namespace {
-
-boost::test_tools::assertion_result has_cuda_device(boost::unit_test::test_unit_id) {
-  if (cuda::device_count() > 0)
-    return true;
-  BOOST_TEST_MESSAGE(
-      "GPU tests are skipped because no CUDA device is present: " << cuda::describe_device(0));
-  boost::test_tools::assertion_result result{false};
-  result.message() << "no CUDA device is present (" << cuda::describe_device(0) << ")";
-  return result;
-}
-
-boost::test_tools::assertion_result has_no_cuda_device(boost::unit_test::test_unit_id) {
-  boost::test_tools::assertion_result result{cuda::device_count() == 0};
-  if (!result)
-    result.message() << "a CUDA device is present";
-  return result;
-}
-
-/// Owns `n` elements of device memory; release() on destruction.
-template <class T>
-class device_buffer {
-public:
-  device_buffer(int device, std::size_t n)
-      : device_{device}, n_{n}, data_{static_cast<T*>(cuda::allocate(device, n * sizeof(T)))} {}
-  explicit device_buffer(int device, const std::vector<T>& host)
-      : device_buffer(device, host.size()) {
-    upload(host);
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  ~device_buffer() { cuda::release(device_, data_); }
-
-  T* get() const { return data_; }
-  void upload(const std::vector<T>& host) {
-    BOOST_TEST_REQUIRE(host.size() == n_);
-    cuda::copy_host_to_device(device_, data_, host.data(), n_ * sizeof(T));
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    cuda::copy_device_to_host(device_, host.data(), data_, n_ * sizeof(T));
-    return host;
-  }
-
-private:
-  int device_;
-  std::size_t n_;
-  T* data_;
-};
 
 constexpr int gpu = 0;
 
