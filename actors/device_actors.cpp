@@ -1,6 +1,8 @@
 #include "actors/device_actors.hpp"
 
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -9,15 +11,39 @@
 #include <caf/spawn_options.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "kernels/cuda/device.hpp"
+
 namespace troupe {
 
 namespace {
 
-// `ctx` is unused: CAF 0.17.6 dereferences a null argument tuple when an actor is spawned with no
-// arguments (UBSan: "reference binding to null pointer"), so the context comes along.
-device_actor::behavior_type device_behavior(context /*ctx*/) {
+/// A gpu(i) actor's own CUDA stream and cuBLAS handle, made on its first work (on its own
+/// thread). When they cannot be made (no such device), the work runs without them and its first
+/// CUDA call reports why.
+struct device_state {
+  std::unique_ptr<kernels::cuda::stream> stream;
+  bool stream_tried = false;
+};
+
+using device_actor_pointer = device_actor::stateful_pointer<device_state>;
+
+device_actor::behavior_type device_behavior(device_actor_pointer self, context ctx) {
   return {
-      [](device_work& work) { work.run(); },
+      [self, ctx](device_work& work) {
+        auto& state = self->state;
+        if (ctx.is_gpu() && !state.stream_tried) {
+          state.stream_tried = true;
+          try {
+            state.stream = std::make_unique<kernels::cuda::stream>(ctx.id);
+          } catch (const std::exception&) {
+            state.stream.reset();
+          }
+        }
+        std::optional<kernels::cuda::stream_scope> on_own_stream;
+        if (state.stream)
+          on_own_stream.emplace(*state.stream);
+        work.run();
+      },
   };
 }
 

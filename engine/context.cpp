@@ -37,6 +37,27 @@ int num_gpus() noexcept {
   return kernels::cuda::device_count();
 }
 
+status check_available(context ctx) {
+  if (ctx.id < 0)
+    return error{errc::invalid_argument,
+                 ctx.to_string() + " is not a valid context: device ids are >= 0"};
+  if (ctx.is_cpu())
+    return {};
+  const int count = num_gpus();
+  if (ctx.id < count)
+    return {};
+  std::string why;
+  if (!kernels::cuda::built_with_cuda())
+    why = "troupe was built without CUDA (TROUPE_ENABLE_CUDA=OFF or no nvcc), so there is no "
+          "CUDA device";
+  else if (count == 0)
+    why = std::string{"no CUDA device ("} + kernels::cuda::describe_device(0) + ")";
+  else
+    why = "this process sees " + std::to_string(count) + " CUDA device(s), gpu(0) to gpu(" +
+          std::to_string(count - 1) + ")";
+  return error{errc::device_unavailable, ctx.to_string() + " is not available: " + why};
+}
+
 std::ostream& operator<<(std::ostream& out, const context& ctx) {
   return out << ctx.to_string();
 }

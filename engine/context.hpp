@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "engine/error.hpp"
+
 namespace troupe {
 
 enum class device_kind : std::uint8_t { cpu = 0, gpu = 1 };
@@ -32,6 +34,10 @@ struct context {
 std::optional<context> parse_context(std::string_view text);
 /// Number of GPUs usable by this process (0 in a CPU-only build or without a driver).
 int num_gpus() noexcept;
+/// Succeeds when this process has the device `ctx` names; otherwise device_unavailable (or
+/// invalid_argument for a negative id) with a message saying which device and why it is missing
+/// ("gpu(0) is not available: troupe was built without CUDA ...").
+status check_available(context ctx);
 
 std::ostream& operator<<(std::ostream& out, const context& ctx);
 

@@ -22,6 +22,7 @@
 #include "kernels/cpu/half.hpp"
 #include "kernels/cpu/reduce.hpp"
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/optimizer.hpp"
 
 namespace troupe {
 
@@ -120,24 +121,8 @@ void require_handle(const ndarray& array, std::string_view operation) {
 
 /// Throws unless ctx names a device this process has.
 void require_available(context ctx, std::string_view operation) {
-  if (ctx.id < 0)
-    fail(errc::invalid_argument, operation,
-         ctx.to_string() + " is not a valid context: device ids are >= 0");
-  if (ctx.is_cpu())
-    return;
-  const int count = num_gpus();
-  if (ctx.id < count)
-    return;
-  std::string why;
-  if (!kcuda::built_with_cuda())
-    why = "troupe was built without CUDA (TROUPE_ENABLE_CUDA=OFF or no nvcc), so there is no "
-          "CUDA device";
-  else if (count == 0)
-    why = "no CUDA device (no GPU present or no driver loaded)";
-  else
-    why = "this process sees " + std::to_string(count) + " CUDA device(s), gpu(0) to gpu(" +
-          std::to_string(count - 1) + ")";
-  fail(errc::device_unavailable, operation, ctx.to_string() + " is not available: " + why);
+  if (auto available = check_available(ctx); !available)
+    fail(available.error().code(), operation, available.error().message());
 }
 
 /// Same context and dtype, in that order; `what` prefixes the values ("input 2 ").
@@ -1607,6 +1592,16 @@ void sum_values_into(std::span<const ndarray> inputs, ndarray& out) {
     for (const auto& input : inputs)
       pointers.push_back(static_cast<const float*>(input.raw_data()));
     kcuda::sum_n(ctx.id, pointers.data(), pointers.size(), static_cast<float*>(out.raw_data()), n);
+    return;
+  }
+  if (out.dtype() == dtype::float16) {
+    // Accumulated in float32 and rounded once, bit for bit what the host sum gives.
+    std::vector<const std::uint16_t*> pointers;
+    pointers.reserve(inputs.size());
+    for (const auto& input : inputs)
+      pointers.push_back(static_cast<const std::uint16_t*>(input.raw_data()));
+    kcuda::sum_n_half(ctx.id, pointers.data(), pointers.size(),
+                      static_cast<std::uint16_t*>(out.raw_data()), n);
     return;
   }
   std::vector<ndarray> host_inputs;

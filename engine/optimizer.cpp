@@ -4,6 +4,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <optional>
+#include <utility>
 
 #include "engine/dispatch.hpp"
 #include "engine/serialize.hpp"
@@ -13,6 +14,7 @@ namespace troupe {
 namespace {
 
 namespace rules = kernels::cpu;
+namespace gpu_rules = kernels::cuda;
 
 /// MXNet 1.x's defaults per optimizer; a parameter not listed here is rejected by name.
 /// clip_gradient and clip_weights use -1 for MXNet's None (disabled).
@@ -62,6 +64,10 @@ public:
              std::int64_t) const override {
     rules::test_update(weight, grad, n, f(*this, "rescale_grad"));
   }
+  void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const>,
+                    std::size_t n, std::int64_t) const override {
+    gpu_rules::test_update(device, w, n, f(*this, "rescale_grad"));
+  }
 };
 
 class sgd_optimizer final : public optimizer {
@@ -74,6 +80,12 @@ public:
     rules::sgd_update(weight, grad, state.empty() ? nullptr : state[0], n,
                       f(*this, "learning_rate"), f(*this, "momentum"), f(*this, "wd"),
                       settings_of(*this));
+  }
+  void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const> state,
+                    std::size_t n, std::int64_t) const override {
+    gpu_rules::sgd_update(device, w, state.empty() ? nullptr : state[0], n,
+                          f(*this, "learning_rate"), f(*this, "momentum"), f(*this, "wd"),
+                          settings_of(*this));
   }
 };
 
@@ -93,6 +105,15 @@ public:
     rules::nag_update(weight, grad, state[0], n, f(*this, "learning_rate"), f(*this, "momentum"),
                       f(*this, "wd"), settings_of(*this));
   }
+  void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const> state,
+                    std::size_t n, std::int64_t) const override {
+    if (state.empty())
+      gpu_rules::sgd_update(device, w, nullptr, n, f(*this, "learning_rate"), 0.0f, f(*this, "wd"),
+                            settings_of(*this));
+    else
+      gpu_rules::nag_update(device, w, state[0], n, f(*this, "learning_rate"), f(*this, "momentum"),
+                            f(*this, "wd"), settings_of(*this));
+  }
 };
 
 class adam_optimizer final : public optimizer {
@@ -102,14 +123,24 @@ public:
   std::size_t state_count() const noexcept override { return 2; }
   void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
              std::int64_t update_count) const override {
-    // MXNet's Adam folds the bias correction into the rate it hands the kernel.
-    auto t = static_cast<double>(update_count);
-    auto beta1 = param("beta1"), beta2 = param("beta2");
-    auto corrected =
-        param("learning_rate") * std::sqrt(1.0 - std::pow(beta2, t)) / (1.0 - std::pow(beta1, t));
-    rules::adam_update(weight, grad, state[0], state[1], n, static_cast<float>(corrected),
-                       static_cast<float>(beta1), static_cast<float>(beta2), f(*this, "epsilon"),
-                       f(*this, "wd"), settings_of(*this));
+    rules::adam_update(weight, grad, state[0], state[1], n, corrected_rate(update_count),
+                       f(*this, "beta1"), f(*this, "beta2"), f(*this, "epsilon"), f(*this, "wd"),
+                       settings_of(*this));
+  }
+  void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const> state,
+                    std::size_t n, std::int64_t update_count) const override {
+    gpu_rules::adam_update(device, w, state[0], state[1], n, corrected_rate(update_count),
+                           f(*this, "beta1"), f(*this, "beta2"), f(*this, "epsilon"),
+                           f(*this, "wd"), settings_of(*this));
+  }
+
+private:
+  /// MXNet's Adam folds the bias correction into the rate it hands the kernel.
+  float corrected_rate(std::int64_t update_count) const {
+    const auto t = static_cast<double>(update_count);
+    const double beta1 = param("beta1"), beta2 = param("beta2");
+    return static_cast<float>(param("learning_rate") * std::sqrt(1.0 - std::pow(beta2, t)) /
+                              (1.0 - std::pow(beta1, t)));
   }
 };
 
@@ -131,6 +162,18 @@ public:
                             f(*this, "gamma1"), f(*this, "epsilon"), f(*this, "wd"),
                             f(*this, "clip_weights"), settings_of(*this));
   }
+  void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const> state,
+                    std::size_t n, std::int64_t) const override {
+    if (centered())
+      gpu_rules::rmsprop_centered_update(device, w, state[0], state[1], state[2], n,
+                                         f(*this, "learning_rate"), f(*this, "gamma1"),
+                                         f(*this, "gamma2"), f(*this, "epsilon"), f(*this, "wd"),
+                                         f(*this, "clip_weights"), settings_of(*this));
+    else
+      gpu_rules::rmsprop_update(device, w, state[0], n, f(*this, "learning_rate"),
+                                f(*this, "gamma1"), f(*this, "epsilon"), f(*this, "wd"),
+                                f(*this, "clip_weights"), settings_of(*this));
+  }
 };
 
 class adagrad_optimizer final : public optimizer {
@@ -142,6 +185,11 @@ public:
              std::int64_t) const override {
     rules::adagrad_update(weight, grad, state[0], n, f(*this, "learning_rate"), f(*this, "epsilon"),
                           f(*this, "wd"), settings_of(*this));
+  }
+  void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const> state,
+                    std::size_t n, std::int64_t) const override {
+    gpu_rules::adagrad_update(device, w, state[0], n, f(*this, "learning_rate"),
+                              f(*this, "epsilon"), f(*this, "wd"), settings_of(*this));
   }
 };
 
@@ -228,6 +276,33 @@ std::unique_ptr<optimizer> optimizer::clone() const {
   return create(name_, params_).value();
 }
 
+namespace {
+
+/// An update of a weight on a gpu, on that device: float32 and float16 weights in place (the
+/// gradient brought to the weight's device and dtype first), any other dtype through a float32
+/// copy on the device that is rounded back once.
+void update_on_gpu(const optimizer& opt, const ndarray& grad, ndarray& weight,
+                   std::vector<ndarray>& buffers, std::int64_t count) {
+  const context ctx = weight.ctx();
+  const bool direct = weight.dtype() == dtype::float32 || weight.dtype() == dtype::float16;
+  ndarray target = direct ? weight : weight.as_type(dtype::float32);
+  ndarray grad_here = grad.ctx() == ctx ? grad : grad.copy_to(ctx);
+  if (grad_here.dtype() != target.dtype())
+    grad_here = grad_here.as_type(target.dtype());
+  std::vector<float*> state;
+  for (auto& buffer : buffers)
+    state.push_back(static_cast<float*>(buffer.raw_data()));
+  const kernels::cuda::weight_and_grad buffers_of{
+      target.raw_data(), std::as_const(grad_here).raw_data(),
+      target.dtype() == dtype::float16 ? kernels::cuda::element_type::float16
+                                       : kernels::cuda::element_type::float32};
+  opt.apply_on_gpu(ctx.id, buffers_of, state, static_cast<std::size_t>(weight.size()), count);
+  if (!direct)
+    target.copy_to(weight);
+}
+
+} // namespace
+
 updater::updater(std::unique_ptr<troupe::optimizer> opt) : optimizer_(std::move(opt)) {
   if (!optimizer_)
     throw exception(errc::invalid_argument, "updater needs an optimizer");
@@ -239,10 +314,6 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
                                               ": gradient shape " + shape_to_string(grad.shape()) +
                                               " does not match weight shape " +
                                               shape_to_string(weight.shape()));
-  if (!weight.ctx().is_cpu())
-    throw exception(errc::not_supported, "update of weight " + std::to_string(index) + " on " +
-                                             weight.ctx().to_string() +
-                                             ": optimizers run on cpu contexts only");
   auto& entry = states_[index];
   if (entry.buffers.size() != optimizer_->state_count()) {
     entry.buffers.clear();
@@ -265,6 +336,10 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
   engine::push("update of weight " + std::to_string(index), weight.ctx(), reads, writes,
                [opt = std::move(opt), grad, weight, buffers = entry.buffers,
                 count = entry.update_count]() mutable {
+                 if (weight.ctx().is_gpu()) {
+                   update_on_gpu(*opt, grad, weight, buffers, count);
+                   return;
+                 }
                  // Updates run in float32; other dtypes are widened and rounded back once.
                  bool widen = weight.dtype() != dtype::float32;
                  ndarray weight32 = widen ? weight.as_type(dtype::float32) : weight;
@@ -281,6 +356,12 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
                  if (widen)
                    weight32.copy_to(weight);
                });
+}
+
+void optimizer::apply_on_gpu(int device, kernels::cuda::weight_and_grad, std::span<float* const>,
+                             std::size_t, std::int64_t) const {
+  throw exception(errc::not_supported, "optimizer '" + name() + "' has no update on gpu(" +
+                                           std::to_string(device) + ")");
 }
 
 std::shared_ptr<const troupe::optimizer> updater::queued_view() {

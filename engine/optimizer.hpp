@@ -4,8 +4,9 @@
 // python/mxnet/optimizer/optimizer.py (Optimizer, Updater) does.
 //
 // Weights and gradients of any dtype are updated in float32: a float16 weight is widened, updated
-// and rounded back, as MXNet does without multi_precision. cpu contexts only: a gpu weight throws
-// not_supported with its context named.
+// and rounded back, as MXNet does without multi_precision. A weight on a gpu(i) is updated there by
+// the CUDA rules (kernels/cuda/optimizer.hpp), float16 in place and any other non-float32 dtype
+// through a float32 copy on the device.
 
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,7 @@
 
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
+#include "kernels/cuda/optimizer.hpp"
 
 namespace troupe {
 
@@ -52,6 +54,12 @@ public:
   /// (Adam's t).
   virtual void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
                      std::int64_t update_count) const = 0;
+  /// The same update on CUDA device `device`: weight and grad (float32 or float16) and the
+  /// float32 state are device memory. The built-in optimizers have it; by default it throws
+  /// not_supported naming the optimizer.
+  virtual void apply_on_gpu(int device, kernels::cuda::weight_and_grad weight,
+                            std::span<float* const> state, std::size_t n,
+                            std::int64_t update_count) const;
 
   /// A fresh optimizer with the same name and parameters.
   std::unique_ptr<optimizer> clone() const;

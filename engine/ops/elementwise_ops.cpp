@@ -12,11 +12,14 @@
 #include "engine/ops/register.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/reduce.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/elementwise.hpp"
 
 namespace troupe::ops {
 namespace {
 
 namespace cpu = kernels::cpu;
+namespace cuda = kernels::cuda;
 
 constexpr std::array<std::string_view, 1> unary_names{"data"};
 constexpr std::array<std::string_view, 2> binary_names{"lhs", "rhs"};
@@ -87,6 +90,18 @@ constexpr float binary_apply(float a, float b) noexcept {
 }
 
 template <binary_kind kind>
+constexpr cuda::binary_kind cuda_kind() noexcept {
+  if constexpr (kind == binary_kind::add)
+    return cuda::binary_kind::add;
+  else if constexpr (kind == binary_kind::sub)
+    return cuda::binary_kind::sub;
+  else if constexpr (kind == binary_kind::mul)
+    return cuda::binary_kind::mul;
+  else
+    return cuda::binary_kind::div;
+}
+
+template <binary_kind kind>
 constexpr std::string_view binary_op_name() noexcept {
   if constexpr (kind == binary_kind::add)
     return "elemwise_add";
@@ -117,10 +132,12 @@ void binary_forward(const op_forward_call& call) {
   ndarray& y = call.outputs[0];
   const std::size_t n = to_size(layout.lhs_one ? rhs.size() : lhs.size());
   check_size(op, "output 0", y, n);
-  const float* a = lhs.data<float>();
-  const float* b = rhs.data<float>();
-  float* out = y.data<float>();
-  if (layout.rhs_one) {
+  const float* a = floats(lhs);
+  const float* b = floats(rhs);
+  float* out = floats(y);
+  if (const int gpu = gpu_of(y); gpu >= 0) {
+    cuda::binary(gpu, cuda_kind<kind>(), a, layout.lhs_one, b, layout.rhs_one, out, n);
+  } else if (layout.rhs_one) {
     const float bv = b[0];
     for (std::size_t k = 0; k < n; ++k)
       out[k] = binary_apply<kind>(a[k], bv);
@@ -139,6 +156,36 @@ void binary_forward(const op_forward_call& call) {
   }
 }
 
+/// binary_backward's gradients, computed on `gpu` with the same formulas.
+template <binary_kind kind>
+void binary_backward_on_gpu(int gpu, const op_backward_call& call, const binary_layout& layout,
+                            std::size_t n, grad_target da, grad_target db) {
+  using cuda::gradient_formula;
+  const float* dy = floats(call.output_grads[0]);
+  cuda::gradient_terms for_a{.dy = dy};
+  cuda::gradient_terms for_b{.dy = dy};
+  if constexpr (kind == binary_kind::sub) {
+    for_b.formula = gradient_formula::scaled;
+    for_b.scalar = -1.0f;
+  } else if constexpr (kind == binary_kind::mul || kind == binary_kind::div) {
+    const float* a = floats(call.inputs[0]);
+    const float* b = floats(call.inputs[1]);
+    for_a.formula = kind == binary_kind::mul ? gradient_formula::times_u : gradient_formula::over_u;
+    for_a.u = b;
+    for_a.u_one = layout.rhs_one;
+    for_b.formula =
+        kind == binary_kind::mul ? gradient_formula::times_u : gradient_formula::quotient_rhs;
+    for_b.u = a;
+    for_b.u_one = layout.lhs_one;
+    for_b.v = b;
+    for_b.v_one = layout.rhs_one;
+  }
+  if (da)
+    cuda::store_gradient(gpu, for_a, n, da.data, da.accumulates(), layout.lhs_one);
+  if (db)
+    cuda::store_gradient(gpu, for_b, n, db.data, db.accumulates(), layout.rhs_one);
+}
+
 template <binary_kind kind>
 void binary_backward(const op_backward_call& call) {
   constexpr std::string_view op = binary_op_name<kind>();
@@ -149,12 +196,16 @@ void binary_backward(const op_backward_call& call) {
   const ndarray& dy_array = call.output_grads[0];
   const std::size_t n = to_size(layout.lhs_one ? call.inputs[1].size() : call.inputs[0].size());
   check_size(op, "gradient of output 0", dy_array, n);
-  const float* dy = dy_array.data<float>();
+  const float* dy = floats(dy_array);
 
   const grad_target da = gradient_of(call, 0);
   const grad_target db = gradient_of(call, 1);
   if (!da && !db)
     return;
+  if (const int gpu = gpu_of(dy_array); gpu >= 0) {
+    binary_backward_on_gpu<kind>(gpu, call, layout, n, da, db);
+    return;
+  }
   if constexpr (kind == binary_kind::add || kind == binary_kind::sub) {
     if (da)
       store_gradient(da, layout.lhs_one, n, [dy](std::size_t k) { return dy[k]; });
@@ -165,8 +216,8 @@ void binary_backward(const op_backward_call& call) {
         store_gradient(db, layout.rhs_one, n, [dy](std::size_t k) { return -dy[k]; });
     }
   } else {
-    const float* a = call.inputs[0].data<float>();
-    const float* b = call.inputs[1].data<float>();
+    const float* a = floats(call.inputs[0]);
+    const float* b = floats(call.inputs[1]);
     // a[ai(k)] and b[bi(k)]: the element of each side that output k used.
     const std::size_t a_step = layout.lhs_one ? 0 : 1;
     const std::size_t b_step = layout.rhs_one ? 0 : 1;
@@ -230,11 +281,20 @@ void unary_forward(const op_forward_call& call) {
   const ndarray& x_array = call.inputs[0];
   const std::size_t n = to_size(x_array.size());
   check_size(op, "output 0", call.outputs[0], n);
-  const float* x = x_array.data<float>();
-  float* y = call.outputs[0].data<float>();
+  const float* x = floats(x_array);
+  float* y = floats(call.outputs[0]);
   // The scalar is converted to float32 once, as MXNet's scalar operators convert it to the dtype.
   const auto scalar = static_cast<float>(call.attrs.scalar);
-  if constexpr (kind == unary_kind::plus_scalar)
+  if (const int gpu = gpu_of(call.outputs[0]); gpu >= 0) {
+    if constexpr (kind == unary_kind::plus_scalar)
+      cuda::add_scalar(gpu, x, scalar, y, n);
+    else if constexpr (kind == unary_kind::mul_scalar)
+      cuda::scale(gpu, x, scalar, y, n);
+    else if constexpr (kind == unary_kind::negative)
+      cuda::scale(gpu, x, -1.0f, y, n);
+    else
+      cuda::mul(gpu, x, x, y, n);
+  } else if constexpr (kind == unary_kind::plus_scalar)
     cpu::add_scalar(x, scalar, y, n);
   else if constexpr (kind == unary_kind::mul_scalar)
     cpu::scale(x, scalar, y, n);
@@ -254,8 +314,19 @@ void unary_backward(const op_backward_call& call) {
   const ndarray& dy_array = call.output_grads[0];
   const std::size_t n = to_size(call.input_grads[0].size());
   check_size(op, "gradient of output 0", dy_array, n);
-  const float* dy = dy_array.data<float>();
-  if constexpr (kind == unary_kind::plus_scalar) {
+  const float* dy = floats(dy_array);
+  if (dx.gpu >= 0) {
+    cuda::gradient_terms terms{.dy = dy};
+    if constexpr (kind == unary_kind::mul_scalar || kind == unary_kind::negative) {
+      terms.formula = cuda::gradient_formula::scaled;
+      terms.scalar = kind == unary_kind::negative ? -1.0f : static_cast<float>(call.attrs.scalar);
+    } else if constexpr (kind == unary_kind::square) {
+      check_size(op, "input 'data'", call.inputs[0], n);
+      terms.formula = cuda::gradient_formula::square;
+      terms.u = floats(call.inputs[0]);
+    }
+    cuda::store_gradient(dx.gpu, terms, n, dx.data, dx.accumulates(), false);
+  } else if constexpr (kind == unary_kind::plus_scalar) {
     store_copy(dy, dx, n);
   } else if constexpr (kind == unary_kind::mul_scalar) {
     const auto scalar = static_cast<float>(call.attrs.scalar);
@@ -265,7 +336,7 @@ void unary_backward(const op_backward_call& call) {
   } else {
     const ndarray& x_array = call.inputs[0];
     check_size(op, "input 'data'", x_array, n);
-    const float* x = x_array.data<float>();
+    const float* x = floats(x_array);
     store_gradient(dx, false, n, [=](std::size_t k) { return 2.0f * x[k] * dy[k]; });
   }
 }
@@ -311,10 +382,15 @@ void reduce_forward(const op_forward_call& call) {
   const ndarray& x = call.inputs[0];
   check_size(op, "output 0", call.outputs[0], 1);
   const auto n = to_size(x.size());
-  double total = cpu::sum(x.data<float>(), n);
+  if (const int gpu = gpu_of(x); gpu >= 0) {
+    const double factor = kind == reduce_kind::mean ? 1.0 / static_cast<double>(n) : 1.0;
+    cuda::sum(gpu, floats(x), n, factor, floats(call.outputs[0]));
+    return;
+  }
+  double total = cpu::sum(floats(x), n);
   if constexpr (kind == reduce_kind::mean)
     total /= static_cast<double>(n); // NaN for an empty array, as numpy's mean
-  call.outputs[0].data<float>()[0] = static_cast<float>(total);
+  floats(call.outputs[0])[0] = static_cast<float>(total);
 }
 
 template <reduce_kind kind>
@@ -326,7 +402,16 @@ void reduce_backward(const op_backward_call& call) {
     return;
   check_size(op, "gradient of output 0", call.output_grads[0], 1);
   const std::size_t n = to_size(call.input_grads[0].size());
-  float value = call.output_grads[0].data<float>()[0];
+  if (dx.gpu >= 0) {
+    const double factor = kind == reduce_kind::mean ? 1.0 / static_cast<double>(n) : 1.0;
+    cuda::gradient_terms terms{.formula = cuda::gradient_formula::scaled,
+                               .dy = floats(call.output_grads[0]),
+                               .dy_one = true,
+                               .scalar = static_cast<float>(factor)};
+    cuda::store_gradient(dx.gpu, terms, n, dx.data, dx.accumulates(), false);
+    return;
+  }
+  float value = floats(call.output_grads[0])[0];
   if constexpr (kind == reduce_kind::mean)
     value = static_cast<float>(static_cast<double>(value) / static_cast<double>(n));
   store_gradient(dx, false, n, [=](std::size_t) { return value; });

@@ -1,6 +1,6 @@
 // The neural-network operators: FullyConnected, Convolution, Pooling, Activation, Dropout,
 // SoftmaxCrossEntropy, Flatten and Reshape, with MXNet's semantics, on the raw float kernels of
-// kernels/cpu/nn.hpp.
+// kernels/cpu/nn.hpp, or of kernels/cuda/nn.hpp when the arrays are on a gpu.
 //
 // Each operator validates its shapes in one geometry function that infer_shape and forward both
 // call, so that a forward handed arrays of the wrong shapes (an executor bug, a caller that
@@ -18,11 +18,14 @@
 #include "engine/op.hpp"
 #include "engine/ops/register.hpp"
 #include "kernels/cpu/nn.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/nn.hpp"
 
 namespace troupe::ops {
 namespace {
 
 namespace cpu = kernels::cpu;
+namespace cuda = kernels::cuda;
 
 using names_t = std::span<const std::string_view>;
 
@@ -53,8 +56,13 @@ void require_positive(std::string_view op, std::string_view attribute, std::int6
 /// Copies the single output of a pure data movement (Flatten, Reshape, inference Dropout).
 void copy_forward(std::string_view op, const ndarray& x, ndarray& y) {
   check_size(op, "output 0", y, to_size(x.size()));
-  if (x.size() > 0)
-    std::memcpy(y.data<float>(), x.data<float>(), to_size(x.size()) * sizeof(float));
+  const std::size_t bytes = to_size(x.size()) * sizeof(float);
+  if (bytes == 0)
+    return;
+  if (const int gpu = gpu_of(y); gpu >= 0)
+    cuda::copy_device_to_device(gpu, floats(y), gpu, floats(x), bytes);
+  else
+    std::memcpy(floats(y), floats(x), bytes);
 }
 
 /// dx (=|+=) dy for the operators whose gradient is the output gradient reshaped.
@@ -64,7 +72,7 @@ void copy_backward(std::string_view op, const op_backward_call& call) {
   if (!dx)
     return;
   check_size(op, "gradient of input 'data'", call.input_grads[0], to_size(dy.size()));
-  store_copy(dy.data<float>(), dx, to_size(dy.size()));
+  store_copy(floats(dy), dx, to_size(dy.size()));
 }
 
 constexpr std::array<std::string_view, 1> data_only{"data"};
@@ -143,10 +151,14 @@ void fc_forward(const op_forward_call& call) {
   const fc_dims dims = fc_call_geometry(call.attrs, call.inputs);
   ndarray& y = call.outputs[0];
   check_size(fc_op, "output 0", y, to_size(dims.batch * dims.out));
-  const float* bias = call.attrs.no_bias ? nullptr : call.inputs[2].data<float>();
-  cpu::fully_connected_forward(call.inputs[0].data<float>(), call.inputs[1].data<float>(), bias,
-                               y.data<float>(), to_size(dims.batch), to_size(dims.in),
-                               to_size(dims.out));
+  const float* bias = call.attrs.no_bias ? nullptr : floats(call.inputs[2]);
+  if (const int gpu = gpu_of(y); gpu >= 0)
+    cuda::fully_connected_forward(gpu, floats(call.inputs[0]), floats(call.inputs[1]), bias,
+                                  floats(y), to_size(dims.batch), to_size(dims.in),
+                                  to_size(dims.out));
+  else
+    cpu::fully_connected_forward(floats(call.inputs[0]), floats(call.inputs[1]), bias, floats(y),
+                                 to_size(dims.batch), to_size(dims.in), to_size(dims.out));
 }
 
 void fc_backward(const op_backward_call& call) {
@@ -157,9 +169,14 @@ void fc_backward(const op_backward_call& call) {
   const grad_target dx = gradient_of(call, 0);
   const grad_target dw = gradient_of(call, 1);
   const grad_target db = call.attrs.no_bias ? grad_target{} : gradient_of(call, 2);
-  cpu::fully_connected_backward(call.inputs[0].data<float>(), call.inputs[1].data<float>(),
-                                dy.data<float>(), dx.data, dx.mode, dw.data, dw.mode, db.data,
-                                db.mode, to_size(dims.batch), to_size(dims.in), to_size(dims.out));
+  if (const int gpu = gpu_of(dy); gpu >= 0)
+    cuda::fully_connected_backward(gpu, floats(call.inputs[0]), floats(call.inputs[1]), floats(dy),
+                                   dx.data, dx.mode, dw.data, dw.mode, db.data, db.mode,
+                                   to_size(dims.batch), to_size(dims.in), to_size(dims.out));
+  else
+    cpu::fully_connected_backward(floats(call.inputs[0]), floats(call.inputs[1]), floats(dy),
+                                  dx.data, dx.mode, dw.data, dw.mode, db.data, db.mode,
+                                  to_size(dims.batch), to_size(dims.in), to_size(dims.out));
 }
 
 std::string fc_describe(const op_attrs& attrs) {
@@ -267,9 +284,13 @@ void conv_forward(const op_forward_call& call) {
   const window_dims dims = conv_call_geometry(call.attrs, call.inputs);
   ndarray& y = call.outputs[0];
   check_size(conv_op, "output 0", y, conv_output_size(call.attrs, dims));
-  const float* bias = call.attrs.no_bias ? nullptr : call.inputs[2].data<float>();
-  cpu::convolution_forward(call.inputs[0].data<float>(), call.inputs[1].data<float>(), bias,
-                           y.data<float>(), dims.in, to_size(call.attrs.num_filter), dims.window);
+  const float* bias = call.attrs.no_bias ? nullptr : floats(call.inputs[2]);
+  if (const int gpu = gpu_of(y); gpu >= 0)
+    cuda::convolution_forward(gpu, floats(call.inputs[0]), floats(call.inputs[1]), bias, floats(y),
+                              dims.in, to_size(call.attrs.num_filter), dims.window);
+  else
+    cpu::convolution_forward(floats(call.inputs[0]), floats(call.inputs[1]), bias, floats(y),
+                             dims.in, to_size(call.attrs.num_filter), dims.window);
 }
 
 void conv_backward(const op_backward_call& call) {
@@ -280,9 +301,14 @@ void conv_backward(const op_backward_call& call) {
   const grad_target dx = gradient_of(call, 0);
   const grad_target dw = gradient_of(call, 1);
   const grad_target db = call.attrs.no_bias ? grad_target{} : gradient_of(call, 2);
-  cpu::convolution_backward(call.inputs[0].data<float>(), call.inputs[1].data<float>(),
-                            dy.data<float>(), dx.data, dx.mode, dw.data, dw.mode, db.data, db.mode,
-                            dims.in, to_size(call.attrs.num_filter), dims.window);
+  if (const int gpu = gpu_of(dy); gpu >= 0)
+    cuda::convolution_backward(gpu, floats(call.inputs[0]), floats(call.inputs[1]), floats(dy),
+                               dx.data, dx.mode, dw.data, dw.mode, db.data, db.mode, dims.in,
+                               to_size(call.attrs.num_filter), dims.window);
+  else
+    cpu::convolution_backward(floats(call.inputs[0]), floats(call.inputs[1]), floats(dy), dx.data,
+                              dx.mode, dw.data, dw.mode, db.data, db.mode, dims.in,
+                              to_size(call.attrs.num_filter), dims.window);
 }
 
 std::string conv_describe(const op_attrs& attrs) {
@@ -322,7 +348,10 @@ void pool_forward(const op_forward_call& call) {
   const window_dims dims = window_geometry(pool_op, call.attrs, call.inputs[0].shape());
   ndarray& y = call.outputs[0];
   check_size(pool_op, "output 0", y, pool_output_size(dims));
-  cpu::pooling_forward(kind, call.inputs[0].data<float>(), y.data<float>(), dims.in, dims.window);
+  if (const int gpu = gpu_of(y); gpu >= 0)
+    cuda::pooling_forward(gpu, kind, floats(call.inputs[0]), floats(y), dims.in, dims.window);
+  else
+    cpu::pooling_forward(kind, floats(call.inputs[0]), floats(y), dims.in, dims.window);
 }
 
 void pool_backward(const op_backward_call& call) {
@@ -336,8 +365,12 @@ void pool_backward(const op_backward_call& call) {
   const ndarray& dy = call.output_grads[0];
   check_size(pool_op, "output 0", y, pool_output_size(dims));
   check_size(pool_op, "gradient of output 0", dy, pool_output_size(dims));
-  cpu::pooling_backward(kind, call.inputs[0].data<float>(), y.data<float>(), dy.data<float>(),
-                        dx.data, dx.mode, dims.in, dims.window);
+  if (dx.gpu >= 0)
+    cuda::pooling_backward(dx.gpu, kind, floats(call.inputs[0]), floats(y), floats(dy), dx.data,
+                           dx.mode, dims.in, dims.window);
+  else
+    cpu::pooling_backward(kind, floats(call.inputs[0]), floats(y), floats(dy), dx.data, dx.mode,
+                          dims.in, dims.window);
 }
 
 std::string pool_describe(const op_attrs& attrs) {
@@ -377,7 +410,10 @@ void act_forward(const op_forward_call& call) {
   const ndarray& x = call.inputs[0];
   ndarray& y = call.outputs[0];
   check_size(act_op, "output 0", y, to_size(x.size()));
-  cpu::activation_forward(kind, x.data<float>(), y.data<float>(), to_size(x.size()));
+  if (const int gpu = gpu_of(y); gpu >= 0)
+    cuda::activation_forward(gpu, kind, floats(x), floats(y), to_size(x.size()));
+  else
+    cpu::activation_forward(kind, floats(x), floats(y), to_size(x.size()));
 }
 
 void act_backward(const op_backward_call& call) {
@@ -393,7 +429,10 @@ void act_backward(const op_backward_call& call) {
   const std::size_t n = to_size(call.input_grads[0].size());
   check_size(act_op, "output 0", y, n);
   check_size(act_op, "gradient of output 0", dy, n);
-  cpu::activation_backward(kind, y.data<float>(), dy.data<float>(), dx.data, n, dx.mode);
+  if (dx.gpu >= 0)
+    cuda::activation_backward(dx.gpu, kind, floats(y), floats(dy), dx.data, n, dx.mode);
+  else
+    cpu::activation_backward(kind, floats(y), floats(dy), dx.data, n, dx.mode);
 }
 
 std::string act_describe(const op_attrs& attrs) {
@@ -429,10 +468,14 @@ void dropout_forward(const op_forward_call& call) {
     return;
   }
   check_size(dropout_op, "output 0", y, to_size(x.size()));
-  ndarray& mask = reuse_saved(call.saved, 0, x.shape());
+  ndarray& mask = reuse_saved(call.saved, 0, x.shape(), y.ctx());
   call.saved.resize(1);
-  cpu::dropout_forward(x.data<float>(), y.data<float>(), mask.data<float>(), to_size(x.size()),
-                       call.attrs.p, call.seed);
+  if (const int gpu = gpu_of(y); gpu >= 0)
+    cuda::dropout_forward(gpu, floats(x), floats(y), floats(mask), to_size(x.size()), call.attrs.p,
+                          call.seed);
+  else
+    cpu::dropout_forward(floats(x), floats(y), floats(mask), to_size(x.size()), call.attrs.p,
+                         call.seed);
 }
 
 bool dropout_draws_seed(const op_attrs& attrs, bool is_train) {
@@ -452,10 +495,14 @@ void dropout_backward(const op_backward_call& call) {
   const std::size_t n = to_size(dy.size());
   check_size(dropout_op, "gradient of input 'data'", call.input_grads[0], n);
   const ndarray& mask = call.saved[0];
-  if (mask.is_none() || mask.dtype() != dtype::float32 || !mask.ctx().is_cpu())
-    fail(errc::invalid_argument, dropout_op, "the saved mask is not a float32 cpu array");
+  if (mask.is_none() || mask.dtype() != dtype::float32 || gpu_of(mask) != dx.gpu)
+    fail(errc::invalid_argument, dropout_op,
+         "the saved mask is not a float32 array on the gradient's device");
   check_size(dropout_op, "the saved mask", mask, n);
-  cpu::dropout_backward(mask.data<float>(), dy.data<float>(), dx.data, n, dx.mode);
+  if (dx.gpu >= 0)
+    cuda::dropout_backward(dx.gpu, floats(mask), floats(dy), dx.data, n, dx.mode);
+  else
+    cpu::dropout_backward(floats(mask), floats(dy), dx.data, n, dx.mode);
 }
 
 std::string dropout_describe(const op_attrs& attrs) {
@@ -510,12 +557,24 @@ void sce_forward(const op_forward_call& call) {
   const sce_dims dims = sce_geometry(logits.shape(), label.shape());
   ndarray& loss = call.outputs[0];
   check_size(sce_op, "output 0", loss, to_size(dims.batch));
-  check_labels(label.data<float>(), dims);
-  ndarray& probabilities = reuse_saved(call.saved, 0, logits.shape());
+  if (const int gpu = gpu_of(label); gpu >= 0) {
+    // The labels are few (one per row); checking them on the host costs one small copy.
+    std::vector<float> host(to_size(dims.batch));
+    cuda::copy_device_to_host(gpu, host.data(), floats(label), host.size() * sizeof(float));
+    check_labels(host.data(), dims);
+  } else {
+    check_labels(floats(label), dims);
+  }
+  ndarray& probabilities = reuse_saved(call.saved, 0, logits.shape(), logits.ctx());
   call.saved.resize(1);
-  cpu::softmax_cross_entropy_forward(logits.data<float>(), label.data<float>(), loss.data<float>(),
-                                     probabilities.data<float>(), to_size(dims.batch),
-                                     to_size(dims.classes));
+  if (const int gpu = gpu_of(loss); gpu >= 0)
+    cuda::softmax_cross_entropy_forward(gpu, floats(logits), floats(label), floats(loss),
+                                        floats(probabilities), to_size(dims.batch),
+                                        to_size(dims.classes));
+  else
+    cpu::softmax_cross_entropy_forward(floats(logits), floats(label), floats(loss),
+                                       floats(probabilities), to_size(dims.batch),
+                                       to_size(dims.classes));
 }
 
 void sce_backward(const op_backward_call& call) {
@@ -533,14 +592,19 @@ void sce_backward(const op_backward_call& call) {
   const ndarray& dy = call.output_grads[0];
   check_size(sce_op, "gradient of output 0", dy, to_size(dims.batch));
   if (call.saved.empty() || call.saved[0].is_none() || call.saved[0].dtype() != dtype::float32 ||
-      !call.saved[0].ctx().is_cpu())
+      gpu_of(call.saved[0]) != dlogits.gpu)
     fail(errc::invalid_argument, sce_op,
          "backward needs the probabilities its forward saved, and has none");
   const ndarray& probabilities = call.saved[0];
   check_size(sce_op, "the saved probabilities", probabilities, to_size(dims.batch * dims.classes));
-  cpu::softmax_cross_entropy_backward(probabilities.data<float>(), label.data<float>(),
-                                      dy.data<float>(), dlogits.data, dlogits.mode,
-                                      to_size(dims.batch), to_size(dims.classes));
+  if (dlogits.gpu >= 0)
+    cuda::softmax_cross_entropy_backward(dlogits.gpu, floats(probabilities), floats(label),
+                                         floats(dy), dlogits.data, dlogits.mode,
+                                         to_size(dims.batch), to_size(dims.classes));
+  else
+    cpu::softmax_cross_entropy_backward(floats(probabilities), floats(label), floats(dy),
+                                        dlogits.data, dlogits.mode, to_size(dims.batch),
+                                        to_size(dims.classes));
 }
 
 // ---------------------------------------------------------------------------------------------

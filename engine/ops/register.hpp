@@ -47,14 +47,15 @@ void register_elementwise_ops(op_table& table);
 void check_input_count(std::string_view op, std::span<const std::string_view> names,
                        std::size_t given);
 
-/// Every input and output of a forward call present, float32 and on a cpu context; the counts
-/// as `names` and `num_outputs` say.
+/// Every input and output of a forward call present, float32 and on one device: the host (any
+/// cpu(i)) or one gpu(i), that of the first input; the counts as `names` and `num_outputs` say.
 void check_forward(std::string_view op, std::span<const std::string_view> names,
                    const op_forward_call& call, std::size_t num_outputs = 1);
 
 /// The same for a backward call: the counts of inputs, outputs, output gradients, input
-/// gradients and requests; every output gradient present, float32, cpu and of its output's
-/// shape; every wanted input gradient float32, cpu and of its input's shape.
+/// gradients and requests; every output gradient present, float32, on one device (that of the
+/// first output gradient) and of its output's shape; every wanted input gradient float32, on that
+/// device and of its input's shape.
 void check_backward(std::string_view op, std::span<const std::string_view> names,
                     const op_backward_call& call, std::size_t num_outputs = 1);
 
@@ -70,21 +71,39 @@ void check_size(std::string_view op, std::string_view what, const ndarray& array
 struct grad_target {
   float* data = nullptr;
   kernels::cpu::write_mode mode = kernels::cpu::write_mode::overwrite;
+  int gpu = -1; ///< the CUDA device that holds `data`, or -1 for host memory
   explicit operator bool() const noexcept { return data != nullptr; }
+  bool accumulates() const noexcept { return mode == kernels::cpu::write_mode::accumulate; }
 };
 
 grad_target gradient_of(const op_backward_call& call, std::size_t input);
 
-/// dx (=|+=) dy over n elements; dx may equal dy.
-void store_copy(const float* dy, grad_target dx, std::size_t n) noexcept;
+/// dx (=|+=) dy over n elements, on the device that holds dx (and dy); dx may equal dy.
+void store_copy(const float* dy, grad_target dx, std::size_t n);
+
+/// The float32 elements of an operator's array: host memory, or device memory on a gpu (the
+/// checks above have made sure of the dtype and the device).
+inline const float* floats(const ndarray& array) {
+  return static_cast<const float*>(array.raw_data());
+}
+inline float* floats(ndarray& array) {
+  return static_cast<float*>(array.raw_data());
+}
+
+/// The CUDA device an array's memory is on, or -1 for host memory. An operator call computes
+/// where its arrays are (the checks above keep them on one device).
+inline int gpu_of(const ndarray& array) noexcept {
+  return array.ctx().is_gpu() ? array.ctx().id : -1;
+}
 
 // ---------------------------------------------------------------------------------------------
 // State for backward.
 
-/// saved[index] as an array of `shape` (float32, cpu): the one the caller passed back when its
+/// saved[index] as an array of `shape` (float32, on `ctx`): the one the caller passed back when its
 /// shape fits and nobody else holds its storage (a retained graph may still read it), else a new
 /// one. Grows `saved` as needed.
-ndarray& reuse_saved(std::vector<ndarray>& saved, std::size_t index, const shape_vector& shape);
+ndarray& reuse_saved(std::vector<ndarray>& saved, std::size_t index, const shape_vector& shape,
+                     context ctx);
 
 // ---------------------------------------------------------------------------------------------
 // describe() pieces.

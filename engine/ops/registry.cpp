@@ -12,6 +12,7 @@
 #include "engine/dispatch.hpp"
 #include "engine/op.hpp"
 #include "engine/ops/register.hpp"
+#include "kernels/cuda/elementwise.hpp"
 
 namespace troupe {
 namespace {
@@ -243,16 +244,24 @@ std::string joined(std::span<const std::string_view> names) {
   return text;
 }
 
-/// `role` is "input 'data'", "output 0", "gradient of input 'weight'"...
-void check_array(std::string_view op, const ndarray& array, const std::string& role) {
+/// The host is one device for operators (every cpu(i) reads host memory); each gpu(i) is its own.
+bool same_device(context a, context b) noexcept {
+  return a.is_cpu() ? b.is_cpu() : a == b;
+}
+
+/// `role` is "input 'data'", "output 0", "gradient of input 'weight'"...; `where` is the device
+/// of the call.
+void check_array(std::string_view op, const ndarray& array, const std::string& role,
+                 context where) {
   if (array.is_none())
     fail(errc::invalid_argument, op, role + " is the none handle");
   if (array.dtype() != dtype::float32)
     fail(errc::not_supported, op,
          role + " is " + std::string{to_string(array.dtype())} + "; operators compute on float32");
-  if (!array.ctx().is_cpu())
-    fail(errc::not_supported, op,
-         role + " is on " + array.ctx().to_string() + "; operators compute on cpu contexts");
+  if (!same_device(array.ctx(), where))
+    fail(errc::invalid_argument, op,
+         role + " is on " + array.ctx().to_string() + " but the call computes on " +
+             where.to_string() + "; an operator's arrays must be on one device");
 }
 
 std::string input_role(std::string_view name) {
@@ -287,8 +296,14 @@ void check_input_count(std::string_view op, std::span<const std::string_view> na
 
 namespace {
 
-bool acceptable(const ndarray& array) noexcept {
-  return !array.is_none() && array.dtype() == dtype::float32 && array.ctx().is_cpu();
+bool acceptable(const ndarray& array, context where) noexcept {
+  return !array.is_none() && array.dtype() == dtype::float32 && same_device(array.ctx(), where);
+}
+
+/// The device of a call: that of its first array (or the host when there is none, or it is the
+/// none handle, which the checks then report). Copies no ndarray: the checks allocate nothing.
+context call_device(std::span<const ndarray> arrays) noexcept {
+  return arrays.empty() || arrays[0].is_none() ? context::cpu() : arrays[0].ctx();
 }
 
 } // namespace
@@ -297,12 +312,13 @@ void check_forward(std::string_view op, std::span<const std::string_view> names,
                    const op_forward_call& call, std::size_t num_outputs) {
   check_input_count(op, names, call.inputs.size());
   check_count(op, "outputs", num_outputs, call.outputs.size());
+  const context where = call_device(call.inputs);
   for (std::size_t i = 0; i < names.size(); ++i)
-    if (!acceptable(call.inputs[i]))
-      check_array(op, call.inputs[i], input_role(names[i]));
+    if (!acceptable(call.inputs[i], where))
+      check_array(op, call.inputs[i], input_role(names[i]), where);
   for (std::size_t i = 0; i < num_outputs; ++i)
-    if (!acceptable(call.outputs[i]))
-      check_array(op, call.outputs[i], output_role(i));
+    if (!acceptable(call.outputs[i], where))
+      check_array(op, call.outputs[i], output_role(i), where);
 }
 
 void check_backward(std::string_view op, std::span<const std::string_view> names,
@@ -312,10 +328,11 @@ void check_backward(std::string_view op, std::span<const std::string_view> names
   check_count(op, "output gradients", num_outputs, call.output_grads.size());
   check_count(op, "input gradients", names.size(), call.input_grads.size());
   check_count(op, "gradient requests", names.size(), call.reqs.size());
+  const context where = call_device(call.output_grads);
   for (std::size_t i = 0; i < num_outputs; ++i) {
     const ndarray& dy = call.output_grads[i];
-    if (!acceptable(dy))
-      check_array(op, dy, "gradient of " + output_role(i));
+    if (!acceptable(dy, where))
+      check_array(op, dy, "gradient of " + output_role(i), where);
     // The outputs' buffers may be gone (backward_reads_outputs false) but their handles say
     // which shape the gradient must have.
     const ndarray& y = call.outputs[i];
@@ -328,8 +345,8 @@ void check_backward(std::string_view op, std::span<const std::string_view> names
     const ndarray& dx = call.input_grads[i];
     if (dx.is_none() || call.reqs[i] == grad_req::null)
       continue;
-    if (!acceptable(dx))
-      check_array(op, dx, "gradient of " + input_role(names[i]));
+    if (!acceptable(dx, where))
+      check_array(op, dx, "gradient of " + input_role(names[i]), where);
     const ndarray& x = call.inputs[i];
     if (!x.is_none() && x.shape() != dx.shape())
       fail(errc::shape_mismatch, op,
@@ -354,12 +371,18 @@ grad_target gradient_of(const op_backward_call& call, std::size_t input) {
   const grad_req req = call.reqs[input];
   if (dx.is_none() || req == grad_req::null)
     return {};
-  return {dx.data<float>(), req == grad_req::add ? kernels::cpu::write_mode::accumulate
-                                                 : kernels::cpu::write_mode::overwrite};
+  return {floats(dx),
+          req == grad_req::add ? kernels::cpu::write_mode::accumulate
+                               : kernels::cpu::write_mode::overwrite,
+          gpu_of(dx)};
 }
 
-void store_copy(const float* dy, grad_target dx, std::size_t n) noexcept {
-  if (dx.mode == kernels::cpu::write_mode::accumulate) {
+void store_copy(const float* dy, grad_target dx, std::size_t n) {
+  if (dx.gpu >= 0) {
+    kernels::cuda::store_gradient(dx.gpu,
+                                  {.formula = kernels::cuda::gradient_formula::copy, .dy = dy}, n,
+                                  dx.data, dx.accumulates(), false);
+  } else if (dx.mode == kernels::cpu::write_mode::accumulate) {
     for (std::size_t i = 0; i < n; ++i)
       dx.data[i] += dy[i];
   } else if (dx.data != dy && n > 0) {
@@ -367,14 +390,15 @@ void store_copy(const float* dy, grad_target dx, std::size_t n) noexcept {
   }
 }
 
-ndarray& reuse_saved(std::vector<ndarray>& saved, std::size_t index, const shape_vector& shape) {
+ndarray& reuse_saved(std::vector<ndarray>& saved, std::size_t index, const shape_vector& shape,
+                     context ctx) {
   if (saved.size() <= index)
     saved.resize(index + 1);
   ndarray& slot = saved[index];
   const bool fits = !slot.is_none() && slot.shape() == shape && slot.dtype() == dtype::float32 &&
-                    slot.ctx().is_cpu() && !slot.storage_is_shared();
+                    slot.ctx() == ctx && !slot.storage_is_shared();
   if (!fits)
-    slot = ndarray(shape);
+    slot = ndarray(shape, ctx);
   return slot;
 }
 
