@@ -149,9 +149,25 @@ int scheduler_exit_code(const result<job_outcome>& outcome) noexcept {
   return 1;
 }
 
+/// node.server_device as a context this process has, or an error naming the key and why.
+result<context> server_update_device(const cluster_config& config) {
+  const auto device = parse_context(config.server_device);
+  if (!device)
+    return error{errc::invalid_argument, "node.server_device (--server-device) '" +
+                                             config.server_device +
+                                             "' is not a device like cpu(0) or gpu(0)"};
+  if (auto available = check_available(*device); !available)
+    return error{available.error().code(),
+                 "node.server_device (--server-device): " + available.error().message()};
+  return *device;
+}
+
 status run_server(const cluster_config& config) {
   if (auto valid = validate_for_role(config, node_role::server); !valid)
     return valid;
+  const auto update_device = server_update_device(config);
+  if (!update_device)
+    return update_device.error();
   node_runtime runtime;
   auto& system = *runtime.system;
   const std::string host = advertised_host(config);
@@ -162,6 +178,7 @@ status run_server(const cluster_config& config) {
   node_options.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
   // A waiting pull belongs to a request that gives up after timeouts.request.
   node_options.pull_timeout = config.request_timeout;
+  node_options.update_device = *update_device;
   // The rank comes with the agent, which needs the data port, which needs the shards' router:
   // the shards are named before the rank is known.
   node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};
@@ -210,6 +227,8 @@ status check_node_config(const cluster_config& config) {
     return valid;
   if (role == node_role::scheduler)
     return check_port_free(config.scheduler_host, config.scheduler_port.value_or(0));
+  if (auto device = server_update_device(config); !device)
+    return device.error();
   return check_port_free(config.bind_address, config.data_port);
 }
 

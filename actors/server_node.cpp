@@ -117,6 +117,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard.pull_timeout = options_.pull_timeout;
     shard.sweep_interval = options_.sweep_interval;
     shard.max_value_bytes = options_.max_value_bytes;
+    shard.update_device = options_.update_device;
     shard.log = options_.log.part("shard " + std::to_string(i));
     shards_.push_back(spawn_server_shard(system, std::move(shard)));
   }

@@ -22,6 +22,7 @@
 #include "actors/logic/key_placement.hpp"
 #include "actors/protocols.hpp"
 #include "actors/server_shard.hpp"
+#include "engine/context.hpp"
 #include "engine/log.hpp"
 
 namespace troupe {
@@ -36,6 +37,8 @@ struct server_node_options {
   std::chrono::milliseconds pull_timeout{30'000};
   std::chrono::milliseconds sweep_interval{1'000};
   std::uint64_t max_value_bytes = std::uint64_t{1} << 32;
+  /// shard_options::update_device.
+  context update_device = context::cpu();
   /// Each shard logs as "<who> shard <i>".
   logger log{};
 };

@@ -523,6 +523,11 @@ result<std::vector<context>> check_flags(options& o) {
   } else if (o.micro_batches != 1) {
     return error{errc::invalid_argument, "--micro-batches needs --model-parallel"};
   }
+  // A missing device is a usage error before anything is built, naming it and why it is missing.
+  for (const auto& group : {*contexts, o.stages})
+    for (const context ctx : group)
+      if (auto available = check_available(ctx); !available)
+        return available.error();
   if (o.micro_batches > o.batch_size)
     return error{errc::invalid_argument, "--micro-batches " + std::to_string(o.micro_batches) +
                                              " exceeds --batch-size " +

@@ -216,6 +216,9 @@ bool valid_interface(std::string_view text) {
   return !text.empty() && text.size() < IFNAMSIZ && !has_space(text) &&
          text.find('/') == std::string_view::npos;
 }
+bool valid_device_name(std::string_view text) {
+  return !text.empty() && text.size() <= 32 && !has_space(text);
+}
 bool valid_job_id(std::string_view text) {
   return !text.empty() && text.size() <= 64 &&
          std::all_of(text.begin(), text.end(), [](unsigned char c) {
@@ -347,6 +350,13 @@ void add_node_fields(std::vector<field>& t) {
       {{"node", "shards", "", "--shards", "N", "",
         "Server shards per server process. Default: the hardware threads."},
        integer_setter(&cluster_config::shards_per_server, 1, 4096, "an integer from 1 to 4096"),
+       {}});
+  t.push_back(
+      {{"node", "server_device", "", "--server-device", "CONTEXT", "\"cpu(0)\"",
+        "Servers: the device that keeps each key's value and runs its update when the optimizer "
+        "is on the servers, e.g. gpu(0); the host keeps a copy to answer pulls from."},
+       string_setter(&cluster_config::server_device, valid_device_name,
+                     "a device such as \"cpu(0)\" or \"gpu(0)\""),
        {}});
   t.push_back({{"node", "verbose", "PS_VERBOSE", "--verbose", "LEVEL", "0",
                 "Logging: 0 quiet, 1 connections, 2 every message."},

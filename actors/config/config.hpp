@@ -95,6 +95,10 @@ struct cluster_config {
   /// Server shards (actors, each owning a slice of the server's key range) per server process.
   /// Default: the number of hardware threads.
   int shards_per_server = default_shards();
+  /// Servers: the device that keeps each key's value and runs its update when the optimizer is
+  /// on the servers ("cpu(0)", "gpu(0)"); parsed and checked when the server starts, since this
+  /// library knows no devices.
+  std::string server_device = "cpu(0)";
   /// Logging: 0 quiet, 1 connections, 2 every message (PS_VERBOSE).
   int verbose = 0;
 

@@ -373,7 +373,16 @@ std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry
   try {
     if (scale != 1.0)
       received *= scale;
-    if (updater_) {
+    if (updater_ && options_.update_device.is_gpu()) {
+      const context device = options_.update_device;
+      if (entry.on_device.is_none())
+        entry.on_device = entry.stored.copy_to(device);
+      (*updater_)(static_cast<std::int64_t>(key), received.copy_to(device), entry.on_device);
+      if (entry.stored.storage_is_shared())
+        entry.stored =
+            ndarray::empty(entry.stored.shape(), entry.stored.ctx(), entry.stored.dtype());
+      entry.on_device.copy_to(entry.stored);
+    } else if (updater_) {
       if (entry.stored.storage_is_shared())
         entry.stored = entry.stored.copy();
       (*updater_)(static_cast<std::int64_t>(key), received, entry.stored);
@@ -381,6 +390,7 @@ std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry
       // Replace: the received buffer becomes the value; the old value's buffer is reused for the
       // next push unless a reply still reads it (make_writable checks).
       std::swap(entry.stored, received);
+      entry.on_device = ndarray{}; // a later update starts from the replaced value
     }
     return std::nullopt;
   } catch (const std::exception& e) {

@@ -115,6 +115,11 @@ struct shard_options {
   std::function<shard_clock::time_point()> clock;
   /// Null: optimizer::create.
   optimizer_factory make_optimizer;
+  /// Where a key's value is kept and updated when the optimizer runs here: on a gpu, each key
+  /// has a device copy that the updater (and its state) works on, and `stored` on the host is
+  /// refreshed from it after every update to answer pulls from. Without an optimizer a push
+  /// only replaces the value, which stays on the host.
+  context update_device = context::cpu();
 };
 
 class shard_core {
@@ -159,6 +164,8 @@ private:
   };
   struct key_entry {
     ndarray stored;
+    /// The value on options_.update_device when that is a gpu and an update has run; none before.
+    ndarray on_device;
     /// Receives init's chunks until the value is whole; empty afterwards.
     std::optional<wire::reassembler> init_assembly;
     /// Exactly one of the two once initialised, by the policy's mode.

@@ -652,6 +652,22 @@ BOOST_AUTO_TEST_CASE(a_broken_configuration_exits_2_with_one_line_naming_the_pla
   auto& busy = *busy_run;
   BOOST_TEST(busy.exit_code == 2);
   BOOST_TEST(busy.err.find("in use") != std::string::npos, busy.err);
+
+  // A server device that is not a device, or that this machine lacks, is named before anything
+  // starts.
+  const std::map<std::string, std::string> server_env{
+      {"DMLC_NUM_WORKER", "1"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "1"}};
+  auto not_a_device =
+      run(node_path, {"--role", "server", "--server-device", "tpu(0)"}, server_env, 20s);
+  BOOST_TEST(not_a_device.exit_code == 2, not_a_device.err);
+  BOOST_TEST(not_a_device.err.find("node.server_device (--server-device) 'tpu(0)' is not a "
+                                   "device") != std::string::npos,
+             not_a_device.err);
+  const std::string missing_gpu = "gpu(4096)"; // more than any machine has
+  auto missing =
+      run(node_path, {"--role", "server", "--server-device", missing_gpu}, server_env, 20s);
+  BOOST_TEST(missing.exit_code == 2, missing.err);
+  BOOST_TEST(missing.err.find(missing_gpu + " is not available") != std::string::npos, missing.err);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

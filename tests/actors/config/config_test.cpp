@@ -403,7 +403,9 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "--max-staleness",
                             "3",
                             "--max-rounds-ahead",
-                            "4"});
+                            "4",
+                            "--server-device",
+                            "gpu(1)"});
   auto cfg = load_ok(std::nullopt, {}, flags);
   BOOST_TEST((cfg.role == node_role::scheduler));
   BOOST_TEST((cfg.scheduler_port == 0));
@@ -429,6 +431,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.rescale_quorum);
   BOOST_TEST((cfg.max_staleness == 3));
   BOOST_TEST(cfg.max_rounds_ahead == 4);
+  BOOST_TEST(cfg.server_device == "gpu(1)");
   std::size_t with_flag = 0;
   for (const auto& key : config_keys())
     with_flag += key.flag.empty() ? 0 : 1;
