@@ -16,7 +16,7 @@ with_data=${3:-}
 grep -q '^TROUPE_ENABLE_CUDA:STRING=\(ON\|AUTO\)' "$build_dir/CMakeCache.txt" ||
   { echo "gpu-bundle: $build_dir is not a CUDA build" >&2; exit 1; }
 
-programs=(kernels_tests engine_tests gpu_bench train_mnist)
+programs=(kernels_tests engine_tests logic_tests gpu_bench train_mnist)
 cmake --build "$build_dir" -j "$(nproc)" --target "${programs[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

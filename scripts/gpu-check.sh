@@ -48,7 +48,7 @@ have_gpu=yes
 if [ -z "$bundle" ]; then
   scripts/setup.sh "$build_dir" -DTROUPE_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo || exit 1
-  cmake --build "$build_dir" -j "$(nproc)" --target kernels_tests engine_tests gpu_bench \
+  cmake --build "$build_dir" -j "$(nproc)" --target kernels_tests engine_tests logic_tests gpu_bench \
     train_mnist >"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
 fi
 program() { # the path of a binary by name, in the bundle or the build
@@ -59,7 +59,7 @@ status=0
 row "GPU" "$gpu"
 
 # --- tests: the suites whose GPU cases skip without a device -----------------------------------
-for suite in kernels_tests engine_tests; do
+for suite in kernels_tests engine_tests logic_tests; do
   log=$out/$suite.log
   if timeout -k 10 240 "$(program "$suite")" --report_level=short --log_level=test_suite \
     >"$log" 2>&1; then result=pass; else result=FAIL; status=1; fi

@@ -2,6 +2,7 @@
 // the sync round rule, replies held until their round, and bad requests answered with an error
 // that names the key while the stored value stays as it was.
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -435,6 +436,48 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST((bounded.error(1) != nullptr &&
               bounded.error(1)->code == wire::error_code::invalid_argument));
   BOOST_TEST(names(bounded.error(1), "max_value_bytes"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- the update on a GPU ---------------------------------------------------------------------
+
+namespace {
+
+boost::test_tools::assertion_result gpu_present(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result result{num_gpus() > 0};
+  if (!result)
+    result.message() << "no CUDA device: " << check_available(context::gpu(0)).error().message();
+  return result;
+}
+
+/// The stored values of `key` after three sync rounds of two workers with an SGD-with-momentum
+/// optimizer, the update on `device`.
+std::vector<float> values_after_three_rounds(context device) {
+  shard_options options;
+  options.update_device = device;
+  shard_driver job{2, {}, options};
+  job.send(wire::set_optimizer{1, "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}}});
+  BOOST_TEST_REQUIRE(job.ack(1) != nullptr);
+  BOOST_TEST_REQUIRE(job.init(key, ndarray::random_uniform(-1.0, 1.0, {1000}, 7)));
+  for (std::uint64_t round = 0; round < 3; ++round)
+    for (std::uint32_t worker = 0; worker < 2; ++worker)
+      job.push(key, worker, round, ndarray::random_uniform(-1.0, 1.0, {1000}, 10 * round + worker));
+  BOOST_TEST(job.shard->value(key).ctx() == context::cpu()); // pulls are answered from the host
+  return job.stored(key);
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(server_shard_update_on_a_gpu, *boost::unit_test::precondition(gpu_present))
+
+BOOST_AUTO_TEST_CASE(a_shard_updating_on_a_gpu_stores_what_the_host_update_stores) {
+  const auto on_host = values_after_three_rounds(context::cpu());
+  const auto on_gpu = values_after_three_rounds(context::gpu(0));
+  BOOST_TEST_REQUIRE(on_gpu.size() == on_host.size());
+  for (std::size_t i = 0; i < on_host.size(); ++i)
+    BOOST_TEST(std::abs(on_gpu[i] - on_host[i]) <= 1e-5f * (1.0f + std::abs(on_host[i])),
+               "element " << i << ": gpu " << on_gpu[i] << ", host " << on_host[i]);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
