@@ -6,10 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <memory>
-#include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -47,20 +44,6 @@ void check_gemm(const gemm_case& g) {
   cuda::gemm(gpu, g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, da.get(), in.lda, db.get(),
              in.ldb, g.beta, dc.get(), in.ldc);
   check_gemm_result(g, in, dc.download());
-}
-
-template <class F>
-void check_throws_runtime_error(F call, const char* what) {
-  bool thrown = false;
-  try {
-    call();
-  } catch (const std::runtime_error& e) {
-    thrown = true;
-    // the message must say which call failed (and, without CUDA, why)
-    const std::string message = e.what();
-    BOOST_TEST(message.find(what) != std::string::npos, message);
-  }
-  BOOST_TEST(thrown, what << " did not throw std::runtime_error");
 }
 
 } // namespace
@@ -225,29 +208,9 @@ BOOST_AUTO_TEST_CASE(sum_n_matches_the_cpu_kernel_bit_for_bit_on_every_size_and_
   for (std::size_t n : sizes)
     for (std::size_t count : {0u, 1u, 2u, 4u, 9u, 17u}) {
       auto rng = rng_for(74 + count, n);
-      std::vector<std::vector<float>> host;
-      std::vector<const float*> host_pointers;
-      std::vector<std::unique_ptr<device_buffer<float>>> device;
-      std::vector<const float*> device_pointers;
-      for (std::size_t k = 0; k < count; ++k) {
-        host.push_back(random_vector<float>(rng, n, -10.0f, 10.0f));
-        device.push_back(std::make_unique<device_buffer<float>>(gpu, host.back()));
-      }
-      for (std::size_t k = 0; k < count; ++k) {
-        host_pointers.push_back(host[k].data());
-        device_pointers.push_back(device[k]->get());
-      }
-      std::vector<float> expected(n);
-      cpu::sum_n(host_pointers.data(), count, expected.data(), n);
-
-      device_buffer<float> out{gpu, std::vector<float>(n, 5.0f)};
-      cuda::sum_n(gpu, device_pointers.data(), count, out.get(), n);
-      check_equal(out.download(), expected, "sum_n");
-      if (count > 0) {
-        // out may alias inputs[0]
-        cuda::sum_n(gpu, device_pointers.data(), count, device[0]->get(), n);
-        check_equal(device[0]->download(), expected, "sum_n into inputs[0]");
-      }
+      check_sum_matches_the_cpu(
+          gpu, n, count, [&] { return random_vector<float>(rng, n, -10.0f, 10.0f); },
+          cpu::sum_n<float>, cuda::sum_n, 5.0f, "sum_n");
     }
 }
 
@@ -284,35 +247,18 @@ BOOST_AUTO_TEST_CASE(float_to_half_matches_the_cpu_on_every_size) {
 }
 
 BOOST_AUTO_TEST_CASE(gemm_matches_the_reference_for_every_transpose_and_odd_or_empty_sizes) {
-  const std::size_t dims[] = {0, 1, 2, 7, 33};
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      for (std::size_t m : dims)
-        for (std::size_t n : dims)
-          for (std::size_t k : dims)
-            check_gemm({ta, tb, m, n, k, (m + n + k) % 3, 1.0f, 0.0f});
-      for (const auto& [alpha, beta] :
-           {std::pair{0.5f, 2.0f}, std::pair{-1.5f, 1.0f}, std::pair{0.0f, 3.0f}}) {
-        check_gemm({ta, tb, 5, 3, 4, 1, alpha, beta});
-        check_gemm({ta, tb, 4, 6, 0, 0, alpha, beta}); // k = 0: C = beta * C, lda may be 0
-      }
-      check_gemm({ta, tb, 129, 67, 301, 5, 0.75f, -0.5f});
-    }
+  for (const auto& g : gpu_gemm_cases())
+    check_gemm(g);
 }
 
 BOOST_AUTO_TEST_CASE(gemm_reports_cublas_errors_as_runtime_errors_naming_the_call) {
   device_buffer<float> a{gpu, 16}, b{gpu, 16}, c{gpu, 16};
-  bool thrown = false;
-  try {
-    // lda = 1 is too small for a 4×4 row-major A
-    cuda::gemm(gpu, false, false, 4, 4, 4, 1.0f, a.get(), 1, b.get(), 4, 0.0f, c.get(), 4);
-  } catch (const std::runtime_error& e) {
-    thrown = true;
-    const std::string what = e.what();
-    BOOST_TEST(what.find("cublasSgemm") != std::string::npos, what);
-    BOOST_TEST(what.find("device 0") != std::string::npos, what);
-  }
-  BOOST_TEST(thrown);
+  // lda = 1 is too small for a 4×4 row-major A
+  check_throws_runtime_error(
+      [&] {
+        cuda::gemm(gpu, false, false, 4, 4, 4, 1.0f, a.get(), 1, b.get(), 4, 0.0f, c.get(), 4);
+      },
+      "cublasSgemm", "device 0");
 }
 
 BOOST_AUTO_TEST_SUITE_END() // on_a_gpu

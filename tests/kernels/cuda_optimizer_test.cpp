@@ -14,10 +14,8 @@
 #include <limits>
 #include <memory>
 #include <random>
-#include <stdexcept>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -30,6 +28,7 @@
 #include "tests/kernels/cuda_test_support.hpp"
 #include "tests/kernels/gemm_test_support.hpp"
 #include "tests/kernels/kernels_test_support.hpp"
+#include "tests/kernels/optimizer_test_support.hpp"
 
 namespace cpu = troupe::kernels::cpu;
 namespace cuda = troupe::kernels::cuda;
@@ -44,23 +43,10 @@ constexpr int steps = 3;
 // decay, or epsilon placement is off by far more (the hyper-parameters below are chosen so).
 constexpr double rel_tol = 1e-5;
 constexpr double abs_tol = 1e-6;
+// The weight decay of the variants that decay.
+constexpr float weight_decay = 0.05f;
 
 // --- helpers ---------------------------------------------------------------------------------
-
-template <class F>
-void check_throws_runtime_error(F call, const char* what, const char* also = nullptr) {
-  bool thrown = false;
-  try {
-    call();
-  } catch (const std::runtime_error& e) {
-    thrown = true;
-    const std::string message = e.what();
-    BOOST_TEST(message.find(what) != std::string::npos, message);
-    if (also != nullptr)
-      BOOST_TEST(message.find(also) != std::string::npos, message);
-  }
-  BOOST_TEST(thrown, what << " did not throw std::runtime_error");
-}
 
 std::vector<float> widen(const std::vector<std::uint16_t>& bits) {
   std::vector<float> out(bits.size());
@@ -106,38 +92,6 @@ void check_halves_within_one_ulp(const std::vector<std::uint16_t>& actual,
 }
 
 // --- the rules, on both sides ----------------------------------------------------------------
-
-/// One combination of the optional parts of the rules.
-struct variant {
-  float rescale_grad;
-  float clip_gradient; ///< < 0: off
-  float wd;
-  float momentum;     ///< SGD and NAG's momentum, centered RMSProp's gamma2
-  float clip_weights; ///< < 0: off (RMSProp only)
-};
-
-/// Every combination on the small sizes; on 1M elements only "everything off" and "everything
-/// on", as in optimizer_rules_test.cpp.
-std::vector<variant> variants_for(std::size_t n) {
-  std::vector<variant> out;
-  for (float clip : {-1.0f, 0.5f})
-    for (float wd : {0.0f, 0.05f})
-      for (float momentum : {0.0f, 0.9f})
-        for (float rescale : {1.0f, 0.25f})
-          for (float clip_weights : {-1.0f, 0.8f}) {
-            const bool all_off =
-                clip < 0 && wd == 0 && momentum == 0 && rescale == 1.0f && clip_weights < 0;
-            const bool all_on =
-                clip >= 0 && wd > 0 && momentum > 0 && rescale != 1.0f && clip_weights >= 0;
-            if (n < 1'000'000 || all_off || all_on)
-              out.push_back({rescale, clip, wd, momentum, clip_weights});
-          }
-  return out;
-}
-
-cpu::gradient_settings settings_of(const variant& v) {
-  return {v.rescale_grad, v.clip_gradient};
-}
 
 /// A rule's CPU and GPU forms with the same hyper-parameters. The epsilons are large enough
 /// (1e-3) that adding one inside or outside a square root makes a visible difference.
@@ -318,7 +272,7 @@ void check_every_rule(precision p) {
   for (const rule& r : rules()) {
     ++seed;
     for (std::size_t n : sizes)
-      for (const variant& v : variants_for(n))
+      for (const variant& v : variants_for(n, weight_decay))
         check_rule(r, p, n, v, seed);
   }
 }
@@ -348,20 +302,7 @@ void check_gemm_half(const gemm_case& g) {
                   db.get(), in.ldb, g.beta, dc.get(), in.ldc);
   const auto got16 = dc.download();
 
-  auto expected = in.c0;
-  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, g.alpha, in.a.data(), in.lda,
-                      in.b.data(), in.ldb, g.beta, expected.data(), in.ldc);
-  // Σ|alpha·a·b| + |beta·c|: the scale of the float32 accumulation's rounding
-  std::vector<float> abs_a(in.a.size()), abs_b(in.b.size()), magnitude(in.c0.size());
-  for (std::size_t i = 0; i < in.a.size(); ++i)
-    abs_a[i] = std::abs(in.a[i]);
-  for (std::size_t i = 0; i < in.b.size(); ++i)
-    abs_b[i] = std::abs(in.b[i]);
-  for (std::size_t i = 0; i < in.c0.size(); ++i)
-    magnitude[i] = g.beta == 0.0f ? 0.0f : std::abs(in.c0[i]);
-  cpu::gemm_reference(g.transpose_a, g.transpose_b, g.m, g.n, g.k, std::abs(g.alpha), abs_a.data(),
-                      in.lda, abs_b.data(), in.ldb, std::abs(g.beta), magnitude.data(), in.ldc);
-
+  const auto [expected, magnitude] = expected_gemm(g, in);
   std::size_t bad = 0, touched_padding = 0;
   for (std::size_t i = 0; i < g.m; ++i)
     for (std::size_t j = 0; j < in.ldc; ++j) {
@@ -521,48 +462,21 @@ BOOST_AUTO_TEST_CASE(sum_n_half_matches_the_cpu_bit_for_bit_on_every_size_and_co
     for (std::size_t count : {0u, 1u, 2u, 3u, 8u, 9u, 17u}) {
       BOOST_TEST_CONTEXT("n = " << n << ", count = " << count) {
         auto rng = rng_for(240 + count, n);
-        std::vector<std::vector<std::uint16_t>> host;
-        std::vector<const std::uint16_t*> host_pointers, device_pointers;
-        std::vector<std::unique_ptr<device_buffer<std::uint16_t>>> device;
-        for (std::size_t k = 0; k < count; ++k) {
-          host.push_back(random_halves(rng, n));
-          device.push_back(std::make_unique<device_buffer<std::uint16_t>>(gpu, host.back()));
-        }
-        for (std::size_t k = 0; k < count; ++k) {
-          host_pointers.push_back(host[k].data());
-          device_pointers.push_back(device[k]->get());
-        }
-        std::vector<std::uint16_t> expected(n);
-        cpu::sum_n_half(host_pointers.data(), count, expected.data(), n);
-
         // out starts as NaNs, which must not survive
-        device_buffer<std::uint16_t> out{gpu, std::vector<std::uint16_t>(n, 0x7e00u)};
-        cuda::sum_n_half(gpu, device_pointers.data(), count, out.get(), n);
-        check_equal(out.download(), expected, "sum_n_half");
-        if (count > 0) {
-          cuda::sum_n_half(gpu, device_pointers.data(), count, device[0]->get(), n);
-          check_equal(device[0]->download(), expected, "sum_n_half into inputs[0]");
-        }
+        check_sum_matches_the_cpu(
+            gpu, n, count, [&] { return random_halves(rng, n); }, cpu::sum_n_half, cuda::sum_n_half,
+            std::uint16_t{0x7e00u}, "sum_n_half");
       }
     }
 }
 
 BOOST_AUTO_TEST_CASE(gemm_half_matches_a_float32_gemm_of_the_same_inputs_up_to_float16_rounding) {
-  const std::size_t dims[] = {0, 1, 2, 7, 33};
+  for (const auto& g : gpu_gemm_cases())
+    check_gemm_half(g);
   for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      for (std::size_t m : dims)
-        for (std::size_t n : dims)
-          for (std::size_t k : dims)
-            check_gemm_half({ta, tb, m, n, k, (m + n + k) % 3, 1.0f, 0.0f});
-      for (const auto& [alpha, beta] :
-           {std::pair{0.5f, 2.0f}, std::pair{-1.5f, 1.0f}, std::pair{0.0f, 3.0f}}) {
-        check_gemm_half({ta, tb, 5, 3, 4, 1, alpha, beta});
-        check_gemm_half({ta, tb, 4, 6, 0, 0, alpha, beta}); // k = 0: C = beta * C
+    for (bool tb : {false, true})
+      for (float alpha : {0.5f, -1.5f, 0.0f})
         check_gemm_half({ta, tb, 4, 6, 0, 2, alpha, 0.0f}); // k = 0, beta = 0: zeros, C unread
-      }
-      check_gemm_half({ta, tb, 129, 67, 301, 5, 0.75f, -0.5f});
-    }
   check_gemm_half({false, false, 256, 192, 1024, 0, 1.0f, 0.0f});
 }
 

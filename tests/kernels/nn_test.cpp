@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/nn.hpp"
 #include "tests/kernels/kernels_test_support.hpp"
+#include "tests/kernels/nn_test_support.hpp"
 
 namespace cpu = troupe::kernels::cpu;
 using namespace troupe::kernels::testing;
@@ -22,12 +23,7 @@ using cpu::write_mode;
 
 namespace {
 
-constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
 constexpr double inf_d = std::numeric_limits<double>::infinity();
-
-std::vector<float> uniform(std::mt19937_64& rng, std::size_t n, float lo, float hi) {
-  return random_vector<float>(rng, n, lo, hi);
-}
 
 /// Σ a·b in double: the scalar L = Σ dy·y whose gradient a backward computes.
 double dot(const std::vector<float>& a, const std::vector<float>& b) {
@@ -85,24 +81,6 @@ std::vector<double> plus(const std::vector<float>& pre, const std::vector<float>
 // ---------------------------------------------------------------------------------------------
 // activations
 
-const cpu::activation_kind activation_kinds[] = {
-    cpu::activation_kind::relu, cpu::activation_kind::sigmoid, cpu::activation_kind::tanh,
-    cpu::activation_kind::softrelu};
-
-std::string name_of(cpu::activation_kind kind) {
-  switch (kind) {
-  case cpu::activation_kind::relu:
-    return "relu";
-  case cpu::activation_kind::sigmoid:
-    return "sigmoid";
-  case cpu::activation_kind::tanh:
-    return "tanh";
-  case cpu::activation_kind::softrelu:
-    return "softrelu";
-  }
-  return "?";
-}
-
 double activation_reference(cpu::activation_kind kind, double x) {
   switch (kind) {
   case cpu::activation_kind::relu:
@@ -120,15 +98,6 @@ double activation_reference(cpu::activation_kind kind, double x) {
 // ---------------------------------------------------------------------------------------------
 // fully connected
 
-struct fc_shape {
-  std::size_t batch, in, out;
-};
-
-std::string describe(const fc_shape& s) {
-  return "fc " + std::to_string(s.batch) + "x" + std::to_string(s.in) + "->" +
-         std::to_string(s.out);
-}
-
 std::vector<double> fc_reference(const std::vector<float>& x, const std::vector<float>& w,
                                  const float* bias, const fc_shape& s) {
   std::vector<double> y(s.batch * s.out);
@@ -144,40 +113,6 @@ std::vector<double> fc_reference(const std::vector<float>& x, const std::vector<
 
 // ---------------------------------------------------------------------------------------------
 // convolution
-
-struct conv_case {
-  cpu::image_shape in;
-  std::size_t filters;
-  cpu::window_2d win;
-};
-
-std::size_t out_h(const cpu::image_shape& in, const cpu::window_2d& w) {
-  return cpu::window_output_extent(in.height, w.kernel_h, w.stride_h, w.pad_h);
-}
-std::size_t out_w(const cpu::image_shape& in, const cpu::window_2d& w) {
-  return cpu::window_output_extent(in.width, w.kernel_w, w.stride_w, w.pad_w);
-}
-std::size_t x_size(const cpu::image_shape& in) {
-  return in.batch * in.channels * in.height * in.width;
-}
-
-std::string describe(const cpu::image_shape& in, const cpu::window_2d& w) {
-  return "x " + std::to_string(in.batch) + "x" + std::to_string(in.channels) + "x" +
-         std::to_string(in.height) + "x" + std::to_string(in.width) + ", kernel " +
-         std::to_string(w.kernel_h) + "x" + std::to_string(w.kernel_w) + ", stride " +
-         std::to_string(w.stride_h) + "x" + std::to_string(w.stride_w) + ", pad " +
-         std::to_string(w.pad_h) + "x" + std::to_string(w.pad_w);
-}
-std::string describe(const conv_case& c) {
-  return "conv " + describe(c.in, c.win) + ", filters " + std::to_string(c.filters);
-}
-
-std::size_t w_size(const conv_case& c) {
-  return c.filters * c.in.channels * c.win.kernel_h * c.win.kernel_w;
-}
-std::size_t y_size(const conv_case& c) {
-  return c.in.batch * c.filters * out_h(c.in, c.win) * out_w(c.in, c.win);
-}
 
 /// Input position (ih, iw) of output (oh, ow) and kernel tap (ki, kj); false in the padding.
 bool input_position(const cpu::image_shape& in, const cpu::window_2d& w, std::size_t oh,
@@ -273,22 +208,6 @@ const conv_case conv_fd_cases[] = {{{1, 1, 4, 4}, 2, {3, 3, 1, 1, 0, 0}},
 
 // ---------------------------------------------------------------------------------------------
 // pooling
-
-struct pool_case {
-  cpu::image_shape in;
-  cpu::window_2d win;
-};
-
-std::size_t y_size(const pool_case& c) {
-  return c.in.batch * c.in.channels * out_h(c.in, c.win) * out_w(c.in, c.win);
-}
-
-std::string describe(cpu::pool_kind kind, const pool_case& c) {
-  return std::string(kind == cpu::pool_kind::max ? "max" : "average") + " pool " +
-         describe(c.in, c.win);
-}
-
-const cpu::pool_kind pool_kinds[] = {cpu::pool_kind::max, cpu::pool_kind::average};
 
 // 2-wide, stride-2 windows without column padding (the common case) have a path of their own.
 const pool_case pool_cases[] = {
@@ -391,14 +310,6 @@ softmax_reference_result softmax_reference(const std::vector<float>& logits,
     r.loss[b] = std::log(s) - (static_cast<double>(z[l]) - m);
   }
   return r;
-}
-
-std::vector<float> random_labels(std::mt19937_64& rng, std::size_t batch, std::size_t classes) {
-  std::uniform_int_distribution<std::size_t> pick{0, classes - 1};
-  std::vector<float> label(batch);
-  for (auto& l : label)
-    l = static_cast<float>(pick(rng));
-  return label;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -731,21 +642,13 @@ BOOST_AUTO_TEST_CASE(convolution_with_an_empty_batch_overwrites_weight_gradients
 // ---------------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(pooling_forward_matches_a_naive_pooling) {
-  for (auto kind : pool_kinds) {
-    std::size_t index = 0;
-    for (const auto& c : pool_cases)
-      // all-negative inputs: a max that let padding (0) win, or an average that left padding
-      // out of the window size, would show here
-      for (float lo : {-3.0f, -5.0f}) {
-        auto rng = rng_for(401, index++);
-        const float hi = lo < -4.0f ? -1.0f : 3.0f;
-        const auto x = uniform(rng, x_size(c.in), lo, hi);
-        std::vector<float> y(y_size(c), nan_f);
-        cpu::pooling_forward(kind, x.data(), y.data(), c.in, c.win);
-        check_close(y, pool_reference(kind, x, c), 1e-6, 1e-6,
-                    describe(kind, c) + (hi < 0 ? " (all negative)" : ""));
-      }
-  }
+  for_each_pooling_input(pool_cases, 401,
+                         [](cpu::pool_kind kind, const pool_case& c, const std::vector<float>& x,
+                            std::mt19937_64&, const std::string& what) {
+                           std::vector<float> y(y_size(c), nan_f);
+                           cpu::pooling_forward(kind, x.data(), y.data(), c.in, c.win);
+                           check_close(y, pool_reference(kind, x, c), 1e-6, 1e-6, what);
+                         });
 }
 
 BOOST_AUTO_TEST_CASE(pooling_backward_matches_finite_differences) {
@@ -796,13 +699,11 @@ BOOST_AUTO_TEST_CASE(max_pooling_backward_sends_dy_to_the_first_maximum_of_its_w
                           write_mode::overwrite, in, win);
     check_equal(dx, std::vector<float>{1, 2 + 3, 4 + 7, 5 + 6 + 8 + 9}, "padded max backward");
   }
-  // many ties (values from {0, 1, 2}), every shape, against the rule written out naively
+  // many ties, every shape, against the rule written out naively
   std::size_t index = 0;
   for (const auto& c : pool_cases) {
     auto rng = rng_for(403, index++);
-    auto x = uniform(rng, x_size(c.in), 0.0f, 3.0f);
-    for (auto& v : x)
-      v = std::floor(v) - 2.0f; // {-2, -1, 0}: the padding's 0 would tie with real maxima
+    const auto x = tied_values(rng, x_size(c.in));
     const auto dy = uniform(rng, y_size(c), -1.0f, 1.0f);
     std::vector<float> y(dy.size(), nan_f), dx(x.size(), nan_f);
     cpu::pooling_forward(cpu::pool_kind::max, x.data(), y.data(), c.in, c.win);

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/optimizer_rules.hpp"
 #include "tests/kernels/kernels_test_support.hpp"
+#include "tests/kernels/optimizer_test_support.hpp"
 
 namespace cpu = troupe::kernels::cpu;
 using namespace troupe::kernels::testing;
@@ -20,33 +21,8 @@ constexpr int steps = 4;
 // A float kernel against a double reference, compounded over `steps` updates.
 constexpr double rel_tol = 2e-5;
 constexpr double abs_tol = 2e-6;
-
-struct variant {
-  float rescale_grad;
-  float clip_gradient; ///< < 0: off
-  float wd;
-  float momentum;
-  float clip_weights; ///< < 0: off (RMSProp only)
-};
-
-/// Every combination of clipping, weight decay and momentum on the small sizes; on 1M elements
-/// only "everything off" and "everything on" so that the suite stays fast.
-std::vector<variant> variants_for(std::size_t n) {
-  std::vector<variant> out;
-  for (float clip : {-1.0f, 0.5f})
-    for (float wd : {0.0f, 0.01f})
-      for (float momentum : {0.0f, 0.9f})
-        for (float rescale : {1.0f, 0.25f})
-          for (float clip_weights : {-1.0f, 0.8f}) {
-            const bool all_off =
-                clip < 0 && wd == 0 && momentum == 0 && rescale == 1.0f && clip_weights < 0;
-            const bool all_on =
-                clip >= 0 && wd > 0 && momentum > 0 && rescale != 1.0f && clip_weights >= 0;
-            if (n < 1'000'000 || all_off || all_on)
-              out.push_back({rescale, clip, wd, momentum, clip_weights});
-          }
-  return out;
-}
+// The weight decay of the variants that decay.
+constexpr float weight_decay = 0.01f;
 
 double clip(double x, double bound) {
   return bound >= 0 ? std::clamp(x, -bound, bound) : x;
@@ -59,10 +35,6 @@ double prepared(float grad, const variant& v) {
 // Adam and the RMSProps add weight decay before clipping, as MXNet's kernels do.
 double prepared_with_decay(float grad, double weight, const variant& v) {
   return clip(static_cast<double>(v.rescale_grad) * grad + v.wd * weight, v.clip_gradient);
-}
-
-cpu::gradient_settings settings_of(const variant& v) {
-  return {v.rescale_grad, v.clip_gradient};
 }
 
 std::vector<double> widen(const std::vector<float>& x) {
@@ -108,7 +80,7 @@ BOOST_AUTO_TEST_CASE(test_update_adds_the_rescaled_gradient_on_every_size) {
 BOOST_AUTO_TEST_CASE(sgd_with_and_without_momentum_matches_the_reference_on_every_size) {
   const float lr = 0.1f;
   for (std::size_t n : sizes)
-    for (const variant& v : variants_for(n))
+    for (const variant& v : variants_for(n, weight_decay))
       run_steps(
           61, n, 1, "sgd",
           [&](fvec& w, const fvec& g, std::vector<fvec>& st, dvec& rw, std::vector<dvec>& rs) {
@@ -136,7 +108,7 @@ BOOST_AUTO_TEST_CASE(sgd_without_momentum_accepts_a_null_momentum_buffer) {
 BOOST_AUTO_TEST_CASE(nag_matches_the_reference_on_every_size) {
   const float lr = 0.05f;
   for (std::size_t n : sizes)
-    for (const variant& v : variants_for(n))
+    for (const variant& v : variants_for(n, weight_decay))
       run_steps(
           62, n, 1, "nag",
           [&](fvec& w, const fvec& g, std::vector<fvec>& st, dvec& rw, std::vector<dvec>& rs) {
@@ -153,7 +125,7 @@ BOOST_AUTO_TEST_CASE(nag_matches_the_reference_on_every_size) {
 BOOST_AUTO_TEST_CASE(adam_matches_the_reference_on_every_size) {
   const float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;
   for (std::size_t n : sizes)
-    for (const variant& v : variants_for(n)) {
+    for (const variant& v : variants_for(n, weight_decay)) {
       int t = 0;
       run_steps(
           63, n, 2, "adam",
@@ -176,7 +148,7 @@ BOOST_AUTO_TEST_CASE(adam_matches_the_reference_on_every_size) {
 BOOST_AUTO_TEST_CASE(rmsprop_matches_the_reference_with_and_without_weight_clipping) {
   const float lr = 0.01f, gamma1 = 0.95f, epsilon = 1e-8f;
   for (std::size_t n : sizes)
-    for (const variant& v : variants_for(n))
+    for (const variant& v : variants_for(n, weight_decay))
       run_steps(
           64, n, 1, "rmsprop",
           [&](fvec& w, const fvec& g, std::vector<fvec>& st, dvec& rw, std::vector<dvec>& rs) {
@@ -193,7 +165,7 @@ BOOST_AUTO_TEST_CASE(rmsprop_matches_the_reference_with_and_without_weight_clipp
 BOOST_AUTO_TEST_CASE(centered_rmsprop_matches_the_reference_with_and_without_weight_clipping) {
   const float lr = 0.01f, gamma1 = 0.95f, gamma2 = 0.9f, epsilon = 1e-8f;
   for (std::size_t n : sizes)
-    for (const variant& v : variants_for(n))
+    for (const variant& v : variants_for(n, weight_decay))
       run_steps(
           65, n, 3, "rmsprop_centered",
           [&](fvec& w, const fvec& g, std::vector<fvec>& st, dvec& rw, std::vector<dvec>& rs) {
@@ -214,7 +186,7 @@ BOOST_AUTO_TEST_CASE(centered_rmsprop_matches_the_reference_with_and_without_wei
 BOOST_AUTO_TEST_CASE(adagrad_matches_the_reference_on_every_size) {
   const float lr = 0.1f, epsilon = 1e-7f;
   for (std::size_t n : sizes)
-    for (const variant& v : variants_for(n))
+    for (const variant& v : variants_for(n, weight_decay))
       run_steps(
           66, n, 1, "adagrad",
           [&](fvec& w, const fvec& g, std::vector<fvec>& st, dvec& rw, std::vector<dvec>& rs) {
