@@ -1227,6 +1227,14 @@ void ndarray::copy_to(ndarray& destination) const {
 
 void ndarray::copy_values_to(ndarray& destination) const {
   const auto n = static_cast<std::size_t>(size());
+  // cudaMemcpy's areas may not overlap (memmove's may): a gpu view shifted against its destination
+  // (a.slice(0, 3).copy_to(a.slice(1, 4))) is copied first, as apply_binary does.
+  if (!ctx_.is_cpu() && overlaps(*this, destination)) {
+    if (raw_data() == destination.raw_data() && dtype_ == destination.dtype_)
+      return; // the same elements
+    copy().copy_values_to(destination);
+    return;
+  }
   if (dtype_ == destination.dtype_) {
     copy_bytes(destination.raw_data(), destination.ctx_, raw_data(), ctx_, nbytes());
     return;

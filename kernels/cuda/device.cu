@@ -196,6 +196,13 @@ __global__ void axpy_kernel(float alpha, const float* x, float* y, std::size_t n
     y[i] += alpha * x[i];
 }
 
+/// c[i·ldc + j] *= beta over an m×n row-major matrix.
+__global__ void scale_matrix_kernel(float* c, std::size_t ldc, std::size_t m, std::size_t n,
+                                    float beta) {
+  for (std::size_t index = first_index(); index < m * n; index += grid_stride())
+    c[(index / n) * ldc + index % n] *= beta;
+}
+
 __global__ void fill_kernel(float* out, float value, std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += grid_stride())
     out[i] = value;
@@ -309,6 +316,35 @@ void* pinned_scratch(int device, std::size_t bytes) {
     buffer.bytes = bytes;
   }
   return buffer.pointer;
+}
+
+void row_major_sgemm(int device, const char* function, bool transpose_a, bool transpose_b,
+                     std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                     std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                     std::size_t ldc) {
+  if (m == 0 || n == 0)
+    return;
+  const cudaStream_t stream = current_stream(device);
+  if (k == 0) {
+    // C = beta·C, done here: cuBLAS wants leading dimensions >= 1 even for operands it never
+    // reads, and beta == 0 must not read C (it may hold NaN).
+    if (beta == 0.0f)
+      TROUPE_CUDA_CHECK(device,
+                        cudaMemset2DAsync(c, ldc * sizeof(float), 0, n * sizeof(float), m, stream));
+    else if (beta != 1.0f)
+      scale_matrix_kernel<<<grid_for(m * n), block_threads, 0, stream>>>(c, ldc, m, n, beta);
+    TROUPE_CUDA_CHECK(device, cudaGetLastError());
+    return;
+  }
+  // cuBLAS is column-major, and a row-major matrix read column-major is its transpose. So
+  // compute Cᵀ (n×m) = op(B)ᵀ · op(A)ᵀ: swap the operands and m/n, keep each transpose flag.
+  TROUPE_CUDA_CHECK(
+      device,
+      cublasSgemm(current_blas(device), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, device, function, "n"),
+                  to_int(m, device, function, "m"), to_int(k, device, function, "k"), &alpha, b,
+                  to_int(ldb, device, function, "ldb"), a, to_int(lda, device, function, "lda"),
+                  &beta, c, to_int(ldc, device, function, "ldc")));
 }
 
 } // namespace detail
@@ -557,21 +593,8 @@ void gemm(int device, bool transpose_a, bool transpose_b, std::size_t m, std::si
           std::size_t k, float alpha, const float* a, std::size_t lda, const float* b,
           std::size_t ldb, float beta, float* c, std::size_t ldc) {
   activate(device, "gemm");
-  if (m == 0 || n == 0)
-    return;
-  // cuBLAS is column-major, and a row-major matrix read column-major is its transpose. So
-  // compute Cᵀ (n×m) = op(B)ᵀ · op(A)ᵀ: swap the operands and m/n, keep each transpose flag.
-  // Leading dimensions of 0 (legal for the empty A and B of k == 0, never read then) are
-  // raised to 1, which cuBLAS requires.
-  const int ld_a = to_int(std::max<std::size_t>(lda, 1), device, "gemm", "lda");
-  const int ld_b = to_int(std::max<std::size_t>(ldb, 1), device, "gemm", "ldb");
-  const int ld_c = to_int(ldc, device, "gemm", "ldc");
-  cublasHandle_t handle = current_blas(device);
-  TROUPE_CUDA_CHECK(
-      device, cublasSgemm(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                          transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n, device, "gemm", "n"),
-                          to_int(m, device, "gemm", "m"), to_int(k, device, "gemm", "k"), &alpha, b,
-                          ld_b, a, ld_a, &beta, c, ld_c));
+  row_major_sgemm(device, "gemm", transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                  ldc);
   finish(device);
 }
 

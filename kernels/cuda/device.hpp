@@ -63,7 +63,8 @@ void* allocate(int device, std::size_t bytes);
 void release(int device, void* pointer) noexcept;
 void copy_host_to_device(int device, void* dst, const void* src, std::size_t bytes);
 void copy_device_to_host(int device, void* dst, const void* src, std::size_t bytes);
-/// Copies between two devices (or within one), peer-to-peer where possible.
+/// Copies between two devices (or within one), peer-to-peer where possible. The ranges must not
+/// overlap (cudaMemcpy's rule).
 void copy_device_to_device(int dst_device, void* dst, int src_device, const void* src,
                            std::size_t bytes);
 void zero(int device, void* pointer, std::size_t bytes);

@@ -44,6 +44,14 @@ void finish(int device);
 /// `value` as int for cuBLAS, or std::runtime_error naming `function`, `what` and the value.
 int to_int(std::size_t value, int device, const char* function, const char* what);
 
+/// Row-major C[m×n] = alpha·op(A)·op(B) + beta·C (lda, ldb, ldc as in kernels/cpu/gemm.hpp) on
+/// current_stream(device), through cuBLAS; k == 0 gives C = beta·C without reading C when beta
+/// is 0. Queued, not finished: the caller calls finish(). `function` names the caller in errors.
+void row_major_sgemm(int device, const char* function, bool transpose_a, bool transpose_b,
+                     std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                     std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                     std::size_t ldc);
+
 /// Host scratch memory in page-locked pages, grown on demand, one buffer per thread (uploads of
 /// host-made data such as dropout masks go through it without a staging copy by the driver).
 void* pinned_scratch(int device, std::size_t bytes);

@@ -122,32 +122,12 @@ float* scratch(int device, std::size_t floats) {
 
 // --- GEMM ------------------------------------------------------------------------------------
 
-/// Row-major C[m×n] = op(A)·op(B) + beta·C on the calling thread's stream (lda, ldb, ldc as in
-/// kernels/cpu/gemm.hpp), beta 0 or 1. cuBLAS is column-major, where a row-major matrix reads as
-/// its transpose: so compute Cᵀ = op(B)ᵀ·op(A)ᵀ, swapping the operands and m with n and keeping
-/// each transpose flag. k == 0 leaves C = beta·C, done here (cuBLAS wants leading dimensions >=
-/// 1 even for operands it never reads).
+/// Row-major C[m×n] = op(A)·op(B) + beta·C on the calling thread's stream (device.cu's GEMM).
 void row_major_gemm(int device, const char* function, bool transpose_a, bool transpose_b,
                     std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda,
                     const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  if (m == 0 || n == 0)
-    return;
-  if (k == 0) {
-    if (beta == 0.0f)
-      TROUPE_CUDA_CHECK(device, cudaMemset2DAsync(c, ldc * sizeof(float), 0, n * sizeof(float), m,
-                                                  detail::current_stream(device)));
-    return;
-  }
-  const float alpha = 1.0f;
-  TROUPE_CUDA_CHECK(device, cublasSgemm(detail::current_blas(device),
-                                        transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                        transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                        detail::to_int(n, device, function, "n"),
-                                        detail::to_int(m, device, function, "m"),
-                                        detail::to_int(k, device, function, "k"), &alpha, b,
-                                        detail::to_int(ldb, device, function, "ldb"), a,
-                                        detail::to_int(lda, device, function, "lda"), &beta, c,
-                                        detail::to_int(ldc, device, function, "ldc")));
+  detail::row_major_sgemm(device, function, transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb,
+                          beta, c, ldc);
 }
 
 // --- reductions ------------------------------------------------------------------------------
