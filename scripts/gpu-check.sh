@@ -14,6 +14,8 @@
 #   DATA_DIR=/path EPOCHS=1 scripts/gpu-check.sh ...
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=bench/jsonl.sh
+. bench/jsonl.sh
 
 bundle=
 build_dir=build-gpu
@@ -73,13 +75,7 @@ done
 bench=$out/gpu_bench.jsonl
 timeout -k 10 180 "$(program gpu_bench)" --megabytes 256 --repeats 20 >"$bench" 2>"$out/gpu_bench.err" ||
   status=1
-awk '
-  function field(line, name,    m) {
-    if (match(line, "\"" name "\":\"?[^,\"}]*")) {
-      m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"?/, "", m); return m
-    }
-    return ""
-  }
+awk "$jsonl_awk"'
   field($0, "skipped") != "" { printf "%-44s skipped: %s\n", "gpu_bench", field($0, "skipped"); next }
   field($0, "gb_per_s") != "" {
     name = field($0, "kernel"); if (field($0, "inputs") != "") name = name " of " field($0, "inputs")
@@ -96,10 +92,9 @@ train() { # label, then train_mnist flags: one row with samples/s and the test a
   log=$out/train-$(echo "$label" | tr -c 'a-zA-Z0-9\n' '-').log
   if timeout -k 10 150 "$(program train_mnist)" --data-dir "$data_dir" --epochs "$epochs" \
     --no-progress "$@" >"$log" 2>&1; then
-    grep '"final_test_acc"' "$log" | tail -n 1 | awk -v label="$label" '
-      { match($0, /"samples_per_s":[0-9.e+-]+/); s = substr($0, RSTART + 16, RLENGTH - 16)
-        match($0, /"final_test_acc":[0-9.e+-]+/); a = substr($0, RSTART + 17, RLENGTH - 17)
-        printf "%-44s %.0f samples/s, test accuracy %.2f%%\n", label, s, a }' | tee -a "$table"
+    final_line <"$log" | awk -v label="$label" "$jsonl_awk"'
+      { printf "%-44s %.0f samples/s, test accuracy %.2f%%\n", label,
+               field($0, "samples_per_s"), field($0, "final_test_acc") }' | tee -a "$table"
   else
     row "$label" "FAILED (see $log)"
     status=1

@@ -243,10 +243,7 @@ void binary(int device, const char* function, const float* a, const float* b, fl
   activate(device, function);
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(
-      device,
-      (binary_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(a, b, out, n, Op{}),
-       cudaGetLastError()));
+  launch(device, current_stream(device), n, &binary_kernel<Op>, a, b, out, n, Op{});
   finish(device);
 }
 
@@ -332,8 +329,7 @@ void row_major_sgemm(int device, const char* function, bool transpose_a, bool tr
       TROUPE_CUDA_CHECK(device,
                         cudaMemset2DAsync(c, ldc * sizeof(float), 0, n * sizeof(float), m, stream));
     else if (beta != 1.0f)
-      scale_matrix_kernel<<<grid_for(m * n), block_threads, 0, stream>>>(c, ldc, m, n, beta);
-    TROUPE_CUDA_CHECK(device, cudaGetLastError());
+      launch(device, stream, m * n, &scale_matrix_kernel, c, ldc, m, n, beta);
     return;
   }
   // cuBLAS is column-major, and a row-major matrix read column-major is its transpose. So
@@ -511,10 +507,7 @@ void scale(int device, const float* x, float alpha, float* out, std::size_t n) {
   activate(device, "scale");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(
-      device,
-      (scale_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(x, alpha, out, n),
-       cudaGetLastError()));
+  launch(device, current_stream(device), n, &scale_kernel, x, alpha, out, n);
   finish(device);
 }
 
@@ -522,9 +515,7 @@ void axpy(int device, float alpha, const float* x, float* y, std::size_t n) {
   activate(device, "axpy");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(device, (axpy_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(
-                                 alpha, x, y, n),
-                             cudaGetLastError()));
+  launch(device, current_stream(device), n, &axpy_kernel, alpha, x, y, n);
   finish(device);
 }
 
@@ -532,9 +523,7 @@ void fill(int device, float* out, float value, std::size_t n) {
   activate(device, "fill");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(device, (fill_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(
-                                 out, value, n),
-                             cudaGetLastError()));
+  launch(device, current_stream(device), n, &fill_kernel, out, value, n);
   finish(device);
 }
 
@@ -556,10 +545,7 @@ void sum_n(int device, const float* const* inputs, std::size_t count, float* out
       group.count = static_cast<unsigned>(std::min(inputs_per_launch, count - begin));
       std::copy(inputs + begin, inputs + begin + group.count, group.inputs);
       const bool continue_sum = begin != 0;
-      TROUPE_CUDA_CHECK(
-          device, (sum_group_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(
-                       group, continue_sum, out, n),
-                   cudaGetLastError()));
+      launch(device, current_stream(device), n, &sum_group_kernel, group, continue_sum, out, n);
     }
   }
   finish(device);
@@ -569,10 +555,7 @@ void float_to_half(int device, const float* in, std::uint16_t* out, std::size_t 
   activate(device, "float_to_half");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(
-      device,
-      (float_to_half_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(in, out, n),
-       cudaGetLastError()));
+  launch(device, current_stream(device), n, &float_to_half_kernel, in, out, n);
   finish(device);
 }
 
@@ -580,10 +563,7 @@ void half_to_float(int device, const std::uint16_t* in, float* out, std::size_t 
   activate(device, "half_to_float");
   if (n == 0)
     return;
-  TROUPE_CUDA_CHECK(
-      device,
-      (half_to_float_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(in, out, n),
-       cudaGetLastError()));
+  launch(device, current_stream(device), n, &half_to_float_kernel, in, out, n);
   finish(device);
 }
 

@@ -107,9 +107,8 @@ void binary(int device, binary_kind kind, const float* a, bool lhs_one, const fl
   activate(device, "binary");
   if (n == 0)
     return;
-  binary_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(
-      kind, a, lhs_one ? 0 : 1, b, rhs_one ? 0 : 1, out, n);
-  TROUPE_CUDA_CHECK(device, cudaGetLastError());
+  launch(device, current_stream(device), n, &binary_kernel, kind, a, std::size_t{lhs_one ? 0u : 1u},
+         b, std::size_t{rhs_one ? 0u : 1u}, out, n);
   finish(device);
 }
 
@@ -117,8 +116,7 @@ void add_scalar(int device, const float* x, float scalar, float* y, std::size_t 
   activate(device, "add_scalar");
   if (n == 0)
     return;
-  add_scalar_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(x, scalar, y, n);
-  TROUPE_CUDA_CHECK(device, cudaGetLastError());
+  launch(device, current_stream(device), n, &add_scalar_kernel, x, scalar, y, n);
   finish(device);
 }
 
@@ -129,15 +127,12 @@ void store_gradient(int device, const gradient_terms& terms, std::size_t n, floa
     // An empty broadcast still stores its zero sum, as the CPU loop does.
     reduce_gradient_kernel<<<1, block_threads, 0, current_stream(device)>>>(terms, n, dx,
                                                                             accumulate);
+    TROUPE_CUDA_CHECK(device, cudaGetLastError());
   } else {
-    if (n == 0)
-      return;
     if (terms.formula == gradient_formula::copy && !terms.dy_one && !accumulate && terms.dy == dx)
       return;
-    store_gradient_kernel<<<grid_for(n), block_threads, 0, current_stream(device)>>>(terms, n, dx,
-                                                                                     accumulate);
+    launch(device, current_stream(device), n, &store_gradient_kernel, terms, n, dx, accumulate);
   }
-  TROUPE_CUDA_CHECK(device, cudaGetLastError());
   finish(device);
 }
 

@@ -6,8 +6,8 @@
 // Every public function follows the same pattern:
 //   activate(device, "name");                       // checks the device, makes it current
 //   if (n == 0) return;
-//   launch<<<grid_for(n), block_threads, 0, current_stream(device)>>>(...);
-//   TROUPE_CUDA_CHECK(device, cudaGetLastError());
+//   launch(device, current_stream(device), n, &kernel, args...);   // grid-stride over n
+//   (or a launch of another shape, then TROUPE_CUDA_CHECK(device, cudaGetLastError()))
 //   finish(device);                                 // the call is complete when it returns
 
 #include <cstddef>
@@ -72,9 +72,20 @@ __device__ inline std::size_t grid_stride() {
   return static_cast<std::size_t>(gridDim.x) * blockDim.x;
 }
 
-} // namespace troupe::kernels::cuda::detail
-
 /// Evaluates `call` (a cudaError_t or cublasStatus_t expression) and throws std::runtime_error
 /// naming the call, `device` and the error when it does not succeed.
 #define TROUPE_CUDA_CHECK(device, call)                                                            \
   ::troupe::kernels::cuda::detail::check_status((call), #call, (device), __FILE__, __LINE__)
+
+/// Launches `kernel` over n elements (grid_for(n) blocks of block_threads) on `stream` and checks
+/// the launch; nothing when n == 0, as an empty grid is an invalid configuration.
+template <class... Params, class... Args>
+void launch(int device, cudaStream_t stream, std::size_t n, void (*kernel)(Params...),
+            const Args&... args) {
+  if (n == 0)
+    return;
+  kernel<<<grid_for(n), block_threads, 0, stream>>>(args...);
+  TROUPE_CUDA_CHECK(device, cudaGetLastError());
+}
+
+} // namespace troupe::kernels::cuda::detail

@@ -35,6 +35,7 @@ using detail::block_threads;
 using detail::first_index;
 using detail::grid_for;
 using detail::grid_stride;
+using detail::launch;
 
 constexpr unsigned warp_size = 32;
 constexpr unsigned full_warp = 0xffffffffu;
@@ -45,17 +46,6 @@ bool accumulating(write_mode mode) {
 
 float beta_for(write_mode mode) {
   return accumulating(mode) ? 1.0f : 0.0f;
-}
-
-/// Launches `kernel` over n elements (grid_for(n) blocks of block_threads) on `stream` and checks
-/// the launch; nothing when n == 0, as an empty grid is an invalid configuration.
-template <class... Params, class... Args>
-void launch(int device, cudaStream_t stream, std::size_t n, void (*kernel)(Params...),
-            const Args&... args) {
-  if (n == 0)
-    return;
-  kernel<<<grid_for(n), block_threads, 0, stream>>>(args...);
-  TROUPE_CUDA_CHECK(device, cudaGetLastError());
 }
 
 // --- scratch memory --------------------------------------------------------------------------

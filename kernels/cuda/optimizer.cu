@@ -252,19 +252,18 @@ void run_update(int device, const char* function, const weight_and_grad& w, std:
   const cudaStream_t work = current_stream(device);
   switch (storage_of(w, device, function)) {
   case storage::f32:
-    update_kernel<storage::f32>
-        <<<grid_for(n), block_threads, 0, work>>>(w.weight, w.grad, w.master, n, rule);
+    launch(device, work, n, &update_kernel<storage::f32, Rule>, w.weight, w.grad, w.master, n,
+           rule);
     break;
   case storage::f16:
-    update_kernel<storage::f16>
-        <<<grid_for(n), block_threads, 0, work>>>(w.weight, w.grad, w.master, n, rule);
+    launch(device, work, n, &update_kernel<storage::f16, Rule>, w.weight, w.grad, w.master, n,
+           rule);
     break;
   case storage::f16_master:
-    update_kernel<storage::f16_master>
-        <<<grid_for(n), block_threads, 0, work>>>(w.weight, w.grad, w.master, n, rule);
+    launch(device, work, n, &update_kernel<storage::f16_master, Rule>, w.weight, w.grad, w.master,
+           n, rule);
     break;
   }
-  TROUPE_CUDA_CHECK(device, cudaGetLastError());
   finish(device);
 }
 
@@ -454,9 +453,9 @@ void sum_n_half(int device, const std::uint16_t* const* inputs, std::size_t coun
       std::copy(inputs + begin, inputs + begin + group_count, group.inputs);
       const bool first = begin == 0;
       const bool last = begin + group_count == count;
-      sum_half_group_kernel<<<grid_for(n), block_threads, 0, work>>>(
-          group, first ? nullptr : partial.get(), last ? nullptr : partial.get(), out, n);
-      TROUPE_CUDA_CHECK(device, cudaGetLastError());
+      const float* partial_in = first ? nullptr : partial.get();
+      float* partial_out = last ? nullptr : partial.get();
+      launch(device, work, n, &sum_half_group_kernel, group, partial_in, partial_out, out, n);
     }
     if (partial.get() != nullptr)
       partial.free();
@@ -476,9 +475,7 @@ void gemm_half(int device, bool transpose_a, bool transpose_b, std::size_t m, st
     if (ldc < n)
       invalid_argument("gemm_half", device,
                        "ldc = " + std::to_string(ldc) + " is less than n = " + std::to_string(n));
-    scale_half_matrix_kernel<<<grid_for(m * n), block_threads, 0, current_stream(device)>>>(
-        c, ldc, m, n, beta);
-    TROUPE_CUDA_CHECK(device, cudaGetLastError());
+    launch(device, current_stream(device), m * n, &scale_half_matrix_kernel, c, ldc, m, n, beta);
     finish(device);
     return;
   }

@@ -10,6 +10,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "tests/actors/logic/shard_driver.hpp"
+#include "tests/engine/engine_test_support.hpp"
 
 using namespace troupe;
 using troupe::testing::quorum_of;
@@ -444,13 +445,6 @@ BOOST_AUTO_TEST_SUITE_END()
 
 namespace {
 
-boost::test_tools::assertion_result gpu_present(boost::unit_test::test_unit_id) {
-  boost::test_tools::assertion_result result{num_gpus() > 0};
-  if (!result)
-    result.message() << "no CUDA device: " << check_available(context::gpu(0)).error().message();
-  return result;
-}
-
 /// The stored values of `key` after three sync rounds of two workers with an SGD-with-momentum
 /// optimizer, the update on `device`.
 std::vector<float> values_after_three_rounds(context device) {
@@ -469,7 +463,8 @@ std::vector<float> values_after_three_rounds(context device) {
 
 } // namespace
 
-BOOST_AUTO_TEST_SUITE(server_shard_update_on_a_gpu, *boost::unit_test::precondition(gpu_present))
+BOOST_AUTO_TEST_SUITE(server_shard_update_on_a_gpu,
+                      *boost::unit_test::precondition(troupe::test::gpu_present))
 
 BOOST_AUTO_TEST_CASE(a_shard_updating_on_a_gpu_stores_what_the_host_update_stores) {
   const auto on_host = values_after_three_rounds(context::cpu());
