@@ -22,8 +22,14 @@
 // write buffer (actors/logic/data_link_framing.hpp). Frames of one connection never interleave.
 //
 // Handshake: each end's first frame is a link_hello (host identity, shared-memory arena size,
-// receive window), sent as the connection opens; until the peer's hello has arrived an end sends
-// nothing else. The peer's first frame must be its hello, and it sends only one.
+// receive window, a fresh nonce). The listener sends its hello as the connection opens; the
+// connector waits for it and answers with its own, which carries an HMAC of the job token over
+// both hellos (actors/logic/link_auth.hpp); the listener checks it and answers with link_auth, its
+// own proof, which the connector checks. Until then neither end sends anything else, frames are
+// capped at max_handshake_frame_bytes, and a wrong or missing proof, any other frame, or a
+// handshake not done within tuning.handshake_timeout closes the connection. So nothing an
+// unauthenticated peer sends makes a broker allocate more than a few KiB, and its frames never
+// reach an actor.
 //
 // Receive credit: every connection is flow-controlled per direction. The receive window
 // (tuning.receive_window_bytes, announced in the hello) bounds the bytes of frames a peer may
@@ -44,8 +50,9 @@
 // error_reply and then the connection is closed, since the stream cannot be trusted any more.
 // Nothing a peer sends can make a broker allocate more than max_frame_bytes for one frame or
 // hold more than about a window (plus one frame) of its frames, crash, or touch another
-// connection. There is no TLS or peer authentication yet, so a data server must only be
-// reachable by the job's nodes.
+// connection; a peer that has not authenticated, not more than max_handshake_frame_bytes. A
+// server holds at most max_connections connections, of which at most max_unauthenticated are
+// still in their handshake. There is no TLS yet: on an untrusted network the bytes can be read.
 //
 // Same host: when both ends of a connection run on one host (the link hello compares boot id and
 // hostname) and tuning.shm_arena_bytes is not 0 at both, tensor payloads of at least
@@ -57,6 +64,7 @@
 // (on_disconnect on the server, link_down_atom at the client's receiver). A peer that hangs with
 // its socket open is noticed by the request timeouts of the callers.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -67,6 +75,7 @@
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
 
+#include "actors/logic/link_auth.hpp"
 #include "actors/logic/shm_arena.hpp"
 #include "actors/protocols.hpp"
 #include "engine/error.hpp"
@@ -102,6 +111,13 @@ struct data_link_tuning {
   /// (prefixes included) the peer may have sent that this process has not released yet. 0: no
   /// flow control (the peer may send without bound).
   std::size_t receive_window_bytes = std::size_t{64} << 20;
+  /// The job token, which every connection proves in its handshake before anything else
+  /// (actors/logic/link_auth.hpp); both ends of a connection need the same one. Empty: the
+  /// handshake runs but authenticates nobody.
+  link_secret secret;
+  /// From a connection's opening to its authenticated handshake at most this long; then it is
+  /// closed (a listener frees the slot, a connector reports link_down).
+  std::chrono::milliseconds handshake_timeout{10'000};
   /// Diagnostics, on the broker's thread: info for connections, the shared-memory set-up and
   /// refused frames; debug for dropped replies and ignored releases. Silent by default.
   logger log;
@@ -112,8 +128,11 @@ struct data_link_tuning {
 struct data_link_stats {
   /// The connection exists (a server asked for an unknown or closed id says false).
   bool connected = false;
-  /// The peer's link hello has arrived; until then only our hello is sent.
+  /// The peer's link hello has arrived.
   bool peer_hello = false;
+  /// The handshake is done: the peer proved the job token (and, at the connector, the listener
+  /// did too). Until then only the hellos and the listener's link_auth are sent.
+  bool authenticated = false;
   /// Sending: the window the peer granted (0: none), bytes sent and not credited back, frames
   /// (and their bytes) waiting for credit, and what the peer credited back in total.
   std::uint64_t peer_window = 0;
@@ -135,9 +154,9 @@ struct data_link_stats {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
-  return f(caf::meta::type_name("data_link_stats"), x.connected, x.peer_hello, x.peer_window,
-           x.outstanding, x.waiting_frames, x.waiting_bytes, x.credit_received, x.window,
-           x.unreleased, x.uncredited, x.credit_sent, x.shm_send, x.shm_receive);
+  return f(caf::meta::type_name("data_link_stats"), x.connected, x.peer_hello, x.authenticated,
+           x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes, x.credit_received,
+           x.window, x.unreleased, x.uncredited, x.credit_sent, x.shm_send, x.shm_receive);
 }
 
 /// How a data server dispatches and reports.
@@ -152,6 +171,11 @@ struct data_server_options {
   std::function<void(std::uint64_t connection)> on_disconnect;
   /// SO_REUSEADDR, so a restarted server can rebind its port while old connections linger.
   bool reuse_address = true;
+  /// Connections open at once; a new one beyond it is closed as it arrives.
+  std::size_t max_connections = 4096;
+  /// Connections not yet authenticated; a new one beyond it closes the oldest of them, so a peer
+  /// that opens connections and stays silent cannot lock the job's nodes out.
+  std::size_t max_unauthenticated = 64;
   data_link_tuning tuning;
 };
 

@@ -63,6 +63,7 @@ data_link_tuning tuning_for(const cluster_config& config) {
   tuning.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
   tuning.shm_arena_bytes = static_cast<std::size_t>(config.shm_arena_bytes);
   tuning.receive_window_bytes = static_cast<std::size_t>(config.link_window_bytes);
+  tuning.secret = link_secret(config.auth_token);
   tuning.log = logger(node_name("node", std::nullopt, advertised_host(config)), config.verbose);
   return tuning;
 }

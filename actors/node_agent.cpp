@@ -103,7 +103,6 @@ private:
     reg.request_id = registration_request_id;
     reg.node_role = options_.role;
     reg.job_id = options_.job_id;
-    reg.auth_token = options_.auth_token;
     reg.host = options_.host;
     reg.port = options_.data_port;
     reg.rank_hint = options_.rank_hint;
@@ -362,8 +361,8 @@ result<caf::actor> connect_with_backoff(caf::actor_system& sys, const agent_opti
   const std::string where = options.scheduler_host + ":" + std::to_string(options.scheduler_port);
   const auto started = steady::now();
   data_link_options link_options;
-  link_options.tuning =
-      control_link_tuning(max_control_frame_bytes, options.log.part("control link"));
+  link_options.tuning = control_link_tuning(
+      max_control_frame_bytes, options.log.part("control link"), link_secret(options.auth_token));
   link_options.tag = control_link_tag;
   auto backoff = first_backoff;
   for (int attempts = 1;; ++attempts) {

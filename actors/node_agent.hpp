@@ -50,7 +50,8 @@ struct agent_options {
   std::uint16_t scheduler_port = 0;
   /// server or worker (DMLC_ROLE); a scheduler does not join.
   wire::role role = wire::role::worker;
-  /// Must match the scheduler's job id and token.
+  /// Must match the scheduler's job id and token (the token is proven in the control
+  /// connection's handshake and never sent).
   std::string job_id;
   std::string auth_token;
   /// Where this node's data port listens (servers: where workers connect), as peers should dial

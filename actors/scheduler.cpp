@@ -25,8 +25,10 @@ std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept {
   return std::min(max_control_frame_bytes, base + per_node * (std::size_t{nodes} + 1));
 }
 
-data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log) {
+data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log,
+                                     link_secret secret) {
   data_link_tuning tuning;
+  tuning.secret = std::move(secret);
   tuning.limits.max_frame_bytes = max_frame_bytes;
   tuning.shm_arena_bytes = 0;
   tuning.max_cached_buffer_bytes = max_frame_bytes;
@@ -86,15 +88,6 @@ std::string count_of(std::uint32_t have, std::uint32_t want, const char* noun) {
 }
 
 /// Compares secrets in time independent of where they differ.
-bool same_secret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size())
-    return false;
-  unsigned char difference = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    difference |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return difference == 0;
-}
-
 std::uint8_t group_bit(wire::role node_role) {
   switch (node_role) {
   case wire::role::scheduler:
@@ -238,8 +231,6 @@ private:
       return reject(wire::reject_reason::wrong_job, "job id '" + reg.job_id +
                                                         "' is not this scheduler's job '" +
                                                         options_.job_id + "'");
-    if (!same_secret(reg.auth_token, options_.auth_token))
-      return reject(wire::reject_reason::bad_token, "the auth token does not match the job's");
     if (reg.host.size() > max_host_bytes)
       return reply(sink, connection,
                    error_reply(reg.request_id, wire::error_code::invalid_argument,
@@ -680,7 +671,7 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   data_server_options listening;
   listening.tuning =
       control_link_tuning(scheduler_frame_bytes(options.num_servers + options.num_workers),
-                          options.log.part("control port"));
+                          options.log.part("control port"), link_secret(options.auth_token));
   auto actor = sys.spawn(scheduler_behavior, std::move(options), outcome);
   // An exit the scheduler did not choose (its host's stop(), the system shutting down).
   actor->attach_functor([outcome, &sys](const caf::error& reason) {

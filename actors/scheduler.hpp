@@ -102,8 +102,9 @@ std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept;
 
 /// The tuning of a control connection: frames capped at `max_frame_bytes`, a receive window of
 /// four such frames, no shared-memory arena (control frames carry no tensors), the link's
-/// diagnostics through `log` as its "control link" part.
-data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log);
+/// diagnostics through `log` as its "control link" part, and the job token its handshake proves.
+data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log,
+                                     link_secret secret);
 
 /// The membership table's key ranges: server i owns ps-lite's range [max_key/S*i,
 /// max_key/S*(i+1)) (actors/logic/key_placement.hpp's server_key_ranges, so workers and the table
@@ -127,7 +128,8 @@ struct scheduler_options {
   std::uint32_t quorum = 0;
   /// Nodes of another job are rejected (wrong_job). Non-empty.
   std::string job_id;
-  /// Shared secret; a registration must carry exactly these bytes (bad_token). Empty: no token.
+  /// The job token: a node's control connection must prove it in its handshake before the
+  /// scheduler reads anything from it (actors/logic/link_auth.hpp). Empty: no token.
   std::string auth_token;
   /// The job fails when not every node has registered this long after the spawn.
   std::chrono::milliseconds startup_timeout{60'000};

@@ -251,7 +251,6 @@ struct size_estimate {
   }
   void operator()(const registration& m) {
     text(m.job_id);
-    text(m.auth_token);
     text(m.host);
   }
   void operator()(const admission& m) {
@@ -284,17 +283,25 @@ struct size_estimate {
   void operator()(const barrier&) {}
   void operator()(const barrier_release&) {}
   void operator()(const heartbeat&) {}
-  void operator()(const link_hello& m) { text(m.host_id); }
+  void operator()(const link_hello& m) {
+    text(m.host_id);
+    words += 8; // nonce and proof, 32 bytes each
+  }
   void operator()(const arena_offer& m) { text(m.name); }
   void operator()(const arena_accept& m) { text(m.detail); }
   void operator()(const arena_release& m) { words += 2 + m.offsets.size(); }
   void operator()(const sync_settings&) {}
   void operator()(const link_credit&) {}
+  void operator()(const link_auth&) { words += 4; }
 };
 
 capnp::Text::Reader text_of(const std::string& s) {
   // std::string's data() is NUL-terminated, as Text::Reader requires.
   return capnp::Text::Reader(s.data(), s.size());
+}
+
+capnp::Data::Reader digest_of(const link_digest& digest) {
+  return capnp::Data::Reader(digest.data(), digest.size());
 }
 
 class writer {
@@ -307,8 +314,6 @@ public:
     b.setProtocolVersion(m.protocol_version);
     b.setRole(to_wire<ws::Role>(m.node_role));
     b.setJobId(text_of(m.job_id));
-    b.setAuthToken(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(m.auth_token.data()),
-                                       m.auth_token.size()));
     b.setHost(text_of(m.host));
     b.setPort(m.port);
     b.setRankHint(m.rank_hint);
@@ -471,7 +476,11 @@ public:
     b.setHostId(text_of(m.host_id));
     b.setArenaBytes(m.arena_bytes);
     b.setWindowBytes(m.window_bytes);
+    b.setNonce(digest_of(m.nonce));
+    if (m.proof)
+      b.setProof(digest_of(*m.proof));
   }
+  void operator()(const link_auth& m) { root_.initLinkAuth().setProof(digest_of(m.proof)); }
   void operator()(const arena_offer& m) {
     auto b = root_.initArenaOffer();
     b.setName(text_of(m.name));
@@ -678,6 +687,10 @@ public:
         fail(decode_error::code::invalid_value, "link credit of 0 bytes");
       return link_credit{bytes};
     }
+    case ws::Message::LINK_AUTH: {
+      auto r = root.getLinkAuth();
+      return link_auth{digest(r.hasProof(), r.getProof(), "link auth proof")};
+    }
     }
     fail(decode_error::code::unknown_message,
          "message kind " + std::to_string(static_cast<unsigned>(root.which())) +
@@ -770,11 +783,7 @@ private:
     m.protocol_version = r.getProtocolVersion();
     m.node_role = from_wire<role>(r.getRole(), role_count, "registration role");
     m.job_id = required_text(r.hasJobId(), r.getJobId(), "registration job id");
-    auto token = r.getAuthToken();
-    if (token.size() > limits_.max_text_bytes)
-      fail(decode_error::code::limit_exceeded,
-           "registration auth token of " + std::to_string(token.size()) + " bytes");
-    m.auth_token.assign(reinterpret_cast<const char*>(token.begin()), token.size());
+    // authToken (an older sender's) is ignored: the link handshake proved the token.
     m.host = required_text(r.hasHost(), r.getHost(), "registration host");
     m.port = r.getPort();
     m.rank_hint = r.getRankHint();
@@ -968,8 +977,29 @@ private:
   }
 
   message read(ws::LinkHello::Reader r) {
-    return link_hello{required_text(r.hasHostId(), r.getHostId(), "link hello host id"),
-                      r.getArenaBytes(), r.getWindowBytes()};
+    link_hello m{required_text(r.hasHostId(), r.getHostId(), "link hello host id"),
+                 r.getArenaBytes(),
+                 r.getWindowBytes(),
+                 {},
+                 std::nullopt};
+    m.nonce = digest(r.hasNonce(), r.getNonce(), "link hello nonce");
+    // Each field is read once: the traversal limit is the frame's own size.
+    if (r.hasProof())
+      if (auto proof = r.getProof(); proof.size() != 0)
+        m.proof = digest(true, proof, "link hello proof");
+    return m;
+  }
+
+  link_digest digest(bool present, capnp::Data::Reader data, const char* field) {
+    link_digest out{};
+    if (!present)
+      fail(decode_error::code::missing_field, std::string(field) + " is missing");
+    if (data.size() != out.size())
+      fail(decode_error::code::invalid_value,
+           std::string(field) + " of " + std::to_string(data.size()) + " bytes (expected " +
+               std::to_string(out.size()) + ")");
+    std::copy(data.begin(), data.end(), out.begin());
+    return out;
   }
 
   message read(ws::ArenaOffer::Reader r) {

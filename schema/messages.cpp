@@ -83,7 +83,8 @@ std::string_view kind_name(const message& msg) noexcept {
                                                "arena_accept",
                                                "arena_release",
                                                "sync_settings",
-                                               "link_credit"};
+                                               "link_credit",
+                                               "link_auth"};
   static_assert(std::size(names) == std::variant_size_v<message>);
   if (msg.valueless_by_exception())
     return "valueless";
@@ -93,7 +94,7 @@ std::string_view kind_name(const message& msg) noexcept {
 bool is_link_control(const message& msg) noexcept {
   return std::holds_alternative<link_hello>(msg) || std::holds_alternative<arena_offer>(msg) ||
          std::holds_alternative<arena_accept>(msg) || std::holds_alternative<arena_release>(msg) ||
-         std::holds_alternative<link_credit>(msg);
+         std::holds_alternative<link_credit>(msg) || std::holds_alternative<link_auth>(msg);
 }
 
 const tensor_chunk* tensor_of(const message& msg) noexcept {

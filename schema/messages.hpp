@@ -8,6 +8,7 @@
 // it views the caller's tensor, which must outlive the encoded frame; on the receiving side it
 // views the received frame buffer, which must outlive the decoded message (see codec.hpp).
 
+#include <array>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -83,8 +84,7 @@ struct registration {
   std::uint32_t protocol_version = wire::protocol_version;
   role node_role = role::worker;
   std::string job_id;
-  /// Opaque bytes (the wire type is Data); empty when the job has no token.
-  std::string auth_token;
+  /// (Registration.authToken is never sent: the connection proved the token in its handshake.)
   std::string host;
   std::uint16_t port = 0;
   /// The rank asked for, or -1 (see troupe.capnp).
@@ -320,13 +320,27 @@ struct error_reply {
   friend bool operator==(const error_reply&, const error_reply&) = default;
 };
 
-/// Data connections only (troupe.capnp LinkHello): host identity and arena size (0: no arena).
+/// A nonce or an HMAC-SHA256 proof of the link handshake (troupe.capnp LinkHello, LinkAuth).
+using link_digest = std::array<std::uint8_t, 32>;
+
+/// Every connection's first frame from each end (troupe.capnp LinkHello): host identity, arena
+/// size (0: no arena), receive window, this end's nonce and, from the connector, its proof of the
+/// job token (actors/logic/link_auth.hpp).
 struct link_hello {
   std::string host_id;
   std::uint64_t arena_bytes = 0;
   /// The sender's receive window in bytes; 0: no credit flow control.
   std::uint64_t window_bytes = 0;
+  link_digest nonce{};
+  /// Absent in the listener's hello.
+  std::optional<link_digest> proof;
   friend bool operator==(const link_hello&, const link_hello&) = default;
+};
+
+/// Listener -> connector: the listener's proof of the job token (troupe.capnp LinkAuth).
+struct link_auth {
+  link_digest proof{};
+  friend bool operator==(const link_auth&, const link_auth&) = default;
 };
 
 /// Data connections only: the sender's arena for what it sends, to be mapped read-only.
@@ -350,12 +364,14 @@ struct arena_release {
 };
 
 /// Any frame's content. The alternatives' order is not the wire order (the codec maps them).
-using message = std::variant<registration, admission, membership, init, push, pull_request,
-                             pull_reply, pushpull, ack, barrier, barrier_release, set_optimizer,
-                             set_gradient_compression, command, heartbeat, error_reply, link_hello,
-                             arena_offer, arena_accept, arena_release, sync_settings, link_credit>;
+using message =
+    std::variant<registration, admission, membership, init, push, pull_request, pull_reply,
+                 pushpull, ack, barrier, barrier_release, set_optimizer, set_gradient_compression,
+                 command, heartbeat, error_reply, link_hello, arena_offer, arena_accept,
+                 arena_release, sync_settings, link_credit, link_auth>;
 
-/// True for the frames a connection handles itself (link_hello, arena_*, link_credit): never
+/// True for the frames a connection handles itself (link_hello, link_auth, arena_*,
+/// link_credit): never
 /// forwarded.
 bool is_link_control(const message& msg) noexcept;
 

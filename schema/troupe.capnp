@@ -108,7 +108,8 @@ struct Registration {
   jobId @3 :Text;
   # Job the node belongs to (non-empty); a node of another job is rejected.
   authToken @4 :Data;
-  # Shared secret of the job, opaque bytes; empty when the job runs without a token.
+  # Unused, always empty: the connection proved the job token in its handshake (LinkHello.proof),
+  # and the token itself never travels. A receiver ignores it.
   host @5 :Text;
   # Address (name or IP) where the node's data port listens; non-empty.
   port @6 :UInt16;
@@ -122,7 +123,7 @@ enum RejectReason {
   unspecified @0;      # not set; rejected
   protocolVersion @1;  # the node speaks another protocol version
   wrongJob @2;         # the job id is not this scheduler's
-  badToken @3;         # the auth token does not match the job's
+  badToken @3;         # unused: a wrong token now fails the connection's handshake (LinkHello)
   roleFull @4;         # all ranks of the requested role are taken
   duplicate @5;        # a node with this host and port is already registered
   shuttingDown @6;     # the job is ending and admits nobody
@@ -466,9 +467,12 @@ struct Error {
 }
 
 struct LinkHello {
-  # Every framed-link connection: each end's first frame, sent as the connection opens. Until the
-  # peer's LinkHello has arrived an end sends nothing else; any other first frame, or a second
-  # LinkHello, breaks the protocol (the connection is closed). Never forwarded to an actor. Both
+  # Every framed-link connection: each end's first frame. The listener sends its hello as the
+  # connection opens; the connector waits for it and answers with its own, which proves the job
+  # token (proof); the listener answers a good proof with LinkAuth. Until then an end sends
+  # nothing else, and frames are capped at 4 KiB: an unauthenticated peer cannot make either end
+  # allocate more. Any other first frame, a second LinkHello, or a wrong proof breaks the
+  # protocol (the connection is closed). Never forwarded to an actor. Once authenticated, both
   # ends compare hostId: equal ids mean the same kernel, and then each end with a non-zero
   # arenaBytes may offer an arena for what it sends (ArenaOffer).
   hostId @0 :Text;
@@ -482,6 +486,23 @@ struct LinkHello {
   # also go when less than max(windowBytes / 8, 1) is outstanding, so a single frame larger than
   # the window goes (nearly) alone. A frame beyond this breaks the protocol. 0: the sender grants
   # no window (no credit flow control).
+  nonce @3 :Data;
+  # 32 random bytes, fresh for this connection; anything else is refused.
+  proof @4 :Data;
+  # Empty in the listener's hello. In the connector's: HMAC-SHA256 keyed with the job token over
+  # the handshake transcript (label "troupe link v1 connector", both nonces, both hellos' other
+  # fields; actors/logic/link_auth.hpp has the exact bytes), 32 bytes. The listener refuses a
+  # missing or wrong proof and closes the connection; a proof replayed from another connection
+  # is wrong, because the listener's nonce differs.
+}
+
+struct LinkAuth {
+  # Listener -> connector, once the connector's proof checked out: the listener's own proof,
+  # HMAC-SHA256 keyed with the job token over the same transcript with the label
+  # "troupe link v1 listener". The connector sends nothing but its hello until this arrives and
+  # closes the connection when it is wrong. Link control, never forwarded to an actor.
+  proof @0 :Data;
+  # 32 bytes.
 }
 
 struct ArenaOffer {
@@ -557,5 +578,7 @@ struct Message {
     # Worker rank 0 -> servers and scheduler.
     linkCredit @22 :LinkCredit;
     # Either end of a connection.
+    linkAuth @23 :LinkAuth;
+    # Listener -> connector, after the connector's LinkHello.
   }
 }

@@ -1,6 +1,7 @@
 #pragma once
 // A raw TCP peer of a troupe listener on this host, for bytes no encoder would write: junk, a
-// lying length prefix, frames out of protocol order. Reads time out after 5 s.
+// lying length prefix, frames out of protocol order. Reads time out after 5 s. It can also do
+// the link handshake properly (handshake()), with any token.
 
 #include <arpa/inet.h>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/logic/link_auth.hpp"
 #include "schema/codec.hpp"
 
 namespace troupe::testing {
@@ -32,6 +34,14 @@ struct raw_peer {
     ::inet_pton(AF_INET, address, &to.sin_addr);
     connected = ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0;
   }
+  /// No connection yet: a test fills in fd (an accepted socket).
+  raw_peer() = default;
+  raw_peer(raw_peer&& other) noexcept
+      : fd(std::exchange(other.fd, -1)), connected(other.connected),
+        last_body(std::move(other.last_body)), credited(other.credited) {}
+  raw_peer(const raw_peer&) = delete;
+  raw_peer& operator=(const raw_peer&) = delete;
+  raw_peer& operator=(raw_peer&&) = delete;
   ~raw_peer() { close(); }
 
   void close() {
@@ -85,12 +95,34 @@ struct raw_peer {
       return std::nullopt;
     return decoded->msg;
   }
-  /// Sends our link hello (window 0: the server may send without credit) and reads the
-  /// server's, which it sends as the connection opens.
-  std::optional<wire::link_hello> handshake(std::uint64_t window = 0) {
-    if (!send(wire::encode(wire::link_hello{"raw peer", 0, window}).flatten()))
+  /// The link handshake as a connector: reads the server's hello (sent as the connection opens),
+  /// answers with ours and its proof of `token` (window 0: the server may send without credit)
+  /// and reads the server's link_auth. Returns the server's hello; nullopt when a step failed
+  /// (the server refused the proof, or its link_auth did not check out).
+  std::optional<wire::link_hello> handshake(std::uint64_t window = 0, const std::string& token = "",
+                                            const std::string& host_id = "raw peer",
+                                            std::uint64_t arena_bytes = 0) {
+    auto theirs = server_hello();
+    if (!theirs)
       return std::nullopt;
-    return server_hello();
+    const auto ours = connector_hello(*theirs, token, window, host_id, arena_bytes);
+    if (!send(wire::encode(ours).flatten()))
+      return std::nullopt;
+    auto auth = receive_frame();
+    if (!auth || !std::holds_alternative<wire::link_auth>(*auth) ||
+        !same_digest(std::get<wire::link_auth>(*auth).proof,
+                     link_proof(link_secret(token), true, *theirs, ours)))
+      return std::nullopt;
+    return theirs;
+  }
+  /// A connector's hello answering `listener`'s, with a fresh nonce and the proof of `token`.
+  static wire::link_hello connector_hello(const wire::link_hello& listener,
+                                          const std::string& token, std::uint64_t window = 0,
+                                          const std::string& host_id = "raw peer",
+                                          std::uint64_t arena_bytes = 0) {
+    wire::link_hello ours{host_id, arena_bytes, window, fresh_nonce(), std::nullopt};
+    ours.proof = link_proof(link_secret(token), false, listener, ours);
+    return ours;
   }
   /// The server's link hello: its first frame.
   std::optional<wire::link_hello> server_hello() {

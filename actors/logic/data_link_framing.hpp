@@ -110,6 +110,11 @@ constexpr bool credit_admits(std::uint64_t window, std::uint64_t outstanding,
 /// A broker's own control frames stay far below it (arena releases are split to fit).
 inline constexpr std::size_t max_link_control_frame_bytes = std::size_t{64} << 10;
 
+/// Largest frame (body) a connection reads before its peer has proven the job token: the link
+/// hellos and link_auth are a few hundred bytes, so an unauthenticated peer can make a broker
+/// allocate no more than this per connection.
+inline constexpr std::size_t max_handshake_frame_bytes = std::size_t{4} << 10;
+
 /// Counters of one receive_credit, a consistent snapshot (bytes, prefixes included).
 struct receive_credit_stats {
   std::uint64_t window = 0;      ///< the window announced to the peer; 0: no flow control
@@ -208,6 +213,10 @@ public:
   /// references against it, the decoded tensor views it, and envelope::keepalive is a hold on
   /// the region (released to the peer when the last copy goes). Null: no arena.
   void set_peer_arena(std::shared_ptr<shm_peer_arena> arena) { arena_ = std::move(arena); }
+
+  /// Caps the frames read from now on (the prefix is checked against it): a connection reads at
+  /// most max_handshake_frame_bytes until its peer is authenticated, then limits.max_frame_bytes.
+  void set_max_frame_bytes(std::size_t bytes) noexcept { limits_.max_frame_bytes = bytes; }
 
   /// Bytes of the body being read, or 0 between frames.
   std::size_t body_bytes() const noexcept { return in_body_ ? body_bytes_ : 0; }

@@ -466,7 +466,7 @@ BOOST_AUTO_TEST_CASE(link_control_overtakes_frames_waiting_for_credit_but_never_
   BOOST_TEST(queue.waiting_frames() == 1u);
   std::vector<char> out;
   BOOST_TEST(queue.append_to(out, 1000) == 1000u); // the first frame is half written...
-  const wire::message hello = wire::link_hello{"host", 0, 4096};
+  const wire::message hello = wire::link_hello{"host", 0, 4096, {}, std::nullopt};
   queue.push_unmetered(wire::encode(hello)); // ...and the control frame goes behind it
   auto rest = drain(queue);
   out.insert(out.end(), rest.begin(), rest.end());
@@ -827,6 +827,296 @@ BOOST_AUTO_TEST_CASE(spawning_a_server_without_a_route_is_a_caller_error) {
 BOOST_AUTO_TEST_SUITE_END()
 
 // ================================================================================================
+// The handshake's proof of the job token (actors/logic/link_auth.hpp): who is let in, what an
+// unauthenticated peer can make a broker do, and how long it may take.
+
+namespace {
+
+constexpr const char* job_token = "the job's token";
+
+/// Server options of a job with `job_token`.
+data_server_options with_token(data_server_options options = {}) {
+  options.tuning.secret = link_secret(job_token);
+  return options;
+}
+
+data_link_options client_with(const std::string& token) {
+  data_link_options options;
+  options.tuning.secret = link_secret(token);
+  return options;
+}
+
+/// A TCP listener on 127.0.0.1 that speaks the handshake by hand, to play a server.
+struct raw_listener {
+  raw_listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    ::listen(fd, 4);
+    socklen_t length = sizeof address;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    port = ntohs(address.sin_port);
+  }
+  ~raw_listener() { ::close(fd); }
+  raw_listener(const raw_listener&) = delete;
+  raw_listener& operator=(const raw_listener&) = delete;
+
+  /// The next connection as a raw_peer-like stream (its fd owned by the returned peer).
+  raw_peer accept() {
+    raw_peer peer;
+    peer.fd = ::accept(fd, nullptr, nullptr);
+    timeval timeout{5, 0};
+    ::setsockopt(peer.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    peer.connected = peer.fd >= 0;
+    return peer;
+  }
+
+  int fd = -1;
+  std::uint16_t port = 0;
+};
+
+/// The reason of the next link_down `self` gets; empty when none came in time.
+std::string next_link_down(caf::scoped_actor& self) {
+  std::string reason;
+  bool over = false;
+  while (!over)
+    self->receive(
+        [&](link_down_atom, std::uint64_t, const std::string& why) {
+          reason = why;
+          over = true;
+        },
+        [&](envelope&) {}, caf::after(patience) >> [&] { over = true; });
+  return reason;
+}
+
+/// Sends a push of `count` values with `id` on `peer` (a raw peer of an echoing server) and
+/// checks that it comes back unchanged.
+void expect_echoed(raw_peer& peer, std::uint64_t id, std::size_t count) {
+  auto values = ramp(count);
+  BOOST_TEST_REQUIRE(peer.send(wire::encode(make_push(id, *values)).flatten()));
+  auto echoed = peer.receive_reply();
+  BOOST_TEST_REQUIRE(echoed.has_value());
+  BOOST_TEST((std::get<wire::push>(*echoed) == make_push(id, *values)));
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+BOOST_FIXTURE_TEST_SUITE(link_handshake, link_fixture)
+
+BOOST_AUTO_TEST_CASE(a_connector_with_the_token_is_served_and_both_ends_say_authenticated) {
+  auto server = start_server(with_token());
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self, client_with(job_token));
+  const auto id = await_connection(self, link);
+  BOOST_TEST(stats_of(link).authenticated);
+  BOOST_TEST(stats_of(server, id).authenticated);
+
+  raw_peer peer(server.port);
+  BOOST_TEST_REQUIRE(peer.handshake(0, job_token).has_value());
+  expect_echoed(peer, 5, 100);
+  peer.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(no_proof_a_wrong_token_or_a_replayed_hello_is_refused_and_reaches_no_actor) {
+  auto server = start_server(with_token());
+  // A genuine handshake, whose hello a stranger captured.
+  raw_peer genuine(server.port);
+  auto genuine_server_hello = genuine.server_hello();
+  BOOST_TEST_REQUIRE(genuine_server_hello.has_value());
+  const auto captured = raw_peer::connector_hello(*genuine_server_hello, job_token);
+  BOOST_TEST_REQUIRE(genuine.send(wire::encode(captured).flatten()));
+  auto auth = genuine.receive_frame();
+  BOOST_TEST_REQUIRE((auth && std::holds_alternative<wire::link_auth>(*auth)));
+
+  struct attempt {
+    const char* what;
+    std::function<wire::link_hello(const wire::link_hello&)> hello;
+    const char* named;
+  };
+  const attempt attempts[] = {
+      {"no proof",
+       [](const wire::link_hello& theirs) {
+         auto ours = raw_peer::connector_hello(theirs, job_token);
+         ours.proof.reset();
+         return ours;
+       },
+       "carries no proof of the job token"},
+      {"no token",
+       [](const wire::link_hello& theirs) { return raw_peer::connector_hello(theirs, ""); },
+       "proof of the job token is wrong"},
+      {"a wrong token",
+       [](const wire::link_hello& theirs) { return raw_peer::connector_hello(theirs, "guess"); },
+       "proof of the job token is wrong"},
+      {"the other connection's hello, replayed", [&](const wire::link_hello&) { return captured; },
+       "proof of the job token is wrong"},
+      {"a hello whose fields were changed after the proof",
+       [](const wire::link_hello& theirs) {
+         auto ours = raw_peer::connector_hello(theirs, job_token);
+         ours.window_bytes = 12345;
+         return ours;
+       },
+       "proof of the job token is wrong"},
+  };
+  const auto routed_before = last_connection->load();
+  for (const auto& a : attempts) {
+    BOOST_TEST_CONTEXT(a.what) {
+      raw_peer stranger(server.port);
+      auto theirs = stranger.server_hello();
+      BOOST_TEST_REQUIRE(theirs.has_value());
+      BOOST_TEST(!theirs->proof.has_value());
+      BOOST_TEST_REQUIRE(stranger.send(wire::encode(a.hello(*theirs)).flatten()));
+      // Whatever follows is not read: a push right behind the hello reaches no actor.
+      auto values = ramp(10);
+      stranger.send(wire::encode(make_push(9, *values)).flatten());
+      auto reply = stranger.receive_frame();
+      const auto* error = as_error(reply);
+      BOOST_TEST_REQUIRE(error != nullptr);
+      BOOST_TEST((error->code == wire::error_code::bad_frame));
+      BOOST_TEST(contains(error->message, a.named), error->message);
+      BOOST_TEST(!contains(error->message, job_token));
+      BOOST_TEST(stranger.sees_close());
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+    }
+  }
+  BOOST_TEST(last_connection->load() == routed_before);
+  // The genuine connection was not disturbed.
+  expect_echoed(genuine, 3, 50);
+  genuine.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_client_with_another_token_goes_down_with_the_servers_refusal) {
+  auto server = start_server(with_token());
+  caf::scoped_actor self{*sys};
+  auto link = connect_data_link(*sys, "127.0.0.1", server.port, caf::actor_cast<caf::actor>(self),
+                                client_with("another job's token"));
+  BOOST_TEST_REQUIRE(link.has_value());
+  auto values = ramp(10);
+  self->send(*link, envelope{make_push(1, *values), values, 0});
+  const auto reason = next_link_down(self);
+  BOOST_TEST(contains(reason, "127.0.0.1:" + std::to_string(server.port)), reason);
+  BOOST_TEST(contains(reason, "refused the handshake"), reason);
+  BOOST_TEST(contains(reason, "proof of the job token is wrong"), reason);
+  BOOST_TEST(!contains(reason, "another job's token"));
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_listener_that_cannot_prove_the_token_gets_nothing_from_the_client) {
+  raw_listener impostor;
+  caf::scoped_actor self{*sys};
+  auto link = connect_data_link(*sys, "127.0.0.1", impostor.port, caf::actor_cast<caf::actor>(self),
+                                client_with(job_token));
+  BOOST_TEST_REQUIRE(link.has_value());
+  // The client's push waits for the handshake; the impostor must not see it.
+  auto values = ramp(1000, 7.0f);
+  self->send(*link, envelope{make_push(1, *values), values, 0});
+  auto peer = impostor.accept();
+  BOOST_TEST_REQUIRE(peer.connected);
+  wire::link_hello ours{"impostor", 0, 0, fresh_nonce(), std::nullopt};
+  BOOST_TEST_REQUIRE(peer.send(wire::encode(ours).flatten()));
+  auto theirs = peer.receive_frame();
+  BOOST_TEST_REQUIRE((theirs && std::holds_alternative<wire::link_hello>(*theirs)));
+  BOOST_TEST(std::get<wire::link_hello>(*theirs).proof.has_value());
+  // A proof made without the token.
+  const auto fake =
+      link_proof(link_secret("guess"), true, ours, std::get<wire::link_hello>(*theirs));
+  BOOST_TEST_REQUIRE(peer.send(wire::encode(wire::link_auth{fake}).flatten()));
+  const auto reason = next_link_down(self);
+  BOOST_TEST(contains(reason, "server's proof of the job token is wrong"), reason);
+  const auto [after, closed] = peer.read_until_closed(patience);
+  BOOST_TEST(closed);
+  BOOST_TEST(!raw_peer::first_frame(after).has_value()); // the push never left
+}
+
+BOOST_AUTO_TEST_CASE(before_the_handshake_frames_are_capped_at_a_few_kib) {
+  auto server = start_server(with_token());
+  raw_peer stranger(server.port);
+  BOOST_TEST_REQUIRE(stranger.server_hello().has_value());
+  // 64 KiB is an ordinary frame for the job's nodes, but not before the handshake.
+  BOOST_TEST_REQUIRE(stranger.send_prefix(std::uint64_t{64} << 10));
+  auto reply = stranger.receive_frame();
+  const auto* error = as_error(reply);
+  BOOST_TEST_REQUIRE(error != nullptr);
+  BOOST_TEST(contains(error->message, "frame_too_large"), error->message);
+  BOOST_TEST(contains(error->message, std::to_string(max_handshake_frame_bytes)), error->message);
+  BOOST_TEST(stranger.sees_close());
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_handshake_not_done_in_time_closes_the_connection_at_either_end) {
+  auto options = with_token();
+  options.tuning.handshake_timeout = 300ms;
+  auto server = start_server(std::move(options));
+  {
+    raw_peer silent(server.port);
+    BOOST_TEST_REQUIRE(silent.server_hello().has_value());
+    const auto started = std::chrono::steady_clock::now();
+    const auto [bytes, closed] = silent.read_until_closed(patience);
+    BOOST_TEST(closed);
+    BOOST_TEST((std::chrono::steady_clock::now() - started < 5s));
+    BOOST_TEST(await_disconnects(1).size() == 1u);
+  }
+  // A client whose server never says hello.
+  raw_listener mute;
+  caf::scoped_actor self{*sys};
+  auto client = client_with(job_token);
+  client.tuning.handshake_timeout = 300ms;
+  auto link =
+      connect_data_link(*sys, "127.0.0.1", mute.port, caf::actor_cast<caf::actor>(self), client);
+  BOOST_TEST_REQUIRE(link.has_value());
+  auto peer = mute.accept();
+  const auto reason = next_link_down(self);
+  BOOST_TEST(contains(reason, "no handshake within 300 ms"), reason);
+  BOOST_TEST(contains(reason, "did not say hello"), reason);
+}
+
+BOOST_AUTO_TEST_CASE(silent_connections_beyond_the_bound_push_out_the_oldest_and_nodes_get_in) {
+  auto options = with_token();
+  options.max_unauthenticated = 3;
+  options.max_connections = 5;
+  auto server = start_server(std::move(options));
+  std::vector<std::unique_ptr<raw_peer>> silent;
+  for (int i = 0; i < 3; ++i) {
+    silent.push_back(std::make_unique<raw_peer>(server.port));
+    BOOST_TEST_REQUIRE(silent.back()->server_hello().has_value());
+  }
+  // A fourth pushes out the first (the oldest), not itself.
+  silent.push_back(std::make_unique<raw_peer>(server.port));
+  BOOST_TEST_REQUIRE(silent.back()->server_hello().has_value());
+  BOOST_TEST(silent.front()->sees_close());
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  // A node still gets in (pushing out the next oldest): its handshake takes one round trip.
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self, client_with(job_token));
+  await_connection(self, link);
+  BOOST_TEST(silent[1]->sees_close());
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  // Open: 2 silent and the node. Two more authenticated peers reach max_connections...
+  std::vector<std::unique_ptr<raw_peer>> members;
+  for (int i = 0; i < 2; ++i) {
+    members.push_back(std::make_unique<raw_peer>(server.port));
+    BOOST_TEST_REQUIRE(members.back()->handshake(0, job_token).has_value());
+  }
+  // ...and the next connection is closed as it arrives, with nothing sent.
+  raw_peer one_too_many(server.port);
+  const auto [bytes, closed] = one_too_many.read_until_closed(patience);
+  BOOST_TEST(closed);
+  BOOST_TEST(bytes.empty());
+  silent.clear();
+  members.clear();
+  BOOST_TEST(await_disconnects(4).size() == 4u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ================================================================================================
 // The same-host fast path (actors/logic/shm_arena.hpp): the ring and the mappings alone, the
 // codec's checks of a reference, then both brokers over loopback, which share this host.
 
@@ -1074,11 +1364,11 @@ BOOST_AUTO_TEST_CASE(a_reference_outside_the_arena_gets_bad_frame_naming_it_and_
   auto server = start_server();
   raw_peer peer(server.port);
   BOOST_TEST_REQUIRE(peer.connected);
-  // The handshake by hand: hello, the server's hello and offer, our offer and its accept.
-  BOOST_TEST_REQUIRE(peer.send(wire::encode(wire::link_hello{host_identity(), 1 << 20}).flatten()));
-  auto hello = peer.receive_frame();
-  BOOST_TEST_REQUIRE((hello && std::holds_alternative<wire::link_hello>(*hello)));
-  BOOST_TEST(std::get<wire::link_hello>(*hello).host_id == host_identity());
+  // The handshake by hand: the hellos and the server's link_auth, the server's offer, our offer
+  // and its accept.
+  auto hello = peer.handshake(0, "", host_identity(), 1 << 20);
+  BOOST_TEST_REQUIRE(hello.has_value());
+  BOOST_TEST(hello->host_id == host_identity());
   auto offer = peer.receive_frame();
   BOOST_TEST_REQUIRE((offer && std::holds_alternative<wire::arena_offer>(*offer)));
   auto ours = shm_send_arena::create(std::size_t{1} << 20);
@@ -1306,7 +1596,8 @@ BOOST_AUTO_TEST_CASE(no_hello_first_a_second_hello_or_an_excess_credit_closes_th
   const breach breaches[] = {
       {"a push before the hello", false, make_push(1, *values),
        "the first frame must be a link_hello, not a push"},
-      {"a second hello", true, wire::link_hello{"raw peer", 0, 0}, "a second link_hello"},
+      {"a second hello", true, wire::link_hello{"raw peer", 0, 0, {}, std::nullopt},
+       "a second link_hello"},
       {"a credit for bytes never sent", true, wire::link_credit{1000},
        "a link credit of 1000 bytes, with 0 bytes outstanding"},
   };

@@ -209,9 +209,9 @@ job_listener as_listener(caf::scoped_actor& listener) {
 /// that come back (heartbeats skipped).
 class framed_client {
 public:
-  framed_client(caf::actor_system& sys, std::uint16_t port) : self_{sys} {
+  framed_client(caf::actor_system& sys, std::uint16_t port, const std::string& token) : self_{sys} {
     data_link_options options;
-    options.tuning = control_link_tuning(max_control_frame_bytes, logger{});
+    options.tuning = control_link_tuning(max_control_frame_bytes, logger{}, link_secret(token));
     auto link =
         connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self_), options);
     BOOST_TEST_REQUIRE(link.has_value());
@@ -244,13 +244,12 @@ public:
   }
 
   /// A registration for this job, as a node would send it.
-  static wire::registration registration(const std::string& job_id, const std::string& token,
-                                         wire::role role, std::uint16_t port) {
+  static wire::registration registration(const std::string& job_id, wire::role role,
+                                         std::uint16_t port) {
     wire::registration reg;
     reg.request_id = 1;
     reg.node_role = role;
     reg.job_id = job_id;
-    reg.auth_token = token;
     reg.host = "127.0.0.1";
     reg.port = port;
     return reg;
@@ -357,9 +356,9 @@ BOOST_FIXTURE_TEST_CASE(ranks_follow_arrival_order_per_role_and_node_ids_follow_
   std::vector<std::unique_ptr<framed_client>> nodes;
   for (std::size_t i = 0; i < arrivals.size(); ++i) {
     BOOST_TEST_CONTEXT("arrival " << i) {
-      nodes.push_back(std::make_unique<framed_client>(node_side.sys, scheduler->port()));
+      nodes.push_back(std::make_unique<framed_client>(node_side.sys, scheduler->port(), token));
       nodes.back()->send(
-          framed_client::registration(job_id, token, arrivals[i].first, arrivals[i].second));
+          framed_client::registration(job_id, arrivals[i].first, arrivals[i].second));
       const auto reply = nodes.back()->next();
       BOOST_TEST_REQUIRE(reply.has_value());
       BOOST_TEST_REQUIRE(std::holds_alternative<wire::admission>(*reply));
@@ -463,13 +462,17 @@ BOOST_FIXTURE_TEST_CASE(
   BOOST_TEST(contains(joined.error().message(), "registration rejected (wrong_job)"));
   BOOST_TEST(contains(joined.error().message(), "job-b"));
 
+  // A wrong token fails the control connection's handshake: the scheduler never reads the
+  // registration, and the node is told why. Neither token appears in the message.
   auto bad_token = options_for(wire::role::server);
   bad_token.auth_token = "guess";
   joined = node_agent::join(node_side.sys, bad_token);
   BOOST_TEST_REQUIRE(!joined.has_value());
-  BOOST_TEST((joined.error().code() == errc::invalid_argument));
-  BOOST_TEST(contains(joined.error().message(), "registration rejected (bad_token)"));
+  BOOST_TEST((joined.error().code() == errc::peer_lost), joined.error().message());
+  BOOST_TEST(contains(joined.error().message(), "refused the handshake"), joined.error().message());
+  BOOST_TEST(contains(joined.error().message(), "proof of the job token is wrong"));
   BOOST_TEST(!contains(joined.error().message(), "secret"));
+  BOOST_TEST(!contains(joined.error().message(), "guess"));
 
   // The rejections took no rank: the job still starts with rank 0 of each role.
   const auto agents = join_all(1, 1);
@@ -515,11 +518,11 @@ BOOST_FIXTURE_TEST_CASE(garbage_and_an_oversized_length_prefix_close_the_connect
   // version on it is answered.
   raw_peer stranger{scheduler->port()};
   BOOST_TEST_REQUIRE(stranger.connected);
-  // Every connection opens with a link hello (window 0: no flow control asked of the scheduler).
-  BOOST_TEST_REQUIRE(stranger.send(wire::encode(wire::link_hello{"stranger", 0, 0}).flatten()));
+  // Every connection opens with the link handshake (window 0: no flow control asked of the
+  // scheduler), which proves the job token.
+  BOOST_TEST_REQUIRE(stranger.handshake(0, token).has_value());
   BOOST_TEST_REQUIRE(stranger.send(wire::encode(settings_with_quorum(0)).flatten()));
-  wire::registration old_version =
-      framed_client::registration(job_id, token, wire::role::worker, 0);
+  wire::registration old_version = framed_client::registration(job_id, wire::role::worker, 0);
   old_version.request_id = 7;
   old_version.protocol_version = 99;
   BOOST_TEST_REQUIRE(stranger.send(wire::encode(old_version).flatten()));
@@ -543,7 +546,7 @@ BOOST_FIXTURE_TEST_CASE(garbage_and_an_oversized_length_prefix_close_the_connect
 BOOST_FIXTURE_TEST_CASE(frames_before_registration_and_bad_registrations_get_error_replies,
                         job_fixture) {
   start(1, 1);
-  framed_client stranger{node_side.sys, scheduler->port()};
+  framed_client stranger{node_side.sys, scheduler->port(), token};
 
   stranger.send(wire::barrier{3, 1, wire::group::workers, 9});
   auto err = expect_error(stranger.next(), wire::error_code::not_admitted);
@@ -553,7 +556,7 @@ BOOST_FIXTURE_TEST_CASE(frames_before_registration_and_bad_registrations_get_err
   stranger.send(settings_with_quorum(1));
   expect_error(stranger.next(), wire::error_code::not_admitted);
 
-  auto old_version = framed_client::registration(job_id, token, wire::role::worker, 0);
+  auto old_version = framed_client::registration(job_id, wire::role::worker, 0);
   old_version.request_id = 7;
   old_version.protocol_version = 99;
   stranger.send(old_version);
@@ -566,7 +569,7 @@ BOOST_FIXTURE_TEST_CASE(frames_before_registration_and_bad_registrations_get_err
   BOOST_TEST((std::get<wire::rejected>(admission.outcome).reason ==
               wire::reject_reason::protocol_version));
 
-  auto long_host = framed_client::registration(job_id, token, wire::role::worker, 0);
+  auto long_host = framed_client::registration(job_id, wire::role::worker, 0);
   long_host.host = std::string(4000, 'h');
   stranger.send(long_host);
   err = expect_error(stranger.next(), wire::error_code::invalid_argument);

@@ -17,6 +17,7 @@
 #include <caf/io/basp/version.hpp>
 
 #include "process_support.hpp"
+#include "tests/raw_peer.hpp"
 #include "tests/shm_files.hpp"
 
 using namespace troupe::testing;
@@ -382,6 +383,24 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_wi
       BOOST_TEST(worker->wait(5s).exit_code == 128 + SIGKILL);
 }
 
+/// The end of a job of 2 kv_worker workers running `--check sync --rounds 20` on two keys: each
+/// worker reports the closed forms held, and every process exits 0.
+void expect_exact_sync_finish(std::vector<std::unique_ptr<child_process>>& workers,
+                              std::initializer_list<child_process*> nodes) {
+  for (auto& worker : workers) {
+    auto result = worker->wait(120s);
+    BOOST_TEST(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+    BOOST_TEST(count_lines(result.out, "sync checks hold for 2 keys over 20 rounds") == 1u,
+               result.out);
+  }
+  for (auto* node : nodes) {
+    auto result = node->wait(60s);
+    BOOST_TEST(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_to_finish_exactly) {
   // CAF 0.17 allocates whatever payload a BASP header announces before any troupe code runs; no
   // port of a job may speak BASP. Each port gets the header before the workers start and again
@@ -410,18 +429,83 @@ BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_t
     job.push_back(pid);
   BOOST_TEST(forge_basp_headers(job) >= 3u);
 
-  for (auto& worker : workers) {
-    auto result = worker->wait(120s);
-    BOOST_TEST(!result.timed_out);
-    BOOST_TEST(result.exit_code == 0, result.err);
-    BOOST_TEST(count_lines(result.out, "sync checks hold for 2 keys over 20 rounds") == 1u,
-               result.out);
-  }
-  for (auto* node : {&scheduler, servers[0].get(), servers[1].get()}) {
-    auto result = node->wait(60s);
-    BOOST_TEST(!result.timed_out);
-    BOOST_TEST(result.exit_code == 0, result.err);
-  }
+  expect_exact_sync_finish(workers, {&scheduler, servers[0].get(), servers[1].get()});
+}
+
+/// Tries the handshake on every TCP port `pids` listen on without the token, with a wrong one,
+/// and with a push in place of a proof; each must be refused and closed. Returns the ports tried.
+std::size_t try_strangers(const std::vector<pid_t>& pids) {
+  std::size_t ports = 0;
+  for (const pid_t pid : pids)
+    for (const auto port : listening_ports(pid)) {
+      ++ports;
+      for (const std::string token : {"", "a guess"}) {
+        raw_peer stranger(port);
+        BOOST_TEST(!stranger.handshake(0, token).has_value(), "pid " << pid << " port " << port);
+        BOOST_TEST(stranger.sees_close(), "pid " << pid << " port " << port);
+      }
+      raw_peer pusher(port);
+      BOOST_TEST_REQUIRE(pusher.server_hello().has_value());
+      std::vector<float> values(6, 1e6f);
+      troupe::wire::push push;
+      push.request_id = 1;
+      push.key = 0;
+      push.tensor.type = troupe::wire::dtype::float32;
+      push.tensor.shape = {2, 3};
+      push.tensor.total_bytes = sizeof(float) * values.size();
+      push.tensor.data = std::as_bytes(std::span(values));
+      BOOST_TEST(pusher.send(troupe::wire::encode(push).flatten()));
+      const auto [bytes, closed] = pusher.read_until_closed(10s);
+      BOOST_TEST(closed, "pid " << pid << " port " << port);
+      // Nothing but the refusal comes back: the push reached no shard.
+      const auto answer = raw_peer::first_frame(bytes);
+      BOOST_TEST((!answer || std::holds_alternative<troupe::wire::error_reply>(*answer)));
+    }
+  return ports;
+}
+
+BOOST_AUTO_TEST_CASE(strangers_without_the_token_get_in_nowhere_and_the_job_finishes_exactly) {
+  // Every port of a job with a token: the scheduler's and each server's data port refuse a
+  // handshake without it, with a wrong one, and a push sent in place of the proof, before the
+  // workers start and while they run; a worker with a wrong token cannot join; the job's values
+  // are exact.
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::map<std::string, std::string> token{{"TROUPE_JOB_TOKEN", "cluster test token"}};
+  child_process scheduler{node_path, {}, node_env("scheduler", 2, 2, port, token)};
+  std::vector<std::unique_ptr<child_process>> servers;
+  for (int i = 0; i < 2; ++i)
+    servers.push_back(std::make_unique<child_process>(node_path, std::vector<std::string>{},
+                                                      node_env("server", 2, 2, port, token)));
+  std::vector<pid_t> job{scheduler.pid()};
+  for (auto& server : servers)
+    job.push_back(server->pid());
+  for (const pid_t pid : job)
+    await_listening(pid);
+  BOOST_TEST(try_strangers(job) == 3u);
+
+  auto with_dir = token;
+  with_dir["KV_WORKER_DIR"] = dir.path().string();
+  auto impostor_env = with_dir;
+  impostor_env["TROUPE_JOB_TOKEN"] = "not the job's token";
+  child_process impostor{worker_path,
+                         {"--check", "sync", "--rounds", "20", "--shapes", "2x3"},
+                         node_env("worker", 2, 2, port, impostor_env)};
+  auto refused = impostor.wait(60s);
+  BOOST_TEST(!refused.timed_out);
+  BOOST_TEST(refused.exit_code != 0);
+  BOOST_TEST(refused.err.find("proof of the job token is wrong") != std::string::npos, refused.err);
+  BOOST_TEST(refused.err.find("not the job's token") == std::string::npos, refused.err);
+
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes", "2x3,1211x1211"},
+        node_env("worker", 2, 2, port, with_dir)));
+  worker_pids(dir.path(), 2);
+  BOOST_TEST(try_strangers(job) == 3u);
+  expect_exact_sync_finish(workers, {&scheduler, servers[0].get(), servers[1].get()});
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_server_fails_every_pending_and_later_call_naming_it_not_a_timeout) {

@@ -47,15 +47,13 @@ bool inside(std::span<const std::byte> part, std::span<const std::byte> whole) {
 BOOST_AUTO_TEST_SUITE(codec_round_trip)
 
 BOOST_AUTO_TEST_CASE(a_registration_round_trips_field_by_field) {
-  registration sent{
-      77, protocol_version, role::worker, "job-1", std::string("t\0k", 3), "host.example", 4242};
+  registration sent{77, protocol_version, role::worker, "job-1", "host.example", 4242};
   round_trip rt(sent);
   const auto& got = rt.as<registration>();
   BOOST_TEST(got.request_id == 77u);
   BOOST_TEST(got.protocol_version == protocol_version);
   BOOST_TEST((got.node_role == role::worker));
   BOOST_TEST(got.job_id == "job-1");
-  BOOST_TEST(got.auth_token == std::string("t\0k", 3));
   BOOST_TEST(got.host == "host.example");
   BOOST_TEST(got.port == 4242);
 }

@@ -50,9 +50,7 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   using namespace troupe::wire;
   const auto n = static_cast<std::int64_t>(payload.size());
   std::vector<message> out;
-  // The token is opaque bytes, a NUL included.
-  out.push_back(registration{101, protocol_version, role::server, "job-42",
-                             std::string("s3cr\0tbytes", 11), "10.0.0.7", 9091, 5});
+  out.push_back(registration{101, protocol_version, role::server, "job-42", "10.0.0.7", 9091, 5});
   out.push_back(admission{102, admitted{3, 11}});
   out.push_back(membership{7,
                            4,
@@ -77,13 +75,21 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(command{111, command_kind::save_checkpoint, "/tmp/ckpt/epoch-3"});
   out.push_back(heartbeat{9, 12345, 1'700'000'000'123'456'789});
   out.push_back(error_reply{104, 6, error_code::shape_mismatch, "push of (2,3) to key 6 of (3,3)"});
-  out.push_back(
-      link_hello{"0b1c2d3e-boot-id/host", std::uint64_t{64} << 20, std::uint64_t{32} << 20});
+  link_digest nonce{}, proof{};
+  for (std::size_t i = 0; i < nonce.size(); ++i) {
+    nonce[i] = static_cast<std::uint8_t>(i * 7 + 1);
+    proof[i] = static_cast<std::uint8_t>(255 - i);
+  }
+  // The listener's hello has no proof, the connector's has one.
+  out.push_back(link_hello{"0b1c2d3e-boot-id/host", std::uint64_t{64} << 20,
+                           std::uint64_t{32} << 20, nonce, std::nullopt});
+  out.push_back(link_hello{"other-boot-id/host", 0, 0, proof, nonce});
   out.push_back(arena_offer{"/troupe-0123456789abcdef0123456789abcdef", std::uint64_t{64} << 20});
   out.push_back(arena_accept{false, "shared memory is off here"});
   out.push_back(arena_release{{0, 4096, std::uint64_t{1} << 40}});
   out.push_back(sync_settings{112, consistency_mode::async, 3, true, 2, 4});
   out.push_back(link_credit{std::uint64_t{8} << 20});
+  out.push_back(link_auth{proof});
   return out;
 }
 
