@@ -68,6 +68,31 @@ data_link_tuning tuning_for(const cluster_config& config) {
   return tuning;
 }
 
+/// Where a server's shard failures go: to its agent (failed_atom), which tells the scheduler; the
+/// shards exist before the agent does, so a failure before the join waits here. Any thread.
+class shard_failure_relay {
+public:
+  void report(const std::string& why) {
+    std::lock_guard lock(mutex_);
+    if (agent_)
+      caf::anon_send(*agent_, failed_atom::value, why);
+    else
+      early_.push_back(why);
+  }
+  void attach(const node_agent_actor& agent) {
+    std::lock_guard lock(mutex_);
+    agent_ = agent;
+    for (auto& why : early_)
+      caf::anon_send(agent, failed_atom::value, std::move(why));
+    early_.clear();
+  }
+
+private:
+  std::mutex mutex_;
+  std::optional<node_agent_actor> agent_;
+  std::vector<std::string> early_;
+};
+
 /// What a worker's store owns besides itself, destroyed after it: the agent before the system.
 struct worker_resources {
   std::unique_ptr<node_runtime> runtime;
@@ -183,6 +208,8 @@ status run_server(const cluster_config& config) {
   // The rank comes with the agent, which needs the data port, which needs the shards' router:
   // the shards are named before the rank is known.
   node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};
+  auto failures = std::make_shared<shard_failure_relay>();
+  node_options.on_shard_failure = [failures](const std::string& why) { failures->report(why); };
   auto node = std::make_shared<const server_node>(system, std::move(node_options));
   data_server_options data_options;
   data_options.route = node->router();
@@ -195,6 +222,7 @@ status run_server(const cluster_config& config) {
     caf::anon_send(data->broker, stop_atom::value);
     return agent.error();
   }
+  failures->attach((*agent)->actor());
   auto listener = system.spawn(server_listener_actor, node);
   (*agent)->subscribe(listener);
   status outcome;

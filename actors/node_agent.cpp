@@ -86,6 +86,10 @@ public:
         [this](link_down_atom, std::uint64_t, const std::string& reason) { on_link_down(reason); },
         [this](control_call& call) { on_call(std::move(call)); },
         [this](subscribe_atom, const job_listener& listener) { on_subscribe(listener); },
+        [this](failed_atom, std::string& why) {
+          log_.error(why);
+          send(wire::error_reply{0, std::nullopt, wire::error_code::internal, std::move(why)});
+        },
         [this](tick_atom) {
           if (self_->current_sender().get() == self_->ctrl())
             on_tick();

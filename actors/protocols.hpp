@@ -50,6 +50,7 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
 using copied_atom = caf::atom_constant<caf::atom("copied")>;
+using failed_atom = caf::atom_constant<caf::atom("failed")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -228,6 +229,8 @@ using node_agent_actor = caf::typed_actor<
     caf::reacts_to<control_call>,
     /// Tell this listener about the job from now on (and at once, if it already ended).
     caf::reacts_to<subscribe_atom, job_listener>,
+    /// This node failed (a server's shard died): tell the scheduler why, unasked.
+    caf::reacts_to<failed_atom, std::string>,
     /// Heartbeat, liveness check and the join deadline (sent by the agent to itself).
     caf::reacts_to<tick_atom>>;
 

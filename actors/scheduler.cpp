@@ -204,7 +204,12 @@ private:
       on_command(*index, *cmd);
     else if (const auto* settings = std::get_if<wire::sync_settings>(&msg))
       on_sync_settings(*index, *settings);
-    else if (const auto* err = std::get_if<wire::error_reply>(&msg))
+    else if (const auto* err = std::get_if<wire::error_reply>(&msg);
+             err != nullptr && err->request_id == 0 && node.info.node_role == wire::role::server)
+      // A server that says it failed (a shard died) holds keys nobody else has: the job fails
+      // now, naming why, instead of when its requests time out.
+      lose(*index, "it reported a failure: " + err->message);
+    else if (err != nullptr)
       log_.error(describe(node.info) + " reported an error: " + err->message);
     else if (!sign_of_life)
       send(node, error_reply(wire::request_id_of(msg), wire::error_code::unsupported,

@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unistd.h>
 
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
@@ -81,12 +82,30 @@ bool is_keyed(const wire::message& msg) {
          std::holds_alternative<wire::pushpull>(msg);
 }
 
+/// The keyless requests a server takes, which the control actor fans out to every shard.
+bool is_for_every_shard(const wire::message& msg) {
+  return std::holds_alternative<wire::set_optimizer>(msg) ||
+         std::holds_alternative<wire::sync_settings>(msg) ||
+         std::holds_alternative<wire::command>(msg);
+}
+
 link_actor::behavior_type local_link_behavior(link_actor::pointer self,
                                               std::function<request_handler(const envelope&)> route,
                                               reply_sink reply_to) {
   return {
       [self, route = std::move(route), reply_to](envelope& request) {
-        self->send(route(request), std::move(request), reply_to);
+        if (auto target = route(request)) {
+          self->send(target, std::move(request), reply_to);
+          return;
+        }
+        // As the data server answers a frame nobody takes.
+        envelope refusal{wire::error_reply{wire::request_id_of(request.msg),
+                                           wire::key_of(request.msg), wire::error_code::unsupported,
+                                           "no handler for " +
+                                               std::string(wire::kind_name(request.msg)) +
+                                               " frames on this server"},
+                         nullptr, request.connection};
+        self->send(reply_to, std::move(refusal));
       },
       // A store closes its links at finalize, whichever kind they are.
       [self](stop_atom) { self->quit(); },
@@ -103,11 +122,19 @@ request_handler request_router::operator()(const envelope& request) const {
   if (is_keyed(request.msg) && !shards_.empty())
     return shards_[shard_of(wire::key_of(request.msg).value_or(0),
                             static_cast<std::uint32_t>(shards_.size()))];
-  return control_;
+  if (is_for_every_shard(request.msg))
+    return control_;
+  // Kinds a server never takes (replies, the scheduler's messages, heartbeats): the broker
+  // answers them at once with unsupported, and nothing is kept for them.
+  return {};
 }
 
 server_node::server_node(caf::actor_system& system, server_node_options options)
     : system_(system), options_(std::move(options)), router_({}, {}) {
+  if (options_.max_store_bytes == 0)
+    options_.max_store_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                               static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto store_bytes = std::make_shared<std::atomic<std::uint64_t>>(0);
   for (std::uint32_t i = 0; i < options_.shards; ++i) {
     shard_options shard;
     shard.shard_index = i;
@@ -117,9 +144,16 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard.pull_timeout = options_.pull_timeout;
     shard.sweep_interval = options_.sweep_interval;
     shard.max_value_bytes = options_.max_value_bytes;
+    shard.store_bytes = store_bytes;
+    shard.max_store_bytes = options_.max_store_bytes;
     shard.update_device = options_.update_device;
     shard.log = options_.log.part("shard " + std::to_string(i));
     shards_.push_back(spawn_server_shard(system, std::move(shard)));
+    if (options_.on_shard_failure)
+      shards_.back()->attach_functor([i, told = options_.on_shard_failure](const caf::error& why) {
+        if (why && why != caf::exit_reason::user_shutdown)
+          told("shard " + std::to_string(i) + " of this server failed: " + caf::to_string(why));
+      });
   }
   control_ = system.spawn(control_behavior, shards_);
   router_ = request_router{shards_, control_};

@@ -5,8 +5,9 @@
 // different cores).
 //
 //   router() / route(envelope): the request_handler for a request: keyed requests (init, push,
-//     pushpull, pull_request) go to shard ps_key % shards, the others to the control actor. The
-//     data server broker (actors/data_link) and in-process links call it.
+//     pushpull, pull_request) go to shard ps_key % shards, set_optimizer, sync_settings and
+//     commands to the control actor, other kinds to nobody (answered unsupported by the caller).
+//     The data server broker (actors/data_link) and in-process links call it.
 //   broadcast(membership): every shard learns the job's membership (bounded staleness then waits
 //     for live workers only).
 //   stats(timeout): the shards' counters summed, for the server's end-of-job log line.
@@ -37,15 +38,23 @@ struct server_node_options {
   std::chrono::milliseconds pull_timeout{30'000};
   std::chrono::milliseconds sweep_interval{1'000};
   std::uint64_t max_value_bytes = std::uint64_t{1} << 32;
+  /// The key budget of the whole server (shard_options::max_store_bytes, shared by its shards).
+  /// 0: the machine's physical memory.
+  std::uint64_t max_store_bytes = 0;
   /// shard_options::update_device.
   context update_device = context::cpu();
   /// Each shard logs as "<who> shard <i>".
   logger log{};
+  /// Called, on whichever thread, when a shard ends other than by the server_node's destruction
+  /// (an exception escaped it, or it was killed): "shard 1 of this server failed: <why>". The
+  /// server can no longer serve its keys; dist_job tells the scheduler, which fails the job.
+  std::function<void(const std::string&)> on_shard_failure{};
 };
 
-/// Picks the actor for a request: keyed requests go to shard ps_key % shards, the others to the
-/// control actor. A copy of immutable handles: any thread may call it, as long as the server_node
-/// that made it lives.
+/// Picks the actor for a request: keyed requests go to shard ps_key % shards, set_optimizer,
+/// sync_settings and commands to the control actor, and any other kind to nobody (an invalid
+/// handler: the data server answers it with unsupported). A copy of immutable handles: any thread
+/// may call it, as long as the server_node that made it lives.
 class request_router {
 public:
   request_router(std::vector<shard_actor> shards, request_handler control);

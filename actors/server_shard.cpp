@@ -19,6 +19,20 @@ struct shard_actor_state {
 
 shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_actor_state> self,
                                           shard_options options) {
+  // A request's own failures are answered by the core (shard_core::handle); whatever still
+  // escapes ends the shard with the reason, which server_node reports.
+  self->set_exception_handler(
+      [index = options.shard_index](caf::scheduled_actor*, std::exception_ptr& thrown) {
+        std::string what = "an exception of unknown type";
+        try {
+          std::rethrow_exception(thrown);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        return caf::make_error(caf::sec::runtime_error,
+                               "server shard " + std::to_string(index) + ": " + what);
+      });
   self->state.sweep_interval = options.sweep_interval;
   self->state.core = std::make_unique<shard_core>(std::move(options));
   self->delayed_send(self, self->state.sweep_interval, tick_atom::value);

@@ -143,6 +143,11 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
                  " (max_value_bytes of this shard)");
       return;
     }
+    if (auto over = reserve_store(tensor.total_bytes)) {
+      refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+             "init of key " + std::to_string(msg.key) + ": " + *over);
+      return;
+    }
     key_entry entry;
     shape_vector shape(tensor.shape.begin(), tensor.shape.end());
     entry.stored = ndarray::empty(shape, context::cpu(), from_wire(tensor.type));
@@ -155,8 +160,10 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   if (!added) {
     refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
            "init of key " + std::to_string(msg.key) + ": " + added.error().message);
-    if (entry.init_assembly->bytes_received() == 0)
+    if (entry.init_assembly->bytes_received() == 0) {
+      release_store(entry.stored.nbytes());
       keys_.erase(found); // nothing of it arrived: as if never begun
+    }
     return;
   }
   if (!*added)
@@ -168,6 +175,25 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
     entry.async.emplace(msg.key, entry.stored, options_.num_workers);
   entry.init_assembly.reset();
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+std::optional<std::string> shard_core::reserve_store(std::uint64_t bytes) {
+  if (!options_.store_bytes)
+    return std::nullopt;
+  auto& used = *options_.store_bytes;
+  auto before = used.load(std::memory_order_relaxed);
+  do {
+    if (bytes > options_.max_store_bytes || before > options_.max_store_bytes - bytes)
+      return "its " + std::to_string(bytes) + " bytes would take this server's keys from " +
+             std::to_string(before) + " to more than their budget of " +
+             std::to_string(options_.max_store_bytes) + " bytes (max_store_bytes)";
+  } while (!used.compare_exchange_weak(before, before + bytes, std::memory_order_relaxed));
+  return std::nullopt;
+}
+
+void shard_core::release_store(std::uint64_t bytes) noexcept {
+  if (options_.store_bytes)
+    options_.store_bytes->fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 shard_core::key_entry* shard_core::usable_key(std::uint64_t key, std::uint64_t request_id,

@@ -54,6 +54,7 @@
 // shard_core is the logic, callable without CAF; the server shard actor
 // (actors/server_shard.hpp) wraps it.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -110,6 +111,12 @@ struct shard_options {
   std::chrono::milliseconds sweep_interval{1'000};
   /// Largest value a key may have (init), so that no peer makes the shard allocate more.
   std::uint64_t max_value_bytes = std::uint64_t{1} << 32;
+  /// The key budget: the declared bytes of every key of the server (all its shards share the
+  /// count) may not exceed max_store_bytes; an init beyond it is refused. A key's footprint is a
+  /// small multiple of its declared size (the round's sum, the optimizer's state, per-worker
+  /// staging in dist_async). Null: no budget.
+  std::shared_ptr<std::atomic<std::uint64_t>> store_bytes;
+  std::uint64_t max_store_bytes = 0;
   logger log;
   /// The time pulls wait against; null: shard_clock::now.
   std::function<shard_clock::time_point()> clock;
@@ -185,6 +192,9 @@ private:
   void on_push(const push_request& push, const wire::tensor_chunk& tensor,
                const reply_route& reply);
   /// The entry a push or pull may use, or nullptr after refusing the request.
+  /// Takes `bytes` of the server's key budget; why not, when it would go over.
+  std::optional<std::string> reserve_store(std::uint64_t bytes);
+  void release_store(std::uint64_t bytes) noexcept;
   key_entry* usable_key(std::uint64_t key, std::uint64_t request_id, const char* what,
                         const reply_route& reply);
   void on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,

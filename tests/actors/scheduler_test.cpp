@@ -696,6 +696,24 @@ BOOST_FIXTURE_TEST_CASE(a_killed_worker_is_reported_to_every_survivor_by_role_an
   BOOST_TEST(contains(outcome->summary, "the job failed (" + lost), outcome->summary);
 }
 
+BOOST_FIXTURE_TEST_CASE(a_server_that_reports_a_failure_fails_the_job_at_once_naming_why,
+                        job_fixture) {
+  const auto agents = running_job(1, 2);
+  auto* server = find(agents, wire::role::server, 0);
+  caf::anon_send(server->actor(), failed_atom::value,
+                 std::string("shard 1 of this server failed: out of memory"));
+  const std::string lost =
+      "server 0 (node 8) was lost: it reported a failure: shard 1 of this server failed: out of "
+      "memory";
+  const auto outcome = scheduler->wait(5s);
+  BOOST_TEST_REQUIRE(outcome.has_value());
+  BOOST_TEST((outcome->end == job_end::failed));
+  BOOST_TEST(contains(outcome->failure->message(), lost), outcome->failure->message());
+  const auto heard = find(agents, wire::role::worker, 1)->barrier(wire::group::workers, 5s);
+  BOOST_TEST_REQUIRE(!heard.has_value());
+  BOOST_TEST(contains(heard.error().message(), lost), heard.error().message());
+}
+
 BOOST_FIXTURE_TEST_CASE(a_node_that_falls_silent_is_declared_lost_after_the_peer_timeout,
                         job_fixture) {
   start(1, 2);

@@ -6,9 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include <boost/test/unit_test.hpp>
 #include <caf/actor_system.hpp>
@@ -169,6 +171,43 @@ BOOST_AUTO_TEST_CASE(a_server_node_fans_settings_out_and_broadcasts_membership_t
   BOOST_TEST(totals->updates == 2u);
   BOOST_TEST(totals->requests_refused == 3u); // the bad settings, by each shard
   BOOST_TEST(totals->max_lead == 0u);         // each push found worker 0 level with worker 1
+}
+
+BOOST_AUTO_TEST_CASE(frames_a_server_never_takes_are_routed_to_nobody_and_requests_to_their_actor) {
+  server_node_options options;
+  options.shards = 2;
+  server_node node{system, options};
+  auto route = [&](wire::message msg) { return node.route(envelope{std::move(msg), nullptr, 1}); };
+  for (auto msg : std::vector<wire::message>{
+           wire::ack{5}, wire::heartbeat{1, 2, 3}, wire::admission{6, wire::admitted{0, 8}},
+           wire::barrier{7, 1, wire::group::workers, 0},
+           wire::error_reply{8, std::nullopt, wire::error_code::internal, "x"}})
+    BOOST_TEST(!route(msg), wire::kind_name(msg));
+  BOOST_TEST(static_cast<bool>(
+      route(wire::sync_settings{7, wire::consistency_mode::async, 1, false, 0, 2})));
+  BOOST_TEST((route(wire::pull_request{1, 3, 0, 0, 0}) ==
+              caf::actor_cast<request_handler>(node.shards()[shard_of(3, 2)])));
+}
+
+BOOST_AUTO_TEST_CASE(a_shard_that_dies_is_reported_and_a_normal_shutdown_is_not) {
+  std::promise<std::string> reported;
+  auto told = reported.get_future();
+  std::atomic<int> reports{0};
+  {
+    server_node_options options;
+    options.shards = 3;
+    options.on_shard_failure = [&](const std::string& why) {
+      if (reports++ == 0)
+        reported.set_value(why);
+    };
+    server_node node{system, options};
+    caf::anon_send_exit(node.shards()[1], caf::exit_reason::kill);
+    BOOST_TEST_REQUIRE((told.wait_for(10s) == std::future_status::ready));
+    const auto why = told.get();
+    BOOST_TEST(why.find("shard 1 of this server failed") != std::string::npos, why);
+  } // the node's own shutdown of the other two is no failure
+  std::this_thread::sleep_for(100ms);
+  BOOST_TEST(reports.load() == 1);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -2,8 +2,11 @@
 // the sync round rule, replies held until their round, and bad requests answered with an error
 // that names the key while the stored value stays as it was.
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -437,6 +440,38 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST((bounded.error(1) != nullptr &&
               bounded.error(1)->code == wire::error_code::invalid_argument));
   BOOST_TEST(names(bounded.error(1), "max_value_bytes"));
+}
+
+BOOST_AUTO_TEST_CASE(inits_beyond_the_servers_key_budget_are_refused_and_shards_share_it) {
+  // Two shards of one server share a budget of 100 floats' worth.
+  shard_options options;
+  options.store_bytes = std::make_shared<std::atomic<std::uint64_t>>(0);
+  options.max_store_bytes = 400;
+  shard_driver first{1, {}, options};
+  shard_driver second{1, {}, options};
+  BOOST_TEST_REQUIRE(first.init(1, ndarray::ones({60})));
+  second.send(wire::init{2, 2, whole(ndarray::ones({50}))});
+  auto* refused = second.error(2);
+  BOOST_TEST_REQUIRE(refused != nullptr);
+  BOOST_TEST((refused->code == wire::error_code::invalid_argument));
+  BOOST_TEST(names(refused, "init of key 2: its 200 bytes would take this server's keys from 240 "
+                            "to more than their budget of 400 bytes (max_store_bytes)"));
+  BOOST_TEST(second.shard->value(2).is_none());
+  BOOST_TEST(second.init(3, ndarray::ones({40}))); // what is left still fits
+  BOOST_TEST(options.store_bytes->load() == 400u);
+  // A declared size near 2^64 cannot wrap the count around.
+  std::vector<float> some(2, 1.0f);
+  wire::tensor_chunk huge;
+  huge.type = wire::dtype::float64;
+  huge.shape = {std::int64_t{1} << 60};
+  huge.total_bytes = std::uint64_t{1} << 63;
+  huge.data = std::as_bytes(std::span{some});
+  shard_options unbounded_values = options;
+  unbounded_values.max_value_bytes = std::numeric_limits<std::uint64_t>::max();
+  shard_driver third{1, {}, unbounded_values};
+  third.send(wire::init{4, 4, huge});
+  BOOST_TEST(names(third.error(4), "max_store_bytes"));
+  BOOST_TEST(options.store_bytes->load() == 400u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
