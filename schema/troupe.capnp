@@ -506,13 +506,15 @@ struct LinkAuth {
 }
 
 struct ArenaOffer {
-  # Data connections, after the LinkHellos showed the same host: the sender created a POSIX
-  # shared-memory object for the frames it sends. Answered by ArenaAccept; the sender removes the
-  # name once answered (or when the connection closes), so nothing stays in /dev/shm.
+  # Data connections, after the handshake, when the LinkHellos showed the same host: the sender
+  # created a memory file (memfd) for the frames it sends, sealed against shrinking and growing.
+  # Answered by ArenaAccept; the sender closes the descriptor once answered (or when the
+  # connection closes). Nothing has a name in a file system, so nothing is ever left behind.
   name @0 :Text;
-  # shm_open name: "/troupe-" and 32 lowercase hex digits; anything else is refused.
+  # "/proc/<sender pid>/fd/<descriptor>", decimal numbers; anything else is refused, as is a file
+  # that is not sealed against shrinking (its owner could cut it short under the mapping).
   bytes @1 :UInt64;
-  # Size of the object; the receiver maps it read-only and refuses it if it is smaller.
+  # Size of the file; the receiver maps it read-only and refuses it if it is smaller.
 }
 
 struct ArenaAccept {

@@ -4,7 +4,8 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
-#include <random>
+#include <optional>
+#include <string_view>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -16,23 +17,23 @@ namespace troupe {
 namespace {
 
 constexpr std::size_t region_alignment = 64;
-constexpr std::string_view arena_prefix = "/troupe-";
-constexpr std::size_t arena_hex_digits = 32;
 
 std::string errno_text(int code) {
   return std::string(std::strerror(code));
 }
 
-std::string random_arena_name() {
-  std::random_device device;
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string name(arena_prefix);
-  for (std::size_t i = 0; i < arena_hex_digits / 8; ++i) {
-    const std::uint32_t word = device();
-    for (int nibble = 0; nibble < 8; ++nibble)
-      name += hex[(word >> (4 * nibble)) & 0xf];
-  }
-  return name;
+constexpr std::string_view proc_prefix = "/proc/";
+constexpr std::string_view fd_infix = "/fd/";
+constexpr std::size_t max_number_digits = 9;
+
+/// A decimal number of 1..9 digits without a leading zero, at the start of `text`; the rest.
+std::optional<std::string_view> skip_number(std::string_view text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9')
+    ++digits;
+  if (digits == 0 || digits > max_number_digits || (digits > 1 && text[0] == '0'))
+    return std::nullopt;
+  return text.substr(digits);
 }
 
 } // namespace
@@ -52,12 +53,13 @@ const std::string& host_identity() {
 }
 
 bool is_arena_name(std::string_view name) noexcept {
-  if (name.size() != arena_prefix.size() + arena_hex_digits || !name.starts_with(arena_prefix))
+  if (!name.starts_with(proc_prefix))
     return false;
-  for (char c : name.substr(arena_prefix.size()))
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-      return false;
-  return true;
+  auto rest = skip_number(name.substr(proc_prefix.size()));
+  if (!rest || !rest->starts_with(fd_infix))
+    return false;
+  rest = skip_number(rest->substr(fd_infix.size()));
+  return rest && rest->empty();
 }
 
 // ================================================================================================
@@ -66,25 +68,27 @@ bool is_arena_name(std::string_view name) noexcept {
 result<std::unique_ptr<shm_send_arena>> shm_send_arena::create(std::size_t bytes) {
   if (bytes == 0)
     return error{errc::invalid_argument, "shared-memory arena of 0 bytes"};
-  const std::string name = random_arena_name();
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  const int fd = ::memfd_create("troupe-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
-    return error{errc::io_error, "shm_open " + name + ": " + errno_text(errno)};
+    return error{errc::io_error, "memfd_create: " + errno_text(errno)};
   auto fail = [&](const char* step) {
     const int code = errno;
     ::close(fd);
-    ::shm_unlink(name.c_str());
-    return error{errc::io_error, std::string(step) + " " + name + " (" + std::to_string(bytes) +
-                                     " bytes): " + errno_text(code)};
+    return error{errc::io_error, std::string(step) + " of a shared-memory arena of " +
+                                     std::to_string(bytes) + " bytes: " + errno_text(code)};
   };
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
     return fail("ftruncate");
+  // The size is fixed from here on: a reader's mapping can never lose its pages.
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return fail("sealing");
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED)
     return fail("mmap");
-  ::close(fd); // the mapping keeps the object
+  std::string name = std::string(proc_prefix) + std::to_string(::getpid()) + std::string(fd_infix) +
+                     std::to_string(fd);
   return std::unique_ptr<shm_send_arena>(
-      new shm_send_arena(name, static_cast<std::byte*>(base), bytes));
+      new shm_send_arena(fd, std::move(name), static_cast<std::byte*>(base), bytes));
 }
 
 shm_send_arena::~shm_send_arena() {
@@ -93,9 +97,9 @@ shm_send_arena::~shm_send_arena() {
 }
 
 void shm_send_arena::unlink() noexcept {
-  if (linked_) {
-    ::shm_unlink(name_.c_str());
-    linked_ = false;
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
   }
 }
 
@@ -151,24 +155,30 @@ bool shm_send_arena::release(std::uint64_t offset) {
 result<std::shared_ptr<shm_peer_arena>> shm_peer_arena::open(const std::string& name,
                                                              std::size_t bytes) {
   if (!is_arena_name(name))
-    return error{errc::invalid_argument,
-                 "arena name \"" + name + "\" is not /troupe- and 32 hex digits"};
+    return error{errc::invalid_argument, "arena name \"" + name + "\" is not /proc/<pid>/fd/<fd>"};
   if (bytes == 0)
     return error{errc::invalid_argument, "arena of 0 bytes"};
-  const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return error{errc::io_error, "shm_open " + name + ": " + errno_text(errno)};
+    return error{errc::io_error, "open " + name + ": " + errno_text(errno)};
+  auto refuse = [&](errc code, std::string why) {
+    ::close(fd);
+    return error{code, "arena " + name + " " + why};
+  };
+  // Only a memory file sealed against shrinking is safe to map: its owner could otherwise cut
+  // it short and make every read of the mapping fault.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return refuse(errc::invalid_argument,
+                  "is not a sealed memory file (" + errno_text(errno) + ")");
+  if ((seals & F_SEAL_SHRINK) == 0)
+    return refuse(errc::invalid_argument, "is not sealed against shrinking");
   struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int code = errno;
-    ::close(fd);
-    return error{errc::io_error, "fstat " + name + ": " + errno_text(code)};
-  }
-  if (info.st_size < 0 || static_cast<std::uint64_t>(info.st_size) < bytes) {
-    ::close(fd);
-    return error{errc::invalid_argument, "arena " + name + " has " + std::to_string(info.st_size) +
-                                             " bytes, " + std::to_string(bytes) + " announced"};
-  }
+  if (::fstat(fd, &info) != 0)
+    return refuse(errc::io_error, "cannot be examined: " + errno_text(errno));
+  if (info.st_size < 0 || static_cast<std::uint64_t>(info.st_size) < bytes)
+    return refuse(errc::invalid_argument, "has " + std::to_string(info.st_size) + " bytes, " +
+                                              std::to_string(bytes) + " announced");
   void* base = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   const int code = errno;
   ::close(fd);

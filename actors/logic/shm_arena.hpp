@@ -1,20 +1,25 @@
 #pragma once
 // The same-host fast path of a data connection (actors/data_link.hpp, docs/data-path.md): tensor
-// payloads travel through POSIX shared memory and only small frames through the socket.
+// payloads travel through shared memory and only small frames through the socket.
 //
-// Each end that sends creates one arena for its own direction (shm_send_arena), offers its name
-// in a frame, and removes the name as soon as the peer has answered: from then on the object
-// lives only as long as the two mappings, so nothing is left in /dev/shm when a process dies.
-// The peer maps it read-only (shm_peer_arena). A payload is copied into a region of the ring (the
+// Each end that sends creates one arena for its own direction (shm_send_arena): an anonymous
+// memory file (memfd_create) of a fixed size, sealed so that it can never shrink or grow, and
+// offers it by the path the peer opens it at, /proc/<pid>/fd/<fd>. It closes that descriptor as
+// soon as the peer has answered: from then on the memory lives only as long as the two mappings.
+// Nothing has a name in any file system, so nothing is left behind when a process dies, and
+// /dev/shm's size (64 MiB in a default container) does not matter.
+// The peer opens it read-only, refuses it unless it is sealed against shrinking, and maps it
+// (shm_peer_arena). A payload is copied into a region of the ring (the
 // copy that otherwise goes into CAF's write buffer), the frame carries (offset, bytes), the
 // receiver's tensor views its mapping in place, and when the receiver drops the tensor the region
 // goes back to the sender in an arena_release frame. The sender reclaims regions in FIFO order.
 //
 // Trust: the receiver checks every reference against the arena's bounds (wire::decode_body) and
 // reads the bytes as plain numbers; the sender never reuses a region before its release arrives.
-// A peer could still shrink the object it created (ftruncate) and make a reader fault; only
-// processes of the same job on the same host ever map it (a real defence needs memfd seals passed
-// over a unix socket: docs/data-path.md).
+// The seals make a reader's mapping safe from its owner: an arena that could shrink under the
+// mapping (and make the reader fault with SIGBUS in the copy) is never mapped. Opening another
+// process's descriptor needs the same user (ptrace read access); a peer in another PID namespace
+// cannot be opened, and its direction stays on TCP.
 
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +37,7 @@
 namespace troupe {
 
 /// This host's identity for the link hello: /proc/sys/kernel/random/boot_id, '/', the uts
-/// hostname. Two processes with the same identity share a kernel, hence /dev/shm. Empty when
+/// hostname. Two processes with the same identity share a kernel, hence memory. Empty when
 /// neither can be read (then no arena is ever offered).
 const std::string& host_identity();
 
@@ -40,26 +45,30 @@ const std::string& host_identity();
 /// a copy is as cheap as the bookkeeping.
 inline constexpr std::size_t default_shm_threshold_bytes = std::size_t{64} << 10;
 
-/// Whether `name` has the form shm_send_arena gives names: "/troupe-" and 32 lowercase hex digits.
+/// Whether `name` has the form shm_send_arena gives names: "/proc/<pid>/fd/<fd>", each a
+/// decimal number of at most 9 digits without leading zeros.
 bool is_arena_name(std::string_view name) noexcept;
 
-/// The sending side's arena: a shared-memory object mapped read-write, handed out as a ring of
+/// The sending side's arena: a sealed memory file mapped read-write, handed out as a ring of
 /// regions. Not thread-safe: one per connection, used on its broker's thread.
 class shm_send_arena {
 public:
-  /// Creates "/troupe-<128 random bits in hex>" (O_EXCL, mode 0600) of `bytes` bytes and maps it.
+  /// Creates a memory file of `bytes` bytes, seals its size (F_SEAL_SHRINK, F_SEAL_GROW,
+  /// F_SEAL_SEAL) and maps it; its name is the path of the descriptor kept open for the peer.
   /// Errors (io_error) name the step that failed; nothing is left behind then.
   static result<std::unique_ptr<shm_send_arena>> create(std::size_t bytes);
 
   shm_send_arena(const shm_send_arena&) = delete;
   shm_send_arena& operator=(const shm_send_arena&) = delete;
-  /// Unmaps, and removes the name if unlink() was not called.
+  /// Unmaps, and closes the descriptor if unlink() was not called.
   ~shm_send_arena();
 
+  /// "/proc/<pid>/fd/<fd>": where the peer opens the arena, until unlink().
   const std::string& name() const noexcept { return name_; }
   std::size_t size() const noexcept { return size_; }
   std::span<std::byte> bytes() const noexcept { return {base_, size_}; }
-  /// Removes the name from /dev/shm (the mappings stay valid). Idempotent.
+  /// Closes the descriptor the name refers to (the mappings stay valid): the arena can no longer
+  /// be opened. Idempotent.
   void unlink() noexcept;
 
   /// A region of `bytes` bytes (> 0) at a 64-byte-aligned offset, or nullopt when the ring has no
@@ -73,18 +82,18 @@ public:
   std::size_t outstanding() const noexcept { return regions_.size(); }
 
 private:
-  shm_send_arena(std::string name, std::byte* base, std::size_t size) noexcept
-      : name_(std::move(name)), base_(base), size_(size) {}
+  shm_send_arena(int fd, std::string name, std::byte* base, std::size_t size) noexcept
+      : fd_(fd), name_(std::move(name)), base_(base), size_(size) {}
 
   struct region {
     std::size_t offset;
     std::size_t end; ///< offset + bytes, rounded up to the alignment
     bool released;
   };
+  int fd_; ///< -1 once unlinked
   std::string name_;
   std::byte* base_;
   std::size_t size_;
-  bool linked_ = true;
   std::deque<region> regions_; ///< in allocation order: the front is reclaimed first
 };
 
@@ -93,8 +102,9 @@ private:
 /// the releases of those tensors from whichever thread drops them. Thread-safe.
 class shm_peer_arena : public std::enable_shared_from_this<shm_peer_arena> {
 public:
-  /// Opens `name` (checked with is_arena_name) read-only and maps `bytes` of it; refuses an
-  /// object smaller than `bytes`. Errors (invalid_argument, io_error) say why.
+  /// Opens `name` (checked with is_arena_name) read-only and maps `bytes` of it; refuses a file
+  /// that is not sealed against shrinking or is smaller than `bytes`. Errors (invalid_argument,
+  /// io_error) say why.
   static result<std::shared_ptr<shm_peer_arena>> open(const std::string& name, std::size_t bytes);
 
   shm_peer_arena(const shm_peer_arena&) = delete;

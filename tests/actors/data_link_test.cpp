@@ -4,8 +4,10 @@
 
 #include <arpa/inet.h>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -15,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <thread>
@@ -1136,8 +1139,8 @@ BOOST_AUTO_TEST_CASE(the_ring_reclaims_only_the_released_prefix_and_wraps_early)
   auto created = shm_send_arena::create(std::size_t{1} << 20);
   BOOST_TEST_REQUIRE(created.has_value());
   auto& ring = **created;
-  BOOST_TEST(is_arena_name(ring.name()));
-  BOOST_TEST(testing::arena_files().count(ring.name().substr(1)) == 1u);
+  BOOST_TEST(is_arena_name(ring.name()), ring.name());
+  BOOST_TEST(std::filesystem::exists(ring.name()));
   constexpr std::size_t third = 300 * 1024; // a multiple of the 64-byte alignment
   BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{0}));
   BOOST_TEST((ring.allocate(third) == std::optional<std::size_t>{third}));
@@ -1161,7 +1164,44 @@ BOOST_AUTO_TEST_CASE(the_ring_reclaims_only_the_released_prefix_and_wraps_early)
   BOOST_TEST((ring.allocate(std::size_t{1} << 20) == std::optional<std::size_t>{0}));
   BOOST_TEST(!ring.allocate((std::size_t{1} << 20) + 1).has_value());
   ring.unlink();
-  BOOST_TEST(testing::arena_files().count(ring.name().substr(1)) == 0u);
+  BOOST_TEST(!std::filesystem::exists(ring.name()));
+}
+
+BOOST_AUTO_TEST_CASE(only_a_memory_file_sealed_against_shrinking_is_mapped) {
+  // The owner of a sealed arena cannot shrink it under a reader's mapping, nor grow it.
+  auto created = shm_send_arena::create(std::size_t{64} << 10);
+  BOOST_TEST_REQUIRE(created.has_value());
+  const int owner = ::open((*created)->name().c_str(), O_RDWR);
+  BOOST_TEST_REQUIRE(owner >= 0);
+  BOOST_TEST(::ftruncate(owner, 4096) != 0);
+  BOOST_TEST(errno == EPERM);
+  BOOST_TEST(::ftruncate(owner, std::size_t{1} << 20) != 0);
+  ::close(owner);
+  BOOST_TEST(shm_peer_arena::open((*created)->name(), (*created)->size()).has_value());
+
+  // An unsealed memory file, which its owner could cut short, is refused.
+  const int unsealed = ::memfd_create("troupe-arena", MFD_CLOEXEC);
+  BOOST_TEST_REQUIRE(unsealed >= 0);
+  BOOST_TEST_REQUIRE(::ftruncate(unsealed, std::size_t{64} << 10) == 0);
+  const auto unsealed_path =
+      "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(unsealed);
+  auto refused = shm_peer_arena::open(unsealed_path, std::size_t{64} << 10);
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST(refused.error().message().find("sealed") != std::string::npos,
+             refused.error().message());
+  ::close(unsealed);
+
+  // So is a plain file, and anything not named /proc/<pid>/fd/<fd>.
+  const int plain = ::open("/proc/self/exe", O_RDONLY);
+  BOOST_TEST_REQUIRE(plain >= 0);
+  auto not_memory = shm_peer_arena::open(
+      "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(plain), 4096);
+  BOOST_TEST(!not_memory.has_value());
+  ::close(plain);
+  for (const char* name :
+       {"/troupe-0123456789abcdef0123456789abcdef", "/proc/self/fd/3", "/proc/01/fd/3",
+        "/proc/1/fd/3/..", "/proc/1234567890/fd/3", "/proc/1/fd/"})
+    BOOST_TEST(!is_arena_name(name), name);
 }
 
 BOOST_AUTO_TEST_CASE(the_peer_maps_read_only_and_releases_wake_the_broker_once_per_batch) {
@@ -1177,7 +1217,7 @@ BOOST_AUTO_TEST_CASE(the_peer_maps_read_only_and_releases_wake_the_broker_once_p
   auto peer = shm_peer_arena::open(ring.name(), ring.size());
   BOOST_TEST_REQUIRE(peer.has_value());
   BOOST_TEST(((*peer)->bytes()[*region + 4095] == std::byte{0x5a}));
-  ring.unlink(); // the mappings outlive the name
+  ring.unlink(); // the mappings outlive the descriptor
 
   int wakes = 0;
   (*peer)->on_release([&] { ++wakes; });
@@ -1257,7 +1297,7 @@ wire::push tagged(wire::push sent, std::uint64_t round) {
 } // namespace
 
 BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_inline_when_full) {
-  const auto before = testing::arena_files();
+  const auto before = testing::arena_descriptors();
   data_server_options server_options;
   auto echo = spawn_tagging_echo(*sys, spawned);
   server_options.route = [echo](const envelope&) { return caf::actor_cast<request_handler>(echo); };
@@ -1269,8 +1309,8 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_in
   auto both_ways = [](const data_link_stats& s) { return s.shm_send && s.shm_receive; };
   BOOST_TEST_REQUIRE(both_ways(await_stats([&] { return stats_of(link); }, both_ways)));
   BOOST_TEST_REQUIRE(both_ways(await_stats([&] { return stats_of(server, id); }, both_ways)));
-  // Both arenas are mapped by both ends now: their names are gone from /dev/shm.
-  BOOST_TEST((testing::arena_files() == before));
+  // Both arenas are mapped by both ends now: no descriptor of them is left open.
+  BOOST_TEST((testing::arena_descriptors() == before));
 
   // Below the threshold, just above it with a partial last word, and 256 KiB; 400 in flight
   // through 1 MiB arenas: the rings wrap many times and fill up, and then frames go inline.
@@ -1330,11 +1370,11 @@ BOOST_AUTO_TEST_CASE(tensors_round_trip_bit_exact_through_a_wrapping_ring_and_in
   BOOST_TEST(back_to_shm);
   self->send(link, stop_atom::value);
   BOOST_TEST(await_disconnects(1).size() == 1u);
-  BOOST_TEST((testing::arena_files() == before));
+  BOOST_TEST((testing::arena_descriptors() == before));
 }
 
 BOOST_AUTO_TEST_CASE(with_the_arena_off_at_either_end_tensors_go_through_the_socket) {
-  const auto before = testing::arena_files();
+  const auto before = testing::arena_descriptors();
   for (bool client_off : {true, false}) {
     data_server_options server_options;
     auto echo = spawn_tagging_echo(*sys, spawned);
@@ -1354,10 +1394,34 @@ BOOST_AUTO_TEST_CASE(with_the_arena_off_at_either_end_tensors_go_through_the_soc
       BOOST_TEST_REQUIRE((push == tagged(make_push(id, *values), 0)));
       BOOST_TEST_REQUIRE(!push.tensor.shm);
     }
-    BOOST_TEST((testing::arena_files() == before));
+    BOOST_TEST((testing::arena_descriptors() == before));
     self->send(link, stop_atom::value);
     BOOST_TEST(await_disconnects(1).size() == 1u);
   }
+}
+
+BOOST_AUTO_TEST_CASE(an_arena_its_owner_could_shrink_is_refused_and_the_peer_goes_on_over_tcp) {
+  auto server = start_server();
+  raw_peer peer(server.port);
+  BOOST_TEST_REQUIRE(peer.handshake(0, "", host_identity(), 1 << 20).has_value());
+  auto offer = peer.receive_frame();
+  BOOST_TEST_REQUIRE((offer && std::holds_alternative<wire::arena_offer>(*offer)));
+  // A memory file without seals: its owner could truncate it under the server's mapping.
+  const int unsealed = ::memfd_create("troupe-arena", MFD_CLOEXEC);
+  BOOST_TEST_REQUIRE(unsealed >= 0);
+  BOOST_TEST_REQUIRE(::ftruncate(unsealed, 1 << 20) == 0);
+  const auto path = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(unsealed);
+  BOOST_TEST_REQUIRE(peer.send(wire::encode(wire::arena_offer{path, 1 << 20}).flatten()));
+  auto accept = peer.receive_frame();
+  ::close(unsealed);
+  BOOST_TEST_REQUIRE((accept && std::holds_alternative<wire::arena_accept>(*accept)));
+  BOOST_TEST(!std::get<wire::arena_accept>(*accept).ok);
+  BOOST_TEST(std::get<wire::arena_accept>(*accept).detail.find("not sealed against shrinking") !=
+                 std::string::npos,
+             std::get<wire::arena_accept>(*accept).detail);
+  expect_echoed(peer, 4, 1 << 16); // inline, as without an arena
+  peer.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(a_reference_outside_the_arena_gets_bad_frame_naming_it_and_serving_goes_on) {
