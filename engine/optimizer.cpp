@@ -320,6 +320,18 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
     for (std::size_t i = 0; i < optimizer_->state_count(); ++i)
       entry.buffers.push_back(ndarray::zeros(weight.shape(), weight.ctx(), dtype::float32));
   }
+  // Loaded states (load_states) were saved for some weight: one of another shape would be read
+  // past its end, so it is refused before anything changes; one on another device moves here.
+  for (const auto& buffer : entry.buffers)
+    if (buffer.shape() != weight.shape())
+      throw exception(errc::shape_mismatch,
+                      "update of weight " + std::to_string(index) + ": its optimizer state has " +
+                          "shape " + shape_to_string(buffer.shape()) + ", the weight " +
+                          shape_to_string(weight.shape()) +
+                          " (states loaded from a file saved for other weights?)");
+  for (auto& buffer : entry.buffers)
+    if (buffer.ctx() != weight.ctx())
+      buffer = buffer.copy_to(weight.ctx());
   ++entry.update_count;
 
   std::vector<const ndarray*> writes{&weight};
@@ -402,7 +414,9 @@ std::vector<std::byte> updater::save_states(bool dump_optimizer) const {
   return out.take();
 }
 
-status updater::load_states(std::span<const std::byte> bytes) {
+status updater::load_states(
+    std::span<const std::byte> bytes,
+    const std::function<std::optional<shape_vector>(std::int64_t index)>& shape_of) {
   byte_reader in{bytes};
   auto magic = in.string("optimizer states header");
   if (!magic)
@@ -478,6 +492,12 @@ status updater::load_states(std::span<const std::byte> bytes) {
         return error{errc::corrupt_data, "state of weight " + std::to_string(*index) + " is " +
                                              std::string{to_string(buffer->dtype())} +
                                              ", expected float32"};
+      if (auto expected = shape_of ? shape_of(*index) : std::nullopt;
+          expected && *expected != buffer->shape())
+        return error{errc::shape_mismatch, "the state of weight " + std::to_string(*index) +
+                                               " has shape " + shape_to_string(buffer->shape()) +
+                                               ", the weight here " + shape_to_string(*expected) +
+                                               " (saved for other weights?)"};
       entry.buffers.push_back(std::move(*buffer));
     }
     loaded[*index] = std::move(entry);

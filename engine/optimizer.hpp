@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -93,8 +94,13 @@ public:
   /// when dump_optimizer), in a versioned little-endian format; load_states restores them bit for
   /// bit. load_states rejects data that is truncated, of another version, or of another optimizer
   /// (unless it carries one, which then replaces this updater's) and leaves the updater as it was.
+  /// `shape_of`, when given, says the shape of the weight of an index (nullopt: not known here);
+  /// a state of another shape is refused (shape_mismatch, naming the weight and both shapes), as
+  /// an update would refuse it later.
   std::vector<std::byte> save_states(bool dump_optimizer = false) const;
-  status load_states(std::span<const std::byte> bytes);
+  status
+  load_states(std::span<const std::byte> bytes,
+              const std::function<std::optional<shape_vector>(std::int64_t index)>& shape_of = {});
 
 private:
   struct weight_state {

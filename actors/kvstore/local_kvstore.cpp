@@ -100,7 +100,13 @@ status local_kvstore::load_optimizer_states(const std::string& path) {
   auto bytes = read_file(path);
   if (!bytes)
     return bytes.error();
-  if (auto loaded = updater_->load_states(*bytes); !loaded)
+  auto shape_of = [this](std::int64_t index) -> std::optional<shape_vector> {
+    auto found = stored_.find(index);
+    if (found == stored_.end())
+      return std::nullopt;
+    return found->second.shape();
+  };
+  if (auto loaded = updater_->load_states(*bytes, shape_of); !loaded)
     return error{loaded.error().code(), path + ": " + loaded.error().message()};
   return ok();
 }

@@ -624,7 +624,13 @@ void shard_core::on_command(const wire::command& msg, const reply_route& reply) 
       fail(bytes.error());
       return;
     }
-    if (auto loaded = updater_->load_states(*bytes); !loaded) {
+    auto shape_of = [this](std::int64_t index) -> std::optional<shape_vector> {
+      auto found = keys_.find(static_cast<std::uint64_t>(index));
+      if (found == keys_.end() || found->second.stored.is_none())
+        return std::nullopt;
+      return found->second.stored.shape();
+    };
+    if (auto loaded = updater_->load_states(*bytes, shape_of); !loaded) {
       fail(error{loaded.error().code(), path + ": " + loaded.error().message()});
       return;
     }

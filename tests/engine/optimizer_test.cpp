@@ -145,4 +145,28 @@ BOOST_AUTO_TEST_CASE(states_round_trip_and_a_rejected_load_changes_nothing) {
   BOOST_TEST(other.optimizer().name() == "rmsprop");
 }
 
+BOOST_AUTO_TEST_CASE(
+    states_loaded_for_another_shape_are_refused_at_the_update_and_nothing_changes) {
+  // Saved for a (2,3) weight, loaded where weight 2 has 12 elements: the update would read past
+  // the state's 6 floats.
+  updater saver{optimizer::create("sgd", {{"momentum", 0.9}}).value()};
+  auto small = ndarray::ones({2, 3});
+  saver(2, ndarray::ones({2, 3}), small);
+  updater update{optimizer::create("sgd", {{"momentum", 0.9}}).value()};
+  BOOST_TEST_REQUIRE(update.load_states(saver.save_states()).has_value());
+  auto weight = ndarray::ones({12});
+  try {
+    update(2, ndarray::ones({12}), weight);
+    BOOST_FAIL("expected a shape error");
+  } catch (const exception& failure) {
+    BOOST_TEST(failure.error().code() == errc::shape_mismatch);
+    const std::string message = failure.what();
+    BOOST_TEST(message.find("optimizer state has shape (2,3), the weight (12,)") !=
+                   std::string::npos,
+               message);
+  }
+  BOOST_TEST(weight.to_vector<float>() == std::vector<float>(12, 1.0f));
+  BOOST_TEST(update.update_count(2) == 1); // the loaded count, not advanced
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -446,4 +446,30 @@ BOOST_AUTO_TEST_CASE(loading_states_of_another_optimizer_or_a_broken_file_is_an_
   BOOST_TEST(!without_optimizer->save_optimizer_states(states.path).has_value());
 }
 
+BOOST_AUTO_TEST_CASE(states_saved_for_another_shape_are_refused_and_the_store_goes_on) {
+  // Saved for a (2,3) key, loaded where key 0 has 12 elements: refused at the load, naming both
+  // shapes, and the store's own state and values are untouched.
+  temporary_path states;
+  auto small = make("local");
+  BOOST_TEST_REQUIRE(small->set_optimizer("sgd", {{"momentum", 0.9}}).has_value());
+  BOOST_TEST_REQUIRE(small->init(0, ndarray::ones({2, 3})).has_value());
+  BOOST_TEST_REQUIRE(small->push(0, ndarray::ones({2, 3})).has_value());
+  BOOST_TEST_REQUIRE(small->save_optimizer_states(states.path).has_value());
+
+  auto kv = make("local");
+  BOOST_TEST_REQUIRE(kv->set_optimizer("sgd", {{"momentum", 0.9}}).has_value());
+  BOOST_TEST_REQUIRE(kv->init(0, ndarray::ones({12})).has_value());
+  auto refused = kv->load_optimizer_states(states.path);
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST(refused.error().code() == errc::shape_mismatch);
+  BOOST_TEST(refused.error().message().find("has shape (2,3), the weight here (12,)") !=
+                 std::string::npos,
+             refused.error().message());
+  BOOST_TEST_REQUIRE(kv->push(0, ndarray::ones({12})).has_value());
+  auto value = ndarray::zeros({12});
+  BOOST_TEST_REQUIRE(kv->pull(0, value).has_value());
+  BOOST_TEST(value.to_vector<float>() == std::vector<float>(12, 0.99f),
+             boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
