@@ -19,6 +19,7 @@ packages=(
   libtomlplusplus-dev            # toml++ 3.3: the cluster config file (actors/config/config.cpp)
   libspdlog-dev                  # the logging facility (engine/log.hpp)
   nlohmann-json3-dev             # JSON lines of the apps and benchmarks
+  clang libclang-rt-14-dev       # libFuzzer for the fuzz targets (scripts/fuzz.sh)
   dataset-fashion-mnist          # the data the main job trains on
 )
 

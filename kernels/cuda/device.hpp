@@ -55,7 +55,7 @@ public:
   stream_scope& operator=(const stream_scope&) = delete;
 
 private:
-  const stream* previous_;
+  [[maybe_unused]] const stream* previous_; ///< unused by the build without CUDA
 };
 
 // Memory. Failures throw std::runtime_error naming the device and the CUDA error.
