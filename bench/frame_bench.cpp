@@ -246,7 +246,7 @@ void check(const measurements& m) {
   for (const auto& op : m.ops)
     if (op != "push" && op != "pushpull")
       die("unknown op " + op);
-  if (m.chunk_bytes == 0 || m.chunk_bytes % 8 != 0 || m.chunk_bytes > wire::max_chunk_bytes)
+  if (!wire::valid_chunk_bytes(m.chunk_bytes))
     die("chunk size " + std::to_string(m.chunk_bytes) + " is not a multiple of 8 in [8, 512 MiB)");
 }
 

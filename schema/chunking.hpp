@@ -24,6 +24,14 @@ namespace troupe::wire {
 /// Chunk payload size used unless the caller picks another.
 inline constexpr std::size_t default_chunk_bytes = std::size_t{1} << 20;
 
+/// Whether chunker accepts `chunk_bytes`: a multiple of 8 in [8, max_chunk_bytes], so that chunks
+/// start at multiples of every element size and a payload aligned to 8 bytes stays aligned in
+/// every chunk. The cluster configuration checks data.chunk_bytes with it, so that a size the
+/// chunker would refuse is refused when the configuration is read.
+constexpr bool valid_chunk_bytes(std::size_t chunk_bytes) noexcept {
+  return chunk_bytes != 0 && chunk_bytes % 8 == 0 && chunk_bytes <= max_chunk_bytes;
+}
+
 /// Splits a message carrying a whole tensor (init, push, pushpull, pull_reply) into messages of
 /// one chunk each: the same fields, the same dtype, shape and total_bytes, and consecutive
 /// [offset, offset + size) slices of the payload, every one chunk_bytes long except the last.
@@ -33,10 +41,8 @@ inline constexpr std::size_t default_chunk_bytes = std::size_t{1} << 20;
 /// alive and unchanged until every chunk message and frame made from it is gone.
 class chunker {
 public:
-  /// Preconditions (std::invalid_argument otherwise): chunk_bytes is a multiple of 8 in
-  /// [8, max_chunk_bytes] (so chunks start at multiples of every element size and a payload
-  /// aligned to 8 bytes stays aligned in every chunk); the tensor is whole (offset 0,
-  /// data.size() == total_bytes) and consistent (validate_tensor).
+  /// Preconditions (std::invalid_argument otherwise): valid_chunk_bytes(chunk_bytes); the tensor
+  /// is whole (offset 0, data.size() == total_bytes) and consistent (validate_tensor).
   explicit chunker(message whole, std::size_t chunk_bytes = default_chunk_bytes);
 
   /// At least 1.

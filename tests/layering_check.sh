@@ -35,4 +35,4 @@ if [ -n "$bad" ]; then
   echo "$bad"
   exit 1
 fi
-echo "layering ok: kernels -> engine -> {config, logic} -> actors -> kvstore -> gluon, schema -> logic"
+echo "layering ok: kernels -> engine -> {config, logic} -> actors -> kvstore -> gluon, schema -> {config, logic}"

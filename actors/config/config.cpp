@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "schema/chunking.hpp"
+
 namespace troupe {
 
 std::string_view to_string(node_role role) noexcept {
@@ -180,6 +182,24 @@ setter bytes_setter(std::int64_t cluster_config::*member, std::int64_t min) {
       return "a size in bytes of at least " + std::to_string(min) +
              " (an integer, or a string such as \"16MiB\")";
     cfg.*member = *parsed;
+    return std::nullopt;
+  };
+}
+
+/// data.chunk_bytes: a size as bytes_setter reads it, which wire::chunker must also accept
+/// (wire::valid_chunk_bytes), so that a size the chunker refuses is refused here and not at the
+/// first tensor that needs chunking.
+setter chunk_bytes_setter(std::int64_t min) {
+  return [min, size = bytes_setter(&cluster_config::chunk_bytes, min)](
+             cluster_config& cfg, const literal& value) -> std::optional<std::string> {
+    const std::int64_t before = cfg.chunk_bytes;
+    if (auto expected = size(cfg, value))
+      return expected;
+    if (!wire::valid_chunk_bytes(static_cast<std::size_t>(cfg.chunk_bytes))) {
+      cfg.chunk_bytes = before;
+      return "a size in bytes that wire::chunker accepts: a multiple of 8 from " +
+             std::to_string(min) + " to " + std::to_string(wire::max_chunk_bytes);
+    }
     return std::nullopt;
   };
 }
@@ -404,8 +424,9 @@ void add_data_fields(std::vector<field>& t) {
                bytes_setter(&cluster_config::max_frame_bytes, 4096),
                {}});
   t.push_back({{"data", "chunk_bytes", "", "--chunk-bytes", "BYTES", "\"1MiB\"",
-                "Size of the chunks big tensors travel in; at most data.max_frame_bytes."},
-               bytes_setter(&cluster_config::chunk_bytes, 4096),
+                "Size of the chunks big tensors travel in: a multiple of 8, at most "
+                "data.max_frame_bytes."},
+               chunk_bytes_setter(4096),
                {}});
   t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
                 "Shared-memory arena per direction of a data connection between processes on "

@@ -195,8 +195,9 @@ void add_config_flags(CLI::App& app, config_overrides& out);
 /// The file is `file` if given, else `flags.config_file`, else the one TROUPE_CONFIG names, else
 /// none. Errors (errc::io_error for an unreadable file, errc::corrupt_data for a file that is not
 /// TOML, errc::invalid_argument for an unknown key or a bad value) carry one line naming the file
-/// position, the variable or the flag. Does no network activity beyond reading the addresses of
-/// the local interfaces (for DMLC_INTERFACE).
+/// position, the variable or the flag. data.chunk_bytes is checked with wire::chunker's rule
+/// (wire::valid_chunk_bytes). Does no network activity beyond reading the addresses of the local
+/// interfaces (for DMLC_INTERFACE).
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags);
 

@@ -3,6 +3,7 @@
 #include <caf/send.hpp>
 
 #include "actors/kv_worker.hpp"
+#include "schema/chunking.hpp"
 
 namespace troupe {
 namespace {
@@ -49,9 +50,10 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
                    "below the number of workers (rank " +
                    std::to_string(setup.rank) + " of " + std::to_string(setup.num_workers) +
                    " workers, " + std::to_string(setup.num_servers) + " servers)");
-  if (setup.chunk_bytes < 8 || setup.chunk_bytes % 8 != 0)
+  if (!wire::valid_chunk_bytes(setup.chunk_bytes))
     return invalid("chunk size " + std::to_string(setup.chunk_bytes) +
-                   " is not a positive multiple of 8 bytes");
+                   " is not a multiple of 8 bytes from 8 to " +
+                   std::to_string(wire::max_chunk_bytes));
   if (setup.quorum > setup.num_workers)
     return invalid("quorum " + std::to_string(setup.quorum) + " exceeds the job's " +
                    std::to_string(setup.num_workers) + " workers");

@@ -18,6 +18,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/config/config.hpp"
+#include "schema/chunking.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace troupe;
@@ -45,6 +46,19 @@ error load_error(const std::optional<fs::path>& file, env_map env = {},
   auto loaded = load_config(file, environment_from(std::move(env)), flags);
   BOOST_TEST_REQUIRE(!loaded.has_value());
   return loaded.error();
+}
+
+/// Whether wire::chunker itself takes chunks of `chunk_bytes` (its constructor throws
+/// std::invalid_argument otherwise).
+bool chunker_accepts(std::int64_t chunk_bytes) {
+  std::vector<std::byte> payload(16);
+  wire::tensor_chunk tensor{wire::dtype::float32, {4}, payload.size(), 0, payload};
+  try {
+    wire::chunker split(wire::push{1, 3, 0, 5, tensor}, static_cast<std::size_t>(chunk_bytes));
+    return split.chunk_count() >= 1;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
 }
 
 /// The flags `args` as a binary using add_config_flags would parse them.
@@ -473,6 +487,38 @@ BOOST_AUTO_TEST_CASE(a_token_file_gives_the_token_and_a_missing_one_is_named) {
   BOOST_TEST((err.code() == errc::io_error));
   BOOST_TEST(err.message().find("--token-file: cannot read token file /nonexistent/tok") == 0,
              err.message());
+}
+
+BOOST_AUTO_TEST_CASE(chunk_bytes_the_chunker_would_refuse_are_refused_naming_the_key_and_the_rule) {
+  const std::string rule =
+      "a size in bytes that wire::chunker accepts: a multiple of 8 from 4096 to " +
+      std::to_string(wire::max_chunk_bytes);
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--chunk-bytes", "4100"})).message() ==
+             "--chunk-bytes must be " + rule + ", got \"4100\"");
+  temp_dir dir;
+  auto file = dir.write("c.toml", "[data]\nchunk_bytes = 4100\n");
+  auto err = load_error(file);
+  BOOST_TEST((err.code() == errc::invalid_argument));
+  BOOST_TEST(err.message() ==
+             file.string() + ":2:15: data.chunk_bytes must be " + rule + ", got 4100");
+  // Above the chunker's largest chunk, even where frames may be larger.
+  auto huge = load_error(std::nullopt, {},
+                         parse_flags({"--max-frame-bytes", "1GiB", "--chunk-bytes", "1GiB"}));
+  BOOST_TEST(huge.message() == "--chunk-bytes must be " + rule + ", got \"1GiB\"");
+
+  // The configuration takes exactly the sizes the chunker takes, from 4096 up to the frame size.
+  for (std::int64_t size :
+       {std::int64_t{4096}, std::int64_t{4097}, std::int64_t{4100}, std::int64_t{4104},
+        std::int64_t{65540}, std::int64_t{1} << 20, (std::int64_t{1} << 20) + 4,
+        std::int64_t{3} * 1000 * 1000, std::int64_t{(1 << 29) - 16}, std::int64_t{(1 << 29) - 8},
+        std::int64_t{(1 << 29) - 4}, std::int64_t{1} << 29}) {
+    auto loaded = load_config(
+        std::nullopt, environment_from({}),
+        parse_flags({"--max-frame-bytes", "1GiB", "--chunk-bytes", std::to_string(size)}));
+    BOOST_TEST(loaded.has_value() == chunker_accepts(size), size);
+    BOOST_TEST(wire::valid_chunk_bytes(static_cast<std::size_t>(size)) == chunker_accepts(size),
+               size);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(validate_for_role_names_every_missing_value) {
