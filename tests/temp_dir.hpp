@@ -33,6 +33,14 @@ public:
     std::ofstream(path_ / name, std::ios::binary) << text;
     return path_ / name;
   }
+  /// As write, then with permission bits `mode` (0600: only the owner may read or write it, as a
+  /// token must be kept).
+  std::filesystem::path write(const std::string& name, const std::string& text,
+                              unsigned mode) const {
+    auto file = write(name, text);
+    std::filesystem::permissions(file, static_cast<std::filesystem::perms>(mode));
+    return file;
+  }
 
 private:
   std::filesystem::path path_;

@@ -6,16 +6,19 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <limits>
+#include <memory>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sstream>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <thread>
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -74,6 +77,13 @@ std::string describe(const literal& value) {
     return value.text;
   }
   return value.text;
+}
+
+/// How a secret's value appears after "got": its size only, never its text.
+std::string describe_secret(const literal& value) {
+  if (value.kind == literal::form::text || value.kind == literal::form::toml_string)
+    return "a value of " + std::to_string(value.text.size()) + " bytes (not shown)";
+  return "a value that is not a string (not shown)";
 }
 
 /// A whole-string decimal integer; nullopt for anything else ("", "4x", "0x10", " 4").
@@ -149,6 +159,8 @@ struct field {
   std::string_view replaces;
   /// The member of `replaces`, reset to its default when this key replaces it.
   std::string cluster_config::*replaced = nullptr;
+  /// A secret (the job token): messages never show its value.
+  bool secret = false;
 };
 
 template <class T>
@@ -309,13 +321,15 @@ void add_job_fields(std::vector<field>& t) {
                {}});
   t.push_back({{"job", "token", "TROUPE_JOB_TOKEN", "", "TOKEN", "\"\"",
                 "Shared secret every node presents when it registers; empty: none. No flag: "
-                "a flag would show in `ps`."},
+                "a flag would show in `ps`; in a cluster file, only a file that group and others "
+                "cannot read (mode 600)."},
                string_setter(&cluster_config::auth_token, valid_token, "a token without newlines"),
                "job.token_file",
-               &cluster_config::auth_token_file});
+               &cluster_config::auth_token_file,
+               true});
   t.push_back({{"job", "token_file", "", "--token-file", "FILE", "",
                 "File whose contents (without the trailing newline) are the token; replaces "
-                "job.token."},
+                "job.token. Group and others must not read or write it (chmod 600)."},
                string_setter(&cluster_config::auth_token_file, valid_path, "a file path"),
                "job.token",
                &cluster_config::auth_token});
@@ -528,7 +542,8 @@ struct builder {
   status apply(const field& f, const literal& value, origin from) {
     if (auto expected = f.set(cfg, value))
       return error{errc::invalid_argument,
-                   from.prefix() + " must be " + *expected + ", got " + describe(value)};
+                   from.prefix() + " must be " + *expected + ", got " +
+                       (f.secret ? describe_secret(value) : describe(value))};
     if (!f.replaces.empty()) {
       // A later layer naming the address (or token) one way drops what an earlier layer said
       // the other way; within one layer, resolve() decides.
@@ -566,22 +581,61 @@ literal literal_of(const toml::node& node) {
   return {literal::form::toml_other, text.str(), 0};
 }
 
+/// A file's contents and its permission bits, read through one descriptor (so the mode is that
+/// of the file read).
+struct file_contents {
+  std::string text;
+  mode_t mode = 0; ///< permission bits, & 07777
+};
+
+/// Reads the file at `path` whole; errc::io_error "cannot read <what> <path>: <why>" when it
+/// cannot (a directory is "not a regular file").
+result<file_contents> read_whole_file(const std::string& path, const std::string& what) {
+  const std::string cannot = "cannot read " + what + " " + path + ": ";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return error{errc::io_error, cannot + std::strerror(errno)};
+  std::unique_ptr<int, void (*)(int*)> guard{&fd, [](int* open) { ::close(*open); }};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0)
+    return error{errc::io_error, cannot + std::strerror(errno)};
+  if (S_ISDIR(info.st_mode))
+    return error{errc::io_error, cannot + "not a regular file"};
+  file_contents out;
+  out.mode = info.st_mode & 07777;
+  char buffer[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return error{errc::io_error, cannot + std::strerror(errno)};
+    if (n == 0)
+      return out;
+    out.text.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
+/// Whether group or others may read or write a file with permission bits `mode`.
+bool open_to_others(mode_t mode) {
+  return (mode & 077) != 0;
+}
+
+/// Permission bits as chmod writes them: "0644".
+std::string octal_mode(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
 status apply_file(builder& b, const std::filesystem::path& path) {
   const std::string name = path.string();
-  std::string content;
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-      return error{errc::io_error, "cannot read config file " + name + ": " + std::strerror(errno)};
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    if (in.bad() || std::filesystem::is_directory(path))
-      return error{errc::io_error, "cannot read config file " + name + ": not a regular file"};
-    content = buffer.str();
-  }
+  auto file = read_whole_file(name, "config file");
+  if (!file)
+    return file.error();
   toml::table root;
   try {
-    root = toml::parse(content, name);
+    root = toml::parse(file->text, name);
   } catch (const toml::parse_error& err) {
     // One line, whatever the parser says.
     std::string description{err.description()};
@@ -616,8 +670,18 @@ status apply_file(builder& b, const std::filesystem::path& path) {
         return error{errc::invalid_argument, position(name, key.source().begin) +
                                                  ": unknown key '" + std::string(key.str()) +
                                                  "' in [" + section + "]"};
-      auto applied = b.apply(*f, literal_of(node),
-                             {position(name, node.source().begin), dotted(f->key), layer::file});
+      const literal value = literal_of(node);
+      if (f->secret && value.kind == literal::form::toml_string && !value.text.empty() &&
+          open_to_others(file->mode))
+        return error{errc::invalid_argument,
+                     position(name, node.source().begin) + ": " + dotted(f->key) +
+                         " is set in a config file that group or others may read or write (mode " +
+                         octal_mode(file->mode) +
+                         "): put the token in a private file named by job.token_file (chmod 600) "
+                         "or in TROUPE_JOB_TOKEN, or chmod 600 " +
+                         name};
+      auto applied =
+          b.apply(*f, value, {position(name, node.source().begin), dotted(f->key), layer::file});
       if (!applied)
         return applied;
     }
@@ -663,14 +727,16 @@ status resolve(builder& b) {
       return error{errc::invalid_argument, token_origin->prefix() + " and " +
                                                file_origin->prefix() +
                                                " both set the token; keep one"};
-    std::ifstream in(cfg.auth_token_file, std::ios::binary);
-    std::ostringstream text;
-    if (in)
-      text << in.rdbuf();
-    if (!in || std::filesystem::is_directory(cfg.auth_token_file))
-      return error{errc::io_error, file_origin->prefix() + ": cannot read token file " +
-                                       cfg.auth_token_file + ": " + std::strerror(errno)};
-    std::string token = text.str();
+    auto file = read_whole_file(cfg.auth_token_file, "token file");
+    if (!file)
+      return error{file.error().code(), file_origin->prefix() + ": " + file.error().message()};
+    // Only the token's owner may read it: a token others can read lets them join the job.
+    if (open_to_others(file->mode))
+      return error{errc::invalid_argument,
+                   file_origin->prefix() + ": token file " + cfg.auth_token_file +
+                       " may be read or written by group or others (mode " +
+                       octal_mode(file->mode) + "); run chmod 600 " + cfg.auth_token_file};
+    std::string token = std::move(file->text);
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r'))
       token.pop_back();
     if (token.empty() || !valid_token(token))

@@ -67,7 +67,8 @@ struct cluster_config {
   /// Shared secret every node presents when it registers; empty: none. When read from
   /// `job.token_file`, this holds the file's contents without the trailing newline.
   std::string auth_token;
-  /// The file `auth_token` was read from, if any (kept so messages can name it).
+  /// The file `auth_token` was read from, if any (kept so messages can name it). It must be
+  /// private: a token file that group or others may read or write is refused.
   std::string auth_token_file;
 
   // [scheduler]
@@ -195,9 +196,11 @@ void add_config_flags(CLI::App& app, config_overrides& out);
 /// The file is `file` if given, else `flags.config_file`, else the one TROUPE_CONFIG names, else
 /// none. Errors (errc::io_error for an unreadable file, errc::corrupt_data for a file that is not
 /// TOML, errc::invalid_argument for an unknown key or a bad value) carry one line naming the file
-/// position, the variable or the flag. data.chunk_bytes is checked with wire::chunker's rule
-/// (wire::valid_chunk_bytes). Does no network activity beyond reading the addresses of the local
-/// interfaces (for DMLC_INTERFACE).
+/// position, the variable or the flag. The token stays private: a token file (job.token_file)
+/// that group or others may read or write is refused, and so is a non-empty job.token in a
+/// cluster file they may read or write (TROUPE_JOB_TOKEN is allowed); no message shows a token.
+/// data.chunk_bytes is checked with wire::chunker's rule (wire::valid_chunk_bytes). Does no
+/// network activity beyond reading the addresses of the local interfaces (for DMLC_INTERFACE).
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags);
 

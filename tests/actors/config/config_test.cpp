@@ -61,6 +61,12 @@ bool chunker_accepts(std::int64_t chunk_bytes) {
   }
 }
 
+/// No message may show the token, in whatever form it was given.
+void require_no_secret(const error& err, const std::string& secret) {
+  BOOST_TEST(err.message().find(secret) == std::string::npos, err.message());
+  BOOST_TEST(err.message().find('\n') == std::string::npos, err.message());
+}
+
 /// The flags `args` as a binary using add_config_flags would parse them.
 config_overrides parse_flags(std::vector<std::string> args) {
   config_overrides flags;
@@ -151,7 +157,7 @@ BOOST_AUTO_TEST_CASE(the_sample_file_names_every_key_and_its_commented_examples_
 
   // The examples must be valid values; the token file is the one that must exist to load.
   temp_dir dir;
-  auto token = dir.write("job.token", "s3cret\n");
+  auto token = dir.write("job.token", "s3cret\n", 0600);
   uncommented = std::regex_replace(uncommented, std::regex{R"(token_file = ".*")"},
                                    "token_file = \"" + token.string() + "\"");
   uncommented = std::regex_replace(uncommented, std::regex{R"(\ntoken = "")"}, "\n");
@@ -361,7 +367,7 @@ BOOST_AUTO_TEST_CASE(troupe_config_names_the_file_when_no_flag_does) {
 
 BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag) {
   temp_dir dir;
-  auto token = dir.write("token", "abc\r\n");
+  auto token = dir.write("token", "abc\r\n", 0600);
   auto flags = parse_flags({"--role",
                             "scheduler",
                             "--scheduler-host",
@@ -471,14 +477,14 @@ BOOST_AUTO_TEST_CASE(values_that_contradict_each_other_name_both_keys) {
   BOOST_TEST(load_error(file).message() ==
              file.string() + ":3:15: data.chunk_bytes (1048576) must not exceed " + file.string() +
                  ":2:19: data.max_frame_bytes (65536)");
-  auto both = dir.write("t.toml", "[job]\ntoken = \"a\"\ntoken_file = \"/nonexistent\"\n");
+  auto both = dir.write("t.toml", "[job]\ntoken = \"a\"\ntoken_file = \"/nonexistent\"\n", 0600);
   BOOST_TEST(load_error(both).message().find("both set the token") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(a_token_file_gives_the_token_and_a_missing_one_is_named) {
   temp_dir dir;
-  auto token = dir.write("token", "secret\n");
-  auto file = dir.write("c.toml", "[job]\ntoken = \"inline\"\n");
+  auto token = dir.write("token", "secret\n", 0600);
+  auto file = dir.write("c.toml", "[job]\ntoken = \"inline\"\n", 0600);
   BOOST_TEST(load_ok(file).auth_token == "inline");
   // A later layer's token file replaces the file's inline token.
   BOOST_TEST(load_ok(file, {}, parse_flags({"--token-file", token.string()})).auth_token ==
@@ -487,6 +493,96 @@ BOOST_AUTO_TEST_CASE(a_token_file_gives_the_token_and_a_missing_one_is_named) {
   BOOST_TEST((err.code() == errc::io_error));
   BOOST_TEST(err.message().find("--token-file: cannot read token file /nonexistent/tok") == 0,
              err.message());
+}
+
+BOOST_AUTO_TEST_CASE(a_token_file_others_may_read_or_write_is_refused_naming_its_mode_and_the_fix) {
+  temp_dir dir;
+  for (unsigned mode : {0640u, 0604u, 0620u, 0602u, 0644u, 0666u, 0660u, 0610u}) {
+    auto token = dir.write("token", "t0ps3cret\n", mode);
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", mode);
+    auto err = load_error(std::nullopt, {}, parse_flags({"--token-file", token.string()}));
+    BOOST_TEST((err.code() == errc::invalid_argument));
+    BOOST_TEST(err.message() == "--token-file: token file " + token.string() +
+                                    " may be read or written by group or others (mode " + octal +
+                                    "); run chmod 600 " + token.string(),
+               err.message());
+    require_no_secret(err, "t0ps3cret");
+    fs::remove(token);
+  }
+  // The key names the file as the file layer gives it.
+  auto token = dir.write("token", "t0ps3cret\n", 0644);
+  auto file = dir.write("c.toml", "[job]\ntoken_file = \"" + token.string() + "\"\n", 0644);
+  auto err = load_error(file);
+  BOOST_TEST(err.message().find(file.string() + ":2:14: job.token_file: token file " +
+                                token.string() + " may be read") == 0,
+             err.message());
+  // Private files are the owner's business, read-only or not.
+  for (unsigned mode : {0600u, 0400u}) {
+    fs::remove(token);
+    token = dir.write("token", "t0ps3cret\n", mode);
+    BOOST_TEST(load_ok(file).auth_token == "t0ps3cret");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_token_in_a_cluster_file_others_may_read_is_refused_and_the_variable_is_not) {
+  temp_dir dir;
+  auto open = dir.write("c.toml", "[job]\nnum_workers = 2\ntoken = \"t0ps3cret\"\n", 0644);
+  auto err = load_error(open);
+  BOOST_TEST((err.code() == errc::invalid_argument));
+  BOOST_TEST(err.message() ==
+                 open.string() +
+                     ":3:9: job.token is set in a config file that group or others may read or "
+                     "write (mode 0644): put the token in a private file named by job.token_file "
+                     "(chmod 600) or in TROUPE_JOB_TOKEN, or chmod 600 " +
+                     open.string(),
+             err.message());
+  require_no_secret(err, "t0ps3cret");
+  // Through TROUPE_CONFIG too, and whichever later layer sets the token: the file shows it.
+  BOOST_TEST(
+      !load_config(
+           std::nullopt,
+           environment_from({{"TROUPE_CONFIG", open.string()}, {"TROUPE_JOB_TOKEN", "other"}}), {})
+           .has_value());
+  for (unsigned mode : {0640u, 0604u, 0620u}) {
+    fs::permissions(open, static_cast<fs::perms>(mode));
+    BOOST_TEST(!load_config(open, environment_from({}), {}).has_value(), mode);
+  }
+
+  fs::permissions(open, static_cast<fs::perms>(0600));
+  BOOST_TEST(load_ok(open).auth_token == "t0ps3cret");
+  // An empty token is no secret (the sample file writes one), and the variable is allowed.
+  auto empty = dir.write("e.toml", "[job]\ntoken = \"\"\n", 0644);
+  BOOST_TEST(load_ok(empty).auth_token.empty());
+  BOOST_TEST(load_ok(empty, {{"TROUPE_JOB_TOKEN", "t0ps3cret"}}).auth_token == "t0ps3cret");
+}
+
+BOOST_AUTO_TEST_CASE(no_message_shows_the_token) {
+  temp_dir dir;
+  // A bad token from the environment, from a private cluster file, from a token file.
+  auto from_env = load_error(std::nullopt, {{"TROUPE_JOB_TOKEN", "t0ps\nsecret"}});
+  BOOST_TEST(from_env.message() ==
+             "TROUPE_JOB_TOKEN must be a token without newlines, got a value of 11 bytes (not "
+             "shown)");
+  require_no_secret(from_env, "t0ps");
+  require_no_secret(from_env, "secret");
+  auto file = dir.write("c.toml", "[job]\ntoken = \"\"\"t0ps\nsecret\"\"\"\n", 0600);
+  auto from_file = load_error(file);
+  BOOST_TEST(from_file.message().find(file.string() + ":2:9: job.token must be a token without "
+                                                      "newlines, got a value of ") == 0,
+             from_file.message());
+  require_no_secret(from_file, "t0ps");
+  require_no_secret(from_file, "secret");
+  auto number = dir.write("n.toml", "[job]\ntoken = 123456789\n", 0600);
+  require_no_secret(load_error(number), "123456789");
+  auto two_lines = dir.write("token", "t0ps\nsecret\n", 0600);
+  auto from_token_file =
+      load_error(std::nullopt, {}, parse_flags({"--token-file", two_lines.string()}));
+  require_no_secret(from_token_file, "t0ps");
+  require_no_secret(from_token_file, "secret");
+  // Both set: the message names the places, not the token.
+  auto both = dir.write("b.toml", "[job]\ntoken = \"t0ps3cret\"\ntoken_file = \"/x\"\n", 0600);
+  require_no_secret(load_error(both), "t0ps3cret");
 }
 
 BOOST_AUTO_TEST_CASE(chunk_bytes_the_chunker_would_refuse_are_refused_naming_the_key_and_the_rule) {
