@@ -333,6 +333,11 @@ void add_job_fields(std::vector<field>& t) {
                string_setter(&cluster_config::auth_token_file, valid_path, "a file path"),
                "job.token",
                &cluster_config::auth_token});
+  t.push_back({{"job", "insecure", "TROUPE_INSECURE", "--insecure", "BOOL", "false",
+                "Let a scheduler or server listen on an address other than loopback without a "
+                "job token: any host that reaches it can join the job and read its data."},
+               bool_setter(&cluster_config::insecure),
+               {}});
 }
 
 /// The keys of [scheduler], in the order of docs/cluster.sample.toml.
@@ -718,6 +723,24 @@ bool is_wildcard(std::string_view address) {
   return address == "0.0.0.0" || address == "::" || address == "[::]";
 }
 
+/// Whether a listener bound to `address` is reachable from this machine only: 127.0.0.0/8, ::1
+/// (also as [::1] or ::ffff:127.x.y.z) or "localhost". Any other name counts as reachable from
+/// other hosts: names are not resolved here.
+bool is_loopback(std::string_view address) {
+  if (address == "localhost")
+    return true;
+  std::string text{address};
+  if (text.size() > 2 && text.front() == '[' && text.back() == ']')
+    text = text.substr(1, text.size() - 2);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1)
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, text.c_str(), &v6) == 1)
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  return false;
+}
+
 /// Derived values and checks across keys, once every layer is in.
 status resolve(builder& b) {
   auto& cfg = b.cfg;
@@ -854,15 +877,18 @@ void add_config_flags(CLI::App& app, config_overrides& out) {
       help += " Default: " + std::string(k.default_text) + ".";
     std::string key = dotted(k);
     std::string flag{k.flag};
-    app.add_option_function<std::string>(
-           flag,
-           [&out, key, flag](const std::string& value) {
-             out.set(key, value);
-             out.flags[key] = flag;
-           },
-           help)
-        ->type_name(std::string(k.value_name))
-        ->group(group);
+    auto* option = app.add_option_function<std::string>(
+                          flag,
+                          [&out, key, flag](const std::string& value) {
+                            out.set(key, value);
+                            out.flags[key] = flag;
+                          },
+                          help)
+                       ->type_name(std::string(k.value_name))
+                       ->group(group);
+    // A boolean flag alone means true: `--insecure` is `--insecure true`.
+    if (k.value_name == "BOOL")
+      option->expected(0, 1)->default_str("true");
   }
 }
 
@@ -932,6 +958,20 @@ status validate_for_role(const cluster_config& cfg, node_role role) {
     return error{errc::invalid_argument,
                  who + " listening on " + cfg.bind_address + " needs " + naming("node.host") +
                      " or " + naming("node.interface") + " so that workers know where to connect"};
+  // A scheduler or server that other hosts can reach admits whoever registers unless the job
+  // has a token. The scheduler listens on scheduler.host; node.bind is checked too, so that a
+  // scheduler told to bind every address is refused whichever of the two it uses.
+  if (role != node_role::worker && cfg.auth_token.empty() && !cfg.insecure) {
+    std::vector<std::string> listening{cfg.bind_address};
+    if (role == node_role::scheduler)
+      listening.insert(listening.begin(), cfg.scheduler_host);
+    for (const auto& address : listening)
+      if (!is_loopback(address))
+        return error{errc::invalid_argument,
+                     who + " listening on " + address +
+                         " without a job token lets any host join and read the job; set "
+                         "job.token_file or TROUPE_JOB_TOKEN, or pass --insecure"};
+  }
   return ok();
 }
 

@@ -70,6 +70,9 @@ struct cluster_config {
   /// The file `auth_token` was read from, if any (kept so messages can name it). It must be
   /// private: a token file that group or others may read or write is refused.
   std::string auth_token_file;
+  /// Lets a scheduler or server listen on an address other than loopback without a token
+  /// (validate_for_role refuses that otherwise).
+  bool insecure = false;
 
   // [scheduler]
   /// Address of the scheduler (DMLC_PS_ROOT_URI).
@@ -205,7 +208,9 @@ result<cluster_config> load_config(const std::optional<std::filesystem::path>& f
                                    const env_lookup& env, const config_overrides& flags);
 
 /// Whether `cfg` lets a node of `role` join a job: says, in one line, every missing value (a
-/// server without DMLC_PS_ROOT_PORT...) with the variable, key and flag that set it.
+/// server without DMLC_PS_ROOT_PORT...) with the variable, key and flag that set it. A scheduler
+/// or server that would listen on an address other than loopback (127.0.0.0/8, ::1, localhost)
+/// without a job token is refused unless `insecure` is set; workers do not listen.
 status validate_for_role(const cluster_config& cfg, node_role role);
 
 /// Whether a TCP listener could bind `host`:`port` now (bind with SO_REUSEADDR, then close).

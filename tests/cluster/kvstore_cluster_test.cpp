@@ -779,4 +779,40 @@ BOOST_AUTO_TEST_CASE(a_broken_configuration_exits_2_with_one_line_naming_the_pla
   BOOST_TEST(missing.err.find(missing_gpu + " is not available") != std::string::npos, missing.err);
 }
 
+// A scheduler or server that other hosts could reach, in a job without a token, is refused before
+// it listens, unless told --insecure.
+BOOST_AUTO_TEST_CASE(a_node_listening_beyond_loopback_without_a_token_exits_2_unless_insecure) {
+  const std::string why = " without a job token lets any host join and read the job; set "
+                          "job.token_file or TROUPE_JOB_TOKEN, or pass --insecure";
+  const std::map<std::string, std::string> job{
+      {"DMLC_NUM_WORKER", "1"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "0"}};
+  auto server =
+      run(node_path, {"--role", "server", "--bind", "0.0.0.0", "--host", "127.0.0.1"},
+          {{"DMLC_NUM_WORKER", "1"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "1"}}, 20s);
+  BOOST_TEST(server.exit_code == 2, server.err);
+  BOOST_TEST(server.err == "troupe-node: a server listening on 0.0.0.0" + why + "\n");
+
+  auto scheduler = run(node_path, {"--role", "scheduler", "--scheduler-host", "0.0.0.0"}, job, 20s);
+  BOOST_TEST(scheduler.exit_code == 2, scheduler.err);
+  BOOST_TEST(scheduler.err == "troupe-node: a scheduler listening on 0.0.0.0" + why + "\n");
+
+  // With --insecure, or a token, it listens: its job then fails for want of workers (exit 1).
+  for (const auto& [args, more] :
+       std::vector<std::pair<std::vector<std::string>, std::map<std::string, std::string>>>{
+           {{"--insecure"}, {}}, {{}, {{"TROUPE_JOB_TOKEN", "t0ps3cret"}}}}) {
+    std::vector<std::string> argv{"--role",  "scheduler",         "--scheduler-host",
+                                  "0.0.0.0", "--startup-timeout", "1s"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto env = job;
+    env.insert(more.begin(), more.end());
+    auto started = run(node_path, argv, env, 30s);
+    BOOST_TEST(!started.timed_out);
+    BOOST_TEST(started.exit_code == 1, started.out << started.err);
+    BOOST_TEST(started.out.find("troupe-node: scheduler listening on 0.0.0.0:") !=
+                   std::string::npos,
+               started.out);
+    BOOST_TEST(started.err.find("t0ps3cret") == std::string::npos, started.err);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -61,6 +61,14 @@ bool chunker_accepts(std::int64_t chunk_bytes) {
   }
 }
 
+/// Why validate_for_role refuses `cfg` for `role` (it must).
+std::string refusal(const cluster_config& cfg, node_role role) {
+  auto valid = validate_for_role(cfg, role);
+  BOOST_TEST_REQUIRE(!valid.has_value(), to_string(role));
+  BOOST_TEST((valid.error().code() == errc::invalid_argument));
+  return valid.error().message();
+}
+
 /// No message may show the token, in whatever form it was given.
 void require_no_secret(const error& err, const std::string& secret) {
   BOOST_TEST(err.message().find(secret) == std::string::npos, err.message());
@@ -89,6 +97,7 @@ BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values
   BOOST_TEST(!cfg.scheduler_port.has_value());
   BOOST_TEST(cfg.job_id == "troupe");
   BOOST_TEST(cfg.auth_token.empty());
+  BOOST_TEST(!cfg.insecure);
   BOOST_TEST(cfg.scheduler_host == "127.0.0.1");
   BOOST_TEST(cfg.bind_address == "127.0.0.1");
   BOOST_TEST(cfg.node_host == "127.0.0.1"); // peers reach a loopback node on loopback
@@ -382,6 +391,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "j",
                             "--token-file",
                             token.string(),
+                            "--insecure",
+                            "false",
                             "--host",
                             "127.0.0.1",
                             "--interface",
@@ -433,6 +444,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST((cfg.num_servers == 3));
   BOOST_TEST(cfg.job_id == "j");
   BOOST_TEST(cfg.auth_token == "abc");
+  BOOST_TEST(!cfg.insecure);
   BOOST_TEST(cfg.data_port == 1234);
   BOOST_TEST(cfg.shards_per_server == 3);
   BOOST_TEST(cfg.verbose == 1);
@@ -583,6 +595,81 @@ BOOST_AUTO_TEST_CASE(no_message_shows_the_token) {
   // Both set: the message names the places, not the token.
   auto both = dir.write("b.toml", "[job]\ntoken = \"t0ps3cret\"\ntoken_file = \"/x\"\n", 0600);
   require_no_secret(load_error(both), "t0ps3cret");
+}
+
+BOOST_AUTO_TEST_CASE(a_scheduler_or_server_listening_beyond_loopback_needs_a_token_or_insecure) {
+  temp_dir dir;
+  const env_map job{
+      {"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_WORKER", "2"}, {"DMLC_NUM_SERVER", "1"}};
+  auto with = [&](env_map extra, std::vector<std::string> args = {}) {
+    env_map env = job;
+    env.insert(extra.begin(), extra.end());
+    return load_ok(std::nullopt, env, parse_flags(std::move(args)));
+  };
+  const std::string why = " without a job token lets any host join and read the job; set "
+                          "job.token_file or TROUPE_JOB_TOKEN, or pass --insecure";
+
+  auto wildcard = with({{"DMLC_NODE_HOST", "10.0.0.9"}}, {"--bind", "0.0.0.0"});
+  BOOST_TEST(refusal(wildcard, node_role::server) == "a server listening on 0.0.0.0" + why);
+  BOOST_TEST(validate_for_role(wildcard, node_role::worker).has_value()); // workers do not listen
+
+  auto server = with({{"DMLC_NODE_HOST", "10.0.0.9"}});
+  BOOST_TEST(refusal(server, node_role::server) == "a server listening on 10.0.0.9" + why);
+  auto scheduler = with({{"DMLC_PS_ROOT_URI", "10.0.0.1"}});
+  BOOST_TEST(refusal(scheduler, node_role::scheduler) == "a scheduler listening on 10.0.0.1" + why);
+  auto scheduler_bind = with({}, {"--bind", "::"});
+  BOOST_TEST(refusal(scheduler_bind, node_role::scheduler) == "a scheduler listening on ::" + why);
+  // A name that is not "localhost" may resolve anywhere.
+  auto named = with({{"DMLC_PS_ROOT_URI", "localhost.example.com"}});
+  BOOST_TEST(refusal(named, node_role::scheduler) ==
+             "a scheduler listening on localhost.example.com" + why);
+
+  // A token, from any place, or --insecure (TROUPE_INSECURE, job.insecure), lets them listen.
+  auto token = dir.write("token", "t0ps3cret\n", 0600);
+  for (const auto& allowed :
+       {with({{"DMLC_NODE_HOST", "10.0.0.9"}, {"TROUPE_JOB_TOKEN", "t"}}, {"--bind", "0.0.0.0"}),
+        with({{"DMLC_NODE_HOST", "10.0.0.9"}},
+             {"--bind", "0.0.0.0", "--token-file", token.string()}),
+        with({{"DMLC_NODE_HOST", "10.0.0.9"}}, {"--bind", "0.0.0.0", "--insecure"}),
+        with({{"DMLC_NODE_HOST", "10.0.0.9"}, {"TROUPE_INSECURE", "1"}}, {"--bind", "0.0.0.0"})})
+    for (auto role : {node_role::scheduler, node_role::server, node_role::worker})
+      BOOST_TEST(validate_for_role(allowed, role).has_value(), to_string(role));
+  auto file =
+      dir.write("c.toml", "[job]\ninsecure = true\n[node]\nbind = \"0.0.0.0\"\nhost = \"h\"\n");
+  auto from_file = load_ok(file, job);
+  BOOST_TEST(from_file.insecure);
+  BOOST_TEST(validate_for_role(from_file, node_role::server).has_value());
+  refusal(with({}, {"--bind", "0.0.0.0", "--host", "h", "--insecure", "false"}), node_role::server);
+
+  // Loopback in all its spellings needs nothing.
+  for (const std::string address : {"127.0.0.1", "127.1.2.3", "127.255.255.254", "::1", "[::1]",
+                                    "::ffff:127.0.0.1", "localhost"}) {
+    auto loopback = with({{"DMLC_PS_ROOT_URI", address}}, {"--bind", address});
+    for (auto role : {node_role::scheduler, node_role::server})
+      BOOST_TEST(validate_for_role(loopback, role).has_value(), address << " " << to_string(role));
+  }
+  for (const std::string address :
+       {"128.0.0.1", "10.127.0.1", "::2", "::ffff:10.0.0.1", "0.0.0.0", "::"}) {
+    auto open = with({{"DMLC_PS_ROOT_URI", address}}, {"--bind", address, "--host", "h"});
+    for (auto role : {node_role::scheduler, node_role::server})
+      BOOST_TEST(refusal(open, role).find("listening on " + address + " without") !=
+                     std::string::npos,
+                 address);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_boolean_flag_alone_means_true) {
+  BOOST_TEST(load_ok(std::nullopt, {}, parse_flags({"--insecure"})).insecure);
+  BOOST_TEST(load_ok(std::nullopt, {}, parse_flags({"--rescale-quorum"})).rescale_quorum);
+  BOOST_TEST(!load_ok(std::nullopt, {}, parse_flags({"--insecure", "false"})).insecure);
+  BOOST_TEST(load_ok(std::nullopt, {{"TROUPE_INSECURE", "true"}}).insecure);
+  BOOST_TEST(!load_ok(std::nullopt, {{"TROUPE_INSECURE", "0"}}).insecure);
+  auto flags = parse_flags({"--insecure", "--num-workers", "2"});
+  auto cfg = load_ok(std::nullopt, {}, flags);
+  BOOST_TEST(cfg.insecure);
+  BOOST_TEST((cfg.num_workers == 2));
+  BOOST_TEST(load_error(std::nullopt, {{"TROUPE_INSECURE", "yes"}}).message() ==
+             "TROUPE_INSECURE must be true or false, got \"yes\"");
 }
 
 BOOST_AUTO_TEST_CASE(chunk_bytes_the_chunker_would_refuse_are_refused_naming_the_key_and_the_rule) {
