@@ -26,6 +26,16 @@
 // each node's start and end. What to do when a node fails is decided in one place,
 // job::on_worker_failed and job::on_node_failed.
 //
+// The job token: when the configuration names none (no job.token, job.token_file or
+// TROUPE_JOB_TOKEN), the launcher makes one, 32 random bytes from getrandom(2) as 64 hex digits,
+// so that only the nodes it starts can join the job. Every node gets the job's token through the
+// TROUPE_JOB_TOKEN environment variable, never on a command line (`ps` shows those to every user)
+// and never in a log line: a local node in the environment it is spawned with; an ssh node as the
+// first line on its ssh channel's stdin, which the remote shell reads and exports before it runs
+// the program (the other variables of ssh mode travel on the remote command line, which is why
+// the token does not). In ssh mode a configured token travels the same way, so that remote nodes
+// use the launcher's token whatever their own environment holds.
+//
 // The launcher learns the quorum from its own configuration only: a quorum given to the worker
 // program alone (`-- train_mnist --quorum 2`) reaches the scheduler through worker rank 0, but a
 // launcher that does not know it stops the job at the first lost worker. Give --quorum to the
@@ -47,6 +57,7 @@
 #include <poll.h>
 #include <spawn.h>
 #include <string>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -77,6 +88,9 @@ constexpr int exit_cannot_start = 127;   ///< a node's program could not be star
 const std::vector<std::string> launcher_variables{
     "DMLC_ROLE",       "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
     "DMLC_NUM_SERVER", "TROUPE_CONFIG",    "TROUPE_RANK_HINT",  "TROUPE_QUORUM"};
+
+/// The variable that carries the job token to every node (see the file comment).
+constexpr const char* token_variable = "TROUPE_JOB_TOKEN";
 
 struct host {
   std::string name;
@@ -231,9 +245,11 @@ public:
 
   /// Starts `argv` with `env` added to the environment; false (after saying why) when it cannot.
   /// Its stdin is /dev/null, or with `hold_stdin` a pipe the launcher keeps open until it exits:
-  /// an ssh node's remote side watches it to stop when the launcher or its ssh client goes.
+  /// an ssh node's remote side watches it to stop when the launcher or its ssh client goes. With
+  /// `hold_stdin`, `stdin_text` is written to that pipe first (an ssh node's token line).
   bool start(std::string label, troupe::node_role role, const std::vector<std::string>& argv,
-             const std::vector<std::string>& env, bool hold_stdin = false) {
+             const std::vector<std::string>& env, bool hold_stdin = false,
+             std::string_view stdin_text = {}) {
     child c;
     c.label = std::move(label);
     c.role = role;
@@ -296,6 +312,10 @@ public:
       log_.error("cannot start " + c.label + " (" + argv[0] + "): " + std::strerror(rc));
       return fail_start(rc == EACCES ? 126 : exit_cannot_start);
     }
+    // A few bytes into an empty pipe: written at once. Should ssh be gone already, its end
+    // (EPIPE) is reaped like any other.
+    if (c.stdin_fd >= 0 && !stdin_text.empty())
+      write_all(c.stdin_fd, stdin_text);
     c.fds[0] = out[0];
     c.fds[1] = err[0];
     for (int fd : c.fds)
@@ -626,6 +646,10 @@ void add_flags(CLI::App& app, options& opt) {
       "Every node gets DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT (a free port unless the "
       "config or environment names one), DMLC_NUM_WORKER, DMLC_NUM_SERVER, TROUPE_CONFIG (with "
       "--config) and the --env pairs, on top of this environment (local mode).\n"
+      "Job token: with none configured (job.token, job.token_file, TROUPE_JOB_TOKEN) the "
+      "launcher makes a random one and gives it to every node as TROUPE_JOB_TOKEN, never on a "
+      "command line; ssh nodes read the job's token from their ssh channel's stdin. --env may "
+      "not set TROUPE_JOB_TOKEN (a command line shows in ps).\n"
       "ssh mode runs the scheduler here and each server and worker as `ssh -o BatchMode=yes "
       "[-o OPTION]... [-p PORT] HOST \"sh -c 'cd DIR && env K=V... COMMAND'\"` with "
       "DMLC_NODE_HOST=HOST; DIR and the programs must exist at the same paths on every host, "
@@ -661,6 +685,13 @@ status check_env_pairs(const std::vector<std::string>& pairs) {
         launcher_variables.end())
       return error{errc::invalid_argument, "--env " + kv + ": troupe-launch sets " + name +
                                                " itself (use -n, -s, --quorum, --config)"};
+    // The pair would show the token in `ps`; the message names the variable, not the value.
+    if (name == token_variable)
+      return error{errc::invalid_argument,
+                   "--env " + name +
+                       "=...: a token on the command line is visible to every user of this "
+                       "machine; export " +
+                       name + " or set job.token_file instead"};
   }
   return {};
 }
@@ -711,6 +742,28 @@ result<std::uint16_t> choose_scheduler_port(const troupe::cluster_config& cfg) {
   return port;
 }
 
+/// 32 random bytes from the kernel (getrandom) as 64 lowercase hex digits.
+result<std::string> random_token() {
+  unsigned char bytes[32];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return error{errc::io_error,
+                   std::string("cannot make a job token: getrandom: ") + std::strerror(errno)};
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex += digits[b >> 4];
+    hex += digits[b & 15];
+  }
+  return hex;
+}
+
 /// A signalfd for the signals the job reacts to, which are blocked, so that the poll loop sees
 /// them in order with the output; -1 (errno set) when it cannot be made.
 int job_signal_fd() {
@@ -730,6 +783,10 @@ struct launch_plan {
   std::vector<host> hosts;             ///< ssh mode: where servers and workers go, round-robin
   std::vector<std::string> common_env; ///< what every node gets (DMLC_*, TROUPE_CONFIG, --env)
   std::string cwd;                     ///< ssh mode: where the remote command runs
+  /// The token to hand every node as TROUPE_JOB_TOKEN (local nodes) or on stdin (ssh nodes);
+  /// empty: none to hand (local nodes read the token the configuration names, as the launcher).
+  std::string local_token;
+  std::string ssh_token;
   std::size_t next_host = 0;
 };
 
@@ -758,15 +815,22 @@ std::vector<std::string> common_environment(const options& opt, const troupe::cl
 /// client ends (stopped by this launcher, or the launcher died), stdin reaches EOF and the
 /// program gets SIGTERM. Its exit status passes through ssh (128+N when killed by signal N). A
 /// background job's stdin is /dev/null unless redirected, hence fd 3.
+///
+/// With `read_token`, the script first reads one line from stdin into TROUPE_JOB_TOKEN and exports
+/// it: the launcher writes the token there (start_node), so that it travels inside the ssh
+/// channel and is never part of a command line on either host.
 std::vector<std::string> ssh_command(const host& h, const std::vector<std::string>& env,
                                      const std::vector<std::string>& argv, const std::string& cwd,
-                                     const std::vector<std::string>& ssh_options) {
+                                     const std::vector<std::string>& ssh_options, bool read_token) {
   std::string program = "env";
   for (const auto& kv : env)
     program += " " + quote(kv);
   for (const auto& a : argv)
     program += " " + quote(a);
-  std::string script = "cd " + quote(cwd) + " || exit 127\n" + "exec 3<&0\n" + program +
+  std::string token = read_token ? std::string("IFS= read -r ") + token_variable +
+                                       " || exit 127\nexport " + token_variable + "\n"
+                                 : std::string();
+  std::string script = token + "cd " + quote(cwd) + " || exit 127\n" + "exec 3<&0\n" + program +
                        " </dev/null 3<&- &\n" + "c=$!\n" +
                        "{ while read -r _; do :; done; kill -TERM $c; } <&3 2>/dev/null &\n" +
                        "w=$!\nexec 3<&-\nwait $c\ns=$?\nkill $w 2>/dev/null\nexit $s\n";
@@ -793,12 +857,17 @@ bool start_node(job& j, launch_plan& plan, troupe::node_role role, int index,
   // The scheduler grants each node the rank of its index, so that "[worker 2]" is rank 2.
   if (role != troupe::node_role::scheduler)
     env.push_back("TROUPE_RANK_HINT=" + std::to_string(index));
-  if (!plan.ssh || role == troupe::node_role::scheduler)
+  if (!plan.ssh || role == troupe::node_role::scheduler) {
+    if (!plan.local_token.empty())
+      env.push_back(std::string(token_variable) + "=" + plan.local_token);
     return j.start(label_for(role, index), role, argv, env);
+  }
   const host& h = plan.hosts[plan.next_host++ % plan.hosts.size()];
   env.push_back("DMLC_NODE_HOST=" + h.name);
+  const bool token = !plan.ssh_token.empty();
   return j.start(label_for(role, index), role,
-                 ssh_command(h, env, argv, plan.cwd, plan.opt.ssh_options), {}, true);
+                 ssh_command(h, env, argv, plan.cwd, plan.opt.ssh_options, token), {}, true,
+                 token ? plan.ssh_token + "\n" : std::string());
 }
 
 /// The scheduler (always here), then the servers, then the workers, as launch.py orders them;
@@ -866,10 +935,25 @@ int main(int argc, char** argv) {
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e)
     base_env.emplace_back(*e);
+  // The job's token (see the file comment): the configured one, else a fresh one.
+  std::string token = cfg->auth_token;
+  const bool made_token = token.empty();
+  if (made_token) {
+    auto made = random_token();
+    if (!made) {
+      log.error(made.error().message());
+      return 1;
+    }
+    token = std::move(*made);
+  }
   std::error_code ec;
-  launch_plan plan{opt, ssh, std::move(hosts),
+  launch_plan plan{opt,
+                   ssh,
+                   std::move(hosts),
                    common_environment(opt, *cfg, *port, num_servers, ssh),
-                   std::filesystem::current_path(ec).string()};
+                   std::filesystem::current_path(ec).string(),
+                   made_token ? token : std::string(),
+                   ssh ? token : std::string()};
 
   const worker_quorum quorum{opt.num_workers, cfg->quorum.value_or(opt.num_workers)};
   job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, quorum, log);

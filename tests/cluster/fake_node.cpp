@@ -1,7 +1,8 @@
 // fake_node: a test double for the nodes troupe-launch starts, so that the launcher's own
 // behaviour (environment, prefixes, exit codes, stopping) is tested without a real job.
 //
-// It reads DMLC_ROLE and prints what the launcher gave it, then behaves as the FAKE_NODE_*
+// It reads DMLC_ROLE and prints what the launcher gave it (TROUPE_JOB_TOKEN included: a test
+// double's output is the place to check which token reached it), then behaves as the FAKE_NODE_*
 // variables say:
 //   FAKE_NODE_DIR          directory for its files (required): pid-<pid> holds "<role>"; it
 //                          claims an index per role by creating <role>-<k> (arrival order)
@@ -97,13 +98,14 @@ int main(int argc, char** argv) {
   std::string args;
   for (int i = 1; i < argc; ++i)
     args += std::string(i > 1 ? "|" : "") + argv[i];
-  std::printf("fake node role=%s index=%d quorum=%s host=%s root=%s:%s workers=%s servers=%s "
-              "config=%s echo=%s args=%s\n",
+  std::printf("fake node role=%s index=%d quorum=%s token=%s host=%s root=%s:%s workers=%s "
+              "servers=%s config=%s echo=%s args=%s\n",
               role.c_str(), index, env_or("TROUPE_QUORUM", "-").c_str(),
-              env_or("DMLC_NODE_HOST", "-").c_str(), env_or("DMLC_PS_ROOT_URI", "-").c_str(),
-              env_or("DMLC_PS_ROOT_PORT", "-").c_str(), env_or("DMLC_NUM_WORKER", "-").c_str(),
-              env_or("DMLC_NUM_SERVER", "-").c_str(), env_or("TROUPE_CONFIG", "-").c_str(),
-              env_or("FAKE_NODE_ECHO", "-").c_str(), args.c_str());
+              env_or("TROUPE_JOB_TOKEN", "-").c_str(), env_or("DMLC_NODE_HOST", "-").c_str(),
+              env_or("DMLC_PS_ROOT_URI", "-").c_str(), env_or("DMLC_PS_ROOT_PORT", "-").c_str(),
+              env_or("DMLC_NUM_WORKER", "-").c_str(), env_or("DMLC_NUM_SERVER", "-").c_str(),
+              env_or("TROUPE_CONFIG", "-").c_str(), env_or("FAKE_NODE_ECHO", "-").c_str(),
+              args.c_str());
   std::fprintf(stderr, "fake node stderr role=%s\n", role.c_str());
   std::fflush(stdout);
 

@@ -122,6 +122,28 @@ std::vector<std::string> with_command(std::vector<std::string> args,
   return args;
 }
 
+/// The TROUPE_JOB_TOKEN each fake node printed ("-" for none), by its output prefix.
+std::map<std::string, std::string> node_tokens(const std::string& out) {
+  std::map<std::string, std::string> tokens;
+  const std::regex line_re{
+      R"(^\[([a-z]+(?: \d+)?)\] fake node role=\S+ index=\S+ quorum=\S+ token=(\S+) )"};
+  for (const auto& line : lines_of(out)) {
+    std::smatch m;
+    if (std::regex_search(line, m, line_re))
+      tokens[m[1]] = m[2];
+  }
+  return tokens;
+}
+
+/// `text` with every "token=<token>" field of the fake nodes' lines taken out: what remains must
+/// not hold the token.
+std::string without_token_fields(std::string text, const std::string& token) {
+  const std::string field = "token=" + token;
+  for (auto at = text.find(field); at != std::string::npos; at = text.find(field, at))
+    text.erase(at, field.size());
+  return text;
+}
+
 /// Runs `argv` to its end (bounded); its exit code, or -1 when it could not run or timed out.
 int run_tool(const std::vector<std::string>& argv, std::chrono::milliseconds limit = 20s) {
   std::vector<char*> argv_c;
@@ -612,6 +634,132 @@ BOOST_AUTO_TEST_CASE(an_env_pair_takes_one_value_so_the_command_may_follow_witho
   BOOST_TEST(with_prefix(r.out, "[worker 0] fake node").front().ends_with("echo=x args=tail"));
 }
 
+BOOST_AUTO_TEST_CASE(a_job_without_a_token_gets_a_random_one_in_every_node_s_environment_only) {
+  temp_dir dir;
+  const std::map<std::string, std::string> env{{"FAKE_NODE_DIR", dir.path().string()},
+                                               {"PS_VERBOSE", "1"}};
+  auto r = run_launch(with_command(job_args(2, 1), {"plain", "args"}), env);
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  auto tokens = node_tokens(r.out);
+  BOOST_TEST_REQUIRE(tokens.size() == 4u, r.out); // scheduler, server 0, worker 0, worker 1
+  const std::string token = tokens.begin()->second;
+  BOOST_TEST(std::regex_match(token, std::regex{"[0-9a-f]{64}"}), token);
+  for (const auto& [node, got] : tokens)
+    BOOST_TEST(got == token, node);
+  // Nowhere else: not in a command line the nodes were given, not in the launcher's own log
+  // (verbose 1 logs every start), not in any other line.
+  BOOST_TEST(without_token_fields(r.out, token).find(token) == std::string::npos, r.out);
+  BOOST_TEST(r.err.find(token) == std::string::npos, r.err);
+  BOOST_TEST(r.err.find("troupe-launch") != std::string::npos, r.err); // the log was on
+
+  // A fresh one for every job.
+  temp_dir again;
+  auto second =
+      run_launch(with_command(job_args(1, 1)), {{"FAKE_NODE_DIR", again.path().string()}});
+  BOOST_TEST_REQUIRE(second.exit_code == 0, second.err);
+  auto second_tokens = node_tokens(second.out);
+  BOOST_TEST_REQUIRE(second_tokens.size() == 3u, second.out);
+  BOOST_TEST(second_tokens.begin()->second != token);
+  BOOST_TEST(std::regex_match(second_tokens.begin()->second, std::regex{"[0-9a-f]{64}"}));
+}
+
+BOOST_AUTO_TEST_CASE(a_configured_token_is_the_job_s_and_none_is_made) {
+  temp_dir dir;
+  // From the environment: the nodes inherit it.
+  auto r = run_launch(with_command(job_args(1, 1)), {{"FAKE_NODE_DIR", dir.path().string()},
+                                                     {"TROUPE_JOB_TOKEN", "from-the-env"}});
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  auto tokens = node_tokens(r.out);
+  BOOST_TEST_REQUIRE(tokens.size() == 3u, r.out);
+  for (const auto& [node, got] : tokens)
+    BOOST_TEST(got == "from-the-env", node);
+
+  // From a token file the cluster file names: the nodes read it themselves (TROUPE_CONFIG).
+  temp_dir other;
+  auto token = other.write("token", "from-a-file\n", 0600);
+  auto config =
+      other.write("cluster.toml", "[job]\ntoken_file = \"" + token.string() + "\"\n", 0600);
+  r = run_launch(with_command(job_args(1, 1, {"--config", config.string()})),
+                 {{"FAKE_NODE_DIR", other.path().string()}});
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  tokens = node_tokens(r.out);
+  BOOST_TEST_REQUIRE(tokens.size() == 3u, r.out);
+  for (const auto& [node, got] : tokens)
+    BOOST_TEST(got == "-", node);
+
+  // A token file others may read is refused before anything starts, naming the file and the fix.
+  fs::permissions(token, static_cast<fs::perms>(0644));
+  r = run_launch(with_command(job_args(1, 1, {"--config", config.string()})),
+                 {{"FAKE_NODE_DIR", other.path().string()}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err.find("(mode 0644); run chmod 600 " + token.string()) != std::string::npos,
+             r.err);
+  BOOST_TEST(r.err.find("from-a-file") == std::string::npos, r.err);
+  BOOST_TEST(lines_of(r.err).size() == 1u, r.err);
+}
+
+BOOST_AUTO_TEST_CASE(an_env_pair_that_sets_the_token_exits_2_without_showing_it) {
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(1, 1, {"--env", "TROUPE_JOB_TOKEN=t0ps3cret"})),
+                      {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err == "troupe-launch: --env TROUPE_JOB_TOKEN=...: a token on the command line is "
+                      "visible to every user of this machine; export TROUPE_JOB_TOKEN or set "
+                      "job.token_file instead\n");
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+// ssh mode without an sshd: an `ssh` first in PATH that runs the remote command here, as sshd
+// would, and records the command line it was given. What it shows is how the token travels: on
+// the ssh channel's stdin, read and exported by the remote script, never on the command line.
+BOOST_AUTO_TEST_CASE(ssh_nodes_read_the_token_from_their_channel_not_their_command_line) {
+  temp_dir dir;
+  const fs::path bin = dir.path() / "bin";
+  fs::create_directory(bin);
+  const auto fake_ssh = dir.write("bin/ssh",
+                                  "#!/bin/sh\n"
+                                  "printf '%s\\n' \"$@\" > \"" +
+                                      (dir.path() / "ssh-args-").string() +
+                                      "$$\"\n"
+                                      "for last; do :; done\n"
+                                      "exec /bin/sh -c \"$last\"\n",
+                                  0700);
+  auto hosts = dir.write("hosts", "node1\nnode2\n");
+  const char* path = std::getenv("PATH");
+  auto r = run_launch(
+      with_command(job_args(2, 1, {"-H", hosts.string(), "--env", "FAKE_NODE_ECHO=remote"})),
+      {{"FAKE_NODE_DIR", dir.path().string()},
+       {"PATH", bin.string() + ":" + (path ? path : "/usr/bin:/bin")}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  auto tokens = node_tokens(r.out);
+  BOOST_TEST_REQUIRE(tokens.size() == 4u, r.out);
+  const std::string token = tokens["scheduler"];
+  BOOST_TEST(std::regex_match(token, std::regex{"[0-9a-f]{64}"}), token);
+  for (const auto& [node, got] : tokens)
+    BOOST_TEST(got == token, node);
+  // Servers and workers went through ssh (with their --env pairs), and no ssh command line held
+  // the token.
+  BOOST_TEST(with_prefix(r.out, "[worker 1] fake node").front().find(" host=node") !=
+             std::string::npos);
+  int ssh_runs = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    if (!entry.path().filename().string().starts_with("ssh-args-"))
+      continue;
+    ++ssh_runs;
+    std::ifstream in(entry.path());
+    const std::string args{std::istreambuf_iterator<char>(in), {}};
+    BOOST_TEST(args.find("FAKE_NODE_ECHO=remote") != std::string::npos, args);
+    BOOST_TEST(args.find(token) == std::string::npos, args);
+  }
+  BOOST_TEST(ssh_runs == 3);
+  BOOST_TEST(without_token_fields(r.out, token).find(token) == std::string::npos, r.out);
+  BOOST_TEST(r.err.find(token) == std::string::npos, r.err);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
 BOOST_AUTO_TEST_CASE(ssh_mode_runs_servers_and_workers_through_ssh_with_their_environment,
                      *boost::unit_test::precondition(sshd_available)) {
   temp_dir dir;
@@ -638,6 +786,10 @@ BOOST_AUTO_TEST_CASE(ssh_mode_runs_servers_and_workers_through_ssh_with_their_en
                    std::string::npos,
                lines[0]);
     BOOST_TEST(lines[0].find(" echo=it's remote ") != std::string::npos, lines[0]);
+    // The job's token reached the remote node through its ssh channel.
+    BOOST_TEST(node_tokens(r.out)[prefix.substr(1, prefix.size() - 3)] ==
+                   node_tokens(r.out)["scheduler"],
+               lines[0]);
     if (prefix.starts_with("[worker"))
       BOOST_TEST(lines[0].ends_with("args=a b"), lines[0]);
   }
