@@ -50,7 +50,9 @@
 // main() runs the phases in order: flags, joining the job (dist_*), data, network and trainer,
 // the epochs (train_epoch, end_epoch), the outputs. Exit status: 0 after training; 1 when the
 // job fails (data, store, trainer), logged through troupe::logger ("train_mnist worker 1: ...");
-// 2 for bad flags, with one plain line naming them.
+// 2 for bad flags or a bad configuration (a DMLC_* or other variable of the cluster
+// configuration, whatever the store; for dist_*, a value a worker lacks), with one plain line
+// naming the flag or variable.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -470,9 +472,12 @@ void add_flags(CLI::App& app, options& o) {
   add_config_flags(app, o.cluster);
 }
 
-/// The cluster flags (and the file and environment under them) when the store is dist_*: loaded
-/// as the store will load them, so that a bad value is a usage error naming its flag or
-/// variable; with a local store any cluster flag is a usage error.
+/// The cluster flags and the file and environment under them, loaded and checked as a dist_*
+/// worker's store will read them (load_worker_config: a scheduler or server role has been served
+/// by serve_if_node_role before this runs), so that a bad or missing value is a usage error
+/// naming its flag or variable. With a local store any cluster flag is a usage error, and the
+/// environment is checked all the same: DMLC_ROLE=foo or DMLC_NUM_WORKER=abc is a broken setup
+/// whatever the store, and a process that ignored it would train on as if nothing were set.
 status check_cluster_flags(options& o) {
   if (!o.kvstore.starts_with("dist")) {
     std::string given;
@@ -484,9 +489,11 @@ status check_cluster_flags(options& o) {
       return error{errc::invalid_argument,
                    given + ": cluster flags apply to --kvstore dist_* only (not " + o.kvstore +
                        ")"};
+    if (auto environment = load_config(std::nullopt, process_environment(), {}); !environment)
+      return environment.error();
     return {};
   }
-  auto loaded = load_config(std::nullopt, process_environment(), o.cluster);
+  auto loaded = load_worker_config(process_environment(), o.cluster);
   if (!loaded)
     return loaded.error();
   o.cluster_view = std::move(*loaded);

@@ -13,11 +13,13 @@
 //
 // It starts with serve_if_node_role, so under a tracker that runs one program for every role
 // (DMLC_ROLE) it is the scheduler or a server too; the cluster flags (--quorum, --timeout, ...)
-// go to its store.
+// go to its store. A bad or missing value of the configuration the store reads exits 2 with one
+// line, before anything connects.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +95,12 @@ int main(int argc, char** argv) {
   config_overrides cluster_flags;
   add_config_flags(app, cluster_flags);
   CLI11_PARSE(app, argc, argv);
+  // A bad or missing value of the configuration the store will read is a usage error.
+  if (type.starts_with("dist"))
+    if (auto config = load_worker_config(process_environment(), cluster_flags); !config) {
+      std::cerr << "kvbench: " << config.error().message() << "\n";
+      return 2;
+    }
 
   auto created = kvstore::create(type, cluster_flags);
   if (!created)

@@ -975,6 +975,15 @@ status validate_for_role(const cluster_config& cfg, node_role role) {
   return ok();
 }
 
+result<cluster_config> load_worker_config(const env_lookup& env, const config_overrides& flags) {
+  auto config = load_config(std::nullopt, env, flags);
+  if (!config)
+    return config.error();
+  if (auto valid = validate_for_role(*config, node_role::worker); !valid)
+    return valid.error();
+  return config;
+}
+
 status check_port_free(const std::string& host, std::uint16_t port) {
   if (port == 0)
     return ok();

@@ -213,6 +213,13 @@ result<cluster_config> load_config(const std::optional<std::filesystem::path>& f
 /// without a job token is refused unless `insecure` is set; workers do not listen.
 status validate_for_role(const cluster_config& cfg, node_role role);
 
+/// The configuration of a worker process as kvstore::create(type, flags) reads it (the file
+/// `flags` or TROUPE_CONFIG names, the environment `env`, `flags`), checked with
+/// validate_for_role(worker). A program that will create a dist_* store calls it first with
+/// process_environment(), so that a bad or missing value is its usage error (one line, exit 2)
+/// and not a failure of create.
+result<cluster_config> load_worker_config(const env_lookup& env, const config_overrides& flags);
+
 /// Whether a TCP listener could bind `host`:`port` now (bind with SO_REUSEADDR, then close).
 /// errc::io_error naming the address when the port is in use or the address is not local;
 /// port 0 is always free. Used to fail before any network activity.

@@ -28,6 +28,7 @@ const std::string node_path = TROUPE_NODE_PATH;
 const std::string worker_path = TROUPE_KV_WORKER_PATH;
 const std::string demo_path = TROUPE_KVSTORE_DEMO_PATH;
 const std::string plain_app_path = TROUPE_PLAIN_HOST_APP_PATH;
+const std::string kvbench_path = TROUPE_KVBENCH_PATH;
 
 /// troupe-launch -n workers -s servers launcher_flags... -- kv_worker worker_args...
 std::vector<std::string> launch_args(int workers, int servers,
@@ -777,6 +778,48 @@ BOOST_AUTO_TEST_CASE(a_broken_configuration_exits_2_with_one_line_naming_the_pla
       run(node_path, {"--role", "server", "--server-device", missing_gpu}, server_env, 20s);
   BOOST_TEST(missing.exit_code == 2, missing.err);
   BOOST_TEST(missing.err.find(missing_gpu + " is not available") != std::string::npos, missing.err);
+}
+
+// data.chunk_bytes is checked with wire::chunker's own rule when the configuration is read, so a
+// size the chunker refuses (4100 is no multiple of 8) stops every program with exit 2 before it
+// starts, instead of failing the first pull of a large key.
+BOOST_AUTO_TEST_CASE(a_chunk_size_the_chunker_refuses_exits_2_from_every_program) {
+  temp_dir dir;
+  const std::string rule = "data.chunk_bytes must be a size in bytes that wire::chunker accepts";
+  auto file = dir.write("cluster.toml", "[data]\nchunk_bytes = 4100\n");
+  const std::map<std::string, std::string> job{
+      {"DMLC_NUM_WORKER", "1"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "1"}};
+
+  auto flag = run(node_path, {"--role", "server", "--chunk-bytes", "4100"}, job, 20s);
+  BOOST_TEST(flag.exit_code == 2, flag.err);
+  BOOST_TEST(lines_of(flag.err).size() == 1u, flag.err);
+  BOOST_TEST(flag.err.find("--chunk-bytes must be a size in bytes that wire::chunker accepts") !=
+                 std::string::npos,
+             flag.err);
+
+  auto node = run(node_path, {"--role", "scheduler", "--config", file.string()}, job, 20s);
+  BOOST_TEST(node.exit_code == 2, node.err);
+  BOOST_TEST(node.err.find(file.string() + ":2:15: " + rule) != std::string::npos, node.err);
+
+  auto launcher = run(launch_path, launch_args(1, 1, {"--config", file.string()}, {}), {}, 20s);
+  BOOST_TEST(launcher.exit_code == 2, launcher.err);
+  BOOST_TEST(launcher.err.starts_with("troupe-launch: " + file.string() + ":2:15: " + rule),
+             launcher.err);
+  BOOST_TEST(launcher.out.empty(), launcher.out); // nothing started
+
+  auto env = job;
+  env["TROUPE_CONFIG"] = file.string();
+  auto demo = run(demo_path, {"--type", "dist_sync"}, env, 20s);
+  BOOST_TEST(demo.exit_code == 2, demo.err);
+  BOOST_TEST(demo.err.starts_with("kvstore_demo: " + file.string() + ":2:15: " + rule), demo.err);
+  BOOST_TEST(lines_of(demo.err).size() == 1u, demo.err);
+
+  auto bench = run(kvbench_path, {"--chunk-bytes", "4100"}, job, 20s);
+  BOOST_TEST(bench.exit_code == 2, bench.err);
+  BOOST_TEST(bench.err.starts_with("kvbench: --chunk-bytes must be a size in bytes that "
+                                   "wire::chunker accepts"),
+             bench.err);
+  BOOST_TEST(lines_of(bench.err).size() == 1u, bench.err);
 }
 
 // A scheduler or server that other hosts could reach, in a job without a token, is refused before

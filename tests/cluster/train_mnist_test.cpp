@@ -238,6 +238,60 @@ BOOST_AUTO_TEST_CASE(bad_slow_worker_and_cluster_flags_exit_2_naming_the_flag) {
              too_many.err);
 }
 
+// A bad DMLC_* value is a usage error like a bad flag, whatever the store: the environment says
+// what the process is (DMLC_ROLE) before the store is chosen. None of these runs gets as far as
+// the data.
+BOOST_AUTO_TEST_CASE(bad_dmlc_values_exit_2_with_one_line_naming_the_variable) {
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"DMLC_NUM_WORKER", "abc"},        {"DMLC_ROLE", "foo"},           {"DMLC_NUM_SERVER", "0"},
+      {"DMLC_PS_ROOT_PORT", "http"},     {"DMLC_PS_ROOT_URI", "a host"}, {"DMLC_NODE_HOST", "a\tb"},
+      {"DMLC_INTERFACE", "troupe-nope0"}};
+  for (const std::string store : {"local", "dist_sync"})
+    for (const auto& [variable, value] : bad) {
+      auto result = run(train_path, {"--kvstore", store, "--max-batches", "1", "--epochs", "1"},
+                        {{variable, value}}, 30s);
+      BOOST_TEST(result.exit_code == 2, store << " " << variable << ": " << describe(result));
+      BOOST_TEST(lines_of(result.err).size() == 1u, result.err);
+      BOOST_TEST(result.err.starts_with("train_mnist: " + variable), result.err);
+    }
+  // A worker of a dist_* store that lacks a value, or cannot reach port 0, says which, before it
+  // tries to join.
+  const std::map<std::string, std::string> job{
+      {"DMLC_NUM_WORKER", "1"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "0"}};
+  auto port0 = run(train_path, {"--kvstore", "dist_sync"}, job, 30s);
+  BOOST_TEST(port0.exit_code == 2, describe(port0));
+  BOOST_TEST(lines_of(port0.err).size() == 1u, port0.err);
+  BOOST_TEST(port0.err.starts_with("train_mnist: a worker cannot reach a scheduler on port 0: "
+                                   "DMLC_PS_ROOT_PORT"),
+             port0.err);
+  auto missing = run(train_path, {"--kvstore", "dist_sync"}, {{"DMLC_NUM_WORKER", "1"}}, 30s);
+  BOOST_TEST(missing.exit_code == 2, describe(missing));
+  BOOST_TEST(missing.err == "train_mnist: a worker needs DMLC_PS_ROOT_PORT ([scheduler] port or "
+                            "--scheduler-port) and DMLC_NUM_SERVER ([job] num_servers or "
+                            "--num-servers)\n",
+             missing.err);
+  // A scheduler or server role that cannot serve exits 2 as well (serve_if_node_role).
+  auto server = run(train_path, {}, {{"DMLC_ROLE", "server"}, {"DMLC_NUM_WORKER", "abc"}}, 30s);
+  BOOST_TEST(server.exit_code == 2, describe(server));
+  BOOST_TEST(lines_of(server.err).size() == 1u, server.err);
+  BOOST_TEST(server.err.find("DMLC_NUM_WORKER must be a positive integer, got \"abc\"") !=
+                 std::string::npos,
+             server.err);
+}
+
+// A chunk size wire::chunker would refuse is refused with the configuration (exit 2), not at the
+// first tensor that needs chunking.
+BOOST_AUTO_TEST_CASE(a_chunk_size_the_chunker_refuses_exits_2_naming_the_flag) {
+  auto result =
+      run(train_path, {"--kvstore", "dist_sync", "--chunk-bytes", "4100"},
+          {{"DMLC_NUM_WORKER", "1"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "1"}}, 30s);
+  BOOST_TEST(result.exit_code == 2, describe(result));
+  BOOST_TEST(lines_of(result.err).size() == 1u, result.err);
+  BOOST_TEST(result.err.starts_with("train_mnist: --chunk-bytes must be a size in bytes that "
+                                    "wire::chunker accepts: a multiple of 8"),
+             result.err);
+}
+
 BOOST_AUTO_TEST_CASE(bad_flags_exit_2_with_one_line_naming_them) {
   auto unknown = run(train_path, {"--no-such-flag"}, {}, 30s);
   BOOST_TEST(unknown.exit_code == 2, describe(unknown));

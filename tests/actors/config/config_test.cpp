@@ -736,6 +736,31 @@ BOOST_AUTO_TEST_CASE(validate_for_role_names_every_missing_value) {
   BOOST_TEST(validate_for_role(wildcard, node_role::worker).has_value());
 }
 
+BOOST_AUTO_TEST_CASE(load_worker_config_is_load_config_then_validate_for_role_of_a_worker) {
+  const env_map job{
+      {"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_WORKER", "2"}, {"DMLC_NUM_SERVER", "1"}};
+  auto ok = load_worker_config(environment_from(job), parse_flags({"--quorum", "1"}));
+  BOOST_TEST_REQUIRE(ok.has_value());
+  BOOST_TEST((ok->num_workers == 2));
+  BOOST_TEST((ok->quorum == 1));
+  auto bad = load_worker_config(environment_from({{"DMLC_NUM_WORKER", "abc"}}), {});
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message() == "DMLC_NUM_WORKER must be a positive integer, got \"abc\"");
+  auto missing = load_worker_config(environment_from({{"DMLC_NUM_WORKER", "2"}}), {});
+  BOOST_TEST_REQUIRE(!missing.has_value());
+  BOOST_TEST(missing.error().message().find("a worker needs DMLC_PS_ROOT_PORT") == 0,
+             missing.error().message());
+  env_map port0 = job;
+  port0["DMLC_PS_ROOT_PORT"] = "0";
+  auto unreachable = load_worker_config(environment_from(port0), {});
+  BOOST_TEST_REQUIRE(!unreachable.has_value());
+  BOOST_TEST(unreachable.error().message().find("a worker cannot reach a scheduler on port 0") == 0,
+             unreachable.error().message());
+  env_map server = job;
+  server["DMLC_ROLE"] = "server";
+  BOOST_TEST(!load_worker_config(environment_from(server), {}).has_value());
+}
+
 BOOST_AUTO_TEST_CASE(a_port_in_use_is_detected_and_a_free_one_is_not) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   BOOST_TEST_REQUIRE(fd >= 0);
