@@ -2,7 +2,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -263,6 +267,15 @@ status check_node_config(const cluster_config& config) {
 
 int serve_node(const cluster_config& config,
                const std::function<void(std::uint16_t port)>& on_listening) {
+  if (config.auth_token.empty()) {
+    const std::string& listening =
+        config.role == node_role::scheduler ? config.scheduler_host : config.bind_address;
+    if (!is_loopback(listening))
+      logger{"troupe", 0}.warning(
+          "listening on " + listening +
+          " without a job token (--insecure): any host that reaches the port can join the job "
+          "and read and change its values");
+  }
   if (config.role == node_role::scheduler) {
     auto outcome = run_scheduler(config, on_listening);
     // The scheduler has logged its summary line (at error level unless every worker finished).
@@ -304,12 +317,24 @@ std::optional<int> serve_if_node_role(int argc, const char* const* argv) {
   // The role, even from a configuration that does not load: a scheduler or a server must say
   // why it cannot serve rather than carry on as a worker.
   std::optional<node_role> role;
+  std::optional<std::string> role_text;
   if (config)
     role = config->role;
   else if (auto flag = flags.values.find("job.role"); flag != flags.values.end())
-    role = parse_role(flag->second);
+    role_text = flag->second;
   else if (auto variable = environment("DMLC_ROLE"))
-    role = parse_role(*variable);
+    role_text = *variable;
+  if (role_text) {
+    role = parse_role(*role_text);
+    // A role nobody can read: neither a worker's program nor a node may carry on with it. Said
+    // as the program says a bad flag: its name, the message, one line.
+    if (!role) {
+      const std::string program =
+          argc > 0 ? std::filesystem::path(argv[0]).filename().string() : std::string("troupe");
+      std::fprintf(stderr, "%s: %s\n", program.c_str(), config.error().message().c_str());
+      return 2;
+    }
+  }
   if (!role || *role == node_role::worker)
     return std::nullopt;
 

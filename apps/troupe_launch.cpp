@@ -560,8 +560,12 @@ private:
     if (sig == SIGKILL)
       killed_ = true;
     for (const auto& c : children_)
-      if (!c.reaped)
+      if (!c.reaped) {
         ::kill(-c.pid, sig);
+        // A stopped (frozen) process acts on SIGTERM only once continued.
+        if (sig != SIGKILL)
+          ::kill(-c.pid, SIGCONT);
+      }
   }
 
   std::vector<std::string> base_env_;

@@ -22,7 +22,7 @@ decode_limits local_limits() {
 
 chunker::chunker(message whole, std::size_t chunk_bytes)
     : whole_(std::move(whole)), chunk_bytes_(chunk_bytes), count_(1) {
-  if (chunk_bytes_ == 0 || chunk_bytes_ % 8 != 0 || chunk_bytes_ > max_chunk_bytes)
+  if (!valid_chunk_bytes(chunk_bytes_))
     throw std::invalid_argument("chunker: chunk size " + std::to_string(chunk_bytes_) +
                                 " is not a multiple of 8 in [8, max_chunk_bytes]");
   const tensor_chunk* tensor = tensor_of(whole_);

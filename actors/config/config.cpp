@@ -723,24 +723,6 @@ bool is_wildcard(std::string_view address) {
   return address == "0.0.0.0" || address == "::" || address == "[::]";
 }
 
-/// Whether a listener bound to `address` is reachable from this machine only: 127.0.0.0/8, ::1
-/// (also as [::1] or ::ffff:127.x.y.z) or "localhost". Any other name counts as reachable from
-/// other hosts: names are not resolved here.
-bool is_loopback(std::string_view address) {
-  if (address == "localhost")
-    return true;
-  std::string text{address};
-  if (text.size() > 2 && text.front() == '[' && text.back() == ']')
-    text = text.substr(1, text.size() - 2);
-  in_addr v4{};
-  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1)
-    return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (::inet_pton(AF_INET6, text.c_str(), &v6) == 1)
-    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
-  return false;
-}
-
 /// Derived values and checks across keys, once every layer is in.
 status resolve(builder& b) {
   auto& cfg = b.cfg;
@@ -825,6 +807,21 @@ std::string naming(std::string_view dotted_key) {
 }
 
 } // namespace
+
+bool is_loopback(std::string_view address) {
+  if (address == "localhost")
+    return true;
+  std::string text{address};
+  if (text.size() > 2 && text.front() == '[' && text.back() == ']')
+    text = text.substr(1, text.size() - 2);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1)
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, text.c_str(), &v6) == 1)
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  return false;
+}
 
 std::span<const config_key> config_keys() noexcept {
   static const std::vector<config_key> keys = [] {

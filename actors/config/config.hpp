@@ -207,6 +207,11 @@ void add_config_flags(CLI::App& app, config_overrides& out);
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags);
 
+/// Whether a listener bound to `address` is reachable from this machine only: 127.0.0.0/8, ::1
+/// (also as [::1] or ::ffff:127.x.y.z) or "localhost". Any other name counts as reachable from
+/// other hosts: names are not resolved.
+bool is_loopback(std::string_view address);
+
 /// Whether `cfg` lets a node of `role` join a job: says, in one line, every missing value (a
 /// server without DMLC_PS_ROOT_PORT...) with the variable, key and flag that set it. A scheduler
 /// or server that would listen on an address other than loopback (127.0.0.0/8, ::1, localhost)

@@ -12,6 +12,7 @@
 //   FAKE_NODE_FAIL_SIGNAL  raising
 //   FAKE_NODE_STAY=1       scheduler and servers do not exit by themselves
 //   FAKE_NODE_IGNORE_TERM=1  scheduler and servers ignore SIGTERM
+//   FAKE_NODE_FREEZE=1     scheduler and servers stop themselves (SIGSTOP): a frozen node
 //   FAKE_NODE_GRANDCHILD=1 every node also forks a process that sleeps (its pid is recorded)
 // A worker that succeeds creates done-<index>; the scheduler and servers exit 0 once there are
 // DMLC_NUM_WORKER of them. With TROUPE_QUORUM set they stop waiting once that many workers are
@@ -138,6 +139,8 @@ int main(int argc, char** argv) {
 
   if (env_int("FAKE_NODE_IGNORE_TERM", 0) == 1)
     std::signal(SIGTERM, SIG_IGN);
+  if (env_int("FAKE_NODE_FREEZE", 0) == 1)
+    ::raise(SIGSTOP);
   const bool stay = env_int("FAKE_NODE_STAY", 0) == 1;
   const int workers = env_int("DMLC_NUM_WORKER", 1);
   const int quorum = env_int("TROUPE_QUORUM", workers);

@@ -822,6 +822,17 @@ BOOST_AUTO_TEST_CASE(a_chunk_size_the_chunker_refuses_exits_2_from_every_program
   BOOST_TEST(lines_of(bench.err).size() == 1u, bench.err);
 }
 
+// A role that is none of scheduler, server and worker stops a program that embeds the node
+// (serve_if_node_role) with exit 2, whatever store it would use, instead of running as a worker.
+BOOST_AUTO_TEST_CASE(an_unknown_role_exits_2_from_a_program_that_embeds_the_node) {
+  for (const char* type : {"local", "dist_sync"}) {
+    auto demo = run(demo_path, {"--type", type}, {{"DMLC_ROLE", "foo"}}, 20s);
+    BOOST_TEST(demo.exit_code == 2, type << ": " << demo.err);
+    BOOST_TEST(demo.err.find("DMLC_ROLE") != std::string::npos, demo.err);
+    BOOST_TEST(demo.err.find("foo") != std::string::npos, demo.err);
+  }
+}
+
 // A scheduler or server that other hosts could reach, in a job without a token, is refused before
 // it listens, unless told --insecure.
 BOOST_AUTO_TEST_CASE(a_node_listening_beyond_loopback_without_a_token_exits_2_unless_insecure) {

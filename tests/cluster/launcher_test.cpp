@@ -454,6 +454,22 @@ BOOST_AUTO_TEST_CASE(nodes_that_ignore_sigterm_are_killed_after_the_grace_period
   BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
 }
 
+BOOST_AUTO_TEST_CASE(frozen_nodes_are_stopped_at_once_not_after_the_grace_period) {
+  // A stopped process acts on SIGTERM only once continued: the launcher continues what it stops.
+  temp_dir dir;
+  auto r = run_launch(with_command(job_args(2, 2)), {{"FAKE_NODE_DIR", dir.path().string()},
+                                                     {"FAKE_NODE_FAIL_INDEX", "0"},
+                                                     {"FAKE_NODE_FAIL_CODE", "5"},
+                                                     {"FAKE_NODE_WORKER_MS", "30000"},
+                                                     {"FAKE_NODE_FREEZE", "1"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 5, r.err);
+  // Frozen, they would ignore SIGTERM until the grace (1 s) ran out and SIGKILL came.
+  BOOST_TEST(r.err.find("sending SIGKILL") == std::string::npos, r.err);
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
 BOOST_AUTO_TEST_CASE(a_scheduler_and_servers_outliving_the_workers_are_stopped_with_124) {
   temp_dir dir;
   auto r = run_launch(with_command(job_args(1, 1, {"--finish-timeout", "500ms"})),
