@@ -32,10 +32,11 @@ fi
 
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   echo "fuzz.sh: configuring $build_dir (clang, libFuzzer, ASan, UBSan)"
+  mkdir -p "$build_dir"
   cmake -S . -B "$build_dir" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DTROUPE_FUZZ=ON -DTROUPE_BUILD_TESTS=OFF -DTROUPE_ENABLE_CUDA=OFF \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build_dir.configure.log" 2>&1 ||
-    { cat "$build_dir.configure.log" >&2; exit 1; }
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build_dir/configure.log" 2>&1 ||
+    { cat "$build_dir/configure.log" >&2; exit 1; }
 fi
 echo "fuzz.sh: building ${targets[*]} in $build_dir"
 cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" fuzz_seeds > /dev/null
