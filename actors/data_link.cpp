@@ -559,11 +559,7 @@ void dispatch(server_broker* self, link_connection& c, envelope&& request) {
     return;
   }
   if (!target) {
-    queue_reply(c,
-                failure_reply(request.msg, wire::error_code::unsupported,
-                              "no handler for " + std::string(wire::kind_name(request.msg)) +
-                                  " frames on this server"),
-                st.options.tuning);
+    queue_reply(c, no_handler_reply(request.msg), st.options.tuning);
     return;
   }
   self->send(target, std::move(request), caf::actor_cast<reply_sink>(self));
@@ -927,6 +923,12 @@ result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& 
     return error{errc::peer_lost, "data link to " + peer + ": " + *failure};
   }
   return *link;
+}
+
+wire::message no_handler_reply(const wire::message& request) {
+  return failure_reply(request, wire::error_code::unsupported,
+                       "no handler for " + std::string(wire::kind_name(request)) +
+                           " frames on this server");
 }
 
 void tune_for_data_path(caf::actor_system_config& cfg) {

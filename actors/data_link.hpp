@@ -239,6 +239,10 @@ result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& 
                                      std::uint16_t port, caf::actor receiver,
                                      data_link_options options = {});
 
+/// The answer to a request that options.route sends to nobody: error_reply{unsupported} with its
+/// request id and key, naming its kind. In-process links answer the same way.
+wire::message no_handler_reply(const wire::message& request);
+
 /// Scheduler settings for processes with actors on the data path, written into `cfg` (call it
 /// after cfg.parse(), which it overrides): work-stealing.moderate-poll-attempts = 0. CAF's idle
 /// workers otherwise spend their second polling phase in 50 µs sleeps and take up to ~100 µs to

@@ -11,6 +11,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/bridge.hpp"
+#include "actors/data_link.hpp"
 
 namespace troupe {
 namespace {
@@ -98,14 +99,7 @@ link_actor::behavior_type local_link_behavior(link_actor::pointer self,
           self->send(target, std::move(request), reply_to);
           return;
         }
-        // As the data server answers a frame nobody takes.
-        envelope refusal{wire::error_reply{wire::request_id_of(request.msg),
-                                           wire::key_of(request.msg), wire::error_code::unsupported,
-                                           "no handler for " +
-                                               std::string(wire::kind_name(request.msg)) +
-                                               " frames on this server"},
-                         nullptr, request.connection};
-        self->send(reply_to, std::move(refusal));
+        self->send(reply_to, envelope{no_handler_reply(request.msg), nullptr, request.connection});
       },
       // A store closes its links at finalize, whichever kind they are.
       [self](stop_atom) { self->quit(); },

@@ -57,7 +57,6 @@
 #include <poll.h>
 #include <spawn.h>
 #include <string>
-#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -748,20 +747,12 @@ result<std::uint16_t> choose_scheduler_port(const troupe::cluster_config& cfg) {
 
 /// 32 random bytes from the kernel (getrandom) as 64 lowercase hex digits.
 result<std::string> random_token() {
-  unsigned char bytes[32];
-  std::size_t got = 0;
-  while (got < sizeof bytes) {
-    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return error{errc::io_error,
-                   std::string("cannot make a job token: getrandom: ") + std::strerror(errno)};
-    got += static_cast<std::size_t>(n);
-  }
+  std::uint8_t bytes[32];
+  if (auto filled = troupe::fill_random(bytes); !filled)
+    return error{errc::io_error, "cannot make a job token: " + filled.error().message()};
   static constexpr char digits[] = "0123456789abcdef";
   std::string hex;
-  for (unsigned char b : bytes) {
+  for (std::uint8_t b : bytes) {
     hex += digits[b >> 4];
     hex += digits[b & 15];
   }

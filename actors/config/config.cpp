@@ -17,6 +17,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sstream>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <thread>
@@ -807,6 +808,19 @@ std::string naming(std::string_view dotted_key) {
 }
 
 } // namespace
+
+status fill_random(std::span<std::uint8_t> out) {
+  std::size_t filled = 0;
+  while (filled < out.size()) {
+    const ssize_t got = ::getrandom(out.data() + filled, out.size() - filled, 0);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0)
+      return error{errc::io_error, std::string("getrandom: ") + std::strerror(errno)};
+    filled += static_cast<std::size_t>(got);
+  }
+  return ok();
+}
 
 bool is_loopback(std::string_view address) {
   if (address == "localhost")

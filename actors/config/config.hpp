@@ -207,6 +207,10 @@ void add_config_flags(CLI::App& app, config_overrides& out);
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags);
 
+/// Fills `out` with random bytes from the kernel (getrandom): job tokens and link nonces.
+/// Errors: errc::io_error naming why, when the kernel has none to give.
+status fill_random(std::span<std::uint8_t> out);
+
 /// Whether a listener bound to `address` is reachable from this machine only: 127.0.0.0/8, ::1
 /// (also as [::1] or ::ffff:127.x.y.z) or "localhost". Any other name counts as reachable from
 /// other hosts: names are not resolved.

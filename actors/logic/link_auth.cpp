@@ -1,13 +1,12 @@
 #include "actors/logic/link_auth.hpp"
 
-#include <cerrno>
-#include <cstring>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <stdexcept>
 #include <string_view>
-#include <sys/random.h>
+
+#include "actors/config/config.hpp"
 
 namespace troupe {
 
@@ -44,17 +43,8 @@ private:
 
 wire::link_digest fresh_nonce() {
   wire::link_digest nonce{};
-  std::size_t filled = 0;
-  while (filled < nonce.size()) {
-    const ssize_t got = ::getrandom(nonce.data() + filled, nonce.size() - filled, 0);
-    if (got < 0) {
-      if (errno == EINTR)
-        continue;
-      throw std::runtime_error(std::string("no random bytes for a link nonce: ") +
-                               std::strerror(errno));
-    }
-    filled += static_cast<std::size_t>(got);
-  }
+  if (auto filled = fill_random(nonce); !filled)
+    throw std::runtime_error("no random bytes for a link nonce: " + filled.error().message());
   return nonce;
 }
 

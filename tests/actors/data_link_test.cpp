@@ -37,6 +37,7 @@
 #include "actors/logic/data_link_framing.hpp"
 #include "actors/logic/shm_arena.hpp"
 #include "schema/chunking.hpp"
+#include "tests/listening_socket.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/shm_files.hpp"
 
@@ -803,16 +804,8 @@ BOOST_AUTO_TEST_CASE(a_client_sees_link_down_when_the_server_stops) {
 }
 
 BOOST_AUTO_TEST_CASE(connecting_to_a_closed_port_fails_with_an_error_naming_host_and_port) {
-  // A port that was free a moment ago: bind, read it, close.
-  int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length);
-  const std::uint16_t port = ntohs(address.sin_port);
-  ::close(probe);
+  // A port that was free a moment ago.
+  const auto port = static_cast<std::uint16_t>(testing::listening_socket{}.port());
 
   caf::scoped_actor self{*sys};
   auto link = connect_data_link(*sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self));
@@ -849,36 +842,13 @@ data_link_options client_with(const std::string& token) {
   return options;
 }
 
-/// A TCP listener on 127.0.0.1 that speaks the handshake by hand, to play a server.
-struct raw_listener {
-  raw_listener() {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-    ::listen(fd, 4);
-    socklen_t length = sizeof address;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-    port = ntohs(address.sin_port);
-  }
-  ~raw_listener() { ::close(fd); }
-  raw_listener(const raw_listener&) = delete;
-  raw_listener& operator=(const raw_listener&) = delete;
-
-  /// The next connection as a raw_peer-like stream (its fd owned by the returned peer).
-  raw_peer accept() {
-    raw_peer peer;
-    peer.fd = ::accept(fd, nullptr, nullptr);
-    timeval timeout{5, 0};
-    ::setsockopt(peer.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-    peer.connected = peer.fd >= 0;
-    return peer;
-  }
-
-  int fd = -1;
-  std::uint16_t port = 0;
-};
+/// The next connection to `listener`, as a raw peer the test speaks through by hand.
+raw_peer accept_peer(const testing::listening_socket& listener) {
+  raw_peer peer;
+  peer.fd = listener.accept();
+  peer.connected = peer.fd >= 0;
+  return peer;
+}
 
 /// The reason of the next link_down `self` gets; empty when none came in time.
 std::string next_link_down(caf::scoped_actor& self) {
@@ -1012,15 +982,15 @@ BOOST_AUTO_TEST_CASE(a_client_with_another_token_goes_down_with_the_servers_refu
 }
 
 BOOST_AUTO_TEST_CASE(a_listener_that_cannot_prove_the_token_gets_nothing_from_the_client) {
-  raw_listener impostor;
+  testing::listening_socket impostor;
   caf::scoped_actor self{*sys};
-  auto link = connect_data_link(*sys, "127.0.0.1", impostor.port, caf::actor_cast<caf::actor>(self),
-                                client_with(job_token));
+  auto link = connect_data_link(*sys, "127.0.0.1", static_cast<std::uint16_t>(impostor.port()),
+                                caf::actor_cast<caf::actor>(self), client_with(job_token));
   BOOST_TEST_REQUIRE(link.has_value());
   // The client's push waits for the handshake; the impostor must not see it.
   auto values = ramp(1000, 7.0f);
   self->send(*link, envelope{make_push(1, *values), values, 0});
-  auto peer = impostor.accept();
+  auto peer = accept_peer(impostor);
   BOOST_TEST_REQUIRE(peer.connected);
   wire::link_hello ours{"impostor", 0, 0, fresh_nonce(), std::nullopt};
   BOOST_TEST_REQUIRE(peer.send(wire::encode(ours).flatten()));
@@ -1067,14 +1037,14 @@ BOOST_AUTO_TEST_CASE(a_handshake_not_done_in_time_closes_the_connection_at_eithe
     BOOST_TEST(await_disconnects(1).size() == 1u);
   }
   // A client whose server never says hello.
-  raw_listener mute;
+  testing::listening_socket mute;
   caf::scoped_actor self{*sys};
   auto client = client_with(job_token);
   client.tuning.handshake_timeout = 300ms;
-  auto link =
-      connect_data_link(*sys, "127.0.0.1", mute.port, caf::actor_cast<caf::actor>(self), client);
+  auto link = connect_data_link(*sys, "127.0.0.1", static_cast<std::uint16_t>(mute.port()),
+                                caf::actor_cast<caf::actor>(self), client);
   BOOST_TEST_REQUIRE(link.has_value());
-  auto peer = mute.accept();
+  auto peer = accept_peer(mute);
   const auto reason = next_link_down(self);
   BOOST_TEST(contains(reason, "no handshake within 300 ms"), reason);
   BOOST_TEST(contains(reason, "did not say hello"), reason);

@@ -114,6 +114,18 @@ std::vector<std::string> job_args(int workers, std::optional<int> servers,
   return args;
 }
 
+/// The environment of a fake job in which the workers `failing` (claimed indices, comma-separated)
+/// fail with exit `code` while the others would work 30 s; `more` adds FAKE_NODE_* settings.
+std::map<std::string, std::string>
+with_failing_workers(const temp_dir& dir, std::string failing, std::string code,
+                     std::map<std::string, std::string> more = {}) {
+  more.insert({{"FAKE_NODE_DIR", dir.path().string()},
+               {"FAKE_NODE_FAIL_INDEX", std::move(failing)},
+               {"FAKE_NODE_FAIL_CODE", std::move(code)},
+               {"FAKE_NODE_WORKER_MS", "30000"}});
+  return more;
+}
+
 std::vector<std::string> with_command(std::vector<std::string> args,
                                       std::vector<std::string> command = {}) {
   args.push_back("--");
@@ -347,11 +359,8 @@ BOOST_AUTO_TEST_CASE(servers_default_to_the_number_of_workers) {
 
 BOOST_AUTO_TEST_CASE(the_first_failing_worker_code_is_returned_and_every_other_node_stopped) {
   temp_dir dir;
-  auto r = run_launch(with_command(job_args(3, 2)), {{"FAKE_NODE_DIR", dir.path().string()},
-                                                     {"FAKE_NODE_FAIL_INDEX", "1"},
-                                                     {"FAKE_NODE_FAIL_CODE", "3"},
-                                                     {"FAKE_NODE_WORKER_MS", "30000"},
-                                                     {"FAKE_NODE_GRANDCHILD", "1"}});
+  auto r = run_launch(with_command(job_args(3, 2)),
+                      with_failing_workers(dir, "1", "3", {{"FAKE_NODE_GRANDCHILD", "1"}}));
   BOOST_TEST_REQUIRE(!r.timed_out);
   BOOST_TEST(r.exit_code == 3, r.err);
   BOOST_TEST(r.elapsed < 15s); // the other workers would have run 30 s
@@ -397,10 +406,7 @@ BOOST_AUTO_TEST_CASE(a_worker_failing_within_the_quorum_leaves_the_job_to_finish
 BOOST_AUTO_TEST_CASE(a_worker_lost_beyond_the_quorum_stops_the_job_with_its_code) {
   temp_dir dir;
   auto r = run_launch(with_command(job_args(3, 1, {"--quorum", "2"})),
-                      {{"FAKE_NODE_DIR", dir.path().string()},
-                       {"FAKE_NODE_FAIL_INDEX", "0,1"},
-                       {"FAKE_NODE_FAIL_CODE", "5"},
-                       {"FAKE_NODE_WORKER_MS", "30000"}});
+                      with_failing_workers(dir, "0,1", "5"));
   BOOST_TEST_REQUIRE(!r.timed_out);
   BOOST_TEST(r.exit_code == 5, r.err);
   BOOST_TEST(r.elapsed < 15s); // the third worker would have run 30 s
@@ -440,11 +446,8 @@ BOOST_AUTO_TEST_CASE(a_worker_killed_by_a_signal_gives_128_plus_the_signal) {
 
 BOOST_AUTO_TEST_CASE(nodes_that_ignore_sigterm_are_killed_after_the_grace_period) {
   temp_dir dir;
-  auto r = run_launch(with_command(job_args(2, 2)), {{"FAKE_NODE_DIR", dir.path().string()},
-                                                     {"FAKE_NODE_FAIL_INDEX", "0"},
-                                                     {"FAKE_NODE_FAIL_CODE", "5"},
-                                                     {"FAKE_NODE_WORKER_MS", "30000"},
-                                                     {"FAKE_NODE_IGNORE_TERM", "1"}});
+  auto r = run_launch(with_command(job_args(2, 2)),
+                      with_failing_workers(dir, "0", "5", {{"FAKE_NODE_IGNORE_TERM", "1"}}));
   BOOST_TEST_REQUIRE(!r.timed_out);
   BOOST_TEST(r.exit_code == 5, r.err);
   BOOST_TEST(r.err.find("after SIGTERM; sending SIGKILL") != std::string::npos, r.err);
@@ -457,11 +460,8 @@ BOOST_AUTO_TEST_CASE(nodes_that_ignore_sigterm_are_killed_after_the_grace_period
 BOOST_AUTO_TEST_CASE(frozen_nodes_are_stopped_at_once_not_after_the_grace_period) {
   // A stopped process acts on SIGTERM only once continued: the launcher continues what it stops.
   temp_dir dir;
-  auto r = run_launch(with_command(job_args(2, 2)), {{"FAKE_NODE_DIR", dir.path().string()},
-                                                     {"FAKE_NODE_FAIL_INDEX", "0"},
-                                                     {"FAKE_NODE_FAIL_CODE", "5"},
-                                                     {"FAKE_NODE_WORKER_MS", "30000"},
-                                                     {"FAKE_NODE_FREEZE", "1"}});
+  auto r = run_launch(with_command(job_args(2, 2)),
+                      with_failing_workers(dir, "0", "5", {{"FAKE_NODE_FREEZE", "1"}}));
   BOOST_TEST_REQUIRE(!r.timed_out);
   BOOST_TEST(r.exit_code == 5, r.err);
   // Frozen, they would ignore SIGTERM until the grace (1 s) ran out and SIGKILL came.

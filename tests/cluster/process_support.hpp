@@ -23,6 +23,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "tests/listening_socket.hpp"
 #include "tests/temp_dir.hpp"
 
 extern char** environ;
@@ -205,30 +206,5 @@ inline std::size_t count_lines(const std::string& text, const std::string& prefi
     count += line.find(fragment) != std::string::npos ? 1 : 0;
   return count;
 }
-
-/// A TCP socket listening on 127.0.0.1 at a port the kernel chose; closed on destruction.
-class listening_socket {
-public:
-  listening_socket() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    BOOST_TEST_REQUIRE(fd_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    BOOST_TEST_REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    BOOST_TEST_REQUIRE(::listen(fd_, 1) == 0);
-    socklen_t len = sizeof addr;
-    BOOST_TEST_REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-    port_ = ntohs(addr.sin_port);
-  }
-  ~listening_socket() { ::close(fd_); }
-  listening_socket(const listening_socket&) = delete;
-  listening_socket& operator=(const listening_socket&) = delete;
-  int port() const { return port_; }
-
-private:
-  int fd_ = -1;
-  int port_ = 0;
-};
 
 } // namespace troupe::testing
