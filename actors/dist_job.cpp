@@ -1,11 +1,14 @@
 #include "actors/dist_job.hpp"
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -130,7 +133,10 @@ void log_shard_stats(const server_node& node, const logger& log,
            " shards: " + std::to_string(stats->updates) + " updates, " +
            std::to_string(stats->late_pushes_dropped) + " late pushes dropped, max lead " +
            std::to_string(stats->max_lead) + " rounds, " + std::to_string(stats->pulls_expired) +
-           " pulls expired, " + std::to_string(stats->requests_refused) + " requests refused");
+           " pulls expired, " + std::to_string(stats->requests_refused) + " requests refused" +
+           (stats->checkpoints_written > 0
+                ? ", " + std::to_string(stats->checkpoints_written) + " checkpoints written"
+                : std::string{}));
 }
 
 } // namespace
@@ -192,6 +198,29 @@ result<context> server_update_device(const cluster_config& config) {
   return *device;
 }
 
+/// checkpoint.dir, created (mode 700) when missing, and writable; or an error naming the key.
+status prepare_checkpoint_dir(const cluster_config& config) {
+  if (config.checkpoint_dir.empty())
+    return ok();
+  const std::filesystem::path directory{config.checkpoint_dir};
+  auto refused = [&](const std::string& why) {
+    return error{errc::invalid_argument,
+                 "checkpoint.dir (--checkpoint-dir) '" + config.checkpoint_dir + "': " + why};
+  };
+  std::error_code failure;
+  if (!std::filesystem::exists(directory, failure)) {
+    if (!std::filesystem::create_directories(directory, failure) && failure)
+      return refused("cannot create it: " + failure.message());
+    std::filesystem::permissions(directory, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::replace, failure);
+  }
+  if (!std::filesystem::is_directory(directory, failure))
+    return refused("not a directory");
+  if (::access(directory.c_str(), W_OK | X_OK) != 0)
+    return refused(std::string{"not writable: "} + std::strerror(errno));
+  return ok();
+}
+
 status run_server(const cluster_config& config) {
   if (auto valid = validate_for_role(config, node_role::server); !valid)
     return valid;
@@ -209,6 +238,10 @@ status run_server(const cluster_config& config) {
   // A waiting pull belongs to a request that gives up after timeouts.request.
   node_options.pull_timeout = config.request_timeout;
   node_options.update_device = *update_device;
+  node_options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
+  node_options.checkpoint_dir = config.checkpoint_dir;
+  node_options.checkpoint_every_rounds = static_cast<std::uint64_t>(config.checkpoint_every_rounds);
+  node_options.checkpoint_every = config.checkpoint_every;
   // The rank comes with the agent, which needs the data port, which needs the shards' router:
   // the shards are named before the rank is known.
   node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};
@@ -227,6 +260,7 @@ status run_server(const cluster_config& config) {
     return agent.error();
   }
   failures->attach((*agent)->actor());
+  node->set_rank(static_cast<std::uint32_t>((*agent)->rank()));
   auto listener = system.spawn(server_listener_actor, node);
   (*agent)->subscribe(listener);
   status outcome;
@@ -262,6 +296,8 @@ status check_node_config(const cluster_config& config) {
     return check_port_free(config.scheduler_host, config.scheduler_port.value_or(0));
   if (auto device = server_update_device(config); !device)
     return device.error();
+  if (auto directory = prepare_checkpoint_dir(config); !directory)
+    return directory;
   return check_port_free(config.bind_address, config.data_port);
 }
 

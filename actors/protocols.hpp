@@ -51,6 +51,7 @@ using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
 using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
 using copied_atom = caf::atom_constant<caf::atom("copied")>;
 using failed_atom = caf::atom_constant<caf::atom("failed")>;
+using rank_atom = caf::atom_constant<caf::atom("rank")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -88,10 +89,14 @@ using shard_actor = caf::typed_actor<
     caf::reacts_to<envelope, reply_sink>,
     /// The job's membership changed (a worker lost): bounded staleness waits for live workers only.
     caf::reacts_to<wire::membership>,
-    /// Expire pulls whose request has given up (sent by the shard to itself).
+    /// Expire pulls whose request has given up, and write a checkpoint when one is due (sent by
+    /// the shard to itself).
     caf::reacts_to<tick_atom>,
     /// Its counters.
-    caf::replies_to<stats_atom>::with<shard_stats>>;
+    caf::replies_to<stats_atom>::with<shard_stats>,
+    /// The rank the scheduler gave its server, which names the server's files; sent once the
+    /// server has joined (the shards exist before, to answer from the start).
+    caf::reacts_to<rank_atom, std::uint32_t>>;
 
 /// A server's control actor (actors/server_node.hpp): the request_handler of every keyless request,
 /// which it fans out to the server's shards.

@@ -133,6 +133,12 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard_options shard;
     shard.shard_index = i;
     shard.num_workers = options_.num_workers;
+    shard.num_servers = options_.num_servers;
+    shard.server_rank = options_.server_rank;
+    shard.shards_per_server = options_.shards;
+    shard.checkpoint_dir = options_.checkpoint_dir;
+    shard.checkpoint_every_rounds = options_.checkpoint_every_rounds;
+    shard.checkpoint_every = options_.checkpoint_every;
     shard.policy.mode = options_.mode;
     shard.chunk_bytes = options_.chunk_bytes;
     shard.pull_timeout = options_.pull_timeout;
@@ -162,6 +168,11 @@ server_node::~server_node() {
 void server_node::broadcast(const wire::membership& table) const {
   for (const auto& shard : shards_)
     caf::anon_send(shard, table);
+}
+
+void server_node::set_rank(std::uint32_t rank) const {
+  for (const auto& shard : shards_)
+    caf::anon_send(shard, rank_atom::value, rank);
 }
 
 result<shard_stats> server_node::stats(std::chrono::milliseconds timeout) const {

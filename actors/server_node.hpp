@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <vector>
 
@@ -31,6 +32,15 @@ namespace troupe {
 struct server_node_options {
   std::uint32_t num_workers = 1;
   std::uint32_t shards = 1;
+  /// The job's servers and this one's rank (set_rank once the scheduler has given it): with
+  /// `shards`, the layout its files record.
+  std::uint32_t num_servers = 1;
+  std::uint32_t server_rank = 0;
+  /// shard_options of the same names: where the shards' checkpoints and optimizer-state files
+  /// go (empty: nowhere), and how often the shards write checkpoints.
+  std::filesystem::path checkpoint_dir;
+  std::uint64_t checkpoint_every_rounds = 0;
+  std::chrono::milliseconds checkpoint_every{0};
   /// Until worker rank 0 says otherwise with sync_settings (or a sync_mode / async_mode command).
   consistency mode = consistency::sync;
   std::size_t chunk_bytes = wire::default_chunk_bytes;
@@ -79,6 +89,8 @@ public:
 
   /// Sends the job's membership table to every shard.
   void broadcast(const wire::membership& table) const;
+  /// Tells every shard the rank the scheduler gave this server (it names their files).
+  void set_rank(std::uint32_t rank) const;
   /// The shards' counters summed (shard_stats's operator+=), waiting at most `timeout` for every
   /// shard to answer; timeout otherwise. Blocks: call it from a thread that is not an actor's.
   result<shard_stats> stats(std::chrono::milliseconds timeout) const;

@@ -52,9 +52,11 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
           return;
         const engine::inline_scope here;
         self->state.core->expire_pulls();
+        self->state.core->checkpoint_if_due();
         self->delayed_send(self, self->state.sweep_interval, tick_atom::value);
       },
       [self](stats_atom) { return self->state.core->stats(); },
+      [self](rank_atom, std::uint32_t rank) { self->state.core->set_server_rank(rank); },
   };
 }
 

@@ -3,8 +3,11 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <unistd.h>
 
 namespace troupe {
 
@@ -141,22 +144,51 @@ result<ndarray> byte_reader::array(std::string_view what) {
 }
 
 status write_file(const std::string& path, std::span<const std::byte> bytes) {
-  // Written beside the target and renamed over it, so a crash never leaves half a file.
+  // Written beside the target, synced, and renamed over it, then the directory synced: a crash
+  // at any point leaves the old file or the new one whole, never half of one.
   auto temporary = path + ".partial";
-  {
-    std::ofstream out{temporary, std::ios::binary | std::ios::trunc};
-    if (!out)
-      return error{errc::io_error,
-                   "cannot open " + temporary + " for writing: " + std::strerror(errno)};
-    out.write(reinterpret_cast<const char*>(bytes.data()),
-              static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out)
-      return error{errc::io_error, "cannot write " + temporary + ": " + std::strerror(errno)};
+  auto failed = [&](const std::string& what, const std::string& file) {
+    return error{errc::io_error, "cannot " + what + " " + file + ": " + std::strerror(errno)};
+  };
+  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return failed("open for writing", temporary);
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    auto n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      auto why = failed("write", temporary);
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      return why;
+    }
+    written += static_cast<std::size_t>(n);
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0)
-    return error{errc::io_error,
-                 "cannot rename " + temporary + " to " + path + ": " + std::strerror(errno)};
+  if (::fsync(fd) != 0) {
+    auto why = failed("sync", temporary);
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    return why;
+  }
+  ::close(fd);
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    auto why = error{errc::io_error,
+                     "cannot rename " + temporary + " to " + path + ": " + std::strerror(errno)};
+    ::unlink(temporary.c_str());
+    return why;
+  }
+  auto directory = std::filesystem::path{path}.parent_path();
+  if (directory.empty())
+    directory = ".";
+  int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0)
+    return failed("open directory", directory.string());
+  const bool synced = ::fsync(dir_fd) == 0;
+  ::close(dir_fd);
+  if (!synced)
+    return failed("sync directory", directory.string());
   return ok();
 }
 

@@ -27,6 +27,8 @@ public:
   /// dtype, ndim, extents, then the values (copied to the host when the array lives elsewhere).
   void array(const ndarray& value);
 
+  /// Makes room for `more` bytes beyond what is written, so that a big file is one allocation.
+  void reserve(std::size_t more) { bytes_.reserve(bytes_.size() + more); }
   const std::vector<std::byte>& bytes() const noexcept { return bytes_; }
   std::vector<std::byte> take() noexcept { return std::move(bytes_); }
 
@@ -47,6 +49,10 @@ public:
   result<std::string> string(std::string_view what);
   /// An array on cpu(0).
   result<ndarray> array(std::string_view what);
+  /// The next `count` bytes as they are (a view into the input).
+  result<std::span<const std::byte>> raw(std::size_t count, std::string_view what) {
+    return take(count, what);
+  }
 
   std::size_t remaining() const noexcept { return bytes_.size() - position_; }
 
@@ -57,7 +63,8 @@ private:
   std::size_t position_ = 0;
 };
 
-/// Whole-file helpers; errors name the path and the system's reason.
+/// Whole-file helpers; errors name the path and the system's reason. write_file is atomic and
+/// durable: a temporary file beside `path`, fsync, rename over it, fsync of the directory.
 status write_file(const std::string& path, std::span<const std::byte> bytes);
 result<std::vector<std::byte>> read_file(const std::string& path);
 

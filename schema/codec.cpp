@@ -434,6 +434,7 @@ public:
   void operator()(const command& m) {
     auto b = root_.initCommand();
     b.setRequestId(m.request_id);
+    b.setDumpOptimizer(m.dump_optimizer);
     switch (m.kind) {
     case command_kind::stop:
       b.setStop();
@@ -951,6 +952,7 @@ private:
   message read(ws::Command::Reader r) {
     command m;
     m.request_id = r.getRequestId();
+    m.dump_optimizer = r.getDumpOptimizer();
     switch (r.which()) {
     case ws::Command::UNSET:
       fail(decode_error::code::missing_field, "command is unset");

@@ -260,8 +260,11 @@ enum class command_kind : std::uint8_t {
 struct command {
   std::uint64_t request_id = 0;
   command_kind kind = command_kind::stop;
-  /// Checkpoint path for save/load (non-empty there); must be empty for stop.
+  /// The states file's name for save/load (non-empty there, relative to the server's checkpoint
+  /// directory); must be empty for stop.
   std::string path;
+  /// save_checkpoint: write the optimizer itself with the states (MXNet's dump_optimizer).
+  bool dump_optimizer = false;
   friend bool operator==(const command&, const command&) = default;
 };
 

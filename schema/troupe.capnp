@@ -358,11 +358,15 @@ struct Command {
     # down (MXNet's kStopServer). Sent to a server on a data connection it is acked and changes
     # nothing.
     saveCheckpoint @3 :Text;
-    # Write each shard's optimizer state (every key's state and update count, and the optimizer)
-    # to this path (non-empty) + ".shard<k>", on the server's host. Parameters are not saved.
+    # Write each shard's optimizer state (every key's state and update count, and the optimizer
+    # when dumpOptimizer) to <checkpoint dir>/<name>.server<r>.shard<k> on the server's host: the
+    # name (non-empty) is relative, without "..", and the directory is the server's own
+    # (checkpoint.dir); a server without one refuses. Parameters are not saved. In dist_sync the
+    # save waits until no round is being collected, so it holds a push acknowledged before it.
     loadCheckpoint @4 :Text;
-    # Restore each shard's optimizer state from this path + ".shard<k>" (non-empty), as saved by a
-    # job with the same number of servers and of shards per server.
+    # Restore each shard's optimizer state from the file saveCheckpoint wrote under that name, as
+    # saved by a job with the same number of servers, shards per server and workers (the refusal
+    # names what differs).
     syncMode @5 :Void;
     # Apply pushes in rounds of all workers (dist_sync; MXNet's kSyncMode). Superseded by
     # SyncSettings, which troupe's workers send instead; still accepted as SyncSettings with mode
@@ -370,6 +374,9 @@ struct Command {
     asyncMode @6 :Void;
     # Apply each push as it arrives (dist_async); superseded likewise.
   }
+  dumpOptimizer @7 :Bool;
+  # saveCheckpoint: write the optimizer (its name and parameters) with the states, so that a load
+  # restores it too (MXNet's dump_optimizer). Ignored by the other commands.
 }
 
 enum Consistency {

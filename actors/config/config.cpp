@@ -217,14 +217,17 @@ setter chunk_bytes_setter(std::int64_t min) {
   };
 }
 
-setter duration_setter(std::chrono::milliseconds cluster_config::*member) {
+/// `zero_turns_off`: "0s" (any zero duration) is allowed and means never.
+setter duration_setter(std::chrono::milliseconds cluster_config::*member,
+                       bool zero_turns_off = false) {
   return [=](cluster_config& cfg, const literal& value) -> std::optional<std::string> {
     auto text = string_of(value);
     auto parsed =
         text ? parse_duration(*text)
              : result<std::chrono::milliseconds>{error{errc::invalid_argument, "not a string"}};
-    if (!parsed || parsed->count() <= 0)
-      return "a positive duration such as \"500ms\", \"5s\" or \"2m\"";
+    if (!parsed || parsed->count() < 0 || (parsed->count() == 0 && !zero_turns_off))
+      return zero_turns_off ? "a duration such as \"30s\" or \"10m\", or \"0s\" for never"
+                            : "a positive duration such as \"500ms\", \"5s\" or \"2m\"";
     cfg.*member = *parsed;
     return std::nullopt;
   };
@@ -483,6 +486,27 @@ void add_sync_fields(std::vector<field>& t) {
                {}});
 }
 
+/// The keys of [checkpoint], in the order of docs/cluster.sample.toml.
+void add_checkpoint_fields(std::vector<field>& t) {
+  t.push_back({{"checkpoint", "dir", "TROUPE_CHECKPOINT_DIR", "--checkpoint-dir", "DIR", "",
+                "Servers: the directory of their checkpoints and of the files "
+                "save_optimizer_states writes (created, mode 700, when missing); a server writes "
+                "nowhere else. Unset: servers write no files."},
+               string_setter(&cluster_config::checkpoint_dir, valid_path, "a directory path"),
+               {}});
+  t.push_back({{"checkpoint", "every_rounds", "", "--checkpoint-every-rounds", "K", "0",
+                "Servers: each shard writes a checkpoint when all its keys have completed K more "
+                "rounds (dist_async: K more pushes applied per key); 0: not by rounds."},
+               integer_setter(&cluster_config::checkpoint_every_rounds, 0, 1'000'000'000,
+                              "an integer from 0 to 1000000000"),
+               {}});
+  t.push_back({{"checkpoint", "every", "", "--checkpoint-every", "DURATION", "\"0s\"",
+                "Servers: each shard writes a checkpoint when this long has passed since its "
+                "last one and a key has changed; \"0s\": not by time."},
+               duration_setter(&cluster_config::checkpoint_every, true),
+               {}});
+}
+
 /// Every key, in the order of docs/cluster.sample.toml. Immutable after first use.
 const std::vector<field>& fields() {
   static const std::vector<field> table = [] {
@@ -493,6 +517,7 @@ const std::vector<field>& fields() {
     add_timeouts_fields(t);
     add_data_fields(t);
     add_sync_fields(t);
+    add_checkpoint_fields(t);
     return t;
   }();
   return table;

@@ -146,6 +146,16 @@ struct cluster_config {
   /// Rounds beyond the current one a server accepts pushes for from one worker.
   int max_rounds_ahead = 2;
 
+  // [checkpoint]
+  /// Servers: the directory of their checkpoints and of save_optimizer_states' files; empty: the
+  /// servers write no files.
+  std::string checkpoint_dir;
+  /// Servers: a checkpoint each time every key of a shard has completed this many more rounds
+  /// (dist_async: pushes applied); 0: not by rounds.
+  std::int64_t checkpoint_every_rounds = 0;
+  /// Servers: a checkpoint when this long has passed since the last and a key changed; 0: never.
+  std::chrono::milliseconds checkpoint_every{0};
+
   /// Hardware threads of this machine, at least 1.
   static int default_shards() noexcept;
 
@@ -155,7 +165,8 @@ struct cluster_config {
 /// One configuration key: where it lives in the file, which variable and flag set it, its help
 /// text and its default as the sample file writes it.
 struct config_key {
-  std::string_view section;      ///< TOML table: "job", "scheduler", "node", "timeouts", "data"
+  std::string_view section;      ///< TOML table: "job", "scheduler", "node", "timeouts", "data",
+                                 ///< "sync", "checkpoint"
   std::string_view name;         ///< key inside the table
   std::string_view env;          ///< environment variable, or empty
   std::string_view flag;         ///< command-line flag ("--num-workers"), or empty

@@ -126,8 +126,9 @@ public:
   status set_lr_scheduler(std::shared_ptr<lr_scheduler> scheduler);
 
   /// Writes the optimizer state (with the optimizer itself) to `path`: through the store's
-  /// save_optimizer_states on dist + update_on_kvstore (the servers write their shards' files,
-  /// `path`.server<r>..., on their own file systems; one worker calls it, typically rank 0, and
+  /// save_optimizer_states on dist + update_on_kvstore (`path` is then a name inside the servers'
+  /// checkpoint directory, where they write their shards' files `path`.server<r>.shard<k> on
+  /// their own file systems; one worker calls it, typically rank 0, and
   /// the others wait at a barrier), otherwise the trainer's updater (MXNet's
   /// updaters[0].get_states(dump_optimizer=True)). Before the first step it sets the store up
   /// first, as MXNet does, which on a dist store every worker must join. Errors name the file.

@@ -306,20 +306,20 @@ bool dist_kvstore::is_capable(std::string_view capability) const noexcept {
   return capability == "optimizer";
 }
 
-status dist_kvstore::save_optimizer_states(const std::string& path, bool) const {
+status dist_kvstore::save_optimizer_states(const std::string& path, bool dump_optimizer) const {
+  // Each server writes its shards' files under its own checkpoint directory: `path` is a name
+  // there (actors/logic/shard_checkpoint.hpp, states_file).
   return to_every_server(
-      [path](std::uint64_t id, std::uint32_t server) -> wire::message {
-        return wire::command{id, wire::command_kind::save_checkpoint,
-                             path + ".server" + std::to_string(server)};
+      [path, dump_optimizer](std::uint64_t id, std::uint32_t) -> wire::message {
+        return wire::command{id, wire::command_kind::save_checkpoint, path, dump_optimizer};
       },
       "save_optimizer_states to " + path);
 }
 
 status dist_kvstore::load_optimizer_states(const std::string& path) {
   return to_every_server(
-      [path](std::uint64_t id, std::uint32_t server) -> wire::message {
-        return wire::command{id, wire::command_kind::load_checkpoint,
-                             path + ".server" + std::to_string(server)};
+      [path](std::uint64_t id, std::uint32_t) -> wire::message {
+        return wire::command{id, wire::command_kind::load_checkpoint, path};
       },
       "load_optimizer_states from " + path);
 }

@@ -77,8 +77,14 @@ public:
   status set_updater(updater_function update) override;
   bool is_capable(std::string_view capability) const noexcept override;
 
-  /// Asks every server to write (or read) its shards' optimizer state to `path`.server<r>.shard<k>
-  /// on the server's file system. Any worker may call it; typically rank 0 does.
+  /// Asks every server to write (or read) its shards' optimizer state to
+  /// <checkpoint dir>/`path`.server<r>.shard<k> on the server's file system: `path` is a name
+  /// relative to the servers' checkpoint directory (checkpoint.dir), which a server must have.
+  /// dump_optimizer writes the optimizer itself too, which a load then restores. In dist_sync a
+  /// save waits on each server until no round is being collected, so it holds the rounds of the
+  /// pushes this worker made before it. Any worker may call it; typically rank 0 does. Loading
+  /// needs a job of the same num_servers, node.shards and num_workers; the refusal names what
+  /// differs.
   status save_optimizer_states(const std::string& path, bool dump_optimizer = false) const override;
   status load_optimizer_states(const std::string& path) override;
 

@@ -8,6 +8,14 @@ namespace troupe {
 async_pushes::async_pushes(std::uint64_t key, const ndarray& like, std::uint32_t num_workers)
     : key_(key), layout_(like), workers_(num_workers) {}
 
+void async_pushes::resume(const std::vector<std::uint64_t>& applied_per_worker) noexcept {
+  applied_ = 0;
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    workers_[w].applied = w < applied_per_worker.size() ? applied_per_worker[w] : 0;
+    applied_ += workers_[w].applied;
+  }
+}
+
 chunk_outcome async_pushes::add(const push_chunk& chunk) {
   auto& worker = workers_[chunk.sender];
   if (auto checked = check_order(key_, chunk, worker.bytes, layout_.bytes); checked.refused())

@@ -29,6 +29,9 @@ public:
   ndarray& received(std::uint32_t sender) noexcept { return workers_[sender].staging; }
   /// Counts a push of `sender` as applied.
   void count_applied(std::uint32_t sender) noexcept;
+  /// Continues a key restored from a checkpoint: worker w has had applied_per_worker[w] pushes
+  /// applied (workers beyond the vector: none). Only before any chunk was added.
+  void resume(const std::vector<std::uint64_t>& applied_per_worker) noexcept;
 
   /// Pushes applied to the key, over every worker.
   std::uint64_t applied() const noexcept { return applied_; }

@@ -63,6 +63,20 @@ shard_core::shard_core(shard_options options)
     : options_(std::move(options)), policy_(options_.policy), live_(options_.num_workers, true) {
   if (policy_.quorum == 0)
     policy_.quorum = options_.num_workers;
+  last_checkpoint_ = now();
+}
+
+shard_core::~shard_core() {
+  // A shard that checkpoints leaves its last state on disk when it stops.
+  try {
+    (void)finish_checkpoint();
+    const bool periodic =
+        options_.checkpoint_every_rounds > 0 || options_.checkpoint_every.count() > 0;
+    if (periodic && !options_.checkpoint_dir.empty() && changed_since_checkpoint_)
+      (void)write_checkpoint();
+  } catch (...) {
+    // Nothing more can be done for the file; the shard is going away.
+  }
 }
 
 // --- requests ------------------------------------------------------------------------------------
@@ -80,7 +94,10 @@ void shard_core::handle(envelope request, reply_function reply) noexcept {
                  " failed on server shard " + std::to_string(options_.shard_index) + ": " + what);
     };
     try {
+      const auto updates_before = stats_.updates;
       dispatch(request, routed);
+      if (stats_.updates != updates_before)
+        after_update();
     } catch (const std::exception& e) {
       failed(e.what());
     } catch (...) {
@@ -586,14 +603,7 @@ void shard_core::set_policy(const sync_policy& wanted, std::uint64_t request_id,
   reply(envelope{wire::ack{request_id}, nullptr, 0});
 }
 
-std::string shard_core::checkpoint_path(const std::string& base) const {
-  return base + ".shard" + std::to_string(options_.shard_index);
-}
-
 void shard_core::on_command(const wire::command& msg, const reply_route& reply) {
-  auto fail = [&](const error& err) {
-    refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument, err.message());
-  };
   if (msg.kind == wire::command_kind::stop) {
     reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
     return;
@@ -607,21 +617,65 @@ void shard_core::on_command(const wire::command& msg, const reply_route& reply) 
     set_policy(wanted, msg.request_id, reply);
     return;
   }
+  if (msg.kind == wire::command_kind::save_checkpoint && any_round_collecting()) {
+    // A save right after a push holds that push's round: it waits for the rounds being
+    // collected to close (after_update runs it).
+    if (waiting_saves_.size() >= max_waiting_saves) {
+      refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument,
+             "save_optimizer_states '" + msg.path + "': " + std::to_string(max_waiting_saves) +
+                 " saves already wait for the rounds being collected to close");
+      return;
+    }
+    waiting_saves_.push_back({msg, reply});
+    return;
+  }
+  on_states_command(msg, reply);
+}
+
+void shard_core::on_states_command(const wire::command& msg, const reply_route& reply) {
+  const bool saving = msg.kind == wire::command_kind::save_checkpoint;
+  auto fail = [&](const error& err) {
+    refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument,
+           std::string{saving ? "save_optimizer_states" : "load_optimizer_states"} + ": " +
+               err.message());
+  };
   if (!updater_) {
     fail(error{errc::invalid_argument,
                "optimizer states live on the servers only after set_optimizer"});
     return;
   }
-  auto path = checkpoint_path(msg.path);
-  if (msg.kind == wire::command_kind::save_checkpoint) {
-    if (auto written = write_file(path, updater_->save_states(true)); !written) {
+  auto path = states_file(options_.checkpoint_dir, msg.path, layout());
+  if (!path) {
+    fail(path.error());
+    return;
+  }
+  if (saving) {
+    auto bytes = encode_snapshot(snapshot(snapshot_kind::optimizer_states, msg.dump_optimizer));
+    if (auto written = write_file(path->string(), bytes); !written) {
       fail(written.error());
       return;
     }
+    options_.log.info("saved optimizer states to " + path->string());
   } else {
-    auto bytes = read_file(path);
+    auto bytes = read_file(path->string());
     if (!bytes) {
       fail(bytes.error());
+      return;
+    }
+    auto saved = decode_snapshot(*bytes, path->string());
+    if (!saved) {
+      fail(saved.error());
+      return;
+    }
+    if (saved->kind != snapshot_kind::optimizer_states || !saved->optimizer_states) {
+      fail(error{errc::invalid_argument, path->string() + " holds no optimizer states"});
+      return;
+    }
+    if (auto differs = layout_differences(saved->layout, layout()); !differs.empty()) {
+      fail(error{errc::invalid_argument,
+                 path->string() + " was saved by a job of another layout: " + differs +
+                     "; a key's ps-key and shard depend on them, so load it into a job with "
+                     "the same num_servers, node.shards and num_workers"});
       return;
     }
     auto shape_of = [this](std::int64_t index) -> std::optional<shape_vector> {
@@ -630,12 +684,218 @@ void shard_core::on_command(const wire::command& msg, const reply_route& reply) 
         return std::nullopt;
       return found->second.stored.shape();
     };
-    if (auto loaded = updater_->load_states(*bytes, shape_of); !loaded) {
-      fail(error{loaded.error().code(), path + ": " + loaded.error().message()});
+    if (auto loaded = updater_->load_states(*saved->optimizer_states, shape_of); !loaded) {
+      fail(error{loaded.error().code(), path->string() + ": " + loaded.error().message()});
       return;
     }
+    options_.log.info("loaded optimizer states from " + path->string());
   }
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+// --- checkpoints ---------------------------------------------------------------------------------
+
+shard_layout shard_core::layout() const noexcept {
+  return shard_layout{options_.num_servers, options_.server_rank, options_.shards_per_server,
+                      options_.shard_index, options_.num_workers};
+}
+
+std::uint64_t shard_core::slowest_key() const noexcept {
+  std::uint64_t slowest = std::numeric_limits<std::uint64_t>::max();
+  for (const auto& [key, entry] : keys_)
+    if (entry.initialized())
+      slowest = std::min(slowest, entry.completed());
+  return slowest == std::numeric_limits<std::uint64_t>::max() ? 0 : slowest;
+}
+
+bool shard_core::any_round_collecting() const noexcept {
+  return std::any_of(keys_.begin(), keys_.end(),
+                     [](const auto& item) { return item.second.collecting(); });
+}
+
+void shard_core::checkpoint_by_rounds() {
+  if (options_.checkpoint_every_rounds == 0 || options_.checkpoint_dir.empty())
+    return;
+  auto progress = slowest_key();
+  if (progress >= checkpointed_progress_ + options_.checkpoint_every_rounds && start_checkpoint())
+    checkpointed_progress_ = progress;
+}
+
+void shard_core::after_update() {
+  changed_since_checkpoint_ = true;
+  checkpoint_by_rounds();
+  if (!waiting_saves_.empty() && !any_round_collecting()) {
+    auto saves = std::move(waiting_saves_);
+    waiting_saves_.clear();
+    for (auto& save : saves)
+      on_states_command(save.msg, save.reply);
+  }
+}
+
+void shard_core::checkpoint_if_due() noexcept {
+  try {
+    if (checkpoint_in_flight_.valid() &&
+        checkpoint_in_flight_.wait_for(std::chrono::seconds{0}) == std::future_status::ready)
+      (void)finish_checkpoint();
+    // A round trigger skipped while the previous write was under way is taken up here.
+    checkpoint_by_rounds();
+    if (options_.checkpoint_every.count() <= 0 || options_.checkpoint_dir.empty() ||
+        !changed_since_checkpoint_ || now() - last_checkpoint_ < options_.checkpoint_every)
+      return;
+    (void)start_checkpoint();
+  } catch (const std::exception& e) {
+    options_.log.error(std::string{"checkpoint failed (tried again later): "} + e.what());
+  }
+}
+
+bool shard_core::start_checkpoint() {
+  if (checkpoint_in_flight_.valid()) {
+    // One write at a time: a disk slower than the rounds skips checkpoints, it does not queue
+    // them (the trigger stays, so the next update or sweep tries again).
+    if (checkpoint_in_flight_.wait_for(std::chrono::seconds{0}) != std::future_status::ready)
+      return false;
+    (void)finish_checkpoint();
+  }
+  // The copy is taken here, between requests; the disk is written on another thread, so a shard
+  // goes on serving while its checkpoint is written and synced.
+  auto bytes = std::make_shared<const std::vector<std::byte>>(
+      encode_snapshot(snapshot(snapshot_kind::checkpoint, true)));
+  auto path = checkpoint_file(options_.checkpoint_dir, layout());
+  checkpoint_description_ = std::to_string(keys_.size()) + " keys at round " +
+                            std::to_string(slowest_key()) + ": " + std::to_string(bytes->size()) +
+                            " bytes to " + path.string();
+  checkpoint_started_ = shard_clock::now();
+  last_checkpoint_ = now();
+  changed_since_checkpoint_ = false;
+  checkpoint_in_flight_ = std::async(std::launch::async, [bytes, path]() -> status {
+    try {
+      return write_file(path.string(), *bytes);
+    } catch (const std::exception& e) {
+      return error{errc::io_error, "writing " + path.string() + ": " + e.what()};
+    }
+  });
+  return true;
+}
+
+status shard_core::finish_checkpoint() {
+  if (!checkpoint_in_flight_.valid())
+    return ok();
+  auto written = checkpoint_in_flight_.get();
+  if (!written) {
+    // What the failed file would have held is still to be written: the next trigger tries.
+    changed_since_checkpoint_ = true;
+    checkpointed_progress_ = 0;
+    options_.log.error("checkpoint of " + checkpoint_description_ +
+                       " failed (tried again at the next trigger): " + written.error().message());
+    return written;
+  }
+  ++stats_.checkpoints_written;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(shard_clock::now() -
+                                                                  checkpoint_started_);
+  options_.log.info("checkpoint of " + checkpoint_description_ + " in " +
+                    std::to_string(ms.count()) + " ms");
+  return ok();
+}
+
+status shard_core::write_checkpoint() {
+  if (options_.checkpoint_dir.empty())
+    return error{errc::invalid_argument,
+                 "this server has no checkpoint directory (checkpoint.dir, --checkpoint-dir)"};
+  if (auto previous = finish_checkpoint(); !previous)
+    return previous;
+  start_checkpoint();
+  return finish_checkpoint();
+}
+
+shard_snapshot shard_core::snapshot(snapshot_kind kind, bool dump_optimizer) const {
+  shard_snapshot out;
+  out.kind = kind;
+  out.layout = layout();
+  out.policy = policy_;
+  for (const auto& [ps_key, entry] : keys_) {
+    if (!entry.initialized())
+      continue;
+    key_snapshot key;
+    key.ps_key = ps_key;
+    key.type = entry.stored.dtype();
+    key.shape.assign(entry.stored.shape().begin(), entry.stored.shape().end());
+    key.completed = entry.completed();
+    if (entry.async)
+      for (std::uint32_t w = 0; w < options_.num_workers; ++w)
+        key.applied_per_worker.push_back(entry.async->pushes_of(w));
+    if (kind == snapshot_kind::checkpoint)
+      key.value = entry.stored;
+    out.keys.push_back(std::move(key));
+  }
+  if (updater_)
+    out.optimizer_states = updater_->save_states(dump_optimizer);
+  return out;
+}
+
+status shard_core::restore(const shard_snapshot& saved) {
+  auto refused = [](const std::string& why) {
+    return error{errc::invalid_argument, "restore: " + why};
+  };
+  if (saved.kind != snapshot_kind::checkpoint)
+    return refused("the file holds optimizer states, not a checkpoint");
+  if (auto differs = layout_differences(saved.layout, layout()); !differs.empty())
+    return refused("the checkpoint is of another layout: " + differs);
+  if (!keys_.empty())
+    return refused("the shard already holds keys");
+  if (saved.policy.quorum < 1 || saved.policy.quorum > options_.num_workers ||
+      saved.policy.max_rounds_ahead < 1)
+    return refused("the checkpoint's sync policy does not fit a job of " +
+                   std::to_string(options_.num_workers) + " workers");
+  std::uint64_t total = 0;
+  for (const auto& key : saved.keys) {
+    if (key.value.is_none() || key.value.nbytes() > options_.max_value_bytes)
+      return refused("key " + std::to_string(key.ps_key) +
+                     " has no value or one beyond max_value_bytes");
+    if (saved.policy.mode == consistency::async &&
+        key.applied_per_worker.size() != options_.num_workers)
+      return refused("key " + std::to_string(key.ps_key) + " counts pushes of " +
+                     std::to_string(key.applied_per_worker.size()) + " workers");
+    total += key.value.nbytes();
+  }
+  std::unique_ptr<updater> restored_updater;
+  if (saved.optimizer_states) {
+    // The states carry their optimizer (checkpoints dump it), which replaces this placeholder.
+    auto placeholder = optimizer::create("sgd", {});
+    if (!placeholder)
+      return placeholder.error();
+    restored_updater = std::make_unique<updater>(std::move(*placeholder));
+    auto shape_of = [&saved](std::int64_t index) -> std::optional<shape_vector> {
+      for (const auto& key : saved.keys)
+        if (key.ps_key == static_cast<std::uint64_t>(index))
+          return key.value.shape();
+      return std::nullopt;
+    };
+    if (auto loaded = restored_updater->load_states(*saved.optimizer_states, shape_of); !loaded)
+      return refused("optimizer states: " + loaded.error().message());
+  }
+  if (auto over = reserve_store(total))
+    return refused("its keys: " + *over);
+  policy_ = saved.policy;
+  for (const auto& key : saved.keys) {
+    key_entry entry;
+    entry.stored = key.value.copy();
+    if (policy_.mode == consistency::sync) {
+      entry.sync.emplace(entry.stored,
+                         sync_round_options{key.ps_key, options_.num_workers, policy_.quorum,
+                                            policy_.max_rounds_ahead});
+      entry.sync->resume_after(key.completed);
+    } else {
+      entry.async.emplace(key.ps_key, entry.stored, options_.num_workers);
+      entry.async->resume(key.applied_per_worker);
+    }
+    keys_.emplace(key.ps_key, std::move(entry));
+  }
+  updater_ = std::move(restored_updater);
+  checkpointed_progress_ = slowest_key();
+  options_.log.info("restored " + std::to_string(keys_.size()) + " keys at round " +
+                    std::to_string(checkpointed_progress_) + " (" +
+                    describe(policy_, options_.num_workers) + ")");
+  return ok();
 }
 
 // --- queries -------------------------------------------------------------------------------------

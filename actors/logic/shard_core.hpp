@@ -57,7 +57,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -68,6 +70,7 @@
 #include "actors/logic/async_pushes.hpp"
 #include "actors/logic/envelope.hpp"
 #include "actors/logic/pending_pulls.hpp"
+#include "actors/logic/shard_checkpoint.hpp"
 #include "actors/logic/shard_stats.hpp"
 #include "actors/logic/sync_round.hpp"
 #include "engine/log.hpp"
@@ -80,20 +83,6 @@ namespace troupe {
 /// dist_sync or dist_async: the wire's enumeration, under the name the engine side uses.
 using consistency = wire::consistency_mode;
 
-/// How a shard applies pushes (troupe.capnp SyncSettings).
-struct sync_policy {
-  consistency mode = consistency::sync;
-  /// dist_sync: workers whose whole push closes a round, 1..num_workers; 0: all of them.
-  std::uint32_t quorum = 0;
-  /// dist_sync with quorum < num_workers: multiply a round's sum by num_workers / quorum.
-  bool rescale_quorum = false;
-  /// dist_async: -1 none; s >= 0 bounds how far a worker's pulls run ahead of the slowest.
-  std::int64_t max_staleness = -1;
-  /// Rounds beyond the one being collected whose pushes a key keeps (>= 1).
-  std::uint32_t max_rounds_ahead = 2;
-  friend bool operator==(const sync_policy&, const sync_policy&) = default;
-};
-
 /// Makes the optimizer that set_optimizer names (optimizer::create unless a test says otherwise).
 using optimizer_factory =
     std::function<result<std::unique_ptr<optimizer>>(std::string_view, const optimizer_params&)>;
@@ -101,6 +90,20 @@ using optimizer_factory =
 struct shard_options {
   std::uint32_t shard_index = 0;
   std::uint32_t num_workers = 1;
+  /// Where the shard sits in the job, which decides its ps-keys; written into its files and
+  /// checked when they are loaded.
+  std::uint32_t num_servers = 1;
+  std::uint32_t server_rank = 0;
+  std::uint32_t shards_per_server = 1;
+  /// The server's checkpoint directory: periodic checkpoints and save_optimizer_states files go
+  /// there and nowhere else. Empty: the shard writes and reads no files.
+  std::filesystem::path checkpoint_dir;
+  /// Write a checkpoint each time every key of the shard has completed another K rounds
+  /// (dist_sync) or had another K pushes applied (dist_async); 0: not by rounds.
+  std::uint64_t checkpoint_every_rounds = 0;
+  /// Write a checkpoint when this long has passed since the last one and a key has changed
+  /// (checked at each sweep); 0: not by time.
+  std::chrono::milliseconds checkpoint_every{0};
   /// Until worker rank 0 sends sync_settings (or a sync_mode / async_mode command).
   sync_policy policy;
   /// Largest tensor payload per reply frame.
@@ -134,6 +137,11 @@ public:
   using reply_function = troupe::reply_function;
 
   explicit shard_core(shard_options options);
+  /// Waits for a checkpoint being written and, when the shard checkpoints periodically and a key
+  /// changed since, writes a last one.
+  ~shard_core();
+  shard_core(const shard_core&) = delete;
+  shard_core& operator=(const shard_core&) = delete;
 
   /// Handles one request; replies (now or when a round completes) go through `reply`, each with
   /// the request's connection id. Never throws.
@@ -145,6 +153,30 @@ public:
   /// Drops the waiting pulls whose request has expired by now (options.clock), without a reply;
   /// returns how many.
   std::size_t expire_pulls() noexcept;
+  /// Writes a checkpoint when options.checkpoint_every has passed since the last one and a key
+  /// has changed since; a failure is logged, and tried again at the next call. The actor's sweep
+  /// calls it.
+  void checkpoint_if_due() noexcept;
+
+  /// This shard's place in the job.
+  shard_layout layout() const noexcept;
+  /// The server's rank, once the scheduler has given it (options.server_rank until then).
+  void set_server_rank(std::uint32_t rank) noexcept { options_.server_rank = rank; }
+  /// The shard as a file holds it (actors/logic/shard_checkpoint.hpp): every initialised key's
+  /// dtype, shape and counts, its value in a checkpoint, and the optimizer's state (with the
+  /// optimizer itself when dump_optimizer).
+  shard_snapshot snapshot(snapshot_kind kind, bool dump_optimizer) const;
+  /// Writes snapshot(checkpoint) to checkpoint_file(options.checkpoint_dir, layout()) now, and
+  /// waits until it is on disk. (Periodic checkpoints are written on a thread of their own, one at
+  /// a time, while the shard goes on.)
+  status write_checkpoint();
+  /// Waits for the periodic checkpoint being written, if any; its outcome (counted in stats()).
+  status finish_checkpoint();
+  /// Takes the state of a checkpoint of the same layout into a shard that holds no key yet: the
+  /// policy, every key with its value and counts (pushes go on from the round after the saved
+  /// ones), and the optimizer with its state. Refuses, changing nothing, a snapshot of another
+  /// kind or layout (naming what differs), keys beyond the key budget, or states of another shape.
+  status restore(const shard_snapshot& saved);
 
   const shard_stats& stats() const noexcept { return stats_; }
   const sync_policy& policy() const noexcept { return policy_; }
@@ -181,6 +213,8 @@ private:
     pending_pulls pulls;
 
     bool initialized() const noexcept { return !init_assembly.has_value(); }
+    /// dist_sync: pushes of the round being collected have arrived (a save waits for it).
+    bool collecting() const noexcept { return sync && sync->collecting(); }
     /// Rounds completed (sync) or pushes applied (async).
     std::uint64_t completed() const noexcept;
   };
@@ -232,7 +266,19 @@ private:
   void on_sync_settings(const wire::sync_settings& msg, const reply_route& reply);
   void set_policy(const sync_policy& wanted, std::uint64_t request_id, const reply_route& reply);
   void on_command(const wire::command& msg, const reply_route& reply);
-  std::string checkpoint_path(const std::string& base) const;
+  /// save_optimizer_states / load_optimizer_states on this shard's file.
+  void on_states_command(const wire::command& msg, const reply_route& reply);
+  /// After a round closed or a push was applied: a checkpoint when every key has come another
+  /// checkpoint_every_rounds further, and the saves that waited for the open rounds.
+  void after_update();
+  /// The fewest rounds completed (or pushes applied) over the initialised keys.
+  std::uint64_t slowest_key() const noexcept;
+  bool any_round_collecting() const noexcept;
+  /// Takes a checkpoint's copy now and writes it on another thread; false (nothing taken) while
+  /// the previous one is still being written.
+  bool start_checkpoint();
+  /// A checkpoint when every key has come checkpoint_every_rounds further since the last.
+  void checkpoint_by_rounds();
 
   shard_options options_;
   sync_policy policy_;
@@ -241,6 +287,23 @@ private:
   /// live_[w]: worker w counts for bounded staleness.
   std::vector<bool> live_;
   shard_stats stats_;
+  /// slowest_key() when the last periodic checkpoint was written.
+  std::uint64_t checkpointed_progress_ = 0;
+  shard_clock::time_point last_checkpoint_;
+  /// A key changed since the last checkpoint.
+  bool changed_since_checkpoint_ = false;
+  /// The periodic checkpoint being written, and what it holds for the log.
+  std::future<status> checkpoint_in_flight_;
+  std::string checkpoint_description_;
+  shard_clock::time_point checkpoint_started_;
+  /// save_optimizer_states commands waiting for the rounds being collected to close (dist_sync),
+  /// so that a save right after a push holds that push's round. At most max_waiting_saves.
+  struct waiting_save {
+    wire::command msg;
+    reply_route reply;
+  };
+  std::vector<waiting_save> waiting_saves_;
+  static constexpr std::size_t max_waiting_saves = 16;
 };
 
 } // namespace troupe

@@ -20,6 +20,8 @@ struct shard_stats {
   std::uint64_t pulls_expired = 0;
   /// Requests refused with an error reply.
   std::uint64_t requests_refused = 0;
+  /// Checkpoints written (periodic ones; save_optimizer_states files are not counted).
+  std::uint64_t checkpoints_written = 0;
 };
 
 /// Sums stats of several shards (max_lead: the largest).
@@ -29,6 +31,7 @@ inline shard_stats& operator+=(shard_stats& total, const shard_stats& more) noex
   total.max_lead = std::max(total.max_lead, more.max_lead);
   total.pulls_expired += more.pulls_expired;
   total.requests_refused += more.requests_refused;
+  total.checkpoints_written += more.checkpoints_written;
   return total;
 }
 

@@ -43,6 +43,11 @@ sync_round::sync_round(const ndarray& like, sync_round_options options)
     : options_(options), layout_(like), wire_type_(to_wire(like.dtype())),
       workers_(options.num_workers) {}
 
+bool sync_round::collecting() const noexcept {
+  return done_ > 0 || std::any_of(workers_.begin(), workers_.end(),
+                                  [](const worker_state& worker) { return worker.bytes > 0; });
+}
+
 chunk_outcome sync_round::add(const push_chunk& chunk) {
   if (chunk.round > completed_)
     return refuse(wire::error_code::internal, chunk, "a later round's chunk reached add()");

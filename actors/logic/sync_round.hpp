@@ -89,6 +89,11 @@ public:
   std::uint64_t dropped() const noexcept { return dropped_; }
   /// Deferred pushes waiting for their round.
   std::size_t deferred() const noexcept { return deferred_.size(); }
+  /// Bytes of the round being collected have arrived from some worker.
+  bool collecting() const noexcept;
+  /// Continues a key restored from a checkpoint: `rounds` are complete, the next one opens.
+  /// Only before any chunk was added.
+  void resume_after(std::uint64_t rounds) noexcept { completed_ = rounds; }
   const sync_round_options& options() const noexcept { return options_; }
 
   /// Takes a chunk of the round being collected or of an earlier one (chunk.round <= completed();

@@ -16,6 +16,8 @@
 #include <caf/io/basp/header.hpp>
 #include <caf/io/basp/version.hpp>
 
+#include "actors/logic/shard_checkpoint.hpp"
+#include "engine/serialize.hpp"
 #include "process_support.hpp"
 #include "tests/raw_peer.hpp"
 
@@ -370,6 +372,58 @@ BOOST_AUTO_TEST_CASE(without_an_optimizer_each_round_replaces_the_value_with_its
   require_job_success(
       launch_job(3, 2, {"--check", "replace", "--rounds", "3", "--shapes", "2x3,1211x1211"}), 3,
       "replace");
+}
+
+BOOST_AUTO_TEST_CASE(servers_write_a_checkpoint_every_round_into_their_own_directory) {
+  temp_dir dir;
+  const auto checkpoints = dir / "checkpoints"; // made by the servers, mode 700
+  const auto port = std::to_string(free_port());
+  const std::vector<std::string> server_flags{
+      "--checkpoint-dir", checkpoints.string(), "--checkpoint-every-rounds", "1", "--shards", "2"};
+  child_process scheduler{node_path, {}, node_env("scheduler", 2, 2, port)};
+  std::vector<std::unique_ptr<child_process>> nodes;
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(std::make_unique<child_process>(
+        node_path, server_flags, node_env("server", 2, 2, port, {{"PS_VERBOSE", "1"}})));
+  for (int i = 0; i < 2; ++i)
+    nodes.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "sync", "--rounds", "3", "--shapes", "2x3,1211x1211"},
+        node_env("worker", 2, 2, port)));
+  std::string server_logs;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    auto result = nodes[i]->wait(120s);
+    BOOST_TEST_REQUIRE(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+    if (i < 2)
+      server_logs += result.err;
+  }
+  BOOST_TEST(scheduler.wait(60s).exit_code == 0);
+  BOOST_TEST(((fs::status(checkpoints).permissions() & fs::perms::all) == fs::perms::owner_all));
+
+  // Every file is whole and holds every key of its shard after the last round; together they
+  // hold both keys, the big one split over the two servers.
+  std::int64_t elements = 0;
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(checkpoints)) {
+    ++files;
+    BOOST_TEST(entry.path().extension() == ".ckpt", entry.path());
+    auto bytes = troupe::read_file(entry.path().string());
+    BOOST_TEST_REQUIRE(bytes.has_value());
+    auto saved = troupe::decode_snapshot(*bytes, entry.path().string());
+    if (!saved)
+      BOOST_FAIL(saved.error().message());
+    BOOST_TEST(saved->layout.num_servers == 2u);
+    BOOST_TEST(saved->layout.shards_per_server == 2u);
+    BOOST_TEST(troupe::checkpoint_file(checkpoints, saved->layout) == entry.path());
+    for (const auto& key : saved->keys) {
+      BOOST_TEST(key.completed == 3u, entry.path() << " ps-key " << key.ps_key);
+      elements += key.value.size();
+    }
+  }
+  BOOST_TEST(files >= 2u);
+  BOOST_TEST(elements == 6 + 1211 * 1211);
+  BOOST_TEST(count_lines(server_logs, "checkpoints written") == 2u, server_logs);
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_within_the_timeout) {

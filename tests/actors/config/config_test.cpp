@@ -435,6 +435,12 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "3",
                             "--max-rounds-ahead",
                             "4",
+                            "--checkpoint-dir",
+                            "/var/lib/troupe/j",
+                            "--checkpoint-every-rounds",
+                            "50",
+                            "--checkpoint-every",
+                            "10m",
                             "--server-device",
                             "gpu(1)"});
   auto cfg = load_ok(std::nullopt, {}, flags);
@@ -464,6 +470,9 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST((cfg.max_staleness == 3));
   BOOST_TEST(cfg.max_rounds_ahead == 4);
   BOOST_TEST(cfg.server_device == "gpu(1)");
+  BOOST_TEST(cfg.checkpoint_dir == "/var/lib/troupe/j");
+  BOOST_TEST(cfg.checkpoint_every_rounds == 50);
+  BOOST_TEST(cfg.checkpoint_every == 10min);
   std::size_t with_flag = 0;
   for (const auto& key : config_keys())
     with_flag += key.flag.empty() ? 0 : 1;
@@ -474,6 +483,12 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--timeout", "5"})).message() ==
              "--timeout must be a positive duration such as \"500ms\", \"5s\" or \"2m\", got "
              "\"5\"");
+  // A period that may be off: "0s" turns it off, a bad one is named.
+  BOOST_TEST(
+      load_ok(std::nullopt, {}, parse_flags({"--checkpoint-every", "0s"})).checkpoint_every == 0ms);
+  BOOST_TEST(load_error(std::nullopt, {}, parse_flags({"--checkpoint-every", "often"})).message() ==
+             "--checkpoint-every must be a duration such as \"30s\" or \"10m\", or \"0s\" for "
+             "never, got \"often\"");
 }
 
 BOOST_AUTO_TEST_CASE(values_that_contradict_each_other_name_both_keys) {

@@ -16,6 +16,7 @@
 
 using namespace troupe;
 using troupe::testing::in_process_job;
+using troupe::testing::in_process_options;
 using troupe::testing::problems;
 using troupe::testing::temp_dir;
 
@@ -555,14 +556,17 @@ BOOST_AUTO_TEST_CASE(load_states_errors_name_the_file) {
 
 BOOST_AUTO_TEST_CASE(dist_sync_with_update_on_kvstore_saves_and_loads_the_servers_states) {
   temp_dir dir;
-  const auto file = (dir / "servers.states").string();
+  // The servers write under their checkpoint directory: the trainer names the file there.
+  const std::string file = "servers.states";
+  in_process_options servers;
+  servers.checkpoint_dir = dir.path();
   const std::uint32_t workers = 2;
   const optimizer_params hyper{{"learning_rate", 0.05}};
   std::vector<std::vector<std::vector<float>>> straight(workers), at_save(workers),
       resumed(workers);
   problems seen;
   {
-    in_process_job job{"dist_sync", workers, 2};
+    in_process_job job{"dist_sync", workers, 2, servers};
     job.run([&](std::uint32_t rank, kvstore& kv) {
       auto params = seeded_params(1);
       auto t = trainer::create(params, "adam", hyper, &kv, true);
@@ -583,7 +587,7 @@ BOOST_AUTO_TEST_CASE(dist_sync_with_update_on_kvstore_saves_and_loads_the_server
     });
   }
   {
-    in_process_job job{"dist_sync", workers, 2};
+    in_process_job job{"dist_sync", workers, 2, servers};
     job.run([&](std::uint32_t rank, kvstore& kv) {
       auto params = seeded_params(1);
       for (std::size_t p = 0; p < params.size(); ++p)

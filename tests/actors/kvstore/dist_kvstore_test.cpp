@@ -13,6 +13,7 @@
 #include "actors/logic/key_placement.hpp"
 #include "tests/actors/kvstore/array_checks.hpp"
 #include "tests/actors/kvstore/in_process_job.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace troupe;
 using troupe::testing::first_mismatch;
@@ -341,16 +342,17 @@ BOOST_AUTO_TEST_CASE(bad_input_gets_an_error_naming_the_key_and_changes_nothing)
 }
 
 BOOST_AUTO_TEST_CASE(the_servers_optimizer_state_is_saved_and_restored_bit_for_bit) {
-  auto base = (std::filesystem::temp_directory_path() /
-               ("troupe-dist-states-" + std::to_string(::getpid())))
-                  .string();
+  troupe::testing::temp_dir dir;
+  troupe::testing::in_process_options options;
+  options.checkpoint_dir = dir.path();
+  const std::string base = "states";
   optimizer_params sgd{{"learning_rate", 0.05}, {"momentum", 0.9}};
   auto grad_of = [](std::uint32_t rank, int round) {
     return ndarray::random_normal(0, 1, {1'200'000}, rank * 100 + round);
   };
   ndarray at_save, expected;
   {
-    in_process_job job{"dist_sync", 2, 2};
+    in_process_job job{"dist_sync", 2, 2, options};
     problems seen;
     job.run([&](std::uint32_t rank, kvstore& kv) {
       if (!seen.check(kv.init(0, ndarray::zeros({1'200'000})), "init") ||
@@ -377,7 +379,7 @@ BOOST_AUTO_TEST_CASE(the_servers_optimizer_state_is_saved_and_restored_bit_for_b
     });
     BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
   }
-  in_process_job job{"dist_sync", 2, 2};
+  in_process_job job{"dist_sync", 2, 2, options};
   problems seen;
   ndarray resumed;
   job.run([&](std::uint32_t rank, kvstore& kv) {
@@ -399,8 +401,35 @@ BOOST_AUTO_TEST_CASE(the_servers_optimizer_state_is_saved_and_restored_bit_for_b
   BOOST_TEST((resumed.to_vector<float>() == expected.to_vector<float>()));
   for (int server = 0; server < 2; ++server)
     for (int shard = 0; shard < 2; ++shard)
-      std::filesystem::remove(base + ".server" + std::to_string(server) + ".shard" +
-                              std::to_string(shard));
+      BOOST_TEST(std::filesystem::exists(
+          dir / (base + ".server" + std::to_string(server) + ".shard" + std::to_string(shard))));
+}
+
+BOOST_AUTO_TEST_CASE(servers_write_states_only_inside_their_checkpoint_directory) {
+  troupe::testing::temp_dir dir;
+  troupe::testing::in_process_options options;
+  options.checkpoint_dir = dir / "ckpt";
+  std::filesystem::create_directory(options.checkpoint_dir);
+  in_process_job job{"dist_sync", 1, 2, options};
+  problems seen;
+  job.run([&](std::uint32_t, kvstore& kv) {
+    if (!seen.check(kv.init(0, ndarray::zeros({10})), "init") ||
+        !seen.check(kv.set_optimizer("sgd", {{"learning_rate", 0.1}}), "set_optimizer"))
+      return;
+    auto outside = kv.save_optimizer_states((dir / "outside").string());
+    if (outside || outside.error().message().find("absolute") == std::string::npos)
+      seen.add("an absolute path was not refused");
+    auto escaping = kv.save_optimizer_states("../outside");
+    if (escaping || escaping.error().message().find("'..'") == std::string::npos)
+      seen.add("a '..' name was not refused");
+    (void)seen.check(kv.save_optimizer_states("inside", true), "save inside");
+  });
+  BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
+  BOOST_TEST(std::filesystem::exists(options.checkpoint_dir / "inside.server1.shard1"));
+  std::size_t outside_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    outside_files += entry.path().filename() != "ckpt";
+  BOOST_TEST(outside_files == 0u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -90,6 +91,8 @@ struct in_process_options {
   bool rescale_quorum = false;
   std::int64_t max_staleness = -1;
   std::uint32_t max_rounds_ahead = 2;
+  /// The servers' checkpoint directory (server_node_options::checkpoint_dir); empty: none.
+  std::filesystem::path checkpoint_dir;
   /// Puts an actor between the servers and worker `rank`'s replies: it gets the job's actor
   /// system and the worker's handle, and returns the sink the servers answer to (the worker
   /// itself when empty).
@@ -125,9 +128,17 @@ struct in_process_job {
                  const in_process_options& options)
       : barrier(num_workers) {
     auto mode = type.find("async") != std::string::npos ? consistency::async : consistency::sync;
-    for (std::uint32_t s = 0; s < num_servers; ++s)
-      servers.push_back(std::make_unique<server_node>(
-          system, server_node_options{num_workers, options.shards, mode, options.chunk_bytes}));
+    for (std::uint32_t s = 0; s < num_servers; ++s) {
+      server_node_options server;
+      server.num_workers = num_workers;
+      server.shards = options.shards;
+      server.num_servers = num_servers;
+      server.server_rank = s;
+      server.mode = mode;
+      server.chunk_bytes = options.chunk_bytes;
+      server.checkpoint_dir = options.checkpoint_dir;
+      servers.push_back(std::make_unique<server_node>(system, std::move(server)));
+    }
     for (std::uint32_t rank = 0; rank < num_workers; ++rank) {
       worker_setup setup;
       setup.system = &system;
