@@ -659,19 +659,58 @@ std::string octal_mode(mode_t mode) {
   return text;
 }
 
-status apply_file(builder& b, const std::filesystem::path& path) {
+/// The key that line `number` (from 1) of TOML `text` sets, as "section.key" (or "key" before
+/// any table), when the line is a plain `key = ...`: what a parse error on that line (a number
+/// too big for 64 bits, an unterminated string) is about.
+std::optional<std::string> key_on_line(std::string_view text, std::size_t number) {
+  auto is_key_char = [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; };
+  auto trimmed = [](std::string_view line) {
+    const auto first = line.find_first_not_of(" \t");
+    return first == std::string_view::npos ? std::string_view{} : line.substr(first);
+  };
+  std::string section;
+  std::size_t start = 0;
+  for (std::size_t line_number = 1; start <= text.size(); ++line_number) {
+    const auto end = std::min(text.find('\n', start), text.size());
+    const std::string_view line = trimmed(text.substr(start, end - start));
+    start = end + 1;
+    if (line_number < number) {
+      if (line.starts_with('[') && !line.starts_with("[[") &&
+          line.find(']') != std::string_view::npos)
+        section = trimmed(line.substr(1, line.find(']') - 1));
+      continue;
+    }
+    const auto key_end = std::find_if_not(line.begin(), line.end(), is_key_char) - line.begin();
+    const std::string_view key = line.substr(0, static_cast<std::size_t>(key_end));
+    if (key.empty() || !trimmed(line.substr(key.size())).starts_with('='))
+      return std::nullopt;
+    while (!section.empty() && (section.back() == ' ' || section.back() == '\t'))
+      section.pop_back();
+    return section.empty() ? std::string(key) : section + "." + std::string(key);
+  }
+  return std::nullopt;
+}
+
+/// Applies the cluster file at `path`. `named_by` is what named the file ("--config",
+/// "TROUPE_CONFIG"; empty: the caller), so that an unreadable file says where its path came from.
+status apply_file(builder& b, const std::filesystem::path& path, std::string_view named_by) {
   const std::string name = path.string();
   auto file = read_whole_file(name, "config file");
   if (!file)
-    return file.error();
+    return named_by.empty()
+               ? file.error()
+               : error{file.error().code(), std::string(named_by) + ": " + file.error().message()};
   toml::table root;
   try {
     root = toml::parse(file->text, name);
   } catch (const toml::parse_error& err) {
-    // One line, whatever the parser says.
+    // One line, whatever the parser says, naming the key of the line when it is a plain one.
     std::string description{err.description()};
     std::replace(description.begin(), description.end(), '\n', ' ');
-    return error{errc::corrupt_data, position(name, err.source().begin) + ": " + description};
+    std::string where = position(name, err.source().begin);
+    if (auto key = key_on_line(file->text, err.source().begin.line))
+      where += ": " + *key;
+    return error{errc::corrupt_data, where + ": " + description};
   }
   for (auto&& [section_key, section_node] : root) {
     const std::string section{section_key.str()};
@@ -928,18 +967,40 @@ void add_config_flags(CLI::App& app, config_overrides& out) {
   }
 }
 
+std::optional<int> parse_command_line(CLI::App& app, std::string_view program, int argc,
+                                      const char* const* argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& failure) {
+    if (failure.get_exit_code() == 0)
+      return app.exit(failure);
+    // CLI11's own exit codes and its "Run with --help" line would break the usage contract.
+    std::string what = failure.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(program.size()), program.data(),
+                 what.c_str());
+    return 2;
+  }
+  return std::nullopt;
+}
+
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags) {
   builder b;
   environment_values environment = read_environment(env);
 
   std::optional<std::filesystem::path> path = file;
-  if (!path)
+  std::string_view named_by;
+  if (!path && flags.config_file) {
     path = flags.config_file;
-  if (!path)
+    named_by = "--config";
+  }
+  if (!path && environment.config_file) {
     path = environment.config_file;
+    named_by = "TROUPE_CONFIG";
+  }
   if (path)
-    if (auto applied = apply_file(b, *path); !applied)
+    if (auto applied = apply_file(b, *path, named_by); !applied)
       return applied.error();
 
   // Within the environment DMLC_NODE_HOST beats DMLC_INTERFACE: resolve() prefers node.host.

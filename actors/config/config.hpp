@@ -205,16 +205,25 @@ struct config_overrides {
 /// "Cluster configuration". The flags write into `out`, which must outlive the parse.
 void add_config_flags(CLI::App& app, config_overrides& out);
 
+/// Parses `argv` into `app` as every troupe program does. nullopt: the program goes on. Otherwise
+/// the code the program returns at once: 0 after --help (printed on stdout), 2 after a usage error
+/// (an unknown flag, a bad value CLI11 checks), printed as the one line "<program>: <what is
+/// wrong>" on stderr, as the program's other usage errors are.
+std::optional<int> parse_command_line(CLI::App& app, std::string_view program, int argc,
+                                      const char* const* argv);
+
 /// The configuration from defaults < file < environment < flags.
 ///
 /// The file is `file` if given, else `flags.config_file`, else the one TROUPE_CONFIG names, else
-/// none. Errors (errc::io_error for an unreadable file, errc::corrupt_data for a file that is not
-/// TOML, errc::invalid_argument for an unknown key or a bad value) carry one line naming the file
-/// position, the variable or the flag. The token stays private: a token file (job.token_file)
-/// that group or others may read or write is refused, and so is a non-empty job.token in a
-/// cluster file they may read or write (TROUPE_JOB_TOKEN is allowed); no message shows a token.
-/// data.chunk_bytes is checked with wire::chunker's rule (wire::valid_chunk_bytes). Does no
-/// network activity beyond reading the addresses of the local interfaces (for DMLC_INTERFACE).
+/// none. Errors (errc::io_error for an unreadable file, naming --config or TROUPE_CONFIG when the
+/// path came from there; errc::corrupt_data for a file that is not TOML, naming the key of the
+/// broken line when it is a plain `key = ...`; errc::invalid_argument for an unknown key or a bad
+/// value) carry one line naming the file position, the variable or the flag. The token stays
+/// private: a token file (job.token_file) that group or others may read or write is refused, and
+/// so is a non-empty job.token in a cluster file they may read or write (TROUPE_JOB_TOKEN is
+/// allowed); no message shows a token. data.chunk_bytes is checked with wire::chunker's rule
+/// (wire::valid_chunk_bytes). Does no network activity beyond reading the addresses of the local
+/// interfaces (for DMLC_INTERFACE).
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags);
 

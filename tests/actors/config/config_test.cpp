@@ -357,11 +357,36 @@ BOOST_AUTO_TEST_CASE(broken_toml_is_corrupt_data_naming_file_and_line) {
   BOOST_TEST(load_error(duplicate).message().find(duplicate.string() + ":3:") == 0);
 }
 
-BOOST_AUTO_TEST_CASE(a_missing_file_is_an_io_error_naming_it) {
+// What the parser refuses on a plain `key = ...` line is said with the key, as a bad value is.
+BOOST_AUTO_TEST_CASE(broken_toml_on_a_key_s_line_names_the_key) {
   temp_dir dir;
-  auto err = load_error(dir.path() / "absent.toml");
+  auto big =
+      dir.write("big.toml", "[job]\nid = \"j\"\n\n[ scheduler ]\nport = 99999999999999999999\n");
+  auto err = load_error(big);
+  BOOST_TEST((err.code() == errc::corrupt_data));
+  BOOST_TEST(err.message().find(big.string() + ":5:28: scheduler.port: ") == 0, err.message());
+  auto unterminated = dir.write("string.toml", "[job]\n  id = \"j\n");
+  BOOST_TEST(load_error(unterminated).message().find(unterminated.string() + ":2:") == 0);
+  BOOST_TEST(load_error(unterminated).message().find(": job.id: ") != std::string::npos);
+  auto outside = dir.write("outside.toml", "num_workers = 99999999999999999999\n");
+  BOOST_TEST(load_error(outside).message().find(": num_workers: ") != std::string::npos);
+  // A line that sets no plain key names no key.
+  auto header = dir.write("header.toml", "[job]\nid = \"j\"\n[scheduler\n");
+  BOOST_TEST(load_error(header).message().find(": job.id") == std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_missing_file_is_an_io_error_naming_it_and_what_named_it) {
+  temp_dir dir;
+  const auto absent = dir.path() / "absent.toml";
+  auto err = load_error(absent);
   BOOST_TEST((err.code() == errc::io_error));
-  BOOST_TEST(err.message().find("absent.toml") != std::string::npos);
+  BOOST_TEST(err.message() ==
+             "cannot read config file " + absent.string() + ": No such file or directory");
+  auto from_flag = load_error(std::nullopt, {}, parse_flags({"--config", absent.string()}));
+  BOOST_TEST((from_flag.code() == errc::io_error));
+  BOOST_TEST(from_flag.message() == "--config: " + err.message());
+  auto from_env = load_error(std::nullopt, {{"TROUPE_CONFIG", absent.string()}});
+  BOOST_TEST(from_env.message() == "TROUPE_CONFIG: " + err.message());
 }
 
 BOOST_AUTO_TEST_CASE(troupe_config_names_the_file_when_no_flag_does) {
