@@ -360,33 +360,29 @@ std::optional<int> serve_if_node_role(int argc, const char* const* argv) {
     role_text = flag->second;
   else if (auto variable = environment("DMLC_ROLE"))
     role_text = *variable;
+  // A configuration that stops the node is the answer to the command line, said as the program
+  // says a bad flag: its name, the message, one line.
+  auto usage_error = [argc, argv](const error& why) {
+    const std::string program =
+        argc > 0 ? std::filesystem::path(argv[0]).filename().string() : std::string("troupe");
+    std::fprintf(stderr, "%s: %s\n", program.c_str(), why.message().c_str());
+    return 2;
+  };
   if (role_text) {
     role = parse_role(*role_text);
-    // A role nobody can read: neither a worker's program nor a node may carry on with it. Said
-    // as the program says a bad flag: its name, the message, one line.
-    if (!role) {
-      const std::string program =
-          argc > 0 ? std::filesystem::path(argv[0]).filename().string() : std::string("troupe");
-      std::fprintf(stderr, "%s: %s\n", program.c_str(), config.error().message().c_str());
-      return 2;
-    }
+    // A role nobody can read: neither a worker's program nor a node may carry on with it.
+    if (!role)
+      return usage_error(config.error());
   }
   if (!role || *role == node_role::worker)
     return std::nullopt;
 
-  const logger log{node_name(to_string(*role), std::nullopt, ""), 0};
-  if (flag_error) {
-    log.error(flag_error->message());
-    return 2;
-  }
-  if (!config) {
-    log.error(config.error().message());
-    return 2;
-  }
-  if (auto valid = check_node_config(*config); !valid) {
-    log.error(valid.error().message());
-    return 2;
-  }
+  if (flag_error)
+    return usage_error(*flag_error);
+  if (!config)
+    return usage_error(config.error());
+  if (auto valid = check_node_config(*config); !valid)
+    return usage_error(valid.error());
   return serve_node(*config);
 }
 

@@ -78,8 +78,9 @@ int serve_node(const cluster_config& config,
 /// other argument is left to the program, which should accept the same flags and pass them to
 /// kvstore::create). When it names the role scheduler or server, runs that node until the job
 /// ends and returns the exit code the program should return (serve_node's; 2 for a bad
-/// configuration, logged, or a role that is none of scheduler, server and worker); for a worker,
-/// or no role, returns nullopt at once and the program goes on. It never ends the process itself.
+/// configuration or a role that is none of scheduler, server and worker, printed as the one line
+/// "<program>: <message>", <program> being argv[0]'s file name); for a worker, or no role,
+/// returns nullopt at once and the program goes on. It never ends the process itself.
 std::optional<int> serve_if_node_role(int argc, const char* const* argv);
 
 /// What a worker's store (actors/kvstore/dist_kvstore.hpp) runs on: its type and options, its place

@@ -7,8 +7,9 @@
 // optimizer (rescale_grad 2), and checks each pulled value against MXNet's closed form
 // 1 + W n(n+1)(i+1) for W workers (1 in the local modes); then it trains a least-squares weight
 // with SGD and momentum in a local store, saves the optimizer state, and shows that a second
-// store resumes from it bit for bit. Exit status 0 when every check holds; 2 (one line) for a
-// dist_sync worker whose configuration is bad or incomplete; 1 when anything else fails.
+// store resumes from it bit for bit. Exit status 0 when every check holds; 2 (one line) for a bad
+// flag, a bad value in the environment or the cluster file (whatever the store), or a dist_sync
+// worker whose configuration is incomplete; 1 when anything else fails.
 //
 // As every troupe program, it starts with serve_if_node_role: under a tracker that runs one
 // program for every role (DMLC_ROLE=scheduler or server) it serves the job and exits with the
@@ -57,13 +58,17 @@ int main(int argc, char** argv) {
   app.add_option("--contexts", contexts, "cpu contexts pushing each round")
       ->check(CLI::Range(1, 64));
   app.add_option("--rounds", rounds, "push rounds")->check(CLI::Range(1, 1000));
-  CLI11_PARSE(app, argc, argv);
-  // A bad or missing value of the configuration the store will read is a usage error.
-  if (type.starts_with("dist"))
-    if (auto config = load_worker_config(process_environment(), {}); !config) {
-      std::cerr << "kvstore_demo: " << config.error().message() << "\n";
-      return 2;
-    }
+  if (auto done = parse_command_line(app, "kvstore_demo", argc, argv))
+    return *done;
+  // A bad or missing value of the configuration the store will read is a usage error. A local
+  // store reads none, but a broken environment (DMLC_NUM_WORKER=abc) is a broken setup all the
+  // same: the program says so rather than run as if nothing were set.
+  auto config = type.starts_with("dist") ? load_worker_config(process_environment(), {})
+                                         : load_config(std::nullopt, process_environment(), {});
+  if (!config) {
+    std::cerr << "kvstore_demo: " << config.error().message() << "\n";
+    return 2;
+  }
 
   auto created = kvstore::create(type);
   if (!created)

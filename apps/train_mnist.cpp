@@ -855,12 +855,8 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"Fashion-MNIST training with troupe's gluon-style API (local or distributed)"};
   add_flags(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help exits 0; every other parse error is a usage error (2), not CLI11's own codes.
-    return app.exit(e) == 0 ? 0 : exit_usage;
-  }
+  if (auto done = parse_command_line(app, "train_mnist", argc, argv))
+    return *done;
   o.momentum_given = app.count("--momentum") > 0;
   auto contexts = check_flags(o);
   if (!contexts)

@@ -712,9 +712,9 @@ result<troupe::cluster_config> load_job_config(const options& opt, int num_serve
     overrides.set("scheduler.host", "127.0.0.1");
   // The scheduler's own view: its bind address is where its port must be free.
   overrides.set("job.role", "scheduler");
-  return troupe::load_config(opt.config ? std::optional<std::filesystem::path>(*opt.config)
-                                        : std::nullopt,
-                             troupe::process_environment(), overrides);
+  if (opt.config)
+    overrides.config_file = *opt.config;
+  return troupe::load_config(std::nullopt, troupe::process_environment(), overrides);
 }
 
 /// The hosts of ssh mode, from the hostfile. Warns when the scheduler's address is one that other
@@ -883,13 +883,8 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe-launch: starts a troupe job (scheduler, servers, workers), as MXNet's "
                "tools/launch.py does."};
   add_flags(app, opt);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0)
-      return app.exit(e);
-    return usage_error(e.what());
-  }
+  if (auto done = troupe::parse_command_line(app, "troupe-launch", argc, argv))
+    return *done;
 
   // Everything that can be wrong with the request is checked before anything starts.
   auto stop_grace = troupe::parse_duration(opt.stop_grace);

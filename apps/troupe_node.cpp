@@ -40,13 +40,9 @@ int main(int argc, char** argv) {
              "timeout); 2 a bad configuration or a port in use.");
   config_overrides flags;
   add_config_flags(app, flags);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& failure) {
-    auto code = app.exit(failure);
-    return code == 0 ? 0 : 2;
-  }
-  auto config = load_config(flags.config_file, process_environment(), flags);
+  if (auto done = parse_command_line(app, "troupe-node", argc, argv))
+    return *done;
+  auto config = load_config(std::nullopt, process_environment(), flags);
   if (!config)
     return configuration_error(config.error());
   if (!config->role || *config->role == node_role::worker)

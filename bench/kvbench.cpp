@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   app.add_option("--type", type);
   config_overrides cluster_flags;
   add_config_flags(app, cluster_flags);
-  CLI11_PARSE(app, argc, argv);
+  if (auto done = parse_command_line(app, "kvbench", argc, argv))
+    return *done;
   // A bad or missing value of the configuration the store will read is a usage error.
   if (type.starts_with("dist"))
     if (auto config = load_worker_config(process_environment(), cluster_flags); !config) {
