@@ -1,9 +1,10 @@
 #pragma once
 // A TCP socket listening on 127.0.0.1 at a port the kernel chose: a port that was free a moment
-// ago (construct, read port(), destroy), a port that is taken, or a listener a test plays a peer
-// on (accept()).
+// ago (construct, read port(), destroy), a port that is taken, a listener a test plays a peer on
+// (accept()), or one that shows whether anybody connected (accept_waiting()).
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -40,6 +41,16 @@ public:
       timeval timeout{5, 0};
       ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
     }
+    return fd;
+  }
+
+  /// The socket of a connection already made to this port, or -1 at once when nobody has
+  /// connected (a non-blocking accept); the caller closes it.
+  int accept_waiting() const {
+    const int flags = ::fcntl(fd_, F_GETFL);
+    ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+    const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    ::fcntl(fd_, F_SETFL, flags);
     return fd;
   }
 
