@@ -148,6 +148,8 @@ result<job_outcome> run_scheduler(const cluster_config& config,
   node_runtime runtime;
   scheduler_options options;
   options.host = config.scheduler_host;
+  // The configuration makes it scheduler.host unless node.bind says otherwise.
+  options.bind = config.bind_address;
   options.port = config.scheduler_port.value_or(0);
   options.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
   options.quorum = static_cast<std::uint32_t>(config.quorum.value_or(0));
@@ -293,7 +295,7 @@ status check_node_config(const cluster_config& config) {
   if (auto valid = validate_for_role(config, role); !valid)
     return valid;
   if (role == node_role::scheduler)
-    return check_port_free(config.scheduler_host, config.scheduler_port.value_or(0));
+    return check_port_free(config.bind_address, config.scheduler_port.value_or(0));
   if (auto device = server_update_device(config); !device)
     return device.error();
   if (auto directory = prepare_checkpoint_dir(config); !directory)
@@ -304,8 +306,7 @@ status check_node_config(const cluster_config& config) {
 int serve_node(const cluster_config& config,
                const std::function<void(std::uint16_t port)>& on_listening) {
   if (config.auth_token.empty()) {
-    const std::string& listening =
-        config.role == node_role::scheduler ? config.scheduler_host : config.bind_address;
+    const std::string& listening = config.bind_address;
     if (!is_loopback(listening))
       logger{"troupe", 0}.warning(
           "listening on " + listening +

@@ -671,7 +671,7 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
                      std::to_string(value.count()) + " ms");
 
   completion<job_outcome> outcome;
-  const std::string host = options.host;
+  const std::string host = options.bind.empty() ? options.host : options.bind;
   const std::uint16_t port = options.port;
   data_server_options listening;
   listening.tuning =

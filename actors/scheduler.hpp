@@ -115,8 +115,11 @@ std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers);
 
 /// How the scheduler of one job runs. Durations are wall-clock.
 struct scheduler_options {
-  /// Address the scheduler's port binds to (DMLC_PS_ROOT_URI). Default: loopback only.
+  /// Address nodes reach the scheduler at (DMLC_PS_ROOT_URI), as the membership table says.
+  /// Default: loopback only.
   std::string host = "127.0.0.1";
+  /// Address the scheduler's port binds (node.bind: "0.0.0.0" for every interface); empty: host.
+  std::string bind;
   /// Port to bind (DMLC_PS_ROOT_PORT); 0 lets the OS pick one (spawn_scheduler reports it).
   std::uint16_t port = 0;
   /// DMLC_NUM_WORKER, >= 1.

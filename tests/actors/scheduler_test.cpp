@@ -320,6 +320,21 @@ job_outcome job_fixture::finish(std::vector<std::unique_ptr<node_agent>>& agents
 
 BOOST_AUTO_TEST_SUITE(scheduler_control_plane)
 
+BOOST_AUTO_TEST_CASE(the_scheduler_binds_node_bind_and_tells_nodes_its_host) {
+  node_process side;
+  scheduler_options options;
+  options.host = "127.0.0.1";
+  options.bind = "127.0.0.3";
+  options.job_id = "bind";
+  auto spawned = spawn_scheduler(side.sys, options);
+  if (!spawned)
+    BOOST_FAIL(spawned.error().to_string());
+  const auto port = spawned->port();
+  BOOST_TEST(raw_peer(port, "127.0.0.3").connected);
+  BOOST_TEST(!raw_peer(port, "127.0.0.1").connected);
+  spawned->stop();
+}
+
 BOOST_AUTO_TEST_CASE(membership_key_ranges_are_ps_lites_server_ranges_without_gaps_between) {
   for (std::uint32_t servers : {1u, 2u, 3u, 7u, 1000u}) {
     BOOST_TEST_CONTEXT(servers << " servers") {
