@@ -57,6 +57,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/logic/data_link_framing.hpp"
+#include "actors/logic/link_tls.hpp"
 #include "actors/logic/shm_arena.hpp"
 
 namespace troupe {
@@ -130,6 +131,12 @@ struct link_connection {
   std::shared_ptr<shm_peer_arena> rx;
   /// The peer's link hello showed our host identity.
   bool peer_same_host = false;
+
+  /// TLS (link_tls.hpp): the session, and the frame receiver's read being filled from it (what
+  /// the scribe's read buffer is without TLS). read_bytes: the socket read configured.
+  std::unique_ptr<tls_session> tls;
+  std::vector<char> plain;
+  std::size_t read_bytes = 0;
 
   link_connection(const link_connection&) = delete;
   link_connection& operator=(const link_connection&) = delete;
@@ -227,8 +234,38 @@ void queue_unmetered(link_connection& c, const wire::message& msg, const data_li
   }
 }
 
-/// Hands admitted bytes to CAF while the in-flight bound allows, flushing each step.
-void pump(caf::io::abstract_broker* self, link_connection& c, const data_link_tuning& tuning) {
+/// pump under TLS: what the session says on its own (handshake, alerts) goes first; admitted
+/// bytes are sealed into records once the handshake is done. The bound counts ciphertext, as
+/// CAF's reports do. Returns why the session cannot send, if it cannot.
+std::optional<std::string> pump_sealed(caf::io::abstract_broker* self, link_connection& c,
+                                       const data_link_tuning& tuning) {
+  // One plaintext step at a time per thread, however many connections.
+  thread_local std::vector<char> plaintext;
+  for (;;) {
+    auto& out = self->wr_buf(c.hdl);
+    const std::size_t before = out.size();
+    c.tls->drain(out);
+    if (c.tls->established() && c.queue.ready() && c.in_flight < tuning.max_bytes_in_flight) {
+      plaintext.clear();
+      c.queue.append_to(
+          plaintext, std::min(tuning.write_chunk_bytes, tuning.max_bytes_in_flight - c.in_flight));
+      if (auto failed = c.tls->seal(plaintext, out))
+        return failed;
+    }
+    const std::size_t added = out.size() - before;
+    if (added == 0)
+      return std::nullopt;
+    c.in_flight += added;
+    self->flush(c.hdl);
+  }
+}
+
+/// Hands admitted bytes to CAF while the in-flight bound allows, flushing each step. Returns why
+/// the connection must close (its TLS session failed), if it must.
+std::optional<std::string> pump(caf::io::abstract_broker* self, link_connection& c,
+                                const data_link_tuning& tuning) {
+  if (c.tls)
+    return pump_sealed(self, c, tuning);
   while (c.queue.ready() && c.in_flight < tuning.max_bytes_in_flight) {
     const std::size_t budget =
         std::min(tuning.write_chunk_bytes, tuning.max_bytes_in_flight - c.in_flight);
@@ -236,6 +273,63 @@ void pump(caf::io::abstract_broker* self, link_connection& c, const data_link_tu
     // Starts the write when the socket is idle; otherwise CAF swaps this buffer in when the
     // current one is written, so the next chunk is always ready.
     self->flush(c.hdl);
+  }
+  return std::nullopt;
+}
+
+/// What a socket read under TLS came to.
+struct sealed_read {
+  /// `consume` returned 0: the connection is closing or gone; do not touch it.
+  bool stopped = false;
+  /// The TLS session failed: why the connection must close.
+  std::optional<std::string> broken;
+};
+
+/// A socket read under TLS: its ciphertext may hold handshake messages, many frames or part of
+/// one. Runs `on_established` when it completes the TLS handshake, then decrypts into exactly the
+/// reads the frame receiver asks for, handing each complete one to `consume`, which returns the
+/// size of the next (0: stop).
+sealed_read read_sealed(link_connection& c, const std::vector<char>& cipher,
+                        const std::function<void()>& on_established,
+                        const std::function<std::size_t(std::vector<char>&)>& consume) {
+  const bool was_established = c.tls->established();
+  if (auto failed = c.tls->take(cipher))
+    return {false, std::move(failed)};
+  if (!was_established && c.tls->established())
+    on_established();
+  while (c.tls->established()) {
+    auto full = c.tls->fill(c.plain);
+    if (!full)
+      return {false, full.error().message()};
+    if (!*full)
+      break;
+    const std::size_t next = consume(c.plain);
+    if (next == 0)
+      return {true, std::nullopt};
+    c.plain.resize(next);
+  }
+  return {};
+}
+
+/// Starts TLS on a new connection (a connector's ClientHello is then ready to pump), or plaintext
+/// reads of the first frame prefix.
+void start_reading(caf::io::abstract_broker* self, link_connection& c,
+                   const data_link_tuning& tuning) {
+  if (tuning.tls.enabled()) {
+    c.tls = std::make_unique<tls_session>(tuning.tls, c.listener);
+    c.plain.resize(frame_receiver::first_read);
+    c.read_bytes = handshake_read_bytes;
+    self->configure_read(c.hdl, receive_policy::at_most(c.read_bytes));
+  } else {
+    self->configure_read(c.hdl, receive_policy::exactly(frame_receiver::first_read));
+  }
+}
+
+/// Under TLS, reads grow from about a record to tls_read_bytes once the peer is authenticated.
+void widen_reads(caf::io::abstract_broker* self, link_connection& c) {
+  if (c.tls && c.authenticated && c.read_bytes != tls_read_bytes) {
+    c.read_bytes = tls_read_bytes;
+    self->configure_read(c.hdl, receive_policy::at_most(c.read_bytes));
   }
 }
 
@@ -484,6 +578,7 @@ data_link_stats stats_of(const link_connection& c) {
   s.connected = true;
   s.peer_hello = c.peer_hello;
   s.authenticated = c.authenticated;
+  s.tls = c.tls && c.tls->established();
   s.peer_window = c.queue.peer_window();
   s.outstanding = c.queue.outstanding();
   s.waiting_frames = c.queue.waiting_frames();
@@ -538,11 +633,18 @@ void drop_connection(server_broker* self, connection_handle hdl, bool close,
     st.options.on_disconnect(id);
 }
 
-/// Writes what the connection may, and closes it once a fatal frame's reply is handed over.
-void serve_writes(server_broker* self, link_connection& c) {
-  pump(self, c, self->state.options.tuning);
-  if (c.closing && c.queue.empty())
+/// Writes what the connection may, and closes it once a fatal frame's reply is handed over, or
+/// when its TLS session failed. Returns whether the connection is still open (else `c` is gone).
+bool serve_writes(server_broker* self, link_connection& c) {
+  if (auto failed = pump(self, c, self->state.options.tuning)) {
+    drop_connection(self, c.hdl, true, "closed: " + *failed);
+    return false;
+  }
+  if (c.closing && c.queue.empty()) {
     drop_connection(self, c.hdl, true, "closed after a frame that broke the framing or protocol");
+    return false;
+  }
+  return true;
 }
 
 void dispatch(server_broker* self, link_connection& c, envelope&& request) {
@@ -565,8 +667,10 @@ void dispatch(server_broker* self, link_connection& c, envelope&& request) {
   self->send(target, std::move(request), caf::actor_cast<reply_sink>(self));
 }
 
-/// A read completed on connection `c`: dispatch its frame, answer a refusal, or start closing.
-void on_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
+/// A read of the size the frame receiver asked for completed on connection `c`: dispatch its
+/// frame, answer a refusal, or start closing. Returns the size of the next read; 0 when the
+/// connection closes (then `c` may be gone).
+std::size_t on_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
   const auto& tuning = self->state.options.tuning;
   auto in = take_incoming(c, c.receiver.consume(buffer), tuning);
   if (c.authenticated)
@@ -576,13 +680,43 @@ void on_read(server_broker* self, link_connection& c, std::vector<char>& buffer)
     c.queue.drop_waiting();
     queue_unmetered(c, bad_frame_reply(*in.refused), tuning);
     c.closing = true;
-  } else {
-    if (in.refused)
-      queue_reply(c, bad_frame_reply(*in.refused), tuning);
-    self->configure_read(c.hdl, receive_policy::exactly(in.next_read));
+  } else if (in.refused) {
+    queue_reply(c, bad_frame_reply(*in.refused), tuning);
   }
   if (in.frame)
     dispatch(self, c, std::move(*in.frame));
+  return serve_writes(self, c) && !c.closing ? in.next_read : 0;
+}
+
+/// Bytes arrived on connection `c`: without TLS exactly the read the frame receiver asked for;
+/// under TLS ciphertext, handled by read_sealed. A failed TLS session closes the connection after
+/// its alert.
+void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
+  if (!c.tls) {
+    if (const std::size_t next = on_read(self, c, buffer))
+      self->configure_read(c.hdl, receive_policy::exactly(next));
+    return;
+  }
+  const auto& options = self->state.options;
+  auto read = read_sealed(
+      c, buffer,
+      [&] {
+        const node_role role = *c.tls->peer_role();
+        options.tuning.log.info(c.who + ": TLS is up; the peer's certificate is for a " +
+                                std::string(to_string(role)));
+        if (options.on_certified)
+          options.on_certified(c.id, role);
+      },
+      [&](std::vector<char>& plain) { return on_read(self, c, plain); });
+  if (read.stopped)
+    return;
+  if (read.broken) {
+    c.tls->drain(self->wr_buf(c.hdl));
+    self->flush(c.hdl);
+    drop_connection(self, c.hdl, true, "closed: " + *read.broken);
+    return;
+  }
+  widen_reads(self, c);
   serve_writes(self, c);
 }
 
@@ -623,9 +757,10 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         st.handles.emplace(id, msg.handle);
         st.unauthenticated.insert(id);
         self->ack_writes(msg.handle, true);
-        self->configure_read(msg.handle, receive_policy::exactly(frame_receiver::first_read));
         tuning.log.info(c.who + " from " + from);
         try {
+          start_reading(self, c, tuning);
+          // Under TLS it waits in the queue until the TLS handshake is done.
           queue_hello(c, tuning);
         } catch (const std::exception& e) {
           drop_connection(self, msg.handle, true,
@@ -639,16 +774,20 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         auto& st = self->state;
         if (!st.unauthenticated.contains(id))
           return;
-        drop_connection(self, st.handles.at(id), true,
+        const auto& c = st.connections.at(st.handles.at(id));
+        drop_connection(self, c.hdl, true,
                         "closed: no authenticated handshake within " +
-                            std::to_string(st.options.tuning.handshake_timeout.count()) + " ms");
+                            std::to_string(st.options.tuning.handshake_timeout.count()) + " ms" +
+                            (c.tls && !c.tls->established()
+                                 ? " (no TLS handshake: does the peer run TLS?)"
+                                 : ""));
       },
       [=](caf::io::new_data_msg& msg) {
         auto& st = self->state;
         auto i = st.connections.find(msg.handle);
         if (i == st.connections.end() || i->second.closing)
           return;
-        on_read(self, i->second, msg.buf);
+        on_socket_read(self, i->second, msg.buf);
       },
       [=](const caf::io::data_transferred_msg& msg) {
         auto& st = self->state;
@@ -748,20 +887,32 @@ void tell_receiver(client_broker* self, wire::message msg) {
   self->send(self->state.receiver, envelope{std::move(msg), nullptr, self->state.tag});
 }
 
-/// A read completed: forward its frame, tell the receiver of a refusal, or go down.
-void on_read(client_broker* self, std::vector<char>& buffer) {
+/// Writes what the link may; a failed TLS session takes the link down. Returns whether the link
+/// is still up.
+bool send_writes(client_broker* self) {
+  auto& st = self->state;
+  if (auto failed = pump(self, *st.connection, st.tuning)) {
+    link_down(self, "data link to " + st.peer + " closed: " + *failed);
+    return false;
+  }
+  return true;
+}
+
+/// A read of the size the frame receiver asked for completed: forward its frame, tell the
+/// receiver of a refusal, or go down. Returns the size of the next read; 0 once the link is down.
+std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
   auto& st = self->state;
   auto& c = *st.connection;
   auto in = take_incoming(c, c.receiver.consume(buffer), st.tuning);
   if (in.handshake_refused) {
     link_down(self, "data link to " + st.peer +
                         " closed: the server refused the handshake: " + *in.handshake_refused);
-    return;
+    return 0;
   }
   if (in.fatal) {
     link_down(self, "data link to " + st.peer + " closed: the server sent a frame that breaks " +
                         "the framing or the link protocol: " + in.refused->message);
-    return;
+    return 0;
   }
   if (in.frame) {
     in.frame->connection = st.tag;
@@ -769,8 +920,36 @@ void on_read(client_broker* self, std::vector<char>& buffer) {
   }
   if (in.refused)
     tell_receiver(self, bad_frame_reply(*in.refused));
-  self->configure_read(c.hdl, receive_policy::exactly(in.next_read));
-  pump(self, c, st.tuning);
+  return send_writes(self) ? in.next_read : 0;
+}
+
+/// Bytes arrived: without TLS exactly the read the frame receiver asked for; under TLS
+/// ciphertext, handled by read_sealed. A failed TLS session takes the link down after its alert.
+void on_socket_read(client_broker* self, std::vector<char>& buffer) {
+  auto& st = self->state;
+  auto& c = *st.connection;
+  if (!c.tls) {
+    if (const std::size_t next = on_read(self, buffer))
+      self->configure_read(c.hdl, receive_policy::exactly(next));
+    return;
+  }
+  auto read = read_sealed(
+      c, buffer,
+      [&] {
+        st.tuning.log.info(c.who + ": TLS is up; the server's certificate is for a " +
+                           std::string(to_string(*c.tls->peer_role())));
+      },
+      [&](std::vector<char>& plain) { return on_read(self, plain); });
+  if (read.stopped)
+    return;
+  if (read.broken) {
+    c.tls->drain(self->wr_buf(c.hdl));
+    self->flush(c.hdl);
+    link_down(self, "data link to " + st.peer + " closed: " + *read.broken);
+    return;
+  }
+  widen_reads(self, c);
+  send_writes(self);
 }
 
 caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::actor receiver,
@@ -790,20 +969,25 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
       self->quit();
   });
   self->ack_writes(hdl, true);
-  self->configure_read(hdl, receive_policy::exactly(frame_receiver::first_read));
-  // The listener speaks first; we answer its hello (on_read).
+  // The listener speaks first; we answer its hello (on_read). Under TLS, our ClientHello opens.
+  try {
+    start_reading(self, *st.connection, st.tuning);
+    send_writes(self);
+  } catch (const std::exception& e) {
+    link_down(self, "data link to " + st.peer + " closed: cannot start TLS: " + e.what());
+  }
   self->delayed_send(self, st.tuning.handshake_timeout, handshake_deadline_atom::value);
   return {
       [=](caf::io::new_data_msg& msg) {
         if (!self->state.down)
-          on_read(self, msg.buf);
+          on_socket_read(self, msg.buf);
       },
       [=](const caf::io::data_transferred_msg& msg) {
         auto& st = self->state;
         if (st.down)
           return;
         st.connection->in_flight = msg.remaining;
-        pump(self, *st.connection, st.tuning);
+        send_writes(self);
       },
       [=](const caf::io::connection_closed_msg&) {
         link_down(self, "data link to " + self->state.peer + " closed by the peer");
@@ -818,17 +1002,21 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
           tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
           return;
         }
-        pump(self, c, st.tuning);
+        send_writes(self);
       },
       [=](handshake_deadline_atom) {
         auto& st = self->state;
         if (st.down || st.connection->authenticated)
           return;
+        const auto& c = *st.connection;
         link_down(self, "data link to " + st.peer + " closed: no handshake within " +
                             std::to_string(st.tuning.handshake_timeout.count()) + " ms (" +
-                            (st.connection->peer_hello
-                                 ? "the server did not answer our proof of the job token"
-                                 : "the server did not say hello: is it a troupe node?") +
+                            (c.tls && !c.tls->established()
+                                 ? "the server did not finish the TLS handshake: does it run TLS?"
+                             : c.peer_hello ? "the server did not answer our proof of the job token"
+                             : c.tls        ? "the server did not say hello inside TLS"
+                                            : "the server did not say hello: is it a troupe node, "
+                                              "and without TLS as this one?") +
                             ")");
       },
       [=](released_atom, std::uint64_t) {
@@ -836,7 +1024,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         if (st.down)
           return;
         send_releases(*st.connection, st.tuning);
-        pump(self, *st.connection, st.tuning);
+        send_writes(self);
       },
       [=](caf::get_atom) { return self->state.peer; },
       [=](stats_atom) { return stats_of(*self->state.connection); },

@@ -52,7 +52,16 @@
 // hold more than about a window (plus one frame) of its frames, crash, or touch another
 // connection; a peer that has not authenticated, not more than max_handshake_frame_bytes. A
 // server holds at most max_connections connections, of which at most max_unauthenticated are
-// still in their handshake. There is no TLS yet: on an untrusted network the bytes can be read.
+// still in their handshake.
+//
+// TLS (tuning.tls, actors/logic/link_tls.hpp): with credentials, every connection first runs a
+// TLS 1.3 handshake with certificates at both ends, from the job's CA and naming a role this end
+// takes on the connection (tuning.tls.peer_roles); the link hello, the job token's proof and
+// every frame after them travel inside it, unchanged. A handshake that fails closes the
+// connection (a client's receiver gets link_down naming the reason); a server reports the role
+// each peer's certificate names to options.on_certified. The socket's bytes are then ciphertext
+// read in bounded steps (handshake_read_bytes until authenticated, then tls_read_bytes) and
+// decrypted into the frame receiver's reads; the handshake timeout covers TLS too.
 //
 // Same host: when both ends of a connection run on one host (the link hello compares boot id and
 // hostname) and tuning.shm_arena_bytes is not 0 at both, tensor payloads of at least
@@ -76,6 +85,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include "actors/logic/link_auth.hpp"
+#include "actors/logic/link_tls.hpp"
 #include "actors/logic/shm_arena.hpp"
 #include "actors/protocols.hpp"
 #include "engine/error.hpp"
@@ -115,8 +125,11 @@ struct data_link_tuning {
   /// (actors/logic/link_auth.hpp); both ends of a connection need the same one. Empty: the
   /// handshake runs but authenticates nobody.
   link_secret secret;
-  /// From a connection's opening to its authenticated handshake at most this long; then it is
-  /// closed (a listener frees the slot, a connector reports link_down).
+  /// TLS on every connection: this node's credentials and the roles a peer's certificate may
+  /// name; without credentials, plaintext. Both ends of a connection must agree.
+  link_tls tls;
+  /// From a connection's opening to its authenticated handshake (TLS included) at most this
+  /// long; then it is closed (a listener frees the slot, a connector reports link_down).
   std::chrono::milliseconds handshake_timeout{10'000};
   /// Diagnostics, on the broker's thread: info for connections, the shared-memory set-up and
   /// refused frames; debug for dropped replies and ignored releases. Silent by default.
@@ -133,6 +146,8 @@ struct data_link_stats {
   /// The handshake is done: the peer proved the job token (and, at the connector, the listener
   /// did too). Until then only the hellos and the listener's link_auth are sent.
   bool authenticated = false;
+  /// The connection runs TLS and its TLS handshake is done.
+  bool tls = false;
   /// Sending: the window the peer granted (0: none), bytes sent and not credited back, frames
   /// (and their bytes) waiting for credit, and what the peer credited back in total.
   std::uint64_t peer_window = 0;
@@ -155,8 +170,9 @@ struct data_link_stats {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
   return f(caf::meta::type_name("data_link_stats"), x.connected, x.peer_hello, x.authenticated,
-           x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes, x.credit_received,
-           x.window, x.unreleased, x.uncredited, x.credit_sent, x.shm_send, x.shm_receive);
+           x.tls, x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes,
+           x.credit_received, x.window, x.unreleased, x.uncredited, x.credit_sent, x.shm_send,
+           x.shm_receive);
 }
 
 /// How a data server dispatches and reports.
@@ -169,6 +185,9 @@ struct data_server_options {
   /// Told the id of each connection that closed (the peer left, a fatal frame, stop), once per
   /// connection, on the broker's thread. Optional.
   std::function<void(std::uint64_t connection)> on_disconnect;
+  /// Under TLS, told the role each connection's peer certificate names once its TLS handshake is
+  /// done (before any frame of it is routed), on the broker's thread. Optional.
+  std::function<void(std::uint64_t connection, node_role role)> on_certified;
   /// SO_REUSEADDR, so a restarted server can rebind its port while old connections linger.
   bool reuse_address = true;
   /// Connections open at once; a new one beyond it is closed as it arrives.

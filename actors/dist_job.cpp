@@ -46,8 +46,10 @@ std::string advertised_host(const cluster_config& config) {
 }
 
 agent_options agent_options_for(const cluster_config& config, wire::role role,
-                                std::uint16_t data_port) {
+                                std::uint16_t data_port,
+                                std::shared_ptr<const tls_credentials> tls) {
   agent_options options;
+  options.tls = std::move(tls);
   options.scheduler_host = config.scheduler_host;
   options.scheduler_port = config.scheduler_port.value_or(0);
   options.role = role;
@@ -65,12 +67,18 @@ agent_options agent_options_for(const cluster_config& config, wire::role role,
   return options;
 }
 
-data_link_tuning tuning_for(const cluster_config& config) {
+/// The tuning of a node's data links; under TLS, `tls` with the role their peers act in.
+data_link_tuning tuning_for(const cluster_config& config, link_tls tls) {
   data_link_tuning tuning;
   tuning.limits.max_frame_bytes = static_cast<std::size_t>(config.max_frame_bytes);
-  tuning.shm_arena_bytes = static_cast<std::size_t>(config.shm_arena_bytes);
+  // Under TLS, tensors stay inside it unless the configuration says otherwise: an arena is
+  // readable by any process of the same user (docs/RELIABILITY.md, "TLS").
+  tuning.shm_arena_bytes = tls.enabled() && !config.tls_allow_shared_memory
+                               ? 0
+                               : static_cast<std::size_t>(config.shm_arena_bytes);
   tuning.receive_window_bytes = static_cast<std::size_t>(config.link_window_bytes);
   tuning.secret = link_secret(config.auth_token);
+  tuning.tls = std::move(tls);
   tuning.log = logger(node_name("node", std::nullopt, advertised_host(config)), config.verbose);
   return tuning;
 }
@@ -145,6 +153,9 @@ result<job_outcome> run_scheduler(const cluster_config& config,
                                   const std::function<void(std::uint16_t port)>& on_listening) {
   if (auto valid = validate_for_role(config, node_role::scheduler); !valid)
     return valid.error();
+  auto tls = load_tls_credentials(config, node_role::scheduler);
+  if (!tls)
+    return tls.error();
   node_runtime runtime;
   scheduler_options options;
   options.host = config.scheduler_host;
@@ -156,6 +167,7 @@ result<job_outcome> run_scheduler(const cluster_config& config,
   options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
   options.job_id = config.job_id;
   options.auth_token = config.auth_token;
+  options.tls = std::move(*tls);
   options.startup_timeout = config.startup_timeout;
   options.peer_timeout = config.peer_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
@@ -229,6 +241,9 @@ status run_server(const cluster_config& config) {
   const auto update_device = server_update_device(config);
   if (!update_device)
     return update_device.error();
+  auto tls = load_tls_credentials(config, node_role::server);
+  if (!tls)
+    return tls.error();
   node_runtime runtime;
   auto& system = *runtime.system;
   const std::string host = advertised_host(config);
@@ -252,11 +267,12 @@ status run_server(const cluster_config& config) {
   auto node = std::make_shared<const server_node>(system, std::move(node_options));
   data_server_options data_options;
   data_options.route = node->router();
-  data_options.tuning = tuning_for(config);
+  data_options.tuning = tuning_for(config, {*tls, {node_role::worker}});
   auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
   if (!data)
     return data.error();
-  auto agent = node_agent::join(system, agent_options_for(config, wire::role::server, data->port));
+  auto agent =
+      node_agent::join(system, agent_options_for(config, wire::role::server, data->port, *tls));
   if (!agent) {
     caf::anon_send(data->broker, stop_atom::value);
     return agent.error();
@@ -390,10 +406,13 @@ std::optional<int> serve_if_node_role(int argc, const char* const* argv) {
 result<worker_setup> join_worker(const std::string& type, const cluster_config& config) {
   if (auto valid = validate_for_role(config, node_role::worker); !valid)
     return valid.error();
+  auto tls = load_tls_credentials(config, node_role::worker);
+  if (!tls)
+    return tls.error();
   auto resources = std::make_shared<worker_resources>();
   resources->runtime = std::make_unique<node_runtime>();
   auto& system = *resources->runtime->system;
-  auto agent = node_agent::join(system, agent_options_for(config, wire::role::worker, 0));
+  auto agent = node_agent::join(system, agent_options_for(config, wire::role::worker, 0, *tls));
   if (!agent)
     return agent.error();
   resources->agent = std::move(*agent);
@@ -420,7 +439,7 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.rescale_quorum = config.rescale_quorum;
   setup.max_staleness = config.max_staleness.value_or(-1);
   setup.max_rounds_ahead = static_cast<std::uint32_t>(config.max_rounds_ahead);
-  auto tuning = tuning_for(config);
+  auto tuning = tuning_for(config, {*tls, {node_role::server}});
   setup.connect_servers = [&system, servers,
                            tuning](const caf::actor& receiver) -> result<server_links> {
     server_links opened;

@@ -51,6 +51,8 @@ std::string_view to_string(wire::reject_reason reason) {
     return "duplicate";
   case wire::reject_reason::shutting_down:
     return "shutting_down";
+  case wire::reject_reason::wrong_role:
+    return "wrong_role";
   }
   return "unknown";
 }
@@ -365,8 +367,9 @@ result<caf::actor> connect_with_backoff(caf::actor_system& sys, const agent_opti
   const std::string where = options.scheduler_host + ":" + std::to_string(options.scheduler_port);
   const auto started = steady::now();
   data_link_options link_options;
-  link_options.tuning = control_link_tuning(
-      max_control_frame_bytes, options.log.part("control link"), link_secret(options.auth_token));
+  link_options.tuning =
+      control_link_tuning(max_control_frame_bytes, options.log.part("control link"),
+                          link_secret(options.auth_token), {options.tls, {node_role::scheduler}});
   link_options.tag = control_link_tag;
   auto backoff = first_backoff;
   for (int attempts = 1;; ++attempts) {
@@ -408,6 +411,10 @@ result<std::unique_ptr<node_agent>> node_agent::join(caf::actor_system& sys,
     return invalid("host must have at most " + std::to_string(max_host_bytes) + " bytes");
   if (options.scheduler_port == 0)
     return invalid("scheduler_port must not be 0");
+  if (options.tls && to_wire(options.tls->role()) != options.role)
+    return invalid("the TLS certificate " + options.tls->cert_file() + " is for a " +
+                   std::string{to_string(options.tls->role())} + ", but this node joins as a " +
+                   std::string{wire::to_string(options.role)});
   for (const auto& [value, field] : {std::pair{options.connect_timeout, "connect_timeout"},
                                      std::pair{options.startup_timeout, "startup_timeout"},
                                      std::pair{options.heartbeat_interval, "heartbeat_interval"},

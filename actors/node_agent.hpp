@@ -36,6 +36,7 @@
 #include <caf/fwd.hpp>
 
 #include "actors/bridge.hpp"
+#include "actors/config/tls_credentials.hpp"
 #include "actors/protocols.hpp"
 #include "engine/error.hpp"
 #include "engine/log.hpp"
@@ -54,6 +55,9 @@ struct agent_options {
   /// connection's handshake and never sent).
   std::string job_id;
   std::string auth_token;
+  /// TLS on the control link (actors/config/tls_credentials.hpp): this node's credentials, whose
+  /// certificate must name `role`; the scheduler's must name the scheduler. Null: plaintext.
+  std::shared_ptr<const tls_credentials> tls;
   /// Where this node's data port listens (servers: where workers connect), as peers should dial
   /// it; listed in the membership table. data_port 0: the node accepts no data connections.
   std::string host = "127.0.0.1";

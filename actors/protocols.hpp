@@ -239,12 +239,21 @@ using node_agent_actor = caf::typed_actor<
     /// Heartbeat, liveness check and the join deadline (sent by the agent to itself).
     caf::reacts_to<tick_atom>>;
 
+/// Under TLS: the role the certificate of a node's control connection names, told by the
+/// scheduler's port before any frame of that connection. The node is admitted in that role only.
+struct certified_peer {
+  std::uint64_t connection = 0;
+  wire::role role = wire::role::worker;
+};
+
 /// The scheduler of a job (actors/scheduler.hpp).
 using scheduler_actor = caf::typed_actor<
     /// A frame from a node, off its control connection; replies go to the sink.
     caf::reacts_to<envelope, reply_sink>,
     /// That control connection closed.
     caf::reacts_to<closed_atom, std::uint64_t>,
+    /// That control connection's TLS certificate names this role.
+    caf::reacts_to<certified_peer>,
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).
     caf::reacts_to<tick_atom>>;
 
@@ -294,3 +303,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_lost)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::certified_peer)

@@ -13,6 +13,7 @@
 
 #include "actors/config/config.hpp"
 #include "actors/job_barrier.hpp"
+#include "actors/logic/wire_conversions.hpp"
 
 namespace troupe {
 
@@ -26,9 +27,10 @@ std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept {
 }
 
 data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log,
-                                     link_secret secret) {
+                                     link_secret secret, link_tls tls) {
   data_link_tuning tuning;
   tuning.secret = std::move(secret);
+  tuning.tls = std::move(tls);
   tuning.limits.max_frame_bytes = max_frame_bytes;
   tuning.shm_arena_bytes = 0;
   tuning.max_cached_buffer_bytes = max_frame_bytes;
@@ -165,6 +167,7 @@ public:
     return {
         [this](envelope& frame, const reply_sink& sink) { on_frame(frame, sink); },
         [this](closed_atom, std::uint64_t connection) { on_closed(connection); },
+        [this](const certified_peer& peer) { certified_[peer.connection] = peer.role; },
         [this](tick_atom) {
           if (self_->current_sender().get() == self_->ctrl())
             on_tick();
@@ -247,6 +250,19 @@ private:
                     "this connection is already registered as " + describe(nodes_[*index].info));
     if (reg.node_role == wire::role::scheduler)
       return reject(wire::reject_reason::role_full, "a job has exactly one scheduler");
+    if (options_.tls) {
+      // The port took the connection only with a certificate from the job's CA, which names
+      // the role the node may act in.
+      auto certified = certified_.find(connection);
+      if (certified == certified_.end())
+        return reject(wire::reject_reason::wrong_role,
+                      "no TLS certificate is known for this connection");
+      if (certified->second != reg.node_role)
+        return reject(wire::reject_reason::wrong_role,
+                      "it registers as a " + std::string{wire::to_string(reg.node_role)} +
+                          ", but its TLS certificate is for a " +
+                          std::string{wire::to_string(certified->second)});
+    }
     if (reg.port != 0)
       for (const auto& node : nodes_)
         if (node.info.host == reg.host && node.info.data_port == reg.port)
@@ -373,6 +389,7 @@ private:
   }
 
   void on_closed(std::uint64_t connection) {
+    certified_.erase(connection);
     auto index = find(connection);
     if (!index) {
       log_.debug("a connection that never registered closed");
@@ -628,6 +645,8 @@ private:
   /// Admitted nodes in arrival order; never shrinks (a gone node keeps its rank and index).
   std::vector<node_entry> nodes_;
   std::unordered_map<std::uint64_t, std::size_t> by_connection_;
+  /// Under TLS: the role each open control connection's certificate names.
+  std::unordered_map<std::uint64_t, wire::role> certified_;
   std::uint32_t servers_admitted_ = 0;
   std::uint32_t workers_admitted_ = 0;
   /// Live workers the job needs (worker rank 0's sync settings; num_workers until then).
@@ -676,7 +695,8 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   data_server_options listening;
   listening.tuning =
       control_link_tuning(scheduler_frame_bytes(options.num_servers + options.num_workers),
-                          options.log.part("control port"), link_secret(options.auth_token));
+                          options.log.part("control port"), link_secret(options.auth_token),
+                          {options.tls, {node_role::server, node_role::worker}});
   auto actor = sys.spawn(scheduler_behavior, std::move(options), outcome);
   // An exit the scheduler did not choose (its host's stop(), the system shutting down).
   actor->attach_functor([outcome, &sys](const caf::error& reason) {
@@ -694,6 +714,10 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   listening.on_disconnect = [scheduler = actor.address()](std::uint64_t connection) {
     if (auto target = caf::actor_cast<caf::actor>(scheduler))
       caf::anon_send(target, closed_atom::value, connection);
+  };
+  listening.on_certified = [scheduler = actor.address()](std::uint64_t connection, node_role role) {
+    if (auto target = caf::actor_cast<caf::actor>(scheduler))
+      caf::anon_send(target, certified_peer{connection, to_wire(role)});
   };
   auto server = spawn_data_server(sys, host, port, std::move(listening));
   if (!server) {

@@ -59,6 +59,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,9 +103,10 @@ std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept;
 
 /// The tuning of a control connection: frames capped at `max_frame_bytes`, a receive window of
 /// four such frames, no shared-memory arena (control frames carry no tensors), the link's
-/// diagnostics through `log` as its "control link" part, and the job token its handshake proves.
+/// diagnostics through `log` as its "control link" part, the job token its handshake proves, and
+/// its TLS (none without credentials).
 data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log,
-                                     link_secret secret);
+                                     link_secret secret, link_tls tls = {});
 
 /// The membership table's key ranges: server i owns ps-lite's range [max_key/S*i,
 /// max_key/S*(i+1)) (actors/logic/key_placement.hpp's server_key_ranges, so workers and the table
@@ -134,6 +136,11 @@ struct scheduler_options {
   /// The job token: a node's control connection must prove it in its handshake before the
   /// scheduler reads anything from it (actors/logic/link_auth.hpp). Empty: no token.
   std::string auth_token;
+  /// TLS on the scheduler's port (actors/config/tls_credentials.hpp): its own credentials, a
+  /// scheduler's. With them, only servers and workers with certificates from the job's CA get in,
+  /// and each is admitted only in the role its certificate names (else rejected{wrong_role}).
+  /// Null: plaintext.
+  std::shared_ptr<const tls_credentials> tls;
   /// The job fails when not every node has registered this long after the spawn.
   std::chrono::milliseconds startup_timeout{60'000};
   /// A node that sends nothing (heartbeats included) for this long is declared lost.

@@ -90,7 +90,7 @@ Plain from_wire(Wire value, std::uint16_t count, const char* field) {
 
 constexpr std::uint16_t role_count = 3;
 constexpr std::uint16_t dtype_count = 5;
-constexpr std::uint16_t reject_reason_count = 6;
+constexpr std::uint16_t reject_reason_count = 7;
 constexpr std::uint16_t error_code_count = 13;
 constexpr std::uint16_t consistency_count = 2;
 

@@ -99,6 +99,7 @@ enum class reject_reason : std::uint8_t {
   role_full,
   duplicate,
   shutting_down,
+  wrong_role,
 };
 
 /// The admission outcome when the node joined.

@@ -127,6 +127,7 @@ enum RejectReason {
   roleFull @4;         # all ranks of the requested role are taken
   duplicate @5;        # a node with this host and port is already registered
   shuttingDown @6;     # the job is ending and admits nobody
+  wrongRole @7;        # under TLS: the role differs from the one the node's certificate names
 }
 
 struct Admission {

@@ -11,6 +11,7 @@ shift || true
 packages=(
   g++ make cmake git pkg-config
   libcaf-dev libssl-dev          # C++ Actor Framework 0.17 (core, io, openssl)
+  openssl                        # the openssl command: scripts/make-tls-certs.sh, the TLS tests
   capnproto libcapnp-dev         # wire protocol
   libfmt-dev libboost-test-dev
   libopenblas-dev                # CPU GEMM

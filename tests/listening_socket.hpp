@@ -1,11 +1,14 @@
 #pragma once
 // A TCP socket listening on 127.0.0.1 at a port the kernel chose: a port that was free a moment
 // ago (construct, read port(), destroy), a port that is taken, a listener a test plays a peer on
-// (accept()), or one that shows whether anybody connected (accept_waiting()).
+// (accept(), or accept(limit) with a bounded wait), or one that shows whether anybody connected
+// (accept_waiting()).
 
 #include <arpa/inet.h>
+#include <chrono>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -42,6 +45,13 @@ public:
       ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
     }
     return fd;
+  }
+  /// The next connection's socket if one arrives within `limit`, else -1.
+  int accept(std::chrono::milliseconds limit) const {
+    pollfd probe{fd_, POLLIN, 0};
+    if (::poll(&probe, 1, static_cast<int>(limit.count())) <= 0)
+      return -1;
+    return accept();
   }
 
   /// The socket of a connection already made to this port, or -1 at once when nobody has

@@ -1,16 +1,22 @@
 #pragma once
 // A raw TCP peer of a troupe listener on this host, for bytes no encoder would write: junk, a
 // lying length prefix, frames out of protocol order. Reads time out after 5 s. It can also do
-// the link handshake properly (handshake()), with any token.
+// the link handshake properly (handshake()), with any token, and speak TLS 1.3 with any
+// certificate, key and CA, or none (start_tls()), which troupe's own links would refuse to load.
 
 #include <arpa/inet.h>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <optional>
 #include <poll.h>
 #include <span>
+#include <string>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -38,21 +44,79 @@ struct raw_peer {
   raw_peer() = default;
   raw_peer(raw_peer&& other) noexcept
       : fd(std::exchange(other.fd, -1)), connected(other.connected),
-        last_body(std::move(other.last_body)), credited(other.credited) {}
+        last_body(std::move(other.last_body)), credited(other.credited),
+        tls_context(std::move(other.tls_context)), tls(std::exchange(other.tls, nullptr)),
+        tls_failure(std::move(other.tls_failure)) {}
   raw_peer(const raw_peer&) = delete;
   raw_peer& operator=(const raw_peer&) = delete;
   raw_peer& operator=(raw_peer&&) = delete;
   ~raw_peer() { close(); }
 
   void close() {
+    SSL_free(tls);
+    tls = nullptr;
     if (fd >= 0)
       ::close(fd);
     fd = -1;
   }
 
+  /// Speaks TLS 1.3 from now on, as the connector: presents `cert_file` with `key_file` (no
+  /// certificate when empty) and checks the listener's certificate against `ca_file` (no check
+  /// when empty). Returns why the handshake failed, empty when it went through: a TLS 1.3 client
+  /// is done before the listener has checked its certificate, so a refusal shows at the next read
+  /// (tls_failure then says why).
+  std::string start_tls(const std::string& ca_file, const std::string& cert_file = "",
+                        const std::string& key_file = "") {
+    tls_context.reset(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+    auto* context = tls_context.get();
+    SSL_CTX_set_min_proto_version(context, TLS1_3_VERSION);
+    if (!ca_file.empty()) {
+      if (SSL_CTX_load_verify_locations(context, ca_file.c_str(), nullptr) != 1)
+        return "cannot load " + ca_file;
+      SSL_CTX_set_verify(context, SSL_VERIFY_PEER, nullptr);
+    }
+    if (!cert_file.empty() &&
+        (SSL_CTX_use_certificate_chain_file(context, cert_file.c_str()) != 1 ||
+         SSL_CTX_use_PrivateKey_file(context, key_file.c_str(), SSL_FILETYPE_PEM) != 1))
+      return "cannot load " + cert_file + " and " + key_file;
+    tls = SSL_new(context);
+    SSL_set_fd(tls, fd);
+    ERR_clear_error();
+    if (SSL_connect(tls) != 1) {
+      note_tls_failure();
+      return tls_failure;
+    }
+    return {};
+  }
+
+  /// What ::send does, through TLS once it is on.
+  ssize_t write_some(const void* data, std::size_t size) {
+    if (!tls)
+      return ::send(fd, data, size, MSG_NOSIGNAL);
+    const int n = SSL_write(tls, data, static_cast<int>(size));
+    if (n <= 0)
+      note_tls_failure();
+    return n > 0 ? n : -1;
+  }
+  /// What ::recv does (0: the peer closed, -1: an error or the timeout), through TLS once it is
+  /// on, where a fatal alert from the peer also reads as closed (tls_failure says which alert).
+  ssize_t read_some(void* out, std::size_t size) {
+    if (!tls)
+      return ::recv(fd, out, size, 0);
+    ERR_clear_error();
+    const int n = SSL_read(tls, out, static_cast<int>(size));
+    if (n > 0)
+      return n;
+    const int code = SSL_get_error(tls, n);
+    if (code == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return -1;
+    note_tls_failure();
+    return 0;
+  }
+
   bool send(std::span<const std::byte> bytes) {
     while (!bytes.empty()) {
-      auto n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      auto n = write_some(bytes.data(), bytes.size());
       if (n <= 0)
         return false;
       bytes = bytes.subspan(static_cast<std::size_t>(n));
@@ -71,7 +135,7 @@ struct raw_peer {
   bool receive(void* out, std::size_t size) {
     auto* at = static_cast<char*>(out);
     while (size > 0) {
-      auto n = ::recv(fd, at, size, 0);
+      auto n = read_some(at, size);
       if (n <= 0)
         return false;
       at += n;
@@ -150,12 +214,15 @@ struct raw_peer {
       if (left <= std::chrono::milliseconds{0})
         return {got, false};
       pollfd probe{fd, POLLIN, 0};
-      if (::poll(&probe, 1, static_cast<int>(left.count())) <= 0)
+      const bool buffered = tls != nullptr && SSL_pending(tls) > 0;
+      if (!buffered && ::poll(&probe, 1, static_cast<int>(left.count())) <= 0)
         continue;
       std::byte buffer[4096];
-      const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
-      if (n <= 0)
+      const ssize_t n = read_some(buffer, sizeof buffer);
+      if (n == 0 || (n < 0 && !tls))
         return {got, true};
+      if (n < 0)
+        continue;
       got.insert(got.end(), buffer, buffer + n);
     }
   }
@@ -184,13 +251,28 @@ struct raw_peer {
   /// True when the server closed the connection (EOF) within the receive timeout.
   bool sees_close() {
     char byte;
-    return ::recv(fd, &byte, 1, 0) == 0;
+    return read_some(&byte, 1) == 0;
   }
 
   int fd = -1;
   bool connected = false;
   std::vector<std::uint64_t> last_body;
   std::uint64_t credited = 0;
+  /// TLS, once start_tls() was called; tls_failure: OpenSSL's reason for the last failure
+  /// ("tlsv1 alert unknown ca").
+  std::shared_ptr<SSL_CTX> tls_context;
+  SSL* tls = nullptr;
+  std::string tls_failure;
+
+private:
+  void note_tls_failure() {
+    const unsigned long code = ERR_peek_last_error();
+    ERR_clear_error();
+    if (code == 0)
+      return;
+    const char* reason = ERR_reason_error_string(code);
+    tls_failure = reason != nullptr ? reason : "an unnamed TLS failure";
+  }
 };
 
 } // namespace troupe::testing

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/config/tls_credentials.hpp"
 #include "schema/chunking.hpp"
 
 namespace troupe {
@@ -507,6 +508,34 @@ void add_checkpoint_fields(std::vector<field>& t) {
                {}});
 }
 
+/// The keys of [tls], in the order of docs/cluster.sample.toml.
+void add_tls_fields(std::vector<field>& t) {
+  t.push_back({{"tls", "enabled", "TROUPE_TLS", "--tls", "BOOL", "false",
+                "Every connection, control and data, runs TLS 1.3 with certificates from "
+                "tls.ca_file's CA at both ends, each naming its node's role."},
+               bool_setter(&cluster_config::tls_enabled),
+               {}});
+  t.push_back({{"tls", "ca_file", "TROUPE_TLS_CA", "--tls-ca", "FILE", "",
+                "The job's CA certificate (PEM): peers must present a certificate it signed."},
+               string_setter(&cluster_config::tls_ca_file, valid_path, "a file path"),
+               {}});
+  t.push_back({{"tls", "cert_file", "TROUPE_TLS_CERT", "--tls-cert", "FILE", "",
+                "This node's certificate (PEM), naming its role (scripts/make-tls-certs.sh); "
+                "{role} in the path stands for the node's role."},
+               string_setter(&cluster_config::tls_cert_file, valid_path, "a file path"),
+               {}});
+  t.push_back({{"tls", "key_file", "TROUPE_TLS_KEY", "--tls-key", "FILE", "",
+                "The private key of tls.cert_file (PEM); group and others must not read or write "
+                "it (chmod 600). {role} stands for the node's role."},
+               string_setter(&cluster_config::tls_key_file, valid_path, "a file path"),
+               {}});
+  t.push_back({{"tls", "allow_shared_memory", "", "--tls-allow-shared-memory", "BOOL", "false",
+                "Under TLS, let same-host peers still move tensors through shared-memory arenas "
+                "(any process of the same user can read them); off, they go through TLS."},
+               bool_setter(&cluster_config::tls_allow_shared_memory),
+               {}});
+}
+
 /// Every key, in the order of docs/cluster.sample.toml. Immutable after first use.
 const std::vector<field>& fields() {
   static const std::vector<field> table = [] {
@@ -518,6 +547,7 @@ const std::vector<field>& fields() {
     add_data_fields(t);
     add_sync_fields(t);
     add_checkpoint_fields(t);
+    add_tls_fields(t);
     return t;
   }();
   return table;
@@ -788,6 +818,27 @@ bool is_wildcard(std::string_view address) {
   return address == "0.0.0.0" || address == "::" || address == "[::]";
 }
 
+/// "a", "a and b", "a, b and c".
+std::string listed(const std::vector<std::string>& items) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return out;
+}
+
+/// "DMLC_PS_ROOT_PORT ([scheduler] port or --scheduler-port)".
+std::string naming(std::string_view dotted_key) {
+  const field* f = find_field(dotted_key);
+  const auto& k = f->key;
+  std::string toml = "[" + std::string(k.section) + "] " + std::string(k.name);
+  std::string out = k.env.empty() ? toml : std::string(k.env) + " (" + toml;
+  if (!k.flag.empty())
+    out += (k.env.empty() ? " (" : " or ") + std::string(k.flag) + ")";
+  else if (!k.env.empty())
+    out += ")";
+  return out;
+}
+
 /// Derived values and checks across keys, once every layer is in.
 status resolve(builder& b) {
   auto& cfg = b.cfg;
@@ -797,16 +848,11 @@ status resolve(builder& b) {
       return error{errc::invalid_argument, token_origin->prefix() + " and " +
                                                file_origin->prefix() +
                                                " both set the token; keep one"};
-    auto file = read_whole_file(cfg.auth_token_file, "token file");
+    // Only the token's owner may read it: a token others can read lets them join the job.
+    auto file = read_private_file(cfg.auth_token_file, "token file");
     if (!file)
       return error{file.error().code(), file_origin->prefix() + ": " + file.error().message()};
-    // Only the token's owner may read it: a token others can read lets them join the job.
-    if (open_to_others(file->mode))
-      return error{errc::invalid_argument,
-                   file_origin->prefix() + ": token file " + cfg.auth_token_file +
-                       " may be read or written by group or others (mode " +
-                       octal_mode(file->mode) + "); run chmod 600 " + cfg.auth_token_file};
-    std::string token = std::move(file->text);
+    std::string token = std::move(*file);
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r'))
       token.pop_back();
     if (token.empty() || !valid_token(token))
@@ -855,23 +901,40 @@ status resolve(builder& b) {
     return error{errc::invalid_argument,
                  named("data.chunk_bytes", std::to_string(cfg.chunk_bytes)) + " must not exceed " +
                      named("data.max_frame_bytes", std::to_string(cfg.max_frame_bytes))};
+  if (cfg.tls_enabled) {
+    std::vector<std::string> missing;
+    for (const auto& [path, key] : {std::pair{&cfg.tls_ca_file, "tls.ca_file"},
+                                    std::pair{&cfg.tls_cert_file, "tls.cert_file"},
+                                    std::pair{&cfg.tls_key_file, "tls.key_file"}})
+      if (path->empty())
+        missing.push_back(naming(key));
+    if (!missing.empty()) {
+      return error{errc::invalid_argument, b.origin_of("tls.enabled")->prefix() +
+                                               " turns TLS on, which needs " + listed(missing)};
+    }
+  }
   return ok();
 }
 
-/// "DMLC_PS_ROOT_PORT ([scheduler] port or --scheduler-port)".
-std::string naming(std::string_view dotted_key) {
-  const field* f = find_field(dotted_key);
-  const auto& k = f->key;
-  std::string toml = "[" + std::string(k.section) + "] " + std::string(k.name);
-  std::string out = k.env.empty() ? toml : std::string(k.env) + " (" + toml;
-  if (!k.flag.empty())
-    out += (k.env.empty() ? " (" : " or ") + std::string(k.flag) + ")";
-  else if (!k.env.empty())
-    out += ")";
-  return out;
+} // namespace
+
+result<std::string> read_file(const std::string& path, std::string_view what) {
+  auto file = read_whole_file(path, std::string(what));
+  if (!file)
+    return file.error();
+  return std::move(file->text);
 }
 
-} // namespace
+result<std::string> read_private_file(const std::string& path, std::string_view what) {
+  auto file = read_whole_file(path, std::string(what));
+  if (!file)
+    return file.error();
+  if (open_to_others(file->mode))
+    return error{errc::invalid_argument, std::string(what) + " " + path +
+                                             " may be read or written by group or others (mode " +
+                                             octal_mode(file->mode) + "); run chmod 600 " + path};
+  return std::move(file->text);
+}
 
 status fill_random(std::span<std::uint8_t> out) {
   std::size_t filled = 0;
@@ -1041,12 +1104,8 @@ status validate_for_role(const cluster_config& cfg, node_role role) {
     missing.push_back(naming("job.num_workers"));
   if (!cfg.num_servers)
     missing.push_back(naming("job.num_servers"));
-  if (!missing.empty()) {
-    std::string msg = who + " needs ";
-    for (std::size_t i = 0; i < missing.size(); ++i)
-      msg += (i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + missing[i];
-    return error{errc::invalid_argument, msg};
-  }
+  if (!missing.empty())
+    return error{errc::invalid_argument, who + " needs " + listed(missing)};
   if (role != node_role::scheduler && *cfg.scheduler_port == 0)
     return error{errc::invalid_argument,
                  who + " cannot reach a scheduler on port 0: " + naming("scheduler.port") +
@@ -1069,6 +1128,8 @@ status validate_for_role(const cluster_config& cfg, node_role role) {
                          " without a job token lets any host join and read the job; set "
                          "job.token_file or TROUPE_JOB_TOKEN, or pass --insecure"};
   }
+  if (auto tls = load_tls_credentials(cfg, role); !tls)
+    return tls.error();
   return ok();
 }
 

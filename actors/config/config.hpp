@@ -156,6 +156,21 @@ struct cluster_config {
   /// Servers: a checkpoint when this long has passed since the last and a key changed; 0: never.
   std::chrono::milliseconds checkpoint_every{0};
 
+  // [tls]
+  /// Every connection of the node, control and data, runs TLS 1.3 with certificates at both ends
+  /// (actors/config/tls_credentials.hpp); the job token's handshake still runs inside it.
+  bool tls_enabled = false;
+  /// The job's CA (PEM): the only issuer whose certificates a node accepts from its peers.
+  std::string tls_ca_file;
+  /// This node's certificate (PEM, the node's own first, then any intermediate CAs) and its
+  /// private key, which must be private like a token file (chmod 600). "{role}" in any of the
+  /// three paths stands for this node's role, so one cluster file serves every role.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  /// Let same-host peers move tensors through shared-memory arenas under TLS; off, they go
+  /// through the encrypted socket (docs/RELIABILITY.md, "TLS", says why that is the default).
+  bool tls_allow_shared_memory = false;
+
   /// Hardware threads of this machine, at least 1.
   static int default_shards() noexcept;
 
@@ -227,6 +242,15 @@ std::optional<int> parse_command_line(CLI::App& app, std::string_view program, i
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags);
 
+/// The contents of the file at `path`, read whole. errc::io_error "cannot read <what> <path>:
+/// <why>" when it cannot be read (a directory is "not a regular file").
+result<std::string> read_file(const std::string& path, std::string_view what);
+
+/// As read_file, for a file that must stay private (a token file, a TLS key):
+/// errc::invalid_argument naming the file, its mode and the fix (chmod 600) when group or others
+/// may read or write it. The mode checked is that of the file read (one descriptor).
+result<std::string> read_private_file(const std::string& path, std::string_view what);
+
 /// Fills `out` with random bytes from the kernel (getrandom): job tokens and link nonces.
 /// Errors: errc::io_error naming why, when the kernel has none to give.
 status fill_random(std::span<std::uint8_t> out);
@@ -239,7 +263,10 @@ bool is_loopback(std::string_view address);
 /// Whether `cfg` lets a node of `role` join a job: says, in one line, every missing value (a
 /// server without DMLC_PS_ROOT_PORT...) with the variable, key and flag that set it. A scheduler
 /// or server that would listen on an address other than loopback (127.0.0.0/8, ::1, localhost)
-/// without a job token is refused unless `insecure` is set; workers do not listen.
+/// without a job token is refused unless `insecure` is set; workers do not listen. With
+/// tls.enabled, the node's TLS files are loaded and checked as load_tls_credentials does
+/// (actors/config/tls_credentials.hpp): readable, the key private and matching the certificate,
+/// the certificate from the CA and naming `role`.
 status validate_for_role(const cluster_config& cfg, node_role role);
 
 /// The configuration of a worker process as kvstore::create(type, flags) reads it (the file

@@ -2,6 +2,7 @@
 // over loopback inside one process (an actor system with the middleman; a raw socket plays the
 // hostile peer). Every wait is bounded: a broken data path fails a check, it never hangs.
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <atomic>
 #include <cerrno>
@@ -15,12 +16,14 @@
 #include <netinet/in.h>
 #include <numeric>
 #include <optional>
+#include <poll.h>
 #include <set>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 #include <variant>
 #include <vector>
@@ -33,6 +36,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
+#include "actors/config/tls_credentials.hpp"
 #include "actors/data_link.hpp"
 #include "actors/logic/data_link_framing.hpp"
 #include "actors/logic/shm_arena.hpp"
@@ -40,6 +44,7 @@
 #include "tests/listening_socket.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/shm_files.hpp"
+#include "tests/tls_certs.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -166,6 +171,39 @@ struct link_fixture {
                   },
                   caf::after(patience) >> [] {});
     return got;
+  }
+
+  /// A push of `values` with `id` sent on `link` comes back from the echoing server unchanged.
+  static void expect_round_trip(caf::scoped_actor& self, const caf::actor& link, std::uint64_t id,
+                                const std::shared_ptr<std::vector<float>>& values) {
+    self->send(link, envelope{make_push(id, *values), values, 0});
+    auto reply = next_envelope(self);
+    BOOST_TEST_REQUIRE(reply.has_value());
+    BOOST_TEST_REQUIRE(std::holds_alternative<wire::push>(reply->msg));
+    BOOST_TEST((std::get<wire::push>(reply->msg) == make_push(id, *values)));
+  }
+
+  /// A push of `values` with `id`, sent on `link` in chunks of `chunk_bytes` (one frame each),
+  /// comes back from the echoing server whole and byte-identical. Returns the number of chunks.
+  static std::size_t expect_chunked_round_trip(caf::scoped_actor& self, const caf::actor& link,
+                                               std::uint64_t id,
+                                               const std::shared_ptr<std::vector<float>>& values,
+                                               std::size_t chunk_bytes) {
+    wire::chunker chunks(make_push(id, *values), chunk_bytes);
+    for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
+      self->send(link, envelope{chunks.chunk(i), values, 0});
+    std::vector<float> received(values->size(), -1.0f);
+    wire::reassembler assembly(std::as_writable_bytes(std::span(received)));
+    for (std::size_t i = 0; i < chunks.chunk_count(); ++i) {
+      auto part = next_envelope(self);
+      BOOST_TEST_REQUIRE(part.has_value());
+      const auto& push = std::get<wire::push>(part->msg);
+      BOOST_TEST(push.request_id == id);
+      BOOST_TEST_REQUIRE(assembly.add(push.tensor).has_value());
+    }
+    BOOST_TEST(assembly.complete());
+    BOOST_TEST(std::memcmp(received.data(), values->data(), values->size() * sizeof(float)) == 0);
+    return chunks.chunk_count();
   }
 
   /// The server's id of `link`'s connection: one tiny push echoed (the route records it).
@@ -627,30 +665,11 @@ BOOST_AUTO_TEST_CASE(small_and_large_tensors_round_trip_byte_identical) {
   caf::scoped_actor self{*sys};
   auto link = connect(server.port, self);
 
-  auto small = ramp(1000, 0.5f);
-  self->send(link, envelope{make_push(1, *small), small, 0});
-  auto reply = next_envelope(self);
-  BOOST_TEST_REQUIRE(reply.has_value());
-  BOOST_TEST((std::get<wire::push>(reply->msg) == make_push(1, *small)));
+  expect_round_trip(self, link, 1, ramp(1000, 0.5f));
 
   // 64 MiB in 16 MiB chunks: each chunk is a frame, reassembled at the receiver.
-  auto large = ramp(std::size_t{16} << 20, 1.0f);
-  wire::chunker chunks(make_push(2, *large), std::size_t{16} << 20);
-  BOOST_TEST_REQUIRE(chunks.chunk_count() == 4u);
-  for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
-    self->send(link, envelope{chunks.chunk(i), large, 0});
-  std::vector<float> received(large->size(), -1.0f);
-  wire::reassembler assembly(std::as_writable_bytes(std::span(received)));
-  for (std::size_t i = 0; i < chunks.chunk_count(); ++i) {
-    auto part = next_envelope(self);
-    BOOST_TEST_REQUIRE(part.has_value());
-    const auto& push = std::get<wire::push>(part->msg);
-    BOOST_TEST(push.request_id == 2u);
-    auto added = assembly.add(push.tensor);
-    BOOST_TEST_REQUIRE(added.has_value());
-  }
-  BOOST_TEST(assembly.complete());
-  BOOST_TEST(std::memcmp(received.data(), large->data(), large->size() * sizeof(float)) == 0);
+  BOOST_TEST(expect_chunked_round_trip(self, link, 2, ramp(std::size_t{16} << 20, 1.0f),
+                                       std::size_t{16} << 20) == 4u);
 }
 
 BOOST_AUTO_TEST_CASE(many_frames_of_mixed_sizes_arrive_in_the_order_they_were_sent) {
@@ -1703,6 +1722,299 @@ BOOST_AUTO_TEST_CASE(link_credits_flow_both_ways_and_never_reach_an_actor) {
       BOOST_TEST(client.shm_send == (arena != 0));
       self->send(link, stop_atom::value);
       BOOST_TEST(await_disconnects(1).size() == 1u);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ================================================================================================
+// TLS on the links (actors/logic/link_tls.hpp): a worker of the job gets in; a peer with another
+// CA's certificate, none, one of another role, or speaking plaintext does not, and reaches no
+// actor; and the bytes on the wire do not show a tensor's values.
+
+namespace {
+
+using testing::job_certs;
+using testing::other_certs;
+using testing::tls_certs;
+
+std::shared_ptr<const tls_credentials> credentials_of(const tls_certs& certs, node_role role) {
+  const std::string name(to_string(role));
+  auto loaded = tls_credentials::load(certs.ca(), certs.cert(name), certs.key(name), role);
+  BOOST_TEST_REQUIRE(loaded.has_value(), (loaded ? std::string() : loaded.error().message()));
+  return *loaded;
+}
+
+/// A server's data port of the job: TLS with a server's certificate, taking workers, the job
+/// token, no shared-memory arena (so tensors travel on the wire even on one host).
+data_server_options tls_data_port() {
+  auto options = with_token();
+  options.tuning.tls = {credentials_of(job_certs(), node_role::server), {node_role::worker}};
+  options.tuning.shm_arena_bytes = 0;
+  return options;
+}
+
+/// A worker's link to a data port: TLS with the certificate of `role` from `certs`, expecting a
+/// server; the job token; no arena.
+data_link_options tls_link(const tls_certs& certs, node_role role = node_role::worker) {
+  auto options = client_with(job_token);
+  options.tuning.tls = {credentials_of(certs, role), {node_role::server}};
+  options.tuning.shm_arena_bytes = 0;
+  return options;
+}
+
+/// A TCP proxy on 127.0.0.1 that forwards one connection to 127.0.0.1:`target` and records
+/// every byte each way, until a side closes or stop(). Each wait is bounded.
+class recording_proxy {
+public:
+  explicit recording_proxy(std::uint16_t target)
+      : target_(target), thread_([this] { forward(); }) {}
+  ~recording_proxy() { stop(); }
+  recording_proxy(const recording_proxy&) = delete;
+  recording_proxy& operator=(const recording_proxy&) = delete;
+
+  std::uint16_t port() const { return static_cast<std::uint16_t>(listener_.port()); }
+  /// Ends the forwarding; afterwards the records are complete.
+  void stop() {
+    stopping_ = true;
+    if (thread_.joinable())
+      thread_.join();
+  }
+  /// What went from the connector to the target, and back.
+  const std::vector<char>& upstream() const { return upstream_; }
+  const std::vector<char>& downstream() const { return downstream_; }
+
+private:
+  void forward() {
+    const int client =
+        listener_.accept(std::chrono::duration_cast<std::chrono::milliseconds>(patience));
+    if (client < 0)
+      return;
+    const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(target_);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(server, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) {
+      std::vector<char> buffer(1 << 16);
+      bool open = true;
+      while (open && !stopping_) {
+        pollfd both[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+        if (::poll(both, 2, 20) <= 0)
+          continue;
+        for (int side = 0; side < 2 && open; ++side) {
+          if ((both[side].revents & (POLLIN | POLLHUP | POLLERR)) == 0)
+            continue;
+          const int from = side == 0 ? client : server;
+          const int into = side == 0 ? server : client;
+          const ssize_t n = ::recv(from, buffer.data(), buffer.size(), 0);
+          if (n <= 0) {
+            open = false;
+            break;
+          }
+          auto& record = side == 0 ? upstream_ : downstream_;
+          record.insert(record.end(), buffer.data(), buffer.data() + n);
+          for (ssize_t sent = 0; sent < n && open;) {
+            const ssize_t step = ::send(into, buffer.data() + sent,
+                                        static_cast<std::size_t>(n - sent), MSG_NOSIGNAL);
+            open = step > 0;
+            sent += std::max<ssize_t>(step, 0);
+          }
+        }
+      }
+    }
+    ::close(server);
+    ::close(client);
+  }
+
+  testing::listening_socket listener_;
+  std::uint16_t target_;
+  std::atomic<bool> stopping_{false};
+  std::vector<char> upstream_;
+  std::vector<char> downstream_;
+  std::thread thread_;
+};
+
+/// The float32 whose bits are 0x5A17C0DE: a pattern neither the codec nor a cipher writes by
+/// chance, repeated through a tensor.
+float marker_value() {
+  const std::uint32_t bits = 0x5A17C0DE;
+  float value = 0;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+/// Whether `bytes` hold four marker values in a row, as a tensor of them lays them out.
+bool holds_marker(const std::vector<char>& bytes) {
+  std::vector<float> run(4, marker_value());
+  const auto* needle = reinterpret_cast<const char*>(run.data());
+  return std::search(bytes.begin(), bytes.end(), needle, needle + run.size() * sizeof(float)) !=
+         bytes.end();
+}
+
+} // namespace
+
+BOOST_FIXTURE_TEST_SUITE(link_tls, link_fixture)
+
+BOOST_AUTO_TEST_CASE(a_worker_of_the_job_is_served_over_tls_and_both_ends_say_so) {
+  auto certified = std::make_shared<std::vector<std::pair<std::uint64_t, node_role>>>();
+  auto certified_mutex = std::make_shared<std::mutex>();
+  auto options = tls_data_port();
+  options.on_certified = [certified, certified_mutex](std::uint64_t id, node_role role) {
+    std::lock_guard lock(*certified_mutex);
+    certified->emplace_back(id, role);
+  };
+  auto server = start_server(std::move(options));
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self, tls_link(job_certs()));
+  const auto id = await_connection(self, link);
+  const auto client_side = stats_of(link);
+  BOOST_TEST(client_side.tls);
+  BOOST_TEST(client_side.authenticated);
+  const auto server_side = stats_of(server, id);
+  BOOST_TEST(server_side.tls);
+  BOOST_TEST(server_side.authenticated);
+  {
+    std::lock_guard lock(*certified_mutex);
+    BOOST_TEST_REQUIRE(certified->size() == 1u);
+    BOOST_TEST(certified->front().first == id);
+    BOOST_TEST((certified->front().second == node_role::worker));
+  }
+
+  // Frames of every size cross intact: small, larger than a TLS record, and chunked.
+  auto values = ramp(std::size_t{3} << 20, 0.25f);
+  const std::size_t sizes[] = {3, 5000, 70001, std::size_t{1} << 20};
+  for (std::uint64_t request = 1; request <= 4; ++request) {
+    const auto part = std::span(*values).first(sizes[request - 1]);
+    self->send(link, envelope{make_push(request, part), values, 0});
+  }
+  for (std::uint64_t request = 1; request <= 4; ++request) {
+    auto reply = next_envelope(self);
+    BOOST_TEST_REQUIRE(reply.has_value());
+    BOOST_TEST_REQUIRE((std::get<wire::push>(reply->msg) ==
+                        make_push(request, std::span(*values).first(sizes[request - 1]))));
+  }
+  BOOST_TEST(expect_chunked_round_trip(self, link, 9, values, std::size_t{1} << 20) == 12u);
+}
+
+BOOST_AUTO_TEST_CASE(
+    another_ca_no_certificate_another_role_or_plaintext_is_refused_and_reaches_no_actor) {
+  auto options = tls_data_port();
+  options.tuning.handshake_timeout = 500ms;
+  auto server = start_server(std::move(options));
+  caf::scoped_actor self{*sys};
+  auto genuine = connect(server.port, self, tls_link(job_certs()));
+  await_connection(self, genuine);
+  const auto routed_before = last_connection->load();
+  const auto port_text = "127.0.0.1:" + std::to_string(server.port);
+
+  BOOST_TEST_CONTEXT("a worker of another job's CA") {
+    caf::scoped_actor receiver{*sys};
+    auto link = connect_data_link(*sys, "127.0.0.1", server.port,
+                                  caf::actor_cast<caf::actor>(receiver), tls_link(other_certs()));
+    BOOST_TEST_REQUIRE(link.has_value());
+    auto values = ramp(10);
+    receiver->send(*link, envelope{make_push(1, *values), values, 0});
+    const auto reason = next_link_down(receiver);
+    BOOST_TEST(contains(reason, port_text), reason);
+    BOOST_TEST(contains(reason, "not from the CA of " + other_certs().ca()), reason);
+    BOOST_TEST(await_disconnects(1).size() == 1u);
+  }
+  // Raw TLS peers, which trust the job's CA: the data port checks what they present.
+  const std::tuple<const char*, std::string, std::string, const char*> raw_peers[] = {
+      {"another CA's worker certificate", other_certs().cert("worker"), other_certs().key("worker"),
+       "unknown ca"},
+      {"no certificate", "", "", "certificate required"},
+      {"the scheduler's certificate", job_certs().cert("scheduler"), job_certs().key("scheduler"),
+       "alert"},
+  };
+  for (const auto& [what, cert, key, alert] : raw_peers) {
+    BOOST_TEST_CONTEXT(what) {
+      raw_peer stranger(server.port);
+      BOOST_TEST_REQUIRE(stranger.connected);
+      const auto failed = stranger.start_tls(job_certs().ca(), cert, key);
+      // Refused at once, or at the first read (a TLS 1.3 client finishes first).
+      if (failed.empty()) {
+        BOOST_TEST(!stranger.server_hello().has_value());
+        BOOST_TEST(stranger.sees_close());
+      }
+      BOOST_TEST(contains(stranger.tls_failure, alert), stranger.tls_failure);
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+    }
+  }
+  BOOST_TEST_CONTEXT("a link that presents a server's certificate") {
+    caf::scoped_actor receiver{*sys};
+    auto link =
+        connect_data_link(*sys, "127.0.0.1", server.port, caf::actor_cast<caf::actor>(receiver),
+                          tls_link(job_certs(), node_role::server));
+    BOOST_TEST_REQUIRE(link.has_value());
+    const auto reason = next_link_down(receiver);
+    BOOST_TEST(contains(reason, "refused this node's certificate"), reason);
+    BOOST_TEST(await_disconnects(1).size() == 1u);
+  }
+  BOOST_TEST_CONTEXT("a plaintext troupe link") {
+    caf::scoped_actor receiver{*sys};
+    auto plain = client_with(job_token);
+    plain.tuning.handshake_timeout = 500ms;
+    auto link = connect_data_link(*sys, "127.0.0.1", server.port,
+                                  caf::actor_cast<caf::actor>(receiver), plain);
+    BOOST_TEST_REQUIRE(link.has_value());
+    const auto reason = next_link_down(receiver);
+    BOOST_TEST(contains(reason, "did not say hello"), reason);
+    BOOST_TEST(contains(reason, "without TLS"), reason);
+    BOOST_TEST(await_disconnects(1).size() == 1u);
+  }
+  BOOST_TEST_CONTEXT("plaintext frames") {
+    raw_peer stranger(server.port);
+    auto values = ramp(10);
+    BOOST_TEST_REQUIRE(stranger.send(wire::encode(make_push(1, *values)).flatten()));
+    const auto [bytes, closed] = stranger.read_until_closed(patience);
+    BOOST_TEST(closed);
+    BOOST_TEST(!raw_peer::first_frame(bytes).has_value());
+    BOOST_TEST(await_disconnects(1).size() == 1u);
+  }
+  BOOST_TEST(last_connection->load() == routed_before);
+
+  // The genuine worker was not disturbed.
+  expect_round_trip(self, genuine, 2, ramp(5000, 3.0f));
+}
+
+BOOST_AUTO_TEST_CASE(a_tls_link_to_a_plaintext_port_goes_down_saying_the_port_does_not_speak_tls) {
+  auto options = with_token();
+  auto server = start_server(std::move(options));
+  caf::scoped_actor self{*sys};
+  auto link = connect_data_link(*sys, "127.0.0.1", server.port, caf::actor_cast<caf::actor>(self),
+                                tls_link(job_certs()));
+  BOOST_TEST_REQUIRE(link.has_value());
+  const auto reason = next_link_down(self);
+  BOOST_TEST(contains(reason, "does not speak TLS"), reason);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_marker_tensor_never_shows_on_the_wire_under_tls_and_does_in_plaintext) {
+  // A worker's link reaches the data port through a proxy that records both directions; the
+  // tensor goes up in a push and comes back in the echo (as a pull reply would).
+  auto markers = std::make_shared<std::vector<float>>(std::size_t{64} << 10, marker_value());
+  for (const bool tls : {false, true}) {
+    BOOST_TEST_CONTEXT((tls ? "TLS" : "plaintext")) {
+      auto server_options = tls ? tls_data_port() : with_token();
+      auto link_options = tls ? tls_link(job_certs()) : client_with(job_token);
+      server_options.tuning.shm_arena_bytes = 0;
+      link_options.tuning.shm_arena_bytes = 0;
+      auto server = start_server(std::move(server_options));
+      recording_proxy proxy(server.port);
+      caf::scoped_actor self{*sys};
+      auto link = connect(proxy.port(), self, link_options);
+      expect_round_trip(self, link, 1, markers);
+      self->send(link, stop_atom::value);
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+      proxy.stop();
+      const std::size_t tensor_bytes = markers->size() * sizeof(float);
+      BOOST_TEST(proxy.upstream().size() > tensor_bytes);
+      BOOST_TEST(proxy.downstream().size() > tensor_bytes);
+      BOOST_TEST(holds_marker(proxy.upstream()) == !tls);
+      BOOST_TEST(holds_marker(proxy.downstream()) == !tls);
     }
   }
 }

@@ -32,11 +32,13 @@
 #include <caf/send.hpp>
 
 #include "actors/data_link.hpp"
+#include "actors/logic/wire_conversions.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
 #include "schema/codec.hpp"
 #include "tests/raw_peer.hpp"
+#include "tests/tls_certs.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -67,6 +69,19 @@ struct job_fixture {
   std::optional<scheduler_handle> scheduler;
   const std::string job_id = "job-a";
   const std::string token = "secret";
+  /// Every link runs TLS with the job's certificates (tests/tls_certs.hpp), set before start().
+  bool tls = false;
+
+  /// The job's credentials for `role`, when tls is on.
+  std::shared_ptr<const tls_credentials> credentials(node_role role) const {
+    if (!tls)
+      return nullptr;
+    const auto& certs = testing::job_certs();
+    const std::string name(to_string(role));
+    auto loaded = tls_credentials::load(certs.ca(), certs.cert(name), certs.key(name), role);
+    BOOST_TEST_REQUIRE(loaded.has_value(), (loaded ? std::string() : loaded.error().message()));
+    return *loaded;
+  }
 
   /// A scheduler still running when a case ends (a failed check) must not hold up the actor
   /// system's destructor, which waits for every actor.
@@ -83,6 +98,7 @@ struct job_fixture {
     options.num_workers = workers;
     options.job_id = job_id;
     options.auth_token = token;
+    options.tls = credentials(node_role::scheduler);
     options.startup_timeout = startup_timeout;
     options.peer_timeout = peer_timeout;
     options.heartbeat_interval = heartbeat;
@@ -104,6 +120,7 @@ struct job_fixture {
     options.role = role;
     options.job_id = job_id;
     options.auth_token = token;
+    options.tls = credentials(from_wire(role));
     options.data_port = data_port;
     options.startup_timeout = 10s;
     options.heartbeat_interval = heartbeat;
@@ -209,9 +226,13 @@ job_listener as_listener(caf::scoped_actor& listener) {
 /// that come back (heartbeats skipped).
 class framed_client {
 public:
-  framed_client(caf::actor_system& sys, std::uint16_t port, const std::string& token) : self_{sys} {
+  /// `tls`: the link's TLS, none by default.
+  framed_client(caf::actor_system& sys, std::uint16_t port, const std::string& token,
+                link_tls tls = {})
+      : self_{sys} {
     data_link_options options;
-    options.tuning = control_link_tuning(max_control_frame_bytes, logger{}, link_secret(token));
+    options.tuning =
+        control_link_tuning(max_control_frame_bytes, logger{}, link_secret(token), std::move(tls));
     auto link =
         connect_data_link(sys, "127.0.0.1", port, caf::actor_cast<caf::actor>(self_), options);
     BOOST_TEST_REQUIRE(link.has_value());
@@ -511,6 +532,51 @@ BOOST_FIXTURE_TEST_CASE(a_node_beyond_the_configured_counts_is_rejected_as_role_
         std::async(std::launch::async, [&agent] { return agent->barrier(wire::group::all, 5s); }));
   for (auto& barrier : barriers)
     BOOST_TEST(barrier.get().has_value());
+}
+
+BOOST_FIXTURE_TEST_CASE(under_tls_a_node_is_admitted_only_in_the_role_its_certificate_names,
+                        job_fixture) {
+  tls = true;
+  start(1, 1);
+  // The certificates are the job's, so TLS lets them in; the roles they claim are not theirs.
+  const std::pair<node_role, wire::role> liars[] = {{node_role::worker, wire::role::server},
+                                                    {node_role::server, wire::role::worker}};
+  for (const auto& [certified, claimed] : liars) {
+    BOOST_TEST_CONTEXT("a " << to_string(certified) << " certificate registering as a "
+                            << wire::to_string(claimed)) {
+      framed_client liar{node_side.sys,
+                         scheduler->port(),
+                         token,
+                         {credentials(certified), {node_role::scheduler}}};
+      liar.send(framed_client::registration(
+          job_id, claimed, static_cast<std::uint16_t>(claimed == wire::role::server ? 7000 : 0)));
+      const auto reply = liar.next();
+      BOOST_TEST_REQUIRE(reply.has_value());
+      BOOST_TEST_REQUIRE(std::holds_alternative<wire::admission>(*reply));
+      const auto& outcome = std::get<wire::admission>(*reply).outcome;
+      BOOST_TEST_REQUIRE(std::holds_alternative<wire::rejected>(outcome));
+      const auto& rejected = std::get<wire::rejected>(outcome);
+      BOOST_TEST((rejected.reason == wire::reject_reason::wrong_role));
+      const std::string says = "it registers as a " + std::string{wire::to_string(claimed)} +
+                               ", but its TLS certificate is for a " +
+                               std::string{to_string(certified)};
+      BOOST_TEST(contains(rejected.detail, says), rejected.detail);
+    }
+  }
+  // An agent refuses to join in a role its own certificate does not name, before connecting.
+  auto mismatched = options_for(wire::role::server);
+  mismatched.tls = credentials(node_role::worker);
+  auto refused = node_agent::join(node_side.sys, mismatched);
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST(
+      contains(refused.error().message(), "is for a worker, but this node joins as a server"),
+      refused.error().message());
+
+  // Nothing changed: the job starts as configured, with every rank free.
+  const auto agents = join_all(1, 1);
+  for (const auto& agent : agents)
+    BOOST_TEST(agent->rank() == 0u);
+  BOOST_TEST(!scheduler->outcome().has_value());
 }
 
 BOOST_FIXTURE_TEST_CASE(garbage_and_an_oversized_length_prefix_close_the_connection_after_an_error,

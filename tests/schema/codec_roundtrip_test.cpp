@@ -73,9 +73,9 @@ BOOST_AUTO_TEST_CASE(an_admission_round_trips_both_outcomes) {
   BOOST_TEST((std::get<rejected>(r.outcome).reason == reject_reason::bad_token));
   BOOST_TEST(std::get<rejected>(r.outcome).detail == "token differs");
 
-  for (auto reason :
-       {reject_reason::protocol_version, reject_reason::wrong_job, reject_reason::bad_token,
-        reject_reason::role_full, reject_reason::duplicate, reject_reason::shutting_down}) {
+  for (auto reason : {reject_reason::protocol_version, reject_reason::wrong_job,
+                      reject_reason::bad_token, reject_reason::role_full, reject_reason::duplicate,
+                      reject_reason::shutting_down, reject_reason::wrong_role}) {
     round_trip each(admission{1, rejected{reason, ""}});
     BOOST_TEST((std::get<rejected>(each.as<admission>().outcome).reason == reason));
   }

@@ -18,13 +18,17 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/config/config.hpp"
+#include "actors/config/tls_credentials.hpp"
 #include "schema/chunking.hpp"
 #include "tests/temp_dir.hpp"
+#include "tests/tls_certs.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
+using troupe::testing::job_certs;
+using troupe::testing::other_certs;
 using troupe::testing::temp_dir;
 
 namespace {
@@ -467,7 +471,17 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "--checkpoint-every",
                             "10m",
                             "--server-device",
-                            "gpu(1)"});
+                            "gpu(1)",
+                            "--tls",
+                            "false",
+                            "--tls-ca",
+                            "/ca.crt",
+                            "--tls-cert",
+                            "/{role}.crt",
+                            "--tls-key",
+                            "/{role}.key",
+                            "--tls-allow-shared-memory",
+                            "true"});
   auto cfg = load_ok(std::nullopt, {}, flags);
   BOOST_TEST((cfg.role == node_role::scheduler));
   BOOST_TEST((cfg.scheduler_port == 0));
@@ -498,6 +512,11 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.checkpoint_dir == "/var/lib/troupe/j");
   BOOST_TEST(cfg.checkpoint_every_rounds == 50);
   BOOST_TEST(cfg.checkpoint_every == 10min);
+  BOOST_TEST(!cfg.tls_enabled);
+  BOOST_TEST(cfg.tls_ca_file == "/ca.crt");
+  BOOST_TEST(cfg.tls_cert_file == "/{role}.crt");
+  BOOST_TEST(cfg.tls_key_file == "/{role}.key");
+  BOOST_TEST(cfg.tls_allow_shared_memory);
   std::size_t with_flag = 0;
   for (const auto& key : config_keys())
     with_flag += key.flag.empty() ? 0 : 1;
@@ -799,6 +818,117 @@ BOOST_AUTO_TEST_CASE(load_worker_config_is_load_config_then_validate_for_role_of
   env_map server = job;
   server["DMLC_ROLE"] = "server";
   BOOST_TEST(!load_worker_config(environment_from(server), {}).has_value());
+}
+
+namespace {
+
+/// A job's environment with TLS on and the three files given.
+env_map tls_job(const std::string& ca, const std::string& cert, const std::string& key) {
+  return {{"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_WORKER", "2"}, {"DMLC_NUM_SERVER", "1"},
+          {"TROUPE_TLS", "1"},           {"TROUPE_TLS_CA", ca},    {"TROUPE_TLS_CERT", cert},
+          {"TROUPE_TLS_KEY", key}};
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(tls_needs_its_three_files_and_one_cluster_file_serves_every_role) {
+  auto err = load_error(std::nullopt, {{"TROUPE_TLS", "true"}});
+  BOOST_TEST(
+      err.message() ==
+          "TROUPE_TLS turns TLS on, which needs TROUPE_TLS_CA ([tls] ca_file or --tls-ca), "
+          "TROUPE_TLS_CERT ([tls] cert_file or --tls-cert) and TROUPE_TLS_KEY ([tls] key_file "
+          "or --tls-key)",
+      err.message());
+  err = load_error(std::nullopt, {}, parse_flags({"--tls", "--tls-ca", job_certs().ca()}));
+  BOOST_TEST(err.message().find("--tls turns TLS on, which needs TROUPE_TLS_CERT") == 0,
+             err.message());
+
+  BOOST_TEST(path_for_role("/etc/{role}/{role}.crt", node_role::server) ==
+             "/etc/server/server.crt");
+  // "{role}" stands for each node's role: one file serves the whole job.
+  temp_dir dir;
+  auto file = dir.write("tls.toml", "[tls]\nenabled = true\nca_file = \"" + job_certs().ca() +
+                                        "\"\ncert_file = \"" + job_certs().cert_pattern() +
+                                        "\"\nkey_file = \"" + job_certs().key_pattern() + "\"\n");
+  auto cfg = load_ok(
+      file, tls_job(job_certs().ca(), job_certs().cert_pattern(), job_certs().key_pattern()));
+  BOOST_TEST(cfg.tls_enabled);
+  BOOST_TEST(!cfg.tls_allow_shared_memory);
+  for (auto role : {node_role::scheduler, node_role::server, node_role::worker}) {
+    BOOST_TEST(validate_for_role(cfg, role).has_value(), to_string(role));
+    auto credentials = load_tls_credentials(cfg, role);
+    BOOST_TEST_REQUIRE(credentials.has_value(),
+                       (credentials ? std::string() : credentials.error().message()));
+    BOOST_TEST_REQUIRE(*credentials != nullptr);
+    BOOST_TEST(((*credentials)->role() == role));
+    BOOST_TEST((*credentials)->cert_file() == job_certs().cert(std::string(to_string(role))));
+  }
+  // Off, no credentials and no file is read.
+  auto off = load_ok(std::nullopt, {{"TROUPE_TLS_CA", "/nonexistent/ca.crt"}});
+  auto none = load_tls_credentials(off, node_role::worker);
+  BOOST_TEST_REQUIRE(none.has_value());
+  BOOST_TEST(*none == nullptr);
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_tls_setup_is_refused_naming_the_file_and_the_reason) {
+  const auto& job = job_certs();
+  temp_dir dir;
+  auto open_key = dir.path() / "open.key";
+  fs::copy_file(job.key("server"), open_key);
+  fs::permissions(open_key, static_cast<fs::perms>(0644));
+  auto not_pem = dir.write("garbage.crt", "not a certificate\n");
+  const std::string missing = (dir.path() / "missing.crt").string();
+  struct bad_setup {
+    const char* what;
+    env_map env;
+    node_role role;
+    std::string says;
+  };
+  const std::vector<bad_setup> setups{
+      {"no CA file", tls_job(missing, job.cert("server"), job.key("server")), node_role::server,
+       "cannot read CA file " + missing + ": No such file or directory"},
+      {"no certificate file", tls_job(job.ca(), missing, job.key("server")), node_role::server,
+       "cannot read certificate file " + missing + ": No such file or directory"},
+      {"a certificate file without a certificate",
+       tls_job(job.ca(), not_pem.string(), job.key("server")), node_role::server,
+       "certificate file " + not_pem.string() + " holds no PEM certificate"},
+      {"a key others may read", tls_job(job.ca(), job.cert("server"), open_key.string()),
+       node_role::server,
+       "key file " + open_key.string() +
+           " may be read or written by group or others (mode 0644); run chmod 600 " +
+           open_key.string()},
+      {"a key of another certificate", tls_job(job.ca(), job.cert("server"), job.key("worker")),
+       node_role::server,
+       "key file " + job.key("worker") + " does not match certificate file " + job.cert("server")},
+      {"a certificate from another CA",
+       tls_job(job.ca(), other_certs().cert("server"), other_certs().key("server")),
+       node_role::server,
+       "certificate file " + other_certs().cert("server") + " is not from the CA of " + job.ca()},
+      {"a certificate of another role", tls_job(job.ca(), job.cert("worker"), job.key("worker")),
+       node_role::server,
+       "certificate file " + job.cert("worker") + " is for a worker, but this node is a server"},
+      {"the scheduler's certificate on a worker",
+       tls_job(job.ca(), job.cert("scheduler"), job.key("scheduler")), node_role::worker,
+       "certificate file " + job.cert("scheduler") +
+           " is for a scheduler, but this node is a worker"},
+  };
+  for (const auto& setup : setups) {
+    BOOST_TEST_CONTEXT(setup.what) {
+      auto cfg = load_ok(std::nullopt, setup.env);
+      auto valid = validate_for_role(cfg, setup.role);
+      BOOST_TEST_REQUIRE(!valid.has_value());
+      const auto& message = valid.error().message();
+      BOOST_TEST(message.find("TLS ([tls] of the configuration): " + setup.says) == 0, message);
+      BOOST_TEST(message.find('\n') == std::string::npos, message);
+    }
+  }
+  // A worker's program checks the same before it starts (exit 2).
+  auto worker = load_worker_config(
+      environment_from(tls_job(job.ca(), job.cert("server"), job.key("server"))), {});
+  BOOST_TEST_REQUIRE(!worker.has_value());
+  BOOST_TEST(worker.error().message().find("is for a server, but this node is a worker") !=
+                 std::string::npos,
+             worker.error().message());
 }
 
 BOOST_AUTO_TEST_CASE(a_port_in_use_is_detected_and_a_free_one_is_not) {
