@@ -235,21 +235,48 @@ void queue_unmetered(link_connection& c, const wire::message& msg, const data_li
 }
 
 /// pump under TLS: what the session says on its own (handshake, alerts) goes first; admitted
-/// bytes are sealed into records once the handshake is done. The bound counts ciphertext, as
-/// CAF's reports do. Returns why the session cannot send, if it cannot.
+/// bytes are sealed into records once the handshake is done, a tensor's straight from its memory
+/// and small pieces (prefixes, message headers) gathered into one record. The bound counts
+/// ciphertext, as CAF's reports do. Returns why the session cannot send, if it cannot.
 std::optional<std::string> pump_sealed(caf::io::abstract_broker* self, link_connection& c,
                                        const data_link_tuning& tuning) {
-  // One plaintext step at a time per thread, however many connections.
-  thread_local std::vector<char> plaintext;
+  // A TLS record holds at most 16 KiB and adds 22 bytes.
+  constexpr std::size_t record_bytes = std::size_t{16} << 10;
+  // One gathering buffer per thread, however many connections.
+  thread_local std::vector<char> gathered;
   for (;;) {
     auto& out = self->wr_buf(c.hdl);
     const std::size_t before = out.size();
     c.tls->drain(out);
     if (c.tls->established() && c.queue.ready() && c.in_flight < tuning.max_bytes_in_flight) {
-      plaintext.clear();
-      c.queue.append_to(
-          plaintext, std::min(tuning.write_chunk_bytes, tuning.max_bytes_in_flight - c.in_flight));
-      if (auto failed = c.tls->seal(plaintext, out))
+      const std::size_t budget =
+          std::min(tuning.write_chunk_bytes, tuning.max_bytes_in_flight - c.in_flight);
+      out.reserve(out.size() + budget + (budget / record_bytes + 2) * 32);
+      std::optional<std::string> failed;
+      auto seal = [&](std::span<const char> bytes) {
+        if (!failed)
+          failed = c.tls->seal(bytes, out);
+      };
+      gathered.clear();
+      c.queue.write_to(
+          [&](std::span<const char> piece) {
+            if (piece.size() >= record_bytes) {
+              if (!gathered.empty())
+                seal(gathered);
+              gathered.clear();
+              seal(piece);
+              return;
+            }
+            gathered.insert(gathered.end(), piece.begin(), piece.end());
+            if (gathered.size() >= record_bytes) {
+              seal(gathered);
+              gathered.clear();
+            }
+          },
+          budget);
+      if (!gathered.empty())
+        seal(gathered);
+      if (failed)
         return failed;
     }
     const std::size_t added = out.size() - before;

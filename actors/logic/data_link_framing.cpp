@@ -387,6 +387,13 @@ void frame_send_queue::admit() {
 }
 
 std::size_t frame_send_queue::append_to(std::vector<char>& out, std::size_t max_bytes) {
+  return write_to(
+      [&out](std::span<const char> bytes) { out.insert(out.end(), bytes.begin(), bytes.end()); },
+      max_bytes);
+}
+
+std::size_t frame_send_queue::write_to(const std::function<void(std::span<const char>)>& write,
+                                       std::size_t max_bytes) {
   std::size_t appended = 0;
   while (!admitted_.empty() && appended < max_bytes) {
     auto& e = admitted_.front();
@@ -394,8 +401,7 @@ std::size_t frame_send_queue::append_to(std::vector<char>& out, std::size_t max_
     while (e.piece < pieces.size() && appended < max_bytes) {
       const auto piece = pieces[e.piece];
       const std::size_t n = std::min(piece.size() - e.offset, max_bytes - appended);
-      const char* first = reinterpret_cast<const char*>(piece.data()) + e.offset;
-      out.insert(out.end(), first, first + n);
+      write({reinterpret_cast<const char*>(piece.data()) + e.offset, n});
       e.offset += n;
       appended += n;
       if (e.offset == piece.size()) {
@@ -405,7 +411,7 @@ std::size_t frame_send_queue::append_to(std::vector<char>& out, std::size_t max_
     }
     if (e.piece < pieces.size())
       break;
-    // Every byte is in `out` now: the frame and the tensor it referenced may go.
+    // Every byte is written now: the frame and the tensor it referenced may go.
     admitted_.pop_front();
   }
   queued_bytes_ -= appended;

@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -273,6 +274,10 @@ public:
   /// appended (0 only when !ready() or max_bytes is 0). Frames may be split anywhere: the bytes
   /// form one stream.
   std::size_t append_to(std::vector<char>& out, std::size_t max_bytes);
+  /// As append_to, handing the bytes to `write` piece by piece (views of the frames' memory,
+  /// valid during the call) instead of copying them: a TLS session encrypts straight from them.
+  std::size_t write_to(const std::function<void(std::span<const char>)>& write,
+                       std::size_t max_bytes);
 
   /// Admitted bytes remain to be appended.
   bool ready() const noexcept { return !admitted_.empty(); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -34,20 +35,69 @@ long sink_ctrl(BIO*, int command, long, void*) {
   return command == BIO_CTRL_FLUSH ? 1 : 0;
 }
 
-int sink_create(BIO* bio) {
+/// Both sides' BIOs are ready as made (their state comes with BIO_set_data).
+int bio_create(BIO* bio) {
   BIO_set_init(bio, 1);
   return 1;
 }
 
-/// The write side's BIO type, made once per process.
+/// Where the read side of a session takes its ciphertext from: the socket read that take() was
+/// given, read in place (no copy into a memory BIO). SSL consumes every byte of it before it asks
+/// for more, so nothing is left when take() and the fill() calls after it are done.
+struct record_source {
+  std::span<const char> current;
+};
+
+int source_read(BIO* bio, char* out, std::size_t size, std::size_t* read) {
+  auto* source = static_cast<record_source*>(BIO_get_data(bio));
+  const std::size_t n = std::min(size, source->current.size());
+  BIO_clear_retry_flags(bio);
+  if (n == 0) {
+    // "Wait for the socket", not the end of the stream.
+    BIO_set_retry_read(bio);
+    *read = 0;
+    return 0;
+  }
+  std::memcpy(out, source->current.data(), n);
+  source->current = source->current.subspan(n);
+  *read = n;
+  return 1;
+}
+
+long source_ctrl(BIO* bio, int command, long, void*) {
+  auto* source = static_cast<record_source*>(BIO_get_data(bio));
+  switch (command) {
+  case BIO_CTRL_PENDING:
+    return static_cast<long>(source->current.size());
+  case BIO_CTRL_FLUSH:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/// A BIO type of troupe's links: `read` or `write` (the other null) and `ctrl` over the state
+/// BIO_set_data gives it. Throws when OpenSSL cannot make it.
+BIO_METHOD* link_bio_method(const char* name, int (*read)(BIO*, char*, std::size_t, std::size_t*),
+                            int (*write)(BIO*, const char*, std::size_t, std::size_t*),
+                            long (*ctrl)(BIO*, int, long, void*)) {
+  BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, name);
+  if (m == nullptr || (read != nullptr && BIO_meth_set_read_ex(m, read) != 1) ||
+      (write != nullptr && BIO_meth_set_write_ex(m, write) != 1) ||
+      BIO_meth_set_ctrl(m, ctrl) != 1 || BIO_meth_set_create(m, bio_create) != 1)
+    throw std::runtime_error("cannot make OpenSSL's BIO type for TLS links");
+  return m;
+}
+
+/// The read and write sides' BIO types, made once per process.
+const BIO_METHOD* source_method() {
+  static BIO_METHOD* const method =
+      link_bio_method("troupe link source", source_read, nullptr, source_ctrl);
+  return method;
+}
 const BIO_METHOD* sink_method() {
-  static BIO_METHOD* const method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "troupe link sink");
-    if (m == nullptr || BIO_meth_set_write_ex(m, sink_write) != 1 ||
-        BIO_meth_set_ctrl(m, sink_ctrl) != 1 || BIO_meth_set_create(m, sink_create) != 1)
-      throw std::runtime_error("cannot make OpenSSL's BIO type for TLS links");
-    return m;
-  }();
+  static BIO_METHOD* const method =
+      link_bio_method("troupe link sink", nullptr, sink_write, sink_ctrl);
   return method;
 }
 
@@ -91,8 +141,7 @@ struct tls_session::impl {
   link_tls tls;
   bool listener = false;
   SSL* ssl = nullptr;
-  /// The read side: a memory BIO that SSL owns.
-  BIO* incoming = nullptr;
+  record_source source;
   record_sink sink;
   bool established = false;
   std::optional<node_role> peer_role;
@@ -181,18 +230,16 @@ tls_session::tls_session(const link_tls& tls, bool listener) : impl_(std::make_u
   s.tls = tls;
   s.listener = listener;
   s.ssl = SSL_new(s.tls.credentials->context());
-  s.incoming = BIO_new(BIO_s_mem());
+  BIO* incoming = BIO_new(source_method());
   BIO* outgoing = BIO_new(sink_method());
-  if (s.ssl == nullptr || s.incoming == nullptr || outgoing == nullptr) {
-    BIO_free(s.incoming);
+  if (s.ssl == nullptr || incoming == nullptr || outgoing == nullptr) {
+    BIO_free(incoming);
     BIO_free(outgoing);
-    s.incoming = nullptr;
     throw std::runtime_error("cannot make a TLS session: " + openssl_reason());
   }
-  // An empty read side means "wait for the socket", not the end of the stream.
-  BIO_set_mem_eof_return(s.incoming, -1);
+  BIO_set_data(incoming, &s.source);
   BIO_set_data(outgoing, &s.sink);
-  SSL_set_bio(s.ssl, s.incoming, outgoing);
+  SSL_set_bio(s.ssl, incoming, outgoing);
   SSL_set_ex_data(s.ssl, session_index(), &s);
   SSL_set_verify(s.ssl, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, impl::verify);
   if (listener) {
@@ -211,13 +258,11 @@ std::optional<std::string> tls_session::take(std::span<const char> cipher) {
   auto& s = *impl_;
   if (s.failure)
     return s.failure;
-  while (!cipher.empty()) {
-    const int step = static_cast<int>(std::min<std::size_t>(cipher.size(), INT_MAX / 2));
-    if (BIO_write(s.incoming, cipher.data(), step) != step)
-      return s.fail("TLS failed: cannot buffer " + std::to_string(step) + " bytes read (" +
-                    openssl_reason() + ")");
-    cipher = cipher.subspan(static_cast<std::size_t>(step));
-  }
+  // Only a caller that stopped reading a connection early (it was closing) leaves bytes.
+  if (!s.source.current.empty())
+    return s.fail("TLS failed: " + std::to_string(s.source.current.size()) +
+                  " bytes of an earlier read were never decrypted");
+  s.source.current = cipher;
   if (!s.established)
     return s.advance();
   return std::nullopt;
