@@ -20,6 +20,7 @@
 #include "engine/serialize.hpp"
 #include "process_support.hpp"
 #include "tests/raw_peer.hpp"
+#include "tests/tls_certs.hpp"
 
 using namespace troupe::testing;
 
@@ -463,10 +464,44 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_wi
       BOOST_TEST(worker->wait(5s).exit_code == 128 + SIGKILL);
 }
 
+/// The scheduler and 2 servers of a job of 2 workers on scheduler port `port`, with `env`, started
+/// and listening; `pids` lists them, the scheduler first.
+struct listening_nodes {
+  listening_nodes(const std::string& port, const std::map<std::string, std::string>& env)
+      : scheduler{node_path, {}, node_env("scheduler", 2, 2, port, env)} {
+    for (int i = 0; i < 2; ++i)
+      servers.push_back(std::make_unique<child_process>(node_path, std::vector<std::string>{},
+                                                        node_env("server", 2, 2, port, env)));
+    pids.push_back(scheduler.pid());
+    for (auto& server : servers)
+      pids.push_back(server->pid());
+    for (const pid_t pid : pids)
+      await_listening(pid);
+  }
+
+  child_process scheduler;
+  std::vector<std::unique_ptr<child_process>> servers;
+  std::vector<pid_t> pids;
+};
+
+/// A plaintext push of 6 values of 1e6, as a stranger sends it in place of a handshake.
+std::vector<std::byte> stranger_push() {
+  std::vector<float> values(6, 1e6f);
+  troupe::wire::push push;
+  push.request_id = 1;
+  push.key = 0;
+  push.tensor.type = troupe::wire::dtype::float32;
+  push.tensor.shape = {2, 3};
+  push.tensor.total_bytes = sizeof(float) * values.size();
+  push.tensor.data = std::as_bytes(std::span(values));
+  return troupe::wire::encode(push).flatten();
+}
+
 /// The end of a job of 2 kv_worker workers running `--check sync --rounds 20` on two keys: each
-/// worker reports the closed forms held, and every process exits 0.
-void expect_exact_sync_finish(std::vector<std::unique_ptr<child_process>>& workers,
-                              std::initializer_list<child_process*> nodes) {
+/// worker reports the closed forms held, and every process exits 0. Returns what the nodes
+/// wrote, in the order given.
+std::vector<outcome> expect_exact_sync_finish(std::vector<std::unique_ptr<child_process>>& workers,
+                                              std::initializer_list<child_process*> nodes) {
   for (auto& worker : workers) {
     auto result = worker->wait(120s);
     BOOST_TEST(!result.timed_out);
@@ -474,11 +509,14 @@ void expect_exact_sync_finish(std::vector<std::unique_ptr<child_process>>& worke
     BOOST_TEST(count_lines(result.out, "sync checks hold for 2 keys over 20 rounds") == 1u,
                result.out);
   }
+  std::vector<outcome> ended;
   for (auto* node : nodes) {
     auto result = node->wait(60s);
     BOOST_TEST(!result.timed_out);
     BOOST_TEST(result.exit_code == 0, result.err);
+    ended.push_back(std::move(result));
   }
+  return ended;
 }
 
 BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_to_finish_exactly) {
@@ -487,16 +525,8 @@ BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_t
   // while they run.
   temp_dir dir;
   const auto port = std::to_string(free_port());
-  child_process scheduler{node_path, {}, node_env("scheduler", 2, 2, port)};
-  std::vector<std::unique_ptr<child_process>> servers;
-  for (int i = 0; i < 2; ++i)
-    servers.push_back(std::make_unique<child_process>(node_path, std::vector<std::string>{},
-                                                      node_env("server", 2, 2, port)));
-  std::vector<pid_t> job{scheduler.pid()};
-  for (auto& server : servers)
-    job.push_back(server->pid());
-  for (const pid_t pid : job)
-    await_listening(pid);
+  listening_nodes nodes(port, {});
+  auto job = nodes.pids;
   BOOST_TEST(forge_basp_headers(job) == 3u); // the scheduler's port and one data port per server
 
   std::vector<std::unique_ptr<child_process>> workers;
@@ -509,7 +539,8 @@ BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_t
     job.push_back(pid);
   BOOST_TEST(forge_basp_headers(job) >= 3u);
 
-  expect_exact_sync_finish(workers, {&scheduler, servers[0].get(), servers[1].get()});
+  expect_exact_sync_finish(workers,
+                           {&nodes.scheduler, nodes.servers[0].get(), nodes.servers[1].get()});
 }
 
 /// Tries the handshake on every TCP port `pids` listen on without the token, with a wrong one,
@@ -526,15 +557,7 @@ std::size_t try_strangers(const std::vector<pid_t>& pids) {
       }
       raw_peer pusher(port);
       BOOST_TEST_REQUIRE(pusher.server_hello().has_value());
-      std::vector<float> values(6, 1e6f);
-      troupe::wire::push push;
-      push.request_id = 1;
-      push.key = 0;
-      push.tensor.type = troupe::wire::dtype::float32;
-      push.tensor.shape = {2, 3};
-      push.tensor.total_bytes = sizeof(float) * values.size();
-      push.tensor.data = std::as_bytes(std::span(values));
-      BOOST_TEST(pusher.send(troupe::wire::encode(push).flatten()));
+      BOOST_TEST(pusher.send(stranger_push()));
       const auto [bytes, closed] = pusher.read_until_closed(10s);
       BOOST_TEST(closed, "pid " << pid << " port " << port);
       // Nothing but the refusal comes back: the push reached no shard.
@@ -552,16 +575,8 @@ BOOST_AUTO_TEST_CASE(strangers_without_the_token_get_in_nowhere_and_the_job_fini
   temp_dir dir;
   const auto port = std::to_string(free_port());
   const std::map<std::string, std::string> token{{"TROUPE_JOB_TOKEN", "cluster test token"}};
-  child_process scheduler{node_path, {}, node_env("scheduler", 2, 2, port, token)};
-  std::vector<std::unique_ptr<child_process>> servers;
-  for (int i = 0; i < 2; ++i)
-    servers.push_back(std::make_unique<child_process>(node_path, std::vector<std::string>{},
-                                                      node_env("server", 2, 2, port, token)));
-  std::vector<pid_t> job{scheduler.pid()};
-  for (auto& server : servers)
-    job.push_back(server->pid());
-  for (const pid_t pid : job)
-    await_listening(pid);
+  listening_nodes nodes(port, token);
+  const auto& job = nodes.pids;
   BOOST_TEST(try_strangers(job) == 3u);
 
   auto with_dir = token;
@@ -585,7 +600,8 @@ BOOST_AUTO_TEST_CASE(strangers_without_the_token_get_in_nowhere_and_the_job_fini
         node_env("worker", 2, 2, port, with_dir)));
   worker_pids(dir.path(), 2);
   BOOST_TEST(try_strangers(job) == 3u);
-  expect_exact_sync_finish(workers, {&scheduler, servers[0].get(), servers[1].get()});
+  expect_exact_sync_finish(workers,
+                           {&nodes.scheduler, nodes.servers[0].get(), nodes.servers[1].get()});
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_server_fails_every_pending_and_later_call_naming_it_not_a_timeout) {
@@ -921,6 +937,214 @@ BOOST_AUTO_TEST_CASE(a_node_listening_beyond_loopback_without_a_token_exits_2_un
                started.out);
     BOOST_TEST(started.err.find("t0ps3cret") == std::string::npos, started.err);
   }
+}
+
+// --- TLS
+// ------------------------------------------------------------------------------------------
+
+namespace {
+
+using troupe::testing::job_certs;
+using troupe::testing::other_certs;
+using troupe::testing::tls_certs;
+
+/// The environment that turns TLS on for every role with the certificates of `certs`.
+std::map<std::string, std::string> tls_env(const tls_certs& certs = job_certs()) {
+  return {{"TROUPE_TLS", "1"},
+          {"TROUPE_TLS_CA", certs.ca()},
+          {"TROUPE_TLS_CERT", certs.cert_pattern()},
+          {"TROUPE_TLS_KEY", certs.key_pattern()}};
+}
+
+/// `base` with `more` added.
+std::map<std::string, std::string> merged(std::map<std::string, std::string> base,
+                                          const std::map<std::string, std::string>& more) {
+  for (const auto& [name, value] : more)
+    base[name] = value;
+  return base;
+}
+
+/// On every TCP port `pids` listen on (a TLS job's), peers that must not get in: TLS with
+/// another CA's certificate, with none, with a certificate of a role no port takes (the
+/// scheduler's), and plaintext frames. Each is refused and closed, and gets no frame. Returns the
+/// ports tried.
+std::size_t try_tls_strangers(const std::vector<pid_t>& pids) {
+  std::size_t ports = 0;
+  const std::tuple<const char*, std::string, std::string, const char*> peers[] = {
+      {"another CA's worker", other_certs().cert("worker"), other_certs().key("worker"),
+       "unknown ca"},
+      {"no certificate", "", "", "certificate required"},
+      {"the scheduler's certificate", job_certs().cert("scheduler"), job_certs().key("scheduler"),
+       "alert"},
+  };
+  for (const pid_t pid : pids)
+    for (const auto port : listening_ports(pid)) {
+      ++ports;
+      for (const auto& [what, cert, key, alert] : peers) {
+        raw_peer stranger(port);
+        BOOST_TEST_REQUIRE(stranger.connected);
+        if (stranger.start_tls(job_certs().ca(), cert, key).empty()) {
+          BOOST_TEST(!stranger.server_hello().has_value(), what << ", port " << port);
+          BOOST_TEST(stranger.sees_close(), what << ", port " << port);
+        }
+        BOOST_TEST(stranger.tls_failure.find(alert) != std::string::npos,
+                   what << ", port " << port << ": " << stranger.tls_failure);
+      }
+      raw_peer plaintext(port);
+      BOOST_TEST(plaintext.send(stranger_push()));
+      const auto [bytes, closed] = plaintext.read_until_closed(10s);
+      BOOST_TEST(closed, "plaintext, port " << port);
+      BOOST_TEST(raw_peer::frames(bytes).empty(), "plaintext, port " << port);
+    }
+  return ports;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(a_tls_job_from_one_cluster_file_trains_exactly_and_keeps_tensors_inside_tls) {
+  // One file for every role ({role} in the paths); the launcher hands it to every node.
+  temp_dir dir;
+  const auto& certs = job_certs();
+  const std::string tls = "[tls]\nenabled = true\nca_file = \"" + certs.ca() +
+                          "\"\ncert_file = \"" + certs.cert_pattern() + "\"\nkey_file = \"" +
+                          certs.key_pattern() + "\"\n";
+  const auto worker_args = std::vector<std::string>{
+      "--check", "sync", "--rounds", "3", "--shapes", "2x3,1200x1200,1211x1211"};
+  auto config = dir.write("tls.toml", tls);
+  auto result =
+      run(launch_path,
+          launch_args(2, 1, {"--env", "PS_VERBOSE=1", "--config", config.string()}, worker_args),
+          {}, 120s);
+  require_job_success(result, 2, "sync");
+  const auto log = result.out + result.err;
+  // Both ends of each of the 5 connections (3 control links, 2 data links) say TLS is up.
+  BOOST_TEST(count_lines(log, "TLS is up") == 10u, log);
+  BOOST_TEST(count_lines(log, "the server's certificate is for a server") == 2u, log);
+  BOOST_TEST(count_lines(log, "the server's certificate is for a scheduler") == 3u, log);
+  // Same host, but the tensors stay inside TLS: no shared-memory arena.
+  BOOST_TEST(count_lines(log, "go through shared memory") == 0u, log);
+
+  // Unless the file allows them.
+  auto with_arenas = dir.write("tls-shm.toml", tls + "allow_shared_memory = true\n");
+  result = run(
+      launch_path,
+      launch_args(2, 1, {"--env", "PS_VERBOSE=1", "--config", with_arenas.string()}, worker_args),
+      {}, 120s);
+  require_job_success(result, 2, "sync");
+  BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 4u,
+             result.out << result.err);
+}
+
+BOOST_AUTO_TEST_CASE(
+    under_tls_another_ca_no_certificate_another_role_or_plaintext_gets_in_nowhere) {
+  // A job with TLS and a token: before the workers start and while they run, every port refuses
+  // a peer with another CA's certificate, with none, with one of a role it does not take, and
+  // plaintext; a worker certificate cannot register as a server; a worker of another CA cannot
+  // join; the job's values are exact.
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::string token = "cluster test token";
+  const auto job = merged(tls_env(), {{"TROUPE_JOB_TOKEN", token}, {"PS_VERBOSE", "1"}});
+  listening_nodes nodes(port, job);
+  const auto& pids = nodes.pids;
+  BOOST_TEST(try_tls_strangers(pids) == 3u);
+
+  {
+    // The job's own worker certificate, claiming to be a server at the scheduler.
+    raw_peer liar(static_cast<std::uint16_t>(std::stoi(port)));
+    BOOST_TEST_REQUIRE(
+        liar.start_tls(job_certs().ca(), job_certs().cert("worker"), job_certs().key("worker"))
+            .empty());
+    BOOST_TEST_REQUIRE(liar.handshake(0, token).has_value());
+    troupe::wire::registration registration;
+    registration.request_id = 1;
+    registration.node_role = troupe::wire::role::server;
+    registration.job_id = "troupe";
+    registration.host = "127.0.0.1";
+    registration.port = 7;
+    BOOST_TEST_REQUIRE(liar.send(troupe::wire::encode(registration).flatten()));
+    const auto reply = liar.receive_reply();
+    BOOST_TEST_REQUIRE(reply.has_value());
+    BOOST_TEST_REQUIRE(std::holds_alternative<troupe::wire::admission>(*reply));
+    const auto& admission = std::get<troupe::wire::admission>(*reply);
+    BOOST_TEST_REQUIRE(std::holds_alternative<troupe::wire::rejected>(admission.outcome));
+    const auto& rejected = std::get<troupe::wire::rejected>(admission.outcome);
+    BOOST_TEST((rejected.reason == troupe::wire::reject_reason::wrong_role));
+    BOOST_TEST(rejected.detail.find("its TLS certificate is for a worker") != std::string::npos,
+               rejected.detail);
+  }
+
+  // A worker whose files are another CA's: a setup that checks out on its own, refused by the job.
+  child_process impostor{worker_path,
+                         {"--check", "sync", "--rounds", "20", "--shapes", "2x3"},
+                         node_env("worker", 2, 2, port,
+                                  merged(tls_env(other_certs()), {{"TROUPE_JOB_TOKEN", token}}))};
+  auto refused = impostor.wait(60s);
+  BOOST_TEST(!refused.timed_out);
+  BOOST_TEST(refused.exit_code != 0);
+  BOOST_TEST(refused.err.find("not from the CA of " + other_certs().ca()) != std::string::npos,
+             refused.err);
+
+  const auto with_dir = merged(job, {{"KV_WORKER_DIR", dir.path().string()}});
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes", "2x3,1211x1211"},
+        node_env("worker", 2, 2, port, with_dir)));
+  worker_pids(dir.path(), 2);
+  BOOST_TEST(try_tls_strangers(pids) == 3u);
+  const auto ended = expect_exact_sync_finish(
+      workers, {&nodes.scheduler, nodes.servers[0].get(), nodes.servers[1].get()});
+  // Each port said why it refused, naming the peer's certificate.
+  for (const auto& node : ended) {
+    BOOST_TEST(count_lines(node.err, "the peer's certificate is not from the CA of") >= 2u,
+               node.err);
+    BOOST_TEST(count_lines(node.err, "the peer's certificate is for a scheduler") >= 2u, node.err);
+    BOOST_TEST(count_lines(node.err, "does not speak TLS") >= 2u, node.err);
+  }
+  BOOST_TEST(count_lines(ended[0].err, "TLS certificate is for a worker") == 1u, ended[0].err);
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_tls_setup_exits_2_naming_the_file_before_any_network_activity) {
+  temp_dir dir;
+  const auto& certs = job_certs();
+  // A worker's program: the scheduler's port is a socket of the test, which nobody may dial.
+  listening_socket scheduler_port;
+  const std::map<std::string, std::string> job{
+      {"DMLC_NUM_WORKER", "1"},
+      {"DMLC_NUM_SERVER", "1"},
+      {"DMLC_PS_ROOT_PORT", std::to_string(scheduler_port.port())}};
+  auto open_key = dir.path() / "worker.key";
+  fs::copy_file(certs.key("worker"), open_key);
+  fs::permissions(open_key, static_cast<fs::perms>(0644));
+  auto demo = run(demo_path, {"--type", "dist_sync"},
+                  merged(merged(job, tls_env()), {{"TROUPE_TLS_KEY", open_key.string()}}), 20s);
+  BOOST_TEST(demo.exit_code == 2, demo.err);
+  BOOST_TEST(lines_of(demo.err).size() == 1u, demo.err);
+  BOOST_TEST(demo.err.find("key file " + open_key.string() +
+                           " may be read or written by group or others (mode 0644)") !=
+                 std::string::npos,
+             demo.err);
+  BOOST_TEST(scheduler_port.accept(100ms) < 0); // nobody connected
+
+  // A server given a worker's certificate, and one given another CA's.
+  auto server = run(node_path, {"--role", "server"},
+                    merged(merged(job, tls_env()), {{"TROUPE_TLS_CERT", certs.cert("worker")},
+                                                    {"TROUPE_TLS_KEY", certs.key("worker")}}),
+                    20s);
+  BOOST_TEST(server.exit_code == 2, server.err);
+  BOOST_TEST(lines_of(server.err).size() == 1u, server.err);
+  BOOST_TEST(server.err.find("certificate file " + certs.cert("worker") +
+                             " is for a worker, but this node is a server") != std::string::npos,
+             server.err);
+  auto stranger = run(node_path, {"--role", "scheduler"},
+                      merged(merged(job, tls_env()), {{"TROUPE_TLS_CA", other_certs().ca()}}), 20s);
+  BOOST_TEST(stranger.exit_code == 2, stranger.err);
+  BOOST_TEST(stranger.err.find("certificate file " + certs.cert("scheduler") +
+                               " is not from the CA of " + other_certs().ca()) != std::string::npos,
+             stranger.err);
+  BOOST_TEST(scheduler_port.accept(100ms) < 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
