@@ -151,6 +151,9 @@ std::vector<broken_config> table() {
      "an empty checkpoint directory"},
     {p::server, g::flag, {"--checkpoint-dir", "/dev/null/checkpoints"}, "--checkpoint-dir",
      "a checkpoint directory that cannot be made"},
+    {p::server, g::env, {"TROUPE_TLS", "maybe"}, "TROUPE_TLS", "a boolean that is neither"},
+    {p::server, g::config_flag, {"[tls]\ncert_file = 5\n"}, "tls.cert_file",
+     "a number where a certificate file is expected"},
     // troupe-node without a scheduler or server role
     {p::node_without_role, g::env, {"DMLC_ROLE", "worker"}, "DMLC_ROLE",
      "the worker role, which troupe-node does not run"},
@@ -181,6 +184,7 @@ std::vector<broken_config> table() {
     {p::train_worker, g::flag, {"--chunk-byte", "4096"}, "--chunk-byte", "an unknown flag"},
     {p::train_worker, g::env, {"TROUPE_MAX_ROUNDS_AHEAD", "0"}, "TROUPE_MAX_ROUNDS_AHEAD",
      "zero rounds ahead"},
+    {p::train_worker, g::flag, {"--tls-key", ""}, "--tls-key", "an empty key file path"},
     // train_mnist as a server
     {p::train_as_server, g::env, {"TROUPE_QUORUM", "two"}, "TROUPE_QUORUM",
      "a quorum that is no number"},
@@ -192,6 +196,8 @@ std::vector<broken_config> table() {
     {p::demo_worker, g::config_env, {"[timeouts]\nconnect = \"-1s\"\n"}, "timeouts.connect",
      "a negative connect timeout"},
     {p::demo_worker, g::flag, {"--rounds", "0"}, "--rounds", "zero rounds"},
+    {p::demo_worker, g::config_env, {"[tls]\nca_file = \"\"\n"}, "tls.ca_file",
+     "an empty CA file path"},
     // kvstore_demo --type local: a broken environment all the same
     {p::demo_local, g::env, {"DMLC_NUM_WORKER", "abc"}, "DMLC_NUM_WORKER",
      "a worker count that is no number"},
@@ -211,6 +217,8 @@ std::vector<broken_config> table() {
     {p::kvbench_worker, g::config_env, {"[job]\nrole = \"master\"\n"}, "job.role",
      "an unknown role in the file"},
     {p::kvbench_worker, g::flag, {"--repeats", "0"}, "--repeats", "zero repetitions"},
+    {p::kvbench_worker, g::config_flag, {"[tls]\nallow_shared_memory = \"yes\"\n"},
+     "tls.allow_shared_memory", "a string where a boolean is expected"},
   };
   // clang-format on
 }
