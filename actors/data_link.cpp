@@ -27,6 +27,11 @@
 //     (our data frames wait throughout; any other frame, a missing or wrong proof: fatal)
 //   serving: a second hello or link_auth, a frame beyond the window, an excess credit: fatal
 //   fatal: error_reply{bad_frame} (unmetered, frames waiting for credit dropped), then closed
+//
+// Under TLS (tuning.tls; actors/logic/link_tls.hpp) all of this runs on plaintext: a connection
+// first completes its TLS handshake (the listener's hello waits in its queue until then), socket
+// reads are ciphertext that read_sealed decrypts into the frame receiver's reads, and pump_sealed
+// encrypts what pump would append. A failed TLS session closes the connection after its alert.
 
 #include "actors/data_link.hpp"
 
