@@ -89,6 +89,17 @@ struct raw_peer {
     return {};
   }
 
+  /// Whether a TLS listener refuses this connection when it presents `cert_file` (none when
+  /// empty) and checks the listener against `ca_file`: the handshake fails, or (a TLS 1.3 client
+  /// finishes first) the listener's alert and close come instead of its hello. tls_failure then
+  /// says why.
+  bool refused_over_tls(const std::string& ca_file, const std::string& cert_file,
+                        const std::string& key_file) {
+    if (!start_tls(ca_file, cert_file, key_file).empty())
+      return true;
+    return !server_hello().has_value() && sees_close();
+  }
+
   /// What ::send does, through TLS once it is on.
   ssize_t write_some(const void* data, std::size_t size) {
     if (!tls)

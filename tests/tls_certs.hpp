@@ -79,4 +79,22 @@ inline const tls_certs& other_certs() {
   return certs;
 }
 
+/// A TLS peer no port of a job may let in (it trusts the job's CA), and the alert it must get.
+struct tls_stranger {
+  const char* what;
+  std::string cert;
+  std::string key;
+  const char* alert;
+};
+
+/// Another CA's worker, a peer without a certificate, and one with the scheduler's certificate,
+/// a role no port takes from a connector.
+inline std::vector<tls_stranger> tls_strangers() {
+  return {{"another CA's worker certificate", other_certs().cert("worker"),
+           other_certs().key("worker"), "unknown ca"},
+          {"no certificate", "", "", "certificate required"},
+          {"the scheduler's certificate", job_certs().cert("scheduler"),
+           job_certs().key("scheduler"), "alert"}};
+}
+
 } // namespace troupe::testing

@@ -23,7 +23,6 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <thread>
-#include <tuple>
 #include <unistd.h>
 #include <variant>
 #include <vector>
@@ -1922,24 +1921,12 @@ BOOST_AUTO_TEST_CASE(
     BOOST_TEST(await_disconnects(1).size() == 1u);
   }
   // Raw TLS peers, which trust the job's CA: the data port checks what they present.
-  const std::tuple<const char*, std::string, std::string, const char*> raw_peers[] = {
-      {"another CA's worker certificate", other_certs().cert("worker"), other_certs().key("worker"),
-       "unknown ca"},
-      {"no certificate", "", "", "certificate required"},
-      {"the scheduler's certificate", job_certs().cert("scheduler"), job_certs().key("scheduler"),
-       "alert"},
-  };
-  for (const auto& [what, cert, key, alert] : raw_peers) {
-    BOOST_TEST_CONTEXT(what) {
-      raw_peer stranger(server.port);
-      BOOST_TEST_REQUIRE(stranger.connected);
-      const auto failed = stranger.start_tls(job_certs().ca(), cert, key);
-      // Refused at once, or at the first read (a TLS 1.3 client finishes first).
-      if (failed.empty()) {
-        BOOST_TEST(!stranger.server_hello().has_value());
-        BOOST_TEST(stranger.sees_close());
-      }
-      BOOST_TEST(contains(stranger.tls_failure, alert), stranger.tls_failure);
+  for (const auto& stranger : testing::tls_strangers()) {
+    BOOST_TEST_CONTEXT(stranger.what) {
+      raw_peer peer(server.port);
+      BOOST_TEST_REQUIRE(peer.connected);
+      BOOST_TEST(peer.refused_over_tls(job_certs().ca(), stranger.cert, stranger.key));
+      BOOST_TEST(contains(peer.tls_failure, stranger.alert), peer.tls_failure);
       BOOST_TEST(await_disconnects(1).size() == 1u);
     }
   }

@@ -497,6 +497,19 @@ std::vector<std::byte> stranger_push() {
   return troupe::wire::encode(push).flatten();
 }
 
+/// The 2 kv_worker workers of a job on scheduler port `port`, with `env`, running
+/// `--check sync --rounds 20` on two keys (see expect_exact_sync_finish).
+std::vector<std::unique_ptr<child_process>>
+sync_workers(const std::string& port, const std::map<std::string, std::string>& env) {
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes", "2x3,1211x1211"},
+        node_env("worker", 2, 2, port, env)));
+  return workers;
+}
+
 /// The end of a job of 2 kv_worker workers running `--check sync --rounds 20` on two keys: each
 /// worker reports the closed forms held, and every process exits 0. Returns what the nodes
 /// wrote, in the order given.
@@ -529,12 +542,7 @@ BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_t
   auto job = nodes.pids;
   BOOST_TEST(forge_basp_headers(job) == 3u); // the scheduler's port and one data port per server
 
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 2; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes", "2x3,1211x1211"},
-        node_env("worker", 2, 2, port, {{"KV_WORKER_DIR", dir.path().string()}})));
+  auto workers = sync_workers(port, {{"KV_WORKER_DIR", dir.path().string()}});
   for (const pid_t pid : worker_pids(dir.path(), 2))
     job.push_back(pid);
   BOOST_TEST(forge_basp_headers(job) >= 3u);
@@ -592,12 +600,7 @@ BOOST_AUTO_TEST_CASE(strangers_without_the_token_get_in_nowhere_and_the_job_fini
   BOOST_TEST(refused.err.find("proof of the job token is wrong") != std::string::npos, refused.err);
   BOOST_TEST(refused.err.find("not the job's token") == std::string::npos, refused.err);
 
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 2; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes", "2x3,1211x1211"},
-        node_env("worker", 2, 2, port, with_dir)));
+  auto workers = sync_workers(port, with_dir);
   worker_pids(dir.path(), 2);
   BOOST_TEST(try_strangers(job) == 3u);
   expect_exact_sync_finish(workers,
@@ -970,25 +973,16 @@ std::map<std::string, std::string> merged(std::map<std::string, std::string> bas
 /// ports tried.
 std::size_t try_tls_strangers(const std::vector<pid_t>& pids) {
   std::size_t ports = 0;
-  const std::tuple<const char*, std::string, std::string, const char*> peers[] = {
-      {"another CA's worker", other_certs().cert("worker"), other_certs().key("worker"),
-       "unknown ca"},
-      {"no certificate", "", "", "certificate required"},
-      {"the scheduler's certificate", job_certs().cert("scheduler"), job_certs().key("scheduler"),
-       "alert"},
-  };
   for (const pid_t pid : pids)
     for (const auto port : listening_ports(pid)) {
       ++ports;
-      for (const auto& [what, cert, key, alert] : peers) {
-        raw_peer stranger(port);
-        BOOST_TEST_REQUIRE(stranger.connected);
-        if (stranger.start_tls(job_certs().ca(), cert, key).empty()) {
-          BOOST_TEST(!stranger.server_hello().has_value(), what << ", port " << port);
-          BOOST_TEST(stranger.sees_close(), what << ", port " << port);
-        }
-        BOOST_TEST(stranger.tls_failure.find(alert) != std::string::npos,
-                   what << ", port " << port << ": " << stranger.tls_failure);
+      for (const auto& stranger : troupe::testing::tls_strangers()) {
+        raw_peer peer(port);
+        BOOST_TEST_REQUIRE(peer.connected);
+        BOOST_TEST(peer.refused_over_tls(job_certs().ca(), stranger.cert, stranger.key),
+                   stranger.what << ", port " << port);
+        BOOST_TEST(peer.tls_failure.find(stranger.alert) != std::string::npos,
+                   stranger.what << ", port " << port << ": " << peer.tls_failure);
       }
       raw_peer plaintext(port);
       BOOST_TEST(plaintext.send(stranger_push()));
@@ -1086,12 +1080,7 @@ BOOST_AUTO_TEST_CASE(
              refused.err);
 
   const auto with_dir = merged(job, {{"KV_WORKER_DIR", dir.path().string()}});
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 2; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes", "2x3,1211x1211"},
-        node_env("worker", 2, 2, port, with_dir)));
+  auto workers = sync_workers(port, with_dir);
   worker_pids(dir.path(), 2);
   BOOST_TEST(try_tls_strangers(pids) == 3u);
   const auto ended = expect_exact_sync_finish(
