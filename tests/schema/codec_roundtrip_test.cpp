@@ -217,7 +217,8 @@ BOOST_AUTO_TEST_CASE(set_gradient_compression_round_trips) {
 
 BOOST_AUTO_TEST_CASE(every_command_round_trips) {
   for (const command& sent :
-       {command{1, command_kind::stop, ""}, command{2, command_kind::save_checkpoint, "ckpt/a", true},
+       {command{1, command_kind::stop, ""},
+        command{2, command_kind::save_checkpoint, "ckpt/a", true},
         command{3, command_kind::load_checkpoint, "/ckpt/b"},
         command{4, command_kind::sync_mode, ""}, command{5, command_kind::async_mode, ""}}) {
     round_trip rt(sent);
