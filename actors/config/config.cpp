@@ -1035,8 +1035,12 @@ std::optional<int> parse_command_line(CLI::App& app, std::string_view program, i
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& failure) {
-    if (failure.get_exit_code() == 0)
-      return app.exit(failure);
+    // --help (the only request of its kind troupe's programs define): the text goes to stdout
+    // and 0 back to the caller, whose main returns it; nothing here ends the process.
+    if (failure.get_exit_code() == 0) {
+      std::fputs(app.help().c_str(), stdout);
+      return 0;
+    }
     // CLI11's own exit codes and its "Run with --help" line would break the usage contract.
     std::string what = failure.what();
     std::replace(what.begin(), what.end(), '\n', ' ');
