@@ -256,9 +256,9 @@ status run_server(const cluster_config& config) {
   node_options.pull_timeout = config.request_timeout;
   node_options.update_device = *update_device;
   node_options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
-  node_options.checkpoint_dir = config.checkpoint_dir;
-  node_options.checkpoint_every_rounds = static_cast<std::uint64_t>(config.checkpoint_every_rounds);
-  node_options.checkpoint_every = config.checkpoint_every;
+  node_options.checkpoint = {config.checkpoint_dir,
+                             static_cast<std::uint64_t>(config.checkpoint_every_rounds),
+                             config.checkpoint_every};
   // The rank comes with the agent, which needs the data port, which needs the shards' router:
   // the shards are named before the rank is known.
   node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};

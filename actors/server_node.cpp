@@ -136,9 +136,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard.num_servers = options_.num_servers;
     shard.server_rank = options_.server_rank;
     shard.shards_per_server = options_.shards;
-    shard.checkpoint_dir = options_.checkpoint_dir;
-    shard.checkpoint_every_rounds = options_.checkpoint_every_rounds;
-    shard.checkpoint_every = options_.checkpoint_every;
+    shard.checkpoint = options_.checkpoint;
     shard.policy.mode = options_.mode;
     shard.chunk_bytes = options_.chunk_bytes;
     shard.pull_timeout = options_.pull_timeout;

@@ -36,11 +36,8 @@ struct server_node_options {
   /// `shards`, the layout its files record.
   std::uint32_t num_servers = 1;
   std::uint32_t server_rank = 0;
-  /// shard_options of the same names: where the shards' checkpoints and optimizer-state files
-  /// go (empty: nowhere), and how often the shards write checkpoints.
-  std::filesystem::path checkpoint_dir;
-  std::uint64_t checkpoint_every_rounds = 0;
-  std::chrono::milliseconds checkpoint_every{0};
+  /// shard_options::checkpoint: where the shards' files go, and how often they write checkpoints.
+  checkpoint_schedule checkpoint;
   /// Until worker rank 0 says otherwise with sync_settings (or a sync_mode / async_mode command).
   consistency mode = consistency::sync;
   std::size_t chunk_bytes = wire::default_chunk_bytes;

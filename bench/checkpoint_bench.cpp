@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   shard_options options;
   options.num_workers = 1;
-  options.checkpoint_dir = dir;
+  options.checkpoint.dir = dir;
   shard_core shard{options};
   ask(shard, wire::set_optimizer{1, "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}}});
   const std::int64_t elements = key_megabytes * 1'000'000 / 4;

@@ -19,6 +19,7 @@
 // states_file() build every path under the server's checkpoint directory, and a name a worker
 // sends (save_optimizer_states) must be a plain relative name.
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -55,6 +56,23 @@ struct shard_layout {
   std::uint32_t shard_index = 0;
   std::uint32_t num_workers = 1;
   friend bool operator==(const shard_layout&, const shard_layout&) = default;
+};
+
+/// Where a server's files go and when its shards write checkpoints: the [checkpoint] section of
+/// the cluster file, as server_node_options and shard_options carry it.
+struct checkpoint_schedule {
+  /// The server's checkpoint directory: periodic checkpoints and save_optimizer_states files go
+  /// there and nowhere else. Empty: the shard writes and reads no files.
+  std::filesystem::path dir;
+  /// A checkpoint each time every key of the shard has completed another K rounds (dist_sync) or
+  /// had another K pushes applied (dist_async); 0: not by rounds.
+  std::uint64_t every_rounds = 0;
+  /// A checkpoint when this long has passed since the last one and a key has changed (checked
+  /// at each sweep); 0: not by time.
+  std::chrono::milliseconds every{0};
+
+  /// Whether the shards write checkpoints on their own (a directory and a period).
+  bool periodic() const noexcept { return !dir.empty() && (every_rounds > 0 || every.count() > 0); }
 };
 
 /// "num_servers 2 (here 1), shards_per_server 2 (here 1)": every field of `saved` that differs

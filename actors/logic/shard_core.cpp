@@ -70,9 +70,7 @@ shard_core::~shard_core() {
   // A shard that checkpoints leaves its last state on disk when it stops.
   try {
     (void)finish_checkpoint();
-    const bool periodic =
-        options_.checkpoint_every_rounds > 0 || options_.checkpoint_every.count() > 0;
-    if (periodic && !options_.checkpoint_dir.empty() && changed_since_checkpoint_)
+    if (options_.checkpoint.periodic() && changed_since_checkpoint_)
       (void)write_checkpoint();
   } catch (...) {
     // Nothing more can be done for the file; the shard is going away.
@@ -644,7 +642,7 @@ void shard_core::on_states_command(const wire::command& msg, const reply_route& 
                "optimizer states live on the servers only after set_optimizer"});
     return;
   }
-  auto path = states_file(options_.checkpoint_dir, msg.path, layout());
+  auto path = states_file(options_.checkpoint.dir, msg.path, layout());
   if (!path) {
     fail(path.error());
     return;
@@ -714,10 +712,10 @@ bool shard_core::any_round_collecting() const noexcept {
 }
 
 void shard_core::checkpoint_by_rounds() {
-  if (options_.checkpoint_every_rounds == 0 || options_.checkpoint_dir.empty())
+  if (options_.checkpoint.every_rounds == 0 || options_.checkpoint.dir.empty())
     return;
   auto progress = slowest_key();
-  if (progress >= checkpointed_progress_ + options_.checkpoint_every_rounds && start_checkpoint())
+  if (progress >= checkpointed_progress_ + options_.checkpoint.every_rounds && start_checkpoint())
     checkpointed_progress_ = progress;
 }
 
@@ -739,8 +737,8 @@ void shard_core::checkpoint_if_due() noexcept {
       (void)finish_checkpoint();
     // A round trigger skipped while the previous write was under way is taken up here.
     checkpoint_by_rounds();
-    if (options_.checkpoint_every.count() <= 0 || options_.checkpoint_dir.empty() ||
-        !changed_since_checkpoint_ || now() - last_checkpoint_ < options_.checkpoint_every)
+    if (options_.checkpoint.every.count() <= 0 || options_.checkpoint.dir.empty() ||
+        !changed_since_checkpoint_ || now() - last_checkpoint_ < options_.checkpoint.every)
       return;
     (void)start_checkpoint();
   } catch (const std::exception& e) {
@@ -760,7 +758,7 @@ bool shard_core::start_checkpoint() {
   // goes on serving while its checkpoint is written and synced.
   auto bytes = std::make_shared<const std::vector<std::byte>>(
       encode_snapshot(snapshot(snapshot_kind::checkpoint, true)));
-  auto path = checkpoint_file(options_.checkpoint_dir, layout());
+  auto path = checkpoint_file(options_.checkpoint.dir, layout());
   checkpoint_description_ = std::to_string(keys_.size()) + " keys at round " +
                             std::to_string(slowest_key()) + ": " + std::to_string(bytes->size()) +
                             " bytes to " + path.string();
@@ -798,7 +796,7 @@ status shard_core::finish_checkpoint() {
 }
 
 status shard_core::write_checkpoint() {
-  if (options_.checkpoint_dir.empty())
+  if (options_.checkpoint.dir.empty())
     return error{errc::invalid_argument,
                  "this server has no checkpoint directory (checkpoint.dir, --checkpoint-dir)"};
   if (auto previous = finish_checkpoint(); !previous)

@@ -95,15 +95,8 @@ struct shard_options {
   std::uint32_t num_servers = 1;
   std::uint32_t server_rank = 0;
   std::uint32_t shards_per_server = 1;
-  /// The server's checkpoint directory: periodic checkpoints and save_optimizer_states files go
-  /// there and nowhere else. Empty: the shard writes and reads no files.
-  std::filesystem::path checkpoint_dir;
-  /// Write a checkpoint each time every key of the shard has completed another K rounds
-  /// (dist_sync) or had another K pushes applied (dist_async); 0: not by rounds.
-  std::uint64_t checkpoint_every_rounds = 0;
-  /// Write a checkpoint when this long has passed since the last one and a key has changed
-  /// (checked at each sweep); 0: not by time.
-  std::chrono::milliseconds checkpoint_every{0};
+  /// Where the shard's files go and when it writes checkpoints.
+  checkpoint_schedule checkpoint;
   /// Until worker rank 0 sends sync_settings (or a sync_mode / async_mode command).
   sync_policy policy;
   /// Largest tensor payload per reply frame.
@@ -153,7 +146,7 @@ public:
   /// Drops the waiting pulls whose request has expired by now (options.clock), without a reply;
   /// returns how many.
   std::size_t expire_pulls() noexcept;
-  /// Writes a checkpoint when options.checkpoint_every has passed since the last one and a key
+  /// Writes a checkpoint when options.checkpoint.every has passed since the last one and a key
   /// has changed since; a failure is logged, and tried again at the next call. The actor's sweep
   /// calls it.
   void checkpoint_if_due() noexcept;
@@ -166,7 +159,7 @@ public:
   /// dtype, shape and counts, its value in a checkpoint, and the optimizer's state (with the
   /// optimizer itself when dump_optimizer).
   shard_snapshot snapshot(snapshot_kind kind, bool dump_optimizer) const;
-  /// Writes snapshot(checkpoint) to checkpoint_file(options.checkpoint_dir, layout()) now, and
+  /// Writes snapshot(checkpoint) to checkpoint_file(options.checkpoint.dir, layout()) now, and
   /// waits until it is on disk. (Periodic checkpoints are written on a thread of their own, one at
   /// a time, while the shard goes on.)
   status write_checkpoint();
@@ -269,7 +262,7 @@ private:
   /// save_optimizer_states / load_optimizer_states on this shard's file.
   void on_states_command(const wire::command& msg, const reply_route& reply);
   /// After a round closed or a push was applied: a checkpoint when every key has come another
-  /// checkpoint_every_rounds further, and the saves that waited for the open rounds.
+  /// checkpoint.every_rounds further, and the saves that waited for the open rounds.
   void after_update();
   /// The fewest rounds completed (or pushes applied) over the initialised keys.
   std::uint64_t slowest_key() const noexcept;
@@ -277,7 +270,7 @@ private:
   /// Takes a checkpoint's copy now and writes it on another thread; false (nothing taken) while
   /// the previous one is still being written.
   bool start_checkpoint();
-  /// A checkpoint when every key has come checkpoint_every_rounds further since the last.
+  /// A checkpoint when every key has come checkpoint.every_rounds further since the last.
   void checkpoint_by_rounds();
 
   shard_options options_;

@@ -91,7 +91,7 @@ struct in_process_options {
   bool rescale_quorum = false;
   std::int64_t max_staleness = -1;
   std::uint32_t max_rounds_ahead = 2;
-  /// The servers' checkpoint directory (server_node_options::checkpoint_dir); empty: none.
+  /// The servers' checkpoint directory (checkpoint_schedule::dir); empty: none.
   std::filesystem::path checkpoint_dir;
   /// Puts an actor between the servers and worker `rank`'s replies: it gets the job's actor
   /// system and the worker's handle, and returns the sink the servers answer to (the worker
@@ -136,7 +136,7 @@ struct in_process_job {
       server.server_rank = s;
       server.mode = mode;
       server.chunk_bytes = options.chunk_bytes;
-      server.checkpoint_dir = options.checkpoint_dir;
+      server.checkpoint.dir = options.checkpoint_dir;
       servers.push_back(std::make_unique<server_node>(system, std::move(server)));
     }
     for (std::uint32_t rank = 0; rank < num_workers; ++rank) {

@@ -25,8 +25,8 @@ namespace {
 
 shard_options in_directory(const std::filesystem::path& directory, std::uint64_t every_rounds = 0) {
   shard_options options;
-  options.checkpoint_dir = directory;
-  options.checkpoint_every_rounds = every_rounds;
+  options.checkpoint.dir = directory;
+  options.checkpoint.every_rounds = every_rounds;
   return options;
 }
 
@@ -268,7 +268,7 @@ BOOST_AUTO_TEST_CASE(a_save_right_after_a_push_holds_the_round_of_that_push) {
 BOOST_AUTO_TEST_CASE(a_timed_checkpoint_is_written_when_due_and_only_after_a_change) {
   temp_dir dir;
   shard_options options = in_directory(dir.path());
-  options.checkpoint_every = std::chrono::seconds{10};
+  options.checkpoint.every = std::chrono::seconds{10};
   shard_driver job(2, {}, options);
   start_job(job);
   job.now += std::chrono::seconds{11};
