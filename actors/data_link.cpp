@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -64,6 +65,7 @@
 #include "actors/logic/data_link_framing.hpp"
 #include "actors/logic/link_tls.hpp"
 #include "actors/logic/shm_arena.hpp"
+#include "actors/logic/tcp_progress.hpp"
 
 namespace troupe {
 
@@ -79,6 +81,17 @@ using handshake_deadline_atom = caf::atom_constant<caf::atom("handshake")>;
 /// tensor viewing the peer's arena, or enough frame bytes for a link credit. Send the arena
 /// releases and the credit.
 using released_atom = caf::atom_constant<caf::atom("released")>;
+/// To a server broker, from whichever thread released bytes of its receive budget after a frame
+/// had to wait for it: let waiting connections read on.
+using budget_atom = caf::atom_constant<caf::atom("budget")>;
+/// To a server broker from itself, every quarter of stalled_frame_timeout: close connections
+/// that began a frame and went silent.
+using stall_check_atom = caf::atom_constant<caf::atom("stalls")>;
+
+/// Activity tokens of a server connection's scribe: so many that they never run out. With
+/// tokens, a read handler can stop the scribe reading right after its own read (stop_reading);
+/// without, CAF would go on reading the socket in the same event.
+constexpr std::size_t unlimited_reads = std::numeric_limits<std::size_t>::max() / 2;
 
 /// Offsets per arena_release frame: 32 KiB of them, well below max_link_control_frame_bytes, the
 /// most a peer beyond its window reads of a control frame.
@@ -105,6 +118,11 @@ struct link_connection {
   /// This end accepted the connection: it says hello first and checks the connector's proof.
   bool listener;
   std::string who;
+  /// The peer's "address:port", for messages that name it (a server's connections).
+  std::string peer;
+  /// Bytes the socket handed the broker in total (ciphertext under TLS): what the kernel
+  /// received beyond them sits in CAF's read buffer, part of a read not yet complete.
+  std::uint64_t delivered = 0;
   std::function<void()> wake;
   /// Our receive window: what the peer sent and we have not released or credited.
   std::shared_ptr<receive_credit> credit;
@@ -321,6 +339,9 @@ struct sealed_read {
 /// one. Runs `on_established` when it completes the TLS handshake, then decrypts into exactly the
 /// reads the frame receiver asks for, handing each complete one to `consume`, which returns the
 /// size of the next (0: stop).
+sealed_read decrypt_kept(link_connection& c,
+                         const std::function<std::size_t(std::vector<char>&)>& consume);
+
 sealed_read read_sealed(link_connection& c, const std::vector<char>& cipher,
                         const std::function<void()>& on_established,
                         const std::function<std::size_t(std::vector<char>&)>& consume) {
@@ -329,6 +350,13 @@ sealed_read read_sealed(link_connection& c, const std::vector<char>& cipher,
     return {false, std::move(failed)};
   if (!was_established && c.tls->established())
     on_established();
+  return decrypt_kept(c, consume);
+}
+
+/// The decrypting half of read_sealed: what the session holds, into the reads the frame
+/// receiver asks for (also after a reader waited for the budget, with no new ciphertext).
+sealed_read decrypt_kept(link_connection& c,
+                         const std::function<std::size_t(std::vector<char>&)>& consume) {
   while (c.tls->established()) {
     auto full = c.tls->fill(c.plain);
     if (!full)
@@ -605,6 +633,7 @@ incoming take_incoming(link_connection& c, receive_outcome out, const data_link_
 
 /// The connection's state for (stats_atom).
 data_link_stats stats_of(const link_connection& c) {
+  // Everything not yet taken by the socket, CAF's buffer included.
   const auto credit = c.credit->stats();
   data_link_stats s;
   s.connected = true;
@@ -622,6 +651,8 @@ data_link_stats stats_of(const link_connection& c) {
   s.credit_sent = credit.credited;
   s.shm_send = c.tx_on;
   s.shm_receive = c.rx != nullptr;
+  s.queued_bytes = c.queue.queued_bytes() + c.in_flight;
+  s.waits_for_budget = c.receiver.waits_for_budget();
   return s;
 }
 
@@ -637,6 +668,10 @@ struct server_state {
   std::unordered_map<std::uint64_t, connection_handle> handles;
   /// The connections still in their handshake, oldest (lowest id) first.
   std::set<std::uint64_t> unauthenticated;
+  /// The receive budget of all connections (options.receive_budget_bytes), and the connections
+  /// whose next frame waits for it, first come first served.
+  std::shared_ptr<receive_budget> budget;
+  std::deque<std::uint64_t> waiting_for_budget;
   std::uint64_t next_id = 1;
   /// "host:port" bound, the answer to (get_atom).
   std::string endpoint;
@@ -668,8 +703,19 @@ void drop_connection(server_broker* self, connection_handle hdl, bool close,
 /// Writes what the connection may, and closes it once a fatal frame's reply is handed over, or
 /// when its TLS session failed. Returns whether the connection is still open (else `c` is gone).
 bool serve_writes(server_broker* self, link_connection& c) {
-  if (auto failed = pump(self, c, self->state.options.tuning)) {
+  const auto& options = self->state.options;
+  if (auto failed = pump(self, c, options.tuning)) {
     drop_connection(self, c.hdl, true, "closed: " + *failed);
+    return false;
+  }
+  // Replies are snapshots: a peer that sends requests and does not read (or credit) the replies
+  // would make them pile up here without end.
+  if (const std::size_t queued = c.queue.queued_bytes() + c.in_flight;
+      !c.closing && queued > options.max_send_queue_bytes) {
+    drop_connection(self, c.hdl, true,
+                    "closed: the peer " + c.peer + " is not reading its replies: " +
+                        std::to_string(queued) + " bytes queued (max_send_queue_bytes " +
+                        std::to_string(options.max_send_queue_bytes) + ")");
     return false;
   }
   if (c.closing && c.queue.empty()) {
@@ -702,11 +748,31 @@ void dispatch(server_broker* self, link_connection& c, envelope&& request) {
 /// A read of the size the frame receiver asked for completed on connection `c`: dispatch its
 /// frame, answer a refusal, or start closing. Returns the size of the next read; 0 when the
 /// connection closes (then `c` may be gone).
+std::size_t on_outcome(server_broker* self, link_connection& c, receive_outcome out);
+
 std::size_t on_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
-  const auto& tuning = self->state.options.tuning;
-  auto in = take_incoming(c, c.receiver.consume(buffer), tuning);
-  if (c.authenticated)
-    self->state.unauthenticated.erase(c.id);
+  return on_outcome(self, c, c.receiver.consume(buffer));
+}
+
+/// The frame receiver's verdict on a read (or on a resume after waiting for the budget): as
+/// on_read. A frame that waits for the budget queues the connection and returns 0 with `c` still
+/// open (its reader waits_for_budget()); under TLS what the session has not decrypted is kept.
+std::size_t on_outcome(server_broker* self, link_connection& c, receive_outcome out) {
+  auto& st = self->state;
+  const auto& tuning = st.options.tuning;
+  if (out.waits_for_budget) {
+    if (c.tls)
+      c.tls->keep_unread();
+    st.waiting_for_budget.push_back(c.id);
+    tuning.log.debug([&] {
+      return c.who + " waits for the receive budget: " + std::to_string(st.budget->stats().in_use) +
+             " of " + std::to_string(st.options.receive_budget_bytes) + " bytes are held";
+    });
+    return 0;
+  }
+  auto in = take_incoming(c, std::move(out), tuning);
+  if (c.authenticated && st.unauthenticated.erase(c.id) != 0)
+    c.receiver.set_budget(st.budget); // frames count against the budget from now on
   if (in.fatal) {
     // The peer gets the reason, whatever its window; what waited for credit is not sent.
     c.queue.drop_waiting();
@@ -720,13 +786,21 @@ std::size_t on_read(server_broker* self, link_connection& c, std::vector<char>& 
   return serve_writes(self, c) && !c.closing ? in.next_read : 0;
 }
 
+void stop_if_waiting(server_broker* self, connection_handle hdl);
+void finish_sealed_read(server_broker* self, connection_handle hdl, const sealed_read& read,
+                        bool in_read_handler);
+
 /// Bytes arrived on connection `c`: without TLS exactly the read the frame receiver asked for;
 /// under TLS ciphertext, handled by read_sealed. A failed TLS session closes the connection after
 /// its alert.
 void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
+  c.delivered += buffer.size();
+  const connection_handle hdl = c.hdl;
   if (!c.tls) {
     if (const std::size_t next = on_read(self, c, buffer))
-      self->configure_read(c.hdl, receive_policy::exactly(next));
+      self->configure_read(hdl, receive_policy::exactly(next));
+    else
+      stop_if_waiting(self, hdl);
     return;
   }
   const auto& options = self->state.options;
@@ -740,6 +814,25 @@ void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& 
           options.on_certified(c.id, role);
       },
       [&](std::vector<char>& plain) { return on_read(self, c, plain); });
+  finish_sealed_read(self, hdl, read, true);
+}
+
+/// After a TLS read on connection `hdl` (`in_read_handler`), or a resume after the budget,
+/// decrypted what it could: close the connection when the session broke; else, when its reader
+/// waits for the budget, keep the socket from being read (in a read handler: stop it; after a
+/// resume it is stopped), and when it does not, have it read (after a resume: start it again).
+void finish_sealed_read(server_broker* self, connection_handle hdl, const sealed_read& read,
+                        bool in_read_handler) {
+  auto& st = self->state;
+  auto i = st.connections.find(hdl);
+  if (i == st.connections.end())
+    return;
+  auto& c = i->second;
+  const bool waits = c.receiver.waits_for_budget();
+  if (in_read_handler && waits)
+    stop_if_waiting(self, hdl);
+  else if (!in_read_handler && !waits && !read.broken)
+    self->trigger(hdl, unlimited_reads);
   if (read.stopped)
     return;
   if (read.broken) {
@@ -752,13 +845,101 @@ void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& 
   serve_writes(self, c);
 }
 
+/// Inside the read handler of connection `hdl`: when its reader waits for the budget, CAF reads
+/// nothing more from the socket after this read (its one remaining activity token is spent by
+/// the read being handled) until resume_waiting triggers it again.
+void stop_if_waiting(server_broker* self, connection_handle hdl) {
+  auto& st = self->state;
+  auto i = st.connections.find(hdl);
+  if (i == st.connections.end() || !i->second.receiver.waits_for_budget())
+    return;
+  self->halt(hdl);
+  self->trigger(hdl, 1);
+}
+
+/// Releases made room in the budget: the waiting connections go on, first come first served,
+/// until one still does not fit (the next release wakes the broker again).
+void resume_waiting(server_broker* self) {
+  auto& st = self->state;
+  while (!st.waiting_for_budget.empty()) {
+    auto h = st.handles.find(st.waiting_for_budget.front());
+    if (h == st.handles.end()) {
+      st.waiting_for_budget.pop_front();
+      continue;
+    }
+    const connection_handle hdl = h->second;
+    auto& c = st.connections.at(hdl);
+    if (c.closing || !c.receiver.waits_for_budget()) {
+      st.waiting_for_budget.pop_front();
+      continue;
+    }
+    auto out = c.receiver.resume(c.tls ? &c.plain : nullptr);
+    if (out.waits_for_budget)
+      return;
+    st.waiting_for_budget.pop_front();
+    if (!c.tls) {
+      // The body goes into a buffer CAF allocates this once: outside a read handler the broker
+      // cannot swap a pooled one in.
+      if (const std::size_t next = on_outcome(self, c, std::move(out))) {
+        self->configure_read(hdl, receive_policy::exactly(next));
+        self->trigger(hdl, unlimited_reads);
+      }
+      continue;
+    }
+    // Decrypt what the session kept, then read the socket again unless a frame waits once more.
+    const std::size_t next = on_outcome(self, c, std::move(out));
+    sealed_read read{next == 0, std::nullopt};
+    if (next != 0) {
+      c.plain.resize(next);
+      read = decrypt_kept(c, [&](std::vector<char>& plain) { return on_read(self, c, plain); });
+    }
+    finish_sealed_read(self, hdl, read, false);
+  }
+}
+
+/// Closes every authenticated connection that began a frame (the broker is reading its body,
+/// the TLS session holds part of a record, or the kernel received bytes that CAF holds as part
+/// of a read not yet complete) and received nothing for options.stalled_frame_timeout. A
+/// connection waiting for the budget is not the peer's doing and is left alone.
+void close_stalled(server_broker* self) {
+  auto& st = self->state;
+  const auto timeout = st.options.stalled_frame_timeout;
+  std::vector<std::pair<connection_handle, std::string>> stalled;
+  for (const auto& [hdl, c] : st.connections) {
+    if (!c.authenticated || c.closing || c.receiver.waits_for_budget())
+      continue;
+    const auto progress = read_tcp_progress(static_cast<int>(hdl.id()));
+    if (!progress || std::chrono::milliseconds{progress->ms_since_data} < timeout)
+      continue;
+    const bool mid_frame = c.receiver.body_bytes() != 0 || (c.tls && c.tls->mid_record()) ||
+                           progress->bytes_received > c.delivered;
+    if (mid_frame)
+      stalled.emplace_back(
+          hdl, "closed: the peer " + c.peer + " began a frame and sent nothing more for " +
+                   std::to_string(progress->ms_since_data) + " ms (stalled_frame_timeout " +
+                   std::to_string(timeout.count()) + " ms)");
+  }
+  for (const auto& [hdl, why] : stalled)
+    drop_connection(self, hdl, true, why);
+}
+
 caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr acceptor,
                                std::string endpoint, data_server_options options) {
   auto& st = self->state;
   st.options = std::move(options);
   st.endpoint = std::move(endpoint);
   st.pool = std::make_shared<receive_buffer_pool>(st.options.tuning.max_cached_buffer_bytes);
+  st.budget = std::make_shared<receive_budget>(st.options.receive_budget_bytes);
+  st.budget->on_room([broker = self->address()] {
+    if (auto strong = caf::actor_cast<caf::actor>(broker))
+      caf::anon_send(strong, budget_atom::value);
+  });
   self->add_doorman(std::move(acceptor));
+  // A quarter of the timeout between checks: a stalled frame is closed within 1.25 timeouts.
+  const auto stall_check_interval =
+      std::max(st.options.stalled_frame_timeout / 4, std::chrono::milliseconds{10});
+  if (st.options.stalled_frame_timeout.count() > 0)
+    self->delayed_send(self, stall_check_interval, stall_check_atom::value);
   return {
       [=](const caf::io::new_connection_msg& msg) {
         auto& st = self->state;
@@ -786,12 +967,14 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
                                    "data server: connection " + std::to_string(id),
                                    release_waker(self, id), st.pool, tuning)
                       .first->second;
+        c.peer = from;
         st.handles.emplace(id, msg.handle);
         st.unauthenticated.insert(id);
         self->ack_writes(msg.handle, true);
         tuning.log.info(c.who + " from " + from);
         try {
           start_reading(self, c, tuning);
+          self->trigger(msg.handle, unlimited_reads);
           // Under TLS it waits in the queue until the TLS handshake is done.
           queue_hello(c, tuning);
         } catch (const std::exception& e) {
@@ -866,11 +1049,26 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         send_releases(c, st.options.tuning);
         serve_writes(self, c);
       },
+      [=](budget_atom) { resume_waiting(self); },
+      [=](stall_check_atom) {
+        close_stalled(self);
+        self->delayed_send(self, stall_check_interval, stall_check_atom::value);
+      },
+      [=](const caf::io::connection_passivated_msg&) {
+        // A connection spent its last activity token: it waits for the budget (stop_if_waiting).
+      },
       [=](caf::get_atom) { return self->state.endpoint; },
       [=](stats_atom, std::uint64_t id) {
         auto& st = self->state;
         auto h = st.handles.find(id);
-        return h == st.handles.end() ? data_link_stats{} : stats_of(st.connections.at(h->second));
+        auto stats =
+            h == st.handles.end() ? data_link_stats{} : stats_of(st.connections.at(h->second));
+        const auto budget = st.budget->stats();
+        stats.budget = budget.limit;
+        stats.budget_in_use = budget.in_use;
+        stats.budget_peak = budget.peak;
+        stats.budget_waits = budget.waits;
+        return stats;
       },
       [=](stop_atom) {
         auto& st = self->state;
@@ -1103,6 +1301,14 @@ result<data_server> spawn_data_server(caf::actor_system& sys, const std::string&
                  "spawn_data_server: empty bind address (use 0.0.0.0 for every interface)"};
   if (auto bad = check_tuning(options.tuning, "spawn_data_server"))
     return *bad;
+  for (const auto& [bytes, name] :
+       {std::pair{options.receive_budget_bytes, "receive_budget_bytes"},
+        std::pair{options.max_send_queue_bytes, "max_send_queue_bytes"}})
+    if (bytes < options.tuning.limits.max_frame_bytes)
+      return error{errc::invalid_argument,
+                   "spawn_data_server: " + std::string(name) + " of " + std::to_string(bytes) +
+                       " bytes is below limits.max_frame_bytes (" +
+                       std::to_string(options.tuning.limits.max_frame_bytes) + ")"};
   const std::string where = bind_host + ":" + std::to_string(port);
   auto& middleman = sys.middleman();
   // The doorman is made here, not with spawn_server, because only the multiplexer takes the

@@ -165,6 +165,18 @@ struct data_link_stats {
   /// peer's.
   bool shm_send = false;
   bool shm_receive = false;
+  /// Sending: bytes of frames not yet taken by the socket (waiting for credit, queued, or in
+  /// CAF's buffer), what data_server_options::max_send_queue_bytes bounds.
+  std::uint64_t queued_bytes = 0;
+  /// Receiving, on a server: this connection stopped reading because its next frame does not fit
+  /// the node's receive budget; and that budget (data_server_options::receive_budget_bytes, 0 at
+  /// a client), the bytes reserved in it now over all connections, the most ever, and how many
+  /// frames had to wait for it.
+  bool waits_for_budget = false;
+  std::uint64_t budget = 0;
+  std::uint64_t budget_in_use = 0;
+  std::uint64_t budget_peak = 0;
+  std::uint64_t budget_waits = 0;
 };
 
 template <class Inspector>
@@ -172,7 +184,8 @@ typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
   return f(caf::meta::type_name("data_link_stats"), x.connected, x.peer_hello, x.authenticated,
            x.tls, x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes,
            x.credit_received, x.window, x.unreleased, x.uncredited, x.credit_sent, x.shm_send,
-           x.shm_receive);
+           x.shm_receive, x.queued_bytes, x.waits_for_budget, x.budget, x.budget_in_use,
+           x.budget_peak, x.budget_waits);
 }
 
 /// How a data server dispatches and reports.
@@ -195,6 +208,22 @@ struct data_server_options {
   /// Connections not yet authenticated; a new one beyond it closes the oldest of them, so a peer
   /// that opens connections and stays silent cannot lock the job's nodes out.
   std::size_t max_unauthenticated = 64;
+  /// Bytes of frames read (or being read) and not yet released, over all connections: windows
+  /// bound each connection, this bounds their sum. A frame that does not fit stops its
+  /// connection reading until releases make room (backpressure; nothing is closed), and a frame
+  /// always fits when nothing else is held (actors/logic/data_link_framing.hpp,
+  /// receive_budget). So actors must not keep more than this of received frames while they wait
+  /// for frames from other connections. At least limits.max_frame_bytes.
+  std::size_t receive_budget_bytes = std::size_t{1} << 30;
+  /// Bytes of frames waiting to go to one peer (for its credit or for its socket, CAF's buffer
+  /// included); a connection whose queue would grow beyond it is closed, naming the peer: it
+  /// sends requests and does not read the replies. At least limits.max_frame_bytes.
+  std::size_t max_send_queue_bytes = std::size_t{256} << 20;
+  /// An authenticated connection that has begun a frame (part of its prefix or body arrived) and
+  /// sends no further byte for this long is closed, naming the peer (a slow-loris peer would
+  /// hold a frame's buffer and budget forever); between frames a connection may be silent as
+  /// long as it likes. 0: never. Linux: progress is read from the socket's TCP_INFO.
+  std::chrono::milliseconds stalled_frame_timeout{30'000};
   data_link_tuning tuning;
 };
 
@@ -206,7 +235,8 @@ struct data_server {
   ///                   peer with error_reply{internal} instead;
   ///   (stop_atom)     close the acceptor and every connection (on_disconnect for each), and quit;
   ///   (caf::get_atom) -> std::string: the "host:port" it listens on;
-  ///   (stats_atom, std::uint64_t connection) -> data_link_stats of that connection.
+  ///   (stats_atom, std::uint64_t connection) -> data_link_stats of that connection (the budget
+  ///                   fields whatever the connection).
   /// An envelope's tensor bytes must stay alive (keepalive) and unchanged until the broker has
   /// copied them into the connection's write buffer, which may be a while after the send when
   /// the connection is busy: reply with a snapshot, not with memory the next update overwrites.
@@ -224,7 +254,8 @@ struct data_server {
 /// whoever answers sends (envelope) with the same connection id back to the broker. Dropping the
 /// last copy of a request envelope returns its bytes to the peer's window. Returns once the
 /// broker is listening. Errors: invalid_argument (no route, empty bind_host, zero write pacing),
-/// io_error (the address cannot be bound), naming host:port.
+/// io_error (the address cannot be bound), naming host:port. receive_budget_bytes or
+/// max_send_queue_bytes below limits.max_frame_bytes is invalid_argument too.
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
                                       std::uint16_t port, data_server_options options);
 

@@ -261,6 +261,7 @@ status run_server(const cluster_config& config) {
                              config.checkpoint_every};
   // The rank comes with the agent, which needs the data port, which needs the shards' router:
   // the shards are named before the rank is known.
+  node_options.max_store_bytes = static_cast<std::uint64_t>(config.max_store_bytes);
   node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};
   auto failures = std::make_shared<shard_failure_relay>();
   node_options.on_shard_failure = [failures](const std::string& why) { failures->report(why); };
@@ -268,6 +269,9 @@ status run_server(const cluster_config& config) {
   data_server_options data_options;
   data_options.route = node->router();
   data_options.tuning = tuning_for(config, {*tls, {node_role::worker}});
+  data_options.receive_budget_bytes = static_cast<std::size_t>(config.receive_budget_bytes);
+  data_options.max_send_queue_bytes = static_cast<std::size_t>(config.max_send_queue_bytes);
+  data_options.stalled_frame_timeout = config.stalled_frame_timeout;
   auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
   if (!data)
     return data.error();

@@ -432,6 +432,11 @@ void add_timeouts_fields(std::vector<field>& t) {
                 "How long the job waits for all nodes to register."},
                duration_setter(&cluster_config::startup_timeout),
                {}});
+  t.push_back({{"timeouts", "stalled_frame", "", "--stalled-frame-timeout", "DURATION", "\"30s\"",
+                "A listener closes a connection whose peer began a frame and sent nothing more "
+                "for this long; silence between frames is fine. \"0s\": never."},
+               duration_setter(&cluster_config::stalled_frame_timeout, true),
+               {}});
 }
 
 /// The keys of [data], in the order of docs/cluster.sample.toml.
@@ -461,6 +466,21 @@ void add_data_fields(std::vector<field>& t) {
                 "Receive window of every connection: bytes of frames a peer may have in flight "
                 "before the receiver releases some."},
                bytes_setter(&cluster_config::link_window_bytes, 65536),
+               {}});
+  t.push_back({{"data", "receive_budget_bytes", "", "--receive-budget-bytes", "BYTES", "\"1GiB\"",
+                "Bytes of received frames a listener holds unreleased over all its connections; a "
+                "frame beyond it waits. At least data.max_frame_bytes."},
+               bytes_setter(&cluster_config::receive_budget_bytes, 4096),
+               {}});
+  t.push_back({{"data", "max_send_queue_bytes", "", "--max-send-queue-bytes", "BYTES", "\"256MiB\"",
+                "Bytes of replies a listener queues for one peer; a peer that does not read them "
+                "is disconnected beyond it. At least data.max_frame_bytes."},
+               bytes_setter(&cluster_config::max_send_queue_bytes, 4096),
+               {}});
+  t.push_back({{"data", "max_store_bytes", "", "--max-store-bytes", "BYTES", "0",
+                "Servers: bytes of key values a server takes (all its shards); an init beyond it "
+                "is refused. 0: the machine's memory."},
+               bytes_setter(&cluster_config::max_store_bytes, 0),
                {}});
 }
 
@@ -901,6 +921,13 @@ status resolve(builder& b) {
     return error{errc::invalid_argument,
                  named("data.chunk_bytes", std::to_string(cfg.chunk_bytes)) + " must not exceed " +
                      named("data.max_frame_bytes", std::to_string(cfg.max_frame_bytes))};
+  for (const auto& [key, bytes] :
+       {std::pair{"data.receive_budget_bytes", cfg.receive_budget_bytes},
+        std::pair{"data.max_send_queue_bytes", cfg.max_send_queue_bytes}})
+    if (bytes < cfg.max_frame_bytes)
+      return error{errc::invalid_argument,
+                   named(key, std::to_string(bytes)) + " must not be below " +
+                       named("data.max_frame_bytes", std::to_string(cfg.max_frame_bytes))};
   if (cfg.tls_enabled) {
     std::vector<std::string> missing;
     for (const auto& [path, key] : {std::pair{&cfg.tls_ca_file, "tls.ca_file"},

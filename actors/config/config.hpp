@@ -118,6 +118,9 @@ struct cluster_config {
   std::chrono::milliseconds connect_timeout{10'000};
   /// How long the job waits for all nodes to register at start-up.
   std::chrono::milliseconds startup_timeout{60'000};
+  /// A listener closes a peer's connection that began a frame and sent nothing more for this
+  /// long (a slow-loris peer); silence between frames is fine. 0: never.
+  std::chrono::milliseconds stalled_frame_timeout{30'000};
 
   // [data]
   /// Arrays with at least this many elements are split over all servers
@@ -133,6 +136,15 @@ struct cluster_config {
   /// Receive window of every connection: a peer may have this many bytes of frames in flight
   /// before the receiver releases some (a single larger frame goes alone).
   std::int64_t link_window_bytes = 64 * 1024 * 1024;
+  /// Bytes of received frames a listener holds unreleased over all its connections; a frame
+  /// beyond it waits (its connection stops being read). At least max_frame_bytes.
+  std::int64_t receive_budget_bytes = std::int64_t{1} << 30;
+  /// Bytes of replies a listener queues for one peer; a peer that lets more pile up (it does not
+  /// read them) is disconnected. At least max_frame_bytes.
+  std::int64_t max_send_queue_bytes = 256 * 1024 * 1024;
+  /// Servers: bytes of key values (all shards together) a server takes; an init beyond it is
+  /// refused. 0: the machine's memory.
+  std::int64_t max_store_bytes = 0;
 
   // [sync]
   /// dist_sync: a round closes as soon as this many workers have pushed all of it; every mode:

@@ -218,12 +218,98 @@ receive_credit_stats receive_credit::stats() const {
 }
 
 // ================================================================================================
+// receive_budget
+
+/// A reservation: gives its bytes back when the last copy goes.
+struct receive_budget::ticket {
+  ticket(std::shared_ptr<receive_budget> owner, std::uint64_t n) noexcept
+      : budget(std::move(owner)), bytes(n) {}
+  ticket(const ticket&) = delete;
+  ticket& operator=(const ticket&) = delete;
+  ~ticket() { budget->release(bytes); }
+
+  std::shared_ptr<receive_budget> budget;
+  std::uint64_t bytes;
+};
+
+std::shared_ptr<const void> receive_budget::reserve(std::uint64_t bytes) {
+  // Made before counting, so that an allocation failure leaves nothing reserved.
+  auto made = std::make_shared<ticket>(shared_from_this(), 0);
+  std::lock_guard<std::mutex> guard{mutex_};
+  if (in_use_ != 0 && (bytes > limit_ || in_use_ > limit_ - bytes)) {
+    waiting_ = true;
+    ++waits_;
+    return nullptr;
+  }
+  in_use_ += bytes;
+  peak_ = std::max(peak_, in_use_);
+  made->bytes = bytes;
+  return made;
+}
+
+void receive_budget::release(std::uint64_t bytes) noexcept {
+  if (bytes == 0)
+    return; // a refused reservation's ticket: nothing was counted
+  std::function<void()> wake;
+  {
+    std::lock_guard<std::mutex> guard{mutex_};
+    in_use_ -= bytes;
+    if (waiting_ && wake_) {
+      try {
+        wake = wake_;
+        waiting_ = false;
+      } catch (...) {
+        // Out of memory: the next release tries again.
+      }
+    }
+  }
+  if (!wake)
+    return;
+  try {
+    wake();
+  } catch (...) {
+    // The broker was not told: let the next release tell it.
+    std::lock_guard<std::mutex> guard{mutex_};
+    waiting_ = true;
+  }
+}
+
+void receive_budget::on_room(std::function<void()> wake) {
+  std::lock_guard<std::mutex> guard{mutex_};
+  wake_ = std::move(wake);
+}
+
+receive_budget_stats receive_budget::stats() const {
+  std::lock_guard<std::mutex> guard{mutex_};
+  return {limit_, in_use_, peak_, waits_};
+}
+
+// ================================================================================================
 // frame_receiver
 
 namespace {
 
 std::span<const std::byte> bytes_of(const std::vector<char>& buffer) noexcept {
   return {reinterpret_cast<const std::byte*>(buffer.data()), buffer.size()};
+}
+
+/// Owns a frame's keepalive and its budget ticket: the keepalive goes first (the buffer back to
+/// its pool, the window's credit), then the ticket releases the budget.
+struct ticketed {
+  std::shared_ptr<const void> ticket;
+  std::shared_ptr<const void> inner;
+  ~ticketed() { inner.reset(); }
+};
+
+/// `keepalive` (may be null) extended to hold `ticket` too, still pointing where it pointed (or
+/// at the wrapper when it was null). Throws std::bad_alloc, leaving both arguments untouched.
+std::shared_ptr<const void> with_ticket(std::shared_ptr<const void>&& keepalive,
+                                        std::shared_ptr<const void>&& ticket) {
+  auto both = std::make_shared<ticketed>();
+  both->ticket = std::move(ticket);
+  both->inner = std::move(keepalive);
+  const void* target = both->inner ? both->inner.get() : both.get();
+  return std::shared_ptr<const void>(std::move(both), target);
 }
 
 /// Decode failures after which the byte stream cannot be trusted to be at a frame boundary: the
@@ -262,20 +348,50 @@ receive_outcome frame_receiver::consume(std::vector<char>& buffer) {
   // window; anything bigger is refused before its body is allocated.
   if (beyond_window_ && frame_bytes > max_link_control_frame_bytes)
     return {0, std::nullopt, beyond_window(frame_bytes)};
-  std::vector<char> body;
-  try {
-    body = pool_->take(*length);
-  } catch (const std::bad_alloc&) {
-    return {
+  return start_body(static_cast<std::size_t>(*length), &buffer);
+}
+
+receive_outcome frame_receiver::resume(std::vector<char>* buffer) {
+  if (!waiting_)
+    throw std::logic_error("frame_receiver: resume without a frame waiting for the budget");
+  return start_body(*waiting_, buffer);
+}
+
+receive_outcome frame_receiver::start_body(std::size_t length, std::vector<char>* buffer) {
+  auto no_memory = [length] {
+    return receive_outcome{
         0, std::nullopt,
         wire::decode_error{wire::decode_error::code::limit_exceeded,
-                           "no memory for a frame body of " + std::to_string(*length) + " bytes"}};
+                           "no memory for a frame body of " + std::to_string(length) + " bytes"}};
+  };
+  if (budget_) {
+    try {
+      ticket_ = budget_->reserve(wire::frame_prefix_bytes + length);
+    } catch (const std::bad_alloc&) {
+      return no_memory();
+    }
+    if (!ticket_) {
+      waiting_ = length;
+      receive_outcome wait{0, std::nullopt, std::nullopt};
+      wait.waits_for_budget = true;
+      return wait;
+    }
   }
-  body_bytes_ = *length;
+  waiting_.reset();
+  if (buffer != nullptr) {
+    std::vector<char> body;
+    try {
+      body = pool_->take(length);
+    } catch (const std::bad_alloc&) {
+      ticket_.reset();
+      return no_memory();
+    }
+    // The scribe reads the body straight into the pooled vector; the prefix vector waits here.
+    prefix_buffer_ = std::move(*buffer);
+    *buffer = std::move(body);
+  }
+  body_bytes_ = length;
   in_body_ = true;
-  // The scribe reads the body straight into the pooled vector; the prefix vector waits here.
-  prefix_buffer_ = std::move(buffer);
-  buffer = std::move(body);
   return {body_bytes_, std::nullopt, std::nullopt};
 }
 
@@ -287,6 +403,8 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
   const std::uint64_t frame_bytes = wire::frame_prefix_bytes + body_bytes_;
   in_body_ = false;
   body_bytes_ = 0;
+  // The frame's reservation: released when this returns, unless the envelope takes it along.
+  auto ticket = std::move(ticket_);
   std::vector<char> body = std::move(buffer);
   buffer = std::move(prefix_buffer_);
   auto owner = pool_->keep(std::move(body));
@@ -323,6 +441,17 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
       env.keepalive = credit_->hold(frame_bytes, std::move(env.keepalive));
     } catch (const std::bad_alloc&) {
       credit_->received_and_released(frame_bytes);
+      return {wire::frame_prefix_bytes, std::nullopt,
+              wire::decode_error{wire::decode_error::code::limit_exceeded,
+                                 "no memory to hold a frame of " + std::to_string(frame_bytes) +
+                                     " bytes"}};
+    }
+  }
+  if (ticket) {
+    try {
+      env.keepalive = with_ticket(std::move(env.keepalive), std::move(ticket));
+    } catch (const std::bad_alloc&) {
+      // env.keepalive is intact (the wrapper is made before anything moves): drop the frame.
       return {wire::frame_prefix_bytes, std::nullopt,
               wire::decode_error{wire::decode_error::code::limit_exceeded,
                                  "no memory to hold a frame of " + std::to_string(frame_bytes) +

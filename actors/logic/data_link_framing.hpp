@@ -175,6 +175,58 @@ private:
   std::function<void()> wake_;
 };
 
+/// Counters of one receive_budget, a consistent snapshot (bytes, prefixes included).
+struct receive_budget_stats {
+  std::uint64_t limit = 0;  ///< the budget
+  std::uint64_t in_use = 0; ///< reserved by frames being read or not yet released
+  std::uint64_t peak = 0;   ///< the most in_use has been
+  std::uint64_t waits = 0;  ///< frames that had to wait for room (a connection stopped reading)
+};
+
+/// The receive budget of a whole process end (a data server broker and all its connections): the
+/// bytes of frames read or being read that nobody has released yet. A receive window bounds one
+/// connection; this bounds their sum, which max_connections windows would not (4096 x 64 MiB).
+///
+/// A connection reserves a frame's bytes when it has read the frame's prefix, before its body is
+/// allocated; the reservation is released with the last copy of the frame's envelope (or at once
+/// when the frame goes no further). A frame that does not fit is not refused: its connection
+/// stops reading (backpressure) and tries again when on_room says releases made room. A frame
+/// fits when it does beside what is reserved, or when nothing is (so one frame always goes,
+/// whatever its size: a connection never waits for nothing).
+///
+/// Thread-safe: reserve runs on the broker's thread, releases come from any thread.
+class receive_budget : public std::enable_shared_from_this<receive_budget> {
+public:
+  /// `limit`: bytes that may be reserved at once (at least max_frame_bytes, or a large frame only
+  /// ever goes alone).
+  explicit receive_budget(std::uint64_t limit) : limit_(limit) {}
+  receive_budget(const receive_budget&) = delete;
+  receive_budget& operator=(const receive_budget&) = delete;
+
+  /// Reserves `bytes` when they fit: returns the ticket, whose last copy releases them (keep it
+  /// with what holds the frame). Null when they do not fit: then the next release calls on_room.
+  /// Throws std::bad_alloc (nothing is reserved then).
+  std::shared_ptr<const void> reserve(std::uint64_t bytes);
+  /// Called (outside the lock, on the releasing thread) by the first release after a reserve was
+  /// refused. Set an empty function when nobody listens any more.
+  void on_room(std::function<void()> wake);
+
+  receive_budget_stats stats() const;
+
+private:
+  struct ticket;
+  void release(std::uint64_t bytes) noexcept;
+
+  const std::uint64_t limit_;
+  mutable std::mutex mutex_;
+  std::uint64_t in_use_ = 0;
+  std::uint64_t peak_ = 0;
+  std::uint64_t waits_ = 0;
+  /// A reserve was refused since the last wake.
+  bool waiting_ = false;
+  std::function<void()> wake_;
+};
+
 /// What frame_receiver::consume made of the bytes it was given.
 struct receive_outcome {
   /// Bytes to read before calling consume again (8 for a prefix, n for a body); 0 when the
@@ -185,8 +237,11 @@ struct receive_outcome {
   std::optional<envelope> frame;
   /// Why the bytes were rejected; the peer is told with an error_reply{bad_frame}.
   std::optional<wire::decode_error> error;
+  /// A prefix was read but the frame does not fit the receive budget: read nothing from the
+  /// connection until frame_receiver::resume says so (next_read is 0 then, but not fatal).
+  bool waits_for_budget = false;
 
-  bool fatal() const noexcept { return next_read == 0; }
+  bool fatal() const noexcept { return next_read == 0 && !waits_for_budget; }
 };
 
 /// Cuts one connection's byte stream into frames (see the file comment for the two phases).
@@ -210,6 +265,18 @@ public:
   /// Precondition: buffer.size() equals the announced read (else std::logic_error: a bug).
   receive_outcome consume(std::vector<char>& buffer);
 
+  /// After an outcome that waits_for_budget: tries the budget again. Still no room: the same
+  /// outcome. Room: the body is next (next_read is its size); when `buffer` is given (the vector
+  /// the next read fills) a pooled body buffer is swapped into it, else the caller's reader
+  /// allocates it. Precondition: the last outcome waited for the budget.
+  receive_outcome resume(std::vector<char>* buffer);
+
+  /// From now on, every frame read reserves its bytes in `budget` first (null: no budget).
+  void set_budget(std::shared_ptr<receive_budget> budget) { budget_ = std::move(budget); }
+
+  /// Whether the last prefix read waits for the receive budget.
+  bool waits_for_budget() const noexcept { return waiting_.has_value(); }
+
   /// From now on, tensors may reference `arena` (the peer's, mapped here): decode checks the
   /// references against it, the decoded tensor views it, and envelope::keepalive is a hold on
   /// the region (released to the peer when the last copy goes). Null: no arena.
@@ -224,6 +291,9 @@ public:
 
 private:
   receive_outcome finish_body(std::vector<char>& buffer);
+  /// The prefix announced `length` body bytes and passed every check: reserve them in the budget
+  /// and allocate the body (swapped into `buffer` when given), or wait.
+  receive_outcome start_body(std::size_t length, std::vector<char>* buffer);
 
   /// The fatal error for a frame of `bytes` that the window does not admit.
   wire::decode_error beyond_window(std::uint64_t bytes) const;
@@ -232,6 +302,11 @@ private:
   wire::decode_limits limits_;
   std::shared_ptr<receive_credit> credit_;
   std::shared_ptr<shm_peer_arena> arena_;
+  std::shared_ptr<receive_budget> budget_;
+  /// The budget's ticket for the frame being read (null without a budget).
+  std::shared_ptr<const void> ticket_;
+  /// Body bytes of a frame whose prefix waits for the budget.
+  std::optional<std::size_t> waiting_;
   /// The small vector the prefixes are read into, parked here while a body is read.
   std::vector<char> prefix_buffer_;
   std::size_t body_bytes_ = 0;

@@ -46,6 +46,9 @@ int bio_create(BIO* bio) {
 /// for more, so nothing is left when take() and the fill() calls after it are done.
 struct record_source {
   std::span<const char> current;
+  /// A copy of what `current` had left when the caller stopped decrypting before the end of its
+  /// read (tls_session::keep_unread); `current` then views it.
+  std::vector<char> kept;
 };
 
 int source_read(BIO* bio, char* out, std::size_t size, std::size_t* read) {
@@ -262,6 +265,7 @@ std::optional<std::string> tls_session::take(std::span<const char> cipher) {
   if (!s.source.current.empty())
     return s.fail("TLS failed: " + std::to_string(s.source.current.size()) +
                   " bytes of an earlier read were never decrypted");
+  s.source.kept.clear();
   s.source.current = cipher;
   if (!s.established)
     return s.advance();
@@ -287,6 +291,20 @@ result<bool> tls_session::fill(std::vector<char>& buffer) {
   }
   s.filled = 0;
   return true;
+}
+
+void tls_session::keep_unread() {
+  auto& source = impl_->source;
+  if (source.current.empty() || source.current.data() == source.kept.data())
+    return;
+  std::vector<char> rest(source.current.begin(), source.current.end());
+  source.kept = std::move(rest);
+  source.current = source.kept;
+}
+
+bool tls_session::mid_record() const noexcept {
+  const auto& s = *impl_;
+  return s.filled != 0 || !s.source.current.empty() || (s.ssl != nullptr && SSL_has_pending(s.ssl));
 }
 
 std::optional<std::string> tls_session::seal(std::span<const char> plain, std::vector<char>& out) {

@@ -73,6 +73,14 @@ public:
   /// peer ended the session. Precondition: established().
   result<bool> fill(std::vector<char>& buffer);
 
+  /// The caller stops decrypting before fill() returned false (its reader waits): copies what is
+  /// left of the ciphertext taken, so that fill() can go on from it after the caller's buffer is
+  /// gone. Throws std::bad_alloc.
+  void keep_unread();
+
+  /// Part of a record, or of the buffer fill() fills, has arrived and waits for the rest.
+  bool mid_record() const noexcept;
+
   /// Encrypts `plain` into records appended to `out`, the broker's write buffer. Returns why the
   /// session cannot send any more (it failed before). Precondition: established().
   std::optional<std::string> seal(std::span<const char> plain, std::vector<char>& out);

@@ -2009,3 +2009,293 @@ BOOST_AUTO_TEST_CASE(a_marker_tensor_never_shows_on_the_wire_under_tls_and_does_
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// ================================================================================================
+// Bounds per node and per peer: the receive budget over all of a server's connections, stalled
+// frames, and the send queue of a peer that does not read its replies.
+
+namespace {
+
+/// Keeps every request it gets (a consumer that holds frames) until told (release_atom) to drop
+/// them all; (get_atom) -> how many it has had in total.
+using release_atom = caf::atom_constant<caf::atom("release")>;
+
+caf::actor spawn_keeper(caf::actor_system& sys, std::vector<caf::actor>& spawned) {
+  auto keeper = sys.spawn(
+      [](caf::event_based_actor*, int) -> caf::behavior {
+        auto kept = std::make_shared<std::vector<envelope>>();
+        auto total = std::make_shared<std::size_t>(0);
+        return {
+            [kept, total](envelope& request, const reply_sink&) {
+              kept->push_back(std::move(request));
+              ++*total;
+            },
+            [kept](release_atom) { kept->clear(); },
+            [total](caf::get_atom) { return *total; },
+        };
+      },
+      0);
+  spawned.push_back(keeper);
+  return keeper;
+}
+
+/// What the process writes on stderr (the brokers' log) while it lives, for a test to read.
+class stderr_capture {
+public:
+  stderr_capture() : file_(std::tmpfile()) {
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    ::dup2(::fileno(file_), STDERR_FILENO);
+  }
+  stderr_capture(const stderr_capture&) = delete;
+  stderr_capture& operator=(const stderr_capture&) = delete;
+  ~stderr_capture() {
+    restore();
+    std::fclose(file_);
+  }
+  /// Everything written so far (stderr stays captured).
+  std::string text() const {
+    std::fflush(stderr);
+    std::string all;
+    char chunk[4096];
+    std::size_t n = 0;
+    std::FILE* in = std::fopen(("/proc/self/fd/" + std::to_string(::fileno(file_))).c_str(), "r");
+    if (in == nullptr)
+      return all;
+    while ((n = std::fread(chunk, 1, sizeof chunk, in)) > 0)
+      all.append(chunk, n);
+    std::fclose(in);
+    return all;
+  }
+  void restore() {
+    if (saved_ < 0)
+      return;
+    std::fflush(stderr);
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+
+private:
+  std::FILE* file_;
+  int saved_ = -1;
+};
+
+/// A push of `values` from a raw peer, encoded whole.
+std::vector<std::byte> push_bytes(std::uint64_t id, const std::vector<float>& values) {
+  return wire::encode(make_push(id, values)).flatten();
+}
+
+} // namespace
+
+BOOST_FIXTURE_TEST_SUITE(node_bounds, link_fixture)
+
+BOOST_AUTO_TEST_CASE(a_frame_beyond_the_budget_waits_for_a_release_and_one_frame_always_goes) {
+  auto budget = std::make_shared<receive_budget>(1000);
+  auto woken = std::make_shared<std::atomic<int>>(0);
+  budget->on_room([woken] { ++*woken; });
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
+  frame_receiver first(pool, {});
+  frame_receiver second(pool, {});
+  first.set_budget(budget);
+  second.set_budget(budget);
+  auto values = ramp(150); // a frame of about 700 bytes
+  const auto frame = wire::encode(make_push(1, *values)).flatten();
+  BOOST_TEST_REQUIRE(frame.size() < 1000u);
+  BOOST_TEST_REQUIRE(frame.size() > 500u);
+
+  std::vector<char> buffer;
+  auto held = feed(first, buffer, frame);
+  BOOST_TEST_REQUIRE(held.frame.has_value());
+  BOOST_TEST(budget->stats().in_use == frame.size());
+
+  // The second frame's prefix is read; its body is not allocated while the first is held.
+  std::vector<char> other(8);
+  std::memcpy(other.data(), frame.data(), 8);
+  auto wait = second.consume(other);
+  BOOST_TEST(wait.waits_for_budget);
+  BOOST_TEST(!wait.fatal());
+  BOOST_TEST(second.waits_for_budget());
+  BOOST_TEST(second.body_bytes() == 0u);
+  BOOST_TEST(budget->stats().waits == 1u);
+  BOOST_TEST(second.resume(&other).waits_for_budget); // still no room: waits again
+  BOOST_TEST(woken->load() == 0);
+
+  held.frame.reset(); // the release wakes whoever waits, once
+  BOOST_TEST(woken->load() == 1);
+  BOOST_TEST(budget->stats().in_use == 0u);
+  auto go = second.resume(&other);
+  BOOST_TEST_REQUIRE(!go.waits_for_budget);
+  BOOST_TEST_REQUIRE(go.next_read == frame.size() - 8);
+  std::memcpy(other.data(), frame.data() + 8, frame.size() - 8);
+  auto done = second.consume(other);
+  BOOST_TEST_REQUIRE(done.frame.has_value());
+  BOOST_TEST((std::get<wire::push>(done.frame->msg) == make_push(1, *values)));
+  BOOST_TEST(budget->stats().in_use == frame.size());
+  done.frame.reset();
+
+  // A frame larger than the whole budget still goes when nothing else is held.
+  auto big = ramp(1000);
+  auto alone = feed(first, buffer, wire::encode(make_push(2, *big)).flatten());
+  BOOST_TEST_REQUIRE(alone.frame.has_value());
+  BOOST_TEST(budget->stats().in_use > 1000u);
+  BOOST_TEST(budget->stats().peak > 1000u);
+  alone.frame.reset();
+  BOOST_TEST(budget->stats().in_use == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(connections_beyond_the_node_budget_stop_being_read_and_resume_on_release) {
+  for (const bool tls : {false, true}) {
+    BOOST_TEST_CONTEXT("tls " << tls) {
+      auto keeper = spawn_keeper(*sys, spawned);
+      auto options = tls ? tls_data_port() : data_server_options{};
+      options.route = [keeper](const envelope&) {
+        return caf::actor_cast<request_handler>(keeper);
+      };
+      options.tuning.limits.max_frame_bytes = 64 << 10;
+      options.receive_budget_bytes = 160 << 10; // four frames of 40 KiB
+      options.max_send_queue_bytes = 64 << 10;
+      auto server = start_server(std::move(options));
+      caf::scoped_actor self{*sys};
+      auto values = ramp(10'000); // a frame of about 40 KiB
+      constexpr int links = 3;
+      constexpr std::uint64_t per_link = 4;
+      std::vector<caf::actor> clients;
+      for (int i = 0; i < links; ++i) {
+        auto link_options = tls ? tls_link(testing::job_certs()) : data_link_options{};
+        link_options.tuning.limits.max_frame_bytes = 64 << 10;
+        link_options.tag = static_cast<std::uint64_t>(i);
+        clients.push_back(connect(server.port, self, std::move(link_options)));
+      }
+      for (auto& link : clients)
+        for (std::uint64_t r = 1; r <= per_link; ++r)
+          self->send(link, envelope{make_push(r, *values), values, 0});
+      auto count = [&] {
+        std::size_t n = 0;
+        self->request(keeper, patience, caf::get_atom::value)
+            .receive([&](std::size_t got) { n = got; }, [](const caf::error&) {});
+        return n;
+      };
+      // Four frames fit; the others wait at their connections, which stay open and unread.
+      auto held = await_stats([&] { return stats_of(server, 1); },
+                              [&](const data_link_stats& s) { return s.budget_waits > 0; });
+      BOOST_TEST(held.budget == (160u << 10));
+      BOOST_TEST(held.budget_waits > 0u);
+      std::this_thread::sleep_for(100ms);
+      const std::size_t first = count();
+      BOOST_TEST(first == 4u);
+      const auto now = stats_of(server, 1);
+      BOOST_TEST(now.budget_in_use <= (160u << 10));
+      BOOST_TEST(now.budget_peak <= (160u << 10));
+      BOOST_TEST(await_disconnects(0).empty());
+      // Releasing lets every waiting frame in, in turn.
+      std::size_t total = first;
+      for (int round = 0; round < 10 && total < links * per_link; ++round) {
+        self->send(keeper, release_atom::value);
+        std::this_thread::sleep_for(50ms);
+        total = count();
+      }
+      BOOST_TEST(total == links * per_link);
+      self->send(keeper, release_atom::value);
+      const auto after =
+          await_stats([&] { return stats_of(server, 1); },
+                      [&](const data_link_stats& s) { return s.budget_in_use == 0; });
+      BOOST_TEST(after.budget_in_use == 0u);
+      BOOST_TEST(after.budget_peak <= (160u << 10));
+      for (auto& link : clients)
+        self->send(link, stop_atom::value);
+      BOOST_TEST(await_disconnects(links).size() == static_cast<std::size_t>(links));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(
+    a_peer_that_stalls_inside_a_frame_is_closed_and_one_idle_between_frames_is_not) {
+  stderr_capture log;
+  auto options = with_token();
+  options.stalled_frame_timeout = 200ms;
+  options.tuning.log = logger("bounds test", 1);
+  auto server = start_server(std::move(options));
+  raw_peer in_prefix(server.port);
+  raw_peer in_body(server.port);
+  raw_peer idle(server.port);
+  for (auto* peer : {&in_prefix, &in_body, &idle})
+    BOOST_TEST_REQUIRE(peer->handshake(0, job_token).has_value());
+  auto values = ramp(1000);
+  const auto frame = push_bytes(1, *values);
+  expect_echoed(idle, 1, 1000);
+  const auto started = std::chrono::steady_clock::now();
+  BOOST_TEST_REQUIRE(in_prefix.send(std::span(frame).first(3)));
+  BOOST_TEST_REQUIRE(in_body.send(std::span(frame).first(frame.size() / 2)));
+  const auto closed = await_disconnects(2);
+  const auto waited = std::chrono::steady_clock::now() - started;
+  BOOST_TEST(closed.size() == 2u);
+  // The kernel's clock has a few ms of grain, and the bytes arrived just before `started`.
+  BOOST_TEST(waited >= 150ms);
+  BOOST_TEST(waited < 2s);
+  BOOST_TEST(in_prefix.read_until_closed(patience).second);
+  BOOST_TEST(in_body.read_until_closed(patience).second);
+  // The idle peer, silent between frames far longer than the timeout, is still served.
+  std::this_thread::sleep_for(300ms);
+  expect_echoed(idle, 2, 1000);
+  const auto text = log.text();
+  log.restore();
+  BOOST_TEST(contains(text, "began a frame and sent nothing more"), text);
+  BOOST_TEST(contains(text, "the peer 127.0.0.1:"), text);
+  idle.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_peer_that_does_not_read_its_replies_is_closed_and_nobody_else_is) {
+  stderr_capture log;
+  auto options = with_token();
+  options.max_send_queue_bytes = 1 << 20;
+  options.tuning.limits.max_frame_bytes = 256 << 10;
+  options.tuning.max_bytes_in_flight = 256 << 10;
+  options.tuning.log = logger("bounds test", 1);
+  auto server = start_server(std::move(options));
+  caf::scoped_actor self{*sys};
+  auto good_options = client_with(job_token);
+  good_options.tuning.limits.max_frame_bytes = 256 << 10;
+  auto good = connect(server.port, self, std::move(good_options));
+  auto small = ramp(100);
+  expect_round_trip(self, good, 1, small);
+
+  raw_peer flooder(server.port);
+  BOOST_TEST_REQUIRE(flooder.handshake(0, job_token).has_value()); // window 0: no credit needed
+  // Echoed pushes of 128 KiB, never read: the kernel's buffers fill, then the server's queue.
+  auto values = ramp(32 << 10);
+  const auto frame = push_bytes(7, *values);
+  std::size_t sent = 0;
+  for (; sent < 2000; ++sent)
+    if (!flooder.send(frame))
+      break;
+  const auto closed = await_disconnects(1);
+  BOOST_TEST(closed.size() == 1u);
+  BOOST_TEST(sent < 2000u);
+  // The well-behaved link goes on.
+  expect_round_trip(self, good, 2, small);
+  const auto text = log.text();
+  log.restore();
+  BOOST_TEST(contains(text, "is not reading its replies"), text);
+  BOOST_TEST(contains(text, "bytes queued (max_send_queue_bytes 1048576)"), text);
+  flooder.close();
+  self->send(good, stop_atom::value);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_budget_or_send_queue_below_the_frame_cap_is_a_caller_error) {
+  for (auto set : {+[](data_server_options& o) { o.receive_budget_bytes = 1000; },
+                   +[](data_server_options& o) { o.max_send_queue_bytes = 1000; }}) {
+    data_server_options options;
+    options.route = [](const envelope&) { return request_handler{}; };
+    options.tuning.limits.max_frame_bytes = 4096;
+    set(options);
+    auto server = spawn_data_server(*sys, "127.0.0.1", 0, options);
+    BOOST_TEST_REQUIRE(!server.has_value());
+    BOOST_TEST((server.error().code() == errc::invalid_argument));
+    BOOST_TEST(contains(server.error().message(), "below limits.max_frame_bytes"));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
