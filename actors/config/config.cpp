@@ -921,13 +921,21 @@ status resolve(builder& b) {
     return error{errc::invalid_argument,
                  named("data.chunk_bytes", std::to_string(cfg.chunk_bytes)) + " must not exceed " +
                      named("data.max_frame_bytes", std::to_string(cfg.max_frame_bytes))};
+  // A bound on frames below the frame cap: refused when given, raised to the cap when it is
+  // the default (so that a larger data.max_frame_bytes alone does not need them set too).
   for (const auto& [key, bytes] :
-       {std::pair{"data.receive_budget_bytes", cfg.receive_budget_bytes},
-        std::pair{"data.max_send_queue_bytes", cfg.max_send_queue_bytes}})
-    if (bytes < cfg.max_frame_bytes)
-      return error{errc::invalid_argument,
-                   named(key, std::to_string(bytes)) + " must not be below " +
-                       named("data.max_frame_bytes", std::to_string(cfg.max_frame_bytes))};
+       {std::pair{"data.receive_budget_bytes", &cfg.receive_budget_bytes},
+        std::pair{"data.max_send_queue_bytes", &cfg.max_send_queue_bytes}}) {
+    if (*bytes >= cfg.max_frame_bytes)
+      continue;
+    if (b.origin_of(key) == nullptr) {
+      *bytes = cfg.max_frame_bytes;
+      continue;
+    }
+    return error{errc::invalid_argument,
+                 named(key, std::to_string(*bytes)) + " must not be below " +
+                     named("data.max_frame_bytes", std::to_string(cfg.max_frame_bytes))};
+  }
   if (cfg.tls_enabled) {
     std::vector<std::string> missing;
     for (const auto& [path, key] : {std::pair{&cfg.tls_ca_file, "tls.ca_file"},

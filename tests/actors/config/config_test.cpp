@@ -456,6 +456,14 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "2",
                             "--link-window-bytes",
                             "1MiB",
+                            "--receive-budget-bytes",
+                            "2MiB",
+                            "--max-send-queue-bytes",
+                            "3MiB",
+                            "--max-store-bytes",
+                            "1GiB",
+                            "--stalled-frame-timeout",
+                            "250ms",
                             "--quorum",
                             "5",
                             "--rescale-quorum",
@@ -504,6 +512,10 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.rank_hint == 2);
   BOOST_TEST(cfg.peer_timeout == 20s);
   BOOST_TEST(cfg.link_window_bytes == 1024 * 1024);
+  BOOST_TEST(cfg.receive_budget_bytes == 2 * 1024 * 1024);
+  BOOST_TEST(cfg.max_send_queue_bytes == 3 * 1024 * 1024);
+  BOOST_TEST(cfg.max_store_bytes == 1024 * 1024 * 1024);
+  BOOST_TEST(cfg.stalled_frame_timeout == 250ms);
   BOOST_TEST((cfg.quorum == 5));
   BOOST_TEST(cfg.rescale_quorum);
   BOOST_TEST((cfg.max_staleness == 3));
