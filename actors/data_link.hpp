@@ -52,7 +52,10 @@
 // hold more than about a window (plus one frame) of its frames, crash, or touch another
 // connection; a peer that has not authenticated, not more than max_handshake_frame_bytes. A
 // server holds at most max_connections connections, of which at most max_unauthenticated are
-// still in their handshake.
+// still in their handshake, and at most options.receive_budget_bytes of authenticated frames over
+// all of them (a frame beyond it waits, its connection unread: connections share the budget, so
+// one may slow another, never fail it); it closes a connection that stalls inside a frame
+// (stalled_frame_timeout) or lets more than max_send_queue_bytes of replies pile up.
 //
 // TLS (tuning.tls, actors/logic/link_tls.hpp): with credentials, every connection first runs a
 // TLS 1.3 handshake with certificates at both ends, from the job's CA and naming a role this end
