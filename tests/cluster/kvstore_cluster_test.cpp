@@ -926,7 +926,7 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
 
   std::vector<outcome> trained;
   for (auto& worker : workers)
-    trained.push_back(worker->wait(120s));
+    trained.push_back(worker->wait(180s));
   for (const auto& result : trained) {
     BOOST_TEST(!result.timed_out);
     BOOST_TEST(result.exit_code == 0, result.err);
@@ -951,9 +951,9 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
     BOOST_TEST(hwm[i] <= start_rss[i] + bound, names[i] << " VmHWM " << hwm[i]);
   }
   BOOST_TEST_MESSAGE("frames sent in all: " << total());
-  // The job ends as usual.
+  // The job ends as usual (a process's wait counts from its start).
   for (auto* node : {&nodes.scheduler, nodes.servers[0].get(), nodes.servers[1].get()}) {
-    auto result = node->wait(60s);
+    auto result = node->wait(240s);
     BOOST_TEST(!result.timed_out);
     BOOST_TEST(result.exit_code == 0, result.err.substr(0, 2000));
   }
