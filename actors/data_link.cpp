@@ -161,6 +161,14 @@ struct link_connection {
   std::vector<char> plain;
   std::size_t read_bytes = 0;
 
+  /// A server's requests from this peer that wait, in order, while more than
+  /// max_send_queue_bytes of replies wait for it (route_parked); each holds its frame, so the
+  /// peer's window bounds them. queue_at_check and stuck_since: the queue at the last stall
+  /// check and since when it has not shrunk (close_stalled).
+  std::deque<envelope> parked;
+  std::size_t queue_at_check = 0;
+  std::chrono::steady_clock::time_point stuck_since{};
+
   link_connection(const link_connection&) = delete;
   link_connection& operator=(const link_connection&) = delete;
   ~link_connection() {
@@ -702,22 +710,16 @@ void drop_connection(server_broker* self, connection_handle hdl, bool close,
 
 /// Writes what the connection may, and closes it once a fatal frame's reply is handed over, or
 /// when its TLS session failed. Returns whether the connection is still open (else `c` is gone).
+void route_parked(server_broker* self, link_connection& c);
+
 bool serve_writes(server_broker* self, link_connection& c) {
   const auto& options = self->state.options;
   if (auto failed = pump(self, c, options.tuning)) {
     drop_connection(self, c.hdl, true, "closed: " + *failed);
     return false;
   }
-  // Replies are snapshots: a peer that sends requests and does not read (or credit) the replies
-  // would make them pile up here without end.
-  if (const std::size_t queued = c.queue.queued_bytes() + c.in_flight;
-      !c.closing && queued > options.max_send_queue_bytes) {
-    drop_connection(self, c.hdl, true,
-                    "closed: the peer " + c.peer + " is not reading its replies: " +
-                        std::to_string(queued) + " bytes queued (max_send_queue_bytes " +
-                        std::to_string(options.max_send_queue_bytes) + ")");
-    return false;
-  }
+  if (!c.closing)
+    route_parked(self, c);
   if (c.closing && c.queue.empty()) {
     drop_connection(self, c.hdl, true, "closed after a frame that broke the framing or protocol");
     return false;
@@ -725,9 +727,42 @@ bool serve_writes(server_broker* self, link_connection& c) {
   return true;
 }
 
+/// Bytes of frames that wait for the peer: queued, and handed to CAF but not taken by the socket.
+std::size_t queued_for_peer(const link_connection& c) {
+  return c.queue.queued_bytes() + c.in_flight;
+}
+
+/// Hands a request to the actor options.route picks (or answers it at once).
+void route_request(server_broker* self, link_connection& c, envelope&& request);
+
+/// Replies are snapshots (a pull's value is copied), so a peer that sends requests and does not
+/// read the replies, or a worker that pulls a model larger than the window in one go, would make
+/// them pile up without end. So while more than max_send_queue_bytes wait for the peer, its
+/// requests wait here instead, in order, holding their frames: the peer's window fills and it
+/// can send no more, while its link control (credit) still gets through. They go on as the
+/// queue drains (serve_writes); a peer that takes none of it for stalled_frame_timeout is closed
+/// (close_stalled).
 void dispatch(server_broker* self, link_connection& c, envelope&& request) {
-  auto& st = self->state;
   request.connection = c.id;
+  if (!c.parked.empty() || queued_for_peer(c) > self->state.options.max_send_queue_bytes) {
+    c.parked.push_back(std::move(request));
+    return;
+  }
+  route_request(self, c, std::move(request));
+}
+
+void route_parked(server_broker* self, link_connection& c) {
+  while (!c.parked.empty() && queued_for_peer(c) <= self->state.options.max_send_queue_bytes) {
+    auto request = std::move(c.parked.front());
+    c.parked.pop_front();
+    route_request(self, c, std::move(request));
+  }
+  if (c.parked.empty())
+    c.stuck_since = {};
+}
+
+void route_request(server_broker* self, link_connection& c, envelope&& request) {
+  auto& st = self->state;
   request_handler target;
   try {
     target = st.options.route(request);
@@ -904,8 +939,27 @@ void resume_waiting(server_broker* self) {
 void close_stalled(server_broker* self) {
   auto& st = self->state;
   const auto timeout = st.options.stalled_frame_timeout;
+  const auto now = std::chrono::steady_clock::now();
   std::vector<std::pair<connection_handle, std::string>> stalled;
-  for (const auto& [hdl, c] : st.connections) {
+  for (auto& [hdl, c] : st.connections) {
+    if (!c.parked.empty() && !c.closing) {
+      // Requests wait for the replies to drain (dispatch): the peer must take some of them.
+      const std::size_t queued = queued_for_peer(c);
+      if (c.stuck_since == std::chrono::steady_clock::time_point{} || queued < c.queue_at_check)
+        c.stuck_since = now;
+      c.queue_at_check = queued;
+      if (now - c.stuck_since >= timeout) {
+        stalled.emplace_back(
+            hdl, "closed: the peer " + c.peer + " is not reading its replies: " +
+                     std::to_string(queued) + " bytes queued (max_send_queue_bytes " +
+                     std::to_string(st.options.max_send_queue_bytes) + "), none taken for " +
+                     std::to_string(
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - c.stuck_since)
+                             .count()) +
+                     " ms (stalled_frame_timeout " + std::to_string(timeout.count()) + " ms)");
+        continue;
+      }
+    }
     if (!c.authenticated || c.closing || c.receiver.waits_for_budget())
       continue;
     const auto progress = read_tcp_progress(static_cast<int>(hdl.id()));

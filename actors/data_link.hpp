@@ -54,8 +54,9 @@
 // server holds at most max_connections connections, of which at most max_unauthenticated are
 // still in their handshake, and at most options.receive_budget_bytes of authenticated frames over
 // all of them (a frame beyond it waits, its connection unread: connections share the budget, so
-// one may slow another, never fail it); it closes a connection that stalls inside a frame
-// (stalled_frame_timeout) or lets more than max_send_queue_bytes of replies pile up.
+// one may slow another, never fail it); while more than max_send_queue_bytes of replies wait for
+// a peer, its requests wait too (held by its window), and it closes a connection that stalls
+// inside a frame or takes none of its replies for stalled_frame_timeout.
 //
 // TLS (tuning.tls, actors/logic/link_tls.hpp): with credentials, every connection first runs a
 // TLS 1.3 handshake with certificates at both ends, from the job's CA and naming a role this end
@@ -219,8 +220,11 @@ struct data_server_options {
   /// for frames from other connections. At least limits.max_frame_bytes.
   std::size_t receive_budget_bytes = std::size_t{1} << 30;
   /// Bytes of frames waiting to go to one peer (for its credit or for its socket, CAF's buffer
-  /// included); a connection whose queue would grow beyond it is closed, naming the peer: it
-  /// sends requests and does not read the replies. At least limits.max_frame_bytes.
+  /// included) beyond which its further requests wait, in order, unrouted, until the queue
+  /// drains (so a worker pulling a model larger than this in one go is slowed, not cut off, and
+  /// a peer that does not read cannot make replies pile up: its waiting requests fill its
+  /// window). A peer that takes none of its queue for stalled_frame_timeout meanwhile is closed,
+  /// naming it. At least limits.max_frame_bytes.
   std::size_t max_send_queue_bytes = std::size_t{256} << 20;
   /// An authenticated connection that has begun a frame (part of its prefix or body arrived) and
   /// sends no further byte for this long is closed, naming the peer (a slow-loris peer would

@@ -248,10 +248,14 @@ struct link_fixture {
   /// Tests whose raw peers go away wait for this: CAF 0.17.6 leaks a connection that is still
   /// being closed when the actor system shuts down.
   std::vector<std::uint64_t> await_disconnects(std::size_t count) {
+    return await_disconnects(count, patience);
+  }
+  template <class Duration>
+  std::vector<std::uint64_t> await_disconnects(std::size_t count, Duration wait) {
     std::vector<std::uint64_t> ids;
     for (std::size_t i = 0; i < count; ++i)
       (*watcher)->receive([&](peer_lost_atom, std::uint64_t id) { ids.push_back(id); },
-                          caf::after(patience) >> [] {});
+                          caf::after(wait) >> [] {});
     return ids;
   }
 
@@ -2250,6 +2254,7 @@ BOOST_AUTO_TEST_CASE(a_peer_that_does_not_read_its_replies_is_closed_and_nobody_
   stderr_capture log;
   auto options = with_token();
   options.max_send_queue_bytes = 1 << 20;
+  options.stalled_frame_timeout = std::chrono::milliseconds{300};
   options.tuning.limits.max_frame_bytes = 256 << 10;
   options.tuning.max_bytes_in_flight = 256 << 10;
   options.tuning.log = logger("bounds test", 1);
@@ -2263,24 +2268,55 @@ BOOST_AUTO_TEST_CASE(a_peer_that_does_not_read_its_replies_is_closed_and_nobody_
 
   raw_peer flooder(server.port);
   BOOST_TEST_REQUIRE(flooder.handshake(0, job_token).has_value()); // window 0: no credit needed
-  // Echoed pushes of 128 KiB, never read: the kernel's buffers fill, then the server's queue.
+  // Echoed pushes of 128 KiB, never read: 25 MiB, within the server's window (64 MiB). The
+  // kernel's buffers fill, then the server's queue; beyond max_send_queue_bytes the requests
+  // wait unrouted, and as none of the queue is taken, the peer is closed.
   auto values = ramp(32 << 10);
   const auto frame = push_bytes(7, *values);
-  std::size_t sent = 0;
-  for (; sent < 2000; ++sent)
+  for (std::size_t sent = 0; sent < 200; ++sent)
     if (!flooder.send(frame))
       break;
   const auto closed = await_disconnects(1);
   BOOST_TEST(closed.size() == 1u);
-  BOOST_TEST(sent < 2000u);
   // The well-behaved link goes on.
   expect_round_trip(self, good, 2, small);
   const auto text = log.text();
   log.restore();
   BOOST_TEST(contains(text, "is not reading its replies"), text);
-  BOOST_TEST(contains(text, "bytes queued (max_send_queue_bytes 1048576)"), text);
+  BOOST_TEST(contains(text, "bytes queued (max_send_queue_bytes 1048576), none taken for"), text);
   flooder.close();
   self->send(good, stop_atom::value);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_pulling_more_than_the_send_queue_at_once_is_slowed_not_cut_off) {
+  auto options = with_token();
+  options.max_send_queue_bytes = 1 << 20;
+  options.stalled_frame_timeout = std::chrono::milliseconds{300};
+  options.tuning.limits.max_frame_bytes = 256 << 10;
+  options.tuning.max_bytes_in_flight = 256 << 10;
+  auto server = start_server(std::move(options));
+  caf::scoped_actor self{*sys};
+  auto client_options = client_with(job_token);
+  client_options.tuning.limits.max_frame_bytes = 256 << 10;
+  client_options.tuning.receive_window_bytes = 512 << 10;
+  auto link = connect(server.port, self, std::move(client_options));
+  // 40 requests of 128 KiB at once: 5 MiB of replies, five times the send queue's bound and ten
+  // times the client's window. The client reads them slowly (10 ms each, 0.4 s in all, longer
+  // than the stall timeout) but steadily: every reply arrives, in order, and nobody is closed.
+  constexpr std::uint64_t requests = 40;
+  auto values = ramp(32 << 10);
+  for (std::uint64_t id = 1; id <= requests; ++id)
+    self->send(link, envelope{make_push(id, *values), values, 0});
+  for (std::uint64_t id = 1; id <= requests; ++id) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    auto reply = next_envelope(self);
+    BOOST_TEST_REQUIRE(reply.has_value());
+    BOOST_TEST_REQUIRE(std::holds_alternative<wire::push>(reply->msg));
+    BOOST_TEST_REQUIRE((std::get<wire::push>(reply->msg) == make_push(id, *values)));
+  }
+  BOOST_TEST(await_disconnects(1, std::chrono::milliseconds{500}).empty());
+  self->send(link, stop_atom::value);
   BOOST_TEST(await_disconnects(1).size() == 1u);
 }
 
