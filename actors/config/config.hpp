@@ -139,8 +139,8 @@ struct cluster_config {
   /// Bytes of received frames a listener holds unreleased over all its connections; a frame
   /// beyond it waits (its connection stops being read). At least max_frame_bytes.
   std::int64_t receive_budget_bytes = std::int64_t{1} << 30;
-  /// Bytes of replies a listener queues for one peer; a peer that lets more pile up (it does not
-  /// read them) is disconnected. At least max_frame_bytes.
+  /// Bytes of replies a listener queues for one peer before its further requests wait; a peer
+  /// that reads none of them for stalled_frame is disconnected. At least max_frame_bytes.
   std::int64_t max_send_queue_bytes = 256 * 1024 * 1024;
   /// Servers: bytes of key values (all shards together) a server takes; an init beyond it is
   /// refused. 0: the machine's memory.
