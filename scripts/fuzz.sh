@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
   *) echo "fuzz.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
-targets=(fuzz_frames fuzz_link_hello fuzz_config)
+targets=(fuzz_frames fuzz_link_hello fuzz_tls fuzz_config)
 
 if ! command -v clang++ > /dev/null || ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
     clang++ -x c++ -fsanitize=fuzzer -o /dev/null - 2> /dev/null; then
@@ -52,6 +52,10 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$build_dir/findings"
+# fuzz_tls needs the certificates of a job: made here, as a user would, by the project's script.
+scripts/make-tls-certs.sh "$work/certs" > "$work/make-tls-certs.log" 2>&1 ||
+  { cat "$work/make-tls-certs.log" >&2; exit 1; }
+export TROUPE_FUZZ_TLS_CERTS="$work/certs"
 share=$(( seconds / ${#targets[@]} ))
 [ "$share" -ge 1 ] || share=1
 failed=0

@@ -670,7 +670,9 @@ struct file_contents {
 };
 
 /// Reads the file at `path` whole; errc::io_error "cannot read <what> <path>: <why>" when it
-/// cannot (a directory is "not a regular file").
+/// cannot (a directory is "not a regular file"), errc::invalid_argument when it holds more than
+/// max_setup_file_bytes (checked on its size and again while reading, so /dev/zero or a file that
+/// grows ends too).
 result<file_contents> read_whole_file(const std::string& path, const std::string& what) {
   const std::string cannot = "cannot read " + what + " " + path + ": ";
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -682,6 +684,13 @@ result<file_contents> read_whole_file(const std::string& path, const std::string
     return error{errc::io_error, cannot + std::strerror(errno)};
   if (S_ISDIR(info.st_mode))
     return error{errc::io_error, cannot + "not a regular file"};
+  const auto too_large = [&] {
+    return error{errc::invalid_argument, what + " " + path + " holds more than " +
+                                             std::to_string(max_setup_file_bytes >> 20) +
+                                             " MiB, more than any " + what + " needs"};
+  };
+  if (info.st_size > static_cast<off_t>(max_setup_file_bytes))
+    return too_large();
   file_contents out;
   out.mode = info.st_mode & 07777;
   char buffer[4096];
@@ -693,6 +702,8 @@ result<file_contents> read_whole_file(const std::string& path, const std::string
       return error{errc::io_error, cannot + std::strerror(errno)};
     if (n == 0)
       return out;
+    if (out.text.size() + static_cast<std::size_t>(n) > max_setup_file_bytes)
+      return too_large();
     out.text.append(buffer, static_cast<std::size_t>(n));
   }
 }

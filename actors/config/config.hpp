@@ -254,8 +254,14 @@ std::optional<int> parse_command_line(CLI::App& app, std::string_view program, i
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,
                                    const env_lookup& env, const config_overrides& flags);
 
+/// Most bytes a file that sets a node up may hold: a cluster file, a token file, a TLS CA,
+/// certificate or key file (each a few KiB). Reading stops there, so a wrong path (a log, a
+/// device like /dev/zero) is refused instead of filling the node's memory.
+inline constexpr std::size_t max_setup_file_bytes = std::size_t{1} << 20;
+
 /// The contents of the file at `path`, read whole. errc::io_error "cannot read <what> <path>:
-/// <why>" when it cannot be read (a directory is "not a regular file").
+/// <why>" when it cannot be read (a directory is "not a regular file"); errc::invalid_argument
+/// naming the file when it holds more than max_setup_file_bytes.
 result<std::string> read_file(const std::string& path, std::string_view what);
 
 /// As read_file, for a file that must stay private (a token file, a TLS key):

@@ -578,6 +578,20 @@ BOOST_AUTO_TEST_CASE(a_token_file_gives_the_token_and_a_missing_one_is_named) {
              err.message());
 }
 
+BOOST_AUTO_TEST_CASE(a_cluster_or_token_file_beyond_1_mib_is_refused_without_reading_it_all) {
+  temp_dir dir;
+  // A comment line is valid TOML, so only the size can be what is refused.
+  auto huge = dir.write("c.toml", "# " + std::string(std::size_t{1} << 20, 'x') + "\n", 0600);
+  auto err = load_error(huge);
+  BOOST_TEST((err.code() == errc::invalid_argument));
+  BOOST_TEST(err.message().find("config file " + huge.string() + " holds more than 1 MiB") !=
+                 std::string::npos,
+             err.message());
+  err = load_error(std::nullopt, {}, parse_flags({"--token-file", "/dev/zero"}));
+  BOOST_TEST(err.message().find("--token-file: token file /dev/zero holds more than 1 MiB") == 0,
+             err.message());
+}
+
 BOOST_AUTO_TEST_CASE(a_token_file_others_may_read_or_write_is_refused_naming_its_mode_and_the_fix) {
   temp_dir dir;
   for (unsigned mode : {0640u, 0604u, 0620u, 0602u, 0644u, 0666u, 0660u, 0610u}) {
@@ -889,6 +903,7 @@ BOOST_AUTO_TEST_CASE(a_bad_tls_setup_is_refused_naming_the_file_and_the_reason) 
   fs::copy_file(job.key("server"), open_key);
   fs::permissions(open_key, static_cast<fs::perms>(0644));
   auto not_pem = dir.write("garbage.crt", "not a certificate\n");
+  auto huge = dir.write("huge.crt", std::string(std::size_t{2} << 20, 'A'));
   const std::string missing = (dir.path() / "missing.crt").string();
   struct bad_setup {
     const char* what;
@@ -923,6 +938,13 @@ BOOST_AUTO_TEST_CASE(a_bad_tls_setup_is_refused_naming_the_file_and_the_reason) 
        tls_job(job.ca(), job.cert("scheduler"), job.key("scheduler")), node_role::worker,
        "certificate file " + job.cert("scheduler") +
            " is for a scheduler, but this node is a worker"},
+      // A wrong path to something endless or huge is not read into memory.
+      {"a device for the CA file", tls_job("/dev/zero", job.cert("server"), job.key("server")),
+       node_role::server, "CA file /dev/zero holds more than 1 MiB, more than any CA file needs"},
+      {"a certificate file of 2 MiB", tls_job(job.ca(), huge.string(), job.key("server")),
+       node_role::server,
+       "certificate file " + huge.string() +
+           " holds more than 1 MiB, more than any certificate file needs"},
   };
   for (const auto& setup : setups) {
     BOOST_TEST_CONTEXT(setup.what) {
