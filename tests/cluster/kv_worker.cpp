@@ -29,7 +29,8 @@
 //                              writes the bytes of every key's final value to
 //                              $KV_WORKER_DIR/final-rank-R, so that a test compares a job whose
 //                              server was killed and recovered with one that ran without fault,
-//                              bit for bit
+//                              bit for bit; with --round-log it prints when each round's pulls
+//                              are in (for scripts/recovery_time.sh)
 //
 // With $KV_WORKER_DIR set, every rank writes its pid to $KV_WORKER_DIR/rank-R once its keys are
 // initialised, so a test can find (and kill) the process of a rank while the job runs.
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
   app.add_option("--victim", victim, "--check quorum: the rank the test kills");
   int round_ms = 0;
   app.add_option("--round-ms", round_ms, "--check recover: how long each round sleeps");
+  bool round_log = false;
+  app.add_flag("--round-log", round_log,
+               "--check recover: print when each round's pulls are in (s since the epoch)");
   app.add_option("--shapes", shapes_text, "comma-separated shapes like 2x3,1200x1200");
   app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"float32", "float16"}));
   app.add_option("--rounds", rounds);
@@ -177,6 +181,11 @@ int main(int argc, char** argv) {
       for (std::size_t k = 0; k < keys.size(); ++k)
         if (auto pulled = kv.pull(keys[k], outs[k]); !pulled)
           return failed("round " + std::to_string(round) + " pull: " + pulled.error().to_string());
+      if (round_log) {
+        const auto now = std::chrono::system_clock::now().time_since_epoch();
+        std::printf("round %d pulled at %.3f\n", round, std::chrono::duration<double>(now).count());
+        std::fflush(stdout);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds{round_ms});
     }
     if (const char* dir = std::getenv("KV_WORKER_DIR")) {
