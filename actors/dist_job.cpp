@@ -22,6 +22,7 @@
 #include "actors/node_agent.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_node.hpp"
+#include "engine/serialize.hpp"
 
 namespace troupe {
 namespace {
@@ -58,6 +59,7 @@ agent_options agent_options_for(const cluster_config& config, wire::role role,
   options.host = advertised_host(config);
   options.data_port = data_port;
   options.rank_hint = config.rank_hint;
+  options.recovering = role == wire::role::server && config.checkpoint_recover;
   options.connect_timeout = config.connect_timeout;
   options.startup_timeout = config.startup_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
@@ -172,6 +174,7 @@ result<job_outcome> run_scheduler(const cluster_config& config,
   options.peer_timeout = config.peer_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
   options.drain_timeout = config.request_timeout;
+  options.server_rejoin = config.server_rejoin;
   options.log = logger{node_name("scheduler", std::nullopt, config.scheduler_host), config.verbose};
   auto handle = spawn_scheduler(*runtime.system, options);
   if (!handle)
@@ -235,7 +238,40 @@ status prepare_checkpoint_dir(const cluster_config& config) {
   return ok();
 }
 
-status run_server(const cluster_config& config) {
+result<std::vector<shard_snapshot>> load_server_checkpoint(const cluster_config& config) {
+  if (!config.checkpoint_recover)
+    return std::vector<shard_snapshot>{};
+  if (auto valid = validate_for_role(config, node_role::server); !valid)
+    return valid.error();
+  shard_layout layout;
+  layout.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
+  layout.server_rank = static_cast<std::uint32_t>(config.rank_hint);
+  layout.shards_per_server = static_cast<std::uint32_t>(config.shards_per_server);
+  layout.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  std::vector<shard_snapshot> snapshots;
+  for (std::uint32_t i = 0; i < layout.shards_per_server; ++i) {
+    layout.shard_index = i;
+    const auto path = checkpoint_file(config.checkpoint_dir, layout);
+    auto refused = [&](const std::string& why) {
+      return error{errc::invalid_argument,
+                   "checkpoint.recover (--recover): " + path.string() + ": " + why};
+    };
+    auto bytes = read_file(path.string());
+    if (!bytes)
+      return refused(bytes.error().message());
+    auto snapshot = decode_snapshot(*bytes, path.string());
+    if (!snapshot)
+      return refused(snapshot.error().message());
+    if (snapshot->kind != snapshot_kind::checkpoint)
+      return refused("it holds optimizer states, not a checkpoint");
+    if (auto differs = layout_differences(snapshot->layout, layout); !differs.empty())
+      return refused("it was written by a server of another layout: " + differs);
+    snapshots.push_back(std::move(*snapshot));
+  }
+  return snapshots;
+}
+
+status run_server(const cluster_config& config, std::vector<shard_snapshot> restore) {
   if (auto valid = validate_for_role(config, node_role::server); !valid)
     return valid;
   const auto update_device = server_update_device(config);
@@ -259,6 +295,12 @@ status run_server(const cluster_config& config) {
   node_options.checkpoint = {config.checkpoint_dir,
                              static_cast<std::uint64_t>(config.checkpoint_every_rounds),
                              config.checkpoint_every};
+  // A recovering server's shards restore files of its rank before the scheduler confirms it.
+  if (config.checkpoint_recover)
+    node_options.server_rank = static_cast<std::uint32_t>(config.rank_hint);
+  for (auto& snapshot : restore)
+    node_options.restore.push_back(std::make_shared<const shard_snapshot>(std::move(snapshot)));
+  restore.clear();
   // The rank comes with the agent, which needs the data port, which needs the shards' router:
   // the shards are named before the rank is known.
   node_options.max_store_bytes = static_cast<std::uint64_t>(config.max_store_bytes);
@@ -280,6 +322,14 @@ status run_server(const cluster_config& config) {
   if (!agent) {
     caf::anon_send(data->broker, stop_atom::value);
     return agent.error();
+  }
+  if (config.checkpoint_recover &&
+      (*agent)->rank() != static_cast<std::uint32_t>(config.rank_hint)) {
+    caf::anon_send(data->broker, stop_atom::value);
+    return error{errc::internal, "recovering the checkpoint of server rank " +
+                                     std::to_string(config.rank_hint) +
+                                     ", the scheduler admitted this server as rank " +
+                                     std::to_string((*agent)->rank())};
   }
   failures->attach((*agent)->actor());
   node->set_rank(static_cast<std::uint32_t>((*agent)->rank()));
@@ -320,6 +370,21 @@ status check_node_config(const cluster_config& config) {
     return device.error();
   if (auto directory = prepare_checkpoint_dir(config); !directory)
     return directory;
+  if (config.checkpoint_recover) {
+    // Only whether the files are there: reading and checking them (a 100 MB shard takes a good
+    // fraction of a second) is load_server_checkpoint's, once.
+    shard_layout layout;
+    layout.server_rank = static_cast<std::uint32_t>(config.rank_hint);
+    for (int i = 0; i < config.shards_per_server; ++i) {
+      layout.shard_index = static_cast<std::uint32_t>(i);
+      const auto path = checkpoint_file(config.checkpoint_dir, layout);
+      std::error_code failure;
+      if (!std::filesystem::is_regular_file(path, failure))
+        return error{errc::invalid_argument, "checkpoint.recover (--recover): " + path.string() +
+                                                 " does not exist: no checkpoint of server rank " +
+                                                 std::to_string(config.rank_hint) + " to recover"};
+    }
+  }
   return check_port_free(config.bind_address, config.data_port);
 }
 
@@ -344,7 +409,14 @@ int serve_node(const cluster_config& config,
     return scheduler_exit_code(outcome);
   }
   if (config.role == node_role::server) {
-    auto outcome = run_server(config);
+    // A checkpoint that cannot be recovered is the answer to the command line, like a bad key.
+    auto restore = load_server_checkpoint(config);
+    if (!restore) {
+      logger{node_name("server", std::nullopt, advertised_host(config)), config.verbose}.error(
+          restore.error().to_string());
+      return 2;
+    }
+    auto outcome = run_server(config, std::move(*restore));
     if (outcome)
       return 0;
     logger{node_name("server", std::nullopt, advertised_host(config)), config.verbose}.error(
@@ -461,6 +533,15 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
       opened.names.push_back(name);
     }
     return opened;
+  };
+  setup.server_rejoin = config.server_rejoin;
+  setup.reconnect_server = [&system, tuning](const wire::node_info& server,
+                                             const caf::actor& receiver) -> result<link_actor> {
+    data_link_options options{tuning, server.rank + 1};
+    auto link = connect_data_link(system, server.host, server.data_port, receiver, options);
+    if (!link)
+      return link.error();
+    return caf::actor_cast<link_actor>(*link);
   };
   // A barrier waits for the slowest worker of the job, so it is bounded by the startup timeout,
   // the longest wait the configuration grants; a lost peer ends it sooner.

@@ -25,7 +25,8 @@
 //   1  the job failed (a lost server, more workers lost than the quorum allows, a startup
 //      timeout), with the reason on stderr
 //   2  (serve_if_node_role) a bad configuration or a port in use, before any network activity
-// A server process exits 0 when the scheduler stopped the job, 1 when the job failed, 2 as above.
+// A server process exits 0 when the scheduler stopped the job, 1 when the job failed, 2 as above
+// or (checkpoint.recover) when its checkpoint is missing, torn or of another layout.
 
 #include <chrono>
 #include <cstdint>
@@ -33,11 +34,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
 #include "actors/config/config.hpp"
+#include "actors/logic/shard_checkpoint.hpp"
 #include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
 #include "engine/log.hpp"
@@ -59,7 +62,14 @@ int scheduler_exit_code(const result<job_outcome>& outcome) noexcept;
 /// lost node). Membership updates (a worker lost within the quorum) go to every shard. Its shards
 /// expire a waiting pull after timeouts.request and log as "server@HOST shard I"; at the end of
 /// the job it logs (info) one line with the shards' counters summed.
-status run_server(const cluster_config& config);
+status run_server(const cluster_config& config, std::vector<shard_snapshot> restore = {});
+
+/// checkpoint.recover (troupe-node --recover): every shard's checkpoint of server rank
+/// node.rank_hint from checkpoint.dir (shard_checkpoint.hpp's checkpoint_file), for run_server to
+/// restore before the server joins as the recovering server of that rank; empty without
+/// checkpoint.recover. An error naming the file when one is missing, torn (its checksum fails) or
+/// of another layout (the fields that differ). serve_node exits 2 with it.
+result<std::vector<shard_snapshot>> load_server_checkpoint(const cluster_config& config);
 
 /// Whether `config` lets this process run the scheduler or the server it names: validate_for_role
 /// and its listener's port free. The error is one line naming the variable, key or flag.
@@ -116,6 +126,12 @@ struct worker_setup {
   /// Opens one link per server rank, each sending its replies to `receiver` as (envelope) with
   /// the tag rank + 1 and its loss as (link_down_atom, tag, why).
   std::function<result<server_links>(const caf::actor& receiver)> connect_servers;
+  /// Server recovery (kv_worker_options::server_rejoin, ::reconnect): how long the job waits for
+  /// a lost server to come back from its checkpoint (0: it does not), and how to link to one at
+  /// its new address. Optional.
+  std::chrono::milliseconds server_rejoin{0};
+  std::function<result<link_actor>(const wire::node_info& server, const caf::actor& receiver)>
+      reconnect_server;
   /// Blocks until every (live) worker of the job has arrived.
   std::function<status()> barrier;
   /// Rank 0: tells the scheduler the job's consistency (it decides how many lost workers the

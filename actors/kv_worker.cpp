@@ -1,6 +1,7 @@
 #include "actors/kv_worker.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include <caf/actor_cast.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/typed_broker.hpp>
 #include <caf/send.hpp>
@@ -79,6 +81,20 @@ struct part {
   /// The reply's chunks are copied by the worker's copier (copy_off_thread_bytes), which alone
   /// touches `assembly` from then on.
   bool copy_off_thread = false;
+  /// pull, pushpull: where `assembly` writes, so that a resent request starts it afresh.
+  std::span<std::byte> out_bytes;
+  wire::dtype out_type = wire::dtype::float32;
+  std::vector<std::int64_t> out_shape;
+  /// push, pushpull, pull: the round it was sent with.
+  std::uint64_t round = 0;
+  /// Sent again after its server restarted: with `round`, as Push.resent.
+  bool resend = false;
+};
+
+/// A copy of a push this worker sent, kept until its round is durable at the server.
+struct kept_push {
+  std::uint64_t round = 0;
+  ndarray copy;
 };
 
 /// Replies at least this large are copied into the caller's output on the worker's copier, not
@@ -114,6 +130,23 @@ struct ps_key_state {
   std::uint64_t completed = 0;
   /// Requests not yet sent, in call order, behind a push that has no credit.
   std::deque<std::shared_ptr<part>> waiting;
+  /// The server that holds the ps-key.
+  std::uint32_t server = 0;
+  /// Server recovery: rounds the server's last written checkpoint holds, and copies of the
+  /// pushes of later rounds, in round order.
+  std::uint64_t durable = 0;
+  std::deque<kept_push> kept;
+};
+
+/// A server link as the worker sees it (server recovery).
+struct server_state {
+  /// The link went down, or a membership table listed the server lost: requests wait.
+  bool down = false;
+  clock::time_point down_since;
+  /// A membership table listed it lost: the next one listing it alive names its new address.
+  bool seen_lost = false;
+  /// A helper is connecting to its new address.
+  bool relinking = false;
 };
 
 /// The flattened bytes [begin, end) elements of host array `array`.
@@ -181,6 +214,9 @@ public:
     schedule_tick();
     return {
         [this](server_links& links) { guarded("its links", [&] { on_links(links); }); },
+        [this](server_relink& relink) {
+          guarded("a server's new link", [&] { on_relink(relink); });
+        },
         [this](kv_operation& op) {
           guarded(
               op.what, [&] { on_call(op); }, &op.done);
@@ -234,6 +270,7 @@ private:
     links_ = std::move(links.links);
     names_ = std::move(links.names);
     names_.resize(links_.size());
+    servers_.assign(links_.size(), server_state{});
     for (std::size_t s = 0; s < names_.size(); ++s)
       if (names_[s].empty())
         names_[s] = "server " + std::to_string(s);
@@ -327,9 +364,12 @@ private:
       p->value = work.value;
       if (target) {
         auto bytes = element_bytes(target->buffer, slice.begin, slice.end);
-        auto shape = p->whole ? std::move(work.shape) : shape_vector{slice.size()};
+        auto shape = p->whole ? work.shape : shape_vector{slice.size()};
         p->copy_off_thread = bytes.size() >= copy_off_thread_bytes;
-        p->assembly.emplace(bytes, to_wire(work.type), std::move(shape));
+        p->out_bytes = bytes;
+        p->out_type = to_wire(work.type);
+        p->out_shape.assign(shape.begin(), shape.end());
+        p->assembly.emplace(bytes, p->out_type, p->out_shape);
         p->target = target;
       }
       if (kind == kv_call::init)
@@ -354,15 +394,22 @@ private:
 
   // --- credit and sending --------------------------------------------------------------------
 
-  bool has_credit(const ps_key_state& ps, kv_call kind) const {
-    if (!options_.sync || kind == kv_call::pull)
+  bool has_credit(const ps_key_state& ps, const part& p) const {
+    if (!options_.sync || p.kind == kv_call::pull)
       return true;
-    return ps.next_round < ps.completed + options_.max_rounds_ahead;
+    const auto round = p.resend ? p.round : ps.next_round;
+    return round < ps.completed + options_.max_rounds_ahead;
+  }
+
+  /// Server recovery: dist_sync pushes are kept until durable, and a lost server is waited for.
+  bool recovery() const {
+    return options_.sync && options_.server_rejoin.count() > 0 && options_.reconnect != nullptr;
   }
 
   void submit(const std::shared_ptr<part>& p) {
     auto& ps = keys_[p->slice.ps_key];
-    if (ps.waiting.empty() && has_credit(ps, p->kind))
+    ps.server = p->server;
+    if (ps.waiting.empty() && has_credit(ps, *p))
       send_keyed(p, ps);
     else
       ps.waiting.push_back(p);
@@ -370,7 +417,7 @@ private:
 
   /// Sends what credit now allows of the key's waiting requests, in order.
   void release_waiting(ps_key_state& ps) {
-    while (!ps.waiting.empty() && has_credit(ps, ps.waiting.front()->kind)) {
+    while (!ps.waiting.empty() && has_credit(ps, *ps.waiting.front())) {
       auto p = std::move(ps.waiting.front());
       ps.waiting.pop_front();
       if (!p->call->over())
@@ -387,25 +434,34 @@ private:
   void send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     const auto id = next_request_id_++;
     const auto ps_key = p->slice.ps_key;
+    ps.server = p->server;
+    const bool pushes = p->kind == kv_call::push || p->kind == kv_call::pushpull;
+    if (!p->resend) {
+      p->round = pushes ? ps.next_round++ : ps.next_round;
+      if (pushes && recovery())
+        ps.kept.push_back(kept_push{p->round, copy_slice(*p)});
+    }
     wire::message whole;
     switch (p->kind) {
     case kv_call::init:
       whole = wire::init{id, ps_key, slice_tensor(p->value, p->slice, p->whole)};
       break;
     case kv_call::push:
-      whole = wire::push{id, ps_key, options_.rank, ps.next_round++,
-                         slice_tensor(p->value, p->slice, p->whole)};
+      whole = wire::push{
+          id,       ps_key, options_.rank, p->round, slice_tensor(p->value, p->slice, p->whole),
+          p->resend};
       break;
     case kv_call::pushpull:
       whole = wire::pushpull{id,
                              ps_key,
                              options_.rank,
-                             ps.next_round++,
+                             p->round,
                              slice_tensor(p->value, p->slice, p->whole),
-                             timeout_ms()};
+                             timeout_ms(),
+                             p->resend};
       break;
     case kv_call::pull:
-      whole = wire::pull_request{id, ps_key, options_.rank, ps.next_round, timeout_ms()};
+      whole = wire::pull_request{id, ps_key, options_.rank, p->round, timeout_ms()};
       break;
     case kv_call::every_server:
       return;
@@ -421,6 +477,15 @@ private:
       send(p->server, envelope{chunks.chunk(c), keepalive, 0});
   }
 
+  /// The bytes push `p` sends, copied: the caller may reuse its array once the push is acked.
+  static ndarray copy_slice(const part& p) {
+    const auto tensor = slice_tensor(p.value, p.slice, p.whole);
+    shape_vector shape(tensor.shape.begin(), tensor.shape.end());
+    auto copy = ndarray::empty(shape, context::cpu(), p.value.dtype());
+    std::memcpy(copy.raw_data(), tensor.data.data(), tensor.data.size());
+    return copy;
+  }
+
   void sent(std::uint64_t id, const std::shared_ptr<part>& p) {
     p->sent_at = clock::now();
     parts_.emplace(id, p);
@@ -429,6 +494,9 @@ private:
   void send(std::uint32_t server, envelope request) {
     // The tag comes back on every reply of an in-process link; network links add it themselves.
     request.connection = server + 1;
+    // A server being recovered: the request stays under way and is sent again once it is back.
+    if (!servers_.empty() && servers_[server].down)
+      return;
     self()->send(links_[server], std::move(request));
   }
 
@@ -450,7 +518,7 @@ private:
     auto p = found->second;
     if (const auto* ack = std::get_if<wire::ack>(&reply.msg)) {
       if (p->kind == kv_call::push)
-        learn_round(p->slice.ps_key, ack->round, ack->dropped);
+        learn_round(p->slice.ps_key, ack->round, ack->dropped, ack->durable);
       finish(id, p, ok());
     } else if (std::holds_alternative<wire::pull_reply>(reply.msg)) {
       on_value(id, p, reply);
@@ -469,11 +537,15 @@ private:
   /// are: every worker pushes every round, so every round reaches its quorum and no pull waits
   /// forever. Moving a straggler forward to the round being collected would make it skip rounds
   /// and push, at the end, a round the others never push.
-  void learn_round(std::uint64_t ps_key, std::uint64_t completed, bool dropped) {
+  void learn_round(std::uint64_t ps_key, std::uint64_t completed, bool dropped,
+                   std::uint64_t durable) {
     if (!options_.sync)
       return;
     auto& ps = keys_[ps_key];
     ps.completed = std::max(ps.completed, completed);
+    ps.durable = std::max(ps.durable, durable);
+    while (!ps.kept.empty() && ps.kept.front().round < ps.durable)
+      ps.kept.pop_front();
     if (dropped)
       ++dropped_pushes_;
     release_waiting(ps);
@@ -487,7 +559,7 @@ private:
     }
     if (!p->reply_seen) {
       p->reply_seen = true;
-      learn_round(p->slice.ps_key, value.round, false);
+      learn_round(p->slice.ps_key, value.round, false, value.durable);
     }
     if (!p->copy_off_thread) {
       auto [how, problem] = copy_chunk(*p, value);
@@ -561,6 +633,13 @@ private:
   void on_link_down(std::uint64_t tag, const std::string& why) {
     if (tag == 0 || tag > names_.size())
       return;
+    if (recovery() && tag <= servers_.size()) {
+      // Only the server's current link counts: an old one may close after the new one opened.
+      if (self()->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(links_[tag - 1]))
+        return;
+      hold_server(static_cast<std::uint32_t>(tag - 1), why);
+      return;
+    }
     std::string text = names_[tag - 1] + " was lost: " + why;
     // The scheduler's notice naming the node that was really lost usually arrives within a
     // moment; a server may only be closing because the job already failed.
@@ -589,6 +668,149 @@ private:
     for (const auto& node : table.nodes)
       if (node.node_role == wire::role::worker && !node.alive)
         options_.log.info(wire::describe(node) + " is gone; the job goes on");
+    if (!recovery() || failure_)
+      return;
+    for (const auto& node : table.nodes) {
+      if (node.node_role != wire::role::server || node.rank >= servers_.size())
+        continue;
+      auto& server = servers_[node.rank];
+      if (!node.alive) {
+        server.seen_lost = true;
+        hold_server(node.rank, "the scheduler lists it lost");
+      } else if (server.seen_lost && !server.relinking) {
+        server.seen_lost = false;
+        server.relinking = true;
+        relink(node);
+      }
+    }
+  }
+
+  /// Server recovery: requests to `server` wait (bounded) for it to come back.
+  void hold_server(std::uint32_t server, const std::string& why) {
+    auto& state = servers_[server];
+    if (state.down)
+      return;
+    state.down = true;
+    state.down_since = clock::now();
+    options_.log.error(names_[server] + " was lost: " + why + "; waiting up to " +
+                       describe(options_.server_rejoin + options_.request_timeout) +
+                       " for it to come back from its checkpoint");
+  }
+
+  /// Connects to the server's new address on a helper thread (connecting blocks); the link comes
+  /// back as server_relink.
+  void relink(const wire::node_info& node) {
+    auto worker = caf::actor_cast<worker_actor>(self());
+    auto receiver = caf::actor_cast<caf::actor>(self());
+    auto connect = options_.reconnect;
+    self()->system().template spawn<caf::detached>(
+        [worker, receiver, connect, node](caf::event_based_actor* helper) {
+          server_relink relink;
+          relink.server = node.rank;
+          relink.name =
+              wire::describe(node) + " at " + node.host + ":" + std::to_string(node.data_port);
+          auto link = status_of([&]() -> status {
+            auto opened = connect(node, receiver);
+            if (!opened)
+              return opened.error();
+            relink.link = *opened;
+            return ok();
+          });
+          if (!link)
+            relink.problem = link.error().message();
+          caf::anon_send(worker, std::move(relink));
+          helper->quit();
+        });
+  }
+
+  void on_relink(server_relink& relink) {
+    if (relink.server >= servers_.size())
+      return;
+    auto& state = servers_[relink.server];
+    state.relinking = false;
+    if (failure_) {
+      if (relink.link)
+        self()->send(*relink.link, stop_atom::value);
+      return;
+    }
+    if (!relink.link) {
+      fail_everything(error{errc::peer_lost, relink.name + " came back from its checkpoint, but " +
+                                                 "the worker cannot reach it: " + relink.problem});
+      return;
+    }
+    self()->send(links_[relink.server], stop_atom::value);
+    links_[relink.server] = *relink.link;
+    names_[relink.server] = relink.name;
+    state.down = false;
+    options_.log.info(relink.name + " is back from its checkpoint: sending again what it may " +
+                      "have lost");
+    resend(relink.server);
+  }
+
+  /// After `server` restarted from its checkpoint: every kept push of its ps-keys (those its
+  /// checkpoint holds are acked without being applied) and every request under way to it, per
+  /// ps-key in round order, with the credit counted from the durable round.
+  void resend(std::uint32_t server) {
+    std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<part>>> under_way;
+    std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> lost;
+    for (auto it = parts_.begin(); it != parts_.end();) {
+      if (it->second->server != server) {
+        ++it;
+        continue;
+      }
+      auto& p = it->second;
+      const bool keyed =
+          p->kind == kv_call::push || p->kind == kv_call::pushpull || p->kind == kv_call::pull;
+      // A reply being copied on the copier thread cannot be started afresh here.
+      if (!keyed || (p->reply_seen && p->copy_off_thread))
+        lost.emplace_back(it->first, p);
+      else
+        under_way[p->slice.ps_key].push_back(p);
+      it = parts_.erase(it);
+    }
+    for (auto& [id, p] : lost)
+      finish(id, p,
+             error{errc::peer_lost, what_of(*p) + ": " + names_[server] +
+                                        " restarted from its checkpoint while it was under way"});
+    for (auto& [ps_key, ps] : keys_) {
+      if (ps.server != server)
+        continue;
+      auto& requests = under_way[ps_key];
+      std::sort(requests.begin(), requests.end(),
+                [](const auto& a, const auto& b) { return a->round < b->round; });
+      std::deque<std::shared_ptr<part>> again;
+      for (const auto& kept : ps.kept) {
+        auto match = std::find_if(requests.begin(), requests.end(), [&](const auto& p) {
+          return p->kind != kv_call::pull && p->round == kept.round;
+        });
+        std::shared_ptr<part> p;
+        if (match != requests.end()) {
+          p = *match;
+          requests.erase(match);
+        } else {
+          // Acked before the server went: its call is over, only the server needs it again.
+          auto replay = std::make_shared<call_state>();
+          p = new_part(replay, kv_call::push, server, std::to_string(ps_key));
+        }
+        p->value = kept.copy;
+        p->slice = key_slice{server, ps_key, 0, kept.copy.size()};
+        p->whole = true;
+        p->round = kept.round;
+        again.push_back(std::move(p));
+      }
+      for (auto& p : requests) // pulls, which wait for the pushes before them
+        again.push_back(p);
+      for (auto& p : again) {
+        p->resend = true;
+        p->reply_seen = false;
+        if (p->assembly)
+          p->assembly.emplace(p->out_bytes, p->out_type, p->out_shape);
+      }
+      ps.completed = std::min(ps.completed, ps.durable);
+      for (auto it = again.rbegin(); it != again.rend(); ++it)
+        ps.waiting.push_front(*it);
+      release_waiting(ps);
+    }
   }
 
   void schedule_tick() { self()->delayed_send(self(), tick_interval_, tick_atom::value); }
@@ -597,8 +819,18 @@ private:
     schedule_tick();
     const auto now = clock::now();
     std::vector<std::uint64_t> overdue;
+    for (std::uint32_t server = 0; server < servers_.size(); ++server)
+      if (servers_[server].down &&
+          now - servers_[server].down_since > options_.server_rejoin + options_.request_timeout) {
+        fail_everything(error{errc::peer_lost,
+                              names_[server] + " was lost and did not come back within " +
+                                  describe(options_.server_rejoin + options_.request_timeout)});
+        return;
+      }
     for (const auto& [id, p] : parts_)
-      if (now - p->sent_at > options_.request_timeout || p->call->done.cancelled())
+      if (p->call->done.cancelled() ||
+          (now - p->sent_at > options_.request_timeout &&
+           (servers_.size() <= p->server || !servers_[p->server].down)))
         overdue.push_back(id);
     for (auto id : overdue) {
       auto found = parts_.find(id);
@@ -658,6 +890,7 @@ private:
   std::chrono::milliseconds tick_interval_{100};
   std::vector<link_actor> links_;
   std::vector<std::string> names_;
+  std::vector<server_state> servers_;
   std::unordered_map<std::uint64_t, std::shared_ptr<part>> parts_;
   std::unordered_map<std::uint64_t, ps_key_state> keys_;
   std::uint64_t next_request_id_ = 1;

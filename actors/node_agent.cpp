@@ -112,6 +112,7 @@ private:
     reg.host = options_.host;
     reg.port = options_.data_port;
     reg.rank_hint = options_.rank_hint;
+    reg.recovering = options_.recovering;
     send(reg);
     self_->delayed_send(self_, options_.heartbeat_interval, tick_atom::value);
   }

@@ -64,6 +64,9 @@ struct agent_options {
   std::uint16_t data_port = 0;
   /// The rank to ask the scheduler for, or -1 to take the next one.
   std::int32_t rank_hint = -1;
+  /// A server restarted from its checkpoint: it registers as the recovering server of exactly
+  /// rank_hint (Registration.recovering), which the scheduler admits only in that rank.
+  bool recovering = false;
   /// How long join() keeps retrying a scheduler that refuses connections (timeouts.connect).
   std::chrono::milliseconds connect_timeout{10'000};
   /// Bound on all of join(): connecting, registering and receiving the membership table.

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,15 @@ struct server_links {
   std::vector<std::string> names;
 };
 
+/// A new link to a server that restarted from its checkpoint (a worker's helper connects it off
+/// the I/O thread): the link and how messages name the server, or why it could not connect.
+struct server_relink {
+  std::uint32_t server = 0;
+  std::optional<link_actor> link;
+  std::string name;
+  std::string problem;
+};
+
 /// A large reply chunk's copy into a caller's output, which a worker hands to its copier so that
 /// the middleman's I/O thread, where the worker runs, goes on reading sockets while the bytes
 /// move (actors/kv_worker.cpp). `run` reports back to the worker with copied_atom.
@@ -184,6 +194,8 @@ using worker_actor = caf::typed_actor<
     caf::reacts_to<server_links>,
     /// A call from the blocking facade (dist_kvstore).
     caf::reacts_to<kv_operation>,
+    /// A server that restarted from its checkpoint is linked again (or could not be).
+    caf::reacts_to<server_relink>,
     /// A reply from the server linked under tag envelope.connection (its rank + 1).
     caf::reacts_to<envelope>,
     /// The link with that tag is gone, and why: every request fails naming the server.
@@ -299,6 +311,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::reply_copy)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::device_work)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_relink)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)

@@ -134,6 +134,8 @@ struct node_entry {
   bool lost = false;
   /// Why it was lost, for its later frames.
   std::string lost_text;
+  /// A lost server whose rank waits for a recovering server (server_rejoin) until then.
+  std::optional<steady::time_point> rejoin_deadline;
 };
 
 using scheduler_pointer = scheduler_actor::pointer;
@@ -263,6 +265,8 @@ private:
                           ", but its TLS certificate is for a " +
                           std::string{wire::to_string(certified->second)});
     }
+    if (reg.recovering && phase_ == phase::running)
+      return on_rejoin(connection, sink, reg);
     if (reg.port != 0)
       for (const auto& node : nodes_)
         if (node.info.host == reg.host && node.info.data_port == reg.port)
@@ -313,6 +317,61 @@ private:
     nodes_.push_back(std::move(entry));
     if (servers_admitted_ == options_.num_servers && workers_admitted_ == options_.num_workers)
       start_job();
+  }
+
+  /// A server restarted from its checkpoint takes the place of the lost server of its rank: the
+  /// same rank and node id, at its new address; every node gets the new table. Only a rank that
+  /// waits for it (server_rejoin) is given.
+  void on_rejoin(std::uint64_t connection, const reply_sink& sink, const wire::registration& reg) {
+    auto reject = [&](std::string detail) {
+      log_.info("rejected a recovering server from " + reg.host + ":" + std::to_string(reg.port) +
+                ": " + detail);
+      reply(sink, connection,
+            wire::admission{reg.request_id,
+                            wire::rejected{wire::reject_reason::role_full, std::move(detail)}});
+    };
+    if (reg.node_role != wire::role::server)
+      return reject("only a server recovers from a checkpoint, not a " +
+                    std::string{wire::to_string(reg.node_role)});
+    std::optional<std::size_t> waiting;
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i].info.node_role == wire::role::server && reg.rank_hint >= 0 &&
+          nodes_[i].info.rank == static_cast<std::uint32_t>(reg.rank_hint))
+        waiting = i;
+    if (!waiting || !nodes_[*waiting].rejoin_deadline)
+      return reject("server rank " + std::to_string(reg.rank_hint) +
+                    " is not waiting for a recovering server" +
+                    (options_.server_rejoin.count() > 0
+                         ? std::string{}
+                         : std::string{" (timeouts.server_rejoin is 0)"}));
+    if (reg.port != 0)
+      for (std::size_t i = 0; i < nodes_.size(); ++i)
+        if (i != *waiting && nodes_[i].info.host == reg.host &&
+            nodes_[i].info.data_port == reg.port)
+          return reply(sink, connection,
+                       wire::admission{reg.request_id,
+                                       wire::rejected{wire::reject_reason::duplicate,
+                                                      reg.host + ":" + std::to_string(reg.port) +
+                                                          " is already registered by " +
+                                                          describe(nodes_[i].info)}});
+    node_entry& node = nodes_[*waiting];
+    by_connection_.erase(node.connection);
+    node.info.host = reg.host;
+    node.info.data_port = reg.port;
+    node.info.alive = true;
+    node.connection = connection;
+    node.sink = sink;
+    node.last_seen = steady::now();
+    node.gone = false;
+    node.lost = false;
+    node.lost_text.clear();
+    node.rejoin_deadline.reset();
+    by_connection_.emplace(connection, *waiting);
+    send(node, wire::admission{reg.request_id, wire::admitted{node.info.rank, node.info.node_id}});
+    log_.info(describe(node.info) + " rejoined from its checkpoint at " + reg.host + ":" +
+              std::to_string(reg.port) + " (" + seconds(since_start()) + " after the job started)");
+    ++epoch_;
+    send_membership();
   }
 
   void on_barrier(std::size_t index, const wire::barrier& request) {
@@ -472,6 +531,17 @@ private:
       return on_startup_timeout();
     if (phase_ == phase::draining && now >= drain_deadline_)
       return on_drain_timeout();
+    for (auto& node : nodes_)
+      if (node.rejoin_deadline && now >= *node.rejoin_deadline) {
+        node.rejoin_deadline.reset();
+        const std::string text = node.lost_text + "; it did not rejoin within " +
+                                 format_duration(options_.server_rejoin) +
+                                 " (timeouts.server_rejoin)";
+        node.lost_text = text;
+        log_.error(text);
+        broadcast(error_reply(0, wire::error_code::lost_peer, text));
+        return finish(error{errc::peer_lost, text});
+      }
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       const auto& node = nodes_[i];
       if (node.gone || node.finished || node.lost)
@@ -526,6 +596,17 @@ private:
     if (worker)
       lost_workers_.push_back(lost_worker{node.info.rank, node.info.node_id, after, why});
     const std::size_t tolerated = options_.num_workers - quorum_;
+    if (!worker && phase_ == phase::running && options_.server_rejoin.count() > 0) {
+      // Its rank stays open for a server restarted from its checkpoint; the workers hold their
+      // calls to it, and barriers wait, until it rejoins or the time is up.
+      node.rejoin_deadline = steady::now() + options_.server_rejoin;
+      log_.error(node.lost_text + " (" + seconds(after) +
+                 " after the job started); waiting up to " +
+                 format_duration(options_.server_rejoin) + " for it to rejoin from its checkpoint");
+      ++epoch_;
+      send_membership();
+      return;
+    }
     if (!worker || phase_ != phase::running || lost_workers_.size() > tolerated) {
       log_.error(node.lost_text + " (" + seconds(after) + " after the job started)");
       broadcast(error_reply(0, wire::error_code::lost_peer, node.lost_text));

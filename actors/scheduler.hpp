@@ -38,12 +38,17 @@
 // already declared lost).
 // Scheduler -> node, unasked: heartbeat (so nodes notice a frozen scheduler); membership (epoch
 // + 1, the whole table) to every node still connected whenever membership changes, i.e. when a
-// worker is lost within the quorum; and, when the job fails, error_reply{request_id 0,
-// lost_peer | timeout, message naming what is missing}.
+// worker is lost within the quorum, or a server is lost or rejoins (server_rejoin); and, when the
+// job fails, error_reply{request_id 0, lost_peer | timeout, message naming what is missing}.
 //
 // Losses. A node is lost when its control connection closes before it finished, or when nothing
 // comes from it for peer_timeout. A lost server, or a lost worker beyond num_workers - K lost
-// workers, fails the job: every node is told which node (role, rank, node id) and why. A worker
+// workers, fails the job: every node is told which node (role, rank, node id) and why. With
+// server_rejoin > 0 a server lost while the job runs does not fail it at once: every node gets a
+// table listing it not alive, and its rank stays open that long for a registration marked
+// recovering with that rank hint (a server restarted from its checkpoint), which takes the same
+// rank and node id at its new address; every node then gets the new table. Barriers wait
+// meanwhile; a server that is not back in time fails the job, named as above. A worker
 // lost within that bound is logged, marked not alive in a new membership table, told it was
 // dropped (should it still listen), and the job goes on: barriers wait for the live workers only
 // and the job drains when every live worker is done. The job's outcome (job_outcome) says which
@@ -148,6 +153,11 @@ struct scheduler_options {
   /// How often the scheduler checks for silent nodes and sends its own heartbeat to every node;
   /// must be below the nodes' peer timeout.
   std::chrono::milliseconds heartbeat_interval{1'000};
+  /// How long a lost server's rank stays open for a server restarted from its checkpoint
+  /// (Registration.recovering, troupe-node --recover) before the loss fails the job; meanwhile
+  /// the job goes on without it (its workers hold their calls to it). 0: a lost server fails the
+  /// job at once.
+  std::chrono::milliseconds server_rejoin{0};
   /// After the stop command, how long the scheduler waits for the servers to leave before it
   /// ends anyway (the outcome is still that of the workers).
   std::chrono::milliseconds drain_timeout{5'000};

@@ -145,6 +145,8 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard.store_bytes = store_bytes;
     shard.max_store_bytes = options_.max_store_bytes;
     shard.update_device = options_.update_device;
+    if (i < options_.restore.size())
+      shard.restore_from = std::move(options_.restore[i]);
     shard.log = options_.log.part("shard " + std::to_string(i));
     shards_.push_back(spawn_server_shard(system, std::move(shard)));
     if (options_.on_shard_failure)
@@ -153,6 +155,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
           told("shard " + std::to_string(i) + " of this server failed: " + caf::to_string(why));
       });
   }
+  options_.restore.clear();
   control_ = system.spawn(control_behavior, shards_);
   router_ = request_router{shards_, control_};
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include <caf/actor.hpp>
@@ -50,6 +51,9 @@ struct server_node_options {
   std::uint64_t max_store_bytes = 0;
   /// shard_options::update_device.
   context update_device = context::cpu();
+  /// troupe-node --recover: shard i restores restore[i] (shard_options::restore_from) before it
+  /// serves; empty: the shards start empty.
+  std::vector<std::shared_ptr<const shard_snapshot>> restore;
   /// Each shard logs as "<who> shard <i>".
   logger log{};
   /// Called, on whichever thread, when a shard ends other than by the server_node's destruction

@@ -34,7 +34,15 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
                                "server shard " + std::to_string(index) + ": " + what);
       });
   self->state.sweep_interval = options.sweep_interval;
+  auto restore_from = std::move(options.restore_from);
+  const auto index = options.shard_index;
   self->state.core = std::make_unique<shard_core>(std::move(options));
+  if (restore_from) {
+    const engine::inline_scope here;
+    if (auto restored = self->state.core->restore(*restore_from); !restored)
+      self->quit(caf::make_error(caf::sec::runtime_error, "server shard " + std::to_string(index) +
+                                                              ": " + restored.error().message()));
+  }
   self->delayed_send(self, self->state.sweep_interval, tick_atom::value);
   return {
       [self](envelope& request, const reply_sink& sink) {

@@ -5,13 +5,14 @@
 // Configuration: the cluster file, then the DMLC_* environment, then flags (later wins); see
 // docs/cluster.sample.toml. A broken file, a missing or malformed value or a port in use ends the
 // process with exit code 2 and one line naming the file and line or the variable, before any
-// network activity. Otherwise it runs until the job ends: exit 0 when every worker finished;
-// 3 (the scheduler only) when the job finished but some workers were lost within the quorum
-// (sync.quorum below the number of workers), the summary naming them; 1 when the job failed (a
-// lost server, more lost workers than the quorum allows, a startup timeout), with the reason
-// logged through troupe::logger under the node's name ("server@127.0.0.1"). The scheduler prints
-// "troupe-node: scheduler listening on HOST:PORT" on stdout once it is bound: with port 0 that
-// line is how the port is found.
+// network activity; so does a server started with --recover whose checkpoint files are missing,
+// torn or of another layout (the line names the file). Otherwise it runs until the job ends: exit 0
+// when every worker finished; 3 (the scheduler only) when the job finished but some workers were
+// lost within the quorum (sync.quorum below the number of workers), the summary naming them; 1 when
+// the job failed (a lost server, more lost workers than the quorum allows, a startup timeout), with
+// the reason logged through troupe::logger under the node's name ("server@127.0.0.1"). The
+// scheduler prints "troupe-node: scheduler listening on HOST:PORT" on stdout once it is bound: with
+// port 0 that line is how the port is found.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>

@@ -317,6 +317,7 @@ public:
     b.setHost(text_of(m.host));
     b.setPort(m.port);
     b.setRankHint(m.rank_hint);
+    b.setRecovering(m.recovering);
   }
   void operator()(const admission& m) {
     auto b = root_.initAdmission();
@@ -370,6 +371,7 @@ public:
     b.setKey(m.key);
     b.setSenderRank(m.sender_rank);
     b.setRound(m.round);
+    b.setResent(m.resent);
     write_tensor(b.initTensor(), m.tensor);
   }
   void operator()(const pull_request& m) {
@@ -385,6 +387,7 @@ public:
     b.setRequestId(m.request_id);
     b.setKey(m.key);
     b.setRound(m.round);
+    b.setDurable(m.durable);
     write_tensor(b.initTensor(), m.tensor);
   }
   void operator()(const pushpull& m) {
@@ -394,6 +397,7 @@ public:
     b.setSenderRank(m.sender_rank);
     b.setRound(m.round);
     b.setTimeoutMs(m.timeout_ms);
+    b.setResent(m.resent);
     write_tensor(b.initTensor(), m.tensor);
   }
   void operator()(const ack& m) {
@@ -401,6 +405,7 @@ public:
     b.setRequestId(m.request_id);
     b.setRound(m.round);
     b.setDropped(m.dropped);
+    b.setDurable(m.durable);
   }
   void operator()(const barrier& m) {
     auto b = root_.initBarrier();
@@ -647,7 +652,7 @@ public:
       return read(root.getPushPull());
     case ws::Message::ACK: {
       auto r = root.getAck();
-      return ack{r.getRequestId(), r.getRound(), r.getDropped()};
+      return ack{r.getRequestId(), r.getRound(), r.getDropped(), r.getDurable()};
     }
     case ws::Message::BARRIER:
       return read(root.getBarrier());
@@ -788,6 +793,7 @@ private:
     m.host = required_text(r.hasHost(), r.getHost(), "registration host");
     m.port = r.getPort();
     m.rank_hint = r.getRankHint();
+    m.recovering = r.getRecovering();
     if (m.rank_hint < -1)
       fail(decode_error::code::invalid_value,
            "registration rank hint " + std::to_string(m.rank_hint) + " is below -1");
@@ -872,6 +878,7 @@ private:
     m.key = r.getKey();
     m.sender_rank = r.getSenderRank();
     m.round = r.getRound();
+    m.resent = r.getResent();
     m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "push tensor");
     return m;
   }
@@ -886,6 +893,7 @@ private:
     m.request_id = r.getRequestId();
     m.key = r.getKey();
     m.round = r.getRound();
+    m.durable = r.getDurable();
     m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pull reply tensor");
     return m;
   }
@@ -898,6 +906,7 @@ private:
     m.round = r.getRound();
     m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pushpull tensor");
     m.timeout_ms = r.getTimeoutMs();
+    m.resent = r.getResent();
     return m;
   }
 

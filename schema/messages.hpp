@@ -89,6 +89,8 @@ struct registration {
   std::uint16_t port = 0;
   /// The rank asked for, or -1 (see troupe.capnp).
   std::int32_t rank_hint = -1;
+  /// A server restarted from its checkpoint, for exactly rank_hint (see troupe.capnp).
+  bool recovering = false;
   friend bool operator==(const registration&, const registration&) = default;
 };
 
@@ -170,6 +172,8 @@ struct push {
   std::uint32_t sender_rank = 0;
   std::uint64_t round = 0;
   tensor_chunk tensor;
+  /// Sent again after the server restarted from a checkpoint (see troupe.capnp).
+  bool resent = false;
   friend bool operator==(const push&, const push&) = default;
 };
 
@@ -188,6 +192,8 @@ struct pull_reply {
   std::uint64_t key = 0;
   std::uint64_t round = 0;
   tensor_chunk tensor;
+  /// As ack::durable.
+  std::uint64_t durable = 0;
   friend bool operator==(const pull_reply&, const pull_reply&) = default;
 };
 
@@ -200,6 +206,8 @@ struct pushpull {
   tensor_chunk tensor;
   /// As pull_request::timeout_ms, for the pull half.
   std::uint32_t timeout_ms = 0;
+  /// As push::resent.
+  bool resent = false;
   friend bool operator==(const pushpull&, const pushpull&) = default;
 };
 
@@ -209,6 +217,8 @@ struct ack {
   std::uint64_t round = 0;
   /// Acks of a push: it came after its round closed with a quorum and was not applied.
   bool dropped = false;
+  /// Acks of a push: the key's rounds (pushes applied) in the shard's last written checkpoint.
+  std::uint64_t durable = 0;
   friend bool operator==(const ack&, const ack&) = default;
 };
 

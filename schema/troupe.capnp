@@ -117,6 +117,10 @@ struct Registration {
   rankHint @7 :Int32 = -1;
   # Rank the node asks for (a launcher numbers its nodes so that its output prefixes are ranks);
   # granted when free and below the role's count, else the lowest free rank; -1: none.
+  recovering @8 :Bool;
+  # A server restarted from its checkpoint (troupe-node --recover) to take the place of the lost
+  # server of rank rankHint: admitted for exactly that rank, and only while the scheduler keeps
+  # it open for a recovering server (timeouts.server_rejoin); rejected otherwise.
 }
 
 enum RejectReason {
@@ -225,6 +229,10 @@ struct Push {
   # as the round being collected.
   tensor @4 :Tensor;
   # The pushed value (one chunk of it); required.
+  resent @5 :Bool;
+  # dist_sync: the worker sends this push again after its server restarted from a checkpoint. A
+  # resent push of a round the shard has completed already is acknowledged (once its last chunk
+  # has arrived) without being applied again; any other is taken as a push.
 }
 
 struct PullRequest {
@@ -257,6 +265,8 @@ struct PullReply {
   # sent: the value is their result. The worker takes it as credit, like Ack.round.
   tensor @3 :Tensor;
   # The value (one chunk of it); required.
+  durable @4 :UInt64;
+  # As Ack.durable.
 }
 
 struct PushPull {
@@ -275,6 +285,8 @@ struct PushPull {
   # The pushed value (one chunk of it); required.
   timeoutMs @5 :UInt32;
   # As PullRequest.timeoutMs, for the pull half.
+  resent @6 :Bool;
+  # As Push.resent.
 }
 
 struct Ack {
@@ -289,6 +301,11 @@ struct Ack {
   dropped @2 :Bool;
   # Acks of a Push: the push arrived after its round had closed with a quorum of other workers
   # and was not applied (dist_sync with quorum < numWorkers); the shard counts it.
+  durable @3 :UInt64;
+  # Acks of a Push (and every PullReply): the rounds of the key (dist_async: its pushes applied)
+  # that the shard's last checkpoint written to disk holds; 0 when none was written. A worker
+  # keeps a copy of each push of a later round, to send it again (Push.resent) should the server
+  # restart from that checkpoint.
 }
 
 struct Barrier {

@@ -437,6 +437,12 @@ void add_timeouts_fields(std::vector<field>& t) {
                 "for this long; silence between frames is fine. \"0s\": never."},
                duration_setter(&cluster_config::stalled_frame_timeout, true),
                {}});
+  t.push_back({{"timeouts", "server_rejoin", "", "--server-rejoin", "DURATION", "\"0s\"",
+                "How long the job waits for a lost server to come back from its checkpoint "
+                "(troupe-node --recover) before it fails; workers hold their calls meanwhile. "
+                "\"0s\": a lost server fails the job."},
+               duration_setter(&cluster_config::server_rejoin, true),
+               {}});
 }
 
 /// The keys of [data], in the order of docs/cluster.sample.toml.
@@ -525,6 +531,11 @@ void add_checkpoint_fields(std::vector<field>& t) {
                 "Servers: each shard writes a checkpoint when this long has passed since its "
                 "last one and a key has changed; \"0s\": not by time."},
                duration_setter(&cluster_config::checkpoint_every, true),
+               {}});
+  t.push_back({{"checkpoint", "recover", "TROUPE_RECOVER", "--recover", "BOOL", "false",
+                "Servers: start from this server's last checkpoint in checkpoint.dir (the rank "
+                "node.rank_hint names) and take the place of the lost server of that rank."},
+               bool_setter(&cluster_config::checkpoint_recover),
                {}});
 }
 
@@ -1164,6 +1175,20 @@ status validate_for_role(const cluster_config& cfg, node_role role) {
     return error{errc::invalid_argument,
                  who + " listening on " + cfg.bind_address + " needs " + naming("node.host") +
                      " or " + naming("node.interface") + " so that workers know where to connect"};
+  // Workers keep a copy of every push until a checkpoint holds it: without periodic
+  // checkpoints, waiting for a lost server would keep them all.
+  if (cfg.server_rejoin.count() > 0 && cfg.checkpoint_every_rounds == 0 &&
+      cfg.checkpoint_every.count() == 0)
+    return error{errc::invalid_argument,
+                 naming("timeouts.server_rejoin") + " needs periodic checkpoints (" +
+                     naming("checkpoint.every_rounds") + " or " + naming("checkpoint.every") +
+                     "): a server comes back from its last checkpoint"};
+  if (role == node_role::server && cfg.checkpoint_recover &&
+      (cfg.checkpoint_dir.empty() || cfg.rank_hint < 0))
+    return error{errc::invalid_argument,
+                 who + " recovering from its checkpoint (" + naming("checkpoint.recover") +
+                     ") needs " + naming("checkpoint.dir") + " and " + naming("node.rank_hint") +
+                     ", the rank whose checkpoint it loads"};
   // A scheduler or server that other hosts can reach admits whoever registers unless the job
   // has a token. The scheduler listens on scheduler.host; node.bind is checked too, so that a
   // scheduler told to bind every address is refused whichever of the two it uses.

@@ -121,6 +121,10 @@ struct cluster_config {
   /// A listener closes a peer's connection that began a frame and sent nothing more for this
   /// long (a slow-loris peer); silence between frames is fine. 0: never.
   std::chrono::milliseconds stalled_frame_timeout{30'000};
+  /// How long the scheduler keeps a lost server's rank open for a server restarted from its
+  /// checkpoint (checkpoint.recover), and workers hold their calls to it; 0: a lost server fails
+  /// the job.
+  std::chrono::milliseconds server_rejoin{0};
 
   // [data]
   /// Arrays with at least this many elements are split over all servers
@@ -167,6 +171,9 @@ struct cluster_config {
   std::int64_t checkpoint_every_rounds = 0;
   /// Servers: a checkpoint when this long has passed since the last and a key changed; 0: never.
   std::chrono::milliseconds checkpoint_every{0};
+  /// Servers: load this server's last checkpoint (of rank rank_hint) before joining, and join as
+  /// the recovering server of that rank (troupe-node --recover).
+  bool checkpoint_recover = false;
 
   // [tls]
   /// Every connection of the node, control and data, runs TLS 1.3 with certificates at both ends

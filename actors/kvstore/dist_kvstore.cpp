@@ -77,6 +77,8 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.chunk_bytes = s.chunk_bytes;
   options.request_timeout = s.timeout;
   options.max_rounds_ahead = s.max_rounds_ahead;
+  options.server_rejoin = s.server_rejoin;
+  options.reconnect = s.reconnect_server;
   options.log = s.log;
   store->worker_ = spawn_kv_worker(system, options);
   auto links = s.connect_servers(caf::actor_cast<caf::actor>(store->worker_));

@@ -112,11 +112,12 @@ void shard_core::dispatch(envelope& request, const reply_route& reply) {
   if (auto* init = std::get_if<wire::init>(&msg)) {
     on_init(*init, reply);
   } else if (auto* push = std::get_if<wire::push>(&msg)) {
-    on_push({push->request_id, push->key, push->sender_rank, push->round, false, 0, {}},
-            push->tensor, reply);
+    on_push(
+        {push->request_id, push->key, push->sender_rank, push->round, false, 0, {}, push->resent},
+        push->tensor, reply);
   } else if (auto* pushpull = std::get_if<wire::pushpull>(&msg)) {
     on_push({pushpull->request_id, pushpull->key, pushpull->sender_rank, pushpull->round, true,
-             pushpull->timeout_ms, now()},
+             pushpull->timeout_ms, now(), pushpull->resent},
             pushpull->tensor, reply);
   } else if (auto* pull = std::get_if<wire::pull_request>(&msg)) {
     on_pull(*pull, reply);
@@ -272,6 +273,13 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
 void shard_core::on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
                               const reply_route& reply) {
   auto& round = *entry.sync;
+  if (push.resent && chunk.round < round.completed()) {
+    // A push sent again after this server restarted from a checkpoint that already holds its
+    // round: applied once, before the restart. Acknowledged, once its last chunk is in.
+    if (chunk.offset + chunk.data.size() >= entry.stored.nbytes())
+      answer_push(entry, push, push_outcome{false, std::nullopt}, reply);
+    return;
+  }
   chunk_outcome outcome;
   if (chunk.round > round.completed()) {
     // The round keeps the answer of a push's first chunk only (sync_round::defer).
@@ -397,7 +405,8 @@ void shard_core::answer_push(key_entry& entry, const push_request& push, const p
     });
   }
   if (!push.then_pull) {
-    reply(envelope{wire::ack{push.request_id, entry.completed(), how.dropped}, nullptr, 0});
+    reply(envelope{wire::ack{push.request_id, entry.completed(), how.dropped, entry.durable},
+                   nullptr, 0});
     return;
   }
   // A dropped push's pull gets the value of the round that closed without it.
@@ -507,8 +516,9 @@ void shard_core::send_value(std::uint64_t key, const key_entry& entry, std::uint
   tensor.shape.assign(value.shape().begin(), value.shape().end());
   tensor.total_bytes = value.nbytes();
   tensor.data = std::span{static_cast<const std::byte*>(value.raw_data()), value.nbytes()};
-  wire::chunker chunks{wire::pull_reply{request_id, key, entry.completed(), std::move(tensor)},
-                       options_.chunk_bytes};
+  wire::chunker chunks{
+      wire::pull_reply{request_id, key, entry.completed(), std::move(tensor), entry.durable},
+      options_.chunk_bytes};
   auto keepalive = value.keepalive();
   for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
     reply(envelope{chunks.chunk(i), keepalive, 0});
@@ -762,6 +772,8 @@ bool shard_core::start_checkpoint() {
   checkpoint_description_ = std::to_string(keys_.size()) + " keys at round " +
                             std::to_string(slowest_key()) + ": " + std::to_string(bytes->size()) +
                             " bytes to " + path.string();
+  for (auto& [key, entry] : keys_)
+    entry.writing = entry.initialized() ? entry.completed() : 0;
   checkpoint_started_ = shard_clock::now();
   last_checkpoint_ = now();
   changed_since_checkpoint_ = false;
@@ -788,6 +800,9 @@ status shard_core::finish_checkpoint() {
     return written;
   }
   ++stats_.checkpoints_written;
+  // What the workers may forget: the counts this file holds are on disk.
+  for (auto& [key, entry] : keys_)
+    entry.durable = std::max(entry.durable, entry.writing);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(shard_clock::now() -
                                                                   checkpoint_started_);
   options_.log.info("checkpoint of " + checkpoint_description_ + " in " +
@@ -886,6 +901,7 @@ status shard_core::restore(const shard_snapshot& saved) {
       entry.async.emplace(key.ps_key, entry.stored, options_.num_workers);
       entry.async->resume(key.applied_per_worker);
     }
+    entry.durable = key.completed;
     keys_.emplace(key.ps_key, std::move(entry));
   }
   updater_ = std::move(restored_updater);

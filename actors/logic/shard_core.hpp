@@ -123,6 +123,9 @@ struct shard_options {
   /// refreshed from it after every update to answer pulls from. Without an optimizer a push
   /// only replaces the value, which stays on the host.
   context update_device = context::cpu();
+  /// troupe-node --recover: the checkpoint the shard actor restores (shard_core::restore) before
+  /// it takes any request, then drops; a refusal ends the actor with the reason. Null: none.
+  std::shared_ptr<const shard_snapshot> restore_from;
 };
 
 class shard_core {
@@ -193,6 +196,8 @@ private:
     bool then_pull = false;
     std::uint32_t timeout_ms = 0;
     shard_clock::time_point arrival;
+    /// Push.resent: sent again after the server restarted from a checkpoint.
+    bool resent = false;
   };
   struct key_entry {
     ndarray stored;
@@ -204,6 +209,10 @@ private:
     std::optional<sync_round> sync;
     std::optional<async_pushes> async;
     pending_pulls pulls;
+    /// completed() in the last checkpoint written to disk (Ack.durable), and in the one being
+    /// written.
+    std::uint64_t durable = 0;
+    std::uint64_t writing = 0;
 
     bool initialized() const noexcept { return !init_assembly.has_value(); }
     /// dist_sync: pushes of the round being collected have arrived (a save waits for it).

@@ -85,6 +85,9 @@ struct job_fixture {
 
   /// A scheduler still running when a case ends (a failed check) must not hold up the actor
   /// system's destructor, which waits for every actor.
+  /// scheduler_options::server_rejoin, set before start().
+  std::chrono::milliseconds server_rejoin{0};
+
   ~job_fixture() {
     if (scheduler)
       scheduler->stop();
@@ -103,6 +106,7 @@ struct job_fixture {
     options.peer_timeout = peer_timeout;
     options.heartbeat_interval = heartbeat;
     options.drain_timeout = 5s;
+    options.server_rejoin = server_rejoin;
     auto spawned = spawn_scheduler(scheduler_side.sys, options);
     if (!spawned)
       BOOST_FAIL(spawned.error().to_string());
@@ -1002,6 +1006,70 @@ BOOST_FIXTURE_TEST_CASE(a_lost_server_fails_the_job_whatever_the_quorum, job_fix
   BOOST_TEST_REQUIRE(!call.has_value());
   BOOST_TEST(contains(call.error().message(), "server 0 (node 8) was lost"),
              call.error().message());
+}
+
+BOOST_FIXTURE_TEST_CASE(a_lost_server_s_rank_waits_for_a_recovering_server_which_every_node_sees,
+                        job_fixture) {
+  server_rejoin = 10s;
+  const auto agents = running_job(2, 1);
+  caf::scoped_actor listener{node_side.sys};
+  find(agents, wire::role::worker, 0)->subscribe(as_listener(listener));
+  caf::anon_send_exit(find(agents, wire::role::server, 1)->actor(), caf::exit_reason::kill);
+  BOOST_TEST(next_notice(listener, 5s) == "membership epoch 2, lost: 10");
+
+  // Only the lost rank takes a recovering server; a server that does not say it recovers finds
+  // every rank taken.
+  auto other = options_for(wire::role::server, 4000);
+  other.rank_hint = 0;
+  other.recovering = true;
+  auto refused = node_agent::join(node_side.sys, other);
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST(contains(refused.error().message(), "server rank 0 is not waiting"),
+             refused.error().message());
+  auto plain = options_for(wire::role::server, 4001);
+  plain.rank_hint = 1;
+  BOOST_TEST(!node_agent::join(node_side.sys, plain).has_value());
+
+  auto recovering = options_for(wire::role::server, 4002);
+  recovering.rank_hint = 1;
+  recovering.recovering = true;
+  auto back = node_agent::join(node_side.sys, recovering);
+  BOOST_TEST_REQUIRE(back.has_value(), (back ? std::string{} : back.error().to_string()));
+  BOOST_TEST((*back)->rank() == 1u);
+  BOOST_TEST((*back)->node_id() == 10u);
+  std::optional<wire::membership> table;
+  listener->receive([&](const wire::membership& t) { table = t; },
+                    caf::after(std::chrono::milliseconds{5000}) >> [] {});
+  BOOST_TEST_REQUIRE(table.has_value());
+  BOOST_TEST(table->epoch == 3u);
+  for (const auto& node : table->nodes) {
+    BOOST_TEST(node.alive);
+    if (node.node_id == 10u)
+      BOOST_TEST(node.data_port == 4002u);
+  }
+  BOOST_TEST(!scheduler->outcome().has_value());
+  // The job ends as usual: the worker is done, the recovered server is told to stop.
+  BOOST_TEST(find(agents, wire::role::worker, 0)->notify_done(5s).has_value());
+  BOOST_TEST((*back)->wait_for_stop(5s).has_value());
+}
+
+BOOST_FIXTURE_TEST_CASE(a_lost_server_that_does_not_rejoin_in_time_fails_the_job_naming_it,
+                        job_fixture) {
+  server_rejoin = 500ms;
+  const auto agents = running_job(1, 2);
+  const auto killed = std::chrono::steady_clock::now();
+  caf::anon_send_exit(find(agents, wire::role::server, 0)->actor(), caf::exit_reason::kill);
+  const auto outcome = scheduler->wait(5s);
+  BOOST_TEST_REQUIRE(outcome.has_value());
+  BOOST_TEST((std::chrono::steady_clock::now() - killed >= 500ms));
+  BOOST_TEST((outcome->end == job_end::failed));
+  BOOST_TEST(contains(outcome->failure->message(), "server 0 (node 8) was lost"),
+             outcome->failure->message());
+  BOOST_TEST(contains(outcome->failure->message(), "did not rejoin within 500ms"),
+             outcome->failure->message());
+  const auto call = find(agents, wire::role::worker, 1)->barrier(wire::group::workers, 5s);
+  BOOST_TEST_REQUIRE(!call.has_value());
+  BOOST_TEST(contains(call.error().message(), "did not rejoin"), call.error().message());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

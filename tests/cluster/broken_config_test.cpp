@@ -160,6 +160,12 @@ std::vector<broken_config> table() {
     {p::server, g::flag, {"--checkpoint-dir", "/dev/null/checkpoints"}, "--checkpoint-dir",
      "a checkpoint directory that cannot be made"},
     {p::server, g::env, {"TROUPE_TLS", "maybe"}, "TROUPE_TLS", "a boolean that is neither"},
+    {p::server, g::flag, {"--server-rejoin", "1m"}, "--server-rejoin",
+     "a server rejoin time without periodic checkpoints"},
+    {p::server, g::env, {"TROUPE_RECOVER", "maybe"}, "TROUPE_RECOVER",
+     "a boolean that is neither"},
+    {p::server, g::flag, {"--recover", "--rank-hint", "0", "--checkpoint-dir", "{dir}"},
+     "--recover", "a checkpoint to recover that does not exist"},
     {p::server, g::config_flag, {"[tls]\ncert_file = 5\n"}, "tls.cert_file",
      "a number where a certificate file is expected"},
     // troupe-node without a scheduler or server role

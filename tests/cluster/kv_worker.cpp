@@ -22,6 +22,15 @@
 //                              ones*(r+1) M times, then a barrier (which completes once rank V is
 //                              lost): the value is 1 + 2 (M sum_{r != V} (r+1) + k (V+1)) for
 //                              some k >= 0 pushes of the victim
+//   kv_worker --check recover --round-ms T
+//                              dist_sync, sgd with momentum: rank r pushes gradients of
+//                              non-integral values that depend on the key, the round and r, pulls
+//                              every key each round and sleeps T ms; after the last round it
+//                              writes the bytes of every key's final value to
+//                              $KV_WORKER_DIR/final-rank-R, so that a test compares a job whose
+//                              server was killed and recovered with one that ran without fault,
+//                              bit for bit; with --round-log it prints when each round's pulls
+//                              are in (for scripts/recovery_time.sh)
 //
 // With $KV_WORKER_DIR set, every rank writes its pid to $KV_WORKER_DIR/rank-R once its keys are
 // initialised, so a test can find (and kill) the process of a rank while the job runs.
@@ -89,10 +98,15 @@ int main(int argc, char** argv) {
   app.add_option("--type", type);
   int victim = -1;
   app.add_option("--check", check)
-      ->check(CLI::IsMember({"sync", "async", "replace", "hang", "quorum", "flood"}));
+      ->check(CLI::IsMember({"sync", "async", "replace", "hang", "quorum", "flood", "recover"}));
   int stall_ms = 0;
   app.add_option("--stall-ms", stall_ms, "--check flood: how long rank 1 waits before pushing");
   app.add_option("--victim", victim, "--check quorum: the rank the test kills");
+  int round_ms = 0;
+  app.add_option("--round-ms", round_ms, "--check recover: how long each round sleeps");
+  bool round_log = false;
+  app.add_flag("--round-log", round_log,
+               "--check recover: print when each round's pulls are in (s since the epoch)");
   app.add_option("--shapes", shapes_text, "comma-separated shapes like 2x3,1200x1200");
   app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"float32", "float16"}));
   app.add_option("--rounds", rounds);
@@ -117,7 +131,10 @@ int main(int argc, char** argv) {
   }
   if (auto init = kv.init(keys, initial); !init)
     return failed("init: " + init.error().to_string());
-  if (check != "replace")
+  if (check == "recover") {
+    if (auto set = kv.set_optimizer("sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}}); !set)
+      return failed("set_optimizer: " + set.error().to_string());
+  } else if (check != "replace")
     if (auto set = kv.set_optimizer("test", {{"rescale_grad", 2.0}}); !set)
       return failed("set_optimizer: " + set.error().to_string());
 
@@ -145,6 +162,41 @@ int main(int argc, char** argv) {
         return failed("pull: " + pulled.error().to_string() + "; " + then());
       std::this_thread::sleep_for(std::chrono::milliseconds{20});
     }
+  }
+
+  if (check == "recover") {
+    std::vector<ndarray> outs;
+    for (const auto& shape : shapes)
+      outs.push_back(ndarray::zeros(shape, context::cpu(), dtype::float32));
+    for (int round = 0; round < rounds; ++round) {
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto grad = ndarray::empty(shapes[k], context::cpu(), dtype::float32);
+        auto* values = static_cast<float*>(grad.raw_data());
+        for (std::int64_t i = 0; i < grad.size(); ++i)
+          values[i] = static_cast<float>(
+              std::sin(0.37 * static_cast<double>(i) + 1.3 * round + 0.7 * k + rank) / 3.0);
+        if (auto pushed = kv.push(keys[k], grad); !pushed)
+          return failed("round " + std::to_string(round) + " push: " + pushed.error().to_string());
+      }
+      for (std::size_t k = 0; k < keys.size(); ++k)
+        if (auto pulled = kv.pull(keys[k], outs[k]); !pulled)
+          return failed("round " + std::to_string(round) + " pull: " + pulled.error().to_string());
+      if (round_log) {
+        const auto now = std::chrono::system_clock::now().time_since_epoch();
+        std::printf("round %d pulled at %.3f\n", round, std::chrono::duration<double>(now).count());
+        std::fflush(stdout);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{round_ms});
+    }
+    if (const char* dir = std::getenv("KV_WORKER_DIR")) {
+      std::ofstream file(std::string{dir} + "/final-rank-" + std::to_string(rank),
+                         std::ios::binary);
+      for (const auto& out : outs)
+        file.write(static_cast<const char*>(out.raw_data()),
+                   static_cast<std::streamsize>(out.nbytes()));
+    }
+    std::printf("kv_worker rank %d: recover ran %d rounds\n", rank, rounds);
+    return 0;
   }
 
   if (check == "flood") {

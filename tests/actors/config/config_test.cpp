@@ -444,6 +444,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "3s",
                             "--startup-timeout",
                             "1h",
+                            "--server-rejoin",
+                            "2m",
                             "--bigarray-bound",
                             "10",
                             "--max-frame-bytes",
@@ -478,6 +480,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "50",
                             "--checkpoint-every",
                             "10m",
+                            "--recover",
+                            "true",
                             "--server-device",
                             "gpu(1)",
                             "--tls",
@@ -524,6 +528,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.checkpoint_dir == "/var/lib/troupe/j");
   BOOST_TEST(cfg.checkpoint_every_rounds == 50);
   BOOST_TEST(cfg.checkpoint_every == 10min);
+  BOOST_TEST(cfg.checkpoint_recover);
+  BOOST_TEST(cfg.server_rejoin == 2min);
   BOOST_TEST(!cfg.tls_enabled);
   BOOST_TEST(cfg.tls_ca_file == "/ca.crt");
   BOOST_TEST(cfg.tls_cert_file == "/{role}.crt");
