@@ -718,11 +718,13 @@ void add_flags(CLI::App& app, options& opt) {
                  "Time the scheduler and servers get to exit after every worker succeeded "
                  "(default 10s)")
       ->type_name("DURATION");
-  app.add_flag("--restart-servers{3}", opt.restart_servers,
-               "A server that dies while the job runs (any end but the job's, a signal included) "
-               "is started again with the same rank, environment and command plus --recover, at "
-               "most N times per server (default 3); then the job fails. Needs checkpoint.dir, "
-               "periodic checkpoints and timeouts.server_rejoin in the cluster file")
+  app.add_option("--restart-servers", opt.restart_servers,
+                 "A server that dies while the job runs (any end but the job's, a signal included) "
+                 "is started again with the same rank, environment and command plus --recover, at "
+                 "most N times per server (default 3); then the job fails. Needs checkpoint.dir, "
+                 "periodic checkpoints and timeouts.server_rejoin in the cluster file")
+      ->expected(0, 1)
+      ->default_str("3") // what --restart-servers alone gives; without the flag, 0
       ->check(CLI::Range(1, 1'000))
       ->type_name("N");
   app.add_option("--ssh-option", opt.ssh_options,
