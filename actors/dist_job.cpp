@@ -388,7 +388,7 @@ status check_node_config(const cluster_config& config) {
   return check_port_free(config.bind_address, config.data_port);
 }
 
-int serve_node(const cluster_config& config,
+int serve_node(const cluster_config& config, std::vector<shard_snapshot> restore,
                const std::function<void(std::uint16_t port)>& on_listening) {
   if (config.auth_token.empty()) {
     const std::string& listening = config.bind_address;
@@ -409,14 +409,7 @@ int serve_node(const cluster_config& config,
     return scheduler_exit_code(outcome);
   }
   if (config.role == node_role::server) {
-    // A checkpoint that cannot be recovered is the answer to the command line, like a bad key.
-    auto restore = load_server_checkpoint(config);
-    if (!restore) {
-      logger{node_name("server", std::nullopt, advertised_host(config)), config.verbose}.error(
-          restore.error().to_string());
-      return 2;
-    }
-    auto outcome = run_server(config, std::move(*restore));
+    auto outcome = run_server(config, std::move(restore));
     if (outcome)
       return 0;
     logger{node_name("server", std::nullopt, advertised_host(config)), config.verbose}.error(
@@ -476,7 +469,10 @@ std::optional<int> serve_if_node_role(int argc, const char* const* argv) {
     return usage_error(config.error());
   if (auto valid = check_node_config(*config); !valid)
     return usage_error(valid.error());
-  return serve_node(*config);
+  auto restore = load_server_checkpoint(*config);
+  if (!restore)
+    return usage_error(restore.error());
+  return serve_node(*config, std::move(*restore));
 }
 
 result<worker_setup> join_worker(const std::string& type, const cluster_config& config) {

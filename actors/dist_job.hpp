@@ -68,7 +68,8 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
 /// node.rank_hint from checkpoint.dir (shard_checkpoint.hpp's checkpoint_file), for run_server to
 /// restore before the server joins as the recovering server of that rank; empty without
 /// checkpoint.recover. An error naming the file when one is missing, torn (its checksum fails) or
-/// of another layout (the fields that differ). serve_node exits 2 with it.
+/// of another layout (the fields that differ): like a bad key, the answer to the command line
+/// (one line, exit 2), said before serve_node.
 result<std::vector<shard_snapshot>> load_server_checkpoint(const cluster_config& config);
 
 /// Whether `config` lets this process run the scheduler or the server it names: validate_for_role
@@ -77,9 +78,10 @@ status check_node_config(const cluster_config& config);
 
 /// Runs the scheduler or the server that `config` names (check_node_config has passed) until the
 /// job ends, logs why it failed if it did, and returns the process's exit code: the scheduler 0,
-/// 3 or 1, a server 0 or 1 (see the file comment). `on_listening` is told the scheduler's port
-/// once it is bound. A configuration naming another role is a caller mistake: 2, logged.
-int serve_node(const cluster_config& config,
+/// 3 or 1, a server 0 or 1 (see the file comment). A server restores `restore`
+/// (load_server_checkpoint's) first. `on_listening` is told the scheduler's port once it is
+/// bound. A configuration naming another role is a caller mistake: 2, logged.
+int serve_node(const cluster_config& config, std::vector<shard_snapshot> restore = {},
                const std::function<void(std::uint16_t port)>& on_listening = {});
 
 /// The first call of a troupe program's main. Reads the configuration as a worker's

@@ -1,7 +1,7 @@
 // troupe-launch: starts a whole job, as MXNet's tools/launch.py does.
 //
 //   troupe-launch -n W [-s S] [--quorum K] [-H hostfile] [--launcher local|ssh] [--config FILE]
-//                 [--env K=V]... -- COMMAND ARGS...
+//                 [--env K=V]... [--restart-servers[=N]] -- COMMAND ARGS...
 //
 // It starts the scheduler (`troupe-node --role scheduler`), S servers (`troupe-node --role
 // server`, S defaults to W) and W workers running COMMAND, each with DMLC_ROLE,
@@ -15,6 +15,13 @@
 // and the launcher exits 3 with a summary line naming the lost workers, as the scheduler does (it
 // exits 3 itself then, which is no failure); beyond the quorum, or when the scheduler or a server
 // fails, it stops the rest and exits with that failure's code. Exit codes are listed in --help.
+//
+// With --restart-servers[=N] (default 3) a server that dies while the job runs is started again
+// with its rank hint, environment and command plus --recover, up to N times per server
+// (job::restart_server): it loads its last checkpoint and takes its rank back while the scheduler
+// holds it open (timeouts.server_rejoin), and the workers send again what it may have lost. The
+// launcher refuses the flag (exit 2) when the job's configuration lacks checkpoint.dir or
+// timeouts.server_rejoin (which itself needs periodic checkpoints).
 //
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
@@ -107,6 +114,8 @@ struct options {
   std::string node_binary;
   std::string stop_grace = "5s";
   std::string finish_timeout = "10s";
+  /// --restart-servers[=N]: how often each server may be restarted with --recover; 0: never.
+  int restart_servers = 0;
   std::vector<std::string> ssh_options;
   std::vector<std::string> command;
 };
@@ -122,6 +131,13 @@ struct child {
   bool reaped = false;
   int exit_code = 0; ///< code, or 128 + signal
   std::string how;   ///< "exited with code 3", "was killed by signal 9"
+  /// How to start it again (a server under --restart-servers): the command that recovers it
+  /// (its own plus --recover, inside ssh's in ssh mode), its variables and stdin; empty: never.
+  std::vector<std::string> recover_argv;
+  std::vector<std::string> env;
+  bool hold_stdin = false;
+  std::string stdin_text;
+  int restarts = 0; ///< how often it was started again
 };
 
 /// Writes all of `text` to `fd`; a closed stdout (EPIPE) is not the job's failure.
@@ -238,20 +254,73 @@ struct worker_quorum {
 class job {
 public:
   job(std::vector<std::string> base_env, int signal_fd, std::chrono::milliseconds stop_grace,
-      std::chrono::milliseconds finish_timeout, worker_quorum quorum, troupe::logger log)
+      std::chrono::milliseconds finish_timeout, worker_quorum quorum, int max_restarts,
+      troupe::logger log)
       : base_env_(std::move(base_env)), signal_fd_(signal_fd), stop_grace_(stop_grace),
-        finish_timeout_(finish_timeout), quorum_(quorum), log_(std::move(log)) {}
+        finish_timeout_(finish_timeout), quorum_(quorum), max_restarts_(max_restarts),
+        log_(std::move(log)) {}
 
   /// Starts `argv` with `env` added to the environment; false (after saying why) when it cannot.
   /// Its stdin is /dev/null, or with `hold_stdin` a pipe the launcher keeps open until it exits:
   /// an ssh node's remote side watches it to stop when the launcher or its ssh client goes. With
   /// `hold_stdin`, `stdin_text` is written to that pipe first (an ssh node's token line).
+  /// With `recover_argv`, a server that fails while the job runs is started again that way
+  /// (restart_server).
   bool start(std::string label, troupe::node_role role, const std::vector<std::string>& argv,
              const std::vector<std::string>& env, bool hold_stdin = false,
-             std::string_view stdin_text = {}) {
+             std::string_view stdin_text = {}, std::vector<std::string> recover_argv = {}) {
     child c;
     c.label = std::move(label);
     c.role = role;
+    c.env = env;
+    c.hold_stdin = hold_stdin;
+    c.stdin_text = stdin_text;
+    c.recover_argv = std::move(recover_argv);
+    if (!spawn(c, argv))
+      return false;
+    children_.push_back(std::move(c));
+    return true;
+  }
+
+  /// Relays output and reacts to ends and signals until every child is gone; the exit code.
+  int run() {
+    if (!stopping_)
+      check_progress();
+    while (std::any_of(children_.begin(), children_.end(), [](auto& c) { return !c.reaped; })) {
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      for (const auto& c : children_)
+        for (int fd : c.fds)
+          if (fd >= 0)
+            fds.push_back({fd, POLLIN, 0});
+      ::poll(fds.data(), fds.size(), poll_timeout_ms());
+      for (auto& c : children_)
+        drain(c);
+      if (fds[0].revents & POLLIN)
+        handle_signals();
+      reap();
+      on_deadline();
+    }
+    // Everyone has exited; output a grandchild still writes is not waited for.
+    for (auto& c : children_) {
+      drain(c);
+      close_streams(c);
+      // Whatever a node left behind in its process group goes with it.
+      ::kill(-c.pid, SIGKILL);
+    }
+    if (!stopping_ && (!lost_.empty() || scheduler_lost_workers_)) {
+      log_summary();
+      return exit_lost_workers;
+    }
+    return exit_code_;
+  }
+
+private:
+  /// Starts `argv` as `c` (its label, role, env and stdin set); false (after saying why and
+  /// stopping the job) when it cannot.
+  bool spawn(child& c, const std::vector<std::string>& argv) {
+    const bool hold_stdin = c.hold_stdin;
+    const std::string_view stdin_text = c.stdin_text;
+    const std::vector<std::string>& env = c.env;
     int out[2], err[2], in[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
         (hold_stdin && ::pipe2(in, O_CLOEXEC) != 0)) {
@@ -295,7 +364,8 @@ public:
       env_c.push_back(const_cast<char*>(e.c_str()));
     env_c.push_back(nullptr);
 
-    int rc = ::posix_spawnp(&c.pid, argv_c[0], &actions, &attr, argv_c.data(), env_c.data());
+    pid_t pid = -1;
+    int rc = ::posix_spawnp(&pid, argv_c[0], &actions, &attr, argv_c.data(), env_c.data());
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
     ::close(out[1]);
@@ -311,6 +381,7 @@ public:
       log_.error("cannot start " + c.label + " (" + argv[0] + "): " + std::strerror(rc));
       return fail_start(rc == EACCES ? 126 : exit_cannot_start);
     }
+    c.pid = pid;
     // A few bytes into an empty pipe: written at once. Should ssh be gone already, its end
     // (EPIPE) is reaped like any other.
     if (c.stdin_fd >= 0 && !stdin_text.empty())
@@ -320,51 +391,22 @@ public:
     for (int fd : c.fds)
       ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     log_.info("started " + c.label + " (pid " + std::to_string(c.pid) + "): " + argv[0]);
-    children_.push_back(std::move(c));
     return true;
   }
 
-  /// Relays output and reacts to ends and signals until every child is gone; the exit code.
-  int run() {
-    if (!stopping_)
-      check_progress();
-    while (std::any_of(children_.begin(), children_.end(), [](auto& c) { return !c.reaped; })) {
-      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
-      for (const auto& c : children_)
-        for (int fd : c.fds)
-          if (fd >= 0)
-            fds.push_back({fd, POLLIN, 0});
-      ::poll(fds.data(), fds.size(), poll_timeout_ms());
-      for (auto& c : children_)
-        drain(c);
-      if (fds[0].revents & POLLIN)
-        handle_signals();
-      reap();
-      on_deadline();
+  /// Prints what `c` left unfinished and closes its pipes.
+  void close_streams(child& c) {
+    for (int s = 0; s < 2; ++s) {
+      flush_pending(c, s);
+      if (c.fds[s] >= 0)
+        ::close(c.fds[s]);
+      c.fds[s] = -1;
     }
-    // Everyone has exited; output a grandchild still writes is not waited for.
-    for (auto& c : children_) {
-      drain(c);
-      for (int s = 0; s < 2; ++s) {
-        flush_pending(c, s);
-        if (c.fds[s] >= 0)
-          ::close(c.fds[s]);
-        c.fds[s] = -1;
-      }
-      if (c.stdin_fd >= 0)
-        ::close(c.stdin_fd);
-      c.stdin_fd = -1;
-      // Whatever a node left behind in its process group goes with it.
-      ::kill(-c.pid, SIGKILL);
-    }
-    if (!stopping_ && (!lost_.empty() || scheduler_lost_workers_)) {
-      log_summary();
-      return exit_lost_workers;
-    }
-    return exit_code_;
+    if (c.stdin_fd >= 0)
+      ::close(c.stdin_fd);
+    c.stdin_fd = -1;
   }
 
-private:
   bool fail_start(int code) {
     begin_stop(code);
     return false;
@@ -451,6 +493,8 @@ private:
         log_.info(c.label + " " + c.how);
       else if (c.role == troupe::node_role::worker)
         on_worker_failed(c);
+      else if (!c.recover_argv.empty())
+        restart_server(c);
       else
         on_node_failed(c);
     }
@@ -471,6 +515,43 @@ private:
     log_.error(c.label + " " + c.how + "; the job goes on without it (" + quorum_.describe() +
                ": " + std::to_string(lost_.size()) + " of " +
                std::to_string(quorum_.losses_allowed()) + " workers that may be lost)");
+  }
+
+  /// A server that exited non-zero or was killed while the job ran, under --restart-servers: it is
+  /// started again with the same rank hint, environment and command plus --recover, and rejoins
+  /// from its checkpoint while the scheduler keeps its rank open (timeouts.server_rejoin). After
+  /// max_restarts_ restarts, or when a restarted server exits 2 (its checkpoint or configuration
+  /// refused, which another start would not change), the job fails as without the flag.
+  void restart_server(child& c) {
+    const std::string restarts = std::to_string(c.restarts) + " restart" +
+                                 (c.restarts == 1 ? "" : "s") +
+                                 " (--restart-servers=" + std::to_string(max_restarts_) + ")";
+    if (c.restarts >= max_restarts_) {
+      log_.error(c.label + " " + c.how + " after " + restarts + "; stopping the job");
+      begin_stop(c.exit_code);
+      return;
+    }
+    if (c.restarts > 0 && c.exit_code == exit_usage) {
+      log_.error(c.label + " " + c.how + " after " + restarts +
+                 ": it refused its checkpoint or configuration (its line says why); stopping "
+                 "the job");
+      begin_stop(c.exit_code);
+      return;
+    }
+    ++c.restarts;
+    log_.error(c.label + " " + c.how + "; restarting it with --recover (restart " +
+               std::to_string(c.restarts) + " of " + std::to_string(max_restarts_) + ")");
+    close_streams(c);
+    // Whatever the dead server left in its process group goes with it.
+    ::kill(-c.pid, SIGKILL);
+    c.reaped = false;
+    c.exit_code = 0;
+    c.how.clear();
+    // When it cannot start, the job is stopping (spawn said why) and there is nothing to reap.
+    if (!spawn(c, c.recover_argv)) {
+      c.reaped = true;
+      c.exit_code = exit_code_;
+    }
   }
 
   /// The scheduler or a server exited non-zero or was killed while the job ran: the job cannot go
@@ -572,6 +653,7 @@ private:
   std::chrono::milliseconds stop_grace_;
   std::chrono::milliseconds finish_timeout_;
   worker_quorum quorum_;
+  int max_restarts_; ///< --restart-servers: restarts per server
   troupe::logger log_;
   std::vector<child> children_;
   /// A worker lost within the quorum: its label, how it ended and when.
@@ -636,6 +718,15 @@ void add_flags(CLI::App& app, options& opt) {
                  "Time the scheduler and servers get to exit after every worker succeeded "
                  "(default 10s)")
       ->type_name("DURATION");
+  app.add_option("--restart-servers", opt.restart_servers,
+                 "A server that dies while the job runs (any end but the job's, a signal included) "
+                 "is started again with the same rank, environment and command plus --recover, at "
+                 "most N times per server (default 3); then the job fails. Needs checkpoint.dir, "
+                 "periodic checkpoints and timeouts.server_rejoin in the cluster file")
+      ->expected(0, 1)
+      ->default_str("3") // what --restart-servers alone gives; without the flag, 0
+      ->check(CLI::Range(1, 1'000))
+      ->type_name("N");
   app.add_option("--ssh-option", opt.ssh_options,
                  "ssh -o OPTION for ssh mode (repeatable), e.g. IdentityFile=...")
       ->allow_extra_args(false)
@@ -715,6 +806,26 @@ result<troupe::cluster_config> load_job_config(const options& opt, int num_serve
   if (opt.config)
     overrides.config_file = *opt.config;
   return troupe::load_config(std::nullopt, troupe::process_environment(), overrides);
+}
+
+/// --restart-servers restarts a server with --recover, which loads its checkpoint from
+/// checkpoint.dir and rejoins only while the scheduler keeps its rank open: the job's
+/// configuration must have both (periodic checkpoints come with timeouts.server_rejoin, which the
+/// configuration refuses without them). The error's message is the usage line.
+status check_restart_servers(const options& opt, const troupe::cluster_config& cfg) {
+  if (opt.restart_servers == 0)
+    return {};
+  const std::string why = "--restart-servers=" + std::to_string(opt.restart_servers) + " needs ";
+  if (cfg.checkpoint_dir.empty())
+    return error{errc::invalid_argument,
+                 why + "checkpoint.dir (the cluster file, or TROUPE_CHECKPOINT_DIR exported to "
+                       "troupe-launch) with periodic "
+                       "checkpoints: a restarted server recovers from its checkpoint"};
+  if (cfg.server_rejoin.count() <= 0)
+    return error{errc::invalid_argument,
+                 why + "timeouts.server_rejoin above 0s in the cluster file: without it the "
+                       "scheduler fails the job when a server is lost"};
+  return {};
 }
 
 /// The hosts of ssh mode, from the hostfile. Warns when the scheduler's address is one that other
@@ -852,17 +963,25 @@ bool start_node(job& j, launch_plan& plan, troupe::node_role role, int index,
   // The scheduler grants each node the rank of its index, so that "[worker 2]" is rank 2.
   if (role != troupe::node_role::scheduler)
     env.push_back("TROUPE_RANK_HINT=" + std::to_string(index));
+  // Under --restart-servers a server that fails is started again as it was, recovering.
+  std::vector<std::string> recover_argv;
+  if (role == troupe::node_role::server && plan.opt.restart_servers > 0) {
+    recover_argv = argv;
+    recover_argv.emplace_back("--recover");
+  }
   if (!plan.ssh || role == troupe::node_role::scheduler) {
     if (!plan.local_token.empty())
       env.push_back(std::string(token_variable) + "=" + plan.local_token);
-    return j.start(label_for(role, index), role, argv, env);
+    return j.start(label_for(role, index), role, argv, env, false, {}, std::move(recover_argv));
   }
   const host& h = plan.hosts[plan.next_host++ % plan.hosts.size()];
   env.push_back("DMLC_NODE_HOST=" + h.name);
   const bool token = !plan.ssh_token.empty();
+  if (!recover_argv.empty())
+    recover_argv = ssh_command(h, env, recover_argv, plan.cwd, plan.opt.ssh_options, token);
   return j.start(label_for(role, index), role,
                  ssh_command(h, env, argv, plan.cwd, plan.opt.ssh_options, token), {}, true,
-                 token ? plan.ssh_token + "\n" : std::string());
+                 token ? plan.ssh_token + "\n" : std::string(), std::move(recover_argv));
 }
 
 /// The scheduler (always here), then the servers, then the workers, as launch.py orders them;
@@ -900,6 +1019,8 @@ int main(int argc, char** argv) {
   auto cfg = load_job_config(opt, num_servers, ssh);
   if (!cfg)
     return usage_error(cfg.error().message());
+  if (auto restartable = check_restart_servers(opt, *cfg); !restartable)
+    return usage_error(restartable.error().message());
   const troupe::logger log{"troupe-launch", cfg->verbose};
 
   std::vector<host> hosts;
@@ -946,7 +1067,8 @@ int main(int argc, char** argv) {
                    ssh ? token : std::string()};
 
   const worker_quorum quorum{opt.num_workers, cfg->quorum.value_or(opt.num_workers)};
-  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, quorum, log);
+  job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, quorum, opt.restart_servers,
+        log);
   start_nodes(j, plan, node_binary, num_servers);
   // When a node could not start, the job is already stopping: run() waits for what did start.
   return j.run();

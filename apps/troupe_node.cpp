@@ -53,8 +53,12 @@ int main(int argc, char** argv) {
               "(a worker is any program that creates a dist_* KVStore)"});
   if (auto valid = check_node_config(*config); !valid)
     return configuration_error(valid.error());
+  // --recover: a torn or foreign checkpoint is refused like a missing one, before the network.
+  auto restore = load_server_checkpoint(*config);
+  if (!restore)
+    return configuration_error(restore.error());
   const auto host = config->scheduler_host;
-  return serve_node(*config, [&host](std::uint16_t port) {
+  return serve_node(*config, std::move(*restore), [&host](std::uint16_t port) {
     std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);
     std::fflush(stdout);
   });

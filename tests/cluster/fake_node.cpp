@@ -10,6 +10,7 @@
 //   FAKE_NODE_FAIL_INDEX   the workers (by claimed index, comma-separated) that fail instead,
 //   FAKE_NODE_FAIL_DELAY_MS  after (default 300) with exit code FAKE_NODE_FAIL_CODE, or by
 //   FAKE_NODE_FAIL_SIGNAL  raising
+//   FAKE_NODE_SERVER_FAIL_SIGNAL  servers raise this signal after FAKE_NODE_FAIL_DELAY_MS
 //   FAKE_NODE_STAY=1       scheduler and servers do not exit by themselves
 //   FAKE_NODE_IGNORE_TERM=1  scheduler and servers ignore SIGTERM
 //   FAKE_NODE_FREEZE=1     scheduler and servers stop themselves (SIGSTOP): a frozen node
@@ -137,6 +138,10 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  if (int sig = env_int("FAKE_NODE_SERVER_FAIL_SIGNAL", 0); sig != 0 && role == "server") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(env_int("FAKE_NODE_FAIL_DELAY_MS", 300)));
+    ::raise(sig);
+  }
   if (env_int("FAKE_NODE_IGNORE_TERM", 0) == 1)
     std::signal(SIGTERM, SIG_IGN);
   if (env_int("FAKE_NODE_FREEZE", 0) == 1)

@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -21,6 +23,7 @@
 #include "actors/logic/shard_checkpoint.hpp"
 #include "engine/serialize.hpp"
 #include "process_support.hpp"
+#include "tests/listening_socket.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/tls_certs.hpp"
 
@@ -512,6 +515,125 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST(clean[0] == clean[1]);
   BOOST_TEST((recovered[0] == clean[0]), "the recovered job's values differ from the clean job's");
   BOOST_TEST((recovered[1] == clean[1]), "the recovered job's values differ from the clean job's");
+}
+
+/// The pid of the process that `parent` started as server `rank` (its environment holds
+/// DMLC_ROLE=server and TROUPE_RANK_HINT=rank), or 0 when there is none.
+pid_t server_child(pid_t parent, int rank) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    // pid (comm) state ppid ...: comm may hold spaces, so read after its ')'.
+    std::istringstream after(line.substr(line.rfind(')') + 1));
+    std::string state;
+    pid_t ppid = 0;
+    after >> state >> ppid;
+    if (ppid != parent)
+      continue;
+    std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
+    std::string environment{std::istreambuf_iterator<char>(environ_file),
+                            std::istreambuf_iterator<char>()};
+    std::set<std::string> variables;
+    for (std::size_t at = 0, end; at < environment.size(); at = end + 1) {
+      end = environment.find('\0', at);
+      if (end == std::string::npos)
+        end = environment.size();
+      variables.insert(environment.substr(at, end - at));
+    }
+    if (variables.contains("DMLC_ROLE=server") &&
+        variables.contains("TROUPE_RANK_HINT=" + std::to_string(rank)))
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return 0;
+}
+
+BOOST_AUTO_TEST_CASE(
+    troupe_launch_restart_servers_restarts_a_killed_server_and_the_values_are_exact) {
+  const auto clean = run_recover_job(false);
+  temp_dir dir;
+  // The job of run_recover_job, from one cluster file that every node reads.
+  const auto config =
+      dir.write("cluster.toml", "[timeouts]\nserver_rejoin = \"30s\"\n"
+                                "[data]\nbigarray_bound = 1000\n"
+                                "[node]\nshards = 2\n"
+                                "[checkpoint]\ndir = \"" +
+                                    (dir / "checkpoints").string() + "\"\nevery_rounds = 1\n");
+  child_process launcher{
+      launch_path,
+      launch_args(
+          2, 2,
+          {"--config", config.string(), "--restart-servers=2", "--env",
+           "KV_WORKER_DIR=" + dir.path().string(), "--env", "PS_VERBOSE=1"},
+          {"--check", "recover", "--rounds", "40", "--round-ms", "30", "--shapes", "2x3,300x300"}),
+      {}};
+  worker_pids(dir.path(), 2);
+  std::this_thread::sleep_for(400ms); // some rounds in, some checkpoints written
+  const pid_t victim = server_child(launcher.pid(), 1);
+  BOOST_TEST_REQUIRE(victim > 0);
+  BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
+  auto result = launcher.wait(120s);
+  BOOST_TEST_REQUIRE(!result.timed_out, result.err);
+  BOOST_TEST(result.exit_code == 0, result.out << result.err);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: server 1 was killed by signal 9; restarting "
+                                     "it with --recover (restart 1 of 2)") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.err, "is back from its checkpoint") >= 1u, result.err);
+  BOOST_TEST(count_lines(result.err, "stopping the job") == 0u, result.err);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream file(dir / ("final-rank-" + std::to_string(rank)), std::ios::binary);
+    const std::string values{std::istreambuf_iterator<char>(file),
+                             std::istreambuf_iterator<char>()};
+    BOOST_TEST((values == clean[static_cast<std::size_t>(rank)]),
+               "rank " << rank << ": the restarted job's values differ from the clean job's");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_torn_or_foreign_checkpoint_to_recover_exits_2_with_one_line_naming_it) {
+  temp_dir dir;
+  const auto checkpoints = dir / "checkpoints";
+  fs::create_directories(checkpoints);
+  troupe::shard_layout here; // one server of one shard, rank 0
+  const auto file = troupe::checkpoint_file(checkpoints, here);
+  troupe::shard_snapshot foreign;
+  foreign.layout = here;
+  foreign.layout.num_servers = 3;
+  const auto whole = troupe::encode_snapshot(foreign);
+  const std::vector<std::byte> torn(whole.begin(), whole.begin() + whole.size() / 2);
+  const std::vector<std::pair<std::string, std::vector<std::byte>>> cases{
+      {"torn", torn}, {"of another layout", whole}};
+  for (const auto& [what, bytes] : cases) {
+    {
+      std::ofstream out(file, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(bytes.data()),
+                static_cast<std::streamsize>(bytes.size()));
+    }
+    // troupe-node itself, and a program that embeds the node (serve_if_node_role).
+    for (const auto& [program, path] :
+         {std::pair<std::string, std::string>{"troupe-node", node_path},
+          {"troupe_kv_worker", worker_path}}) {
+      listening_socket scheduler;
+      auto r = run(path,
+                   {"--recover", "--rank-hint", "0", "--shards", "1", "--checkpoint-dir",
+                    checkpoints.string()},
+                   node_env("server", 1, 1, std::to_string(scheduler.port())), 20s);
+      BOOST_TEST_CONTEXT(program << ", a checkpoint " << what) {
+        BOOST_TEST(r.exit_code == 2, r.err);
+        BOOST_TEST(lines_of(r.err).size() == 1u, r.err);
+        BOOST_TEST(r.err.starts_with(program +
+                                     ": checkpoint.recover (--recover): " + file.string() + ": "),
+                   r.err);
+        BOOST_TEST(r.out.empty(), r.out);
+        const int connection = scheduler.accept_waiting();
+        if (connection >= 0)
+          ::close(connection);
+        BOOST_TEST(connection < 0, "it connected to the scheduler");
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_within_the_timeout) {

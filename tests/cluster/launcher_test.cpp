@@ -431,6 +431,55 @@ BOOST_AUTO_TEST_CASE(a_quorum_larger_than_the_workers_exits_2_naming_the_flag) {
   BOOST_TEST(recorded_pids(dir.path()).empty());
 }
 
+BOOST_AUTO_TEST_CASE(restart_servers_without_a_checkpoint_dir_or_server_rejoin_exits_2) {
+  temp_dir dir;
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"[checkpoint]\nevery_rounds = 1\n", "needs checkpoint.dir"},
+      {"[checkpoint]\ndir = \"" + (dir / "checkpoints").string() + "\"\nevery_rounds = 1\n",
+       "needs timeouts.server_rejoin above 0s"}};
+  for (const auto& [text, expected] : cases) {
+    const auto config = dir.write("cluster.toml", text);
+    auto r =
+        run_launch(with_command(job_args(1, 1, {"--config", config.string(), "--restart-servers"})),
+                   {{"FAKE_NODE_DIR", dir.path().string()}});
+    BOOST_TEST(r.exit_code == 2, r.err);
+    BOOST_TEST(r.err.starts_with("troupe-launch: --restart-servers=3 " + expected), r.err);
+    BOOST_TEST(lines_of(r.err).size() == 1u, r.err);
+    BOOST_TEST(recorded_pids(dir.path()).empty());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_server_that_keeps_dying_is_restarted_n_times_then_the_job_fails_naming_it) {
+  temp_dir dir;
+  const auto config =
+      dir.write("cluster.toml", "[timeouts]\nserver_rejoin = \"30s\"\n[checkpoint]\ndir = \"" +
+                                    (dir / "checkpoints").string() + "\"\nevery_rounds = 1\n");
+  // The servers die by SIGKILL 100 ms after each start; the workers would work 30 s.
+  auto r =
+      run_launch(with_command(job_args(1, 1, {"--config", config.string(), "--restart-servers=2"})),
+                 with_failing_workers(
+                     dir, "", "0",
+                     {{"FAKE_NODE_SERVER_FAIL_SIGNAL", "9"}, {"FAKE_NODE_FAIL_DELAY_MS", "100"}}));
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 128 + SIGKILL, r.err);
+  for (int restart = 1; restart <= 2; ++restart)
+    BOOST_TEST(count_lines(r.err, "troupe-launch: server 0 was killed by signal 9; restarting it "
+                                  "with --recover (restart " +
+                                      std::to_string(restart) + " of 2)") == 1u,
+               r.err);
+  BOOST_TEST(count_lines(r.err, "troupe-launch: server 0 was killed by signal 9 after 2 restarts "
+                                "(--restart-servers=2); stopping the job") == 1u,
+             r.err);
+  // The same command, environment and rank each time, plus --recover after the first.
+  const auto starts = with_prefix(r.out, "[server 0] fake node role=server ");
+  BOOST_TEST_REQUIRE(starts.size() == 3u, r.out);
+  BOOST_TEST(starts[0].ends_with("args=--role|server"));
+  BOOST_TEST(starts[1].ends_with("args=--role|server|--recover"));
+  BOOST_TEST(starts[2].ends_with("args=--role|server|--recover"));
+  std::string left;
+  BOOST_TEST(none_left_alive(dir.path(), left), "still alive: " << left);
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_killed_by_a_signal_gives_128_plus_the_signal) {
   temp_dir dir;
   auto r = run_launch(with_command(job_args(2, 1)), {{"FAKE_NODE_DIR", dir.path().string()},
