@@ -401,9 +401,9 @@ private:
     return round < ps.completed + options_.max_rounds_ahead;
   }
 
-  /// Server recovery: dist_sync pushes are kept until durable, and a lost server is waited for.
+  /// Server recovery: pushes are kept until durable, and a lost server is waited for.
   bool recovery() const {
-    return options_.sync && options_.server_rejoin.count() > 0 && options_.reconnect != nullptr;
+    return options_.server_rejoin.count() > 0 && options_.reconnect != nullptr;
   }
 
   void submit(const std::shared_ptr<part>& p) {
@@ -523,6 +523,7 @@ private:
     } else if (std::holds_alternative<wire::pull_reply>(reply.msg)) {
       on_value(id, p, reply);
     } else if (const auto* err = std::get_if<wire::error_reply>(&reply.msg)) {
+      forget_failed_push(*p);
       finish(id, p, from_wire(*err, what_of(*p) + ": "));
     } else {
       finish(id, p,
@@ -539,16 +540,26 @@ private:
   /// and push, at the end, a round the others never push.
   void learn_round(std::uint64_t ps_key, std::uint64_t completed, bool dropped,
                    std::uint64_t durable) {
-    if (!options_.sync)
-      return;
     auto& ps = keys_[ps_key];
-    ps.completed = std::max(ps.completed, completed);
     ps.durable = std::max(ps.durable, durable);
     while (!ps.kept.empty() && ps.kept.front().round < ps.durable)
       ps.kept.pop_front();
+    if (!options_.sync)
+      return;
+    ps.completed = std::max(ps.completed, completed);
     if (dropped)
       ++dropped_pushes_;
     release_waiting(ps);
+  }
+
+  /// dist_async: a push the server refused was not applied, and the caller hears so; sent again
+  /// after a restart, it could be. (In dist_sync a round whose update failed closed all the same,
+  /// and a restored server needs every worker's push of it again.)
+  void forget_failed_push(const part& p) {
+    if (options_.sync || (p.kind != kv_call::push && p.kind != kv_call::pushpull))
+      return;
+    auto& kept = keys_[p.slice.ps_key].kept;
+    std::erase_if(kept, [&](const kept_push& push) { return push.round == p.round; });
   }
 
   void on_value(std::uint64_t id, const std::shared_ptr<part>& p, envelope& reply) {
@@ -702,9 +713,11 @@ private:
   void relink(const wire::node_info& node) {
     auto worker = caf::actor_cast<worker_actor>(self());
     auto receiver = caf::actor_cast<caf::actor>(self());
-    auto connect = options_.reconnect;
+    // Passed as arguments, not captured: CAF 0.17.6's init_fun_factory dereferences a null
+    // argument tuple for a function without arguments (see reply_copier).
     self()->system().template spawn<caf::detached>(
-        [worker, receiver, connect, node](caf::event_based_actor* helper) {
+        [](caf::event_based_actor* helper, const worker_actor& worker, const caf::actor& receiver,
+           const reconnect_function& connect, const wire::node_info& node) {
           server_relink relink;
           relink.server = node.rank;
           relink.name =
@@ -720,7 +733,8 @@ private:
             relink.problem = link.error().message();
           caf::anon_send(worker, std::move(relink));
           helper->quit();
-        });
+        },
+        worker, receiver, options_.reconnect, node);
   }
 
   void on_relink(server_relink& relink) {
@@ -742,15 +756,18 @@ private:
     links_[relink.server] = *relink.link;
     names_[relink.server] = relink.name;
     state.down = false;
-    options_.log.info(relink.name + " is back from its checkpoint: sending again what it may " +
-                      "have lost");
-    resend(relink.server);
+    const auto [kept, under_way] = resend(relink.server);
+    options_.log.info(relink.name + " is back from its checkpoint: sent again " +
+                      std::to_string(kept) + " kept pushes and " + std::to_string(under_way) +
+                      " other requests under way");
   }
 
   /// After `server` restarted from its checkpoint: every kept push of its ps-keys (those its
   /// checkpoint holds are acked without being applied) and every request under way to it, per
-  /// ps-key in round order, with the credit counted from the durable round.
-  void resend(std::uint32_t server) {
+  /// ps-key in round order, with the credit counted from the durable round. Returns how many
+  /// kept pushes and how many other requests go again.
+  std::pair<std::size_t, std::size_t> resend(std::uint32_t server) {
+    std::pair<std::size_t, std::size_t> counts;
     std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<part>>> under_way;
     std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> lost;
     for (auto it = parts_.begin(); it != parts_.end();) {
@@ -798,6 +815,8 @@ private:
         p->round = kept.round;
         again.push_back(std::move(p));
       }
+      counts.first += again.size();
+      counts.second += requests.size();
       for (auto& p : requests) // pulls, which wait for the pushes before them
         again.push_back(p);
       for (auto& p : again) {
@@ -811,6 +830,7 @@ private:
         ps.waiting.push_front(*it);
       release_waiting(ps);
     }
+    return counts;
   }
 
   void schedule_tick() { self()->delayed_send(self(), tick_interval_, tick_atom::value); }

@@ -28,18 +28,20 @@
 // Failure. A link that goes down, or the node agent's notice that the job failed, fails every
 // call under way and every later one with errc::peer_lost naming the lost node and its role.
 //
-// Server recovery (dist_sync with server_rejoin > 0). Every push is copied when it leaves, and
-// the copy is kept until the server says that its round is durable (Ack.durable,
-// PullReply.durable: the rounds in the shard's last checkpoint written to disk). A server link
+// Server recovery (server_rejoin > 0). Every push is copied when it leaves, and the copy is kept
+// until the server says that the push is durable (Ack.durable, PullReply.durable: the rounds in
+// the shard's last checkpoint written to disk in dist_sync; in dist_async the number of this
+// worker's next push there, a push's round being its sequence number). A server link
 // that goes down then fails nothing: the requests to that server stay under way (their timeouts
 // stop) and new ones queue, until a membership table lists the server alive again after one
 // listed it lost. The worker links to its new address (on a helper thread: connecting blocks)
 // and sends again, per ps-key and in order, every kept push (Push.resent: the shard acks without
-// applying one whose round its restored checkpoint already holds) and every pull under way,
-// with the credit counted from the durable round. So an acked push lost with the server is
-// applied exactly once. Commands under way to that server (every_server calls) and an init or a
-// large reply being copied when the server went fail with errc::peer_lost. If the server is not
-// back within server_rejoin + request_timeout, everything fails as above.
+// applying one that its restored checkpoint already holds) and every pull under way, with the
+// credit counted from the durable round. So an acked push lost with the server is applied exactly
+// once, in dist_async too (a push the server refused is not kept: it was never applied). Commands
+// under way to that server (every_server calls) and an init or a large reply being copied when the
+// server went fail with errc::peer_lost. If the server is not back within server_rejoin +
+// request_timeout, everything fails as above.
 
 #include <chrono>
 #include <cstdint>
@@ -54,6 +56,10 @@
 #include "schema/chunking.hpp"
 
 namespace troupe {
+
+/// Opens a link to `server` whose replies go to `receiver` (kv_worker_options::reconnect).
+using reconnect_function =
+    std::function<result<link_actor>(const wire::node_info& server, const caf::actor& receiver)>;
 
 struct kv_worker_options {
   std::uint32_t rank = 0;
@@ -71,14 +77,13 @@ struct kv_worker_options {
   /// A link that goes down is reported after this grace, so that the scheduler's notice naming
   /// the node that was really lost (the server may only be closing because the job failed) wins.
   std::chrono::milliseconds link_down_grace{250};
-  /// dist_sync: how long the job keeps a lost server's rank open for a server restarted from its
+  /// How long the job keeps a lost server's rank open for a server restarted from its
   /// checkpoint (timeouts.server_rejoin). Above 0, with `reconnect`, a server link that goes
   /// down holds the calls to that server instead of failing them (see "Server recovery").
   std::chrono::milliseconds server_rejoin{0};
   /// Opens a link to a server at the address a membership table gives it, replies to `receiver`
   /// tagged rank + 1 (as server_links' links); called on a helper thread. Null: no recovery.
-  std::function<result<link_actor>(const wire::node_info& server, const caf::actor& receiver)>
-      reconnect;
+  reconnect_function reconnect;
   logger log;
 };
 

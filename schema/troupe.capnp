@@ -224,15 +224,17 @@ struct Push {
   senderRank @2 :UInt32;
   # Worker rank of the sender.
   round @3 :UInt64;
-  # The sender's round (version) of this key, 0-based, increasing by one per push; when an answer
-  # (Ack.round, PullReply.round) shows that rounds closed without the sender, its next push goes
-  # as the round being collected.
+  # The sender's round (version) of this key, 0-based, increasing by one per push. dist_async: the
+  # push's sequence number; a shard refuses a push (not resent) numbered below the sender's next
+  # (one past its last push of the key), and takes one numbered above (those between were
+  # refused before they reached the key).
   tensor @4 :Tensor;
   # The pushed value (one chunk of it); required.
   resent @5 :Bool;
-  # dist_sync: the worker sends this push again after its server restarted from a checkpoint. A
-  # resent push of a round the shard has completed already is acknowledged (once its last chunk
-  # has arrived) without being applied again; any other is taken as a push.
+  # The worker sends this push again after its server restarted from a checkpoint. A resent push
+  # that the shard had already (dist_sync: of a round it has completed; dist_async: numbered below
+  # the sender's next) is acknowledged (once its last chunk has arrived) without being applied
+  # again; any other is taken as a push.
 }
 
 struct PullRequest {
@@ -302,10 +304,11 @@ struct Ack {
   # Acks of a Push: the push arrived after its round had closed with a quorum of other workers
   # and was not applied (dist_sync with quorum < numWorkers); the shard counts it.
   durable @3 :UInt64;
-  # Acks of a Push (and every PullReply): the rounds of the key (dist_async: its pushes applied)
-  # that the shard's last checkpoint written to disk holds; 0 when none was written. A worker
-  # keeps a copy of each push of a later round, to send it again (Push.resent) should the server
-  # restart from that checkpoint.
+  # Acks of a Push (and every PullReply): what the shard's last checkpoint written to disk holds
+  # of the key, 0 when none was written: its completed rounds (dist_sync), or the sequence number
+  # of the receiving worker's next push of the key (dist_async). A worker keeps a copy of each
+  # push from there on, to send it again (Push.resent) should the server restart from that
+  # checkpoint.
 }
 
 struct Barrier {

@@ -1,11 +1,12 @@
 #pragma once
 // What a server shard writes to disk, and reads back: a checkpoint (every key's value, its
-// completed rounds or per-worker applied pushes, and the optimizer with its state) or the optimizer
-// states alone (save_optimizer_states). One file per shard, self-checking and self-describing:
+// completed rounds or per-worker sequence numbers, and the optimizer with its state) or the
+// optimizer states alone (save_optimizer_states). One file per shard, self-checking and
+// self-describing:
 //
 //   "troupe shard checkpoint", format version, kind (checkpoint | optimizer states),
 //   layout (servers, this server's rank, shards per server, this shard's index, workers),
-//   sync policy, keys (ps-key, dtype, shape, completed, per-worker applied pushes, and for a
+//   sync policy, keys (ps-key, dtype, shape, completed, per-worker sequence numbers, and for a
 //   checkpoint the value), the updater's saved states (or none), then SHA-256 of all of it.
 //
 // A ps-key is where a key lives under one layout (actors/logic/key_placement.hpp): the same key is
@@ -92,8 +93,8 @@ struct key_snapshot {
   std::vector<std::int64_t> shape;
   /// Rounds completed (dist_sync) or pushes applied (dist_async).
   std::uint64_t completed = 0;
-  /// dist_async: pushes applied per worker (the sequence number each worker's next push has);
-  /// empty in dist_sync.
+  /// dist_async: the sequence number each worker's next push of the key has (its pushes
+  /// completed, when none was refused; actors/logic/async_pushes.hpp); empty in dist_sync.
   std::vector<std::uint64_t> applied_per_worker;
   /// A checkpoint's value of the key (shape and dtype as above); none in optimizer states.
   ndarray value;

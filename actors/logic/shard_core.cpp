@@ -59,6 +59,12 @@ std::uint64_t shard_core::key_entry::completed() const noexcept {
   return async ? async->applied() : 0;
 }
 
+std::uint64_t shard_core::key_entry::durable_for(std::uint32_t worker) const noexcept {
+  if (!async)
+    return durable;
+  return worker < durable_pushes.size() ? durable_pushes[worker] : 0;
+}
+
 shard_core::shard_core(shard_options options)
     : options_(std::move(options)), policy_(options_.policy), live_(options_.num_workers, true) {
   if (policy_.quorum == 0)
@@ -365,6 +371,13 @@ void shard_core::admit_deferred(key_entry& entry, std::uint64_t key) {
 void shard_core::on_async_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
                                const reply_route& reply) {
   auto& pushes = *entry.async;
+  if (push.resent && pushes.had(chunk)) {
+    // A push sent again after this server restarted from a checkpoint that holds it: applied
+    // once, before the restart. Acknowledged, once its last chunk is in.
+    if (chunk.offset + chunk.data.size() >= entry.stored.nbytes())
+      answer_push(entry, push, push_outcome{false, std::nullopt}, reply);
+    return;
+  }
   auto outcome = pushes.add(chunk);
   if (outcome.refused()) {
     refuse(reply, push.request_id, push.key, outcome.code, std::move(outcome.problem));
@@ -373,9 +386,9 @@ void shard_core::on_async_push(key_entry& entry, const push_request& push, const
   if (outcome.fate != chunk_fate::completed)
     return;
   // Bounded staleness's instrument: how many pushes the sender is ahead of the slowest live
-  // worker as this push arrives.
+  // worker as this push arrives (the sender's count before it).
   auto slowest = pushes.slowest(live_);
-  auto own = pushes.pushes_of(push.sender);
+  auto own = pushes.pushes_of(push.sender) - 1;
   if (slowest != std::numeric_limits<std::uint64_t>::max() && own > slowest)
     stats_.max_lead = std::max(stats_.max_lead, own - slowest);
   if (auto failure = apply(push.key, entry, pushes.received(push.sender), 1.0)) {
@@ -384,7 +397,7 @@ void shard_core::on_async_push(key_entry& entry, const push_request& push, const
                std::to_string(push.sender) + " failed: " + *failure);
     return;
   }
-  pushes.count_applied(push.sender);
+  pushes.count_applied();
   ++stats_.updates;
   answer_push(entry, push, {}, reply);
   answer_pulls(push.key, entry);
@@ -405,13 +418,14 @@ void shard_core::answer_push(key_entry& entry, const push_request& push, const p
     });
   }
   if (!push.then_pull) {
-    reply(envelope{wire::ack{push.request_id, entry.completed(), how.dropped, entry.durable},
-                   nullptr, 0});
+    reply(envelope{
+        wire::ack{push.request_id, entry.completed(), how.dropped, entry.durable_for(push.sender)},
+        nullptr, 0});
     return;
   }
   // A dropped push's pull gets the value of the round that closed without it.
   if (how.dropped || pull_ready(entry, push.round + 1)) {
-    send_value(push.key, entry, push.request_id, reply);
+    send_value(push.key, entry, push.request_id, push.sender, reply);
     return;
   }
   entry.pulls.add(waiting_pull{push.request_id, push.sender, push.round + 1,
@@ -464,7 +478,7 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
     return;
   }
   if (pull_ready(*entry, msg.round)) {
-    send_value(msg.key, *entry, msg.request_id, reply);
+    send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply);
     return;
   }
   if (entry->pulls.count_from(msg.sender_rank) >= pull_limit()) {
@@ -505,20 +519,20 @@ void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
         entry.pulls.take([&](const waiting_pull& pull) { return pull_ready(entry, pull.round); });
   }
   for (auto& pull : ready)
-    send_value(key, entry, pull.request_id, pull.reply);
+    send_value(key, entry, pull.request_id, pull.sender, pull.reply);
 }
 
 void shard_core::send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
-                            const reply_route& reply) const {
+                            std::uint32_t sender, const reply_route& reply) const {
   const auto& value = entry.stored;
   wire::tensor_chunk tensor;
   tensor.type = to_wire(value.dtype());
   tensor.shape.assign(value.shape().begin(), value.shape().end());
   tensor.total_bytes = value.nbytes();
   tensor.data = std::span{static_cast<const std::byte*>(value.raw_data()), value.nbytes()};
-  wire::chunker chunks{
-      wire::pull_reply{request_id, key, entry.completed(), std::move(tensor), entry.durable},
-      options_.chunk_bytes};
+  wire::chunker chunks{wire::pull_reply{request_id, key, entry.completed(), std::move(tensor),
+                                        entry.durable_for(sender)},
+                       options_.chunk_bytes};
   auto keepalive = value.keepalive();
   for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
     reply(envelope{chunks.chunk(i), keepalive, 0});
@@ -772,8 +786,14 @@ bool shard_core::start_checkpoint() {
   checkpoint_description_ = std::to_string(keys_.size()) + " keys at round " +
                             std::to_string(slowest_key()) + ": " + std::to_string(bytes->size()) +
                             " bytes to " + path.string();
-  for (auto& [key, entry] : keys_)
+  for (auto& [key, entry] : keys_) {
     entry.writing = entry.initialized() ? entry.completed() : 0;
+    if (entry.async) {
+      entry.writing_pushes.resize(options_.num_workers);
+      for (std::uint32_t w = 0; w < options_.num_workers; ++w)
+        entry.writing_pushes[w] = entry.async->pushes_of(w);
+    }
+  }
   checkpoint_started_ = shard_clock::now();
   last_checkpoint_ = now();
   changed_since_checkpoint_ = false;
@@ -801,8 +821,12 @@ status shard_core::finish_checkpoint() {
   }
   ++stats_.checkpoints_written;
   // What the workers may forget: the counts this file holds are on disk.
-  for (auto& [key, entry] : keys_)
+  for (auto& [key, entry] : keys_) {
     entry.durable = std::max(entry.durable, entry.writing);
+    entry.durable_pushes.resize(entry.writing_pushes.size());
+    for (std::size_t w = 0; w < entry.writing_pushes.size(); ++w)
+      entry.durable_pushes[w] = std::max(entry.durable_pushes[w], entry.writing_pushes[w]);
+  }
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(shard_clock::now() -
                                                                   checkpoint_started_);
   options_.log.info("checkpoint of " + checkpoint_description_ + " in " +
@@ -899,7 +923,8 @@ status shard_core::restore(const shard_snapshot& saved) {
       entry.sync->resume_after(key.completed);
     } else {
       entry.async.emplace(key.ps_key, entry.stored, options_.num_workers);
-      entry.async->resume(key.applied_per_worker);
+      entry.async->resume(key.applied_per_worker, key.completed);
+      entry.durable_pushes = key.applied_per_worker;
     }
     entry.durable = key.completed;
     keys_.emplace(key.ps_key, std::move(entry));

@@ -21,9 +21,13 @@
 //    (actors/logic/async_pushes.hpp); a pull is answered at once with the current value, or, with
 //    max_staleness = s >= 0 (stale synchronous parallel), once every live worker has pushed the
 //    key at least t - s times, which is checked after each applied push and each membership
-//    change. s = 0 orders pushes and pulls as dist_sync does.
+//    change. s = 0 orders pushes and pulls as dist_sync does. Each worker numbers its pushes of
+//    a key; a push numbered below the worker's next is refused as a replay, or, marked resent
+//    after this server restarted from a checkpoint that holds it, acknowledged and not applied.
 // Acks of pushes carry the key's completed rounds (dist_sync) or applied pushes (dist_async):
 // the worker's credit for max_rounds_ahead. Pull replies carry the same count as their round.
+// Both carry what the last checkpoint on disk holds of the key for the receiving worker
+// (key_entry::durable_for), so that the worker drops the copies it keeps for a recovery.
 // A pushpull is a push whose pull half waits like a pull for round (push round + 1); when the
 // push came too late for its round, the pull half is answered at once with the current value
 // (its round, past push round + 1, tells the worker that the push was dropped).
@@ -209,16 +213,23 @@ private:
     std::optional<sync_round> sync;
     std::optional<async_pushes> async;
     pending_pulls pulls;
-    /// completed() in the last checkpoint written to disk (Ack.durable), and in the one being
-    /// written.
+    /// completed() in the last checkpoint written to disk, and in the one being written.
     std::uint64_t durable = 0;
     std::uint64_t writing = 0;
+    /// dist_async: each worker's next sequence number in the last checkpoint written to disk,
+    /// and in the one being written.
+    std::vector<std::uint64_t> durable_pushes;
+    std::vector<std::uint64_t> writing_pushes;
 
     bool initialized() const noexcept { return !init_assembly.has_value(); }
     /// dist_sync: pushes of the round being collected have arrived (a save waits for it).
     bool collecting() const noexcept { return sync && sync->collecting(); }
     /// Rounds completed (sync) or pushes applied (async).
     std::uint64_t completed() const noexcept;
+    /// What `worker` may forget of its pushes of the key (Ack.durable, PullReply.durable): the
+    /// rounds completed in the last checkpoint on disk (sync), or the sequence number of its
+    /// next push there (async).
+    std::uint64_t durable_for(std::uint32_t worker) const noexcept;
   };
 
   void dispatch(envelope& request, const reply_route& reply);
@@ -256,8 +267,9 @@ private:
   /// pushed round - max_staleness.
   bool within_staleness(std::uint64_t round, std::uint64_t slowest) const noexcept;
   void answer_pulls(std::uint64_t key, key_entry& entry);
+  /// A pull reply to worker `sender`.
   void send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
-                  const reply_route& reply) const;
+                  std::uint32_t sender, const reply_route& reply) const;
   /// The waiting pulls one worker may have on one key when it sends another.
   std::size_t pull_limit() const noexcept { return policy_.max_rounds_ahead + std::size_t{1}; }
   shard_clock::time_point now() const {

@@ -7,7 +7,8 @@
 //   kv_worker --check sync     keys initialised to ones, `test` optimizer with rescale_grad 2, rank
 //                              r pushes ones*(r+1): after round i every pull is n(n+1)(i+1) + 1
 //   kv_worker --check async    each worker pushes ones*(r+1) M times, then a barrier: the value is
-//                              1 + 2 M n(n+1)/2 exactly
+//                              1 + 2 M n(n+1)/2 exactly; with --round-ms T, each round also
+//                              pulls every key and sleeps T ms
 //   kv_worker --check replace  no optimizer: after each round the value is the round's sum
 //   kv_worker --check hang     push and pull until an error (for the failure tests), then make one
 //                              more call: both errors go to stderr
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
   app.add_option("--stall-ms", stall_ms, "--check flood: how long rank 1 waits before pushing");
   app.add_option("--victim", victim, "--check quorum: the rank the test kills");
   int round_ms = 0;
-  app.add_option("--round-ms", round_ms, "--check recover: how long each round sleeps");
+  app.add_option("--round-ms", round_ms, "--check recover, async: how long each round sleeps");
   bool round_log = false;
   app.add_flag("--round-log", round_log,
                "--check recover: print when each round's pulls are in (s since the epoch)");
@@ -229,6 +230,16 @@ int main(int argc, char** argv) {
       auto grad = ndarray::full(shapes[k], rank + 1.0, context::cpu(), type_of_values);
       if (auto pushed = kv.push(keys[k], grad); !pushed)
         return failed("push: " + pushed.error().to_string());
+    }
+    if (check == "async" && round_ms > 0) {
+      // Paced, with pulls under way (their values depend on timing and are not checked), so
+      // that a test can kill a server mid-job.
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
+        if (auto pulled = kv.pull(keys[k], out); !pulled)
+          return failed("round " + std::to_string(round) + " pull: " + pulled.error().to_string());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{round_ms});
     }
     if (check == "async" || check == "quorum")
       continue;

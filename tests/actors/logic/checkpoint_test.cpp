@@ -143,6 +143,74 @@ BOOST_AUTO_TEST_CASE(dist_async_checkpoints_keep_each_workers_applied_pushes) {
   BOOST_TEST(restored.stored(5) == original.stored(5));
 }
 
+/// Worker `sender`'s push `sequence` of `key`, sent again after a server restart (Push.resent),
+/// in chunks of `chunk_bytes`; returns the request id.
+std::uint64_t resend(shard_driver& job, std::uint64_t key, std::uint32_t sender,
+                     std::uint64_t sequence, const ndarray& value, std::size_t chunk_bytes) {
+  const auto id = job.next_id++;
+  wire::chunker chunks{wire::push{id, key, sender, sequence, troupe::testing::whole(value), true},
+                       chunk_bytes};
+  for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
+    job.send(chunks.chunk(i), value.keepalive());
+  return id;
+}
+
+BOOST_AUTO_TEST_CASE(dist_async_after_a_restart_every_acked_push_is_applied_exactly_once) {
+  temp_dir dir;
+  sync_policy async;
+  async.mode = consistency::async;
+  shard_driver original(2, async, in_directory(dir.path()));
+  original.send(wire::set_optimizer{1, "test", {{"rescale_grad", 1.0}}});
+  BOOST_TEST_REQUIRE(original.ack(1) != nullptr);
+  BOOST_TEST_REQUIRE(original.init(5, ndarray::ones({4})));
+  std::vector<ndarray> pushes[2];
+  for (std::uint32_t w = 0; w < 2; ++w)
+    for (std::uint64_t n = 0; n < 6; ++n)
+      pushes[w].push_back(gradient(5, w, n, 4));
+  // Worker 0's pushes 0 and 1 and worker 1's push 0 reach the checkpoint; 0:2 and 1:1 do not.
+  for (auto [w, n] : {std::pair{0u, 0u}, {0u, 1u}, {1u, 0u}})
+    BOOST_TEST_REQUIRE(original.ack(original.push(5, w, n, pushes[w][n])) != nullptr);
+  BOOST_TEST_REQUIRE(original.shard->write_checkpoint().has_value());
+  // What each worker may forget: the sequence number of its next push in the file.
+  const auto* late = original.ack(original.push(5, 0, 2, pushes[0][2]));
+  BOOST_TEST_REQUIRE(late != nullptr);
+  BOOST_TEST(late->durable == 2u);
+  late = original.ack(original.push(5, 1, 1, pushes[1][1]));
+  BOOST_TEST_REQUIRE(late != nullptr);
+  BOOST_TEST(late->durable == 1u);
+  BOOST_TEST(original.value_reply(original.pull(5, 1, 0))->durable == 1u);
+
+  // The server restarts from its checkpoint. Worker 0 sends again everything from push 1 (say
+  // it had not heard that push 1 was durable), worker 1 its push 1, in chunks.
+  shard_driver restored(2, {}, in_directory(dir.path()));
+  auto taken =
+      restored.shard->restore(read_snapshot(checkpoint_file(dir.path(), original.shard->layout())));
+  if (!taken)
+    BOOST_FAIL(taken.error().message());
+  auto had = resend(restored, 5, 0, 1, pushes[0][1], 8);
+  BOOST_TEST(restored.ack(had) != nullptr);
+  BOOST_TEST(restored.replies_to(had) == 1u);
+  BOOST_TEST(restored.shard->completed_rounds(5) == 3u); // acked, not applied again
+  BOOST_TEST(restored.ack(resend(restored, 5, 0, 2, pushes[0][2], 8)) != nullptr);
+  BOOST_TEST(restored.ack(resend(restored, 5, 1, 1, pushes[1][1], 8)) != nullptr);
+  BOOST_TEST(restored.shard->completed_rounds(5) == 5u);
+  BOOST_TEST(restored.stored(5) == original.stored(5)); // each push once, in the same order
+
+  // A push the key had, not marked as sent again, is a replay: refused, nothing changes.
+  auto replay = restored.push(5, 0, 2, pushes[0][2]);
+  BOOST_TEST_REQUIRE(restored.error(replay) != nullptr);
+  BOOST_TEST((restored.error(replay)->code == wire::error_code::stale_round));
+  BOOST_TEST(restored.error(replay)->message.find("push 2 of the key was had already") !=
+                 std::string::npos,
+             restored.error(replay)->message);
+  BOOST_TEST(restored.stored(5) == original.stored(5));
+  // A push numbered beyond the next is taken (those between were refused before the key); then
+  // the numbers below it are replays.
+  BOOST_TEST(restored.ack(restored.push(5, 1, 4, pushes[1][4])) != nullptr);
+  BOOST_TEST(restored.error(restored.push(5, 1, 3, pushes[1][3])) != nullptr);
+  BOOST_TEST(restored.shard->completed_rounds(5) == 6u);
+}
+
 BOOST_AUTO_TEST_CASE(a_torn_altered_or_foreign_file_is_never_loaded) {
   temp_dir dir;
   shard_driver job(2, {}, in_directory(dir.path()));
