@@ -119,6 +119,41 @@ receive_buffer_pool_stats receive_buffer_pool::stats() const {
 // ================================================================================================
 // receive_credit
 
+namespace {
+
+/// What receive_credit and receive_budget do on every release, which may come from any thread:
+/// `count` updates their counts under `mutex` and says whether the broker is due a wake; when it
+/// is and `armed` (nobody woke the broker since it last looked), `wake` is called outside the
+/// lock, so that a wake that takes locks of its own never waits on a releasing thread. A wake
+/// that cannot be delivered (out of memory) leaves `armed` set: the next release tries again,
+/// or the broker would never hear of it.
+template <class Count>
+void count_release_and_wake(std::mutex& mutex, bool& armed, const std::function<void()>& wake,
+                            Count&& count) noexcept {
+  std::function<void()> to_call;
+  {
+    std::lock_guard<std::mutex> guard{mutex};
+    if (count() && armed && wake) {
+      try {
+        to_call = wake;
+        armed = false;
+      } catch (...) {
+        // Out of memory: the next release tries again (the bytes are counted either way).
+      }
+    }
+  }
+  if (!to_call)
+    return;
+  try {
+    to_call();
+  } catch (...) {
+    std::lock_guard<std::mutex> guard{mutex};
+    armed = true;
+  }
+}
+
+} // namespace
+
 /// The keepalive of a forwarded envelope: owns what the tensor views and gives the frame's bytes
 /// back when the last copy goes.
 struct receive_credit::hold_state {
@@ -169,35 +204,17 @@ void receive_credit::received_and_released(std::uint64_t bytes) {
 }
 
 void receive_credit::release(std::uint64_t bytes) noexcept {
-  std::function<void()> wake;
-  {
-    std::lock_guard<std::mutex> guard{mutex_};
+  count_release_and_wake(mutex_, wake_armed_, wake_, [&] {
     uncredited_ += bytes;
-    if (!woken_ && wake_ && uncredited_ >= credit_quantum(window_)) {
-      try {
-        wake = wake_;
-        woken_ = true;
-      } catch (...) {
-        // Out of memory: the next release tries again (the bytes are counted either way).
-      }
-    }
-  }
-  if (!wake)
-    return;
-  try {
-    wake();
-  } catch (...) {
-    // The broker was not told: let the next release tell it, or the credit would never go.
-    std::lock_guard<std::mutex> guard{mutex_};
-    woken_ = false;
-  }
+    return uncredited_ >= credit_quantum(window_);
+  });
 }
 
 std::uint64_t receive_credit::take() {
   if (window_ == 0)
     return 0;
   std::lock_guard<std::mutex> guard{mutex_};
-  woken_ = false;
+  wake_armed_ = true;
   if (uncredited_ < credit_quantum(window_))
     return 0;
   const std::uint64_t bytes = uncredited_;
@@ -250,28 +267,10 @@ std::shared_ptr<const void> receive_budget::reserve(std::uint64_t bytes) {
 void receive_budget::release(std::uint64_t bytes) noexcept {
   if (bytes == 0)
     return; // a refused reservation's ticket: nothing was counted
-  std::function<void()> wake;
-  {
-    std::lock_guard<std::mutex> guard{mutex_};
+  count_release_and_wake(mutex_, waiting_, wake_, [&] {
     in_use_ -= bytes;
-    if (waiting_ && wake_) {
-      try {
-        wake = wake_;
-        waiting_ = false;
-      } catch (...) {
-        // Out of memory: the next release tries again.
-      }
-    }
-  }
-  if (!wake)
-    return;
-  try {
-    wake();
-  } catch (...) {
-    // The broker was not told: let the next release tell it.
-    std::lock_guard<std::mutex> guard{mutex_};
-    waiting_ = true;
-  }
+    return true;
+  });
 }
 
 void receive_budget::on_room(std::function<void()> wake) {

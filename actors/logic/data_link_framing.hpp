@@ -170,8 +170,8 @@ private:
   std::uint64_t outstanding_ = 0;
   std::uint64_t uncredited_ = 0;
   std::uint64_t credited_ = 0;
-  /// The broker was woken and has not taken the credit yet.
-  bool woken_ = false;
+  /// The broker may be woken: it has taken the credit since it was last woken.
+  bool wake_armed_ = true;
   std::function<void()> wake_;
 };
 
