@@ -12,6 +12,11 @@
 # headers is globbed with CONFIGURE_DEPENDS: adding or removing a header reconfigures at the next
 # build. Compiler messages and debuggers name a header by its path under the include root, which
 # is a link to the file in the source tree.
+#
+# Installed (cmake/TroupeInstall.cmake), every library's headers sit under one root,
+# <prefix>/include/troupe, under the same paths, and each exported library names that root.
+
+include(GNUInstallDirs)
 
 # troupe_include_root(<target> <folder> [HEADERS <file>...] [EXCLUDE <entry>...] [WHOLE_FOLDER])
 #
@@ -72,8 +77,10 @@ function(troupe_include_root target folder)
 
   get_target_property(type ${target} TYPE)
   if(type STREQUAL "INTERFACE_LIBRARY")
-    target_include_directories(${target} INTERFACE "$<BUILD_INTERFACE:${root}>")
+    set(scope INTERFACE)
   else()
-    target_include_directories(${target} PUBLIC "$<BUILD_INTERFACE:${root}>")
+    set(scope PUBLIC)
   endif()
+  target_include_directories(${target} ${scope} "$<BUILD_INTERFACE:${root}>"
+                             "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/troupe>")
 endfunction()
