@@ -163,10 +163,13 @@ struct link_connection {
 
   /// A server's requests from this peer that wait, in order, while more than
   /// max_send_queue_bytes of replies wait for it (route_parked); each holds its frame, so the
-  /// peer's window bounds them. queue_at_check and stuck_since: the queue at the last stall
-  /// check and since when it has not shrunk (close_stalled).
+  /// peer's window bounds them.
   std::deque<envelope> parked;
-  std::size_t queue_at_check = 0;
+  /// Bytes the socket has taken from CAF's buffer, in all (data_transferred_msg); at the last
+  /// stall check; and since when none were taken while the peer's replies were backed up
+  /// (close_stalled).
+  std::uint64_t bytes_taken = 0;
+  std::uint64_t taken_at_check = 0;
   std::chrono::steady_clock::time_point stuck_since{};
 
   link_connection(const link_connection&) = delete;
@@ -942,12 +945,20 @@ void close_stalled(server_broker* self) {
   const auto now = std::chrono::steady_clock::now();
   std::vector<std::pair<connection_handle, std::string>> stalled;
   for (auto& [hdl, c] : st.connections) {
-    if (!c.parked.empty() && !c.closing) {
-      // Requests wait for the replies to drain (dispatch): the peer must take some of them.
-      const std::size_t queued = queued_for_peer(c);
-      if (c.stuck_since == std::chrono::steady_clock::time_point{} || queued < c.queue_at_check)
+    // Replies are backed up when requests wait for them to drain (dispatch), or when more than
+    // the bound is queued because requests were routed before their replies came: either way
+    // the peer must take some of them. Progress is the bytes the socket took, not the queue's
+    // size, which replies still being made may grow while the peer reads.
+    const std::size_t queued = queued_for_peer(c);
+    const bool backed_up =
+        !c.closing && (!c.parked.empty() || queued > st.options.max_send_queue_bytes);
+    if (!backed_up) {
+      c.stuck_since = {};
+    } else {
+      if (c.stuck_since == std::chrono::steady_clock::time_point{} ||
+          c.bytes_taken != c.taken_at_check)
         c.stuck_since = now;
-      c.queue_at_check = queued;
+      c.taken_at_check = c.bytes_taken;
       if (now - c.stuck_since >= timeout) {
         stalled.emplace_back(
             hdl, "closed: the peer " + c.peer + " is not reading its replies: " +
@@ -1064,6 +1075,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         if (i == st.connections.end())
           return;
         i->second.in_flight = msg.remaining;
+        i->second.bytes_taken += msg.written;
         serve_writes(self, i->second);
       },
       [=](const caf::io::connection_closed_msg& msg) {

@@ -2270,7 +2270,8 @@ BOOST_AUTO_TEST_CASE(a_peer_that_does_not_read_its_replies_is_closed_and_nobody_
   BOOST_TEST_REQUIRE(flooder.handshake(0, job_token).has_value()); // window 0: no credit needed
   // Echoed pushes of 128 KiB, never read: 25 MiB, within the server's window (64 MiB). The
   // kernel's buffers fill, then the server's queue; beyond max_send_queue_bytes the requests
-  // wait unrouted, and as none of the queue is taken, the peer is closed.
+  // wait unrouted (or, when they were routed before their replies came, the replies queue beyond
+  // the bound), and as the socket takes none of the queue, the peer is closed.
   auto values = ramp(32 << 10);
   const auto frame = push_bytes(7, *values);
   for (std::size_t sent = 0; sent < 200; ++sent)
