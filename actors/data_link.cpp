@@ -36,6 +36,7 @@
 #include "actors/data_link.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -193,6 +194,10 @@ std::optional<error> check_tuning(const data_link_tuning& tuning, const char* wh
                                              " bytes is below the smallest frame (16)"};
   return std::nullopt;
 }
+
+/// process_link_refusals(): every connection of the process counts here.
+std::atomic<std::uint64_t> refused_frames{0};
+std::atomic<std::uint64_t> closed_peers{0};
 
 wire::message bad_frame_reply(const wire::decode_error& why) {
   return wire::error_reply{0, std::nullopt, wire::error_code::bad_frame,
@@ -631,6 +636,11 @@ incoming take_incoming(link_connection& c, receive_outcome out, const data_link_
                                       "the link protocol is broken: " + *violation};
       in.fatal = true;
     }
+  }
+  if (in.refused) {
+    refused_frames.fetch_add(1, std::memory_order_relaxed);
+    if (in.fatal)
+      closed_peers.fetch_add(1, std::memory_order_relaxed);
   }
   if (in.refused)
     tuning.log.info(c.who + " sent a bad frame" + (in.fatal ? " (closing): " : ": ") +
@@ -1357,6 +1367,11 @@ std::optional<std::string> await_started(caf::actor_system& sys, const caf::acto
 }
 
 } // namespace
+
+link_refusals process_link_refusals() noexcept {
+  return {refused_frames.load(std::memory_order_relaxed),
+          closed_peers.load(std::memory_order_relaxed)};
+}
 
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
                                       std::uint16_t port, data_server_options options) {

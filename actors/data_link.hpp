@@ -254,6 +254,15 @@ struct data_server {
   std::string host;
 };
 
+/// What this process's links refused since it started, for the job's summary: frames that
+/// failed validation or broke the link protocol (each answered with error_reply{bad_frame}, as is
+/// a peer that fails the handshake), and the connections closed for it.
+struct link_refusals {
+  std::uint64_t bad_frames = 0;
+  std::uint64_t peers_closed = 0;
+};
+link_refusals process_link_refusals() noexcept;
+
 /// Listens on bind_host:port (bind_host exactly: "0.0.0.0" is the only way to listen on every
 /// interface; port 0 lets the kernel pick) and spawns the server broker. For each complete,
 /// valid frame on connection c except link control it sends (envelope{msg, keepalive = frame

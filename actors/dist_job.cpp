@@ -1,7 +1,10 @@
 #include "actors/dist_job.hpp"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +22,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/data_link.hpp"
+#include "actors/logic/job_trace.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_node.hpp"
@@ -128,10 +132,51 @@ job_listener::behavior_type server_listener_actor(job_listener::pointer,
   };
 }
 
-/// The server's end-of-job line: its shards' counters summed. Asked with a short bound, since
-/// the launcher gives a finished server little time to exit.
-void log_shard_stats(const server_node& node, const logger& log,
-                     std::chrono::milliseconds request_timeout) {
+/// SIGUSR1 (troupe-node): a server prints its summary at its next look, within a second.
+std::atomic<bool> summary_asked{false};
+
+/// observe.trace: this process records spans, written to its node file at the end of the job.
+void start_job_trace(const cluster_config& config, const char* role, std::uint32_t rank) {
+  if (config.trace_file.empty())
+    return;
+  auto& trace = job_trace::process();
+  trace.set_node(role, rank);
+  trace.start(config.trace_file);
+}
+
+void write_job_trace(const logger& log) {
+  auto& trace = job_trace::process();
+  if (!trace.enabled())
+    return;
+  auto written = trace.write();
+  if (!written)
+    log.error("the job trace: " + written.error().message());
+  else
+    log.info("wrote " + std::to_string(trace.size()) + " trace spans to " + *written +
+             (trace.dropped() > 0 ? " (" + std::to_string(trace.dropped()) + " dropped)" : ""));
+}
+
+/// The q-quantile of dist_async's leads (shard_stats::lead_counts), in pushes.
+std::uint64_t lead_quantile(const lead_histogram& counts, double q) {
+  std::uint64_t total = 0;
+  for (auto c : counts)
+    total += c;
+  const auto rank = std::max<std::uint64_t>(
+      1, static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(total))));
+  std::uint64_t seen = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    seen += counts[i];
+    if (seen >= rank)
+      return i;
+  }
+  return counts.size() - 1;
+}
+
+/// The server's summary: its shards' counters summed, dist_async's staleness, what its links
+/// refused, and the busiest keys' traffic. Asked with a short bound, since the launcher gives a
+/// finished server little time to exit.
+void log_server_summary(const server_node& node, const logger& log,
+                        std::chrono::milliseconds request_timeout) {
   if (!log.enabled(log_level::info))
     return;
   auto stats = node.stats(std::min(request_timeout, std::chrono::milliseconds{1'000}));
@@ -147,9 +192,34 @@ void log_shard_stats(const server_node& node, const logger& log,
            (stats->checkpoints_written > 0
                 ? ", " + std::to_string(stats->checkpoints_written) + " checkpoints written"
                 : std::string{}));
+  if (std::any_of(stats->lead_counts.begin(), stats->lead_counts.end(),
+                  [](std::uint64_t c) { return c > 0; }))
+    log.info("dist_async staleness (pushes ahead of the slowest live worker on arrival): p50 " +
+             std::to_string(lead_quantile(stats->lead_counts, 0.5)) + ", p99 " +
+             std::to_string(lead_quantile(stats->lead_counts, 0.99)) + ", max " +
+             std::to_string(stats->max_lead));
+  const auto refused = process_link_refusals();
+  log.info("links: " + std::to_string(refused.bad_frames) + " bad frames refused, " +
+           std::to_string(refused.peers_closed) + " peers closed for them");
+  auto keys = stats->keys;
+  constexpr std::size_t shown = 32;
+  std::sort(keys.begin(), keys.end(), [](const key_traffic& a, const key_traffic& b) {
+    return a.push_bytes + a.pull_bytes > b.push_bytes + b.pull_bytes;
+  });
+  for (std::size_t i = 0; i < std::min(keys.size(), shown); ++i)
+    log.info("key " + std::to_string(keys[i].key) + ": " + std::to_string(keys[i].pushes) +
+             " pushes, " + std::to_string(keys[i].push_bytes) + " bytes in; " +
+             std::to_string(keys[i].pulls) + " pulls, " + std::to_string(keys[i].pull_bytes) +
+             " bytes out");
+  if (keys.size() > shown)
+    log.info("and " + std::to_string(keys.size() - shown) + " keys with less traffic");
 }
 
 } // namespace
+
+void ask_for_summary() noexcept {
+  summary_asked.store(true);
+}
 
 result<job_outcome> run_scheduler(const cluster_config& config,
                                   const std::function<void(std::uint16_t port)>& on_listening) {
@@ -335,10 +405,14 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   node->set_rank(static_cast<std::uint32_t>((*agent)->rank()));
   auto listener = system.spawn(server_listener_actor, node);
   (*agent)->subscribe(listener);
+  const auto name = node_name("server", (*agent)->rank(), host);
+  start_job_trace(config, "server", (*agent)->rank());
   status outcome;
   for (;;) {
     if ((*agent)->wait_for_stop(std::chrono::seconds{1}))
       break;
+    if (summary_asked.exchange(false))
+      log_server_summary(*node, logger{name, std::max(config.verbose, 1)}, config.request_timeout);
     if (auto failure = (*agent)->failure()) {
       outcome = *failure;
       // The scheduler told every node at once; a moment's grace lets the workers hear the lost
@@ -348,8 +422,10 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
       break;
     }
   }
-  log_shard_stats(*node, logger{node_name("server", (*agent)->rank(), host), config.verbose},
-                  config.request_timeout);
+  log_server_summary(*node,
+                     logger{name, config.summary ? std::max(config.verbose, 1) : config.verbose},
+                     config.request_timeout);
+  write_job_trace(logger{name, config.verbose});
   caf::anon_send(data->broker, stop_atom::value);
   caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
   agent->reset();
@@ -550,11 +626,16 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.announce_settings = [agent_ptr, request_timeout](const wire::sync_settings& settings) {
     return agent_ptr->send_sync_settings(settings, request_timeout);
   };
-  setup.on_finalize = [agent_ptr, request_timeout] {
+  const auto name = node_name("worker", agent_ptr->rank(), config.node_host);
+  start_job_trace(config, "worker", agent_ptr->rank());
+  setup.on_finalize = [agent_ptr, request_timeout, log = logger{name, config.verbose}] {
+    write_job_trace(log);
     (void)agent_ptr->notify_done(request_timeout);
   };
   setup.owned_resources = resources;
-  setup.log = logger{node_name("worker", agent_ptr->rank(), config.node_host), config.verbose};
+  setup.log = logger{name, config.verbose};
+  if (config.summary)
+    setup.summary_log = logger{name, std::max(config.verbose, 1)};
   return setup;
 }
 

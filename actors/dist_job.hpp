@@ -48,6 +48,10 @@
 
 namespace troupe {
 
+/// Makes a running server print its summary (observe.summary's lines) within a second, whatever
+/// node.verbose says. Async-signal-safe: troupe-node calls it on SIGUSR1.
+void ask_for_summary() noexcept;
+
 /// Runs the scheduler until the job ends and returns how it ended (the scheduler has logged its
 /// summary line); an error when it could not start (a bad configuration, the port cannot be
 /// bound). `on_listening` is told the bound port once it is known.
@@ -147,6 +151,8 @@ struct worker_setup {
   /// after everything else of the store.
   std::shared_ptr<void> owned_resources;
   logger log;
+  /// The end-of-job summary's logger (observe.summary; kv_worker_options::summary_log).
+  logger summary_log;
 };
 
 /// Joins the job that `config` names as a worker whose store will be of `type`: the node agent

@@ -1,6 +1,8 @@
 #include "actors/kv_worker.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -19,13 +21,27 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/logic/job_trace.hpp"
 #include "actors/logic/key_placement.hpp"
+#include "actors/logic/latency_histogram.hpp"
 #include "actors/logic/wire_conversions.hpp"
 
 namespace troupe {
 namespace {
 
 using clock = std::chrono::steady_clock;
+
+/// "830 us", "12.4 ms" or "1.52 s".
+std::string describe_us(double us) {
+  char text[32];
+  if (us < 1'000)
+    std::snprintf(text, sizeof text, "%.0f us", us);
+  else if (us < 1'000'000)
+    std::snprintf(text, sizeof text, "%.3g ms", us / 1'000);
+  else
+    std::snprintf(text, sizeof text, "%.3g s", us / 1'000'000);
+  return text;
+}
 
 /// "5 s" for whole seconds, "250 ms" otherwise.
 std::string describe(std::chrono::milliseconds duration) {
@@ -76,6 +92,8 @@ struct part {
   std::shared_ptr<pull_target> target;
   /// Set when the request leaves; its timeout runs from here.
   clock::time_point sent_at;
+  /// When it left on the job trace's clock (job_trace.hpp); 0: not traced.
+  std::int64_t traced_since_us = 0;
   /// The first chunk of the reply has arrived (its round was learnt).
   bool reply_seen = false;
   /// The reply's chunks are copied by the worker's copier (copy_off_thread_bytes), which alone
@@ -488,7 +506,52 @@ private:
 
   void sent(std::uint64_t id, const std::shared_ptr<part>& p) {
     p->sent_at = clock::now();
+    p->traced_since_us = trace_start_time();
     parts_.emplace(id, p);
+  }
+
+  /// What the summary and the job trace note of an answered push, pull or pushpull.
+  void note_answered(const part& p) {
+    if (p.kind == kv_call::init || p.kind == kv_call::every_server)
+      return;
+    const auto elapsed =
+        std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - p.sent_at);
+    const auto element =
+        static_cast<std::uint64_t>(p.value.is_none() ? 0 : size_of(p.value.dtype()));
+    const std::uint64_t pushed =
+        p.kind == kv_call::pull ? 0 : static_cast<std::uint64_t>(p.slice.size()) * element;
+    const std::uint64_t pulled = p.kind == kv_call::push ? 0 : p.out_bytes.size();
+    if (traffic_.size() < links_.size())
+      traffic_.resize(links_.size());
+    if (p.server < traffic_.size()) {
+      auto& to = traffic_[p.server];
+      ++to.requests;
+      to.bytes_pushed += pushed;
+      to.bytes_pulled += pulled;
+    }
+    const auto kind = static_cast<std::size_t>(p.kind == kv_call::push   ? answer_kind::push
+                                               : p.kind == kv_call::pull ? answer_kind::pull
+                                                                         : answer_kind::pushpull);
+    answer_times_[kind].record(elapsed);
+    if (p.traced_since_us != 0)
+      job_trace::process().record({kind_names[kind], p.slice.ps_key, p.round, p.server,
+                                   pushed + pulled, p.traced_since_us, job_trace::now_us()});
+  }
+
+  void log_summary() const {
+    if (!options_.summary_log.enabled(log_level::info))
+      return;
+    for (std::size_t s = 0; s < traffic_.size(); ++s)
+      options_.summary_log.info("to " + names_[s] + ": " + std::to_string(traffic_[s].requests) +
+                                " requests, " + std::to_string(traffic_[s].bytes_pushed) +
+                                " bytes pushed, " + std::to_string(traffic_[s].bytes_pulled) +
+                                " bytes pulled");
+    for (std::size_t k = 0; k < answer_times_.size(); ++k)
+      if (answer_times_[k].count() > 0)
+        options_.summary_log.info(std::string{kind_names[k]} + " times over " +
+                                  std::to_string(answer_times_[k].count()) + " requests: p50 " +
+                                  describe_us(answer_times_[k].quantile_us(0.5)) + ", p99 " +
+                                  describe_us(answer_times_[k].quantile_us(0.99)));
   }
 
   void send(std::uint32_t server, envelope request) {
@@ -630,6 +693,8 @@ private:
   }
 
   void finish(std::uint64_t id, const std::shared_ptr<part>& p, status outcome) {
+    if (outcome)
+      note_answered(*p);
     parts_.erase(id);
     auto& call = *p->call;
     if (!outcome)
@@ -900,6 +965,7 @@ private:
     if (dropped_pushes_ > 0)
       options_.log.info(std::to_string(dropped_pushes_) +
                         " pushes arrived after their round had closed and were dropped");
+    log_summary();
     finalizing_->deliver(ok());
     finalizing_.reset();
   }
@@ -915,6 +981,16 @@ private:
   std::unordered_map<std::uint64_t, ps_key_state> keys_;
   std::uint64_t next_request_id_ = 1;
   std::uint64_t dropped_pushes_ = 0;
+  /// For the summary: per server, and the answer times per kind of request.
+  struct server_traffic {
+    std::uint64_t requests = 0;
+    std::uint64_t bytes_pushed = 0;
+    std::uint64_t bytes_pulled = 0;
+  };
+  enum class answer_kind : std::size_t { push, pull, pushpull };
+  static constexpr std::array<const char*, 3> kind_names{"push", "pull", "pushpull"};
+  std::vector<server_traffic> traffic_;
+  std::array<latency_histogram, 3> answer_times_;
   std::optional<error> failure_;
   std::optional<completion<status>> finalizing_;
   clock::time_point finalize_deadline_;

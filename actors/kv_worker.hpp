@@ -85,6 +85,9 @@ struct kv_worker_options {
   /// tagged rank + 1 (as server_links' links); called on a helper thread. Null: no recovery.
   reconnect_function reconnect;
   logger log;
+  /// Where the end-of-job summary goes (observe.summary): per server the requests and bytes, and
+  /// the p50 / p99 time of pushes, pulls and pushpulls. A silent logger: none.
+  logger summary_log;
 };
 
 /// Spawns the worker actor of one store. It expects its server_links first. In a system with the

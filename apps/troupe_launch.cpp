@@ -1,7 +1,9 @@
 // troupe-launch: starts a whole job, as MXNet's tools/launch.py does.
 //
 //   troupe-launch -n W [-s S] [--quorum K] [-H hostfile] [--launcher local|ssh] [--config FILE]
-//                 [--env K=V]... [--restart-servers[=N]] -- COMMAND ARGS...
+//                 [--env K=V]... [--restart-servers[=N]] [--trace FILE] [--summary]
+//                 -- COMMAND ARGS...
+//   troupe-launch --merge-trace FILE
 //
 // It starts the scheduler (`troupe-node --role scheduler`), S servers (`troupe-node --role
 // server`, S defaults to W) and W workers running COMMAND, each with DMLC_ROLE,
@@ -22,6 +24,12 @@
 // holds it open (timeouts.server_rejoin), and the workers send again what it may have lost. The
 // launcher refuses the flag (exit 2) when the job's configuration lacks checkpoint.dir or
 // timeouts.server_rejoin (which itself needs periodic checkpoints).
+//
+// --trace FILE gives every node TROUPE_TRACE (observe.trace: actors/logic/job_trace.hpp) and, when
+// the job is over, merges the node files FILE.<role>-<rank> into FILE (only those on this host: in
+// ssh mode, copy the others beside FILE and run --merge-trace FILE). --summary gives every node
+// TROUPE_SUMMARY. SIGUSR1 to the launcher goes on to its local scheduler and servers, which print
+// their summary.
 //
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
@@ -71,6 +79,7 @@
 #include <vector>
 
 #include "actors/config/config.hpp"
+#include "actors/logic/job_trace.hpp"
 #include "engine/log.hpp"
 
 extern char** environ;
@@ -117,6 +126,12 @@ struct options {
   /// --restart-servers[=N]: how often each server may be restarted with --recover; 0: never.
   int restart_servers = 0;
   std::vector<std::string> ssh_options;
+  /// --trace FILE: every server and worker records the job trace; merged into FILE at the end.
+  std::string trace;
+  /// --merge-trace FILE: only merge FILE.<role>-<rank> files into FILE, start nothing.
+  std::string merge_trace;
+  /// --summary: every server and worker prints its summary at the end (TROUPE_SUMMARY).
+  bool summary = false;
   std::vector<std::string> command;
 };
 
@@ -462,6 +477,14 @@ private:
       int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         continue; // reap() runs after every wake-up
+      if (sig == SIGUSR1) {
+        // Servers print their summary. Only local troupe-node processes: a worker program may
+        // not handle it (its default action ends the process), and an ssh client would die.
+        for (const auto& c : children_)
+          if (!c.reaped && c.role != troupe::node_role::worker && !c.hold_stdin)
+            ::kill(c.pid, SIGUSR1);
+        continue;
+      }
       if (stopping_) {
         log_.error("signal " + std::to_string(sig) + " again: killing every node now");
         kill_all(SIGKILL);
@@ -680,8 +703,7 @@ std::string label_for(troupe::node_role role, int index) {
 
 /// Declares the flags on `app`, each writing its field of `opt`, and the --help footer.
 void add_flags(CLI::App& app, options& opt) {
-  app.add_option("-n,--num-workers", opt.num_workers, "Number of workers (W)")
-      ->required()
+  app.add_option("-n,--num-workers", opt.num_workers, "Number of workers (W); required")
       ->check(CLI::Range(1, 100'000))
       ->type_name("W");
   app.add_option("-s,--num-servers", opt.num_servers, "Number of servers (default: W)")
@@ -731,8 +753,19 @@ void add_flags(CLI::App& app, options& opt) {
                  "ssh -o OPTION for ssh mode (repeatable), e.g. IdentityFile=...")
       ->allow_extra_args(false)
       ->type_name("OPTION");
+  app.add_option("--trace", opt.trace,
+                 "Every server and worker records each key's push, merge, update and pull as "
+                 "Chrome trace spans (observe.trace); when the job is over their files "
+                 "FILE.<role>-<rank> are merged into FILE (Perfetto opens it)")
+      ->type_name("FILE");
+  app.add_option("--merge-trace", opt.merge_trace,
+                 "Start nothing: merge the node trace files FILE.<role>-<rank> found beside FILE "
+                 "(copied from the hosts of an ssh job, say) into FILE")
+      ->type_name("FILE");
+  app.add_flag("--summary", opt.summary,
+               "Every server and worker prints its traffic summary at the end of the job "
+               "(observe.summary); servers also on SIGUSR1, which the launcher passes on");
   app.add_option("command", opt.command, "The worker program and its arguments (after --)")
-      ->required()
       ->type_name("COMMAND ARGS...");
   app.footer(
       "Output lines are prefixed with [scheduler], [server i] or [worker i], i being the node's "
@@ -875,11 +908,29 @@ result<std::string> random_token() {
 int job_signal_fd() {
   sigset_t handled;
   sigemptyset(&handled);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP})
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1})
     sigaddset(&handled, s);
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   return ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/// --trace: merges the nodes' trace files into `file` and removes them; false (logged) when there
+/// were none or they could not be merged.
+bool merge_node_traces(const std::string& file, const troupe::logger& log) {
+  const auto parts = troupe::node_trace_files(file);
+  if (parts.empty()) {
+    log.error("no node trace files " + file + ".<role>-<rank> to merge");
+    return false;
+  }
+  if (auto merged = troupe::merge_trace_files(file, parts); !merged) {
+    log.error("the job trace: " + merged.error().message());
+    return false;
+  }
+  for (const auto& part : parts)
+    std::filesystem::remove(part);
+  log.info("merged the trace files of " + std::to_string(parts.size()) + " nodes into " + file);
+  return true;
 }
 
 /// How the nodes are started: the launcher's flags and what was worked out from them.
@@ -912,6 +963,13 @@ std::vector<std::string> common_environment(const options& opt, const troupe::cl
     auto config_file = std::filesystem::absolute(*opt.config, ec);
     common.push_back("TROUPE_CONFIG=" + (ec ? *opt.config : config_file.string()));
   }
+  if (!opt.trace.empty()) {
+    std::error_code ec;
+    auto trace_file = std::filesystem::absolute(opt.trace, ec);
+    common.push_back("TROUPE_TRACE=" + (ec ? opt.trace : trace_file.string()));
+  }
+  if (opt.summary)
+    common.push_back("TROUPE_SUMMARY=true");
   common.insert(common.end(), opt.env.begin(), opt.env.end());
   return common;
 }
@@ -1005,6 +1063,14 @@ int main(int argc, char** argv) {
   if (auto done = troupe::parse_command_line(app, "troupe-launch", argc, argv))
     return *done;
 
+  if (!opt.merge_trace.empty()) {
+    const troupe::logger log{"troupe-launch", 1};
+    return merge_node_traces(opt.merge_trace, log) ? 0 : 1;
+  }
+  if (opt.num_workers == 0)
+    return usage_error("--num-workers is required");
+  if (opt.command.empty())
+    return usage_error("give the worker program and its arguments after --");
   // Everything that can be wrong with the request is checked before anything starts.
   auto stop_grace = troupe::parse_duration(opt.stop_grace);
   if (!stop_grace)
@@ -1071,5 +1137,8 @@ int main(int argc, char** argv) {
         log);
   start_nodes(j, plan, node_binary, num_servers);
   // When a node could not start, the job is already stopping: run() waits for what did start.
-  return j.run();
+  const int code = j.run();
+  if (!opt.trace.empty())
+    merge_node_traces(opt.trace, log);
+  return code;
 }

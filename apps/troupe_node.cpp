@@ -12,9 +12,11 @@
 // the job failed (a lost server, more lost workers than the quorum allows, a startup timeout), with
 // the reason logged through troupe::logger under the node's name ("server@127.0.0.1"). The
 // scheduler prints "troupe-node: scheduler listening on HOST:PORT" on stdout once it is bound: with
-// port 0 that line is how the port is found.
+// port 0 that line is how the port is found. SIGUSR1 makes a server print its summary
+// (observe.summary) within a second.
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
   auto restore = load_server_checkpoint(*config);
   if (!restore)
     return configuration_error(restore.error());
+  std::signal(SIGUSR1, [](int) { ask_for_summary(); });
   const auto host = config->scheduler_host;
   return serve_node(*config, std::move(*restore), [&host](std::uint16_t port) {
     std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);

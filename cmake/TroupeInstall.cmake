@@ -20,7 +20,7 @@ include(CMakePackageConfigHelpers)
 # Every library, in link order (each before those it uses): troupe::troupe links them all.
 set(troupe_installed_libraries
   troupe_gluon troupe_kvstore troupe_actors troupe_logic troupe_config troupe_schema troupe_engine
-  troupe_kernels troupe_json_line troupe_log troupe_errors)
+  troupe_job_trace troupe_kernels troupe_json_line troupe_log troupe_errors)
 
 add_library(troupe INTERFACE)
 add_library(troupe::troupe ALIAS troupe)

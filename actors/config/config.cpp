@@ -567,6 +567,21 @@ void add_tls_fields(std::vector<field>& t) {
                {}});
 }
 
+/// The keys of [observe], in the order of docs/cluster.sample.toml.
+void add_observe_fields(std::vector<field>& t) {
+  t.push_back({{"observe", "trace", "TROUPE_TRACE", "--trace", "FILE", "",
+                "Servers and workers record every key's push, merge, update and pull as Chrome "
+                "trace spans and write them to FILE.<role>-<rank> at the end of the job "
+                "(troupe-launch --trace FILE merges them into FILE). Unset: no trace."},
+               string_setter(&cluster_config::trace_file, valid_path, "a file path"),
+               {}});
+  t.push_back({{"observe", "summary", "TROUPE_SUMMARY", "--summary", "BOOL", "false",
+                "Servers and workers print their traffic summary at the end of the job (servers "
+                "also on SIGUSR1), whatever node.verbose says."},
+               bool_setter(&cluster_config::summary),
+               {}});
+}
+
 /// Every key, in the order of docs/cluster.sample.toml. Immutable after first use.
 const std::vector<field>& fields() {
   static const std::vector<field> table = [] {
@@ -579,6 +594,7 @@ const std::vector<field>& fields() {
     add_sync_fields(t);
     add_checkpoint_fields(t);
     add_tls_fields(t);
+    add_observe_fields(t);
     return t;
   }();
   return table;

@@ -190,6 +190,12 @@ struct cluster_config {
   /// through the encrypted socket (docs/RELIABILITY.md, "TLS", says why that is the default).
   bool tls_allow_shared_memory = false;
 
+  // [observe]
+  /// observe.trace: the job trace's file prefix (actors/logic/job_trace.hpp); empty: none.
+  std::string trace_file;
+  /// observe.summary: print the end-of-job traffic summary.
+  bool summary = false;
+
   /// Hardware threads of this machine, at least 1.
   static int default_shards() noexcept;
 

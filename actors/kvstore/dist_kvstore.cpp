@@ -80,6 +80,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.server_rejoin = s.server_rejoin;
   options.reconnect = s.reconnect_server;
   options.log = s.log;
+  options.summary_log = s.summary_log;
   store->worker_ = spawn_kv_worker(system, options);
   auto links = s.connect_servers(caf::actor_cast<caf::actor>(store->worker_));
   if (!links) {

@@ -40,6 +40,8 @@ struct waiting_pull {
   std::uint64_t round = 0;
   shard_clock::time_point expiry;
   reply_route reply;
+  /// When it arrived on the job trace's clock (job_trace.hpp); 0: not traced.
+  std::int64_t traced_since_us = 0;
 };
 
 class pending_pulls {

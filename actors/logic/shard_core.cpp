@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "actors/logic/job_trace.hpp"
 #include "actors/logic/wire_conversions.hpp"
 #include "engine/serialize.hpp"
 #include "schema/codec.hpp"
@@ -270,6 +271,11 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
     return;
   }
   push_chunk chunk{push.request_id, push.sender, push.round, tensor.offset, tensor.data};
+  entry->traffic.push_bytes += tensor.data.size();
+  if (tensor.offset == 0) {
+    ++entry->traffic.pushes;
+    trace_push_begins(*entry, push.sender);
+  }
   if (entry->sync)
     on_sync_push(*entry, push, chunk, reply);
   else
@@ -302,14 +308,18 @@ void shard_core::on_sync_push(key_entry& entry, const push_request& push, const 
   case chunk_fate::refused:
     refuse(reply, push.request_id, push.key, outcome.code, std::move(outcome.problem));
     return;
-  case chunk_fate::taken:
   case chunk_fate::deferred:
+    if (chunk.offset + chunk.data.size() >= entry.stored.nbytes())
+      trace_push_merged(entry, push);
+    return;
+  case chunk_fate::taken:
   case chunk_fate::late:
     return;
   case chunk_fate::dropped:
     answer_push(entry, push, push_outcome{true, std::nullopt}, reply);
     return;
   case chunk_fate::completed: {
+    trace_push_merged(entry, push);
     // Deferred pushes can enter only a round that opened: none while this one stays open.
     push_outcome how;
     const bool closes = round.quorum_reached();
@@ -329,7 +339,11 @@ std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64
   auto scale = policy_.rescale_quorum && policy_.quorum < options_.num_workers
                    ? static_cast<double>(options_.num_workers) / policy_.quorum
                    : 1.0;
+  const auto traced_since = trace_start_time();
   auto failure = apply(key, entry, round.sum(), scale);
+  if (traced_since != 0)
+    job_trace::process().record(
+        {"update", key, closing, -1, entry.stored.nbytes(), traced_since, job_trace::now_us()});
   round.close();
   answer_pulls(key, entry);
   if (failure) {
@@ -385,13 +399,21 @@ void shard_core::on_async_push(key_entry& entry, const push_request& push, const
   }
   if (outcome.fate != chunk_fate::completed)
     return;
+  trace_push_merged(entry, push);
   // Bounded staleness's instrument: how many pushes the sender is ahead of the slowest live
   // worker as this push arrives (the sender's count before it).
   auto slowest = pushes.slowest(live_);
   auto own = pushes.pushes_of(push.sender) - 1;
-  if (slowest != std::numeric_limits<std::uint64_t>::max() && own > slowest)
-    stats_.max_lead = std::max(stats_.max_lead, own - slowest);
-  if (auto failure = apply(push.key, entry, pushes.received(push.sender), 1.0)) {
+  const std::uint64_t lead =
+      slowest != std::numeric_limits<std::uint64_t>::max() && own > slowest ? own - slowest : 0;
+  stats_.max_lead = std::max(stats_.max_lead, lead);
+  ++stats_.lead_counts[std::min<std::uint64_t>(lead, stats_.lead_counts.size() - 1)];
+  const auto traced_since = trace_start_time();
+  auto failure = apply(push.key, entry, pushes.received(push.sender), 1.0);
+  if (traced_since != 0)
+    job_trace::process().record({"update", push.key, push.round, push.sender, entry.stored.nbytes(),
+                                 traced_since, job_trace::now_us()});
+  if (failure) {
     refuse(reply, push.request_id, push.key, wire::error_code::internal,
            "update of key " + std::to_string(push.key) + " with a push of worker " +
                std::to_string(push.sender) + " failed: " + *failure);
@@ -424,12 +446,13 @@ void shard_core::answer_push(key_entry& entry, const push_request& push, const p
     return;
   }
   // A dropped push's pull gets the value of the round that closed without it.
+  const auto traced_since = trace_start_time();
   if (how.dropped || pull_ready(entry, push.round + 1)) {
-    send_value(push.key, entry, push.request_id, push.sender, reply);
+    send_value(push.key, entry, push.request_id, push.sender, reply, push.round + 1, traced_since);
     return;
   }
   entry.pulls.add(waiting_pull{push.request_id, push.sender, push.round + 1,
-                               expiry(push.arrival, push.timeout_ms), reply});
+                               expiry(push.arrival, push.timeout_ms), reply, traced_since});
 }
 
 std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry, ndarray& received,
@@ -477,8 +500,9 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
                std::to_string(options_.num_workers) + " workers");
     return;
   }
+  const auto traced_since = trace_start_time();
   if (pull_ready(*entry, msg.round)) {
-    send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply);
+    send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply, msg.round, traced_since);
     return;
   }
   if (entry->pulls.count_from(msg.sender_rank) >= pull_limit()) {
@@ -489,7 +513,7 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
     return;
   }
   entry->pulls.add(waiting_pull{msg.request_id, msg.sender_rank, msg.round,
-                                expiry(now(), msg.timeout_ms), reply});
+                                expiry(now(), msg.timeout_ms), reply, traced_since});
 }
 
 bool shard_core::pull_ready(const key_entry& entry, std::uint64_t round) const noexcept {
@@ -519,11 +543,28 @@ void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
         entry.pulls.take([&](const waiting_pull& pull) { return pull_ready(entry, pull.round); });
   }
   for (auto& pull : ready)
-    send_value(key, entry, pull.request_id, pull.sender, pull.reply);
+    send_value(key, entry, pull.request_id, pull.sender, pull.reply, pull.round,
+               pull.traced_since_us);
 }
 
-void shard_core::send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
-                            std::uint32_t sender, const reply_route& reply) const {
+void shard_core::trace_push_begins(key_entry& entry, std::uint32_t sender) {
+  if (!job_trace::process().enabled())
+    return;
+  entry.merge_started_us.resize(options_.num_workers, 0);
+  entry.merge_started_us[sender] = job_trace::now_us();
+}
+
+void shard_core::trace_push_merged(key_entry& entry, const push_request& push) {
+  if (push.sender >= entry.merge_started_us.size() || entry.merge_started_us[push.sender] == 0)
+    return;
+  job_trace::process().record({"merge", push.key, push.round, push.sender, entry.stored.nbytes(),
+                               entry.merge_started_us[push.sender], job_trace::now_us()});
+  entry.merge_started_us[push.sender] = 0;
+}
+
+void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t request_id,
+                            std::uint32_t sender, const reply_route& reply, std::uint64_t round,
+                            std::int64_t traced_since_us) {
   const auto& value = entry.stored;
   wire::tensor_chunk tensor;
   tensor.type = to_wire(value.dtype());
@@ -536,6 +577,24 @@ void shard_core::send_value(std::uint64_t key, const key_entry& entry, std::uint
   auto keepalive = value.keepalive();
   for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
     reply(envelope{chunks.chunk(i), keepalive, 0});
+  ++entry.traffic.pulls;
+  entry.traffic.pull_bytes += value.nbytes();
+  if (traced_since_us != 0)
+    job_trace::process().record(
+        {"pull", key, round, sender, value.nbytes(), traced_since_us, job_trace::now_us()});
+}
+
+shard_stats shard_core::stats() const {
+  shard_stats out = stats_;
+  out.keys.reserve(keys_.size());
+  for (const auto& [key, entry] : keys_) {
+    if (!entry.initialized())
+      continue;
+    auto traffic = entry.traffic;
+    traffic.key = key;
+    out.keys.push_back(traffic);
+  }
+  return out;
 }
 
 shard_clock::time_point shard_core::expiry(shard_clock::time_point arrival,

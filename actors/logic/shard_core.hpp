@@ -178,7 +178,8 @@ public:
   /// kind or layout (naming what differs), keys beyond the key budget, or states of another shape.
   status restore(const shard_snapshot& saved);
 
-  const shard_stats& stats() const noexcept { return stats_; }
+  /// The shard's counters, with every initialised key's traffic.
+  shard_stats stats() const;
   const sync_policy& policy() const noexcept { return policy_; }
   /// Rounds completed (dist_sync) or pushes applied (dist_async) for `ps_key`; 0 for an unknown
   /// key.
@@ -220,6 +221,11 @@ private:
     /// and in the one being written.
     std::vector<std::uint64_t> durable_pushes;
     std::vector<std::uint64_t> writing_pushes;
+    /// Counted for stats() (its key field unused here).
+    key_traffic traffic;
+    /// The job trace (job_trace.hpp): when each worker's push under way began, for its merge
+    /// span; empty while tracing is off.
+    std::vector<std::int64_t> merge_started_us;
 
     bool initialized() const noexcept { return !init_assembly.has_value(); }
     /// dist_sync: pushes of the round being collected have arrived (a save waits for it).
@@ -268,8 +274,13 @@ private:
   bool within_staleness(std::uint64_t round, std::uint64_t slowest) const noexcept;
   void answer_pulls(std::uint64_t key, key_entry& entry);
   /// A pull reply to worker `sender`.
-  void send_value(std::uint64_t key, const key_entry& entry, std::uint64_t request_id,
-                  std::uint32_t sender, const reply_route& reply) const;
+  /// `traced_since_us`: when the pull arrived, for its span in the job trace (0: not traced).
+  void send_value(std::uint64_t key, key_entry& entry, std::uint64_t request_id,
+                  std::uint32_t sender, const reply_route& reply, std::uint64_t round,
+                  std::int64_t traced_since_us);
+  /// The job trace: a push's first chunk is in (offset 0), or its last one merged.
+  void trace_push_begins(key_entry& entry, std::uint32_t sender);
+  void trace_push_merged(key_entry& entry, const push_request& push);
   /// The waiting pulls one worker may have on one key when it sends another.
   std::size_t pull_limit() const noexcept { return policy_.max_rounds_ahead + std::size_t{1}; }
   shard_clock::time_point now() const {

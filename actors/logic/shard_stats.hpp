@@ -3,9 +3,25 @@
 // (actors/protocols.hpp). Plain data, no CAF.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <vector>
 
 namespace troupe {
+
+/// One key's traffic at its shard: push requests and their tensor bytes received, pull replies
+/// and their tensor bytes sent.
+struct key_traffic {
+  std::uint64_t key = 0;
+  std::uint64_t pushes = 0;
+  std::uint64_t push_bytes = 0;
+  std::uint64_t pulls = 0;
+  std::uint64_t pull_bytes = 0;
+};
+
+/// dist_async's staleness: lead_counts[n] pushes arrived n pushes ahead of the slowest live
+/// worker (the last bucket: that many or more).
+using lead_histogram = std::array<std::uint64_t, 17>;
 
 /// What a shard counts, for logs, the job's summary and tests.
 struct shard_stats {
@@ -22,6 +38,9 @@ struct shard_stats {
   std::uint64_t requests_refused = 0;
   /// Checkpoints written (periodic ones; save_optimizer_states files are not counted).
   std::uint64_t checkpoints_written = 0;
+  /// Every initialised key's traffic, by key.
+  std::vector<key_traffic> keys;
+  lead_histogram lead_counts{};
 };
 
 /// Sums stats of several shards (max_lead: the largest).
@@ -32,6 +51,12 @@ inline shard_stats& operator+=(shard_stats& total, const shard_stats& more) noex
   total.pulls_expired += more.pulls_expired;
   total.requests_refused += more.requests_refused;
   total.checkpoints_written += more.checkpoints_written;
+  // Shards hold disjoint keys.
+  total.keys.insert(total.keys.end(), more.keys.begin(), more.keys.end());
+  std::sort(total.keys.begin(), total.keys.end(),
+            [](const key_traffic& a, const key_traffic& b) { return a.key < b.key; });
+  for (std::size_t i = 0; i < total.lead_counts.size(); ++i)
+    total.lead_counts[i] += more.lead_counts[i];
   return total;
 }
 

@@ -233,6 +233,10 @@ std::vector<broken_config> table() {
     {p::kvbench_worker, g::flag, {"--repeats", "0"}, "--repeats", "zero repetitions"},
     {p::kvbench_worker, g::config_flag, {"[tls]\nallow_shared_memory = \"yes\"\n"},
      "tls.allow_shared_memory", "a string where a boolean is expected"},
+    {p::server, g::config_env, {"[observe]\ntrace = \"\"\n"}, "observe.trace",
+     "an empty trace file"},
+    {p::kvbench_worker, g::env, {"TROUPE_SUMMARY", "sometimes"}, "TROUPE_SUMMARY",
+     "a summary switch that is no boolean"},
   };
   // clang-format on
 }

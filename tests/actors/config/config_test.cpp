@@ -493,6 +493,10 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "--tls-key",
                             "/{role}.key",
                             "--tls-allow-shared-memory",
+                            "true",
+                            "--trace",
+                            "/tmp/job.trace",
+                            "--summary",
                             "true"});
   auto cfg = load_ok(std::nullopt, {}, flags);
   BOOST_TEST((cfg.role == node_role::scheduler));
@@ -535,6 +539,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.tls_cert_file == "/{role}.crt");
   BOOST_TEST(cfg.tls_key_file == "/{role}.key");
   BOOST_TEST(cfg.tls_allow_shared_memory);
+  BOOST_TEST(cfg.trace_file == "/tmp/job.trace");
+  BOOST_TEST(cfg.summary);
   std::size_t with_flag = 0;
   for (const auto& key : config_keys())
     with_flag += key.flag.empty() ? 0 : 1;
