@@ -1200,7 +1200,8 @@ result<std::string> launch_mode(const options& opt) {
   if ((mode == "slurm" || mode == "k8s") && opt.restart_servers > 0)
     return refuse("--restart-servers", "--launcher local and ssh");
   if (mode != "k8s" && (!opt.image.empty() || !opt.k8s_secret.empty() || opt.name != "troupe"))
-    return refuse("--image, --name and --k8s-secret", "--emit k8s");
+    return error{errc::invalid_argument,
+                 "--image, --name and --k8s-secret apply to --emit k8s only"};
   if (mode == "k8s" && opt.image.empty())
     return error{errc::invalid_argument, "--emit k8s needs --image IMAGE"};
   return mode;
