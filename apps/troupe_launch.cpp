@@ -1,7 +1,21 @@
 // troupe-launch: starts a whole job, as MXNet's tools/launch.py does.
 //
-//   troupe-launch -n W [-s S] [--quorum K] [-H hostfile] [--launcher local|ssh] [--config FILE]
-//                 [--env K=V]... [--restart-servers[=N]] -- COMMAND ARGS...
+//   troupe-launch -n W [-s S] [--quorum K] [-H hostfile] [--launcher local|ssh|slurm]
+//                 [--config FILE] [--env NAME:VALUE]... [--env-server ...] [--env-worker ...]
+//                 [--sync-dst-dir DIR] [--restart-servers[=N]] -- COMMAND ARGS...
+//   troupe-launch -n W [-s S] --emit k8s --image IMAGE [--name NAME] ... -- COMMAND ARGS...
+//
+// launch.py's flags mean what they mean there (docs/launching.md maps them): --env NAME:VALUE or
+// NAME=VALUE sets a variable for every node and a bare --env NAME passes on this environment's
+// value, --env-server and --env-worker do the same for one role; a hostfile line is `host`,
+// `host:sshport`, optionally followed by MPI's `slots=N` (ignored, as launch.py does); and
+// --sync-dst-dir copies the working directory to DIR on every host with rsync before an ssh job
+// starts, the remote nodes then running there.
+//
+// Two more modes start no job of their own. --launcher slurm runs under srun, one task per node:
+// each task becomes the node its SLURM_PROCID names (0 the scheduler, then the servers, then the
+// workers; apps/slurm_tasks.hpp) by exec. --emit k8s writes the job's Kubernetes manifests on
+// stdout (apps/k8s_manifests.hpp).
 //
 // It starts the scheduler (`troupe-node --role scheduler`), S servers (`troupe-node --role
 // server`, S defaults to W) and W workers running COMMAND, each with DMLC_ROLE,
@@ -26,11 +40,11 @@
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
 //
-// A usage error (bad flags, config, hostfile, a port in use) is one plain line
-// "troupe-launch: ..." and exit code 2, before anything starts. Once the job runs, the launcher's
-// own messages (a node that could not start or failed, signals, nodes being stopped) go through
-// troupe::logger as "troupe-launch"; with verbose 1 ([node] verbose or PS_VERBOSE) it also logs
-// each node's start and end. What to do when a node fails is decided in one place,
+// A usage error (bad flags, config, hostfile, a port in use, a failed --sync-dst-dir copy) is one
+// plain line "troupe-launch: ..." and exit code 2, before anything starts. Once the job runs, the
+// launcher's own messages (a node that could not start or failed, signals, nodes being stopped) go
+// through troupe::logger as "troupe-launch"; with verbose 1 ([node] verbose or PS_VERBOSE) it also
+// logs each node's start and end. What to do when a node fails is decided in one place,
 // job::on_worker_failed and job::on_node_failed.
 //
 // The job token: when the configuration names none (no job.token, job.token_file or
@@ -720,8 +734,9 @@ void add_flags(CLI::App& app, options& opt) {
       ->check(CLI::Range(1, 100'000))
       ->type_name("K");
   app.add_option("-H,--hostfile", opt.hostfile,
-                 "File of hosts, one `host` or `host:sshport` a line (# comments); servers and "
-                 "workers go round-robin over them")
+                 "File of hosts, one `host` or `host:sshport` a line, optionally followed by MPI's "
+                 "`slots=N` (ignored, as launch.py does; # comments); servers and workers go "
+                 "round-robin over them")
       ->type_name("FILE");
   app.add_option("--launcher", opt.launcher,
                  "local (default), ssh (the default with a hostfile), or slurm: under srun, "
@@ -807,12 +822,21 @@ void add_flags(CLI::App& app, options& opt) {
       "its ssh client); processes it started itself are not stopped on the remote host. "
       "tests/cluster tests ssh mode against an sshd on 127.0.0.1 where openssh-server is "
       "installed.\n"
+      "--launcher slurm: run under `srun -n 1+S+W troupe-launch --launcher slurm -n W -s S -- "
+      "COMMAND`; each task becomes its node by exec (task 0 the scheduler, at the first node "
+      "of the step), so its exit code is the node's. The job token must be configured "
+      "(TROUPE_JOB_TOKEN exported before srun, or job.token_file); the port is the configured "
+      "one, else 20000 + SLURM_JOB_ID % 10000.\n"
+      "--emit k8s writes a Service and Jobs for the scheduler, servers and workers (image "
+      "IMAGE, troupe-node on its PATH unless --node-binary), the job token read from Secret "
+      "NAME-token, and exits 0.\n"
       "Exit codes: 0 every node succeeded; 3 the job finished, but workers were lost within "
       "the quorum (at most W - K workers failed, or the scheduler exited 3), with a summary "
       "line naming them; otherwise the code of the node whose failure stopped the job (a "
       "worker lost beyond the quorum, the scheduler or a server; 128+N for signal N) after "
       "stopping the rest; 128+N when troupe-launch gets signal N; 2 bad flags, config, "
-      "hostfile or a port in use (nothing started); 124 the scheduler or a server kept "
+      "hostfile, a port in use or a failed --sync-dst-dir copy (nothing started); 124 the "
+      "scheduler or a server kept "
       "running after the workers finished; 126/127 a program could not be started.");
 }
 
