@@ -1,9 +1,23 @@
 // troupe-launch: starts a whole job, as MXNet's tools/launch.py does.
 //
-//   troupe-launch -n W [-s S] [--quorum K] [-H hostfile] [--launcher local|ssh] [--config FILE]
-//                 [--env K=V]... [--restart-servers[=N]] [--trace FILE] [--summary]
+//   troupe-launch -n W [-s S] [--quorum K] [-H hostfile] [--launcher local|ssh|slurm]
+//                 [--config FILE] [--env NAME:VALUE]... [--env-server ...] [--env-worker ...]
+//                 [--sync-dst-dir DIR] [--restart-servers[=N]] [--trace FILE] [--summary]
 //                 -- COMMAND ARGS...
+//   troupe-launch -n W [-s S] --emit k8s --image IMAGE [--name NAME] ... -- COMMAND ARGS...
 //   troupe-launch --merge-trace FILE
+//
+// launch.py's flags mean what they mean there (docs/launching.md maps them): --env NAME:VALUE or
+// NAME=VALUE sets a variable for every node and a bare --env NAME passes on this environment's
+// value, --env-server and --env-worker do the same for one role; a hostfile line is `host`,
+// `host:sshport`, optionally followed by MPI's `slots=N` (ignored, as launch.py does); and
+// --sync-dst-dir copies the working directory to DIR on every host with rsync before an ssh job
+// starts, the remote nodes then running there.
+//
+// Two more modes start no job of their own. --launcher slurm runs under srun, one task per node:
+// each task becomes the node its SLURM_PROCID names (0 the scheduler, then the servers, then the
+// workers; apps/slurm_tasks.hpp) by exec. --emit k8s writes the job's Kubernetes manifests on
+// stdout (apps/k8s_manifests.hpp).
 //
 // It starts the scheduler (`troupe-node --role scheduler`), S servers (`troupe-node --role
 // server`, S defaults to W) and W workers running COMMAND, each with DMLC_ROLE,
@@ -34,11 +48,11 @@
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
 //
-// A usage error (bad flags, config, hostfile, a port in use) is one plain line
-// "troupe-launch: ..." and exit code 2, before anything starts. Once the job runs, the launcher's
-// own messages (a node that could not start or failed, signals, nodes being stopped) go through
-// troupe::logger as "troupe-launch"; with verbose 1 ([node] verbose or PS_VERBOSE) it also logs
-// each node's start and end. What to do when a node fails is decided in one place,
+// A usage error (bad flags, config, hostfile, a port in use, a failed --sync-dst-dir copy) is one
+// plain line "troupe-launch: ..." and exit code 2, before anything starts. Once the job runs, the
+// launcher's own messages (a node that could not start or failed, signals, nodes being stopped) go
+// through troupe::logger as "troupe-launch"; with verbose 1 ([node] verbose or PS_VERBOSE) it also
+// logs each node's start and end. What to do when a node fails is decided in one place,
 // job::on_worker_failed and job::on_node_failed.
 //
 // The job token: when the configuration names none (no job.token, job.token_file or
@@ -70,6 +84,7 @@
 #include <netinet/in.h>
 #include <optional>
 #include <poll.h>
+#include <regex>
 #include <spawn.h>
 #include <string>
 #include <sys/signalfd.h>
@@ -80,6 +95,8 @@
 
 #include "actors/config/config.hpp"
 #include "actors/logic/job_trace.hpp"
+#include "apps/k8s_manifests.hpp"
+#include "apps/slurm_tasks.hpp"
 #include "engine/log.hpp"
 
 extern char** environ;
@@ -119,7 +136,12 @@ struct options {
   std::string hostfile;
   std::string launcher;
   std::optional<std::string> config;
+  /// --env, --env-server, --env-worker as given: NAME=VALUE, NAME:VALUE or NAME (env_pair).
   std::vector<std::string> env;
+  std::vector<std::string> env_server;
+  std::vector<std::string> env_worker;
+  /// --sync-dst-dir: ssh mode copies this directory here to DIR on every host first.
+  std::string sync_dst_dir;
   std::string node_binary;
   std::string stop_grace = "5s";
   std::string finish_timeout = "10s";
@@ -132,6 +154,11 @@ struct options {
   std::string merge_trace;
   /// --summary: every server and worker prints its summary at the end (TROUPE_SUMMARY).
   bool summary = false;
+  /// --emit k8s: write the job's Kubernetes manifests instead of starting it.
+  std::string emit;
+  std::string image;
+  std::string name = "troupe";
+  std::string k8s_secret;
   std::vector<std::string> command;
 };
 
@@ -194,10 +221,17 @@ result<std::vector<host>> read_hostfile(const std::string& path) {
     if (first == std::string::npos)
       continue;
     line = line.substr(first, line.find_last_not_of(" \t\r") - first + 1);
-    if (line.find_first_of(" \t") != std::string::npos)
-      return error{errc::invalid_argument, path + ":" + std::to_string(number) +
-                                               ": one host (or host:port) per line, got \"" + line +
-                                               "\""};
+    // An MPI hostfile's "host slots=N" is read as launch.py reads it: the slots are ignored.
+    if (auto space = line.find_first_of(" \t"); space != std::string::npos) {
+      const auto rest = line.substr(line.find_first_not_of(" \t", space));
+      if (!std::regex_match(rest, std::regex{"slots=[0-9]+"}))
+        return error{errc::invalid_argument,
+                     path + ":" + std::to_string(number) +
+                         ": one host (or host:port), optionally followed by slots=N, per line, "
+                         "got \"" +
+                         line + "\""};
+      line = line.substr(0, space);
+    }
     host h{line, std::nullopt};
     if (auto colon = line.rfind(':'); colon != std::string::npos && line.find(':') == colon) {
       h.name = line.substr(0, colon);
@@ -264,6 +298,17 @@ struct worker_quorum {
     return "quorum " + std::to_string(quorum) + " of " + std::to_string(num_workers);
   }
 };
+
+/// `base` with `env` (NAME=VALUE) set in it, a name in both taking `env`'s value.
+std::vector<std::string> merged_environment(std::vector<std::string> base,
+                                            const std::vector<std::string>& env) {
+  for (const auto& kv : env) {
+    auto name = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(base, [&](const std::string& e) { return e.starts_with(name); });
+    base.push_back(kv);
+  }
+  return base;
+}
 
 /// Runs the job: starts the children, relays their output, watches their ends.
 class job {
@@ -365,12 +410,7 @@ private:
       sigaddset(&defaults, s);
     posix_spawnattr_setsigdefault(&attr, &defaults);
 
-    std::vector<std::string> environment = base_env_;
-    for (const auto& kv : env) {
-      auto name = kv.substr(0, kv.find('=') + 1);
-      std::erase_if(environment, [&](const std::string& e) { return e.starts_with(name); });
-      environment.push_back(kv);
-    }
+    const std::vector<std::string> environment = merged_environment(base_env_, env);
     std::vector<char*> argv_c, env_c;
     for (const auto& a : argv)
       argv_c.push_back(const_cast<char*>(a.c_str()));
@@ -716,19 +756,36 @@ void add_flags(CLI::App& app, options& opt) {
       ->check(CLI::Range(1, 100'000))
       ->type_name("K");
   app.add_option("-H,--hostfile", opt.hostfile,
-                 "File of hosts, one `host` or `host:sshport` a line (# comments); servers and "
-                 "workers go round-robin over them")
+                 "File of hosts, one `host` or `host:sshport` a line, optionally followed by MPI's "
+                 "`slots=N` (ignored, as launch.py does; # comments); servers and workers go "
+                 "round-robin over them")
       ->type_name("FILE");
-  app.add_option("--launcher", opt.launcher, "local (default) or ssh (the default with a hostfile)")
-      ->check(CLI::IsMember({"local", "ssh"}))
+  app.add_option("--launcher", opt.launcher,
+                 "local (default), ssh (the default with a hostfile), or slurm: under srun, "
+                 "become task SLURM_PROCID's node (0 the scheduler, then servers, then workers)")
+      ->check(CLI::IsMember({"local", "ssh", "slurm"}))
       ->type_name("MODE");
   app.add_option("--config", opt.config,
                  "Cluster config file (TOML), read here and passed to every node as "
                  "TROUPE_CONFIG")
       ->type_name("FILE");
-  app.add_option("--env", opt.env, "K=V added to every node's environment (repeatable)")
+  app.add_option("--env", opt.env,
+                 "A variable for every node (repeatable): NAME:VALUE (launch.py's form) or "
+                 "NAME=VALUE sets it; a bare NAME passes on this environment's value")
       ->allow_extra_args(false)
-      ->type_name("K=V");
+      ->type_name("NAME:VALUE");
+  app.add_option("--env-server", opt.env_server,
+                 "As --env, for the servers only (repeatable); beats --env")
+      ->allow_extra_args(false)
+      ->type_name("NAME:VALUE");
+  app.add_option("--env-worker", opt.env_worker,
+                 "As --env, for the workers only (repeatable); beats --env")
+      ->allow_extra_args(false)
+      ->type_name("NAME:VALUE");
+  app.add_option("--sync-dst-dir", opt.sync_dst_dir,
+                 "ssh mode: first copy this directory (rsync -az) to DIR on every host of the "
+                 "hostfile, and run the remote nodes there")
+      ->type_name("DIR");
   app.add_option("--node-binary", opt.node_binary,
                  "The troupe-node program run as scheduler and servers (default: troupe-node "
                  "beside troupe-launch)")
@@ -765,6 +822,19 @@ void add_flags(CLI::App& app, options& opt) {
   app.add_flag("--summary", opt.summary,
                "Every server and worker prints its traffic summary at the end of the job "
                "(observe.summary); servers also on SIGUSR1, which the launcher passes on");
+  app.add_option("--emit", opt.emit,
+                 "k8s: write the job's Kubernetes manifests on stdout (a Service and Jobs for the "
+                 "scheduler, servers and workers) instead of starting it")
+      ->check(CLI::IsMember({"k8s"}))
+      ->type_name("KIND");
+  app.add_option("--image", opt.image,
+                 "--emit k8s: the container image of every pod (troupe-node and COMMAND in it)")
+      ->type_name("IMAGE");
+  app.add_option("--name", opt.name, "--emit k8s: the prefix of every object's name (troupe)")
+      ->type_name("NAME");
+  app.add_option("--k8s-secret", opt.k8s_secret,
+                 "--emit k8s: the Secret holding the job token under key \"token\" (NAME-token)")
+      ->type_name("SECRET");
   app.add_option("command", opt.command, "The worker program and its arguments (after --)")
       ->type_name("COMMAND ARGS...");
   app.footer(
@@ -785,57 +855,122 @@ void add_flags(CLI::App& app, options& opt) {
       "its ssh client); processes it started itself are not stopped on the remote host. "
       "tests/cluster tests ssh mode against an sshd on 127.0.0.1 where openssh-server is "
       "installed.\n"
+      "--launcher slurm: run under `srun -n 1+S+W troupe-launch --launcher slurm -n W -s S -- "
+      "COMMAND`; each task becomes its node by exec (task 0 the scheduler, at the first node "
+      "of the step), so its exit code is the node's. The job token must be configured "
+      "(TROUPE_JOB_TOKEN exported before srun, or job.token_file); the port is the configured "
+      "one, else 20000 + SLURM_JOB_ID % 10000.\n"
+      "--emit k8s writes a Service and Jobs for the scheduler, servers and workers (image "
+      "IMAGE, troupe-node on its PATH unless --node-binary), the job token read from Secret "
+      "NAME-token, and exits 0.\n"
       "Exit codes: 0 every node succeeded; 3 the job finished, but workers were lost within "
       "the quorum (at most W - K workers failed, or the scheduler exited 3), with a summary "
       "line naming them; otherwise the code of the node whose failure stopped the job (a "
       "worker lost beyond the quorum, the scheduler or a server; 128+N for signal N) after "
       "stopping the rest; 128+N when troupe-launch gets signal N; 2 bad flags, config, "
-      "hostfile or a port in use (nothing started); 124 the scheduler or a server kept "
+      "hostfile, a port in use or a failed --sync-dst-dir copy (nothing started); 124 the "
+      "scheduler or a server kept "
       "running after the workers finished; 126/127 a program could not be started.");
 }
 
-/// Every --env pair is NAME=VALUE and sets none of the variables the launcher sets itself; the
-/// error's message is the usage line.
-status check_env_pairs(const std::vector<std::string>& pairs) {
-  for (const auto& kv : pairs) {
-    auto eq = kv.find('=');
-    std::string name = kv.substr(0, eq);
-    bool valid = eq != std::string::npos && !name.empty() &&
-                 std::all_of(name.begin(), name.end(),
-                             [](char c) {
-                               return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-                             }) &&
-                 !std::isdigit(static_cast<unsigned char>(name[0]));
-    if (!valid)
-      return error{errc::invalid_argument, "--env " + kv + ": expected NAME=VALUE"};
-    if (std::find(launcher_variables.begin(), launcher_variables.end(), name) !=
-        launcher_variables.end())
-      return error{errc::invalid_argument, "--env " + kv + ": troupe-launch sets " + name +
-                                               " itself (use -n, -s, --quorum, --config)"};
-    // The pair would show the token in `ps`; the message names the variable, not the value.
-    if (name == token_variable)
-      return error{errc::invalid_argument,
-                   "--env " + name +
-                       "=...: a token on the command line is visible to every user of this "
-                       "machine; export " +
-                       name + " or set job.token_file instead"};
-  }
-  return {};
+/// The variables of --env, --env-server and --env-worker as NAME=VALUE: for every node, for the
+/// servers only, for the workers only. A role's own come after the common ones, so they win.
+struct env_settings {
+  std::vector<std::string> every_node;
+  std::vector<std::string> servers;
+  std::vector<std::string> workers;
+};
+
+/// One value of `flag` (--env, --env-server, --env-worker) as NAME=VALUE. launch.py's forms mean
+/// what they mean there: NAME:VALUE sets NAME, and a bare NAME passes on troupe-launch's own value
+/// (an error when it has none: a variable asked for and missing is a mistake, which launch.py's
+/// ssh mode also refuses). env(1)'s NAME=VALUE is read too. NAME is a shell variable name, so the
+/// first ':' or '=' after it ends it and VALUE may hold either ("PATH:/opt/bin:/usr/bin"). NAME may
+/// not be a variable the launcher sets itself, nor the job token, which would show in `ps` on a
+/// command line. The error's message is the usage line.
+result<std::string> env_pair(std::string_view flag, const std::string& text,
+                             const troupe::env_lookup& env) {
+  const auto is_name_char = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  };
+  const auto end = static_cast<std::size_t>(
+      std::find_if_not(text.begin(), text.end(), is_name_char) - text.begin());
+  const std::string name = text.substr(0, end);
+  const bool bare = end == text.size();
+  const std::string what = std::string(flag) + " " + text + ": ";
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) ||
+      (!bare && text[end] != '=' && text[end] != ':'))
+    return error{errc::invalid_argument,
+                 what + "expected NAME=VALUE, NAME:VALUE or NAME (a variable of troupe-launch's "
+                        "environment to pass on)"};
+  if (std::find(launcher_variables.begin(), launcher_variables.end(), name) !=
+      launcher_variables.end())
+    return error{errc::invalid_argument,
+                 what + "troupe-launch sets " + name + " itself (use -n, -s, --quorum, --config)"};
+  // The message names the variable, not the value.
+  if (name == token_variable)
+    return error{errc::invalid_argument,
+                 std::string(flag) + " " + name + (bare ? "" : text.substr(end, 1) + "...") +
+                     ": a token on the command line is visible to every user of this machine; "
+                     "export " +
+                     name + " or set job.token_file instead"};
+  if (!bare)
+    return name + "=" + text.substr(end + 1);
+  auto value = env(name);
+  if (!value)
+    return error{errc::invalid_argument,
+                 what + name +
+                     " is not set in troupe-launch's environment, so there is no "
+                     "value to pass on"};
+  return name + "=" + *value;
 }
 
-/// The configuration as the scheduler will see it: the cluster file (named by its path as given,
-/// so that messages match what the user typed), the environment, then -n, -s and, in local mode,
-/// the scheduler on 127.0.0.1.
-result<troupe::cluster_config> load_job_config(const options& opt, int num_servers, bool ssh) {
+/// Variables that launch.py's ssh mode passes on to every remote node when they are set here,
+/// and so does troupe-launch's (local nodes inherit the whole environment). launch.py also passes
+/// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; troupe-launch does not, since they would show on
+/// the remote command line.
+const std::vector<std::string> ssh_forwarded_variables{"OMP_NUM_THREADS", "KMP_AFFINITY",
+                                                       "LD_LIBRARY_PATH", "DMLC_INTERFACE"};
+
+/// The --env, --env-server and --env-worker values of `opt` as NAME=VALUE (env_pair), bare names
+/// read from `env`; in ssh mode, the variables of ssh_forwarded_variables that `env` has come
+/// first.
+result<env_settings> resolve_env_flags(const options& opt, const troupe::env_lookup& env,
+                                       bool ssh) {
+  env_settings settings;
+  if (ssh)
+    for (const auto& name : ssh_forwarded_variables)
+      if (auto value = env(name))
+        settings.every_node.push_back(name + "=" + *value);
+  const std::pair<const std::vector<std::string>*, std::vector<std::string>*> flags[] = {
+      {&opt.env, &settings.every_node},
+      {&opt.env_server, &settings.servers},
+      {&opt.env_worker, &settings.workers}};
+  const char* names[] = {"--env", "--env-server", "--env-worker"};
+  for (std::size_t f = 0; f < 3; ++f)
+    for (const auto& text : *flags[f].first) {
+      auto pair = env_pair(names[f], text, env);
+      if (!pair)
+        return pair.error();
+      flags[f].second->push_back(std::move(*pair));
+    }
+  return settings;
+}
+
+/// The configuration as a node of `role` will see it: the cluster file (named by its path as
+/// given, so that messages match what the user typed), the environment, then -n, -s, --quorum and
+/// `scheduler_host` (127.0.0.1 in local mode, the first node under Slurm) when given.
+result<troupe::cluster_config> load_job_config(const options& opt, int num_servers,
+                                               const std::optional<std::string>& scheduler_host,
+                                               troupe::node_role role) {
   troupe::config_overrides overrides;
   overrides.set("job.num_workers", std::to_string(opt.num_workers));
   overrides.set("job.num_servers", std::to_string(num_servers));
   if (opt.quorum)
     overrides.set("sync.quorum", std::to_string(*opt.quorum));
-  if (!ssh)
-    overrides.set("scheduler.host", "127.0.0.1");
-  // The scheduler's own view: its bind address is where its port must be free.
-  overrides.set("job.role", "scheduler");
+  if (scheduler_host)
+    overrides.set("scheduler.host", *scheduler_host);
+  overrides.set("job.role", std::string(troupe::to_string(role)));
   if (opt.config)
     overrides.config_file = *opt.config;
   return troupe::load_config(std::nullopt, troupe::process_environment(), overrides);
@@ -944,15 +1079,19 @@ struct launch_plan {
   /// empty: none to hand (local nodes read the token the configuration names, as the launcher).
   std::string local_token;
   std::string ssh_token;
+  /// --env-server and --env-worker, after common_env (which holds --env).
+  std::vector<std::string> server_env;
+  std::vector<std::string> worker_env;
   std::size_t next_host = 0;
 };
 
 /// The variables every node gets: the scheduler's address, the job's size, the cluster file (as
 /// an absolute path, so a node started elsewhere finds it) and the --env pairs.
-std::vector<std::string> common_environment(const options& opt, const troupe::cluster_config& cfg,
-                                            std::uint16_t port, int num_servers, bool ssh) {
+std::vector<std::string> common_environment(const options& opt, const std::string& scheduler_host,
+                                            std::uint16_t port, int num_servers,
+                                            const std::vector<std::string>& every_node) {
   std::vector<std::string> common;
-  common.push_back("DMLC_PS_ROOT_URI=" + (ssh ? cfg.scheduler_host : std::string("127.0.0.1")));
+  common.push_back("DMLC_PS_ROOT_URI=" + scheduler_host);
   common.push_back("DMLC_PS_ROOT_PORT=" + std::to_string(port));
   common.push_back("DMLC_NUM_WORKER=" + std::to_string(opt.num_workers));
   common.push_back("DMLC_NUM_SERVER=" + std::to_string(num_servers));
@@ -970,7 +1109,7 @@ std::vector<std::string> common_environment(const options& opt, const troupe::cl
   }
   if (opt.summary)
     common.push_back("TROUPE_SUMMARY=true");
-  common.insert(common.end(), opt.env.begin(), opt.env.end());
+  common.insert(common.end(), every_node.begin(), every_node.end());
   return common;
 }
 
@@ -1012,11 +1151,80 @@ std::vector<std::string> ssh_command(const host& h, const std::vector<std::strin
   return ssh_argv;
 }
 
+/// One word of rsync's --rsh command: rsync splits that command at spaces and keeps a quoted word
+/// whole, but knows no backslash escapes, so a word that holds both kinds of quote cannot pass.
+result<std::string> rsh_word(const std::string& word) {
+  if (word.find_first_of(" \t'\"") == std::string::npos)
+    return word;
+  if (word.find('"') == std::string::npos)
+    return "\"" + word + "\"";
+  if (word.find('\'') == std::string::npos)
+    return "'" + word + "'";
+  return error{errc::invalid_argument, "--sync-dst-dir: rsync cannot pass the ssh option \"" +
+                                           word + "\", which holds both kinds of quote"};
+}
+
+/// --sync-dst-dir: copies the directory `from` into `to` on every host of `hosts` (each host and
+/// port once) with `rsync -az FROM/ HOST:TO`, all hosts at once, as launch.py does; rsync runs ssh
+/// as the nodes' ssh does (BatchMode, the --ssh-option values, the host's port). Waits for every
+/// copy; rsync's own messages go to stderr. An error names each host whose copy failed.
+status sync_working_dir(const std::string& from, const std::string& to,
+                        const std::vector<host>& hosts,
+                        const std::vector<std::string>& ssh_options) {
+  std::vector<host> targets;
+  for (const auto& h : hosts)
+    if (std::none_of(targets.begin(), targets.end(),
+                     [&](const host& t) { return t.name == h.name && t.ssh_port == h.ssh_port; }))
+      targets.push_back(h);
+  std::vector<std::pair<std::string, pid_t>> copies;
+  std::string failed;
+  for (const auto& h : targets) {
+    std::string rsh = "ssh -o BatchMode=yes";
+    for (const auto& o : ssh_options) {
+      auto word = rsh_word(o);
+      if (!word)
+        return word.error();
+      rsh += " -o " + *word;
+    }
+    if (h.ssh_port)
+      rsh += " -p " + std::to_string(*h.ssh_port);
+    const std::vector<std::string> argv{"rsync", "-az", "-e", rsh, from + "/", h.name + ":" + to};
+    std::vector<char*> argv_c;
+    for (const auto& a : argv)
+      argv_c.push_back(const_cast<char*>(a.c_str()));
+    argv_c.push_back(nullptr);
+    pid_t pid = -1;
+    if (int rc = ::posix_spawnp(&pid, "rsync", nullptr, nullptr, argv_c.data(), environ); rc != 0) {
+      failed +=
+          (failed.empty() ? "" : "; ") + std::string("cannot run rsync: ") + std::strerror(rc);
+      break;
+    }
+    copies.emplace_back(h.name, pid);
+  }
+  for (const auto& [name, pid] : copies) {
+    int wstatus = 0;
+    while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+      continue;
+    failed += (failed.empty() ? "" : "; ") + std::string("rsync to ") + name + ":" + to + " " +
+              (WIFSIGNALED(wstatus) ? "was killed by signal " + std::to_string(WTERMSIG(wstatus))
+                                    : "exited with code " + std::to_string(WEXITSTATUS(wstatus)));
+  }
+  if (!failed.empty())
+    return error{errc::io_error, "--sync-dst-dir: " + failed};
+  return {};
+}
+
 /// Starts node `index` of `role` running `argv`: here, or in ssh mode (servers and workers) on
 /// the next host. False when it could not start (the job is then stopping).
 bool start_node(job& j, launch_plan& plan, troupe::node_role role, int index,
                 const std::vector<std::string>& argv) {
   std::vector<std::string> env = plan.common_env;
+  if (role == troupe::node_role::server)
+    env.insert(env.end(), plan.server_env.begin(), plan.server_env.end());
+  if (role == troupe::node_role::worker)
+    env.insert(env.end(), plan.worker_env.begin(), plan.worker_env.end());
   env.push_back("DMLC_ROLE=" + std::string(troupe::to_string(role)));
   // The scheduler grants each node the rank of its index, so that "[worker 2]" is rank 2.
   if (role != troupe::node_role::scheduler)
@@ -1053,6 +1261,146 @@ void start_nodes(job& j, launch_plan& plan, const std::string& node_binary, int 
     started = start_node(j, plan, troupe::node_role::worker, i, plan.opt.command);
 }
 
+/// The launcher mode the flags ask for: "local", "ssh", "slurm", or "k8s" (--emit k8s); the
+/// error's message is the usage line when flags of another mode are given with it.
+result<std::string> launch_mode(const options& opt) {
+  const std::string mode = !opt.emit.empty()       ? opt.emit
+                           : !opt.launcher.empty() ? opt.launcher
+                           : opt.hostfile.empty()  ? "local"
+                                                   : "ssh";
+  auto refuse = [&](const std::string& flag, const std::string& applies) {
+    return error{errc::invalid_argument, flag + " applies to " + applies + " only"};
+  };
+  if (mode == "k8s" && !opt.launcher.empty())
+    return error{errc::invalid_argument, "--emit k8s starts nothing: drop --launcher"};
+  if (mode != "ssh" && !opt.hostfile.empty())
+    return refuse("-H", "--launcher ssh");
+  if (mode != "ssh" && !opt.sync_dst_dir.empty())
+    return refuse("--sync-dst-dir", "--launcher ssh");
+  if (mode != "ssh" && !opt.ssh_options.empty())
+    return refuse("--ssh-option", "--launcher ssh");
+  if ((mode == "slurm" || mode == "k8s") && opt.restart_servers > 0)
+    return refuse("--restart-servers", "--launcher local and ssh");
+  if (mode != "k8s" && (!opt.image.empty() || !opt.k8s_secret.empty() || opt.name != "troupe"))
+    return error{errc::invalid_argument,
+                 "--image, --name and --k8s-secret apply to --emit k8s only"};
+  if (mode == "k8s" && opt.image.empty())
+    return error{errc::invalid_argument, "--emit k8s needs --image IMAGE"};
+  return mode;
+}
+
+/// --launcher slurm: this process is one task of `srun troupe-launch ...`; it becomes the node the
+/// task's SLURM_PROCID names (apps/slurm_tasks.hpp) by exec, so that srun sees the node's own exit
+/// code and signals. The job token must be configured, the same in every task (TROUPE_JOB_TOKEN
+/// exported before srun, which passes it on, or job.token_file): tasks cannot agree on a random
+/// one. The scheduler's address is DMLC_PS_ROOT_URI when exported, else the first node of the
+/// step; its port the configured one, else slurm_job_port of SLURM_JOB_ID. A server or worker
+/// whose configuration gives it no address other hosts can reach (no DMLC_NODE_HOST or
+/// DMLC_INTERFACE, node.host loopback) is given its node's name (SLURMD_NODENAME).
+int run_slurm_task(const options& opt, int num_servers, const env_settings& env_flags,
+                   const std::string& node_binary) {
+  const auto environment = troupe::process_environment();
+  auto task = troupe::launch::place_slurm_task(environment, opt.num_workers, num_servers);
+  if (!task)
+    return usage_error(task.error().message());
+  std::optional<std::string> scheduler_host;
+  if (!environment("DMLC_PS_ROOT_URI"))
+    scheduler_host = task->scheduler_host;
+  auto cfg = load_job_config(opt, num_servers, scheduler_host, task->role);
+  if (!cfg)
+    return usage_error(cfg.error().message());
+  if (cfg->auth_token.empty())
+    return usage_error("--launcher slurm needs the job token configured, the same in every task: "
+                       "export TROUPE_JOB_TOKEN before srun (e.g. TROUPE_JOB_TOKEN=$(openssl "
+                       "rand -hex 32)) or set job.token_file on a shared file system");
+  std::uint16_t port = cfg->scheduler_port.value_or(0);
+  if (port == 0 && !task->job_port)
+    return usage_error("--launcher slurm: no scheduler port: set DMLC_PS_ROOT_PORT or [scheduler] "
+                       "port, or run under a Slurm job (SLURM_JOB_ID)");
+  if (port == 0)
+    port = *task->job_port;
+
+  std::vector<std::string> env =
+      common_environment(opt, cfg->scheduler_host, port, num_servers, env_flags.every_node);
+  const auto role = task->role;
+  const auto& role_pairs = role == troupe::node_role::server   ? env_flags.servers
+                           : role == troupe::node_role::worker ? env_flags.workers
+                                                               : std::vector<std::string>{};
+  env.insert(env.end(), role_pairs.begin(), role_pairs.end());
+  env.push_back("DMLC_ROLE=" + std::string(troupe::to_string(role)));
+  if (role != troupe::node_role::scheduler) {
+    env.push_back("TROUPE_RANK_HINT=" + std::to_string(task->index));
+    if (!task->node_name.empty() && !environment("DMLC_NODE_HOST") &&
+        !environment("DMLC_INTERFACE") &&
+        (cfg->node_host.empty() || troupe::is_loopback(cfg->node_host)))
+      env.push_back("DMLC_NODE_HOST=" + task->node_name);
+  }
+  std::vector<std::string> base;
+  for (char** e = environ; *e; ++e)
+    base.emplace_back(*e);
+  const std::vector<std::string> environment_now = merged_environment(std::move(base), env);
+  const std::vector<std::string> argv =
+      role == troupe::node_role::worker
+          ? opt.command
+          : std::vector<std::string>{node_binary, "--role", std::string(troupe::to_string(role))};
+  std::vector<char*> argv_c, env_c;
+  for (const auto& a : argv)
+    argv_c.push_back(const_cast<char*>(a.c_str()));
+  argv_c.push_back(nullptr);
+  for (const auto& e : environment_now)
+    env_c.push_back(const_cast<char*>(e.c_str()));
+  env_c.push_back(nullptr);
+  ::execvpe(argv_c[0], argv_c.data(), env_c.data());
+  const int failure = errno;
+  write_all(STDERR_FILENO, "troupe-launch: cannot run " + argv[0] + " as " +
+                               label_for(role, task->index) + ": " + std::strerror(failure) + "\n");
+  return failure == EACCES ? 126 : exit_cannot_start;
+}
+
+/// --emit k8s: writes the manifests of the job (apps/k8s_manifests.hpp) on stdout. The cluster
+/// file of --config goes into a ConfigMap, which is why it may not name a token: every pod reads
+/// the token from the Secret. The scheduler's port is the configured one, else 9091 (dmlc-core's
+/// Kubernetes tracker's).
+int emit_k8s(const options& opt, int num_servers, const env_settings& env_flags) {
+  troupe::launch::k8s_job job;
+  auto cfg = load_job_config(opt, num_servers, std::nullopt, troupe::node_role::scheduler);
+  if (!cfg)
+    return usage_error(cfg.error().message());
+  if (opt.config) {
+    auto file_only =
+        troupe::load_config(*opt.config, troupe::environment_from({}), troupe::config_overrides{});
+    if (!file_only)
+      return usage_error(file_only.error().message());
+    if (!file_only->auth_token.empty() || !file_only->auth_token_file.empty())
+      return usage_error("--emit k8s: the cluster file " + *opt.config +
+                         " names a job token (job.token or job.token_file); on Kubernetes every "
+                         "pod reads it from the Secret, so leave it out of the file");
+    auto text = troupe::read_file(*opt.config, "cluster file");
+    if (!text)
+      return usage_error(text.error().message());
+    job.config_text = std::move(*text);
+  }
+  job.name = opt.name;
+  job.image = opt.image;
+  job.secret = opt.k8s_secret;
+  job.num_workers = opt.num_workers;
+  job.num_servers = num_servers;
+  if (cfg->scheduler_port && *cfg->scheduler_port != 0)
+    job.port = *cfg->scheduler_port;
+  job.quorum = opt.quorum;
+  if (!opt.node_binary.empty())
+    job.node_binary = opt.node_binary;
+  job.command = opt.command;
+  job.every_node_env = env_flags.every_node;
+  job.server_env = env_flags.servers;
+  job.worker_env = env_flags.workers;
+  auto manifests = troupe::launch::k8s_manifests(job);
+  if (!manifests)
+    return usage_error("--emit k8s: " + manifests.error().message());
+  write_all(STDOUT_FILENO, *manifests);
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -1079,10 +1427,26 @@ int main(int argc, char** argv) {
   if (!finish_timeout)
     return usage_error("--finish-timeout: " + finish_timeout.error().message());
   const int num_servers = opt.num_servers.value_or(opt.num_workers);
-  const bool ssh = opt.launcher == "ssh" || (opt.launcher.empty() && !opt.hostfile.empty());
-  if (auto env_pairs = check_env_pairs(opt.env); !env_pairs)
-    return usage_error(env_pairs.error().message());
-  auto cfg = load_job_config(opt, num_servers, ssh);
+  auto mode = launch_mode(opt);
+  if (!mode)
+    return usage_error(mode.error().message());
+  const bool ssh = *mode == "ssh";
+  auto env_flags = resolve_env_flags(opt, troupe::process_environment(), ssh);
+  if (!env_flags)
+    return usage_error(env_flags.error().message());
+  if (*mode == "k8s")
+    return emit_k8s(opt, num_servers, *env_flags);
+
+  std::string node_binary = opt.node_binary.empty() ? default_node_binary() : opt.node_binary;
+  if (::access(node_binary.c_str(), X_OK) != 0)
+    return usage_error("no node program at " + node_binary + " (" + std::strerror(errno) +
+                       "); build troupe-node or pass --node-binary");
+  if (*mode == "slurm")
+    return run_slurm_task(opt, num_servers, *env_flags, node_binary);
+
+  auto cfg = load_job_config(opt, num_servers,
+                             ssh ? std::nullopt : std::optional<std::string>("127.0.0.1"),
+                             troupe::node_role::scheduler);
   if (!cfg)
     return usage_error(cfg.error().message());
   if (auto restartable = check_restart_servers(opt, *cfg); !restartable)
@@ -1096,13 +1460,15 @@ int main(int argc, char** argv) {
       return usage_error(read.error().message());
     hosts = std::move(*read);
   }
-  std::string node_binary = opt.node_binary.empty() ? default_node_binary() : opt.node_binary;
-  if (::access(node_binary.c_str(), X_OK) != 0)
-    return usage_error("no node program at " + node_binary + " (" + std::strerror(errno) +
-                       "); build troupe-node or pass --node-binary");
   auto port = choose_scheduler_port(*cfg);
   if (!port)
     return usage_error(port.error().message());
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  // launch.py's --sync-dst-dir: the remote nodes run in the copy.
+  if (!opt.sync_dst_dir.empty())
+    if (auto synced = sync_working_dir(cwd, opt.sync_dst_dir, hosts, opt.ssh_options); !synced)
+      return usage_error(synced.error().message());
 
   int signal_fd = job_signal_fd();
   if (signal_fd < 0) {
@@ -1123,14 +1489,16 @@ int main(int argc, char** argv) {
     }
     token = std::move(*made);
   }
-  std::error_code ec;
   launch_plan plan{opt,
                    ssh,
                    std::move(hosts),
-                   common_environment(opt, *cfg, *port, num_servers, ssh),
-                   std::filesystem::current_path(ec).string(),
+                   common_environment(opt, ssh ? cfg->scheduler_host : std::string("127.0.0.1"),
+                                      *port, num_servers, env_flags->every_node),
+                   opt.sync_dst_dir.empty() ? cwd : opt.sync_dst_dir,
                    made_token ? token : std::string(),
-                   ssh ? token : std::string()};
+                   ssh ? token : std::string(),
+                   env_flags->servers,
+                   env_flags->workers};
 
   const worker_quorum quorum{opt.num_workers, cfg->quorum.value_or(opt.num_workers)};
   job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, quorum, opt.restart_servers,

@@ -22,6 +22,8 @@ packages=(
   nlohmann-json3-dev             # JSON lines of the apps and benchmarks
   clang libclang-rt-14-dev       # libFuzzer for the fuzz targets (scripts/fuzz.sh)
   dataset-fashion-mnist          # the data the main job trains on
+  rsync                          # troupe-launch --sync-dst-dir, and its test
+  python3-yaml                   # the test of troupe-launch --emit k8s parses its YAML
 )
 
 missing=()

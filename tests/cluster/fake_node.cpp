@@ -2,7 +2,8 @@
 // behaviour (environment, prefixes, exit codes, stopping) is tested without a real job.
 //
 // It reads DMLC_ROLE and prints what the launcher gave it (TROUPE_JOB_TOKEN included: a test
-// double's output is the place to check which token reached it), then behaves as the FAKE_NODE_*
+// double's output is the place to check which token reached it) and the directory it runs in,
+// then behaves as the FAKE_NODE_*
 // variables say:
 //   FAKE_NODE_DIR          directory for its files (required): pid-<pid> holds "<role>"; it
 //                          claims an index per role by creating <role>-<k> (arrival order)
@@ -100,10 +101,13 @@ int main(int argc, char** argv) {
   std::string args;
   for (int i = 1; i < argc; ++i)
     args += std::string(i > 1 ? "|" : "") + argv[i];
-  std::printf("fake node role=%s index=%d quorum=%s token=%s host=%s root=%s:%s workers=%s "
-              "servers=%s config=%s echo=%s args=%s\n",
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  std::printf("fake node role=%s index=%d quorum=%s token=%s hint=%s cwd=%s host=%s root=%s:%s "
+              "workers=%s servers=%s config=%s echo=%s args=%s\n",
               role.c_str(), index, env_or("TROUPE_QUORUM", "-").c_str(),
-              env_or("TROUPE_JOB_TOKEN", "-").c_str(), env_or("DMLC_NODE_HOST", "-").c_str(),
+              env_or("TROUPE_JOB_TOKEN", "-").c_str(), env_or("TROUPE_RANK_HINT", "-").c_str(),
+              cwd.c_str(), env_or("DMLC_NODE_HOST", "-").c_str(),
               env_or("DMLC_PS_ROOT_URI", "-").c_str(), env_or("DMLC_PS_ROOT_PORT", "-").c_str(),
               env_or("DMLC_NUM_WORKER", "-").c_str(), env_or("DMLC_NUM_SERVER", "-").c_str(),
               env_or("TROUPE_CONFIG", "-").c_str(), env_or("FAKE_NODE_ECHO", "-").c_str(),

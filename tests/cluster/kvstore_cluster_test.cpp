@@ -1329,6 +1329,38 @@ BOOST_AUTO_TEST_CASE(the_dmlc_environment_alone_turns_any_troupe_program_into_an
   }
 }
 
+// Slurm on one host: four tasks of `srun troupe-launch --launcher slurm -n 2 -s 1 -- kv_worker`,
+// each started here with the variables srun would give it (node list 127.0.0.1), become a real
+// job: the scheduler on the first node, one server, two workers whose ranks are their tasks'.
+BOOST_AUTO_TEST_CASE(srun_tasks_of_troupe_launch_slurm_make_a_job_that_matches_the_closed_form) {
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<child_process>> tasks;
+  for (int procid = 0; procid < 4; ++procid)
+    tasks.push_back(std::make_unique<child_process>(
+        launch_path,
+        launch_args(2, 1, {"--launcher", "slurm"},
+                    {"--check", "sync", "--shapes", "2x3,1211x1211"}),
+        std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(procid)},
+                                           {"SLURM_NTASKS", "4"},
+                                           {"SLURM_STEP_NODELIST", "127.0.0.1"},
+                                           {"SLURMD_NODENAME", "127.0.0.1"},
+                                           {"SLURM_JOB_ID", "31"},
+                                           {"DMLC_PS_ROOT_PORT", port},
+                                           {"TROUPE_JOB_TOKEN", "a-token-for-every-task"}}));
+  for (int procid = 0; procid < 4; ++procid) {
+    auto result = tasks[procid]->wait(60s);
+    BOOST_TEST(!result.timed_out, procid);
+    BOOST_TEST(result.exit_code == 0, procid << "\n" << result.out << result.err);
+    if (procid >= 2) {
+      // Task 2 is worker rank 0, task 3 rank 1.
+      BOOST_TEST(count_lines(result.out, "kv_worker rank " + std::to_string(procid - 2) + ":") ==
+                     1u,
+                 result.out);
+      BOOST_TEST(count_lines(result.out, "sync checks hold") == 1u, result.out);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(serve_if_node_role_reads_argv_cluster_flags_and_a_failed_server_returns_1) {
   // No scheduler listens on the port; --connect-timeout on the program's command line bounds the
   // server's attempts (10 s by default).

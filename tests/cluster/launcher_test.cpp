@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <arpa/inet.h>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <netinet/in.h>
 #include <optional>
 #include <poll.h>
@@ -290,6 +292,78 @@ private:
   int port_ = 0;
   pid_t pid_ = -1;
 };
+
+/// An `ssh` for ssh mode without an sshd, written into `dir`/bin: it records the arguments it was
+/// given in `dir`/ssh-args-<pid>, skips ssh's options and the host, and runs the remote command
+/// here as sshd would (`sh -c` of the rest, joined by spaces), so rsync can use it too. Returns
+/// the PATH that puts it first.
+std::string fake_ssh_path(const temp_dir& dir) {
+  const fs::path bin = dir.path() / "bin";
+  fs::create_directories(bin);
+  dir.write("bin/ssh",
+            "#!/bin/sh\n"
+            "printf '%s\\n' \"$@\" > \"" +
+                (dir.path() / "ssh-args-").string() +
+                "$$\"\n"
+                "while [ $# -gt 0 ]; do\n"
+                "  case \"$1\" in\n"
+                "    -o|-p|-l|-i|-e) shift 2 ;;\n"
+                "    -*) shift ;;\n"
+                "    *) break ;;\n"
+                "  esac\n"
+                "done\n"
+                "shift\n"
+                "exec /bin/sh -c \"$*\"\n",
+            0700);
+  const char* path = std::getenv("PATH");
+  return bin.string() + ":" + (path ? path : "/usr/bin:/bin");
+}
+
+/// The argument lists the fake ssh of `dir` recorded, one string each (an argument a line).
+std::vector<std::string> ssh_runs(const fs::path& dir) {
+  std::vector<std::string> runs;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().filename().string().starts_with("ssh-args-")) {
+      std::ifstream in(entry.path());
+      runs.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  return runs;
+}
+
+/// The field `name`=VALUE of a fake node's line (VALUE up to the next blank), or "".
+std::string field(const std::string& line, const std::string& name) {
+  const auto at = line.find(" " + name + "=");
+  if (at == std::string::npos)
+    return "";
+  const auto begin = at + name.size() + 2;
+  return line.substr(begin, line.find(' ', begin) - begin);
+}
+
+/// troupe-launch run in directory `cwd` (through sh, as child_process starts in the test's own).
+outcome run_launch_in(const fs::path& cwd, const std::vector<std::string>& args,
+                      const std::map<std::string, std::string>& env) {
+  std::vector<std::string> sh_args{"-c", "cd \"$1\" && shift && exec \"$@\"", "sh", cwd.string(),
+                                   launch_path};
+  sh_args.insert(sh_args.end(), args.begin(), args.end());
+  return run("/bin/sh", sh_args, env);
+}
+
+boost::test_tools::assertion_result rsync_available(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result result(::access("/usr/bin/rsync", X_OK) == 0);
+  if (!result)
+    result.message() << "--sync-dst-dir not tested: no /usr/bin/rsync (rsync is not installed)";
+  return result;
+}
+
+/// The environment srun gives task `procid` of `ntasks` running on `node` (see
+/// apps/slurm_tasks.hpp), plus `more`.
+std::map<std::string, std::string> slurm_env(int procid, int ntasks, const std::string& node,
+                                             std::map<std::string, std::string> more) {
+  more.insert({{"SLURM_PROCID", std::to_string(procid)},
+               {"SLURM_NTASKS", std::to_string(ntasks)},
+               {"SLURMD_NODENAME", node}});
+  return more;
+}
 
 } // namespace
 
@@ -631,13 +705,269 @@ BOOST_AUTO_TEST_CASE(the_config_file_port_and_env_pairs_reach_every_node) {
 
 BOOST_AUTO_TEST_CASE(env_pairs_that_are_malformed_or_set_launcher_variables_exit_2) {
   temp_dir dir;
-  for (const std::string bad : {"NOEQUALS", "=value", "1X=2", "DMLC_ROLE=server",
-                                "DMLC_PS_ROOT_PORT=1", "TROUPE_QUORUM=2"}) {
-    auto r = run_launch(with_command(job_args(1, 1, {"--env", bad})),
-                        {{"FAKE_NODE_DIR", dir.path().string()}});
-    BOOST_TEST(r.exit_code == 2, bad);
-    BOOST_TEST(r.err.starts_with("troupe-launch: --env " + bad + ": "), r.err);
-    BOOST_TEST(lines_of(r.err).size() == 1);
+  const std::map<std::string, std::string> why{
+      {"NOT_SET_HERE", "NOT_SET_HERE is not set in troupe-launch's environment"},
+      {"=value", "expected NAME=VALUE, NAME:VALUE or NAME"},
+      {"1X=2", "expected NAME=VALUE"},
+      {"A-B=1", "expected NAME=VALUE"},
+      {":x", "expected NAME=VALUE"},
+      {"DMLC_ROLE=server", "troupe-launch sets DMLC_ROLE itself"},
+      {"DMLC_PS_ROOT_PORT:1", "troupe-launch sets DMLC_PS_ROOT_PORT itself"},
+      {"TROUPE_QUORUM", "troupe-launch sets TROUPE_QUORUM itself"}};
+  for (const std::string flag : {"--env", "--env-server", "--env-worker"})
+    for (const auto& [bad, message] : why) {
+      auto r = run_launch(with_command(job_args(1, 1, {flag, bad})),
+                          {{"FAKE_NODE_DIR", dir.path().string()}});
+      BOOST_TEST(r.exit_code == 2, flag << " " << bad);
+      BOOST_TEST(r.err.starts_with("troupe-launch: " + flag + " " + bad + ": " + message), r.err);
+      BOOST_TEST(lines_of(r.err).size() == 1);
+    }
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(launch_py_s_env_forms_reach_their_roles_and_a_role_s_own_value_wins) {
+  temp_dir dir;
+  // NAME:VALUE splits at the first ':' (the value keeps the rest), NAME=VALUE at the first '='.
+  auto r = run_launch(
+      with_command(job_args(2, 2,
+                            {"--env", "FAKE_NODE_ECHO:every:node", "--env-server",
+                             "FAKE_NODE_ECHO=server=s", "--env-worker", "FAKE_NODE_ECHO:worker"})),
+      {{"FAKE_NODE_DIR", dir.path().string()}, {"FAKE_NODE_ECHO", "the launcher's"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  const std::map<std::string, std::string> expected{{"[scheduler] ", "every:node"},
+                                                    {"[server 0] ", "server=s"},
+                                                    {"[server 1] ", "server=s"},
+                                                    {"[worker 0] ", "worker"},
+                                                    {"[worker 1] ", "worker"}};
+  for (const auto& [prefix, echo] : expected) {
+    auto lines = with_prefix(r.out, prefix + "fake node");
+    BOOST_TEST_REQUIRE(lines.size() == 1u, prefix);
+    BOOST_TEST(field(lines[0], "echo") == echo, lines[0]);
+  }
+}
+
+// In ssh mode only the variables named reach the remote nodes: a bare --env NAME carries the
+// launcher's value, and launch.py's defaults (OMP_NUM_THREADS, KMP_AFFINITY, LD_LIBRARY_PATH,
+// DMLC_INTERFACE) go along when set. The fake ssh records the remote command line.
+BOOST_AUTO_TEST_CASE(ssh_mode_passes_a_bare_env_name_s_value_and_launch_py_s_defaults) {
+  temp_dir dir;
+  auto hosts = dir.write("hosts", "node1 slots=4\nnode2:2222\tslots=8\n");
+  auto r = run_launch(with_command(job_args(1, 1,
+                                            {"-H", hosts.string(), "--env", "FAKE_NODE_ECHO",
+                                             "--env-worker", "KMP_AFFINITY:compact,1"})),
+                      {{"FAKE_NODE_DIR", dir.path().string()},
+                       {"PATH", fake_ssh_path(dir)},
+                       {"FAKE_NODE_ECHO", "from the launcher"},
+                       {"OMP_NUM_THREADS", "3"},
+                       {"KMP_AFFINITY", "scatter"}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  const auto runs = ssh_runs(dir.path());
+  BOOST_TEST_REQUIRE(runs.size() == 2u); // server 0 on node1, worker 0 on node2 (slots ignored)
+  int on_node2 = 0;
+  for (const auto& args : runs) {
+    BOOST_TEST(args.find("'FAKE_NODE_ECHO=from the launcher'") != std::string::npos, args);
+    BOOST_TEST(args.find("'OMP_NUM_THREADS=3'") != std::string::npos, args);
+    if (args.find("\nnode2\n") != std::string::npos) {
+      ++on_node2;
+      BOOST_TEST(args.find("-p\n2222\n") != std::string::npos, args);
+      // The worker's own value comes after launch.py's default, so it wins.
+      BOOST_TEST(args.find("'KMP_AFFINITY=compact,1'") > args.find("'KMP_AFFINITY=scatter'"), args);
+    } else {
+      BOOST_TEST(args.find("\nnode1\n") != std::string::npos, args);
+      BOOST_TEST(args.find("compact") == std::string::npos, args);
+    }
+  }
+  BOOST_TEST(on_node2 == 1);
+  BOOST_TEST(field(with_prefix(r.out, "[worker 0] fake node").front(), "host") == "node2");
+}
+
+BOOST_AUTO_TEST_CASE(a_hostfile_line_with_anything_but_slots_after_the_host_exits_2) {
+  temp_dir dir;
+  auto hosts = dir.write("hosts", "node1 slots=2\nnode2 cpus=4\n");
+  auto r = run_launch(with_command(job_args(1, 1, {"-H", hosts.string()})),
+                      {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err == "troupe-launch: " + hosts.string() +
+                          ":2: one host (or host:port), optionally followed by slots=N, per "
+                          "line, got \"node2 cpus=4\"\n");
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+}
+
+BOOST_AUTO_TEST_CASE(sync_dst_dir_copies_the_working_directory_to_each_host_once_and_runs_there,
+                     *boost::unit_test::precondition(rsync_available)) {
+  temp_dir dir;
+  const fs::path work = dir.path() / "work";
+  const fs::path copy = dir.path() / "copy";
+  fs::create_directories(work / "sub");
+  dir.write("work/data.txt", "payload\n");
+  dir.write("work/sub/more.txt", "more\n");
+  // Three lines, two hosts: node1 twice.
+  auto hosts = dir.write("hosts", "node1\nnode2:2222\nnode1\n");
+  auto r = run_launch_in(
+      work, with_command(job_args(2, 1, {"-H", hosts.string(), "--sync-dst-dir", copy.string()})),
+      {{"FAKE_NODE_DIR", dir.path().string()}, {"PATH", fake_ssh_path(dir)}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  std::ifstream data(copy / "data.txt"), more(copy / "sub" / "more.txt");
+  std::string line;
+  BOOST_TEST((std::getline(data, line) && line == "payload"));
+  BOOST_TEST((std::getline(more, line) && line == "more"));
+  // rsync ran once per host, through ssh with the host's port; the nodes started in the copy.
+  int rsyncs = 0;
+  for (const auto& args : ssh_runs(dir.path()))
+    if (args.find("\nrsync\n") != std::string::npos) {
+      ++rsyncs;
+      BOOST_TEST(args.starts_with("-o\nBatchMode=yes\n"), args);
+      BOOST_TEST((args.find("\nnode1\n") != std::string::npos) !=
+                     (args.find("-p\n2222\nnode2\n") != std::string::npos),
+                 args);
+    }
+  BOOST_TEST(rsyncs == 2);
+  BOOST_TEST(field(with_prefix(r.out, "[scheduler] fake node").front(), "cwd") == work.string());
+  for (const std::string prefix : {"[server 0] ", "[worker 0] ", "[worker 1] "}) {
+    auto lines = with_prefix(r.out, prefix + "fake node");
+    BOOST_TEST_REQUIRE(lines.size() == 1u, prefix);
+    BOOST_TEST(field(lines[0], "cwd") == copy.string(), lines[0]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_sync_exits_2_naming_the_host_and_starts_nothing,
+                     *boost::unit_test::precondition(rsync_available)) {
+  temp_dir dir;
+  auto hosts = dir.write("hosts", "node1\n");
+  const std::string unwritable = (dir.path() / "a-file" / "below").string();
+  dir.write("a-file", "not a directory\n");
+  auto r =
+      run_launch(with_command(job_args(1, 1, {"-H", hosts.string(), "--sync-dst-dir", unwritable})),
+                 {{"FAKE_NODE_DIR", dir.path().string()}, {"PATH", fake_ssh_path(dir)}});
+  BOOST_TEST(r.exit_code == 2, r.err);
+  BOOST_TEST(std::regex_search(r.err, std::regex{"troupe-launch: --sync-dst-dir: rsync to node1:" +
+                                                 unwritable + " exited with code [1-9]"}),
+             r.err);
+  BOOST_TEST(recorded_pids(dir.path()).empty());
+  // Outside ssh mode the flag is refused.
+  r = run_launch(with_command(job_args(1, 1, {"--sync-dst-dir", unwritable})),
+                 {{"FAKE_NODE_DIR", dir.path().string()}});
+  BOOST_TEST(r.exit_code == 2);
+  BOOST_TEST(r.err == "troupe-launch: --sync-dst-dir applies to --launcher ssh only\n");
+}
+
+// Slurm on one host: each srun task is a troupe-launch --launcher slurm with the variables srun
+// gives it, started here; the fake nodes print what they got.
+BOOST_AUTO_TEST_CASE(slurm_tasks_become_the_scheduler_servers_and_workers_by_procid) {
+  temp_dir dir;
+  const std::map<std::string, std::string> job{{"FAKE_NODE_DIR", dir.path().string()},
+                                               {"SLURM_STEP_NODELIST", "node[01-02],gpu3"},
+                                               {"SLURM_JOB_NODELIST", "ignored[1-9]"},
+                                               {"SLURM_JOB_ID", "4242"},
+                                               {"TROUPE_JOB_TOKEN", "the-slurm-token"}};
+  // -n 2 -s 2: five tasks, placed in blocks over the three nodes.
+  const std::vector<std::string> node_of{"node01", "node01", "node02", "node02", "gpu3"};
+  std::vector<std::unique_ptr<child_process>> tasks;
+  for (int procid = 0; procid < 5; ++procid)
+    tasks.push_back(std::make_unique<child_process>(
+        launch_path,
+        with_command(job_args(2, 2, {"--launcher", "slurm", "--env-worker", "FAKE_NODE_ECHO:w"}),
+                     {"x"}),
+        slurm_env(procid, 5, node_of[procid], job)));
+  // role, rank hint, node host of each task
+  const std::vector<std::array<std::string, 3>> expected{{"scheduler", "-", "-"},
+                                                         {"server", "0", "node01"},
+                                                         {"server", "1", "node02"},
+                                                         {"worker", "0", "node02"},
+                                                         {"worker", "1", "gpu3"}};
+  const auto pids = [&] {
+    std::set<pid_t> set;
+    for (auto& task : tasks)
+      set.insert(task->pid());
+    return set;
+  }();
+  for (int procid = 0; procid < 5; ++procid) {
+    auto result = tasks[procid]->wait(30s);
+    BOOST_TEST_REQUIRE(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, procid << ": " << result.err);
+    // troupe-launch became the node: no prefix, the node's own lines.
+    auto lines = with_prefix(result.out, "fake node role=");
+    BOOST_TEST_REQUIRE(lines.size() == 1u, result.out);
+    const auto& [role, hint, host] = expected[procid];
+    BOOST_TEST(field(lines[0], "role") == role, lines[0]);
+    BOOST_TEST(field(lines[0], "hint") == hint, lines[0]);
+    BOOST_TEST(field(lines[0], "host") == host, lines[0]);
+    BOOST_TEST(field(lines[0], "root") == "node01:24242", lines[0]);
+    BOOST_TEST(field(lines[0], "workers") == "2", lines[0]);
+    BOOST_TEST(field(lines[0], "servers") == "2", lines[0]);
+    BOOST_TEST(field(lines[0], "token") == "the-slurm-token", lines[0]);
+    BOOST_TEST(field(lines[0], "echo") == (role == "worker" ? "w" : "-"), lines[0]);
+    BOOST_TEST(lines[0].ends_with(role == "worker" ? "args=x" : "args=--role|" + role), lines[0]);
+  }
+  // Every node process is a task's own process (exec): srun sees its exit code and signals.
+  auto recorded = recorded_pids(dir.path());
+  BOOST_TEST(std::set<pid_t>(recorded.begin(), recorded.end()) == pids);
+}
+
+BOOST_AUTO_TEST_CASE(a_slurm_task_exits_with_its_node_s_code_and_takes_the_configured_port) {
+  temp_dir dir;
+  // Worker 0 alone (task 2 of -n 1 -s 1), failing with 7; DMLC_PS_ROOT_PORT beats the job's port
+  // and DMLC_PS_ROOT_URI the first node.
+  auto r = run(launch_path, with_command(job_args(1, 1, {"--launcher", "slurm"})),
+               slurm_env(2, 3, "n2",
+                         {{"FAKE_NODE_DIR", dir.path().string()},
+                          {"FAKE_NODE_FAIL_INDEX", "0"},
+                          {"FAKE_NODE_FAIL_CODE", "7"},
+                          {"FAKE_NODE_FAIL_DELAY_MS", "0"},
+                          {"SLURM_STEP_NODELIST", "n[1-2]"},
+                          {"SLURM_JOB_ID", "4242"},
+                          {"DMLC_PS_ROOT_PORT", "5555"},
+                          {"DMLC_PS_ROOT_URI", "10.0.0.1"},
+                          {"TROUPE_JOB_TOKEN", "t"}}));
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST(r.exit_code == 7, r.err);
+  auto lines = with_prefix(r.out, "fake node role=worker");
+  BOOST_TEST_REQUIRE(lines.size() == 1u, r.out);
+  BOOST_TEST(field(lines[0], "root") == "10.0.0.1:5555", lines[0]);
+  BOOST_TEST(field(lines[0], "host") == "n2", lines[0]);
+}
+
+BOOST_AUTO_TEST_CASE(a_slurm_task_that_cannot_place_itself_exits_2_in_one_line_starting_nothing) {
+  temp_dir dir;
+  const std::map<std::string, std::string> fine{{"FAKE_NODE_DIR", dir.path().string()},
+                                                {"SLURM_STEP_NODELIST", "n[1-4]"},
+                                                {"SLURM_JOB_ID", "9"},
+                                                {"TROUPE_JOB_TOKEN", "t"}};
+  struct bad_case {
+    std::map<std::string, std::string> env;
+    std::vector<std::string> extra;
+    std::string message;
+  };
+  auto with = [&](std::map<std::string, std::string> changes, int procid = 1, int ntasks = 4) {
+    auto env = slurm_env(procid, ntasks, "n1", fine);
+    for (auto& [k, v] : changes)
+      if (v.empty())
+        env.erase(k);
+      else
+        env[k] = v;
+    return env;
+  };
+  const std::vector<bad_case> cases{
+      {with({{"SLURM_PROCID", ""}}), {}, "SLURM_PROCID is not set; run troupe-launch under srun"},
+      {with({}, 1, 5), {}, "srun started 5 tasks (SLURM_NTASKS), but -n 2 -s 1 needs 4"},
+      {with({{"SLURM_STEP_NODELIST", "n[4-1]"}}), {}, "range \"4-1\" runs backwards"},
+      {with({{"TROUPE_JOB_TOKEN", ""}}), {}, "--launcher slurm needs the job token configured"},
+      {with({{"SLURM_JOB_ID", ""}}), {}, "--launcher slurm: no scheduler port"},
+      {with({{"SLURMD_NODENAME", "n3"}}, 0), {}, "task 0 (the scheduler) runs on n3"},
+      {with({}), {"-H", "/dev/null"}, "-H applies to --launcher ssh only"},
+      {with({}), {"--restart-servers"}, "--restart-servers applies to --launcher local and ssh"},
+  };
+  for (const auto& [env, extra, message] : cases) {
+    auto args = job_args(2, 1, {"--launcher", "slurm"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = run_launch(with_command(args), env);
+    BOOST_TEST(r.exit_code == 2, message);
+    BOOST_TEST(r.err.starts_with("troupe-launch: "), r.err);
+    BOOST_TEST(r.err.find(message) != std::string::npos, r.err);
+    BOOST_TEST(lines_of(r.err).size() == 1u, r.err);
   }
   BOOST_TEST(recorded_pids(dir.path()).empty());
 }
@@ -780,22 +1110,11 @@ BOOST_AUTO_TEST_CASE(an_env_pair_that_sets_the_token_exits_2_without_showing_it)
 // the ssh channel's stdin, read and exported by the remote script, never on the command line.
 BOOST_AUTO_TEST_CASE(ssh_nodes_read_the_token_from_their_channel_not_their_command_line) {
   temp_dir dir;
-  const fs::path bin = dir.path() / "bin";
-  fs::create_directory(bin);
-  const auto fake_ssh = dir.write("bin/ssh",
-                                  "#!/bin/sh\n"
-                                  "printf '%s\\n' \"$@\" > \"" +
-                                      (dir.path() / "ssh-args-").string() +
-                                      "$$\"\n"
-                                      "for last; do :; done\n"
-                                      "exec /bin/sh -c \"$last\"\n",
-                                  0700);
+  const std::string path = fake_ssh_path(dir);
   auto hosts = dir.write("hosts", "node1\nnode2\n");
-  const char* path = std::getenv("PATH");
   auto r = run_launch(
       with_command(job_args(2, 1, {"-H", hosts.string(), "--env", "FAKE_NODE_ECHO=remote"})),
-      {{"FAKE_NODE_DIR", dir.path().string()},
-       {"PATH", bin.string() + ":" + (path ? path : "/usr/bin:/bin")}});
+      {{"FAKE_NODE_DIR", dir.path().string()}, {"PATH", path}});
   BOOST_TEST_REQUIRE(!r.timed_out);
   BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
   auto tokens = node_tokens(r.out);
@@ -808,17 +1127,12 @@ BOOST_AUTO_TEST_CASE(ssh_nodes_read_the_token_from_their_channel_not_their_comma
   // the token.
   BOOST_TEST(with_prefix(r.out, "[worker 1] fake node").front().find(" host=node") !=
              std::string::npos);
-  int ssh_runs = 0;
-  for (const auto& entry : fs::directory_iterator(dir.path())) {
-    if (!entry.path().filename().string().starts_with("ssh-args-"))
-      continue;
-    ++ssh_runs;
-    std::ifstream in(entry.path());
-    const std::string args{std::istreambuf_iterator<char>(in), {}};
+  const auto runs = ssh_runs(dir.path());
+  for (const auto& args : runs) {
     BOOST_TEST(args.find("FAKE_NODE_ECHO=remote") != std::string::npos, args);
     BOOST_TEST(args.find(token) == std::string::npos, args);
   }
-  BOOST_TEST(ssh_runs == 3);
+  BOOST_TEST(runs.size() == 3u);
   BOOST_TEST(without_token_fields(r.out, token).find(token) == std::string::npos, r.out);
   BOOST_TEST(r.err.find(token) == std::string::npos, r.err);
   std::string left;

@@ -65,7 +65,8 @@ public:
       std::string name = entry.substr(0, entry.find('='));
       // The launcher's result must not depend on the environment the tests run in.
       if (!env.count(name) && !name.starts_with("DMLC_") && !name.starts_with("TROUPE_") &&
-          !name.starts_with("FAKE_NODE_") && name != "PORT" && name != "PS_VERBOSE")
+          !name.starts_with("FAKE_NODE_") && !name.starts_with("SLURM") && name != "PORT" &&
+          name != "PS_VERBOSE")
         env_s.push_back(entry);
     }
     for (const auto& [k, v] : env)
