@@ -22,6 +22,9 @@ packages=(
   nlohmann-json3-dev             # JSON lines of the apps and benchmarks
   clang libclang-rt-14-dev       # libFuzzer for the fuzz targets (scripts/fuzz.sh)
   dataset-fashion-mnist          # the data the main job trains on
+  python3-dev pybind11-dev       # the Python module (python/, docs/python.md)
+  python3-numpy python3-torch    # its tests and the PyTorch example (examples/python/)
+  python3-venv                   # pip install . into a venv (docs/python.md)
 )
 
 missing=()
