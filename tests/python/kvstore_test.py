@@ -7,6 +7,7 @@ CPU tensors, in place, and every mistake a troupe.Error naming what is wrong.
 """
 
 import os
+import sys
 import tempfile
 import unittest
 
@@ -118,6 +119,16 @@ class NumpyArrays(unittest.TestCase):
         self.kv.pull(9, out=out)
         np.testing.assert_array_equal(out, np.full(1000, 3))
 
+    def test_troupe_lets_go_of_the_arrays_after_the_call(self):
+        value = np.ones(8, np.float32)
+        out = np.empty(8, np.float32)
+        baseline = sys.getrefcount(value), sys.getrefcount(out)
+        self.kv.init(5, value)
+        self.kv.push(5, [value, value])
+        self.kv.pull(5, out=out)
+        self.kv.barrier()  # releases what troupe dropped on other threads, if anything
+        # A buffer view that troupe still held would hold a reference to its array.
+        self.assertEqual((sys.getrefcount(value), sys.getrefcount(out)), baseline)
 
 class Mistakes(unittest.TestCase):
     def setUp(self):
