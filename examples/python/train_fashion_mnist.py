@@ -11,11 +11,11 @@ with batch 64, the gradients of the workers summed and rescaled by 1/(64 * worke
 computes the gradients; each step pushes them and pulls the updated parameters straight into the
 model's tensors (pushpull, no copies). Rank 0 prints after each epoch
 
-    epoch 1: train_loss 0.5630 train_acc 0.8034 test_acc 0.8210 samples_per_s 9000 time_s 6.7
+    epoch 1: train_loss 0.6446 train_acc 0.7802 test_acc 0.8232 samples_per_s 53123 time_s 1.1
 
 and every worker ends with
 
-    worker 0 of 2: final test_acc 0.8210, parameters sha256 1f2e...
+    worker 0 of 2: final test_acc 0.8232, parameters sha256 7faf35f8...
 
 where the digest covers every parameter's bytes, equal on all workers of a dist_sync job.
 --kvstore local trains in one process.
