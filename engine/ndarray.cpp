@@ -1066,6 +1066,31 @@ ndarray::ndarray(shape_vector shape, context ctx, troupe::dtype type)
   storage_ = storage_pool::shared().allocate(bytes, ctx);
 }
 
+ndarray ndarray::borrow(void* data, shape_vector shape, troupe::dtype type,
+                        std::shared_ptr<const void> lender, context ctx) {
+  const std::size_t bytes = checked_nbytes(shape, type, "borrow");
+  if (!ctx.is_cpu())
+    fail(errc::invalid_argument, "borrow",
+         "only host memory can be borrowed (a cpu context), not " + ctx.to_string());
+  if (bytes == 0 && data == nullptr)
+    return ndarray(std::move(shape), ctx, type);
+  if (data == nullptr)
+    fail(errc::invalid_argument, "borrow",
+         "the address of " + std::to_string(bytes) + " bytes is null");
+  if (reinterpret_cast<std::uintptr_t>(data) % size_of(type) != 0)
+    fail(errc::invalid_argument, "borrow",
+         "the address is not aligned to the " + std::to_string(size_of(type)) + " bytes of a " +
+             std::string{troupe::to_string(type)} + " element");
+  if (lender == nullptr)
+    fail(errc::invalid_argument, "borrow", "no keep-alive handle (lender) for the memory");
+  ndarray out;
+  out.shape_ = std::move(shape);
+  out.dtype_ = type;
+  out.ctx_ = ctx;
+  out.storage_ = storage::borrow(data, bytes, ctx, std::move(lender));
+  return out;
+}
+
 ndarray ndarray::empty(shape_vector shape, context ctx, troupe::dtype type) {
   return ndarray(std::move(shape), ctx, type);
 }

@@ -80,6 +80,15 @@ public:
                              context ctx = context::cpu(), dtype type = dtype::float32);
   static ndarray from_values(std::initializer_list<float> values, shape_vector shape,
                              context ctx = context::cpu(), dtype type = dtype::float32);
+  /// An array over `shape` elements of `type` at `data`, memory that troupe does not own (a NumPy
+  /// array's, a tensor's): no copy is made, and writes to the array write that memory. `lender`
+  /// keeps the memory alive; it is dropped when the last handle sharing the storage goes, which
+  /// may be on another thread (an actor's, after a request completes). Host memory only (a cpu
+  /// context); `data` must be aligned to the element size, and null only for zero elements (an
+  /// empty array then gets storage of its own). Throws troupe::exception (invalid_argument)
+  /// naming what is wrong.
+  static ndarray borrow(void* data, shape_vector shape, dtype type,
+                        std::shared_ptr<const void> lender, context ctx = context::cpu());
   /// Seeded uniform samples in [low, high): the same seed gives the same array on any context.
   static ndarray random_uniform(double low, double high, shape_vector shape, std::uint64_t seed,
                                 context ctx = context::cpu(), dtype type = dtype::float32);

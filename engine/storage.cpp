@@ -9,9 +9,11 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/error.hpp"
 #include "kernels/cuda/device.hpp"
 
 namespace troupe {
@@ -188,6 +190,24 @@ struct pool_core {
 storage::storage(private_tag, std::shared_ptr<detail::pool_core> owner, void* data,
                  std::size_t capacity, context ctx) noexcept
     : owner_(std::move(owner)), data_(data), capacity_(capacity), ctx_(ctx) {}
+
+storage::storage(private_tag, std::shared_ptr<const void> lender, void* data, std::size_t capacity,
+                 context ctx) noexcept
+    : lender_(std::move(lender)), data_(data), capacity_(capacity), ctx_(ctx) {}
+
+std::shared_ptr<storage> storage::borrow(void* data, std::size_t bytes, context ctx,
+                                         std::shared_ptr<const void> lender) {
+  if (data == nullptr)
+    throw exception(errc::invalid_argument,
+                    "storage::borrow: the borrowed memory's address is null");
+  if (!ctx.is_cpu())
+    throw exception(errc::invalid_argument,
+                    "storage::borrow: only host memory can be borrowed, not " + ctx.to_string());
+  if (lender == nullptr)
+    throw exception(errc::invalid_argument,
+                    "storage::borrow: no keep-alive handle for the borrowed memory");
+  return std::make_shared<storage>(private_tag{}, std::move(lender), data, bytes, ctx);
+}
 
 storage::~storage() {
   if (owner_)

@@ -53,13 +53,26 @@ struct storage_dependency {
 /// bytes gets the smallest class). Not copyable; owned through std::shared_ptr<storage>. When the
 /// last owner lets go, the block goes back to the pool it came from (or is released, if that pool
 /// is gone or full). The contents of a block are unspecified when handed out.
+///
+/// A borrowed block (borrow()) is memory troupe did not allocate, such as a NumPy array's: it
+/// never enters a pool, and the last owner letting go releases only `lender`, the owner's
+/// keep-alive handle.
 class storage {
   struct private_tag {};
 
 public:
-  /// Made by storage_pool only (the tag is private).
+  /// Made by storage_pool and borrow() only (the tag is private).
   storage(private_tag, std::shared_ptr<detail::pool_core> owner, void* data, std::size_t capacity,
           context ctx) noexcept;
+  storage(private_tag, std::shared_ptr<const void> lender, void* data, std::size_t capacity,
+          context ctx) noexcept;
+  /// A block over `bytes` bytes at `data` that someone else owns; `lender` keeps them alive and
+  /// is dropped when the block's last owner lets go (on whatever thread that happens). Host
+  /// memory only (a cpu context); `data` must not be null. The caller keeps `data` valid and
+  /// unmoved while `lender` lives. Why: binding languages hand troupe their own arrays, and a
+  /// push or pull on them must not copy (python/, docs/python.md).
+  static std::shared_ptr<storage> borrow(void* data, std::size_t bytes, context ctx,
+                                         std::shared_ptr<const void> lender);
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
   ~storage();
@@ -72,11 +85,14 @@ public:
   context ctx() const noexcept { return ctx_; }
   /// The engine's record of the work queued on this block.
   storage_dependency& dependency() const noexcept { return dependency_; }
+  /// True for a block made by borrow().
+  bool is_borrowed() const noexcept { return lender_ != nullptr; }
 
 private:
   friend class storage_pool;
 
   std::shared_ptr<detail::pool_core> owner_;
+  std::shared_ptr<const void> lender_;
   void* data_;
   std::size_t capacity_;
   context ctx_;

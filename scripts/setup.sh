@@ -24,6 +24,9 @@ packages=(
   dataset-fashion-mnist          # the data the main job trains on
   rsync                          # troupe-launch --sync-dst-dir, and its test
   python3-yaml                   # the test of troupe-launch --emit k8s parses its YAML
+  python3-dev pybind11-dev       # the Python module (python/, docs/python.md)
+  python3-numpy python3-torch    # its tests and the PyTorch example (examples/python/)
+  python3-venv                   # pip install . into a venv (docs/python.md)
 )
 
 missing=()

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -596,6 +597,60 @@ BOOST_AUTO_TEST_CASE(a_freed_array_leaves_its_block_to_the_next_array_of_that_si
   const auto b = ndarray::empty(shape);
   BOOST_TEST(b.raw_data() == first_address);
   BOOST_TEST(pool.stats().hits == hits_before + 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_borrowed_array_reads_and_writes_the_lenders_memory_in_place) {
+  std::vector<float> memory{1, 2, 3, 4, 5, 6};
+  bool released = false;
+  auto lender = std::shared_ptr<const void>(memory.data(), [&](const void*) { released = true; });
+  const auto live_before = troupe::storage_pool::shared().stats().live_blocks;
+  {
+    auto array = ndarray::borrow(memory.data(), {2, 3}, dtype::float32, std::move(lender));
+    BOOST_TEST(array.raw_data() == static_cast<void*>(memory.data()));
+    BOOST_TEST(array.block()->is_borrowed());
+    BOOST_TEST(array.sum() == 21.0);
+    // Not from the pool: nothing was allocated for it.
+    BOOST_TEST(troupe::storage_pool::shared().stats().live_blocks == live_before);
+    array *= 2.0;
+    ndarray::from_values({7, 8, 9, 10, 11, 12}, {2, 3}).copy_to(array);
+    auto row = array.at(1); // a view shares the borrowed block
+    row.fill(0.5);
+    const ndarray copy = array;
+    array = ndarray{};
+    BOOST_TEST(!released); // `copy` still refers to the memory
+    BOOST_TEST(copy.to_vector<float>() == memory, boost::test_tools::per_element());
+  }
+  BOOST_TEST(released); // the last handle let go of the lender, and only of it
+  BOOST_TEST((memory == std::vector<float>{7, 8, 9, 0.5f, 0.5f, 0.5f}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(borrow_takes_every_dtype_and_an_empty_array_without_an_address) {
+  std::vector<std::int64_t> memory(4, 3);
+  for (const auto type : all_dtypes) {
+    auto array = ndarray::borrow(memory.data(), {1}, type, std::make_shared<int>(0));
+    BOOST_TEST(array.dtype() == type);
+    BOOST_TEST(array.raw_data() == static_cast<void*>(memory.data()));
+  }
+  const auto empty = ndarray::borrow(nullptr, {0, 5}, dtype::float32, nullptr);
+  BOOST_TEST(empty.size() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(borrow_refuses_what_it_cannot_use_in_place_naming_it) {
+  alignas(8) std::byte memory[64] = {};
+  const auto lender = std::make_shared<int>(0);
+  require_error([&] { ndarray::borrow(nullptr, {2}, dtype::float32, lender); },
+                errc::invalid_argument, "borrow: the address of 8 bytes is null");
+  require_error([&] { ndarray::borrow(memory + 2, {2}, dtype::float32, lender); },
+                errc::invalid_argument,
+                "borrow: the address is not aligned to the 4 bytes of a float32 element");
+  require_error([&] { ndarray::borrow(memory, {2}, dtype::float32, nullptr); },
+                errc::invalid_argument, "no keep-alive handle");
+  require_error([&] { ndarray::borrow(memory, {2}, dtype::float32, lender, context::gpu(0)); },
+                errc::invalid_argument,
+                "only host memory can be borrowed (a cpu context), not gpu(0)");
+  require_error([&] { ndarray::borrow(memory, {-1}, dtype::float32, lender); },
+                errc::invalid_argument, "negative extent");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,425 @@
+// troupe._troupe: the KVStore for Python (docs/python.md), on NumPy arrays and PyTorch CPU
+// tensors without copying them.
+//
+// Every array a call is given is wrapped as a troupe::ndarray over the caller's own memory
+// (ndarray::borrow): a push reads it where it lies, a pull writes into it in place. The wrapper
+// holds a buffer view (PEP 3118) of the Python object, so the memory stays valid as long as any
+// troupe handle refers to it, even after the call returned. A PyTorch tensor is reached through
+// tensor.detach().numpy(), which shares the tensor's memory.
+//
+// Threads: the blocking calls (init, push, pull, pushpull, broadcast, barrier, set_optimizer, the
+// optimizer's states, close) release the GIL while they wait. The last troupe handle of a
+// borrowed array may be dropped on an actor's thread, which does not hold the GIL; releasing a
+// buffer view needs it, so such a release is queued and done at the next call from Python
+// (release_or_defer, release_deferred). Taking the GIL on the actor's thread instead could
+// deadlock with a Python thread that holds it and waits for that actor.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/kvstore/kvstore.hpp"
+#include "engine/error.hpp"
+#include "engine/ndarray.hpp"
+
+namespace py = pybind11;
+
+namespace troupe::python {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Borrowed buffers.
+
+/// A buffer view of a Python object, held while troupe handles refer to its memory.
+struct held_view {
+  Py_buffer view{};
+};
+
+std::mutex deferred_mutex;
+std::vector<held_view*> deferred_views; // released at the next call that holds the GIL
+
+/// Releases the views queued by threads without the GIL. Caller holds the GIL.
+void release_deferred() {
+  std::vector<held_view*> views;
+  {
+    std::lock_guard lock{deferred_mutex};
+    views.swap(deferred_views);
+  }
+  for (auto* held : views) {
+    PyBuffer_Release(&held->view);
+    delete held;
+  }
+}
+
+/// The deleter of a borrowed array's keep-alive handle; runs on whichever thread drops the last
+/// troupe handle.
+void release_or_defer(const held_view* view) noexcept {
+  auto* held = const_cast<held_view*>(view);
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyBuffer_Release(&held->view);
+    delete held;
+    return;
+  }
+  try {
+    std::lock_guard lock{deferred_mutex};
+    deferred_views.push_back(held);
+  } catch (...) {
+    // Out of memory for the queue: the view (and its object) leaks, which is safe.
+  }
+}
+
+[[noreturn]] void fail(errc code, std::string message) {
+  throw troupe::exception(code, std::move(message));
+}
+
+/// troupe's dtype for a buffer format (struct module syntax), or fails naming `what`.
+dtype dtype_of_format(const Py_buffer& view, const std::string& what) {
+  std::string format = view.format != nullptr ? view.format : "B";
+  const std::string original = format;
+  if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<'))
+    format.erase(0, 1);
+  if (format == "f" && view.itemsize == 4)
+    return dtype::float32;
+  if (format == "d" && view.itemsize == 8)
+    return dtype::float64;
+  if (format == "e" && view.itemsize == 2)
+    return dtype::float16;
+  if (format == "i" || format == "l" || format == "q") {
+    if (view.itemsize == 4)
+      return dtype::int32;
+    if (view.itemsize == 8)
+      return dtype::int64;
+  }
+  fail(errc::dtype_mismatch,
+       what + " has element format '" + original + "' (" + std::to_string(view.itemsize) +
+           " bytes), which troupe does not take: float32, float16, float64, int32 or int64");
+}
+
+/// The object whose buffer holds the values of `object`: itself when it exports a buffer (a
+/// NumPy array), the NumPy view of a PyTorch CPU tensor, which shares the tensor's memory.
+py::object buffer_owner(py::handle object, const std::string& what) {
+  if (PyObject_CheckBuffer(object.ptr()))
+    return py::reinterpret_borrow<py::object>(object);
+  if (py::hasattr(object, "numpy") && py::hasattr(object, "detach") &&
+      py::hasattr(object, "device")) {
+    const auto device = py::str(object.attr("device")).cast<std::string>();
+    if (device != "cpu")
+      fail(errc::context_mismatch, what + " is a tensor on " + device +
+                                       ": troupe's Python module takes CPU tensors (.cpu())");
+    try {
+      return object.attr("detach")().attr("numpy")();
+    } catch (py::error_already_set& e) {
+      fail(errc::invalid_argument,
+           what + " is a tensor NumPy cannot view without copying: " + std::string{e.what()});
+    }
+  }
+  fail(errc::invalid_argument,
+       what + " is a " + std::string{py::type::of(object).attr("__name__").cast<std::string>()} +
+           ", not a NumPy array or a PyTorch CPU tensor");
+}
+
+/// An ndarray over the memory of `object` (no copy). `writable`: troupe writes into it (the
+/// output of a pull). Fails, naming `what`, for anything it cannot use in place.
+ndarray borrow_array(py::handle object, bool writable, const std::string& what) {
+  const py::object owner = buffer_owner(object, what);
+  auto held = std::make_unique<held_view>();
+  if (PyObject_GetBuffer(owner.ptr(), &held->view, PyBUF_RECORDS_RO) != 0) {
+    const py::error_already_set cause;
+    fail(errc::invalid_argument, what + " exports no usable buffer: " + std::string{cause.what()});
+  }
+  // From here `lender` owns the view: it is released on every path out.
+  std::shared_ptr<const held_view> lender{held.release(), release_or_defer};
+  const Py_buffer& view = lender->view;
+  if (writable && view.readonly)
+    fail(errc::invalid_argument,
+         what + " is read-only, and troupe writes into it in place (make it writable, or pass a "
+                "copy)");
+  if (!PyBuffer_IsContiguous(&view, 'C'))
+    fail(errc::invalid_argument, what + " is not C-contiguous: troupe reads and writes it in "
+                                        "place (numpy.ascontiguousarray, tensor.contiguous())");
+  const dtype type = dtype_of_format(view, what);
+  shape_vector shape(view.shape, view.shape + view.ndim);
+  try {
+    return ndarray::borrow(view.buf, std::move(shape), type, lender);
+  } catch (const troupe::exception& e) {
+    fail(e.error().code(), what + ": " + e.error().message());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys and the lists of a call.
+
+/// An int (or any object with __index__, but not a bool) or a str.
+kv_key key_of(py::handle key) {
+  if (py::isinstance<py::str>(key))
+    return key.cast<std::string>();
+  if (!PyBool_Check(key.ptr()) && PyIndex_Check(key.ptr()))
+    return py::reinterpret_steal<py::object>(PyNumber_Index(key.ptr())).cast<std::int64_t>();
+  fail(errc::invalid_argument, "a key is an int or a str, not a " +
+                                   py::type::of(key).attr("__name__").cast<std::string>() + " (" +
+                                   py::repr(key).cast<std::string>() + ")");
+}
+
+bool is_list(py::handle object) {
+  return py::isinstance<py::list>(object) || py::isinstance<py::tuple>(object);
+}
+
+/// Parallel lists of keys and arrays, as kvstore's batch calls take them.
+struct key_arrays {
+  std::vector<kv_key> keys;
+  std::vector<ndarray> arrays;
+};
+
+/// Adds the arrays of one key: `value` is an array or a list of arrays (one per device, MXNet's
+/// grouping), named "<role> of key K" or "<role> i of key K" in errors.
+void add_key(key_arrays& into, const kv_key& key, py::handle value, bool writable,
+             const char* role) {
+  if (!is_list(value)) {
+    into.keys.push_back(key);
+    into.arrays.push_back(
+        borrow_array(value, writable, std::string{"the "} + role + " of key " + to_string(key)));
+    return;
+  }
+  const auto items = py::reinterpret_borrow<py::sequence>(value);
+  if (items.size() == 0)
+    fail(errc::empty_list,
+         std::string{"the "} + role + " list of key " + to_string(key) + " is empty");
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    into.keys.push_back(key);
+    into.arrays.push_back(
+        borrow_array(items[i], writable,
+                     std::string{role} + " " + std::to_string(i) + " of key " + to_string(key)));
+  }
+}
+
+/// MXNet's forms: one key with an array or a list of arrays, or a list of keys with a list of as
+/// many values, each an array or a list of arrays.
+key_arrays gather(py::handle key, py::handle values, bool writable, const char* role) {
+  key_arrays out;
+  if (!is_list(key)) {
+    add_key(out, key_of(key), values, writable, role);
+    return out;
+  }
+  const auto keys = py::reinterpret_borrow<py::sequence>(key);
+  if (keys.size() == 0)
+    fail(errc::empty_list, "the list of keys is empty");
+  if (!is_list(values) || py::len(values) != keys.size())
+    fail(errc::invalid_argument,
+         std::to_string(keys.size()) + " keys need a list of " + std::to_string(keys.size()) + " " +
+             role + "s, one per key; got " +
+             (is_list(values) ? "a list of " + std::to_string(py::len(values))
+                              : "a " + py::type::of(values).attr("__name__").cast<std::string>()));
+  const auto items = py::reinterpret_borrow<py::sequence>(values);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    add_key(out, key_of(keys[i]), items[i], writable, role);
+  return out;
+}
+
+void check(const status& outcome) {
+  outcome.value();
+}
+
+optimizer_params params_of(const py::dict& params) {
+  optimizer_params out;
+  for (const auto& [name, value] : params) {
+    const auto text = py::str(name).cast<std::string>();
+    if (!PyFloat_Check(value.ptr()) && !PyLong_Check(value.ptr()))
+      fail(errc::invalid_argument, "optimizer parameter '" + text + "' is a " +
+                                       py::type::of(value).attr("__name__").cast<std::string>() +
+                                       ", not a number");
+    out[text] = value.cast<double>();
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store.
+
+/// The Python object behind troupe.kv.create(): a kvstore, until close().
+class py_kvstore {
+public:
+  explicit py_kvstore(std::unique_ptr<kvstore> store) : store_(std::move(store)) {}
+  ~py_kvstore() {
+    // A distributed store says goodbye to its job here, which waits for the actors.
+    py::gil_scoped_release unlocked;
+    store_.reset();
+  }
+
+  void close() {
+    release_deferred();
+    std::unique_ptr<kvstore> store = std::move(store_);
+    py::gil_scoped_release unlocked;
+    store.reset();
+  }
+
+  std::string type() { return open().type(); }
+  int rank() { return open().rank(); }
+  int num_workers() { return open().num_workers(); }
+
+  void init(py::handle key, py::handle value) {
+    auto batch = gather(key, value, false, "value");
+    run([&](kvstore& kv) { return kv.init(batch.keys, batch.arrays); });
+  }
+  void push(py::handle key, py::handle value, int priority) {
+    auto batch = gather(key, value, false, "value");
+    run([&](kvstore& kv) { return kv.push(batch.keys, batch.arrays, priority); });
+  }
+  void pull(py::handle key, py::handle out, int priority) {
+    if (out.is_none())
+      fail(errc::invalid_argument, "pull needs out=: the arrays it writes the values into");
+    auto batch = gather(key, out, true, "output");
+    run([&](kvstore& kv) { return kv.pull(batch.keys, batch.arrays, priority); });
+  }
+  /// MXNet's pushpull: without `out` the values are written back into `value`.
+  void pushpull(py::handle key, py::handle value, py::handle out, int priority) {
+    auto values = gather(key, value, out.is_none(), "value");
+    if (out.is_none()) {
+      run([&](kvstore& kv) {
+        return kv.pushpull(values.keys, values.arrays, values.arrays, priority);
+      });
+      return;
+    }
+    auto outputs = gather(key, out, true, "output");
+    run([&](kvstore& kv) {
+      if (values.keys == outputs.keys)
+        return kv.pushpull(values.keys, values.arrays, outputs.arrays, priority);
+      // Lists of another length per key than the values': a push, then a pull.
+      if (auto pushed = kv.push(values.keys, values.arrays, priority); !pushed)
+        return pushed;
+      return kv.pull(outputs.keys, outputs.arrays, priority);
+    });
+  }
+  /// init then pull (the outputs of a key may be a list, as pull's).
+  void broadcast(py::handle key, py::handle value, py::handle out, int priority) {
+    auto values = gather(key, value, false, "value");
+    auto outputs = gather(key, out, true, "output");
+    run([&](kvstore& kv) {
+      if (auto initialised = kv.init(values.keys, values.arrays); !initialised)
+        return initialised;
+      return kv.pull(outputs.keys, outputs.arrays, priority);
+    });
+  }
+  void barrier() {
+    run([](kvstore& kv) { return kv.barrier(); });
+  }
+  void set_optimizer(const std::string& name, const py::dict& params) {
+    const auto hyper = params_of(params);
+    run([&](kvstore& kv) { return kv.set_optimizer(name, hyper); });
+  }
+  bool is_capable(const std::string& capability) { return open().is_capable(capability); }
+  void save_optimizer_states(const std::string& path, bool dump_optimizer) {
+    run([&](kvstore& kv) { return kv.save_optimizer_states(path, dump_optimizer); });
+  }
+  void load_optimizer_states(const std::string& path) {
+    run([&](kvstore& kv) { return kv.load_optimizer_states(path); });
+  }
+
+private:
+  kvstore& open() {
+    release_deferred();
+    if (!store_)
+      fail(errc::invalid_argument, "the store is closed");
+    return *store_;
+  }
+
+  /// Runs `call` on the store without the GIL and raises its error, if any.
+  template <class Call>
+  void run(Call&& call) {
+    kvstore& kv = open();
+    status outcome;
+    {
+      py::gil_scoped_release unlocked;
+      outcome = call(kv);
+    }
+    check(outcome);
+  }
+
+  std::unique_ptr<kvstore> store_;
+};
+
+} // namespace
+} // namespace troupe::python
+
+PYBIND11_MODULE(_troupe, m) {
+  using namespace troupe;
+  using troupe::python::py_kvstore;
+  m.doc() = "troupe's KVStore for NumPy arrays and PyTorch CPU tensors (docs/python.md)";
+
+  // troupe.Error: every failure of a call, with .code the error's kind ("unknown_key",
+  // "shape_mismatch", ...) and the message naming the key and the values.
+  // Held for the process's life (released, never destroyed after the interpreter).
+  static const py::handle error_type =
+      py::exception<troupe::exception>(m, "Error", PyExc_RuntimeError).release();
+  py::register_exception_translator([](std::exception_ptr raised) {
+    try {
+      if (raised)
+        std::rethrow_exception(raised);
+    } catch (const troupe::exception& e) {
+      py::object error = error_type(e.what());
+      error.attr("code") = std::string{to_string(e.error().code())};
+      PyErr_SetObject(error_type.ptr(), error.ptr());
+    }
+  });
+
+  py::class_<py_kvstore>(m, "KVStore", "A KVStore: MXNet's mx.kv.KVStore calls on troupe")
+      .def_property_readonly("type", &py_kvstore::type, "the type it was created with")
+      .def_property_readonly("rank", &py_kvstore::rank, "this worker's rank (0 in local stores)")
+      .def_property_readonly("num_workers", &py_kvstore::num_workers, "the job's workers")
+      .def("init", &py_kvstore::init, py::arg("key"), py::arg("value"),
+           "Declares keys and their initial values.")
+      .def("push", &py_kvstore::push, py::arg("key"), py::arg("value"), py::arg("priority") = 0,
+           "Pushes values; the values of one key are summed (then the optimizer runs, if set).")
+      .def("pull", &py_kvstore::pull, py::arg("key"), py::arg("out") = py::none(),
+           py::arg("priority") = 0, "Writes each key's value into out, in place.")
+      .def("pushpull", &py_kvstore::pushpull, py::arg("key"), py::arg("value"),
+           py::arg("out") = py::none(), py::arg("priority") = 0,
+           "push then pull; without out the result is written into value.")
+      .def("broadcast", &py_kvstore::broadcast, py::arg("key"), py::arg("value"), py::arg("out"),
+           py::arg("priority") = 0, "init then pull.")
+      .def("barrier", &py_kvstore::barrier, "Waits until every worker of the job has called it.")
+      .def(
+          "set_optimizer",
+          [](py_kvstore& self, const std::string& name, py::object params, py::kwargs kwargs) {
+            py::dict all;
+            if (!params.is_none())
+              all = py::dict(params);
+            for (const auto& [key, value] : kwargs)
+              all[key] = value;
+            self.set_optimizer(name, all);
+          },
+          py::arg("name"), py::arg("params") = py::none(),
+          "Runs the optimizer `name` (sgd, nag, adam, rmsprop, adagrad, test) in the store on "
+          "every push, with MXNet's parameter names: set_optimizer('sgd', learning_rate=0.1).")
+      .def("is_capable", &py_kvstore::is_capable, py::arg("capability"))
+      .def("save_optimizer_states", &py_kvstore::save_optimizer_states, py::arg("fname"),
+           py::arg("dump_optimizer") = false)
+      .def("load_optimizer_states", &py_kvstore::load_optimizer_states, py::arg("fname"))
+      .def("close", &py_kvstore::close,
+           "Leaves the job (distributed types) and frees the store; later calls raise.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](py_kvstore& self, const py::args&) {
+        self.close();
+        return false;
+      });
+
+  m.def(
+      "create",
+      [](const std::string& type) {
+        troupe::python::release_deferred();
+        result<std::unique_ptr<kvstore>> made{error{errc::internal, {}}};
+        {
+          py::gil_scoped_release unlocked;
+          made = kvstore::create(type);
+        }
+        return std::make_unique<py_kvstore>(std::move(made).value());
+      },
+      py::arg("type") = "local",
+      "A KVStore of MXNet's type name: local, device, or (in a process started by "
+      "troupe-launch, or with the DMLC_* variables set) dist_sync, dist_async, "
+      "dist_device_sync, dist_device_async.");
+}
