@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what troupe needs from Debian 12 (as root, with apt-get) and configures a build.
 #   scripts/setup.sh [BUILD_DIR] [extra cmake arguments...]
+#   TROUPE_SETUP_ALL=1 scripts/setup.sh ...   also the packages of the tests and the Python module
 # Safe to run again: it installs only what is missing and reconfigures in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,14 +21,19 @@ packages=(
   libtomlplusplus-dev            # toml++ 3.3: the cluster config file (actors/config/config.cpp)
   libspdlog-dev                  # the logging facility (engine/log.hpp)
   nlohmann-json3-dev             # JSON lines of the apps and benchmarks
-  clang libclang-rt-14-dev       # libFuzzer for the fuzz targets (scripts/fuzz.sh)
   dataset-fashion-mnist          # the data the main job trains on
-  rsync                          # troupe-launch --sync-dst-dir, and its test
-  python3-yaml                   # the test of troupe-launch --emit k8s parses its YAML
-  python3-dev pybind11-dev       # the Python module (python/, docs/python.md)
-  python3-numpy python3-torch    # its tests and the PyTorch example (examples/python/)
-  python3-venv                   # pip install . into a venv (docs/python.md)
+  rsync                          # troupe-launch --sync-dst-dir
 )
+# The tests' and the Python module's: not needed to build and run the main job (scripts/build.sh).
+if [ "${TROUPE_SETUP_ALL:-0}" = 1 ]; then
+  packages+=(
+    clang libclang-rt-14-dev     # libFuzzer for the fuzz targets (scripts/fuzz.sh)
+    python3-yaml                 # the test of troupe-launch --emit k8s parses its YAML
+    python3-dev pybind11-dev     # the Python module (python/, docs/python.md)
+    python3-numpy python3-torch  # its tests and the PyTorch example (examples/python/)
+    python3-venv                 # pip install . into a venv (docs/python.md)
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails when a C++ code block of the documentation is not the code of an example, so that what
 # the README shows compiles and runs (tests/install_test.sh builds and runs every example).
-#   tests/readme_blocks.sh ROOT [MARKDOWN_FILE...]    (README.md and docs/embedding.md by default)
+#   tests/readme_blocks.sh ROOT [MARKDOWN_FILE...]    (README.md and docs/*.md by default)
 #
 # Every fenced block of C++ (```cpp, ```c++, ```cxx) must come right after a line
 #   <!-- example: examples/FILE.cpp REGION -->
@@ -18,7 +18,7 @@ root=${1:?usage: readme_blocks.sh ROOT [MARKDOWN_FILE...]}
 shift
 cd "$root" || exit 2
 files=("$@")
-[ ${#files[@]} -gt 0 ] || files=(README.md docs/embedding.md)
+[ ${#files[@]} -gt 0 ] || files=(README.md docs/*.md)
 
 # region FILE NAME: the text of region NAME of FILE; exit status 1 when FILE has no such region
 # or one of its pieces is not closed.
