@@ -313,6 +313,12 @@ std::string fake_ssh_path(const temp_dir& dir) {
                 "  esac\n"
                 "done\n"
                 "shift\n"
+                // Every fake host is this machine: the rsync servers of --sync-dst-dir, which
+                // on real hosts write to different disks, would race to create the same
+                // directory here. One at a time, as on hosts of their own.
+                "case \"$1\" in rsync) exec flock \"" +
+                (dir.path() / "rsync.lock").string() +
+                "\" /bin/sh -c \"$*\" ;; esac\n"
                 "exec /bin/sh -c \"$*\"\n",
             0700);
   const char* path = std::getenv("PATH");
