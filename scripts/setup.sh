@@ -29,6 +29,7 @@ if [ "${TROUPE_SETUP_ALL:-0}" = 1 ]; then
   packages+=(
     clang libclang-rt-14-dev     # libFuzzer for the fuzz targets (scripts/fuzz.sh)
     python3-yaml                 # the test of troupe-launch --emit k8s parses its YAML
+    iproute2                     # the two-hosts test's network namespaces (ip netns)
     python3-dev pybind11-dev     # the Python module (python/, docs/python.md)
     python3-numpy python3-torch  # its tests and the PyTorch example (examples/python/)
     python3-venv                 # pip install . into a venv (docs/python.md)
