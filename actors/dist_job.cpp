@@ -621,6 +621,9 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.barrier = [agent_ptr, barrier_timeout] {
     return agent_ptr->barrier(wire::group::workers, barrier_timeout);
   };
+  setup.gather = [agent_ptr, barrier_timeout](std::span<const double> values) {
+    return agent_ptr->barrier_gather(wire::group::workers, values, barrier_timeout);
+  };
   setup.on_started = [agent_ptr](const worker_actor& worker) { agent_ptr->subscribe(worker); };
   auto request_timeout = config.request_timeout;
   setup.announce_settings = [agent_ptr, request_timeout](const wire::sync_settings& settings) {

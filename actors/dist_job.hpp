@@ -140,6 +140,9 @@ struct worker_setup {
       reconnect_server;
   /// Blocks until every (live) worker of the job has arrived.
   std::function<status()> barrier;
+  /// The same barrier, sharing values with the other workers (node_agent::barrier_gather).
+  /// Optional.
+  std::function<result<std::vector<wire::gathered_values>>(std::span<const double>)> gather;
   /// Rank 0: tells the scheduler the job's consistency (it decides how many lost workers the
   /// job survives). Optional.
   std::function<status(const wire::sync_settings&)> announce_settings;

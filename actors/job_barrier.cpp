@@ -94,9 +94,17 @@ void release(barrier_pointer self, const job_barriers::released& arrivals) {
            std::to_string(first.group) + " released " + std::to_string(arrivals.size()) +
            " members";
   });
+  // Every member gets every member's values (KVStore::gather_at_barrier), by role, then rank.
+  std::vector<wire::gathered_values> gathered;
+  for (const auto& arrival : arrivals)
+    if (!arrival.values.empty())
+      gathered.push_back({arrival.member_role, arrival.member_rank, arrival.values});
+  std::sort(gathered.begin(), gathered.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.member_role, a.rank} < std::pair{b.member_role, b.rank};
+  });
   for (const auto& arrival : arrivals)
     self->send(arrival.sink, envelope{wire::barrier_release{arrival.request_id, arrival.barrier_id,
-                                                            arrival.group},
+                                                            arrival.group, gathered},
                                       nullptr, arrival.connection});
 }
 

@@ -125,7 +125,7 @@ private:
     else if (const auto* table = std::get_if<wire::membership>(&msg))
       on_membership(*table);
     else if (const auto* release = std::get_if<wire::barrier_release>(&msg))
-      complete(release->request_id, ok());
+      on_release(*release);
     else if (const auto* acked = std::get_if<wire::ack>(&msg))
       complete(acked->request_id, ok());
     else if (const auto* cmd = std::get_if<wire::command>(&msg))
@@ -242,6 +242,14 @@ private:
     std::erase_if(pending_, [](const auto& entry) { return entry.second.done.cancelled(); });
     send(call.request);
     pending_.emplace(id, std::move(call));
+  }
+
+  /// A barrier's release: its gathered values go to the caller that asked for them.
+  void on_release(const wire::barrier_release& release) {
+    if (auto found = pending_.find(release.request_id);
+        found != pending_.end() && found->second.gathered)
+      *found->second.gathered = release.gathered;
+    complete(release.request_id, ok());
   }
 
   /// Delivers the outcome of request `request_id`; false when no such request is waiting.
@@ -461,16 +469,29 @@ node_agent::~node_agent() {
   caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
 }
 
-status node_agent::call(wire::message request, std::string what,
-                        std::chrono::milliseconds timeout) {
+status node_agent::call(wire::message request, std::string what, std::chrono::milliseconds timeout,
+                        std::shared_ptr<std::vector<wire::gathered_values>> gathered) {
   completion<status> done;
-  caf::anon_send(actor_, control_call{std::move(request), what, done});
+  caf::anon_send(actor_, control_call{std::move(request), what, done, std::move(gathered)});
   if (auto got = done.wait_or_cancel(completion<status>::clock::now() + timeout))
     return *got;
   return error{errc::timeout, what + " not answered within " + format_duration(timeout)};
 }
 
 status node_agent::barrier(std::uint8_t group, std::chrono::milliseconds timeout) {
+  auto waited = barrier_gather(group, {}, timeout);
+  if (!waited)
+    return waited.error();
+  return ok();
+}
+
+result<std::vector<wire::gathered_values>>
+node_agent::barrier_gather(std::uint8_t group, std::span<const double> values,
+                           std::chrono::milliseconds timeout) {
+  if (values.size() > wire::max_barrier_values)
+    return error{errc::invalid_argument, std::to_string(values.size()) +
+                                             " values to share at a barrier; at most " +
+                                             std::to_string(wire::max_barrier_values)};
   if (group == 0 || (group & ~wire::group::all) != 0)
     return error{errc::invalid_argument, "barrier group " + std::to_string(group) +
                                              " is not a union of 1 (scheduler), 2 (servers) and "
@@ -479,8 +500,12 @@ status node_agent::barrier(std::uint8_t group, std::chrono::milliseconds timeout
     return error{errc::invalid_argument, "a " + std::string{wire::to_string(role_)} +
                                              " is not a member of barrier group " +
                                              std::to_string(group)};
-  return call(wire::barrier{0, 0, group, node_id_}, "barrier of group " + std::to_string(group),
-              timeout);
+  auto gathered = std::make_shared<std::vector<wire::gathered_values>>();
+  auto waited = call(wire::barrier{0, 0, group, node_id_, {values.begin(), values.end()}},
+                     "barrier of group " + std::to_string(group), timeout, gathered);
+  if (!waited)
+    return waited.error();
+  return std::move(*gathered);
 }
 
 status node_agent::notify_done(std::chrono::milliseconds timeout) {

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <caf/fwd.hpp>
@@ -121,6 +122,12 @@ public:
   /// group; errc::timeout when `timeout` passes first (the barrier is then out of step with the
   /// other members: treat it as fatal); errc::peer_lost when the job failed.
   status barrier(std::uint8_t group, std::chrono::milliseconds timeout);
+  /// barrier() that also shares `values` (at most wire::max_barrier_values) with the other
+  /// members: returns every live member's values that shared any (this node's included), by
+  /// role, then rank. KVStore::gather_at_barrier runs on it.
+  result<std::vector<wire::gathered_values>> barrier_gather(std::uint8_t group,
+                                                            std::span<const double> values,
+                                                            std::chrono::milliseconds timeout);
 
   /// Workers, at finalize: tells the scheduler this worker is done and waits for its
   /// acknowledgement, so that leaving afterwards is not a loss. When every live worker is done
@@ -159,7 +166,8 @@ private:
              const joined& admitted);
 
   /// Hands `request` to the agent and waits for its answer.
-  status call(wire::message request, std::string what, std::chrono::milliseconds timeout);
+  status call(wire::message request, std::string what, std::chrono::milliseconds timeout,
+              std::shared_ptr<std::vector<wire::gathered_values>> gathered = nullptr);
 
   node_agent_actor actor_;
   /// ok() when the stop command arrived, the failure when the job failed.

@@ -232,6 +232,9 @@ struct control_call {
   /// "barrier of group 4", "done": how errors name the call.
   std::string what;
   completion<status> done;
+  /// A barrier: where the release's gathered values go before `done` is delivered; null when the
+  /// caller wants none.
+  std::shared_ptr<std::vector<wire::gathered_values>> gathered;
 };
 
 /// The node side of the control plane (actors/node_agent.hpp).
@@ -279,6 +282,9 @@ struct barrier_arrival {
   wire::role member_role = wire::role::worker;
   /// Echoed by the release.
   std::uint64_t request_id = 0;
+  /// The member's rank in its role, and the values it shares (wire::barrier::values).
+  std::uint32_t member_rank = 0;
+  std::vector<double> values;
   /// The node's control connection: the release (or a refusal) goes to `sink` as an envelope
   /// on `connection`.
   reply_sink sink;

@@ -404,7 +404,8 @@ private:
     });
     self_->send(barrier_, barrier_arrival{request.group, request.barrier_id,
                                           static_cast<std::uint32_t>(index), node.info.node_role,
-                                          request.request_id, node.sink, node.connection});
+                                          request.request_id, node.info.rank, request.values,
+                                          node.sink, node.connection});
   }
 
   void on_command(std::size_t index, const wire::command& cmd) {

@@ -21,9 +21,10 @@
 //                                   error_reply{invalid_argument}). ... once S
 //                                   servers and W workers are admitted, every node gets the
 //                                   membership table (epoch 1): the job has started.
-//   barrier{barrier_id, group}   -> barrier_release{request_id, barrier_id, group}, to each member
-//                                   of `group` once every live member has sent the same barrier
-//                                   (the job barrier actor, actors/job_barrier.hpp, does this).
+//   barrier{barrier_id, group,   -> barrier_release{request_id, barrier_id, group, gathered}, to
+//           values}                 each member of `group` once every live member has sent the
+//                                   same barrier (the job barrier actor, actors/job_barrier.hpp,
+//                                   does this); `gathered` is every member's values.
 //   sync_settings                -> ack{request_id}. From worker rank 0 only: the job's quorum K
 //                                   (default num_workers).
 //   command{stop} from a worker  -> ack{request_id}. It means "this worker is done" (MXNet's

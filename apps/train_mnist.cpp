@@ -13,7 +13,10 @@
 // and at the end one JSON line for scripts, {"final_test_acc":..,"final_train_loss":..,
 // "samples_per_s":..,...} (report::final_line). --csv and --plot write the per-epoch metrics as
 // CSV and as an SVG plot. train_loss and train_acc are over this worker's batches; samples_per_s
-// counts the samples of all workers over the training loop's time (evaluation excluded).
+// counts the samples of all workers over the training loop's time (evaluation excluded). In a
+// distributed job each worker's own rate (its samples over its own loop time) is gathered at the
+// barrier ending each epoch (kvstore::gather_at_barrier) into the plot, the CSV and the final
+// line ("worker_samples_per_s").
 //
 // Distributed (--kvstore dist_*): worker r of n reads part r of n of the training set (MXNet's
 // part_range), and every worker runs common_batch_count steps per epoch, the number of full
@@ -773,10 +776,20 @@ status end_epoch(training_job& job, report::epoch_metrics& m) {
       fmt::print("{}\n", report::epoch_line(m));
     std::fflush(stdout);
   }
-  if (job.member.store)
-    if (auto met = job.member.store->barrier(); !met)
-      return error{met.error().code(),
-                   fmt::format("barrier after epoch {}: {}", m.epoch, met.error().to_string())};
+  if (!job.member.store)
+    return {};
+  // The barrier also gathers each worker's own samples/s for the plot, the CSV and the final
+  // line (a straggler shows there).
+  const double own = m.time_s > 0 ? static_cast<double>(m.samples) /
+                                        static_cast<double>(job.member.workers) / m.time_s
+                                  : 0;
+  auto gathered = job.member.store->gather_at_barrier(std::span{&own, 1});
+  if (!gathered)
+    return error{gathered.error().code(),
+                 fmt::format("barrier after epoch {}: {}", m.epoch, gathered.error().to_string())};
+  if (job.member.store->type().starts_with("dist"))
+    for (const auto& values : *gathered)
+      m.worker_samples_per_s.push_back(values.empty() ? 0.0 : values.front());
   return {};
 }
 

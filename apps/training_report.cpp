@@ -1,8 +1,10 @@
 #include "apps/training_report.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -48,16 +50,33 @@ std::string final_line(std::span<const epoch_metrics> epochs, const run_summary&
   line["job_time_s"] = json_line::significant(run.job_time_s, 6);
   line["job_samples_per_s"] =
       json_line::significant(run.job_time_s > 0 ? samples / run.job_time_s : 0, 6);
+  if (!last.worker_samples_per_s.empty()) {
+    auto rates = json_line::object::array();
+    for (double rate : last.worker_samples_per_s)
+      rates.push_back(json_line::significant(rate, 6));
+    line["worker_samples_per_s"] = rates;
+  }
   return line.dump();
 }
 
 std::string csv_text(std::span<const epoch_metrics> epochs) {
-  std::string text =
-      "epoch,train_loss,train_acc,test_acc,samples_per_s,time_s,learning_rate,samples\n";
+  std::size_t workers = 0;
   for (const auto& m : epochs)
-    text += fmt::format("{},{:.6f},{:.4f},{},{:.1f},{:.4f},{:.8g},{}\n", m.epoch, m.train_loss,
+    workers = std::max(workers, m.worker_samples_per_s.size());
+  std::string text =
+      "epoch,train_loss,train_acc,test_acc,samples_per_s,time_s,learning_rate,samples";
+  for (std::size_t w = 0; w < workers; ++w)
+    text += fmt::format(",worker{}_samples_per_s", w);
+  text += "\n";
+  for (const auto& m : epochs) {
+    text += fmt::format("{},{:.6f},{:.4f},{},{:.1f},{:.4f},{:.8g},{}", m.epoch, m.train_loss,
                         m.train_acc, m.test_acc ? fmt::format("{:.4f}", *m.test_acc) : "",
                         m.samples_per_s, m.time_s, m.learning_rate, m.samples);
+    for (std::size_t w = 0; w < workers; ++w)
+      text += w < m.worker_samples_per_s.size() ? fmt::format(",{:.1f}", m.worker_samples_per_s[w])
+                                                : std::string{","};
+    text += "\n";
+  }
   return text;
 }
 
@@ -278,7 +297,12 @@ std::vector<double> nice_ticks(double low, double high, int max_ticks) {
 }
 
 std::string svg_plot(std::span<const epoch_metrics> epochs, std::string_view title) {
-  constexpr double width = 960, height = 400, head = 36;
+  // A distributed job's third panel: each worker's throughput, so that a straggler shows.
+  std::size_t workers = 0;
+  for (const auto& m : epochs)
+    workers = std::max(workers, m.worker_samples_per_s.size());
+  constexpr double panel_width = 480, height = 400, head = 36;
+  const double width = panel_width * (workers > 0 ? 3 : 2);
   std::string svg = fmt::format(
       R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}">)"
       "\n",
@@ -315,10 +339,24 @@ text { font-family: sans-serif; font-size: 12px; fill: #222; }
   std::vector<series> right{train_acc};
   if (!test_acc.points.empty())
     right.push_back(test_acc);
-  draw_panel(svg, 0, head, width / 2, height - head, "loss", "mean cross-entropy", left, x_max,
+  draw_panel(svg, 0, head, panel_width, height - head, "loss", "mean cross-entropy", left, x_max,
              std::nullopt, false);
-  draw_panel(svg, width / 2, head, width / 2, height - head, "accuracy", "accuracy (%)", right,
+  draw_panel(svg, panel_width, head, panel_width, height - head, "accuracy", "accuracy (%)", right,
              x_max, std::pair{0.0, 100.0}, true);
+  if (workers > 0) {
+    static constexpr std::array<const char*, 8> colors{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                                       "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+    std::vector<series> rates;
+    for (std::size_t w = 0; w < workers; ++w) {
+      series rate{fmt::format("worker {}", w), colors[w % colors.size()], w >= colors.size(), {}};
+      for (const auto& m : epochs)
+        if (w < m.worker_samples_per_s.size() && m.worker_samples_per_s[w] > 0)
+          rate.points.emplace_back(m.epoch, m.worker_samples_per_s[w]);
+      rates.push_back(std::move(rate));
+    }
+    draw_panel(svg, 2 * panel_width, head, panel_width, height - head, "throughput per worker",
+               "samples/s", rates, x_max, std::pair{0.0, std::numeric_limits<double>::max()}, true);
+  }
   svg += "</svg>\n";
   return svg;
 }

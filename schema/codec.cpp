@@ -280,8 +280,11 @@ struct size_estimate {
   void operator()(const error_reply& m) { text(m.message); }
   void operator()(const pull_request&) {}
   void operator()(const ack&) {}
-  void operator()(const barrier&) {}
-  void operator()(const barrier_release&) {}
+  void operator()(const barrier& m) { words += 1 + m.values.size(); }
+  void operator()(const barrier_release& m) {
+    for (const auto& g : m.gathered)
+      words += 4 + g.values.size();
+  }
   void operator()(const heartbeat&) {}
   void operator()(const link_hello& m) {
     text(m.host_id);
@@ -413,12 +416,29 @@ public:
     b.setBarrierId(m.barrier_id);
     b.setGroup(m.group);
     b.setSenderNodeId(m.sender_node_id);
+    if (!m.values.empty()) {
+      auto values = b.initValues(list_size(m.values.size()));
+      for (unsigned i = 0; i < values.size(); ++i)
+        values.set(i, m.values[i]);
+    }
   }
   void operator()(const barrier_release& m) {
     auto b = root_.initBarrierRelease();
     b.setRequestId(m.request_id);
     b.setBarrierId(m.barrier_id);
     b.setGroup(m.group);
+    if (!m.gathered.empty()) {
+      auto gathered = b.initGathered(list_size(m.gathered.size()));
+      for (unsigned i = 0; i < gathered.size(); ++i) {
+        const auto& member = m.gathered[i];
+        auto g = gathered[i];
+        g.setRole(to_wire<ws::Role>(member.member_role));
+        g.setRank(member.rank);
+        auto values = g.initValues(list_size(member.values.size()));
+        for (unsigned v = 0; v < values.size(); ++v)
+          values.set(v, member.values[v]);
+      }
+    }
   }
   void operator()(const set_optimizer& m) {
     auto b = root_.initSetOptimizer();
@@ -928,13 +948,34 @@ private:
     return m;
   }
 
+  /// A member's barrier values: at most max_barrier_values.
+  std::vector<double> barrier_values(capnp::List<double>::Reader values, const std::string& what) {
+    if (values.size() > max_barrier_values)
+      fail(decode_error::code::limit_exceeded, what + ": " + std::to_string(values.size()) +
+                                                   " values, more than " +
+                                                   std::to_string(max_barrier_values));
+    std::vector<double> out;
+    out.reserve(values.size());
+    for (double v : values)
+      out.push_back(v);
+    return out;
+  }
+
   message read(ws::Barrier::Reader r) {
     return barrier{r.getRequestId(), r.getBarrierId(), read_group(r.getGroup()),
-                   r.getSenderNodeId()};
+                   r.getSenderNodeId(), barrier_values(r.getValues(), "barrier values")};
   }
 
   message read(ws::BarrierRelease::Reader r) {
-    return barrier_release{r.getRequestId(), r.getBarrierId(), read_group(r.getGroup())};
+    barrier_release m{r.getRequestId(), r.getBarrierId(), read_group(r.getGroup()), {}};
+    auto gathered = r.getGathered();
+    check_list(gathered.size(), "barrier release gathered values");
+    m.gathered.reserve(gathered.size());
+    for (auto g : gathered)
+      m.gathered.push_back(
+          gathered_values{from_wire<role>(g.getRole(), role_count, "gathered values role"),
+                          g.getRank(), barrier_values(g.getValues(), "gathered values")});
+    return m;
   }
 
   message read(ws::SetOptimizer::Reader r) {

@@ -228,13 +228,28 @@ struct barrier {
   /// A non-zero union of the group:: bits.
   std::uint8_t group = group::workers;
   std::uint32_t sender_node_id = 0;
+  /// What the sender shares with the other members; at most max_barrier_values.
+  std::vector<double> values;
   friend bool operator==(const barrier&, const barrier&) = default;
+};
+
+/// Most numbers one member shares at a barrier (Barrier.values).
+inline constexpr std::size_t max_barrier_values = 64;
+
+/// One member's barrier values, as a release carries them.
+struct gathered_values {
+  role member_role = role::worker;
+  std::uint32_t rank = 0;
+  std::vector<double> values;
+  friend bool operator==(const gathered_values&, const gathered_values&) = default;
 };
 
 struct barrier_release {
   std::uint64_t request_id = 0;
   std::uint64_t barrier_id = 0;
   std::uint8_t group = group::workers;
+  /// Every arrived member's values (members with none left out), by role, then rank.
+  std::vector<gathered_values> gathered;
   friend bool operator==(const barrier_release&, const barrier_release&) = default;
 };
 

@@ -321,6 +321,18 @@ struct Barrier {
   # ps-lite group bitmask of the nodes taking part: 1 scheduler, 2 servers, 4 workers; 1..7.
   senderNodeId @3 :UInt32;
   # Node id of the sender.
+  values @4 :List(Float64);
+  # What the sender shares with the other members (KVStore::gather_at_barrier: a worker's
+  # throughput, say): at most 64 numbers, usually none. Every member receives every member's in
+  # BarrierRelease.gathered.
+}
+
+struct GatheredValues {
+  # One member's Barrier.values, as BarrierRelease.gathered carries them.
+  role @0 :Role;
+  rank @1 :UInt32;
+  values @2 :List(Float64);
+  # At most 64.
 }
 
 struct BarrierRelease {
@@ -332,6 +344,9 @@ struct BarrierRelease {
   # The barrier released.
   group @2 :UInt8;
   # Its group bitmask, 1..7.
+  gathered @3 :List(GatheredValues);
+  # Every arrived member's Barrier.values (members with none left out), ordered by role, then
+  # rank; members lost within the quorum are absent.
 }
 
 struct OptimizerParam {

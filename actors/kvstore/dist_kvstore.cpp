@@ -271,6 +271,25 @@ status dist_kvstore::barrier() {
   return setup_.barrier();
 }
 
+result<std::vector<std::vector<double>>>
+dist_kvstore::gather_at_barrier(std::span<const double> mine) {
+  if (mine.size() > max_gathered_values)
+    return error{errc::invalid_argument, "gather_at_barrier: " + std::to_string(mine.size()) +
+                                             " values; at most " +
+                                             std::to_string(max_gathered_values)};
+  if (!setup_.gather)
+    return error{errc::not_supported,
+                 "gather_at_barrier: this store's job has no gathering barrier"};
+  auto gathered = setup_.gather(mine);
+  if (!gathered)
+    return gathered.error();
+  std::vector<std::vector<double>> by_rank(setup_.num_workers);
+  for (auto& member : *gathered)
+    if (member.member_role == wire::role::worker && member.rank < by_rank.size())
+      by_rank[member.rank] = std::move(member.values);
+  return by_rank;
+}
+
 status dist_kvstore::to_every_server(
     std::function<wire::message(std::uint64_t request_id, std::uint32_t server)> make,
     std::string what) const {

@@ -70,6 +70,7 @@ public:
   kv_request pushpull_async(std::span<const kv_key> keys, std::span<const ndarray> values,
                             std::span<ndarray> outputs, int priority = 0) override;
   status barrier() override;
+  result<std::vector<std::vector<double>>> gather_at_barrier(std::span<const double> mine) override;
 
   status set_optimizer(std::unique_ptr<optimizer> opt) override;
   /// A custom updater cannot run on the servers: not_supported (as in MXNet, where _set_updater

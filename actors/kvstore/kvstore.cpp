@@ -111,6 +111,16 @@ status kvstore::broadcast(std::span<const kv_key> keys, std::span<const ndarray>
   return pull(pulled_keys, outputs, priority);
 }
 
+result<std::vector<std::vector<double>>> kvstore::gather_at_barrier(std::span<const double> mine) {
+  if (mine.size() > max_gathered_values)
+    return error{errc::invalid_argument, "gather_at_barrier: " + std::to_string(mine.size()) +
+                                             " values; at most " +
+                                             std::to_string(max_gathered_values)};
+  if (auto met = barrier(); !met)
+    return met.error();
+  return std::vector<std::vector<double>>{{mine.begin(), mine.end()}};
+}
+
 status kvstore::init(const kv_key& key, const ndarray& value) {
   return init(std::span{&key, 1}, std::span{&value, 1});
 }

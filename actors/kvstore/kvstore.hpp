@@ -140,6 +140,14 @@ public:
 
   /// Blocks until every worker of the job has called barrier() (a no-op in the local modes).
   virtual status barrier() { return {}; }
+  /// Most numbers gather_at_barrier shares per worker.
+  static constexpr std::size_t max_gathered_values = 64;
+  /// barrier() that also shares `mine` (at most max_gathered_values numbers: a worker's
+  /// throughput, its loss) with every worker: entry r of the answer is worker r's values, empty
+  /// for a worker lost within the quorum or one that shared none. troupe's own call (MXNet has
+  /// none): it rides on the barrier's messages, so it costs no extra round trip. In the local
+  /// modes: {mine}.
+  virtual result<std::vector<std::vector<double>>> gather_at_barrier(std::span<const double> mine);
 
   /// Pushes run this optimizer in the store from now on (MXNet's update_on_kvstore).
   virtual status set_optimizer(std::unique_ptr<optimizer> opt) = 0;

@@ -633,7 +633,7 @@ BOOST_FIXTURE_TEST_CASE(frames_before_registration_and_bad_registrations_get_err
   start(1, 1);
   framed_client stranger{node_side.sys, scheduler->port(), token};
 
-  stranger.send(wire::barrier{3, 1, wire::group::workers, 9});
+  stranger.send(wire::barrier{3, 1, wire::group::workers, 9, {}});
   auto err = expect_error(stranger.next(), wire::error_code::not_admitted);
   BOOST_TEST(err.request_id == 3u);
   stranger.send(wire::command{4, wire::command_kind::stop, {}});
@@ -694,6 +694,37 @@ BOOST_FIXTURE_TEST_CASE(a_worker_barrier_stays_pending_until_the_last_worker_arr
     BOOST_TEST(barrier.get().has_value());
   // A node cannot join a barrier of a group it is not in.
   const auto refused = server->barrier(wire::group::workers, 1s);
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST((refused.error().code() == errc::invalid_argument));
+}
+
+BOOST_FIXTURE_TEST_CASE(a_gathering_barrier_gives_every_worker_every_workers_values_by_rank,
+                        job_fixture) {
+  const auto agents = running_job(1, 3);
+  using gathered = result<std::vector<wire::gathered_values>>;
+  std::vector<std::future<gathered>> waits;
+  // Worker 1 shares nothing; the others their rank times 10 (worker 2 two values).
+  for (std::uint32_t rank : {2u, 0u, 1u})
+    waits.push_back(std::async(std::launch::async, [&, rank]() -> gathered {
+      std::vector<double> values;
+      if (rank == 0)
+        values = {0.5};
+      if (rank == 2)
+        values = {20.0, 21.0};
+      return find(agents, wire::role::worker, rank)
+          ->barrier_gather(wire::group::workers, values, 5s);
+    }));
+  const std::vector<wire::gathered_values> expected{{wire::role::worker, 0, {0.5}},
+                                                    {wire::role::worker, 2, {20.0, 21.0}}};
+  for (auto& wait : waits) {
+    auto got = wait.get();
+    BOOST_TEST_REQUIRE(got.has_value());
+    BOOST_TEST((*got == expected));
+  }
+  // More than the wire carries is refused before anything is sent.
+  const std::vector<double> too_many(wire::max_barrier_values + 1, 1.0);
+  auto refused =
+      find(agents, wire::role::worker, 0)->barrier_gather(wire::group::workers, too_many, 1s);
   BOOST_TEST_REQUIRE(!refused.has_value());
   BOOST_TEST((refused.error().code() == errc::invalid_argument));
 }

@@ -209,6 +209,41 @@ BOOST_AUTO_TEST_CASE(dist_async_workers_with_a_staleness_bound_of_1_finish,
   BOOST_TEST(final_field(result.out, "final_test_acc").value_or(0) > 10.0, result.out);
 }
 
+// The per-worker throughput, gathered at each epoch's barrier: rank 0's CSV has a rate column per
+// worker, its plot a panel with a series per worker, its final line the last epoch's rates.
+BOOST_AUTO_TEST_CASE(a_dist_job_reports_every_workers_throughput_in_the_csv_plot_and_final_line,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  temp_dir dir;
+  const auto csv = (dir.path() / "run.csv").string();
+  const auto svg = (dir.path() / "run.svg").string();
+  auto result =
+      launch_short_training(2, {}, {"--kvstore", "dist_sync", "--csv", csv, "--plot", svg});
+  BOOST_TEST_REQUIRE(!result.timed_out, describe(result));
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  std::ifstream csv_in(csv);
+  std::string header, row;
+  BOOST_TEST_REQUIRE(static_cast<bool>(std::getline(csv_in, header)));
+  BOOST_TEST(header.ends_with(",samples,worker0_samples_per_s,worker1_samples_per_s"), header);
+  int rows = 0;
+  while (std::getline(csv_in, row)) {
+    ++rows;
+    std::vector<std::string> cells;
+    std::istringstream fields(row);
+    for (std::string cell; std::getline(fields, cell, ',');)
+      cells.push_back(cell);
+    BOOST_TEST_REQUIRE(cells.size() == 10u, row);
+    BOOST_TEST(std::stod(cells[8]) > 0.0, row);
+    BOOST_TEST(std::stod(cells[9]) > 0.0, row);
+  }
+  BOOST_TEST(rows == 1);
+  std::ifstream svg_in(svg);
+  const std::string plot{std::istreambuf_iterator<char>(svg_in), std::istreambuf_iterator<char>()};
+  BOOST_TEST(plot.find("throughput per worker") != std::string::npos);
+  BOOST_TEST(plot.find("worker 0 epoch 1:") != std::string::npos);
+  BOOST_TEST(plot.find("worker 1 epoch 1:") != std::string::npos);
+  BOOST_TEST(result.out.find("\"worker_samples_per_s\":[") != std::string::npos, result.out);
+}
+
 BOOST_AUTO_TEST_CASE(bad_slow_worker_and_cluster_flags_exit_2_naming_the_flag) {
   for (const auto& [value, says] : std::vector<std::pair<std::string, std::string>>{
            {"2", "expected RANK:DURATION"},

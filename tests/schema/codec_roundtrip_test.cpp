@@ -183,16 +183,39 @@ BOOST_AUTO_TEST_CASE(a_pull_request_an_ack_and_a_heartbeat_round_trip) {
 }
 
 BOOST_AUTO_TEST_CASE(a_barrier_and_its_release_round_trip) {
-  round_trip b(barrier{1, 2, group::all, 4});
+  round_trip b(barrier{1, 2, group::all, 4, {}});
   BOOST_TEST(b.as<barrier>().request_id == 1u);
   BOOST_TEST(b.as<barrier>().barrier_id == 2u);
   BOOST_TEST(b.as<barrier>().group == group::all);
   BOOST_TEST(b.as<barrier>().sender_node_id == 4u);
 
-  round_trip r(barrier_release{1, 2, group::scheduler});
+  round_trip r(barrier_release{1, 2, group::scheduler, {}});
   BOOST_TEST(r.as<barrier_release>().request_id == 1u);
   BOOST_TEST(r.as<barrier_release>().barrier_id == 2u);
   BOOST_TEST(r.as<barrier_release>().group == group::scheduler);
+}
+
+BOOST_AUTO_TEST_CASE(barrier_values_and_a_release_s_gathered_values_round_trip_and_are_bounded) {
+  barrier sent{1, 2, group::workers, 4, {1.5, -0.25, 4e300}};
+  round_trip b(sent);
+  BOOST_TEST((b.as<barrier>() == sent));
+  barrier_release release{
+      1, 2, group::workers, {{role::worker, 0, {61234.5}}, {role::worker, 1, {0.0, 7.0}}}};
+  round_trip r(release);
+  BOOST_TEST((r.as<barrier_release>() == release));
+
+  // 65 values: the receiver refuses the frame, naming the limit.
+  barrier too_many{1, 2, group::workers, 4, std::vector<double>(max_barrier_values + 1, 1.0)};
+  const auto frame = encode(too_many).flatten();
+  auto decoded = decode(frame);
+  BOOST_TEST_REQUIRE(!decoded.has_value());
+  BOOST_TEST((decoded.error().kind == decode_error::code::limit_exceeded));
+  BOOST_TEST(decoded.error().message.find("65 values, more than 64") != std::string::npos,
+             decoded.error().message);
+  barrier_release too_many_gathered{
+      1, 2, group::workers, {{role::worker, 3, std::vector<double>(65, 1.0)}}};
+  const auto release_frame = encode(too_many_gathered).flatten();
+  BOOST_TEST(!decode(release_frame).has_value());
 }
 
 BOOST_AUTO_TEST_CASE(set_optimizer_keeps_its_parameters_in_order) {

@@ -449,8 +449,8 @@ BOOST_AUTO_TEST_CASE(key_ranges_that_are_empty_unsorted_or_name_unknown_servers_
 
 BOOST_AUTO_TEST_CASE(a_barrier_group_outside_one_to_seven_is_rejected) {
   for (std::uint8_t g : {0, 8, 9, 255}) {
-    BOOST_TEST((kind_of(rejection(frame_of(barrier{1, 2, g, 3}))) == code::invalid_value));
-    BOOST_TEST((kind_of(rejection(frame_of(barrier_release{1, 2, g}))) == code::invalid_value));
+    BOOST_TEST((kind_of(rejection(frame_of(barrier{1, 2, g, 3, {}}))) == code::invalid_value));
+    BOOST_TEST((kind_of(rejection(frame_of(barrier_release{1, 2, g, {}}))) == code::invalid_value));
   }
 }
 

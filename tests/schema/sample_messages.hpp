@@ -67,8 +67,9 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
       pull_reply{105, 6, 17, tensor_chunk{dtype::float16, {n / 2}, payload.size(), 0, payload}});
   out.push_back(pushpull{106, 7, 3, 18, float_tensor(payload, n / 4, 1), 5'000});
   out.push_back(ack{107, 12, true});
-  out.push_back(barrier{108, 4, group::workers | group::servers, 9});
-  out.push_back(barrier_release{108, 4, group::workers | group::servers});
+  out.push_back(barrier{108, 4, group::workers | group::servers, 9, {2.5, -1.0}});
+  out.push_back(
+      barrier_release{108, 4, group::workers | group::servers, {{role::worker, 1, {2.5, -1.0}}}});
   out.push_back(set_optimizer{
       109, "sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}, {"rescale_grad", 1.0 / 32}}});
   out.push_back(set_gradient_compression{110, "2bit", 0.25});

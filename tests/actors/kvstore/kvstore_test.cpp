@@ -60,6 +60,19 @@ BOOST_AUTO_TEST_CASE(create_reports_the_type_it_was_given_and_a_single_worker) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_local_gather_at_barrier_returns_the_callers_values_and_refuses_too_many) {
+  auto kv = kvstore::create("local").value();
+  const std::vector<double> mine{1.5, 2.5};
+  auto gathered = kv->gather_at_barrier(mine);
+  BOOST_TEST_REQUIRE(gathered.has_value());
+  BOOST_TEST_REQUIRE(gathered->size() == 1u);
+  BOOST_TEST(gathered->front() == mine, boost::test_tools::per_element());
+  const std::vector<double> too_many(kvstore::max_gathered_values + 1, 0.0);
+  auto refused = kv->gather_at_barrier(too_many);
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST((refused.error().code() == errc::invalid_argument));
+}
+
 BOOST_AUTO_TEST_CASE(create_rejects_an_unknown_type_naming_it) {
   auto created = kvstore::create("locall");
   BOOST_TEST_REQUIRE(!created.has_value());
