@@ -514,6 +514,11 @@ private:
   void note_answered(const part& p) {
     if (p.kind == kv_call::init || p.kind == kv_call::every_server)
       return;
+    // Every answer passes here: without a summary to print or a trace to record, nothing is
+    // counted.
+    const bool summarised = options_.summary_log.enabled(log_level::info);
+    if (!summarised && p.traced_since_us == 0)
+      return;
     const auto elapsed =
         std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - p.sent_at);
     const auto element =
