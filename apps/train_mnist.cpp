@@ -418,9 +418,9 @@ void add_flags(CLI::App& app, options& o) {
       ->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", o.batch_size, "samples per batch, per worker")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  app.add_option("--lr", o.lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "learning rate")->check(positive_number());
   app.add_option("--momentum", o.momentum, "momentum (sgd, nag)");
-  app.add_option("--wd", o.wd, "weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--wd", o.wd, "weight decay")->check(non_negative_number());
   app.add_option("--optimizer", o.optimizer, "update rule")
       ->check(CLI::IsMember({"sgd", "nag", "adam", "rmsprop", "adagrad"}));
   app.add_option("--seed", o.seed, "seeds the initial weights and the data order");
@@ -445,7 +445,7 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--data-dir", o.data_dir, "directory of the four Fashion-MNIST .gz files");
   app.add_option("--step-batch", o.step_batch,
                  "batch size passed to trainer.step (default: batch size x workers)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--csv", o.csv, "write per-epoch metrics to this CSV file");
   app.add_option("--plot", o.plot, "write an SVG plot of loss and accuracy to this file");
   app.add_option("--threads", o.threads, "OpenBLAS threads")->check(CLI::Range(1, 256));
@@ -456,13 +456,13 @@ void add_flags(CLI::App& app, options& o) {
                  "factor: the interval in epochs; multifactor: the epochs, e.g. 10,20");
   app.add_option("--final-lr", o.final_lr, "cosine and poly: the rate at the last epoch");
   app.add_option("--warmup-epochs", o.warmup_epochs, "linear warmup length in epochs")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   app.add_option("--warmup-begin-lr", o.warmup_begin_lr, "rate at the start of the warmup");
   app.add_option("--train-limit", o.train_limit,
                  "train on the first N samples of the set only (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   app.add_option("--max-batches", o.max_batches, "at most N steps per epoch (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   app.add_option("--save-params", o.save_params, "save the trained parameters to this file");
   app.add_flag("--no-progress", o.no_progress, "no progress display on stderr");
   app.add_flag("--quiet", o.quiet, "print only the final JSON line (and errors)");

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1122,6 +1123,30 @@ std::optional<int> parse_command_line(CLI::App& app, std::string_view program, i
     return 2;
   }
   return std::nullopt;
+}
+
+namespace {
+
+/// A validator of finite numbers that `accepts`, saying "<value> is not <wanted>" otherwise.
+CLI::Validator number_check(bool (*accepts)(double), const char* wanted, const char* type_name) {
+  return CLI::Validator(
+      [accepts, wanted](std::string& input) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(input, value) || !std::isfinite(value) || !accepts(value))
+          return input + " is not " + wanted;
+        return {};
+      },
+      type_name);
+}
+
+} // namespace
+
+CLI::Validator positive_number() {
+  return number_check([](double v) { return v > 0; }, "a positive number", "POSITIVE");
+}
+
+CLI::Validator non_negative_number() {
+  return number_check([](double v) { return v >= 0; }, "a number of at least 0", "NONNEGATIVE");
 }
 
 result<cluster_config> load_config(const std::optional<std::filesystem::path>& file,

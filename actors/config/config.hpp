@@ -37,6 +37,7 @@
 
 namespace CLI {
 class App;
+class Validator;
 } // namespace CLI
 
 namespace troupe {
@@ -251,6 +252,13 @@ void add_config_flags(CLI::App& app, config_overrides& out);
 /// wrong>" on stderr, as the program's other usage errors are.
 std::optional<int> parse_command_line(CLI::App& app, std::string_view program, int argc,
                                       const char* const* argv);
+
+/// Checks of a floating-point flag's value, for `option->check(...)`: a finite number above 0, or
+/// at least 0. CLI11's PositiveNumber and NonNegativeNumber would print their range, whose upper
+/// bound is the largest double written out in 309 digits; these say what is wanted ("--lr: -0.1
+/// is not a positive number").
+CLI::Validator positive_number();
+CLI::Validator non_negative_number();
 
 /// The configuration from defaults < file < environment < flags.
 ///

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <string>
+#include <tuple>
 
 #include <boost/test/unit_test.hpp>
 
@@ -343,6 +345,16 @@ BOOST_AUTO_TEST_CASE(bad_flags_exit_2_with_one_line_naming_them) {
                   {}, 30s);
   BOOST_TEST(both.exit_code == 2, describe(both));
   BOOST_TEST(both.err.find("--model-parallel and --contexts") != std::string::npos, both.err);
+  // Plain bounds: CLI11's own check of a positive number prints the largest double in 309 digits.
+  for (const auto& [flag, value, wanted] :
+       {std::tuple{"--lr", "-0.1", "--lr: -0.1 is not a positive number"},
+        std::tuple{"--lr", "nan", "--lr: nan is not a positive number"},
+        std::tuple{"--wd", "-1", "--wd: -1 is not a number of at least 0"}}) {
+    auto bad = run(train_path, {flag, value}, {}, 30s);
+    BOOST_TEST(bad.exit_code == 2, describe(bad));
+    BOOST_TEST(bad.err.find(wanted) != std::string::npos, bad.err);
+    BOOST_TEST(bad.err.size() < 200u, bad.err);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
