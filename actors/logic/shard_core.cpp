@@ -575,13 +575,15 @@ void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t r
                                         entry.durable_for(sender)},
                        options_.chunk_bytes};
   auto keepalive = value.keepalive();
+  // The span ends as the reply leaves, not after: the worker may hold the whole reply before
+  // this thread runs again, and its pull span must end after this one (the protocol's order).
+  if (traced_since_us != 0)
+    job_trace::process().record(
+        {"pull", key, round, sender, value.nbytes(), traced_since_us, job_trace::now_us()});
   for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
     reply(envelope{chunks.chunk(i), keepalive, 0});
   ++entry.traffic.pulls;
   entry.traffic.pull_bytes += value.nbytes();
-  if (traced_since_us != 0)
-    job_trace::process().record(
-        {"pull", key, round, sender, value.nbytes(), traced_since_us, job_trace::now_us()});
 }
 
 shard_stats shard_core::stats() const {
