@@ -116,6 +116,21 @@ std::vector<pid_t> worker_pids(const fs::path& dir, int workers,
   return pids;
 }
 
+/// Waits (bounded) until every shard of server `server_rank` has written a checkpoint into
+/// `directory`: a server killed after that can come back from it, one killed before cannot.
+void await_checkpoints(const fs::path& directory, int server_rank, int shards,
+                       std::chrono::milliseconds limit = 60s) {
+  const auto deadline = clock_type::now() + limit;
+  for (int shard = 0; shard < shards; ++shard) {
+    const auto file = directory / ("server" + std::to_string(server_rank) + ".shard" +
+                                   std::to_string(shard) + ".ckpt");
+    while (!fs::exists(file) && clock_type::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+    BOOST_TEST_REQUIRE(fs::exists(file),
+                       "no checkpoint " << file << " within " << limit.count() << " ms");
+  }
+}
+
 /// The inodes of the sockets `pid` holds open (/proc/<pid>/fd links "socket:[inode]").
 std::set<std::string> socket_inodes(pid_t pid) {
   std::set<std::string> inodes;
@@ -484,7 +499,7 @@ std::vector<std::string> run_recover_job(bool kill_server, std::string* server_l
   std::unique_ptr<child_process> recovered;
   if (kill_server) {
     worker_pids(dir.path(), 2);
-    std::this_thread::sleep_for(400ms); // some rounds in, some checkpoints written
+    await_checkpoints(dir / "checkpoints", 1, 2);
     BOOST_TEST_REQUIRE(::kill(servers[1]->pid(), SIGKILL) == 0);
     auto killed = servers[1]->wait(10s);
     BOOST_TEST_REQUIRE(!killed.timed_out);
@@ -605,7 +620,7 @@ BOOST_AUTO_TEST_CASE(
           {"--check", "recover", "--rounds", "40", "--round-ms", "30", "--shapes", "2x3,300x300"}),
       {}};
   worker_pids(dir.path(), 2);
-  std::this_thread::sleep_for(400ms); // some rounds in, some checkpoints written
+  await_checkpoints(dir / "checkpoints", 1, 2);
   const pid_t victim = server_child(launcher.pid(), 1);
   BOOST_TEST_REQUIRE(victim > 0);
   BOOST_TEST_REQUIRE(::kill(victim, SIGKILL) == 0);
@@ -694,12 +709,13 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_wi
     if (worker->pid() != victim)
       survivors.push_back(worker.get());
   for (auto* survivor : survivors) {
-    auto result = survivor->wait(15s);
+    auto result = survivor->wait(25s);
     auto after_kill =
         std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - killed_at);
     BOOST_TEST(!result.timed_out, "pid " << survivor->pid() << " still running");
     BOOST_TEST(result.exit_code != 0);
-    BOOST_TEST(after_kill < 10s);
+    // Well within the 30 s request timeout, which would end them without the loss notice.
+    BOOST_TEST(after_kill < 20s);
     BOOST_TEST(result.err.find("worker 1") != std::string::npos, result.err);
   }
   for (auto& worker : workers)
@@ -1228,7 +1244,7 @@ BOOST_AUTO_TEST_CASE(a_killed_server_fails_every_pending_and_later_call_naming_i
     BOOST_TEST(!result.timed_out);
     BOOST_TEST(result.exit_code == 1, result.err);
     // Well within the 30 s request timeout: the connection closed, the scheduler said who.
-    BOOST_TEST((clock_type::now() - killed_at < 10s));
+    BOOST_TEST((clock_type::now() - killed_at < 20s));
     // The call under way and the one after it: peer_lost naming the server, never a timeout.
     std::string failure;
     for (const auto& line : lines_of(result.err))

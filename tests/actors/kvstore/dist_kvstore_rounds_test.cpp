@@ -79,7 +79,8 @@ void check_held_pull_leaves_its_output_untouched(const shape_vector& shape) {
   BOOST_TEST((timed_out.error().code() == errc::timeout), timed_out.error().to_string());
   BOOST_TEST(timed_out.error().message().find("pull of key 3") != std::string::npos,
              timed_out.error().message());
-  BOOST_TEST((std::chrono::steady_clock::now() - started < 2s));
+  // Its 300 ms timeout ended it, not the held reply (which never comes): a generous bound.
+  BOOST_TEST((std::chrono::steady_clock::now() - started < 20s));
 
   // An abandoned request is cancelled too: its caller dropped it without waiting.
   auto abandoned_out = ndarray::full(shape, -9.0f);
