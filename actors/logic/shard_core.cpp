@@ -293,6 +293,8 @@ std::size_t shard_core::drop_stalled_inits() noexcept {
 }
 
 std::size_t shard_core::on_connection_closed(std::uint64_t connection) noexcept {
+  if (connection == 0)
+    return 0; // in-process links never close as connections do
   std::size_t dropped = 0;
   for (auto key = unfinished_inits_.begin(); key != unfinished_inits_.end();) {
     auto entry = keys_.find(*key++); // drop_init erases the key from the set
