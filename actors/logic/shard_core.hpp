@@ -43,16 +43,16 @@
 // staging buffer per worker (dist_async); init may declare at most max_value_bytes, and the
 // declared bytes of all of a server's keys share its key budget (max_store_bytes).
 //
-// Memory follows bytes while an init is under way: a value that does not arrive whole in its
-// first chunk is received into fresh mapped memory whose pages the system commits only as chunks
-// are copied in (its chunks come in order, like a push's), so a short frame that declares 4 GiB
-// costs about its own bytes. The value is readable (pulls, pushes, checkpoints) only once every
-// byte has arrived. An init under way belongs to the connection that began it: a chunk from
-// another connection is refused, and the init is dropped as if never begun (memory freed, key
-// budget returned, a later init of the key accepted) when that connection closes
-// (on_connection_closed) or no chunk of it came for stalled_init (drop_stalled_inits). A closed
-// connection also takes with it what its workers' unfinished pushes hold (see
-// on_connection_closed).
+// Memory follows bytes while an init is under way: a value of 64 KiB or more that does not arrive
+// whole in its first chunk is received into fresh mapped memory whose pages the system commits
+// only as chunks are copied in (its chunks come in order, like a push's), so a short frame that
+// declares 4 GiB costs about its own bytes (a smaller value takes its declared size at once). The
+// value is readable (pulls, pushes, checkpoints) only once every byte has arrived. An init under
+// way belongs to the connection that began it: a chunk from another connection is refused, and the
+// init is dropped as if never begun (memory freed, key budget returned, a later init of the key
+// accepted) when that connection closes (on_connection_closed) or no chunk of it came for
+// stalled_init (drop_stalled_inits). A closed connection also takes with it what its workers'
+// unfinished pushes hold (see on_connection_closed).
 //
 // Values are read by pull replies on other threads (the broker writes them to the socket) while
 // the shard goes on, so a buffer that a reply still holds is never overwritten: the shard takes a
