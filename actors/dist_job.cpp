@@ -189,6 +189,9 @@ void log_server_summary(const server_node& node, const logger& log,
            std::to_string(stats->late_pushes_dropped) + " late pushes dropped, max lead " +
            std::to_string(stats->max_lead) + " rounds, " + std::to_string(stats->pulls_expired) +
            " pulls expired, " + std::to_string(stats->requests_refused) + " requests refused" +
+           (stats->inits_dropped > 0
+                ? ", " + std::to_string(stats->inits_dropped) + " unfinished inits dropped"
+                : std::string{}) +
            (stats->checkpoints_written > 0
                 ? ", " + std::to_string(stats->checkpoints_written) + " checkpoints written"
                 : std::string{}));
@@ -374,12 +377,19 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   // The rank comes with the agent, which needs the data port, which needs the shards' router:
   // the shards are named before the rank is known.
   node_options.max_store_bytes = static_cast<std::uint64_t>(config.max_store_bytes);
+  node_options.max_value_bytes = static_cast<std::uint64_t>(config.max_value_bytes);
+  // An init that misses bytes is as stalled as a frame that does.
+  node_options.stalled_init = config.stalled_frame_timeout;
   node_options.log = logger{node_name("server", std::nullopt, host), config.verbose};
   auto failures = std::make_shared<shard_failure_relay>();
   node_options.on_shard_failure = [failures](const std::string& why) { failures->report(why); };
   auto node = std::make_shared<const server_node>(system, std::move(node_options));
   data_server_options data_options;
   data_options.route = node->router();
+  // The shards drop what a closed connection left unfinished (inits, pushes).
+  data_options.on_disconnect = [router = node->router()](std::uint64_t connection) {
+    router.connection_closed(connection);
+  };
   data_options.tuning = tuning_for(config, {*tls, {node_role::worker}});
   data_options.receive_budget_bytes = static_cast<std::size_t>(config.receive_budget_bytes);
   data_options.max_send_queue_bytes = static_cast<std::size_t>(config.max_send_queue_bytes);

@@ -90,8 +90,11 @@ using shard_actor = caf::typed_actor<
     caf::reacts_to<envelope, reply_sink>,
     /// The job's membership changed (a worker lost): bounded staleness waits for live workers only.
     caf::reacts_to<wire::membership>,
-    /// Expire pulls whose request has given up, and write a checkpoint when one is due (sent by
-    /// the shard to itself).
+    /// That connection of the data server closed: the inits it began and the unfinished pushes of
+    /// its workers are dropped (shard_core::on_connection_closed).
+    caf::reacts_to<closed_atom, std::uint64_t>,
+    /// Expire pulls whose request has given up, drop stalled inits, and write a checkpoint when
+    /// one is due (sent by the shard to itself).
     caf::reacts_to<tick_atom>,
     /// Its counters.
     caf::replies_to<stats_atom>::with<shard_stats>,

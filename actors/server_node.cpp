@@ -109,6 +109,11 @@ link_actor::behavior_type local_link_behavior(link_actor::pointer self,
 
 } // namespace
 
+std::uint64_t default_max_store_bytes() noexcept {
+  return static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+         static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) / 2;
+}
+
 request_router::request_router(std::vector<shard_actor> shards, request_handler control)
     : shards_(std::move(shards)), control_(std::move(control)) {}
 
@@ -123,11 +128,15 @@ request_handler request_router::operator()(const envelope& request) const {
   return {};
 }
 
+void request_router::connection_closed(std::uint64_t connection) const {
+  for (const auto& shard : shards_)
+    caf::anon_send(shard, closed_atom::value, connection);
+}
+
 server_node::server_node(caf::actor_system& system, server_node_options options)
     : system_(system), options_(std::move(options)), router_({}, {}) {
   if (options_.max_store_bytes == 0)
-    options_.max_store_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
-                               static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    options_.max_store_bytes = default_max_store_bytes();
   auto store_bytes = std::make_shared<std::atomic<std::uint64_t>>(0);
   for (std::uint32_t i = 0; i < options_.shards; ++i) {
     shard_options shard;
@@ -142,6 +151,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard.pull_timeout = options_.pull_timeout;
     shard.sweep_interval = options_.sweep_interval;
     shard.max_value_bytes = options_.max_value_bytes;
+    shard.stalled_init = options_.stalled_init;
     shard.store_bytes = store_bytes;
     shard.max_store_bytes = options_.max_store_bytes;
     shard.update_device = options_.update_device;

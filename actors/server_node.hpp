@@ -10,6 +10,9 @@
 //     The data server broker (actors/data_link) and in-process links call it.
 //   broadcast(membership): every shard learns the job's membership (bounded staleness then waits
 //     for live workers only).
+//   connection_closed(connection): every shard hears that a data server connection closed (the
+//     data server's on_disconnect calls it, through the router), and drops the inits it began
+//     and what its workers' unfinished pushes hold.
 //   stats(timeout): the shards' counters summed, for the server's end-of-job log line.
 
 #include <chrono>
@@ -46,8 +49,9 @@ struct server_node_options {
   std::chrono::milliseconds pull_timeout{30'000};
   std::chrono::milliseconds sweep_interval{1'000};
   std::uint64_t max_value_bytes = std::uint64_t{1} << 32;
+  std::chrono::milliseconds stalled_init{30'000};
   /// The key budget of the whole server (shard_options::max_store_bytes, shared by its shards).
-  /// 0: the machine's physical memory.
+  /// 0: default_max_store_bytes().
   std::uint64_t max_store_bytes = 0;
   /// shard_options::update_device.
   context update_device = context::cpu();
@@ -62,6 +66,11 @@ struct server_node_options {
   std::function<void(const std::string&)> on_shard_failure{};
 };
 
+/// The key budget of a server when the configuration names none (data.max_store_bytes = 0): half
+/// of the machine's physical memory, so that a server's keys leave the rest of the machine room
+/// (their footprint is a small multiple of their declared bytes).
+std::uint64_t default_max_store_bytes() noexcept;
+
 /// Picks the actor for a request: keyed requests go to shard ps_key % shards, set_optimizer,
 /// sync_settings and commands to the control actor, and any other kind to nobody (an invalid
 /// handler: the data server answers it with unsupported). A copy of immutable handles: any thread
@@ -71,6 +80,8 @@ public:
   request_router(std::vector<shard_actor> shards, request_handler control);
 
   request_handler operator()(const envelope& request) const;
+  /// Tells every shard that data server connection `connection` closed (closed_atom).
+  void connection_closed(std::uint64_t connection) const;
 
 private:
   std::vector<shard_actor> shards_;
@@ -90,6 +101,8 @@ public:
 
   /// Sends the job's membership table to every shard.
   void broadcast(const wire::membership& table) const;
+  /// router().connection_closed(connection).
+  void connection_closed(std::uint64_t connection) const { router_.connection_closed(connection); }
   /// Tells every shard the rank the scheduler gave this server (it names their files).
   void set_rank(std::uint32_t rank) const;
   /// The shards' counters summed (shard_stats's operator+=), waiting at most `timeout` for every

@@ -53,6 +53,10 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
                                  [self, sink](envelope out) { self->send(sink, std::move(out)); });
       },
       [self](const wire::membership& table) { self->state.core->on_membership(table); },
+      [self](closed_atom, std::uint64_t connection) {
+        const engine::inline_scope here;
+        self->state.core->on_connection_closed(connection);
+      },
       [self](tick_atom) {
         // Only the shard's own tick sweeps and schedules the next: ticks from elsewhere would
         // multiply the timers.
@@ -60,6 +64,7 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
           return;
         const engine::inline_scope here;
         self->state.core->expire_pulls();
+        self->state.core->drop_stalled_inits();
         self->state.core->checkpoint_if_due();
         self->delayed_send(self, self->state.sweep_interval, tick_atom::value);
       },

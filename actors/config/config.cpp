@@ -435,7 +435,8 @@ void add_timeouts_fields(std::vector<field>& t) {
                {}});
   t.push_back({{"timeouts", "stalled_frame", "", "--stalled-frame-timeout", "DURATION", "\"30s\"",
                 "A listener closes a connection whose peer began a frame and sent nothing more "
-                "for this long; silence between frames is fine. \"0s\": never."},
+                "for this long; silence between frames is fine. A server also drops an init "
+                "that misses bytes and got none for this long. \"0s\": never."},
                duration_setter(&cluster_config::stalled_frame_timeout, true),
                {}});
   t.push_back({{"timeouts", "server_rejoin", "", "--server-rejoin", "DURATION", "\"0s\"",
@@ -485,9 +486,15 @@ void add_data_fields(std::vector<field>& t) {
                bytes_setter(&cluster_config::max_send_queue_bytes, 4096),
                {}});
   t.push_back({{"data", "max_store_bytes", "", "--max-store-bytes", "BYTES", "0",
-                "Servers: bytes of key values a server takes (all its shards); an init beyond it "
-                "is refused. 0: the machine's memory."},
+                "Servers: declared bytes of key values a server takes (all its shards, inits "
+                "under way included); an init beyond it is refused. 0: half of the machine's "
+                "memory."},
                bytes_setter(&cluster_config::max_store_bytes, 0),
+               {}});
+  t.push_back({{"data", "max_value_bytes", "", "--max-value-bytes", "BYTES", "\"4GiB\"",
+                "Servers: the largest value one key may declare at its init; a larger one is "
+                "refused."},
+               bytes_setter(&cluster_config::max_value_bytes, 1),
                {}});
 }
 

@@ -120,7 +120,8 @@ struct cluster_config {
   /// How long the job waits for all nodes to register at start-up.
   std::chrono::milliseconds startup_timeout{60'000};
   /// A listener closes a peer's connection that began a frame and sent nothing more for this
-  /// long (a slow-loris peer); silence between frames is fine. 0: never.
+  /// long (a slow-loris peer); silence between frames is fine. A server also drops an init that
+  /// misses bytes and got none for this long. 0: never.
   std::chrono::milliseconds stalled_frame_timeout{30'000};
   /// How long the scheduler keeps a lost server's rank open for a server restarted from its
   /// checkpoint (checkpoint.recover), and workers hold their calls to it; 0: a lost server fails
@@ -147,9 +148,11 @@ struct cluster_config {
   /// Bytes of replies a listener queues for one peer before its further requests wait; a peer
   /// that reads none of them for stalled_frame is disconnected. At least max_frame_bytes.
   std::int64_t max_send_queue_bytes = 256 * 1024 * 1024;
-  /// Servers: bytes of key values (all shards together) a server takes; an init beyond it is
-  /// refused. 0: the machine's memory.
+  /// Servers: declared bytes of key values (all shards together, inits under way included) a
+  /// server takes; an init beyond it is refused. 0: half of the machine's memory.
   std::int64_t max_store_bytes = 0;
+  /// Servers: the largest value one key may declare at its init.
+  std::int64_t max_value_bytes = std::int64_t{1} << 32;
 
   // [sync]
   /// dist_sync: a round closes as soon as this many workers have pushed all of it; every mode:

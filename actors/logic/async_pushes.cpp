@@ -42,6 +42,12 @@ chunk_outcome async_pushes::add(const push_chunk& chunk) {
   return {chunk_fate::completed};
 }
 
+void async_pushes::forget_unfinished(std::uint32_t sender) noexcept {
+  auto& worker = workers_[sender];
+  worker.bytes = 0;
+  worker.staging = ndarray{};
+}
+
 std::uint64_t async_pushes::slowest(const std::vector<bool>& live) const noexcept {
   std::uint64_t fewest = std::numeric_limits<std::uint64_t>::max();
   for (std::size_t w = 0; w < workers_.size() && w < live.size(); ++w)

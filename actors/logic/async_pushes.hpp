@@ -51,6 +51,10 @@ public:
   /// before any chunk was added.
   void resume(const std::vector<std::uint64_t>& next_per_worker, std::uint64_t applied) noexcept;
 
+  /// Drops what `sender`'s pushes hold (its connection closed): the push under way, whose chunks
+  /// so far are forgotten (its next push starts afresh), and the staging buffer.
+  void forget_unfinished(std::uint32_t sender) noexcept;
+
   /// Pushes applied to the key, over every worker.
   std::uint64_t applied() const noexcept { return applied_; }
   /// The sequence number of `worker`'s next push of the key: its pushes completed so far, when

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <limits>
+#include <sys/mman.h>
 #include <utility>
 
 #include "actors/logic/job_trace.hpp"
@@ -52,6 +53,26 @@ result<sync_policy> policy_from(const wire::sync_settings& msg, std::uint32_t nu
                      msg.max_rounds_ahead};
 }
 
+/// Values that arrive in several chunks from this size on are received into memory filled on
+/// demand; smaller ones into pooled memory (committed whole, but small), so that a job of many
+/// small keys does not make as many mappings.
+constexpr std::uint64_t filled_on_demand_min_bytes = std::uint64_t{64} << 10;
+
+/// Memory for a value of `bytes` bytes that arrives in chunks: a fresh private anonymous mapping,
+/// whose pages the system commits one by one as chunks are first copied into them (an untouched
+/// page reads as zeros), unmapped when the last handle goes. Pooled memory (ndarray::empty) is
+/// committed whole at once: the pool pre-faults its new blocks and keeps freed ones. Falls back
+/// to the pool when no mapping can be made (address space, the map count).
+ndarray filled_on_demand(const shape_vector& shape, dtype type, std::uint64_t bytes) {
+  void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (at == MAP_FAILED)
+    return ndarray::empty(shape, context::cpu(), type);
+  std::shared_ptr<const void> mapping(
+      at, [bytes](const void* pages) { ::munmap(const_cast<void*>(pages), bytes); });
+  return ndarray::borrow(at, shape, type, std::move(mapping));
+}
+
 } // namespace
 
 std::uint64_t shard_core::key_entry::completed() const noexcept {
@@ -67,7 +88,8 @@ std::uint64_t shard_core::key_entry::durable_for(std::uint32_t worker) const noe
 }
 
 shard_core::shard_core(shard_options options)
-    : options_(std::move(options)), policy_(options_.policy), live_(options_.num_workers, true) {
+    : options_(std::move(options)), policy_(options_.policy), live_(options_.num_workers, true),
+      sender_connection_(options_.num_workers, 0) {
   if (policy_.quorum == 0)
     policy_.quorum = options_.num_workers;
   last_checkpoint_ = now();
@@ -150,10 +172,11 @@ void shard_core::refuse(const reply_route& reply, std::uint64_t request_id,
 
 void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   auto& tensor = msg.tensor;
+  auto name = [&] { return "init of key " + std::to_string(msg.key); };
   auto found = keys_.find(msg.key);
   if (found != keys_.end() && found->second.initialized()) {
     refuse(reply, msg.request_id, msg.key, wire::error_code::already_initialized,
-           "init of key " + std::to_string(msg.key) + ", which is initialised");
+           name() + ", which is initialised");
     return;
   }
   if (found == keys_.end()) {
@@ -162,33 +185,47 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
     limits.max_tensor_bytes = options_.max_value_bytes;
     if (auto invalid = wire::validate_tensor(tensor, limits)) {
       refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
-             "init of key " + std::to_string(msg.key) + ": " + invalid->message +
-                 " (max_value_bytes of this shard)");
+             name() + ": " + invalid->message + " (data.max_value_bytes)");
       return;
     }
     if (auto over = reserve_store(tensor.total_bytes)) {
       refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
-             "init of key " + std::to_string(msg.key) + ": " + *over);
+             name() + ": " + *over);
       return;
     }
-    key_entry entry;
-    shape_vector shape(tensor.shape.begin(), tensor.shape.end());
-    entry.stored = ndarray::empty(shape, context::cpu(), from_wire(tensor.type));
-    auto bytes = std::span{static_cast<std::byte*>(entry.stored.raw_data()), entry.stored.nbytes()};
-    entry.init_assembly.emplace(bytes, tensor.type, tensor.shape);
-    found = keys_.emplace(msg.key, std::move(entry)).first;
-  }
-  auto& entry = found->second;
-  auto added = entry.init_assembly->add(tensor);
-  if (!added) {
-    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
-           "init of key " + std::to_string(msg.key) + ": " + added.error().message);
-    if (entry.init_assembly->bytes_received() == 0) {
-      release_store(entry.stored.nbytes());
-      keys_.erase(found); // nothing of it arrived: as if never begun
+    try {
+      found = keys_.emplace(msg.key, begin_init(tensor, reply.connection)).first;
+    } catch (...) {
+      release_store(tensor.total_bytes);
+      throw;
     }
+    unfinished_inits_.insert(msg.key);
+  } else if (found->second.init_connection != reply.connection) {
+    const auto& under_way = *found->second.init_assembly;
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           name() + ": another connection began it (" + std::to_string(under_way.bytes_received()) +
+               " of " + std::to_string(under_way.destination().size()) +
+               " bytes arrived); only that one may continue it");
     return;
   }
+  auto& entry = found->second;
+  auto& assembly = *entry.init_assembly;
+  // In order, like a push's: so the pages committed are those the arrived bytes fill.
+  auto added = tensor.offset == assembly.bytes_received()
+                   ? assembly.add(tensor)
+                   : wire::result<bool>{wire::decode_error{
+                         wire::decode_error::code::chunk_out_of_range,
+                         "chunk at byte " + std::to_string(tensor.offset) + ", expected byte " +
+                             std::to_string(assembly.bytes_received()) +
+                             " (an init's chunks come in order, once)"}};
+  if (!added) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           name() + ": " + added.error().message);
+    if (assembly.bytes_received() == 0)
+      forget_init(found); // nothing of it arrived: as if never begun
+    return;
+  }
+  entry.init_progress = now();
   if (!*added)
     return;
   if (policy_.mode == consistency::sync)
@@ -197,7 +234,87 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   else
     entry.async.emplace(msg.key, entry.stored, options_.num_workers);
   entry.init_assembly.reset();
+  unfinished_inits_.erase(msg.key);
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+shard_core::key_entry shard_core::begin_init(const wire::tensor_chunk& first,
+                                             std::uint64_t connection) {
+  key_entry entry;
+  shape_vector shape(first.shape.begin(), first.shape.end());
+  const auto type = from_wire(first.type);
+  // A value that comes whole in its first chunk is copied at once: pooled memory, as any array.
+  const bool whole = first.offset == 0 && first.data.size() == first.total_bytes;
+  entry.stored = whole || first.total_bytes < filled_on_demand_min_bytes
+                     ? ndarray::empty(shape, context::cpu(), type)
+                     : filled_on_demand(shape, type, first.total_bytes);
+  auto bytes = std::span{static_cast<std::byte*>(entry.stored.raw_data()), entry.stored.nbytes()};
+  entry.init_assembly.emplace(bytes, first.type, first.shape);
+  entry.init_connection = connection;
+  entry.init_progress = now();
+  return entry;
+}
+
+void shard_core::forget_init(std::map<std::uint64_t, key_entry>::iterator entry) noexcept {
+  release_store(entry->second.init_assembly->destination().size());
+  unfinished_inits_.erase(entry->first);
+  keys_.erase(entry); // the last handle of its memory
+}
+
+void shard_core::drop_init(std::map<std::uint64_t, key_entry>::iterator entry,
+                           const char* why) noexcept {
+  const auto key = entry->first;
+  const auto received = entry->second.init_assembly->bytes_received();
+  const auto declared = entry->second.init_assembly->destination().size();
+  forget_init(entry);
+  ++stats_.inits_dropped;
+  try {
+    options_.log.info("init of key " + std::to_string(key) + " dropped after " +
+                      std::to_string(received) + " of " + std::to_string(declared) +
+                      " bytes: " + why);
+  } catch (...) {
+    // The line could not be made (memory is exhausted); the init is gone all the same.
+  }
+}
+
+std::size_t shard_core::drop_stalled_inits() noexcept {
+  if (options_.stalled_init.count() <= 0)
+    return 0;
+  std::size_t dropped = 0;
+  const auto at = now();
+  for (auto key = unfinished_inits_.begin(); key != unfinished_inits_.end();) {
+    auto entry = keys_.find(*key++); // drop_init erases the key from the set
+    if (entry != keys_.end() && at - entry->second.init_progress >= options_.stalled_init) {
+      drop_init(entry, "none of its chunks came for timeouts.stalled_frame");
+      ++dropped;
+    }
+  }
+  return dropped;
+}
+
+std::size_t shard_core::on_connection_closed(std::uint64_t connection) noexcept {
+  if (connection == 0)
+    return 0; // in-process links never close as connections do
+  std::size_t dropped = 0;
+  for (auto key = unfinished_inits_.begin(); key != unfinished_inits_.end();) {
+    auto entry = keys_.find(*key++); // drop_init erases the key from the set
+    if (entry != keys_.end() && entry->second.init_connection == connection) {
+      drop_init(entry, "its connection closed");
+      ++dropped;
+    }
+  }
+  for (std::uint32_t worker = 0; worker < sender_connection_.size(); ++worker) {
+    if (sender_connection_[worker] != connection)
+      continue;
+    sender_connection_[worker] = 0;
+    for (auto& [key, entry] : keys_) {
+      if (entry.sync)
+        entry.sync->forget_unfinished(worker);
+      else if (entry.async)
+        entry.async->forget_unfinished(worker);
+    }
+  }
+  return dropped;
 }
 
 std::optional<std::string> shard_core::reserve_store(std::uint64_t bytes) {
@@ -209,7 +326,7 @@ std::optional<std::string> shard_core::reserve_store(std::uint64_t bytes) {
     if (bytes > options_.max_store_bytes || before > options_.max_store_bytes - bytes)
       return "its " + std::to_string(bytes) + " bytes would take this server's keys from " +
              std::to_string(before) + " to more than their budget of " +
-             std::to_string(options_.max_store_bytes) + " bytes (max_store_bytes)";
+             std::to_string(options_.max_store_bytes) + " bytes (data.max_store_bytes)";
   } while (!used.compare_exchange_weak(before, before + bytes, std::memory_order_relaxed));
   return std::nullopt;
 }
@@ -270,6 +387,7 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
                " of its pulls of the key are waiting already (max_rounds_ahead + 1)");
     return;
   }
+  sender_connection_[push.sender] = reply.connection;
   push_chunk chunk{push.request_id, push.sender, push.round, tensor.offset, tensor.data};
   entry->traffic.push_bytes += tensor.data.size();
   if (tensor.offset == 0) {
@@ -589,7 +707,9 @@ void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t r
 shard_stats shard_core::stats() const {
   shard_stats out = stats_;
   out.keys.reserve(keys_.size());
+  out.inits_under_way = unfinished_inits_.size();
   for (const auto& [key, entry] : keys_) {
+    out.store_bytes += entry.stored.nbytes();
     if (!entry.initialized())
       continue;
     auto traffic = entry.traffic;
@@ -947,8 +1067,8 @@ status shard_core::restore(const shard_snapshot& saved) {
   std::uint64_t total = 0;
   for (const auto& key : saved.keys) {
     if (key.value.is_none() || key.value.nbytes() > options_.max_value_bytes)
-      return refused("key " + std::to_string(key.ps_key) +
-                     " has no value or one beyond max_value_bytes");
+      return refused("key " + std::to_string(key.ps_key) + " has no value or one beyond " +
+                     std::to_string(options_.max_value_bytes) + " bytes (data.max_value_bytes)");
     if (saved.policy.mode == consistency::async &&
         key.applied_per_worker.size() != options_.num_workers)
       return refused("key " + std::to_string(key.ps_key) + " counts pushes of " +

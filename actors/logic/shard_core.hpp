@@ -40,7 +40,19 @@
 //
 // Memory per key is bounded whatever the workers send: the value, a merge buffer, a staging
 // buffer per worker and at most max_rounds_ahead deferred pushes per worker (dist_sync), or a
-// staging buffer per worker (dist_async); init may declare at most max_value_bytes.
+// staging buffer per worker (dist_async); init may declare at most max_value_bytes, and the
+// declared bytes of all of a server's keys share its key budget (max_store_bytes).
+//
+// Memory follows bytes while an init is under way: a value of 64 KiB or more that does not arrive
+// whole in its first chunk is received into fresh mapped memory whose pages the system commits
+// only as chunks are copied in (its chunks come in order, like a push's), so a short frame that
+// declares 4 GiB costs about its own bytes (a smaller value takes its declared size at once). The
+// value is readable (pulls, pushes, checkpoints) only once every byte has arrived. An init under
+// way belongs to the connection that began it: a chunk from another connection is refused, and the
+// init is dropped as if never begun (memory freed, key budget returned, a later init of the key
+// accepted) when that connection closes (on_connection_closed) or no chunk of it came for
+// stalled_init (drop_stalled_inits). A closed connection also takes with it what its workers'
+// unfinished pushes hold (see on_connection_closed).
 //
 // Values are read by pull replies on other threads (the broker writes them to the socket) while
 // the shard goes on, so a buffer that a reply still holds is never overwritten: the shard takes a
@@ -67,6 +79,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -109,14 +122,19 @@ struct shard_options {
   std::chrono::milliseconds pull_timeout{30'000};
   /// The actor's sweep for expired pulls runs this often.
   std::chrono::milliseconds sweep_interval{1'000};
-  /// Largest value a key may have (init), so that no peer makes the shard allocate more.
+  /// Largest value a key may have (init), so that no peer makes the shard allocate more
+  /// (data.max_value_bytes).
   std::uint64_t max_value_bytes = std::uint64_t{1} << 32;
   /// The key budget: the declared bytes of every key of the server (all its shards share the
-  /// count) may not exceed max_store_bytes; an init beyond it is refused. A key's footprint is a
-  /// small multiple of its declared size (the round's sum, the optimizer's state, per-worker
-  /// staging in dist_async). Null: no budget.
+  /// count), inits under way included, may not exceed max_store_bytes (data.max_store_bytes); an
+  /// init beyond it is refused, naming the key. A key's footprint is a small multiple of its
+  /// declared size (the round's sum, the optimizer's state, per-worker staging in dist_async).
+  /// Null: no budget.
   std::shared_ptr<std::atomic<std::uint64_t>> store_bytes;
   std::uint64_t max_store_bytes = 0;
+  /// An init whose value still misses bytes and has had no chunk for this long is dropped by
+  /// drop_stalled_inits (timeouts.stalled_frame). Zero: only its connection's close drops it.
+  std::chrono::milliseconds stalled_init{30'000};
   logger log;
   /// The time pulls wait against; null: shard_clock::now.
   std::function<shard_clock::time_point()> clock;
@@ -153,6 +171,17 @@ public:
   /// Drops the waiting pulls whose request has expired by now (options.clock), without a reply;
   /// returns how many.
   std::size_t expire_pulls() noexcept;
+  /// Drops the inits under way that have had no chunk for options.stalled_init by now, as if
+  /// never begun; returns how many. The actor's sweep calls it.
+  std::size_t drop_stalled_inits() noexcept;
+  /// Connection `connection` (envelope::connection, never 0) closed: the inits it began that
+  /// still miss bytes are dropped as if never begun, and for every worker whose last push chunk
+  /// came by it, what its unfinished pushes hold: its push under way (dist_async, and dist_sync
+  /// with a quorum below N, where it is staged apart from the sum), its pushes for later rounds
+  /// that miss bytes, and its idle staging buffers. Whole pushes waiting for their round stay;
+  /// with a quorum of N a push under way is already in the round's sum, and the round waits for
+  /// its worker as it would anyway. Returns how many inits were dropped.
+  std::size_t on_connection_closed(std::uint64_t connection) noexcept;
   /// Writes a checkpoint when options.checkpoint.every has passed since the last one and a key
   /// has changed since; a failure is logged, and tried again at the next call. The actor's sweep
   /// calls it.
@@ -188,7 +217,8 @@ public:
   std::uint64_t dropped_pushes(std::uint64_t ps_key) const;
   /// Pulls of `ps_key` waiting.
   std::size_t waiting_pulls(std::uint64_t ps_key) const;
-  /// The stored value of `ps_key`, or the none handle.
+  /// The stored value of `ps_key` (while its init is under way: the buffer it is received into,
+  /// bytes missing), or the none handle.
   ndarray value(std::uint64_t ps_key) const;
 
 private:
@@ -210,6 +240,10 @@ private:
     ndarray on_device;
     /// Receives init's chunks until the value is whole; empty afterwards.
     std::optional<wire::reassembler> init_assembly;
+    /// While init_assembly is set: the connection that began the init, and when its last chunk
+    /// came.
+    std::uint64_t init_connection = 0;
+    shard_clock::time_point init_progress;
     /// Exactly one of the two once initialised, by the policy's mode.
     std::optional<sync_round> sync;
     std::optional<async_pushes> async;
@@ -242,6 +276,13 @@ private:
   void refuse(const reply_route& reply, std::uint64_t request_id, std::optional<std::uint64_t> key,
               wire::error_code code, std::string message);
   void on_init(const wire::init& msg, const reply_route& reply);
+  /// The entry of a new key for init's first chunk, its value allocated for the declared tensor
+  /// (reserved in the key budget by the caller).
+  key_entry begin_init(const wire::tensor_chunk& first, std::uint64_t connection);
+  /// Forgets an init under way: its memory and its part of the key budget go back.
+  void forget_init(std::map<std::uint64_t, key_entry>::iterator entry) noexcept;
+  /// forget_init, logged with `why` and counted in stats().inits_dropped.
+  void drop_init(std::map<std::uint64_t, key_entry>::iterator entry, const char* why) noexcept;
   void on_push(const push_request& push, const wire::tensor_chunk& tensor,
                const reply_route& reply);
   /// The entry a push or pull may use, or nullptr after refusing the request.
@@ -311,6 +352,10 @@ private:
   std::unique_ptr<updater> updater_;
   /// live_[w]: worker w counts for bounded staleness.
   std::vector<bool> live_;
+  /// sender_connection_[w]: the connection worker w's last push chunk came by (0: in-process).
+  std::vector<std::uint64_t> sender_connection_;
+  /// The keys whose init is under way.
+  std::set<std::uint64_t> unfinished_inits_;
   shard_stats stats_;
   /// slowest_key() when the last periodic checkpoint was written.
   std::uint64_t checkpointed_progress_ = 0;

@@ -38,6 +38,13 @@ struct shard_stats {
   std::uint64_t requests_refused = 0;
   /// Checkpoints written (periodic ones; save_optimizer_states files are not counted).
   std::uint64_t checkpoints_written = 0;
+  /// Inits whose value still misses bytes, and the inits dropped unfinished (their connection
+  /// closed, or they stalled).
+  std::uint64_t inits_under_way = 0;
+  std::uint64_t inits_dropped = 0;
+  /// The declared bytes of the shard's keys, inits under way included: its part of the server's
+  /// key budget (data.max_store_bytes).
+  std::uint64_t store_bytes = 0;
   /// Every initialised key's traffic, by key.
   std::vector<key_traffic> keys;
   lead_histogram lead_counts{};
@@ -51,6 +58,9 @@ inline shard_stats& operator+=(shard_stats& total, const shard_stats& more) noex
   total.pulls_expired += more.pulls_expired;
   total.requests_refused += more.requests_refused;
   total.checkpoints_written += more.checkpoints_written;
+  total.inits_under_way += more.inits_under_way;
+  total.inits_dropped += more.inits_dropped;
+  total.store_bytes += more.store_bytes;
   // Shards hold disjoint keys.
   total.keys.insert(total.keys.end(), more.keys.begin(), more.keys.end());
   std::sort(total.keys.begin(), total.keys.end(),

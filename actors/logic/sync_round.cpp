@@ -230,4 +230,16 @@ std::vector<admitted_push> sync_round::admit_deferred() {
   return answers;
 }
 
+void sync_round::forget_unfinished(std::uint32_t sender) noexcept {
+  auto& worker = workers_[sender];
+  if (!streaming() && !worker.done)
+    worker.bytes = 0;
+  worker.staging = ndarray{};
+  worker.draining = false;
+  worker.late_bytes = 0;
+  std::erase_if(deferred_, [&](const deferred_push& push) {
+    return push.sender == sender && push.bytes < layout_.bytes;
+  });
+}
+
 } // namespace troupe

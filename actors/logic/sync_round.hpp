@@ -118,6 +118,12 @@ public:
   /// order, how to answer those that entered whole or were dropped (a push that entered with
   /// bytes missing is answered by its last chunk, like any other).
   std::vector<admitted_push> admit_deferred();
+  /// Drops what `sender`'s unfinished pushes hold (its connection closed): with a quorum below N
+  /// its push under way, staged apart from the sum (the worker has then not pushed the round),
+  /// and the late push it was draining; its pushes for later rounds that miss bytes; its idle
+  /// staging buffer. With a quorum of N a push under way is in the sum already and stays, and
+  /// whole pushes waiting for their round stay.
+  void forget_unfinished(std::uint32_t sender) noexcept;
 
 private:
   struct worker_state {

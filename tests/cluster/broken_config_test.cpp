@@ -144,6 +144,8 @@ std::vector<broken_config> table() {
      "a send queue bound that is no size"},
     {p::server, g::flag, {"--max-store-bytes", "-1"}, "--max-store-bytes",
      "a negative store budget"},
+    {p::server, g::config_flag, {"[data]\nmax_value_bytes = 0\n"}, "data.max_value_bytes",
+     "a zero value cap"},
     {p::server, g::config_env, {"[timeouts]\nstalled_frame = \"-1s\"\n"},
      "timeouts.stalled_frame", "a negative stalled-frame timeout"},
     {p::server, g::env, {"MXNET_KVSTORE_BIGARRAY_BOUND", "0"}, "MXNET_KVSTORE_BIGARRAY_BOUND",

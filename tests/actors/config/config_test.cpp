@@ -464,6 +464,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "3MiB",
                             "--max-store-bytes",
                             "1GiB",
+                            "--max-value-bytes",
+                            "512MiB",
                             "--stalled-frame-timeout",
                             "250ms",
                             "--quorum",
@@ -523,6 +525,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.receive_budget_bytes == 2 * 1024 * 1024);
   BOOST_TEST(cfg.max_send_queue_bytes == 3 * 1024 * 1024);
   BOOST_TEST(cfg.max_store_bytes == 1024 * 1024 * 1024);
+  BOOST_TEST(cfg.max_value_bytes == 512 * 1024 * 1024);
   BOOST_TEST(cfg.stalled_frame_timeout == 250ms);
   BOOST_TEST((cfg.quorum == 5));
   BOOST_TEST(cfg.rescale_quorum);

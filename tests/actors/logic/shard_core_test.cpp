@@ -5,9 +5,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -439,7 +442,8 @@ BOOST_AUTO_TEST_CASE(
   bounded.send(wire::init{1, key, huge});
   BOOST_TEST((bounded.error(1) != nullptr &&
               bounded.error(1)->code == wire::error_code::invalid_argument));
-  BOOST_TEST(names(bounded.error(1), "max_value_bytes"));
+  BOOST_TEST(names(bounded.error(1), "tensor of 1125899906842624 bytes, limit 4294967296 "
+                                     "(data.max_value_bytes)"));
 }
 
 BOOST_AUTO_TEST_CASE(inits_beyond_the_servers_key_budget_are_refused_and_shards_share_it) {
@@ -455,7 +459,7 @@ BOOST_AUTO_TEST_CASE(inits_beyond_the_servers_key_budget_are_refused_and_shards_
   BOOST_TEST_REQUIRE(refused != nullptr);
   BOOST_TEST((refused->code == wire::error_code::invalid_argument));
   BOOST_TEST(names(refused, "init of key 2: its 200 bytes would take this server's keys from 240 "
-                            "to more than their budget of 400 bytes (max_store_bytes)"));
+                            "to more than their budget of 400 bytes (data.max_store_bytes)"));
   BOOST_TEST(second.shard->value(2).is_none());
   BOOST_TEST(second.init(3, ndarray::ones({40}))); // what is left still fits
   BOOST_TEST(options.store_bytes->load() == 400u);
@@ -470,8 +474,253 @@ BOOST_AUTO_TEST_CASE(inits_beyond_the_servers_key_budget_are_refused_and_shards_
   unbounded_values.max_value_bytes = std::numeric_limits<std::uint64_t>::max();
   shard_driver third{1, {}, unbounded_values};
   third.send(wire::init{4, 4, huge});
-  BOOST_TEST(names(third.error(4), "max_store_bytes"));
+  BOOST_TEST(names(third.error(4), "data.max_store_bytes"));
   BOOST_TEST(options.store_bytes->load() == 400u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- inits under way: memory follows bytes -----------------------------------------------------
+
+namespace {
+
+constexpr std::size_t page_bytes = 4096;
+/// A transparent huge page, which the system may commit for a first touch instead of a page.
+constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+
+/// Bytes of [data, data + bytes) in memory now (mincore), whole pages counted.
+std::size_t resident_bytes_of(const void* data, std::size_t bytes) {
+  auto begin = reinterpret_cast<std::uintptr_t>(data) / page_bytes * page_bytes;
+  auto end = reinterpret_cast<std::uintptr_t>(data) + bytes;
+  std::vector<unsigned char> in_memory((end - begin + page_bytes - 1) / page_bytes);
+  BOOST_TEST_REQUIRE(::mincore(reinterpret_cast<void*>(begin), end - begin, in_memory.data()) == 0);
+  return page_bytes *
+         static_cast<std::size_t>(std::count_if(in_memory.begin(), in_memory.end(),
+                                                [](unsigned char p) { return p & 1; }));
+}
+
+/// This process's resident memory (/proc/self/statm).
+std::size_t process_resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t total_pages = 0, resident_pages = 0;
+  statm >> total_pages >> resident_pages;
+  return resident_pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+/// The first `floats` floats of a float32 value of `declared` bytes, as its first chunk.
+wire::tensor_chunk first_chunk_of(std::uint64_t declared, const std::vector<float>& floats) {
+  wire::tensor_chunk tensor;
+  tensor.shape = {static_cast<std::int64_t>(declared / sizeof(float))};
+  tensor.total_bytes = declared;
+  tensor.data = std::as_bytes(std::span{floats});
+  return tensor;
+}
+
+/// A value of `floats` floats 0, 1, 2, ... and a shard that shares a key budget of
+/// `budget` bytes with nobody, dropping inits that stall for 30 s.
+struct init_fixture {
+  explicit init_fixture(std::size_t floats, std::uint64_t budget = std::uint64_t{1} << 30)
+      : value(std::make_shared<std::vector<float>>(floats)), job(1, {}, options(budget)) {
+    for (std::size_t i = 0; i < floats; ++i)
+      (*value)[i] = static_cast<float>(i);
+  }
+
+  static shard_options options(std::uint64_t budget) {
+    shard_options out;
+    out.store_bytes = std::make_shared<std::atomic<std::uint64_t>>(0);
+    out.max_store_bytes = budget;
+    out.stalled_init = std::chrono::seconds{30};
+    return out;
+  }
+  std::uint64_t budget_in_use() const { return job.shard->stats().store_bytes; }
+
+  /// Sends init request `id` of `key` with floats [from, to) of the value, by connection `by`.
+  void send_part(std::uint64_t id, std::size_t from, std::size_t to,
+                 std::uint64_t by = shard_driver::connection) {
+    job.send_by(by, wire::init{id, key, slice_of(value, from, to)}, value);
+  }
+
+  std::shared_ptr<std::vector<float>> value;
+  shard_driver job;
+};
+
+constexpr std::size_t mib_of_floats = (std::size_t{1} << 20) / sizeof(float);
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(server_shard_inits_under_way)
+
+BOOST_AUTO_TEST_CASE(a_short_init_that_declares_4_gib_commits_about_its_own_bytes) {
+  // Issue 22: about 100 bytes that declare a 4 GiB value made the shard allocate and touch
+  // 4 GiB at once (measured before the change: the driving process grew by 4.3 GB).
+  shard_options budget = init_fixture::options(std::uint64_t{8} << 30);
+  shard_driver job{1, {}, budget};
+  const std::uint64_t declared = std::uint64_t{4} << 30;
+  const std::vector<float> first(16, 1.5f);
+  const auto before = process_resident_bytes();
+  job.send(wire::init{1, key, first_chunk_of(declared, first)});
+
+  // Accepted as an init under way: no reply yet, the budget holds the declared size.
+  BOOST_TEST(job.replies.empty());
+  const auto stats = job.shard->stats();
+  BOOST_TEST(stats.inits_under_way == 1u);
+  BOOST_TEST(stats.store_bytes == declared);
+  BOOST_TEST(budget.store_bytes->load() == declared);
+  const auto buffer = job.shard->value(key);
+  BOOST_TEST_REQUIRE(buffer.nbytes() == declared);
+  // The pages committed: the one the 64 bytes went to (a huge page, where the system gives them).
+  const auto resident = resident_bytes_of(buffer.raw_data(), buffer.nbytes());
+  BOOST_TEST(resident >= page_bytes);
+  BOOST_TEST(resident <= huge_page_bytes);
+  BOOST_TEST(process_resident_bytes() < before + (std::size_t{64} << 20),
+             "from " << before << " to " << process_resident_bytes() << " bytes");
+
+  // The value is not readable until every byte has arrived.
+  job.send(wire::pull_request{2, key, 0, 0});
+  BOOST_TEST(names(job.error(2), "pull of key 4, which was never initialised"));
+}
+
+BOOST_AUTO_TEST_CASE(a_value_that_arrives_in_chunks_commits_as_they_fill_it_and_ends_exact) {
+  init_fixture init{4 * mib_of_floats};
+  auto& job = init.job;
+  init.send_part(1, 0, mib_of_floats);
+  const auto buffer = job.shard->value(key);
+  const auto after_one = resident_bytes_of(buffer.raw_data(), buffer.nbytes());
+  BOOST_TEST(after_one >= (std::size_t{1} << 20));
+  BOOST_TEST(after_one <= (std::size_t{1} << 20) + huge_page_bytes);
+  init.send_part(1, mib_of_floats, 3 * mib_of_floats);
+  const auto after_three = resident_bytes_of(buffer.raw_data(), buffer.nbytes());
+  BOOST_TEST(after_three >= (std::size_t{3} << 20));
+  BOOST_TEST(after_three <= (std::size_t{3} << 20) + huge_page_bytes);
+  BOOST_TEST(job.replies.empty());
+  init.send_part(1, 3 * mib_of_floats, 4 * mib_of_floats);
+  BOOST_TEST_REQUIRE(job.ack(1) != nullptr);
+  BOOST_TEST(job.shard->stats().inits_under_way == 0u);
+  BOOST_TEST(job.stored(key) == *init.value);
+  // Served and updated like any value.
+  auto pull = job.pull(key, 0, 0);
+  auto* reply = job.value_reply(pull);
+  BOOST_TEST_REQUIRE(reply != nullptr);
+  BOOST_TEST(reply->tensor.total_bytes == (std::uint64_t{4} << 20));
+  auto ones = ndarray::ones({static_cast<std::int64_t>(4 * mib_of_floats)});
+  job.push(key, 0, 0, ones);
+  BOOST_TEST(job.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(job.stored(key) == ones.to_vector<float>());
+}
+
+BOOST_AUTO_TEST_CASE(an_unfinished_init_is_dropped_with_its_budget_when_its_connection_closes) {
+  init_fixture init{4 * mib_of_floats};
+  auto& job = init.job;
+  init.send_part(1, 0, mib_of_floats);
+  BOOST_TEST(init.budget_in_use() == (std::uint64_t{4} << 20));
+  BOOST_TEST(job.shard->on_connection_closed(shard_driver::connection + 1) == 0u);
+  BOOST_TEST(job.shard->stats().inits_under_way == 1u);
+
+  BOOST_TEST(job.shard->on_connection_closed(shard_driver::connection) == 1u);
+  const auto stats = job.shard->stats();
+  BOOST_TEST(stats.inits_under_way == 0u);
+  BOOST_TEST(stats.inits_dropped == 1u);
+  BOOST_TEST(stats.store_bytes == 0u);
+  BOOST_TEST(job.shard->value(key).is_none());
+  // As if never begun: its next chunk starts nothing, and a new init of the key, of another
+  // shape, is taken.
+  init.send_part(2, mib_of_floats, 2 * mib_of_floats);
+  BOOST_TEST(names(job.error(2), "init of key 4: chunk at byte 1048576, expected byte 0"));
+  BOOST_TEST(job.shard->value(key).is_none());
+  BOOST_TEST(job.init(key, ndarray::full({3}, 2.0)));
+  BOOST_TEST(job.stored(key) == std::vector<float>(3, 2.0f));
+  BOOST_TEST(init.budget_in_use() == 12u);
+}
+
+BOOST_AUTO_TEST_CASE(an_unfinished_init_that_stalls_is_dropped_and_one_that_progresses_is_not) {
+  init_fixture init{4 * mib_of_floats};
+  auto& job = init.job;
+  init.send_part(1, 0, mib_of_floats);
+  job.now += std::chrono::seconds{20};
+  init.send_part(1, mib_of_floats, 2 * mib_of_floats);
+  job.now += std::chrono::seconds{20};
+  BOOST_TEST(job.shard->drop_stalled_inits() == 0u); // its last chunk came 20 s ago
+  job.now += std::chrono::seconds{10};
+  BOOST_TEST(job.shard->drop_stalled_inits() == 1u);
+  BOOST_TEST(job.shard->stats().inits_dropped == 1u);
+  BOOST_TEST(init.budget_in_use() == 0u);
+  BOOST_TEST(job.shard->value(key).is_none());
+  init.send_part(2, 0, 4 * mib_of_floats);
+  BOOST_TEST(job.ack(2) != nullptr);
+  BOOST_TEST(job.stored(key) == *init.value);
+  // A whole value is never dropped.
+  job.now += std::chrono::minutes{5};
+  BOOST_TEST(job.shard->drop_stalled_inits() == 0u);
+  BOOST_TEST(job.shard->on_connection_closed(shard_driver::connection) == 0u);
+  BOOST_TEST(job.stored(key) == *init.value);
+}
+
+BOOST_AUTO_TEST_CASE(another_connection_cannot_continue_an_unfinished_init) {
+  init_fixture init{4 * mib_of_floats};
+  auto& job = init.job;
+  init.send_part(1, 0, mib_of_floats);
+  init.send_part(2, mib_of_floats, 4 * mib_of_floats, shard_driver::connection + 1);
+  BOOST_TEST(names(job.error(2), "init of key 4: another connection began it (1048576 of "
+                                 "4194304 bytes arrived); only that one may continue it"));
+  BOOST_TEST(job.ack(2) == nullptr);
+  BOOST_TEST(job.shard->stats().inits_under_way == 1u);
+  // Its own connection finishes it, exactly.
+  init.send_part(1, mib_of_floats, 4 * mib_of_floats);
+  BOOST_TEST_REQUIRE(job.ack(1) != nullptr);
+  BOOST_TEST(job.stored(key) == *init.value);
+}
+
+BOOST_AUTO_TEST_CASE(an_inits_chunks_come_in_order_and_a_refused_one_changes_nothing) {
+  init_fixture init{4 * mib_of_floats};
+  auto& job = init.job;
+  init.send_part(1, 0, mib_of_floats);
+  init.send_part(2, 2 * mib_of_floats, 3 * mib_of_floats); // skips a MiB
+  BOOST_TEST(names(job.error(2), "chunk at byte 2097152, expected byte 1048576 (an init's chunks "
+                                 "come in order, once)"));
+  init.send_part(3, 0, mib_of_floats); // again
+  BOOST_TEST(names(job.error(3), "chunk at byte 0, expected byte 1048576"));
+  init.send_part(1, mib_of_floats, 4 * mib_of_floats);
+  BOOST_TEST_REQUIRE(job.ack(1) != nullptr);
+  BOOST_TEST(job.stored(key) == *init.value);
+}
+
+BOOST_AUTO_TEST_CASE(inits_under_way_count_in_the_key_budget_and_its_refusal_names_the_key) {
+  init_fixture init{4 * mib_of_floats, std::uint64_t{5} << 20};
+  auto& job = init.job;
+  init.send_part(1, 0, mib_of_floats);
+  auto other = std::make_shared<std::vector<float>>(2 * mib_of_floats, 1.0f);
+  job.send(wire::init{2, key + 1, slice_of(other, 0, 1024)}, other);
+  BOOST_TEST(names(job.error(2), "init of key 5: its 2097152 bytes would take this server's keys "
+                                 "from 4194304 to more than their budget of 5242880 bytes "
+                                 "(data.max_store_bytes)"));
+  BOOST_TEST(job.shard->on_connection_closed(shard_driver::connection) == 1u);
+  job.send(wire::init{3, key + 1, slice_of(other, 0, 1024)}, other);
+  BOOST_TEST(job.error(3) == nullptr);
+  BOOST_TEST(init.budget_in_use() == (std::uint64_t{2} << 20));
+}
+
+BOOST_AUTO_TEST_CASE(a_closed_connection_takes_its_workers_unfinished_pushes_with_it) {
+  // dist_async: worker 0's push is cut off after its first chunk.
+  shard_driver job{2, sync_policy{consistency::async, 0, false, -1, 2}};
+  auto initial = ndarray::zeros({1024});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  auto ones = ndarray::ones({1024});
+  auto chunks = shard_driver::push_chunks(50, key, 0, 0, ones, 1024);
+  BOOST_TEST_REQUIRE(chunks.size() == 4u);
+  job.send(chunks[0], ones);
+  // While its connection is open the push must go on where it stopped: it blocks the key.
+  auto twos = ndarray::full({1024}, 2.0);
+  auto blocked = job.push(key, 0, 0, twos);
+  BOOST_TEST(names(job.error(blocked), "chunk at byte 0, expected byte 1024"));
+  // Its connection closes: the worker's next push of the key starts afresh.
+  job.shard->on_connection_closed(shard_driver::connection);
+  job.send_by(shard_driver::connection + 2, wire::push{51, key, 0, 0, whole(twos)}, twos.keepalive());
+  BOOST_TEST(job.ack(51) != nullptr);
+  BOOST_TEST(job.stored(key) == std::vector<float>(1024, 2.0f));
+  // Another worker's pushes by another connection were never touched.
+  job.send_by(shard_driver::connection + 3, wire::push{52, key, 1, 0, whole(ones)}, ones.keepalive());
+  BOOST_TEST(job.ack(52) != nullptr);
+  BOOST_TEST(job.shard->completed_rounds(key) == 2u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -48,8 +48,17 @@ struct shard_driver {
     shard = std::make_unique<shard_core>(std::move(options));
   }
 
+  /// The data connection send() delivers by.
+  static constexpr std::uint64_t connection = 7;
+
   void send(wire::message msg, std::shared_ptr<const void> keepalive = nullptr) {
-    shard->handle(envelope{std::move(msg), std::move(keepalive), 7},
+    send_by(connection, std::move(msg), std::move(keepalive));
+  }
+
+  /// Sends `msg` as if it came by data connection `by`.
+  void send_by(std::uint64_t by, wire::message msg,
+               std::shared_ptr<const void> keepalive = nullptr) {
+    shard->handle(envelope{std::move(msg), std::move(keepalive), by},
                   [this](envelope out) { replies.push_back(std::move(out)); });
   }
 

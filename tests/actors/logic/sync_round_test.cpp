@@ -175,4 +175,41 @@ BOOST_AUTO_TEST_CASE(with_every_worker_in_the_quorum_a_push_for_a_closed_round_i
   BOOST_TEST(round.dropped() == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(a_forgotten_workers_unfinished_pushes_leave_and_its_whole_deferred_one_stays) {
+  auto round = make_round(3, 2);
+  auto one = filled(1), two = filled(2), hundred = filled(100);
+  BOOST_TEST((round.add(part(1, 2, 0, hundred, 0, 16)).fate == chunk_fate::taken));
+  BOOST_TEST((round.defer(part(2, 2, 1, two), {}).fate == chunk_fate::deferred));
+  BOOST_TEST((round.defer(part(3, 2, 2, hundred, 0, 8), {}).fate == chunk_fate::deferred));
+  BOOST_TEST(round.deferred() == 2u);
+  BOOST_TEST(round.collecting());
+  // Worker 2's connection closed.
+  round.forget_unfinished(2);
+  BOOST_TEST(round.deferred() == 1u);
+  BOOST_TEST(!round.collecting());
+  // Its push of round 0 starts afresh (before, byte 16 was expected), and the cut-off bytes
+  // never reach the sum.
+  BOOST_TEST((round.add(part(4, 2, 0, two)).fate == chunk_fate::completed));
+  BOOST_TEST((round.add(part(5, 0, 0, one)).fate == chunk_fate::completed));
+  BOOST_TEST_REQUIRE(round.quorum_reached());
+  BOOST_TEST(round.sum().to_vector<float>() == all(3), boost::test_tools::per_element());
+  round.close();
+  // The whole push it deferred for round 1 enters.
+  BOOST_TEST(round.admit_deferred().size() == 1u);
+  BOOST_TEST(round.deferred() == 0u);
+  BOOST_TEST((round.add(part(6, 1, 1, one)).fate == chunk_fate::completed));
+  BOOST_TEST(round.sum().to_vector<float>() == all(3), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(with_every_worker_in_the_quorum_a_push_under_way_is_in_the_sum_and_stays) {
+  auto round = make_round(2, 2);
+  auto one = filled(1), two = filled(2);
+  BOOST_TEST((round.add(part(1, 0, 0, one, 0, 16)).fate == chunk_fate::taken));
+  round.forget_unfinished(0);
+  BOOST_TEST(round.collecting());
+  BOOST_TEST((round.add(part(1, 0, 0, one, 16, 32)).fate == chunk_fate::completed));
+  BOOST_TEST((round.add(part(2, 1, 0, two)).fate == chunk_fate::completed));
+  BOOST_TEST(round.sum().to_vector<float>() == all(3), boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
