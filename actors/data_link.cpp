@@ -1429,6 +1429,9 @@ struct client_state {
 
 using client_broker = caf::io::stateful_broker<client_state>;
 
+/// How a link_down reason starts when the server refused the handshake (handshake_refusal).
+constexpr std::string_view refused_by = "refused by ";
+
 /// Tells the receiver once that the link is gone, and ends the broker (which closes the socket).
 void link_down(client_broker* self, std::string reason) {
   auto& st = self->state;
@@ -1464,7 +1467,7 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
   const bool was_authenticated = c.authenticated;
   auto in = take_incoming(c, c.receiver.consume(buffer), st.tuning);
   if (in.handshake_refused) {
-    link_down(self, "refused by " + st.peer + ": " + *in.handshake_refused);
+    link_down(self, std::string(refused_by) + st.peer + ": " + *in.handshake_refused);
     return 0;
   }
   if (in.denied) {
@@ -1689,6 +1692,16 @@ result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& 
     return error{errc::peer_lost, "data link to " + peer + ": " + *failure};
   }
   return *link;
+}
+
+std::optional<std::string> handshake_refusal(const std::string& reason) {
+  // "refused by host:port: words"; a host never holds ": " (an IPv6 address has no space).
+  if (!reason.starts_with(refused_by))
+    return std::nullopt;
+  const auto words = reason.find(": ", refused_by.size());
+  if (words == std::string::npos)
+    return std::nullopt;
+  return reason.substr(words + 2);
 }
 
 wire::message no_handler_reply(const wire::message& request) {

@@ -356,6 +356,11 @@ result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& 
                                      std::uint16_t port, caf::actor receiver,
                                      data_link_options options = {});
 
+/// The server's words ("the job token is wrong (...)") when a client link's link_down `reason`
+/// says the server refused its handshake ("refused by host:port: ..."); nullopt for any other
+/// reason (the link closed, failed or broke).
+std::optional<std::string> handshake_refusal(const std::string& reason);
+
 /// The answer to a request that options.route sends to nobody: error_reply{unsupported} with its
 /// request id and key, naming its kind. In-process links answer the same way.
 wire::message no_handler_reply(const wire::message& request);

@@ -230,10 +230,9 @@ private:
     if (!authenticated_) {
       // Not a lost scheduler: this node never got in. A refusal is the scheduler's answer to
       // this node's proofs (a wrong token), said as such.
-      const std::string refusal = "refused by " + where_ + ": ";
-      if (reason.starts_with(refusal))
-        return fail(error{errc::invalid_argument, "refused by the scheduler at " + where_ + ": " +
-                                                      reason.substr(refusal.size())});
+      if (auto refusal = handshake_refusal(reason))
+        return fail(error{errc::invalid_argument,
+                          "refused by the scheduler at " + where_ + ": " + *refusal});
       return fail(error{errc::peer_lost, "the scheduler at " + where_ +
                                              " closed the control link before its handshake was "
                                              "done: " +

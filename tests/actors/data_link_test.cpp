@@ -1297,6 +1297,24 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST(await_disconnects(1).size() == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_whose_key_is_refused_goes_down_with_the_servers_words) {
+  auto proven = std::make_shared<proven_nodes>();
+  auto server = start_server(with_node_proofs(proven));
+  caf::anon_send(server.broker, this_job);
+  caf::scoped_actor self{*sys};
+  // A worker process left over from an earlier job with the same token.
+  auto link = connect(server.port, self, client_as(worker(1), key_of(1, earlier_job)));
+  const auto reason = next_link_down(self);
+  BOOST_TEST(contains(reason, "refused by 127.0.0.1:" + std::to_string(server.port) + ": "),
+             reason);
+  const auto words = handshake_refusal(reason);
+  BOOST_TEST_REQUIRE(words.has_value(), reason);
+  BOOST_TEST(words->starts_with("the node key of worker 1 is wrong"), *words);
+  // Other reasons are no refusal.
+  BOOST_TEST(!handshake_refusal("data link to 127.0.0.1:1 closed by the peer").has_value());
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(a_hello_waits_for_the_job_secret_and_is_answered_when_it_arrives) {
   auto proven = std::make_shared<proven_nodes>();
   auto server = start_server(with_node_proofs(proven));
