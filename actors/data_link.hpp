@@ -254,7 +254,9 @@ struct data_server_options {
   /// Connections open at once; a new one beyond it is closed as it arrives.
   std::size_t max_connections = 4096;
   /// Connections not yet authenticated; a new one beyond it closes the oldest of them, so a peer
-  /// that opens connections and stays silent cannot lock the job's nodes out.
+  /// that opens connections and stays silent cannot lock the job's nodes out. A connection whose
+  /// peer proved the token and waits for the job secret (require_node_proof) no longer counts:
+  /// strangers cannot push it out (it still closes at the handshake timeout).
   std::size_t max_unauthenticated = 64;
   /// Bytes of frames read (or being read) and not yet released, over all connections: windows
   /// bound each connection, this bounds their sum. A frame that does not fit stops its
