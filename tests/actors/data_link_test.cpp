@@ -1317,7 +1317,9 @@ BOOST_AUTO_TEST_CASE(a_worker_whose_key_is_refused_goes_down_with_the_servers_wo
 
 BOOST_AUTO_TEST_CASE(a_hello_waits_for_the_job_secret_and_is_answered_when_it_arrives) {
   auto proven = std::make_shared<proven_nodes>();
-  auto server = start_server(with_node_proofs(proven));
+  data_server_options options;
+  options.max_unauthenticated = 2;
+  auto server = start_server(with_node_proofs(proven, std::move(options)));
   // Processes start in any order: this worker's hello reaches the server before its admission.
   raw_peer early(server.port);
   auto theirs = early.server_hello();
@@ -1335,6 +1337,17 @@ BOOST_AUTO_TEST_CASE(a_hello_waits_for_the_job_secret_and_is_answered_when_it_ar
   BOOST_TEST(await_stats([&] { return stats_of(server, 2); },
                          [](const data_link_stats& s) { return s.held; })
                  .held);
+  // Strangers' silent connections beyond max_unauthenticated push out the oldest of their own,
+  // not a hello that proved the token and waits.
+  std::vector<std::unique_ptr<raw_peer>> silent;
+  for (int i = 0; i < 3; ++i) {
+    silent.push_back(std::make_unique<raw_peer>(server.port));
+    BOOST_TEST_REQUIRE(silent.back()->server_hello().has_value());
+  }
+  BOOST_TEST(silent.front()->sees_close());
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  BOOST_TEST(stats_of(server, 1).held);
+  BOOST_TEST(stats_of(server, 2).held);
 
   caf::anon_send(server.broker, this_job);
   auto answer = early.receive_frame();
@@ -1349,7 +1362,8 @@ BOOST_AUTO_TEST_CASE(a_hello_waits_for_the_job_secret_and_is_answered_when_it_ar
   BOOST_TEST(id == 2u);
   BOOST_TEST((proven->of(2) == std::optional{worker(0)}));
   early.close();
-  BOOST_TEST(await_disconnects(1).size() == 1u);
+  silent.clear();
+  BOOST_TEST(await_disconnects(3).size() == 3u);
 }
 
 BOOST_AUTO_TEST_CASE(a_hello_whose_job_secret_never_comes_is_closed_at_the_handshake_timeout) {
