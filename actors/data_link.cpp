@@ -20,13 +20,16 @@
 // Per connection, the link protocol (frames capped at max_handshake_frame_bytes until
 // authenticated; the whole handshake within tuning.handshake_timeout):
 //
-//   listener: open ──our hello──> awaiting the connector's hello ──its hello, proof good──>
+//   listener: open ──our hello──> awaiting the connector's hello ──its hello, proofs good──>
 //             our link_auth ──> serving
-//   connector: open ──> awaiting the listener's hello ──its hello──> our hello with our proof ──>
-//             awaiting link_auth ──its proof good──> serving
-//     (our data frames wait throughout; any other frame, a missing or wrong proof: fatal)
+//                  (require_node_proof, no job secret yet: held ──the secret──> checked as above)
+//   connector: open ──> awaiting the listener's hello ──its hello──> our hello with our proofs ──>
+//             awaiting link_auth ──its proofs good──> serving
+//     (our data frames wait throughout; any other frame: fatal; a missing or wrong proof, a lost
+//      node: refused)
 //   serving: a second hello or link_auth, a frame beyond the window, an excess credit: fatal
-//   fatal: error_reply{bad_frame} (unmetered, frames waiting for credit dropped), then closed
+//   fatal: error_reply{bad_frame}, refused: error_reply{not_admitted} (unmetered, frames waiting
+//          for credit dropped), then closed
 //
 // Under TLS (tuning.tls; actors/logic/link_tls.hpp) all of this runs on plaintext: a connection
 // first completes its TLS handshake (the listener's hello waits in its queue until then), socket
@@ -65,6 +68,7 @@
 
 #include "actors/logic/data_link_framing.hpp"
 #include "actors/logic/link_tls.hpp"
+#include "actors/logic/node_identity.hpp"
 #include "actors/logic/shm_arena.hpp"
 #include "actors/logic/tcp_progress.hpp"
 
@@ -146,6 +150,15 @@ struct link_connection {
   /// The handshake is done (the peer proved the job token, and at the connector the listener
   /// did): the peer's window is open and frames may be as large as limits.max_frame_bytes.
   bool authenticated = false;
+  /// Key exchange (tuning.key_exchange): the connector's key pair, until link_auth brings the
+  /// listener's share; then, at both ends, the connection's session key.
+  std::unique_ptr<key_exchange> exchange;
+  session_key session;
+  /// A server's connection under require_node_proof: the peer proved the token and claims a node
+  /// (`their_hello.identity`), but the job secret to check its node proof has not arrived.
+  bool held = false;
+  /// The node the peer proved to be (a server's connection under require_node_proof).
+  std::optional<wire::node_identity> proven;
 
   // Same-host fast path (shm_arena.hpp).
   /// Our arena for what we send: created and offered; used once the peer accepted it (tx_on).
@@ -204,6 +217,14 @@ wire::message bad_frame_reply(const wire::decode_error& why) {
                            "bad frame: " + std::string(wire::to_string(why.kind)) + ": " +
                                why.message};
 }
+
+/// Why a peer broke the link protocol, or was refused: a proof it gave does not check out, or it
+/// may not connect at all (a lost node). Either ends the connection.
+struct link_violation {
+  std::string why;
+  /// A refusal (answered error_reply{not_admitted}), not a malformed exchange (bad_frame).
+  bool refusal = false;
+};
 
 /// The reply a request gets when it cannot be handled or answered at all.
 wire::message failure_reply(const wire::message& request, wire::error_code code, std::string why) {
@@ -413,9 +434,10 @@ void widen_reads(caf::io::abstract_broker* self, link_connection& c) {
 // the link protocol: the link-control frames, the same at both ends
 
 /// Queues our link hello: host identity, arena size (0 when we cannot tell our host), our receive
-/// window, a fresh nonce and, from the connector, the proof of the job token over both hellos
-/// (the listener's has arrived by then). Always the first frame a connection sends. Throws when
-/// the nonce or the proof cannot be made.
+/// window, a fresh nonce and, from the connector (the listener's hello has arrived by then), the
+/// proof of the job token over both hellos, our key share (tuning.key_exchange) and the node we
+/// claim to be with the proof of its key (tuning.node). Always the first frame a connection
+/// sends. Throws when the nonce, a key or a proof cannot be made.
 void queue_hello(link_connection& c, const data_link_tuning& tuning) {
   if (c.hello_sent)
     return;
@@ -424,8 +446,17 @@ void queue_hello(link_connection& c, const data_link_tuning& tuning) {
       id.empty() ? std::string("unknown") : id,
       id.empty() ? 0 : static_cast<std::uint64_t>(tuning.shm_arena_bytes),
       static_cast<std::uint64_t>(tuning.receive_window_bytes), fresh_nonce(), std::nullopt};
-  if (!c.listener)
+  if (!c.listener) {
+    if (tuning.key_exchange) {
+      c.exchange = std::make_unique<key_exchange>();
+      c.our_hello.key_share = c.exchange->share();
+    }
+    if (tuning.node)
+      c.our_hello.identity = tuning.node->who;
     c.our_hello.proof = link_proof(tuning.secret, false, c.their_hello, c.our_hello);
+    if (tuning.node)
+      c.our_hello.node_proof = node_proof(tuning.node->key, false, c.their_hello, c.our_hello);
+  }
   c.hello_sent = true;
   queue_unmetered(c, c.our_hello, tuning);
 }
@@ -453,40 +484,143 @@ void on_authenticated(link_connection& c, const data_link_tuning& tuning) {
   queue_unmetered(c, wire::arena_offer{c.tx->name(), c.tx->size()}, tuning);
 }
 
+/// What a listener that requires node proofs (data_server_options::require_node_proof) checks
+/// them against; null where none are required.
+struct node_proof_policy {
+  /// Empty until the server is admitted: hellos wait for it.
+  const job_secret& secret;
+  /// Worker ranks the scheduler declared lost.
+  const std::set<std::uint32_t>& lost_workers;
+};
+
+link_violation refused(std::string why) {
+  return link_violation{std::move(why), true};
+}
+
+/// The listener's answer to a connector whose proofs checked out: our link_auth with our proof of
+/// the token, our key share when the connector sent one and we exchange keys, and our proof of
+/// the connector's node key when it proved one (`key`).
+std::optional<link_violation> answer_connector(link_connection& c, const data_link_tuning& tuning,
+                                               const node_key* key) {
+  wire::link_auth auth;
+  if (tuning.key_exchange && c.their_hello.key_share) {
+    // Made only now that the connector proved the token: a stranger cannot make us work for it.
+    key_exchange ours;
+    auto shared = ours.agree(*c.their_hello.key_share);
+    if (!shared)
+      return link_violation{"the link_hello's key share is not a usable X25519 key"};
+    auth.key_share = ours.share();
+    c.session = link_session_key(tuning.secret, c.our_hello, c.their_hello, ours.share(), *shared);
+  }
+  auth.proof = link_proof(tuning.secret, true, c.our_hello, c.their_hello, auth.key_share);
+  if (key != nullptr)
+    auth.node_proof = node_proof(*key, true, c.our_hello, c.their_hello);
+  queue_unmetered(c, auth, tuning);
+  on_authenticated(c, tuning);
+  return std::nullopt;
+}
+
+/// The listener's check of the node a connector claims, once the job secret is there: a worker,
+/// not declared lost, whose node proof checks out against the key derived for it. Then answers.
+std::optional<link_violation> check_node(link_connection& c, const data_link_tuning& tuning,
+                                         const node_proof_policy& policy) {
+  const auto& who = *c.their_hello.identity;
+  if (policy.lost_workers.contains(who.rank))
+    return refused(wire::describe(who) +
+                   " was declared lost by the scheduler: its rank takes no new connections");
+  const auto key = derive_node_key(tuning.secret, policy.secret, who);
+  if (!same_digest(*c.their_hello.node_proof, node_proof(key, false, c.our_hello, c.their_hello)))
+    return refused("the node key of " + wire::describe(who) +
+                   " is wrong (the link_hello's proof of it does not check out: not the key this "
+                   "job's scheduler gave that worker)");
+  c.proven = who;
+  return answer_connector(c, tuning, &key);
+}
+
+/// The listener's part once the connector's hello arrived: its proof of the token, the node it
+/// claims (under `policy`; the hello is held while there is no job secret yet), then our answer.
+std::optional<link_violation> check_connector(link_connection& c, const data_link_tuning& tuning,
+                                              const node_proof_policy* policy) {
+  const auto& hello = c.their_hello;
+  if (!hello.proof)
+    return refused("the link_hello carries no proof of the job token");
+  if (!same_digest(*hello.proof, link_proof(tuning.secret, false, c.our_hello, hello)))
+    return refused("the job token is wrong (the link_hello's proof of the job token is wrong: "
+                   "another token, or none where the job has one)");
+  if (policy == nullptr)
+    return answer_connector(c, tuning, nullptr);
+  if (!hello.identity || !hello.node_proof)
+    return refused("the link_hello proves no node key: this port takes only workers of the job, "
+                   "each proving the key its admission gave it");
+  if (hello.identity->node_role != wire::role::worker)
+    return refused("the link_hello claims to be " + wire::describe(*hello.identity) +
+                   ": this port takes only workers");
+  if (policy->secret.empty()) {
+    c.held = true;
+    return std::nullopt;
+  }
+  return check_node(c, tuning, *policy);
+}
+
+/// The connector's check of the listener's link_auth: its proof of the token (over its key share),
+/// its key share when we sent ours, its proof of our node key when we claimed one.
+std::optional<link_violation> check_listener(link_connection& c, const wire::link_auth& auth,
+                                             const data_link_tuning& tuning) {
+  if (!same_digest(auth.proof,
+                   link_proof(tuning.secret, true, c.their_hello, c.our_hello, auth.key_share)))
+    return refused("the server's proof of the job token is wrong (it has another token, or none "
+                   "where this node has one)");
+  if (c.exchange) {
+    if (!auth.key_share)
+      return refused("the server made no key exchange (it takes no node's registration)");
+    auto shared = c.exchange->agree(*auth.key_share);
+    if (!shared)
+      return link_violation{"the server's key share is not a usable X25519 key"};
+    c.session =
+        link_session_key(tuning.secret, c.their_hello, c.our_hello, *auth.key_share, *shared);
+    c.exchange.reset();
+  }
+  if (tuning.node) {
+    const std::string who = wire::describe(tuning.node->who);
+    if (!auth.node_proof)
+      return refused("the server did not prove the node key of " + who +
+                     ": it is not a server of this job");
+    if (!same_digest(*auth.node_proof,
+                     node_proof(tuning.node->key, true, c.their_hello, c.our_hello)))
+      return refused("the server's proof of the node key of " + who +
+                     " is wrong: it is not a server of this job");
+  }
+  on_authenticated(c, tuning);
+  return std::nullopt;
+}
+
 /// A frame before the handshake is done: the peer's hello (at the listener, with the connector's
-/// proof, answered by our link_auth; at the connector, answered by our hello) or, at the
-/// connector, the listener's link_auth. Returns why the peer broke the handshake, if it did.
-std::optional<std::string> handshake_step(link_connection& c, const wire::message& msg,
-                                          const data_link_tuning& tuning) {
+/// proofs, answered by our link_auth or held; at the connector, answered by our hello) or, at the
+/// connector, the listener's link_auth. Returns why the peer broke the handshake or is refused.
+std::optional<link_violation> handshake_step(link_connection& c, const wire::message& msg,
+                                             const data_link_tuning& tuning,
+                                             const node_proof_policy* policy) {
   if (!c.peer_hello) {
     const auto* hello = std::get_if<wire::link_hello>(&msg);
     if (hello == nullptr)
-      return "the first frame must be a link_hello, not a " + std::string(wire::kind_name(msg));
+      return link_violation{"the first frame must be a link_hello, not a " +
+                            std::string(wire::kind_name(msg))};
     c.peer_hello = true;
     c.their_hello = *hello;
     if (!c.listener) {
       queue_hello(c, tuning);
       return std::nullopt;
     }
-    if (!hello->proof)
-      return std::string("the link_hello carries no proof of the job token");
-    if (!same_digest(*hello->proof, link_proof(tuning.secret, false, c.our_hello, c.their_hello)))
-      return std::string("the link_hello's proof of the job token is wrong (another token, or "
-                         "none where the job has one)");
-    queue_unmetered(c, wire::link_auth{link_proof(tuning.secret, true, c.our_hello, c.their_hello)},
-                    tuning);
-    on_authenticated(c, tuning);
-    return std::nullopt;
+    return check_connector(c, tuning, policy);
   }
+  if (c.listener)
+    return link_violation{"a " + std::string(wire::kind_name(msg)) +
+                          " before the handshake was done (wait for link_auth)"};
   const auto* auth = std::get_if<wire::link_auth>(&msg);
   if (auth == nullptr)
-    return "expected the server's link_auth after the link hellos, not a " +
-           std::string(wire::kind_name(msg));
-  if (!same_digest(auth->proof, link_proof(tuning.secret, true, c.their_hello, c.our_hello)))
-    return std::string("the server's proof of the job token is wrong (it has another token, or "
-                       "none where this node has one)");
-  on_authenticated(c, tuning);
-  return std::nullopt;
+    return link_violation{"expected the server's link_auth after the link hellos, not a " +
+                          std::string(wire::kind_name(msg))};
+  return check_listener(c, *auth, tuning);
 }
 
 void on_arena_offer(link_connection& c, const wire::arena_offer& offer,
@@ -536,23 +670,26 @@ void on_arena_accept(link_connection& c, const wire::arena_accept& accept,
 }
 
 /// Handles a link-control frame (link_hello, link_auth, link_credit, arena_*) from the peer, or
-/// any frame that arrives before the handshake is done. Queues the answers; the caller pumps.
-/// Returns why the peer broke the link protocol, if it did (the caller closes the connection).
-std::optional<std::string> handle_link_control(link_connection& c, const wire::message& msg,
-                                               const data_link_tuning& tuning) {
+/// any frame that arrives before the handshake is done (`policy`: a listener's node proofs).
+/// Queues the answers; the caller pumps. Returns why the peer broke the link protocol or was
+/// refused, if it was (the caller closes the connection).
+std::optional<link_violation> handle_link_control(link_connection& c, const wire::message& msg,
+                                                  const data_link_tuning& tuning,
+                                                  const node_proof_policy* policy) {
   if (!c.authenticated) {
     try {
-      return handshake_step(c, msg, tuning);
+      return handshake_step(c, msg, tuning, policy);
     } catch (const std::exception& e) {
-      return std::string("the handshake failed here: ") + e.what();
+      return link_violation{std::string("the handshake failed here: ") + e.what()};
     }
   }
   if (std::holds_alternative<wire::link_hello>(msg))
-    return std::string("a second link_hello");
+    return link_violation{"a second link_hello"};
   if (std::holds_alternative<wire::link_auth>(msg))
-    return std::string("a link_auth after the handshake");
+    return link_violation{"a link_auth after the handshake"};
   if (const auto* credit = std::get_if<wire::link_credit>(&msg)) {
-    return c.queue.credit(credit->bytes);
+    if (auto broken = c.queue.credit(credit->bytes))
+      return link_violation{std::move(*broken)};
   } else if (const auto* offer = std::get_if<wire::arena_offer>(&msg)) {
     on_arena_offer(c, *offer, tuning);
   } else if (const auto* accept = std::get_if<wire::arena_accept>(&msg)) {
@@ -606,14 +743,48 @@ struct incoming {
   std::optional<wire::decode_error> refused;
   /// The connection must close (after the error reply, on a server).
   bool fatal = false;
+  /// The peer itself was refused (a proof that does not check out, a lost node): why. Fatal.
+  std::optional<std::string> denied;
   /// At a connector: the listener answered the handshake with this error (a refused proof).
   std::optional<std::string> handshake_refused;
+
+  /// What the peer is told on a fatal read: the refusal, or what broke.
+  wire::message fatal_reply() const {
+    if (denied)
+      return wire::error_reply{0, std::nullopt, wire::error_code::not_admitted, *denied};
+    return bad_frame_reply(*refused);
+  }
 };
 
-/// Takes a read's outcome: link control and the hello order are handled here, refusals and
-/// protocol violations become `refused`, and a refused frame's credit is sent when due.
-incoming take_incoming(link_connection& c, receive_outcome out, const data_link_tuning& tuning) {
-  incoming in{out.next_read, std::nullopt, std::move(out.error), out.fatal(), std::nullopt};
+/// Counts and logs a refused frame or peer (process_link_refusals).
+void note_refusal(const link_connection& c, const incoming& in, const data_link_tuning& tuning) {
+  refused_frames.fetch_add(1, std::memory_order_relaxed);
+  if (in.fatal)
+    closed_peers.fetch_add(1, std::memory_order_relaxed);
+  if (in.denied)
+    tuning.log.info(c.who + " refused (closing): " + *in.denied);
+  else
+    tuning.log.info(c.who + " sent a bad frame" + (in.fatal ? " (closing): " : ": ") +
+                    std::string(wire::to_string(in.refused->kind)) + ": " + in.refused->message);
+}
+
+/// Makes a link violation the read's fatal outcome.
+void take_violation(incoming& in, link_violation violation) {
+  in.fatal = true;
+  if (violation.refusal)
+    in.denied = std::move(violation.why);
+  else
+    in.refused = wire::decode_error{wire::decode_error::code::invalid_value,
+                                    "the link protocol is broken: " + violation.why};
+}
+
+/// Takes a read's outcome: link control and the hello order are handled here (`policy`: a
+/// listener's node proofs), refusals and protocol violations become `refused` or `denied`, and a
+/// refused frame's credit is sent when due.
+incoming take_incoming(link_connection& c, receive_outcome out, const data_link_tuning& tuning,
+                       const node_proof_policy* policy = nullptr) {
+  incoming in{out.next_read, std::nullopt, std::move(out.error),
+              out.fatal(),   std::nullopt, std::nullopt};
   if (!c.authenticated && in.refused)
     in.fatal = true; // nothing but a valid handshake may come first
   if (out.frame && !c.authenticated && !c.listener) {
@@ -626,25 +797,16 @@ incoming take_incoming(link_connection& c, receive_outcome out, const data_link_
     }
   }
   if (out.frame) {
-    std::optional<std::string> violation;
+    std::optional<link_violation> violation;
     if (!c.authenticated || wire::is_link_control(out.frame->msg))
-      violation = handle_link_control(c, out.frame->msg, tuning);
+      violation = handle_link_control(c, out.frame->msg, tuning, policy);
     else
       in.frame = std::move(out.frame);
-    if (violation) {
-      in.refused = wire::decode_error{wire::decode_error::code::invalid_value,
-                                      "the link protocol is broken: " + *violation};
-      in.fatal = true;
-    }
+    if (violation)
+      take_violation(in, std::move(*violation));
   }
-  if (in.refused) {
-    refused_frames.fetch_add(1, std::memory_order_relaxed);
-    if (in.fatal)
-      closed_peers.fetch_add(1, std::memory_order_relaxed);
-  }
-  if (in.refused)
-    tuning.log.info(c.who + " sent a bad frame" + (in.fatal ? " (closing): " : ": ") +
-                    std::string(wire::to_string(in.refused->kind)) + ": " + in.refused->message);
+  if (in.refused || in.denied)
+    note_refusal(c, in, tuning);
   // A frame refused for its content was released right here; the others are released by
   // whoever drops their envelope, which wakes the broker.
   if (in.refused && !in.fatal)
@@ -660,6 +822,7 @@ data_link_stats stats_of(const link_connection& c) {
   s.connected = true;
   s.peer_hello = c.peer_hello;
   s.authenticated = c.authenticated;
+  s.held = c.held;
   s.tls = c.tls && c.tls->established();
   s.peer_window = c.queue.peer_window();
   s.outstanding = c.queue.outstanding();
@@ -696,6 +859,19 @@ struct server_state {
   std::uint64_t next_id = 1;
   /// "host:port" bound, the answer to (get_atom).
   std::string endpoint;
+  /// Under require_node_proof: the job secret (empty until the server is admitted), the workers
+  /// declared lost, and the connections whose peer proved the token and waits for the secret
+  /// (moved out of `unauthenticated`: strangers' connections cannot push them out).
+  job_secret secret;
+  std::set<std::uint32_t> lost_workers;
+  std::set<std::uint64_t> held;
+
+  /// What hellos are checked against, or null when no node proofs are required.
+  std::optional<node_proof_policy> policy() const {
+    if (!options.require_node_proof)
+      return std::nullopt;
+    return node_proof_policy{secret, lost_workers};
+  }
 
   static inline const char* name = "troupe.data_server";
 };
@@ -714,6 +890,7 @@ void drop_connection(server_broker* self, connection_handle hdl, bool close,
   if (close)
     self->close(hdl);
   st.unauthenticated.erase(id);
+  st.held.erase(id);
   st.handles.erase(id);
   st.connections.erase(i);
   st.options.tuning.log.info("data server: connection " + std::to_string(id) + " " + why);
@@ -748,6 +925,54 @@ std::size_t queued_for_peer(const link_connection& c) {
 /// Hands a request to the actor options.route picks (or answers it at once).
 void route_request(server_broker* self, link_connection& c, envelope&& request);
 
+/// A server's connection finished its handshake: its frames count against the budget from now
+/// on, and the owner learns what it established.
+void on_server_authenticated(server_broker* self, link_connection& c) {
+  const auto& options = self->state.options;
+  c.receiver.set_budget(self->state.budget);
+  if (options.on_authenticated)
+    options.on_authenticated(c.id, link_authentication{c.session, c.proven});
+}
+
+/// A fatal read: the peer gets the reason, whatever its window (what waited for credit is not
+/// sent), and the connection closes once it is written.
+void close_after(link_connection& c, const incoming& in, const data_link_tuning& tuning) {
+  c.queue.drop_waiting();
+  queue_unmetered(c, in.fatal_reply(), tuning);
+  c.closing = true;
+}
+
+/// The job secret arrived: the held hello of connection `id` has its node proof checked now, and
+/// is answered or refused.
+void resume_held(server_broker* self, std::uint64_t id) {
+  auto& st = self->state;
+  st.held.erase(id);
+  auto h = st.handles.find(id);
+  if (h == st.handles.end())
+    return;
+  auto& c = st.connections.at(h->second);
+  if (c.closing || !c.held)
+    return;
+  c.held = false;
+  const auto& tuning = st.options.tuning;
+  std::optional<link_violation> violation;
+  try {
+    violation = check_node(c, tuning, *st.policy());
+  } catch (const std::exception& e) {
+    violation = link_violation{std::string("the handshake failed here: ") + e.what()};
+  }
+  if (violation) {
+    incoming in;
+    take_violation(in, std::move(*violation));
+    note_refusal(c, in, tuning);
+    close_after(c, in, tuning);
+  } else {
+    on_server_authenticated(self, c);
+    widen_reads(self, c);
+  }
+  serve_writes(self, c);
+}
+
 /// Replies are snapshots (a pull's value is copied), so a peer that sends requests and does not
 /// read the replies, or a worker that pulls a model larger than the window in one go, would make
 /// them pile up without end. So while more than max_send_queue_bytes wait for the peer, its
@@ -776,6 +1001,14 @@ void route_parked(server_broker* self, link_connection& c) {
 
 void route_request(server_broker* self, link_connection& c, envelope&& request) {
   auto& st = self->state;
+  if (c.proven && st.options.authorize)
+    if (auto refusal = st.options.authorize(request.msg, *c.proven)) {
+      st.options.tuning.log.info(c.who + " (" + wire::describe(*c.proven) + "): refused a " +
+                                 std::string(wire::kind_name(request.msg)) + ": " +
+                                 refusal->message);
+      queue_reply(c, std::move(*refusal), st.options.tuning);
+      return;
+    }
   request_handler target;
   try {
     target = st.options.route(request);
@@ -818,14 +1051,14 @@ std::size_t on_outcome(server_broker* self, link_connection& c, receive_outcome 
     });
     return 0;
   }
-  auto in = take_incoming(c, std::move(out), tuning);
+  const auto policy = st.policy();
+  auto in = take_incoming(c, std::move(out), tuning, policy ? &*policy : nullptr);
+  if (c.held && st.unauthenticated.erase(c.id) != 0)
+    st.held.insert(c.id);
   if (c.authenticated && st.unauthenticated.erase(c.id) != 0)
-    c.receiver.set_budget(st.budget); // frames count against the budget from now on
+    on_server_authenticated(self, c);
   if (in.fatal) {
-    // The peer gets the reason, whatever its window; what waited for credit is not sent.
-    c.queue.drop_waiting();
-    queue_unmetered(c, bad_frame_reply(*in.refused), tuning);
-    c.closing = true;
+    close_after(c, in, tuning);
   } else if (in.refused) {
     queue_reply(c, bad_frame_reply(*in.refused), tuning);
   }
@@ -1062,15 +1295,32 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
       },
       [=](handshake_deadline_atom, std::uint64_t id) {
         auto& st = self->state;
-        if (!st.unauthenticated.contains(id))
+        if (!st.unauthenticated.contains(id) && !st.held.contains(id))
           return;
         const auto& c = st.connections.at(st.handles.at(id));
         drop_connection(self, c.hdl, true,
                         "closed: no authenticated handshake within " +
                             std::to_string(st.options.tuning.handshake_timeout.count()) + " ms" +
-                            (c.tls && !c.tls->established()
+                            (c.held ? " (its hello waited for the job secret: this server was "
+                                      "not admitted to its job in time)"
+                             : c.tls && !c.tls->established()
                                  ? " (no TLS handshake: does the peer run TLS?)"
                                  : ""));
+      },
+      [=](const job_secret& secret) {
+        auto& st = self->state;
+        if (!st.options.require_node_proof || !st.secret.empty() || secret.empty())
+          return;
+        st.secret = secret;
+        const std::vector<std::uint64_t> waiting(st.held.begin(), st.held.end());
+        for (const auto id : waiting)
+          resume_held(self, id);
+      },
+      [=](const wire::membership& table) {
+        auto& st = self->state;
+        for (const auto& node : table.nodes)
+          if (node.node_role == wire::role::worker && !node.alive)
+            st.lost_workers.insert(node.rank);
       },
       [=](caf::io::new_data_msg& msg) {
         auto& st = self->state;
@@ -1169,6 +1419,8 @@ struct client_state {
   caf::actor receiver;
   /// "host:port", for every message about this link.
   std::string peer;
+  /// data_link_options::on_authenticated.
+  std::function<void(const link_authentication&)> on_authenticated;
   std::optional<link_connection> connection;
   bool down = false;
 
@@ -1176,6 +1428,9 @@ struct client_state {
 };
 
 using client_broker = caf::io::stateful_broker<client_state>;
+
+/// How a link_down reason starts when the server refused the handshake (handshake_refusal).
+constexpr std::string_view refused_by = "refused by ";
 
 /// Tells the receiver once that the link is gone, and ends the broker (which closes the socket).
 void link_down(client_broker* self, std::string reason) {
@@ -1209,10 +1464,14 @@ bool send_writes(client_broker* self) {
 std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
   auto& st = self->state;
   auto& c = *st.connection;
+  const bool was_authenticated = c.authenticated;
   auto in = take_incoming(c, c.receiver.consume(buffer), st.tuning);
   if (in.handshake_refused) {
-    link_down(self, "data link to " + st.peer +
-                        " closed: the server refused the handshake: " + *in.handshake_refused);
+    link_down(self, std::string(refused_by) + st.peer + ": " + *in.handshake_refused);
+    return 0;
+  }
+  if (in.denied) {
+    link_down(self, "data link to " + st.peer + " closed: " + *in.denied);
     return 0;
   }
   if (in.fatal) {
@@ -1220,6 +1479,8 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
                         "the framing or the link protocol: " + in.refused->message);
     return 0;
   }
+  if (!was_authenticated && c.authenticated && st.on_authenticated)
+    st.on_authenticated(link_authentication{c.session, std::nullopt});
   if (in.frame) {
     in.frame->connection = st.tag;
     self->send(st.receiver, std::move(*in.frame));
@@ -1265,6 +1526,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   st.tag = options.tag;
   st.receiver = std::move(receiver);
   st.peer = std::move(peer);
+  st.on_authenticated = std::move(options.on_authenticated);
   st.connection.emplace(1, hdl, false, "data link to " + st.peer, release_waker(self, 1),
                         std::make_shared<receive_buffer_pool>(st.tuning.max_cached_buffer_bytes),
                         st.tuning);
@@ -1430,6 +1692,16 @@ result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& 
     return error{errc::peer_lost, "data link to " + peer + ": " + *failure};
   }
   return *link;
+}
+
+std::optional<std::string> handshake_refusal(const std::string& reason) {
+  // "refused by host:port: words"; a host never holds ": " (an IPv6 address has no space).
+  if (!reason.starts_with(refused_by))
+    return std::nullopt;
+  const auto words = reason.find(": ", refused_by.size());
+  if (words == std::string::npos)
+    return std::nullopt;
+  return reason.substr(words + 2);
 }
 
 wire::message no_handler_reply(const wire::message& request) {

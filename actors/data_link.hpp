@@ -29,7 +29,17 @@
 // capped at max_handshake_frame_bytes, and a wrong or missing proof, any other frame, or a
 // handshake not done within tuning.handshake_timeout closes the connection. So nothing an
 // unauthenticated peer sends makes a broker allocate more than a few KiB, and its frames never
-// reach an actor.
+// reach an actor. A listener refuses a wrong or missing proof with error_reply{not_admitted}
+// naming it ("the job token is wrong ..."), any other violation with error_reply{bad_frame}.
+//
+// Identity (actors/logic/node_identity.hpp): a control connection exchanges keys in the same
+// handshake (tuning.key_exchange), and both ends tell their owner the session key
+// (on_authenticated), under which the scheduler seals each node's own secret. A worker's data
+// link claims its node (tuning.node) and proves its node key; a server that requires it
+// (data_server_options::require_node_proof) checks the proof against the key it derives from the
+// job secret, holding the hello until that secret arrives, refuses workers declared lost, proves
+// the key back, and checks every request of the connection against the proven node
+// (data_server_options::authorize) before routing it.
 //
 // Receive credit: every connection is flow-controlled per direction. The receive window
 // (tuning.receive_window_bytes, announced in the hello) bounds the bytes of frames a peer may
@@ -101,6 +111,12 @@ namespace troupe {
 /// The address a data server listens on unless configured otherwise: loopback only.
 inline constexpr std::string_view default_data_bind_host = "127.0.0.1";
 
+/// A node's identity and key, as its data links prove them.
+struct node_credentials {
+  wire::node_identity who;
+  node_key key;
+};
+
 /// Limits and pacing shared by both ends of a data connection.
 struct data_link_tuning {
   /// What a frame from the peer may contain. limits.max_frame_bytes (256 MiB by default) caps
@@ -132,6 +148,14 @@ struct data_link_tuning {
   /// TLS on every connection: this node's credentials and the roles a peer's certificate may
   /// name; without credentials, plaintext. Both ends of a connection must agree.
   link_tls tls;
+  /// Control connections: the connector's hello carries an X25519 key share and it requires the
+  /// listener's in link_auth; a listener answers a connector's share with its own. Both ends then
+  /// hold the connection's session key (link_authentication::session).
+  bool key_exchange = false;
+  /// A worker's data links: the node this end is and its key (actors/logic/node_identity.hpp).
+  /// The connector claims it in its hello with a proof of the key, and requires the listener's
+  /// proof of the same key, which only a server of this job can give.
+  std::optional<node_credentials> node{};
   /// From a connection's opening to its authenticated handshake (TLS included) at most this
   /// long; then it is closed (a listener frees the slot, a connector reports link_down).
   std::chrono::milliseconds handshake_timeout{10'000};
@@ -150,6 +174,9 @@ struct data_link_stats {
   /// The handshake is done: the peer proved the job token (and, at the connector, the listener
   /// did too). Until then only the hellos and the listener's link_auth are sent.
   bool authenticated = false;
+  /// A server's connection whose peer proved the token and claims a node, and waits for the job
+  /// secret to have its node proof checked.
+  bool held = false;
   /// The connection runs TLS and its TLS handshake is done.
   bool tls = false;
   /// Sending: the window the peer granted (0: none), bytes sent and not credited back, frames
@@ -186,7 +213,7 @@ struct data_link_stats {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
   return f(caf::meta::type_name("data_link_stats"), x.connected, x.peer_hello, x.authenticated,
-           x.tls, x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes,
+           x.held, x.tls, x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes,
            x.credit_received, x.window, x.unreleased, x.uncredited, x.credit_sent, x.shm_send,
            x.shm_receive, x.queued_bytes, x.waits_for_budget, x.budget, x.budget_in_use,
            x.budget_peak, x.budget_waits);
@@ -205,12 +232,31 @@ struct data_server_options {
   /// Under TLS, told the role each connection's peer certificate names once its TLS handshake is
   /// done (before any frame of it is routed), on the broker's thread. Optional.
   std::function<void(std::uint64_t connection, node_role role)> on_certified;
+  /// Told what each connection's handshake established (its session key under
+  /// tuning.key_exchange, the node its peer proved under require_node_proof) once it is done,
+  /// before any frame of it is routed, on the broker's thread. Optional.
+  std::function<void(std::uint64_t connection, const link_authentication&)> on_authenticated{};
+  /// Every connector must claim a worker and prove its node key (tuning.node at the worker): the
+  /// broker derives the key from the job secret, which it is sent as (job_secret) once this
+  /// server is admitted; until then a hello that proved the token waits (within
+  /// tuning.handshake_timeout; processes start in any order). A worker the broker was told is
+  /// lost (a wire::membership listing it not alive) is refused. Either refusal closes the
+  /// connection with error_reply{not_admitted} naming the node and the proof.
+  bool require_node_proof = false;
+  /// Under require_node_proof, checks each request against the node its connection proved before
+  /// it is routed (node_identity.hpp's request_refusal): a refusal is answered instead, the
+  /// request reaches no actor, and the connection goes on. Called on the broker's thread for
+  /// every frame, so it must be quick. Optional.
+  std::function<std::optional<wire::error_reply>(const wire::message&, const wire::node_identity&)>
+      authorize{};
   /// SO_REUSEADDR, so a restarted server can rebind its port while old connections linger.
   bool reuse_address = true;
   /// Connections open at once; a new one beyond it is closed as it arrives.
   std::size_t max_connections = 4096;
   /// Connections not yet authenticated; a new one beyond it closes the oldest of them, so a peer
-  /// that opens connections and stays silent cannot lock the job's nodes out.
+  /// that opens connections and stays silent cannot lock the job's nodes out. A connection whose
+  /// peer proved the token and waits for the job secret (require_node_proof) no longer counts:
+  /// strangers cannot push it out (it still closes at the handshake timeout).
   std::size_t max_unauthenticated = 64;
   /// Bytes of frames read (or being read) and not yet released, over all connections: windows
   /// bound each connection, this bounds their sum. A frame that does not fit stops its
@@ -243,7 +289,10 @@ struct data_server {
   ///   (stop_atom)     close the acceptor and every connection (on_disconnect for each), and quit;
   ///   (caf::get_atom) -> std::string: the "host:port" it listens on;
   ///   (stats_atom, std::uint64_t connection) -> data_link_stats of that connection (the budget
-  ///                   fields whatever the connection).
+  ///                   fields whatever the connection);
+  ///   (job_secret)    under require_node_proof: the job secret node keys derive from (the first
+  ///                   one counts); held hellos are checked now;
+  ///   (wire::membership) under require_node_proof: workers not alive take no new connections.
   /// An envelope's tensor bytes must stay alive (keepalive) and unchanged until the broker has
   /// copied them into the connection's write buffer, which may be a while after the send when
   /// the connection is busy: reply with a snapshot, not with memory the next update overwrites.
@@ -281,6 +330,9 @@ struct data_link_options {
   /// Carried by everything the link tells its receiver: envelope::connection of each frame, and
   /// the link_down notice, so that one receiver can tell several links apart.
   std::uint64_t tag = 0;
+  /// Told what the handshake established (the session key under tuning.key_exchange) once it is
+  /// done, on the broker's thread, before the receiver gets any frame of the link. Optional.
+  std::function<void(const link_authentication&)> on_authenticated{};
 };
 
 /// Connects to a data server at host:port (blocks for the TCP handshake) and spawns the client
@@ -298,12 +350,18 @@ struct data_link_options {
 /// (envelope{error_reply{0, bad_frame, what}}). When the connection closes, fails, carries a
 /// frame that breaks the framing or the link protocol, or is stopped, `receiver` gets
 /// (link_down_atom, options.tag, std::string reason naming host:port) once and the broker quits;
-/// it also quits when `receiver` terminates.
+/// it also quits when `receiver` terminates. When the server refused the handshake, the reason is
+/// "refused by host:port: " and the server's words ("the job token is wrong (...)").
 /// Errors: invalid_argument (invalid receiver), peer_lost (no connection: names host:port and
 /// why).
 result<caf::actor> connect_data_link(caf::actor_system& sys, const std::string& host,
                                      std::uint16_t port, caf::actor receiver,
                                      data_link_options options = {});
+
+/// The server's words ("the job token is wrong (...)") when a client link's link_down `reason`
+/// says the server refused its handshake ("refused by host:port: ..."); nullopt for any other
+/// reason (the link closed, failed or broke).
+std::optional<std::string> handshake_refusal(const std::string& reason);
 
 /// The answer to a request that options.route sends to nobody: error_reply{unsupported} with its
 /// request id and key, naming its kind. In-process links answer the same way.

@@ -23,6 +23,7 @@
 
 #include "actors/data_link.hpp"
 #include "actors/logic/job_trace.hpp"
+#include "actors/logic/node_identity.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_node.hpp"
@@ -122,13 +123,18 @@ struct worker_resources {
 };
 
 /// A server's subscription to its agent: membership updates go to every shard (a lost worker
-/// within the quorum no longer holds up rounds and staleness bounds).
+/// within the quorum no longer holds up rounds and staleness bounds) and to its data port (a lost
+/// worker takes no new connections).
 job_listener::behavior_type server_listener_actor(job_listener::pointer,
-                                                  std::shared_ptr<const server_node> node) {
+                                                  std::shared_ptr<const server_node> node,
+                                                  caf::actor data_port) {
   return {
       [](peer_lost_atom, const std::string&) {}, // run_server sees the failure through the agent
       [](stop_atom) {},                          // ... and the stop
-      [node](const wire::membership& table) { node->broadcast(table); },
+      [node, data_port](const wire::membership& table) {
+        node->broadcast(table);
+        caf::anon_send(data_port, table);
+      },
   };
 }
 
@@ -390,6 +396,10 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   data_options.on_disconnect = [router = node->router()](std::uint64_t connection) {
     router.connection_closed(connection);
   };
+  // Each connection proves the worker it is, and acts only as that worker
+  // (actors/logic/node_identity.hpp); the job secret comes with this server's admission.
+  data_options.require_node_proof = true;
+  data_options.authorize = request_refusal;
   data_options.tuning = tuning_for(config, {*tls, {node_role::worker}});
   data_options.receive_budget_bytes = static_cast<std::size_t>(config.receive_budget_bytes);
   data_options.max_send_queue_bytes = static_cast<std::size_t>(config.max_send_queue_bytes);
@@ -397,8 +407,11 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
   if (!data)
     return data.error();
-  auto agent =
-      node_agent::join(system, agent_options_for(config, wire::role::server, data->port, *tls));
+  auto joining = agent_options_for(config, wire::role::server, data->port, *tls);
+  joining.on_job_secret = [broker = data->broker](const job_secret& secret) {
+    caf::anon_send(broker, secret);
+  };
+  auto agent = node_agent::join(system, joining);
   if (!agent) {
     caf::anon_send(data->broker, stop_atom::value);
     return agent.error();
@@ -413,7 +426,9 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   }
   failures->attach((*agent)->actor());
   node->set_rank(static_cast<std::uint32_t>((*agent)->rank()));
-  auto listener = system.spawn(server_listener_actor, node);
+  // A recovering server's first table may list workers lost before it.
+  caf::anon_send(data->broker, (*agent)->membership());
+  auto listener = system.spawn(server_listener_actor, node, data->broker);
   (*agent)->subscribe(listener);
   const auto name = node_name("server", (*agent)->rank(), host);
   start_job_trace(config, "server", (*agent)->rank());
@@ -598,6 +613,8 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.max_staleness = config.max_staleness.value_or(-1);
   setup.max_rounds_ahead = static_cast<std::uint32_t>(config.max_rounds_ahead);
   auto tuning = tuning_for(config, {*tls, {node_role::server}});
+  // Every data link proves this worker's node key, which only its admission gave it.
+  tuning.node = node_credentials{{wire::role::worker, agent_ptr->rank()}, agent_ptr->key()};
   setup.connect_servers = [&system, servers,
                            tuning](const caf::actor& receiver) -> result<server_links> {
     server_links opened;

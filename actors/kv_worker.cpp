@@ -21,6 +21,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/data_link.hpp"
 #include "actors/logic/job_trace.hpp"
 #include "actors/logic/key_placement.hpp"
 #include "actors/logic/latency_histogram.hpp"
@@ -714,6 +715,11 @@ private:
   void on_link_down(std::uint64_t tag, const std::string& why) {
     if (tag == 0 || tag > names_.size())
       return;
+    // A server that refused this worker's handshake (its node key, its token) was not lost: it
+    // said no, and will say it again.
+    if (auto refusal = handshake_refusal(why))
+      return fail_everything(
+          error{errc::invalid_argument, names_[tag - 1] + " refused this worker: " + *refusal});
     if (recovery() && tag <= servers_.size()) {
       // Only the server's current link counts: an old one may close after the new one opened.
       if (self()->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(links_[tag - 1]))

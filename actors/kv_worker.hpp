@@ -26,7 +26,9 @@
 // delivered, or it cancelled), a late reply never writes into a buffer it took back.
 //
 // Failure. A link that goes down, or the node agent's notice that the job failed, fails every
-// call under way and every later one with errc::peer_lost naming the lost node and its role.
+// call under way and every later one with errc::peer_lost naming the lost node and its role. A
+// server that refused the link's handshake (this worker's node key or token) fails them at once
+// with errc::invalid_argument, "server 0 (node 8) at host:port refused this worker: ...".
 //
 // Server recovery (server_rejoin > 0). Every push is copied when it leaves, and the copy is kept
 // until the server says that the push is durable (Ack.durable, PullReply.durable: the rounds in

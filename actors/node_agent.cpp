@@ -14,6 +14,7 @@
 
 #include "actors/config/config.hpp"
 #include "actors/data_link.hpp"
+#include "actors/logic/node_identity.hpp"
 #include "actors/logic/wire_conversions.hpp"
 #include "actors/scheduler.hpp"
 
@@ -22,6 +23,8 @@ namespace troupe {
 struct node_agent::joined {
   wire::admitted admitted;
   wire::membership membership;
+  /// A worker's node key (empty at a server).
+  node_key key;
 };
 
 namespace {
@@ -84,6 +87,10 @@ public:
     where_ = options_.scheduler_host + ":" + std::to_string(options_.scheduler_port);
     return {
         [this](caf::connect_atom, const caf::actor& link) { on_link(link); },
+        [this](const link_authentication& what) {
+          authenticated_ = true;
+          session_ = what.session;
+        },
         [this](envelope& frame) { on_frame(frame.msg); },
         [this](link_down_atom, std::uint64_t, const std::string& reason) { on_link_down(reason); },
         [this](control_call& call) { on_call(std::move(call)); },
@@ -145,8 +152,23 @@ private:
       return fail(error{errc::invalid_argument, "registration rejected (" +
                                                     std::string{to_string(rejected->reason)} +
                                                     "): " + rejected->detail});
-    admitted_ = std::get<wire::admitted>(admission.outcome);
+    const auto& granted = std::get<wire::admitted>(admission.outcome);
+    const wire::node_identity who{options_.role, granted.rank};
+    const auto secret = session_.empty() || !granted.secret
+                            ? std::nullopt
+                            : unseal_secret(session_, *granted.secret, who, granted.node_id);
+    if (!secret)
+      return fail(error{errc::invalid_argument,
+                        "the scheduler at " + where_ + " admitted this node as " +
+                            wire::describe(who) +
+                            ", but its secret does not open under this control link's session "
+                            "key (is it a scheduler of this job?)"});
+    admitted_ = granted;
     node_id_ = admitted_->node_id;
+    if (options_.role == wire::role::worker)
+      key_ = node_key{*secret};
+    else if (options_.on_job_secret)
+      options_.on_job_secret(job_secret{*secret});
     log_ = options_.log.named(
         node_name(wire::to_string(options_.role), admitted_->rank, options_.host));
     log_.info("admitted as node " + std::to_string(node_id_));
@@ -172,7 +194,7 @@ private:
   void maybe_joined() {
     if (!admitted_ || !membership_ || joined_.ready())
       return;
-    joined_.deliver(node_agent::joined{*admitted_, *membership_});
+    joined_.deliver(node_agent::joined{*admitted_, *membership_, key_});
   }
 
   void on_command(const wire::command& cmd) {
@@ -205,6 +227,17 @@ private:
 
   void on_link_down(const std::string& reason) {
     link_ = nullptr;
+    if (!authenticated_) {
+      // Not a lost scheduler: this node never got in. A refusal is the scheduler's answer to
+      // this node's proofs (a wrong token), said as such.
+      if (auto refusal = handshake_refusal(reason))
+        return fail(error{errc::invalid_argument,
+                          "refused by the scheduler at " + where_ + ": " + *refusal});
+      return fail(error{errc::peer_lost, "the scheduler at " + where_ +
+                                             " closed the control link before its handshake was "
+                                             "done: " +
+                                             reason});
+    }
     if (finished_ || failure_) {
       log_.info("the scheduler left");
       // Nothing can answer a call still waiting (a barrier after done): say so now.
@@ -341,6 +374,11 @@ private:
   /// "host:port" of the scheduler.
   std::string where_;
   link_actor link_;
+  /// The control link's handshake is done, and the session key it agreed.
+  bool authenticated_ = false;
+  session_key session_;
+  /// A worker's node key, from its admission.
+  node_key key_;
   std::optional<wire::admitted> admitted_;
   std::optional<wire::membership> membership_;
   std::optional<error> failure_;
@@ -380,6 +418,10 @@ result<caf::actor> connect_with_backoff(caf::actor_system& sys, const agent_opti
       control_link_tuning(max_control_frame_bytes, options.log.part("control link"),
                           link_secret(options.auth_token), {options.tls, {node_role::scheduler}});
   link_options.tag = control_link_tag;
+  // The session key reaches the agent before the admission whose secret is sealed under it.
+  link_options.on_authenticated = [agent = receiver](const link_authentication& what) {
+    caf::anon_send(agent, what);
+  };
   auto backoff = first_backoff;
   for (int attempts = 1;; ++attempts) {
     auto link = connect_data_link(sys, options.scheduler_host, options.scheduler_port,
@@ -463,7 +505,7 @@ node_agent::node_agent(node_agent_actor actor, completion<status> ended, wire::r
                        const joined& admitted)
     : actor_(std::move(actor)), ended_(std::move(ended)), role_(role),
       rank_(admitted.admitted.rank), node_id_(admitted.admitted.node_id),
-      membership_(admitted.membership) {}
+      membership_(admitted.membership), key_(admitted.key) {}
 
 node_agent::~node_agent() {
   caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);

@@ -15,7 +15,14 @@
 // bounded time, as MXNet's KVStore calls do; every wait goes through completion<T>
 // (actors/bridge.hpp).
 //
-// Failure, as the node sees it: when the scheduler reports a lost peer, or the scheduler itself
+// Identity: the control link exchanges keys in its handshake, and the admission carries this
+// node's own secret sealed under the session key (actors/logic/node_identity.hpp): a worker keeps
+// its node key (key(), which its data links prove), a server hands the job secret to
+// agent_options::on_job_secret (its data port checks its workers' keys against it).
+//
+// Failure, as the node sees it: a scheduler that refuses the control link's handshake (a wrong
+// token) fails join() with errc::invalid_argument, "refused by the scheduler at host:port: the job
+// token is wrong (...)". When the scheduler reports a lost peer, or the scheduler itself
 // is lost (the control link closed, or nothing heard from it for peer_timeout), every waiting
 // call and every later one returns errc::peer_lost with a message naming the node ("worker 2
 // (node 13) was lost: ...", "scheduler (node 1) was lost: ..."), and every subscriber gets
@@ -29,6 +36,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,6 +76,10 @@ struct agent_options {
   /// A server restarted from its checkpoint: it registers as the recovering server of exactly
   /// rank_hint (Registration.recovering), which the scheduler admits only in that rank.
   bool recovering = false;
+  /// A server: told the job secret its admission carries, on the agent's thread, as soon as it is
+  /// admitted (before join() returns): its data port checks its workers' node proofs against it.
+  /// Optional.
+  std::function<void(const job_secret&)> on_job_secret{};
   /// How long join() keeps retrying a scheduler that refuses connections (timeouts.connect).
   std::chrono::milliseconds connect_timeout{10'000};
   /// Bound on all of join(): connecting, registering and receiving the membership table.
@@ -94,8 +106,10 @@ class node_agent {
 public:
   /// Connects to the scheduler (retrying for up to options.connect_timeout), registers, and waits
   /// for the membership table, all within options.startup_timeout. `sys` needs the
-  /// io::middleman. Errors: errc::invalid_argument for bad options or a rejected registration
-  /// (the message names the reason: "registration rejected (wrong_job): ..."); errc::timeout
+  /// io::middleman. Errors: errc::invalid_argument for bad options, a rejected registration
+  /// (the message names the reason: "registration rejected (wrong_job): ..."), a refused
+  /// handshake ("refused by the scheduler at host:port: the job token is wrong (...)") or a
+  /// secret that does not open; errc::timeout
   /// when the scheduler cannot be reached (the message names host:port, how long join tried and
   /// the last reason), does not answer, or the job did not start in time (the scheduler's
   /// message names the missing roles); errc::peer_lost when the job failed or the scheduler was
@@ -115,6 +129,9 @@ public:
   /// The membership table received at join (every node, every server's key range); later
   /// tables go to the subscribers.
   const wire::membership& membership() const noexcept { return membership_; }
+  /// A worker's node key, from its admission: what its data links prove (data_link_tuning::node).
+  /// Empty at a server.
+  const node_key& key() const noexcept { return key_; }
 
   /// MXNet's KVStore::barrier() generalised to ps-lite groups: blocks until every live member of
   /// `group` (a union of wire::group bits that includes this node's role) has called barrier
@@ -176,6 +193,7 @@ private:
   std::uint32_t rank_;
   std::uint32_t node_id_;
   wire::membership membership_;
+  node_key key_;
 };
 
 } // namespace troupe

@@ -34,6 +34,7 @@
 
 #include "actors/bridge.hpp"
 #include "actors/logic/envelope.hpp"
+#include "actors/logic/link_auth.hpp"
 #include "actors/logic/shard_stats.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
@@ -76,6 +77,18 @@ using link_actor = caf::typed_actor<
     caf::reacts_to<stop_atom>,
     /// "host:port": where a server listens, or the peer of a client link.
     caf::replies_to<caf::get_atom>::with<std::string>>;
+
+/// What a connection's handshake established beyond the job token, told to the link's owner
+/// before any frame of the connection (data_link.hpp: data_server_options::on_authenticated,
+/// data_link_options::on_authenticated).
+struct link_authentication {
+  /// The connection's session key, when its handshake exchanged keys (a control connection):
+  /// what the scheduler seals a node's secret under (actors/logic/node_identity.hpp).
+  session_key session;
+  /// The node the peer proved to be, when the listener requires node proofs (a server's data
+  /// port): the identity its requests are checked against.
+  std::optional<wire::node_identity> node;
+};
 
 /// Anything that handles requests coming off a link: a server shard, a server's control actor, the
 /// scheduler. Replies go to the sink as (envelope) carrying the request's connection id.
@@ -244,6 +257,8 @@ struct control_call {
 using node_agent_actor = caf::typed_actor<
     /// The control link to the scheduler is open (sent once, by node_agent::join): register.
     caf::reacts_to<caf::connect_atom, caf::actor>,
+    /// Its handshake is done, and agreed this session key (told by the link before any frame).
+    caf::reacts_to<link_authentication>,
     /// A frame from the scheduler, off the control link.
     caf::reacts_to<envelope>,
     /// The control link is gone.
@@ -264,6 +279,14 @@ struct certified_peer {
   wire::role role = wire::role::worker;
 };
 
+/// What the handshake of a node's control connection established (its session key), told by the
+/// scheduler's port before any frame of that connection: the admission seals the node's secret
+/// under it.
+struct authenticated_peer {
+  std::uint64_t connection = 0;
+  link_authentication authentication;
+};
+
 /// The scheduler of a job (actors/scheduler.hpp).
 using scheduler_actor = caf::typed_actor<
     /// A frame from a node, off its control connection; replies go to the sink.
@@ -272,6 +295,8 @@ using scheduler_actor = caf::typed_actor<
     caf::reacts_to<closed_atom, std::uint64_t>,
     /// That control connection's TLS certificate names this role.
     caf::reacts_to<certified_peer>,
+    /// That control connection's handshake is done (its session key).
+    caf::reacts_to<authenticated_peer>,
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).
     caf::reacts_to<tick_atom>>;
 
@@ -326,3 +351,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_lost)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::certified_peer)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::authenticated_peer)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::link_authentication)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::job_secret)

@@ -13,6 +13,7 @@
 
 #include "actors/config/config.hpp"
 #include "actors/job_barrier.hpp"
+#include "actors/logic/node_identity.hpp"
 #include "actors/logic/wire_conversions.hpp"
 
 namespace troupe {
@@ -31,6 +32,7 @@ data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& 
   data_link_tuning tuning;
   tuning.secret = std::move(secret);
   tuning.tls = std::move(tls);
+  tuning.key_exchange = true;
   tuning.limits.max_frame_bytes = max_frame_bytes;
   tuning.shm_arena_bytes = 0;
   tuning.max_cached_buffer_bytes = max_frame_bytes;
@@ -151,6 +153,7 @@ public:
     self_ = self;
     options_ = std::move(options);
     outcome_ = std::move(outcome);
+    token_ = link_secret(options_.auth_token);
     log_ = options_.log;
     quorum_ = options_.quorum == 0 || options_.quorum > options_.num_workers ? options_.num_workers
                                                                              : options_.quorum;
@@ -170,6 +173,10 @@ public:
         [this](envelope& frame, const reply_sink& sink) { on_frame(frame, sink); },
         [this](closed_atom, std::uint64_t connection) { on_closed(connection); },
         [this](const certified_peer& peer) { certified_[peer.connection] = peer.role; },
+        [this](const authenticated_peer& peer) {
+          if (!peer.authentication.session.empty())
+            sessions_[peer.connection] = peer.authentication.session;
+        },
         [this](tick_atom) {
           if (self_->current_sender().get() == self_->ctrl())
             on_tick();
@@ -280,6 +287,9 @@ private:
       return reject(wire::reject_reason::role_full,
                     "all " + std::to_string(wanted) + (server ? " server" : " worker") +
                         (wanted == 1 ? " rank is" : " ranks are") + " taken");
+    const auto session = sessions_.find(connection);
+    if (session == sessions_.end())
+      return reject(wire::reject_reason::protocol_version, no_key_exchange);
 
     // ps-lite assigns ranks in arrival order per role, and never reuses one; a node may ask for
     // its rank (troupe-launch numbers its nodes so that its output prefixes are ranks).
@@ -297,7 +307,6 @@ private:
       while (taken(rank))
         ++rank;
     }
-    ++admitted;
     node_entry entry;
     entry.info = wire::node_info{server ? server_node_id(rank) : worker_node_id(rank),
                                  reg.node_role,
@@ -305,10 +314,14 @@ private:
                                  reg.host,
                                  reg.port,
                                  true};
+    auto granted = admitted_as(entry.info, session->second);
+    if (!granted)
+      return reply(sink, connection, unsealed(reg.request_id));
+    ++admitted;
     entry.connection = connection;
     entry.sink = sink;
     entry.last_seen = steady::now();
-    send(entry, wire::admission{reg.request_id, wire::admitted{rank, entry.info.node_id}});
+    send(entry, wire::admission{reg.request_id, std::move(*granted)});
     log_.info("admitted " + describe(entry.info) + " at " + reg.host + ":" +
               std::to_string(reg.port) + "; " +
               count_of(servers_admitted_, options_.num_servers, "server") + " and " +
@@ -344,6 +357,12 @@ private:
                     (options_.server_rejoin.count() > 0
                          ? std::string{}
                          : std::string{" (timeouts.server_rejoin is 0)"}));
+    const auto session = sessions_.find(connection);
+    if (session == sessions_.end())
+      return reply(
+          sink, connection,
+          wire::admission{reg.request_id,
+                          wire::rejected{wire::reject_reason::protocol_version, no_key_exchange}});
     if (reg.port != 0)
       for (std::size_t i = 0; i < nodes_.size(); ++i)
         if (i != *waiting && nodes_[i].info.host == reg.host &&
@@ -355,6 +374,9 @@ private:
                                                           " is already registered by " +
                                                           describe(nodes_[i].info)}});
     node_entry& node = nodes_[*waiting];
+    auto granted = admitted_as(node.info, session->second);
+    if (!granted)
+      return reply(sink, connection, unsealed(reg.request_id));
     by_connection_.erase(node.connection);
     node.info.host = reg.host;
     node.info.data_port = reg.port;
@@ -367,7 +389,7 @@ private:
     node.lost_text.clear();
     node.rejoin_deadline.reset();
     by_connection_.emplace(connection, *waiting);
-    send(node, wire::admission{reg.request_id, wire::admitted{node.info.rank, node.info.node_id}});
+    send(node, wire::admission{reg.request_id, std::move(*granted)});
     log_.info(describe(node.info) + " rejoined from its checkpoint at " + reg.host + ":" +
               std::to_string(reg.port) + " (" + seconds(since_start()) + " after the job started)");
     ++epoch_;
@@ -450,6 +472,7 @@ private:
 
   void on_closed(std::uint64_t connection) {
     certified_.erase(connection);
+    sessions_.erase(connection);
     auto index = find(connection);
     if (!index) {
       log_.debug("a connection that never registered closed");
@@ -678,6 +701,35 @@ private:
 
   // --- sending -------------------------------------------------------------------------------
 
+  /// Why a node whose control connection made no key exchange is not admitted.
+  static constexpr const char* no_key_exchange =
+      "its control connection made no key exchange, so its node secret cannot be sealed for it "
+      "(a troupe build older than this scheduler?)";
+
+  /// The admission of `node`: its rank, node id and own secret sealed under its control
+  /// connection's session key (a worker's node key, a server's job secret); nullopt, logged, when
+  /// the secret cannot be sealed (OpenSSL or the kernel's random bytes failed).
+  std::optional<wire::admitted> admitted_as(const wire::node_info& node,
+                                            const session_key& session) const {
+    const wire::node_identity who{node.node_role, node.rank};
+    try {
+      const auto secret = node.node_role == wire::role::server
+                              ? options_.secret.reveal()
+                              : derive_node_key(token_, options_.secret, who).reveal();
+      return wire::admitted{node.rank, node.node_id,
+                            seal_secret(session, secret, who, node.node_id)};
+    } catch (const std::exception& e) {
+      log_.error("cannot seal the secret of " + describe(node) + ": " + e.what());
+      return std::nullopt;
+    }
+  }
+
+  /// The answer to a registration whose admission could not be sealed.
+  static wire::message unsealed(std::uint64_t request_id) {
+    return error_reply(request_id, wire::error_code::internal,
+                       "the scheduler could not seal this node's secret (see its log)");
+  }
+
   static wire::message error_reply(std::uint64_t request_id, wire::error_code code,
                                    std::string text) {
     return wire::error_reply{request_id, std::nullopt, code, std::move(text)};
@@ -729,6 +781,10 @@ private:
   std::unordered_map<std::uint64_t, std::size_t> by_connection_;
   /// Under TLS: the role each open control connection's certificate names.
   std::unordered_map<std::uint64_t, wire::role> certified_;
+  /// The session key of each open control connection (its handshake's key exchange).
+  std::unordered_map<std::uint64_t, session_key> sessions_;
+  /// The job token, which node keys derive from with options_.secret.
+  link_secret token_;
   std::uint32_t servers_admitted_ = 0;
   std::uint32_t workers_admitted_ = 0;
   /// Live workers the job needs (worker rank 0's sync settings; num_workers until then).
@@ -763,6 +819,14 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
     return invalid("job_id must not be empty");
   if (options.host.empty())
     return invalid("host must not be empty");
+  if (options.secret.empty()) {
+    try {
+      options.secret = fresh_job_secret();
+    } catch (const std::exception& e) {
+      return error{errc::io_error,
+                   std::string("the scheduler cannot draw its job secret: ") + e.what()};
+    }
+  }
   for (const auto& [value, field] : {std::pair{options.startup_timeout, "startup_timeout"},
                                      std::pair{options.peer_timeout, "peer_timeout"},
                                      std::pair{options.heartbeat_interval, "heartbeat_interval"},
@@ -800,6 +864,11 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   listening.on_certified = [scheduler = actor.address()](std::uint64_t connection, node_role role) {
     if (auto target = caf::actor_cast<caf::actor>(scheduler))
       caf::anon_send(target, certified_peer{connection, to_wire(role)});
+  };
+  listening.on_authenticated = [scheduler = actor.address()](std::uint64_t connection,
+                                                             const link_authentication& what) {
+    if (auto target = caf::actor_cast<caf::actor>(scheduler))
+      caf::anon_send(target, authenticated_peer{connection, what});
   };
   auto server = spawn_data_server(sys, host, port, std::move(listening));
   if (!server) {

@@ -15,12 +15,17 @@
 // per connection.
 //
 // Conversation (node -> scheduler, and what comes back):
-//   registration                 -> admission (admitted{rank, node_id} or rejected{reason}); the
-//                                   first frame of a connection after the link hellos (a host
-//                                   name longer than max_host_bytes gets
+//   registration                 -> admission (admitted{rank, node_id, sealed secret} or
+//                                   rejected{reason}); the first frame of a connection after the
+//                                   link hellos (a host name longer than max_host_bytes gets
 //                                   error_reply{invalid_argument}). ... once S
 //                                   servers and W workers are admitted, every node gets the
 //                                   membership table (epoch 1): the job has started.
+// Identity (actors/logic/node_identity.hpp): the scheduler draws the job secret when it starts.
+// Each control connection's handshake exchanges keys (control_link_tuning), and an admission
+// carries the node's own secret sealed under that connection's session key: a worker's node key,
+// a server's job secret. A registration on a connection without a session key (a node that made
+// no key exchange) is rejected{protocol_version}: its secret could not be sealed for it.
 //   barrier{barrier_id, group,   -> barrier_release{request_id, barrier_id, group, gathered}, to
 //           values}                 each member of `group` once every live member has sent the
 //                                   same barrier (the job barrier actor, actors/job_barrier.hpp,
@@ -109,8 +114,9 @@ std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept;
 
 /// The tuning of a control connection: frames capped at `max_frame_bytes`, a receive window of
 /// four such frames, no shared-memory arena (control frames carry no tensors), the link's
-/// diagnostics through `log` as its "control link" part, the job token its handshake proves, and
-/// its TLS (none without credentials).
+/// diagnostics through `log` as its "control link" part, the job token its handshake proves, a
+/// key exchange (the session key an admission's secret is sealed under), and its TLS (none
+/// without credentials).
 data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log,
                                      link_secret secret, link_tls tls = {});
 
@@ -142,6 +148,9 @@ struct scheduler_options {
   /// The job token: a node's control connection must prove it in its handshake before the
   /// scheduler reads anything from it (actors/logic/link_auth.hpp). Empty: no token.
   std::string auth_token;
+  /// The job secret the nodes' keys derive from (actors/logic/node_identity.hpp). Empty:
+  /// spawn_scheduler draws a fresh one, as every job should; a test may fix one to check keys.
+  job_secret secret;
   /// TLS on the scheduler's port (actors/config/tls_credentials.hpp): its own credentials, a
   /// scheduler's. With them, only servers and workers with certificates from the job's CA get in,
   /// and each is admitted only in the role its certificate names (else rejected{wrong_role}).

@@ -91,7 +91,7 @@ Plain from_wire(Wire value, std::uint16_t count, const char* field) {
 constexpr std::uint16_t role_count = 3;
 constexpr std::uint16_t dtype_count = 5;
 constexpr std::uint16_t reject_reason_count = 7;
-constexpr std::uint16_t error_code_count = 13;
+constexpr std::uint16_t error_code_count = 14;
 constexpr std::uint16_t consistency_count = 2;
 
 std::string shape_string(const std::vector<std::int64_t>& shape) {
@@ -256,6 +256,8 @@ struct size_estimate {
   void operator()(const admission& m) {
     if (auto* r = std::get_if<rejected>(&m.outcome))
       text(r->detail);
+    else
+      words += 8; // the sealed secret
   }
   void operator()(const membership& m) {
     words += 4 + 4 * m.key_ranges.size();
@@ -288,14 +290,14 @@ struct size_estimate {
   void operator()(const heartbeat&) {}
   void operator()(const link_hello& m) {
     text(m.host_id);
-    words += 8; // nonce and proof, 32 bytes each
+    words += 16; // nonce, proof, key share and node proof, 32 bytes each
   }
   void operator()(const arena_offer& m) { text(m.name); }
   void operator()(const arena_accept& m) { text(m.detail); }
   void operator()(const arena_release& m) { words += 2 + m.offsets.size(); }
   void operator()(const sync_settings&) {}
   void operator()(const link_credit&) {}
-  void operator()(const link_auth&) { words += 4; }
+  void operator()(const link_auth&) { words += 12; }
 };
 
 capnp::Text::Reader text_of(const std::string& s) {
@@ -329,6 +331,8 @@ public:
       auto g = b.initAdmitted();
       g.setRank(a->rank);
       g.setNodeId(a->node_id);
+      if (a->secret)
+        g.setSealedSecret(capnp::Data::Reader(a->secret->data(), a->secret->size()));
     } else {
       const auto& r = std::get<rejected>(m.outcome);
       auto g = b.initRejected();
@@ -505,8 +509,23 @@ public:
     b.setNonce(digest_of(m.nonce));
     if (m.proof)
       b.setProof(digest_of(*m.proof));
+    if (m.key_share)
+      b.setKeyShare(digest_of(*m.key_share));
+    if (m.identity) {
+      b.setNodeRole(to_wire<ws::Role>(m.identity->node_role));
+      b.setNodeRank(m.identity->rank);
+    }
+    if (m.node_proof)
+      b.setNodeProof(digest_of(*m.node_proof));
   }
-  void operator()(const link_auth& m) { root_.initLinkAuth().setProof(digest_of(m.proof)); }
+  void operator()(const link_auth& m) {
+    auto b = root_.initLinkAuth();
+    b.setProof(digest_of(m.proof));
+    if (m.key_share)
+      b.setKeyShare(digest_of(*m.key_share));
+    if (m.node_proof)
+      b.setNodeProof(digest_of(*m.node_proof));
+  }
   void operator()(const arena_offer& m) {
     auto b = root_.initArenaOffer();
     b.setName(text_of(m.name));
@@ -715,7 +734,9 @@ public:
     }
     case ws::Message::LINK_AUTH: {
       auto r = root.getLinkAuth();
-      return link_auth{digest(r.hasProof(), r.getProof(), "link auth proof")};
+      return link_auth{digest(r.hasProof(), r.getProof(), "link auth proof"),
+                       optional_digest(r.hasKeyShare(), r.getKeyShare(), "link auth key share"),
+                       optional_digest(r.hasNodeProof(), r.getNodeProof(), "link auth node proof")};
     }
     }
     fail(decode_error::code::unknown_message,
@@ -828,7 +849,14 @@ private:
       fail(decode_error::code::missing_field, "admission outcome is unset");
     case ws::Admission::ADMITTED: {
       auto g = r.getAdmitted();
-      m.outcome = admitted{g.getRank(), g.getNodeId()};
+      admitted out{g.getRank(), g.getNodeId(), sealed_secret{}};
+      const auto sealed = g.getSealedSecret();
+      if (!g.hasSealedSecret() || sealed.size() != out.secret->size())
+        fail(decode_error::code::invalid_value,
+             "admission sealed secret of " + std::to_string(sealed.size()) + " bytes (expected " +
+                 std::to_string(out.secret->size()) + ")");
+      std::copy(sealed.begin(), sealed.end(), out.secret->begin());
+      m.outcome = out;
       return m;
     }
     case ws::Admission::REJECTED: {
@@ -1039,7 +1067,25 @@ private:
     if (r.hasProof())
       if (auto proof = r.getProof(); proof.size() != 0)
         m.proof = digest(true, proof, "link hello proof");
+    m.key_share = optional_digest(r.hasKeyShare(), r.getKeyShare(), "link hello key share");
+    if (r.getNodeRole() != ws::Role::UNSPECIFIED)
+      m.identity = node_identity{
+          from_wire<role>(r.getNodeRole(), role_count, "link hello node role"), r.getNodeRank()};
+    else if (r.getNodeRank() != 0)
+      fail(decode_error::code::invalid_value,
+           "link hello node rank " + std::to_string(r.getNodeRank()) + " without a node role");
+    m.node_proof = optional_digest(r.hasNodeProof(), r.getNodeProof(), "link hello node proof");
+    if (m.node_proof && !m.identity)
+      fail(decode_error::code::invalid_value, "link hello node proof without a node role");
     return m;
+  }
+
+  /// An optional 32-byte field: absent or empty means none.
+  std::optional<link_digest> optional_digest(bool present, capnp::Data::Reader data,
+                                             const char* field) {
+    if (!present || data.size() == 0)
+      return std::nullopt;
+    return digest(true, data, field);
   }
 
   link_digest digest(bool present, capnp::Data::Reader data, const char* field) {

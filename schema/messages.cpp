@@ -52,6 +52,10 @@ std::string describe(role node_role, std::uint32_t rank, std::uint32_t node_id) 
          std::to_string(node_id) + ")";
 }
 
+std::string describe(const node_identity& who) {
+  return std::string{to_string(who.node_role)} + " " + std::to_string(who.rank);
+}
+
 std::string describe(const node_info& node) {
   return describe(node.node_role, node.rank, node.node_id);
 }

@@ -104,10 +104,17 @@ enum class reject_reason : std::uint8_t {
   wrong_role,
 };
 
+/// A node's secret sealed for it (troupe.capnp Admission.admitted.sealedSecret): AES-256-GCM's
+/// 12-byte nonce, 32 bytes of ciphertext, 16-byte tag (actors/logic/node_identity.hpp).
+using sealed_secret = std::array<std::uint8_t, 60>;
+
 /// The admission outcome when the node joined.
 struct admitted {
   std::uint32_t rank = 0;
   std::uint32_t node_id = 0;
+  /// The node's secret (a worker's node key, a server's job secret), sealed under the control
+  /// connection's session key. Required on the wire; absent only in a struct not yet filled.
+  std::optional<sealed_secret> secret{};
   friend bool operator==(const admitted&, const admitted&) = default;
 };
 
@@ -138,6 +145,9 @@ struct node_info {
 /// "worker 2 (node 13)": how every message names a node.
 std::string describe(role node_role, std::uint32_t rank, std::uint32_t node_id);
 std::string describe(const node_info& node);
+struct node_identity;
+/// "worker 1": how messages name the node a connection claims or proved.
+std::string describe(const node_identity& who);
 
 /// Keys [begin, end) live on shard `shard_index` of server `server_rank`.
 struct key_range {
@@ -338,6 +348,7 @@ enum class error_code : std::uint8_t {
   shutting_down,
   internal,
   invalid_argument,
+  not_permitted,
 };
 
 /// Reply to a failed request (a protocol message, unlike decode_error, which is local).
@@ -352,9 +363,18 @@ struct error_reply {
 /// A nonce or an HMAC-SHA256 proof of the link handshake (troupe.capnp LinkHello, LinkAuth).
 using link_digest = std::array<std::uint8_t, 32>;
 
+/// A node's place in its job: its role and its rank within the role. A worker's data connection
+/// claims one in its link hello and proves it with the node's key.
+struct node_identity {
+  role node_role = role::worker;
+  std::uint32_t rank = 0;
+  friend bool operator==(const node_identity&, const node_identity&) = default;
+};
+
 /// Every connection's first frame from each end (troupe.capnp LinkHello): host identity, arena
 /// size (0: no arena), receive window, this end's nonce and, from the connector, its proof of the
-/// job token (actors/logic/link_auth.hpp).
+/// job token (actors/logic/link_auth.hpp), on a control connection its key share, and on a data
+/// connection the node it claims to be with the proof of that node's key.
 struct link_hello {
   std::string host_id;
   std::uint64_t arena_bytes = 0;
@@ -363,12 +383,21 @@ struct link_hello {
   link_digest nonce{};
   /// Absent in the listener's hello.
   std::optional<link_digest> proof;
+  /// The connector's X25519 public key (control connections).
+  std::optional<link_digest> key_share = std::nullopt;
+  /// The node the connector claims to be (data connections), and its proof of that node's key.
+  std::optional<node_identity> identity = std::nullopt;
+  std::optional<link_digest> node_proof = std::nullopt;
   friend bool operator==(const link_hello&, const link_hello&) = default;
 };
 
-/// Listener -> connector: the listener's proof of the job token (troupe.capnp LinkAuth).
+/// Listener -> connector: the listener's proof of the job token, its key share when the connector
+/// sent one, and its proof of the claimed node's key when the connector claimed one
+/// (troupe.capnp LinkAuth).
 struct link_auth {
   link_digest proof{};
+  std::optional<link_digest> key_share = std::nullopt;
+  std::optional<link_digest> node_proof = std::nullopt;
   friend bool operator==(const link_auth&, const link_auth&) = default;
 };
 

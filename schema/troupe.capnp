@@ -147,6 +147,15 @@ struct Admission {
       # Rank within the node's role, 0-based (worker rank r is MXNet's kv.rank).
       nodeId @3 :UInt32;
       # Job-wide id of the node, unique across roles; used as `sender` in other messages.
+      sealedSecret @6 :Data;
+      # The node's own secret, sealed: AES-256-GCM under the control connection's session key
+      # (LinkHello.keyShare), a 12-byte nonce, the 32 bytes of ciphertext and the 16-byte tag (60
+      # bytes), with "troupe admission v1", the role, rank and node id as additional data. A
+      # worker gets its node key K(worker, rank) = HMAC-SHA256(token, "troupe node key v1", the
+      # job secret, role, rank), which its data connections prove (LinkHello.nodeProof); a server
+      # gets the job secret M, 32 random bytes the scheduler draws at its start, from which it
+      # derives every worker's key to check those proofs. Workers never learn M, and a new job
+      # has a new one. Required: a node that cannot unseal it does not join.
     }
     rejected :group {
       # The node is not admitted and should exit with the reason.
@@ -486,6 +495,8 @@ enum ErrorCode {
                           # a member of its group has finished
   internal @12;           # a bug on the receiver's side; the message says more
   invalidArgument @13;    # a parameter value is out of range
+  notPermitted @14;       # the request acts as another node than its connection proved (a push
+                          # under another worker's rank), or only worker rank 0 may send it
 }
 
 struct Error {
@@ -512,10 +523,12 @@ struct Error {
 struct LinkHello {
   # Every framed-link connection: each end's first frame. The listener sends its hello as the
   # connection opens; the connector waits for it and answers with its own, which proves the job
-  # token (proof); the listener answers a good proof with LinkAuth. Until then an end sends
-  # nothing else, and frames are capped at 4 KiB: an unauthenticated peer cannot make either end
-  # allocate more. Any other first frame, a second LinkHello, or a wrong proof breaks the
-  # protocol (the connection is closed). Never forwarded to an actor. Once authenticated, both
+  # token (proof) and, on a data connection, the key of the worker it is (nodeRole, nodeRank,
+  # nodeProof); the listener answers good proofs with LinkAuth. Until then an end sends nothing
+  # else, and frames are capped at 4 KiB: an unauthenticated peer cannot make either end allocate
+  # more. A wrong or missing proof is refused (Error notAdmitted, naming it); any other first
+  # frame or a second LinkHello breaks the protocol (Error badFrame); either closes the
+  # connection. Never forwarded to an actor. Once authenticated, both
   # ends compare hostId: equal ids mean the same kernel, and then each end with a non-zero
   # arenaBytes may offer an arena for what it sends (ArenaOffer).
   hostId @0 :Text;
@@ -537,15 +550,44 @@ struct LinkHello {
   # fields; actors/logic/link_auth.hpp has the exact bytes), 32 bytes. The listener refuses a
   # missing or wrong proof and closes the connection; a proof replayed from another connection
   # is wrong, because the listener's nonce differs.
+  keyShare @5 :Data;
+  # The connector of a control connection (node -> scheduler): an X25519 public key, 32 bytes,
+  # fresh for this connection; empty on data connections and in the listener's hello. The
+  # scheduler answers with its own in LinkAuth.keyShare; both ends then derive the connection's
+  # session key, HMAC-SHA256 keyed with the token over the transcript, the listener's share and
+  # the X25519 shared secret, under which the scheduler seals Admission.admitted.sealedSecret. A
+  # token holder who only reads the connection cannot compute it. Covered by both proofs.
+  nodeRole @6 :Role;
+  # The connector of a data connection (worker -> server): the node it claims to be, a worker;
+  # unspecified in every other hello. Covered by both proofs.
+  nodeRank @7 :UInt32;
+  # Its rank within nodeRole; 0 when nodeRole is unspecified.
+  nodeProof @8 :Data;
+  # With nodeRole: HMAC-SHA256 keyed with that node's key (Admission.admitted.sealedSecret) over
+  # the transcript with the label "troupe link v1 node connector", 32 bytes; empty otherwise. A
+  # server's data port refuses a hello without it, with a wrong one, or from a rank the scheduler
+  # declared lost, and holds a hello (within the handshake's time) until its own admission gave
+  # it the job secret. It then takes pushes, pulls and pushpulls on the connection only under
+  # that rank, and init, set_optimizer, sync_settings and commands only from worker rank 0
+  # (Error notPermitted otherwise).
 }
 
 struct LinkAuth {
   # Listener -> connector, once the connector's proof checked out: the listener's own proof,
   # HMAC-SHA256 keyed with the job token over the same transcript with the label
-  # "troupe link v1 listener". The connector sends nothing but its hello until this arrives and
-  # closes the connection when it is wrong. Link control, never forwarded to an actor.
+  # "troupe link v1 listener" (and the keyShare below). The connector sends nothing but its hello
+  # until this arrives and closes the connection when it is wrong. Link control, never forwarded
+  # to an actor.
   proof @0 :Data;
   # 32 bytes.
+  keyShare @1 :Data;
+  # The scheduler's X25519 public key, 32 bytes, fresh for this connection, when the connector's
+  # hello carried one (LinkHello.keyShare); empty otherwise. Made only once the connector has
+  # proved the token, so a stranger cannot make the listener work for it.
+  nodeProof @2 :Data;
+  # When the connector's hello claimed a node (LinkHello.nodeRole): HMAC-SHA256 keyed with that
+  # node's key over the transcript with the label "troupe link v1 node listener", 32 bytes; it
+  # proves to the worker that the listener is a server of this job. Empty otherwise.
 }
 
 struct ArenaOffer {
@@ -612,7 +654,7 @@ struct Message {
     error @16 :Error;
     # Any receiver of a request -> its sender; scheduler -> nodes, unasked.
     linkHello @17 :LinkHello;
-    # Either end of a data connection (same-host fast path).
+    # Either end of every connection: its first frame.
     arenaOffer @18 :ArenaOffer;
     # Either end of a data connection.
     arenaAccept @19 :ArenaAccept;

@@ -1,8 +1,11 @@
 #pragma once
 // A raw TCP peer of a troupe listener on this host, for bytes no encoder would write: junk, a
 // lying length prefix, frames out of protocol order. Reads time out after 5 s. It can also do
-// the link handshake properly (handshake()), with any token, and speak TLS 1.3 with any
+// the link handshake properly (handshake()), with any token, as an admitted node with any node
+// key (handshake_as(): an insider, a compromised worker), and speak TLS 1.3 with any
 // certificate, key and CA, or none (start_tls()), which troupe's own links would refuse to load.
+// A real node key comes from registering with a job's scheduler as a node (node_agent::join as a
+// worker, then node_agent::key()), or from derive_node_key for a job secret the test chose.
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -44,9 +47,9 @@ struct raw_peer {
   raw_peer() = default;
   raw_peer(raw_peer&& other) noexcept
       : fd(std::exchange(other.fd, -1)), connected(other.connected),
-        last_body(std::move(other.last_body)), credited(other.credited),
-        tls_context(std::move(other.tls_context)), tls(std::exchange(other.tls, nullptr)),
-        tls_failure(std::move(other.tls_failure)) {}
+        refusal(std::move(other.refusal)), last_body(std::move(other.last_body)),
+        credited(other.credited), tls_context(std::move(other.tls_context)),
+        tls(std::exchange(other.tls, nullptr)), tls_failure(std::move(other.tls_failure)) {}
   raw_peer(const raw_peer&) = delete;
   raw_peer& operator=(const raw_peer&) = delete;
   raw_peer& operator=(raw_peer&&) = delete;
@@ -177,18 +180,13 @@ struct raw_peer {
   std::optional<wire::link_hello> handshake(std::uint64_t window = 0, const std::string& token = "",
                                             const std::string& host_id = "raw peer",
                                             std::uint64_t arena_bytes = 0) {
-    auto theirs = server_hello();
-    if (!theirs)
+    auto done = exchange_hellos([&](const wire::link_hello& theirs) {
+      return connector_hello(theirs, token, window, host_id, arena_bytes);
+    });
+    if (!done || !same_digest(done->auth.proof,
+                              link_proof(link_secret(token), true, done->theirs, done->ours)))
       return std::nullopt;
-    const auto ours = connector_hello(*theirs, token, window, host_id, arena_bytes);
-    if (!send(wire::encode(ours).flatten()))
-      return std::nullopt;
-    auto auth = receive_frame();
-    if (!auth || !std::holds_alternative<wire::link_auth>(*auth) ||
-        !same_digest(std::get<wire::link_auth>(*auth).proof,
-                     link_proof(link_secret(token), true, *theirs, ours)))
-      return std::nullopt;
-    return theirs;
+    return done->theirs;
   }
   /// A connector's hello answering `listener`'s, with a fresh nonce and the proof of `token`.
   static wire::link_hello connector_hello(const wire::link_hello& listener,
@@ -198,6 +196,33 @@ struct raw_peer {
     wire::link_hello ours{host_id, arena_bytes, window, fresh_nonce(), std::nullopt};
     ours.proof = link_proof(link_secret(token), false, listener, ours);
     return ours;
+  }
+  /// A connector's hello answering `listener`'s that claims to be node `who` and proves `key`
+  /// (which need not be that node's: a test's impostor) besides `token`.
+  static wire::link_hello node_hello(const wire::link_hello& listener, const std::string& token,
+                                     const wire::node_identity& who, const node_key& key,
+                                     std::uint64_t window = 0) {
+    wire::link_hello ours{"raw peer", 0, window, fresh_nonce(), std::nullopt};
+    ours.identity = who;
+    ours.proof = link_proof(link_secret(token), false, listener, ours);
+    ours.node_proof = node_proof(key, false, listener, ours);
+    return ours;
+  }
+  /// The link handshake as an admitted node: claims `who`, proves `token` and `key`, and checks
+  /// the listener's proofs of both (a server of the job that holds `key`'s job secret). Returns
+  /// the server's hello; nullopt when a step failed: `refusal` then holds the server's answer when
+  /// it refused (an error_reply's message), empty when its proofs did not check out.
+  std::optional<wire::link_hello> handshake_as(const wire::node_identity& who, const node_key& key,
+                                               const std::string& token, std::uint64_t window = 0) {
+    auto done = exchange_hellos([&](const wire::link_hello& theirs) {
+      return node_hello(theirs, token, who, key, window);
+    });
+    if (!done || !done->auth.node_proof ||
+        !same_digest(done->auth.proof,
+                     link_proof(link_secret(token), true, done->theirs, done->ours)) ||
+        !same_digest(*done->auth.node_proof, node_proof(key, true, done->theirs, done->ours)))
+      return std::nullopt;
+    return done->theirs;
   }
   /// The server's link hello: its first frame.
   std::optional<wire::link_hello> server_hello() {
@@ -267,6 +292,8 @@ struct raw_peer {
 
   int fd = -1;
   bool connected = false;
+  /// handshake_as(): the listener's refusal, when it refused.
+  std::string refusal;
   std::vector<std::uint64_t> last_body;
   std::uint64_t credited = 0;
   /// TLS, once start_tls() was called; tls_failure: OpenSSL's reason for the last failure
@@ -276,6 +303,34 @@ struct raw_peer {
   std::string tls_failure;
 
 private:
+  /// Both hellos of a handshake and the listener's answer.
+  struct hellos_exchanged {
+    wire::link_hello theirs;
+    wire::link_hello ours;
+    wire::link_auth auth;
+  };
+  /// Reads the server's hello, sends the one `ours_for` makes for it and reads the server's
+  /// link_auth; nullopt when a step failed (`refusal` then holds the server's error_reply message
+  /// if it refused).
+  template <class Make>
+  std::optional<hellos_exchanged> exchange_hellos(const Make& ours_for) {
+    refusal.clear();
+    auto theirs = server_hello();
+    if (!theirs)
+      return std::nullopt;
+    const wire::link_hello ours = ours_for(*theirs);
+    if (!send(wire::encode(ours).flatten()))
+      return std::nullopt;
+    auto answer = receive_frame();
+    if (answer)
+      if (const auto* error = std::get_if<wire::error_reply>(&*answer))
+        refusal = error->message;
+    const auto* auth = answer ? std::get_if<wire::link_auth>(&*answer) : nullptr;
+    if (auth == nullptr)
+      return std::nullopt;
+    return hellos_exchanged{*theirs, ours, *auth};
+  }
+
   void note_tls_failure() {
     const unsigned long code = ERR_peek_last_error();
     ERR_clear_error();

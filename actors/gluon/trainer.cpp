@@ -425,9 +425,12 @@ status trainer::load_states(const std::string& path) {
   if (auto ready = prepare_store(); !ready)
     return ready;
   if (update_on_kvstore_ && distributed()) {
-    if (auto loaded = store_->load_optimizer_states(path); !loaded)
-      return error{loaded.error().code(),
-                   "trainer: load_states from " + path + ": " + loaded.error().message()};
+    // Worker rank 0's call loads the servers, the only rank that may send them commands; on the
+    // others there is nothing to load.
+    if (store_->rank() == 0)
+      if (auto loaded = store_->load_optimizer_states(path); !loaded)
+        return error{loaded.error().code(),
+                     "trainer: load_states from " + path + ": " + loaded.error().message()};
     // The servers now hold the saved optimizer, whose rescale_grad this trainer does not know.
     store_rescale_.reset();
     return ok();

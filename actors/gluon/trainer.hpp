@@ -128,14 +128,15 @@ public:
   /// Writes the optimizer state (with the optimizer itself) to `path`: through the store's
   /// save_optimizer_states on dist + update_on_kvstore (`path` is then a name inside the servers'
   /// checkpoint directory, where they write their shards' files `path`.server<r>.shard<k> on
-  /// their own file systems; one worker calls it, typically rank 0, and
+  /// their own file systems; worker rank 0 calls it, as only it may command the servers, and
   /// the others wait at a barrier), otherwise the trainer's updater (MXNet's
   /// updaters[0].get_states(dump_optimizer=True)). Before the first step it sets the store up
   /// first, as MXNet does, which on a dist store every worker must join. Errors name the file.
   status save_states(const std::string& path);
   /// Reads what save_states wrote; the loaded state (and optimizer) goes to every context's
-  /// updater (on dist + update_on_kvstore: to the servers; every worker may call it), so
-  /// training continues bit for bit as if it had not stopped. Errors name the file.
+  /// updater (on dist + update_on_kvstore: to the servers, from worker rank 0's call; every
+  /// worker may call it, and on the others it loads nothing), so training continues bit for bit
+  /// as if it had not stopped. Errors name the file.
   status load_states(const std::string& path);
 
   bool update_on_kvstore() const noexcept { return update_on_kvstore_; }

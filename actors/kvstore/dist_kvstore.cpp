@@ -328,7 +328,19 @@ bool dist_kvstore::is_capable(std::string_view capability) const noexcept {
   return capability == "optimizer";
 }
 
+status dist_kvstore::rank_zero_only(const std::string& what) const {
+  if (setup_.rank == 0)
+    return ok();
+  return error{errc::invalid_argument,
+               what +
+                   ": only worker rank 0 sends commands to the servers, and this is worker rank " +
+                   std::to_string(setup_.rank) +
+                   " (call it on rank 0 while the other workers wait at a barrier)"};
+}
+
 status dist_kvstore::save_optimizer_states(const std::string& path, bool dump_optimizer) const {
+  if (auto allowed = rank_zero_only("save_optimizer_states to " + path); !allowed)
+    return allowed;
   // Each server writes its shards' files under its own checkpoint directory: `path` is a name
   // there (actors/logic/shard_checkpoint.hpp, states_file).
   return to_every_server(
@@ -339,6 +351,8 @@ status dist_kvstore::save_optimizer_states(const std::string& path, bool dump_op
 }
 
 status dist_kvstore::load_optimizer_states(const std::string& path) {
+  if (auto allowed = rank_zero_only("load_optimizer_states from " + path); !allowed)
+    return allowed;
   return to_every_server(
       [path](std::uint64_t id, std::uint32_t) -> wire::message {
         return wire::command{id, wire::command_kind::load_checkpoint, path};

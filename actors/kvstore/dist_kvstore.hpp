@@ -83,9 +83,11 @@ public:
   /// relative to the servers' checkpoint directory (checkpoint.dir), which a server must have.
   /// dump_optimizer writes the optimizer itself too, which a load then restores. In dist_sync a
   /// save waits on each server until no round is being collected, so it holds the rounds of the
-  /// pushes this worker made before it. Any worker may call it; typically rank 0 does. Loading
-  /// needs a job of the same num_servers, node.shards and num_workers; the refusal names what
-  /// differs.
+  /// pushes this worker made before it. Only worker rank 0 sends commands to the servers (they
+  /// refuse one from another rank: actors/logic/node_identity.hpp), so on another rank both fail
+  /// at once with errc::invalid_argument naming the rule, and nothing is sent; the other workers
+  /// wait at a barrier meanwhile. Loading needs a job of the same num_servers, node.shards and
+  /// num_workers; the refusal names what differs.
   status save_optimizer_states(const std::string& path, bool dump_optimizer = false) const override;
   status load_optimizer_states(const std::string& path) override;
 
@@ -113,6 +115,8 @@ private:
   to_every_server(std::function<wire::message(std::uint64_t request_id, std::uint32_t server)> make,
                   std::string what) const;
   wire::sync_settings settings() const;
+  /// ok() on worker rank 0; elsewhere the error for `what`, which only rank 0 may do.
+  status rank_zero_only(const std::string& what) const;
 
   std::shared_ptr<void> owned_resources_; // first member: released last
   worker_setup setup_;

@@ -66,6 +66,7 @@ errc from_wire(wire::error_code code) noexcept {
   case wire::error_code::stale_round:
   case wire::error_code::invalid_argument:
   case wire::error_code::not_admitted:
+  case wire::error_code::not_permitted:
     return errc::invalid_argument;
   case wire::error_code::internal:
     break;

@@ -32,8 +32,8 @@ constexpr node_role from_wire(wire::role role) noexcept {
 wire::error_code to_wire(errc code) noexcept;
 
 /// The error a caller sees for a reply's code. lost_peer and shutting_down are peer_lost (the
-/// node that answered is going away), stale_round, not_admitted and invalid_argument are
-/// invalid_argument, bad_frame is malformed_message.
+/// node that answered is going away), stale_round, not_admitted, not_permitted and
+/// invalid_argument are invalid_argument, bad_frame is malformed_message.
 errc from_wire(wire::error_code code) noexcept;
 
 /// A reply's error as a troupe::error, its message prefixed with `context` ("pull of key 3 from

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <netinet/in.h>
@@ -38,7 +39,9 @@
 #include "actors/config/tls_credentials.hpp"
 #include "actors/data_link.hpp"
 #include "actors/logic/data_link_framing.hpp"
+#include "actors/logic/node_identity.hpp"
 #include "actors/logic/shm_arena.hpp"
+#include "actors/server_node.hpp"
 #include "schema/chunking.hpp"
 #include "tests/listening_socket.hpp"
 #include "tests/raw_peer.hpp"
@@ -872,6 +875,51 @@ raw_peer accept_peer(const testing::listening_socket& listener) {
   return peer;
 }
 
+std::string next_link_down(caf::scoped_actor& self);
+
+/// A listener that is no troupe server (an impostor on the port a client dials): it accepts the
+/// client link, which has a push queued behind its handshake, says hello and reads the client's
+/// hello; the test then answers it (refused, below).
+struct impostor_listener {
+  impostor_listener(caf::actor_system& sys, data_link_options options)
+      : self{sys}, link{dial(sys, std::move(options))}, peer{accept_peer(listener)} {
+    BOOST_TEST_REQUIRE(peer.connected);
+    BOOST_TEST_REQUIRE(peer.send(wire::encode(ours).flatten()));
+    auto hello = peer.receive_frame();
+    BOOST_TEST_REQUIRE((hello && std::holds_alternative<wire::link_hello>(*hello)));
+    theirs = std::get<wire::link_hello>(*hello);
+  }
+
+  /// Answers the client's hello with `auth`: the client goes down with a reason naming `named`,
+  /// and its push never leaves.
+  void refused_after(const wire::link_auth& auth, const std::string& named) {
+    BOOST_TEST_REQUIRE(peer.send(wire::encode(auth).flatten()));
+    const auto reason = next_link_down(self);
+    BOOST_TEST(reason.find(named) != std::string::npos, reason);
+    const auto [after, closed] = peer.read_until_closed(patience);
+    BOOST_TEST(closed);
+    BOOST_TEST(!raw_peer::first_frame(after).has_value()); // the push never left
+  }
+
+  /// The client link to the listener, with a push queued behind its handshake.
+  caf::actor dial(caf::actor_system& sys, data_link_options options) {
+    auto connected =
+        connect_data_link(sys, "127.0.0.1", static_cast<std::uint16_t>(listener.port()),
+                          caf::actor_cast<caf::actor>(self), std::move(options));
+    BOOST_TEST_REQUIRE(connected.has_value());
+    self->send(*connected, envelope{make_push(1, *values), values, 0});
+    return *connected;
+  }
+
+  testing::listening_socket listener;
+  caf::scoped_actor self;
+  std::shared_ptr<std::vector<float>> values = ramp(1000, 7.0f);
+  caf::actor link;
+  raw_peer peer;
+  wire::link_hello ours{"impostor", 0, 0, fresh_nonce(), std::nullopt};
+  wire::link_hello theirs;
+};
+
 /// The reason of the next link_down `self` gets; empty when none came in time.
 std::string next_link_down(caf::scoped_actor& self) {
   std::string reason;
@@ -945,10 +993,10 @@ BOOST_AUTO_TEST_CASE(no_proof_a_wrong_token_or_a_replayed_hello_is_refused_and_r
        "carries no proof of the job token"},
       {"no token",
        [](const wire::link_hello& theirs) { return raw_peer::connector_hello(theirs, ""); },
-       "proof of the job token is wrong"},
+       "the job token is wrong (the link_hello's proof of the job token is wrong"},
       {"a wrong token",
        [](const wire::link_hello& theirs) { return raw_peer::connector_hello(theirs, "guess"); },
-       "proof of the job token is wrong"},
+       "the job token is wrong (the link_hello's proof of the job token is wrong"},
       {"the other connection's hello, replayed", [&](const wire::link_hello&) { return captured; },
        "proof of the job token is wrong"},
       {"a hello whose fields were changed after the proof",
@@ -973,7 +1021,8 @@ BOOST_AUTO_TEST_CASE(no_proof_a_wrong_token_or_a_replayed_hello_is_refused_and_r
       auto reply = stranger.receive_frame();
       const auto* error = as_error(reply);
       BOOST_TEST_REQUIRE(error != nullptr);
-      BOOST_TEST((error->code == wire::error_code::bad_frame));
+      // Refused, not malformed: the connector is not admitted.
+      BOOST_TEST((error->code == wire::error_code::not_admitted));
       BOOST_TEST(contains(error->message, a.named), error->message);
       BOOST_TEST(!contains(error->message, job_token));
       BOOST_TEST(stranger.sees_close());
@@ -996,38 +1045,22 @@ BOOST_AUTO_TEST_CASE(a_client_with_another_token_goes_down_with_the_servers_refu
   auto values = ramp(10);
   self->send(*link, envelope{make_push(1, *values), values, 0});
   const auto reason = next_link_down(self);
-  BOOST_TEST(contains(reason, "127.0.0.1:" + std::to_string(server.port)), reason);
-  BOOST_TEST(contains(reason, "refused the handshake"), reason);
+  BOOST_TEST(contains(reason, "refused by 127.0.0.1:" + std::to_string(server.port) +
+                                  ": the job token is wrong"),
+             reason);
   BOOST_TEST(contains(reason, "proof of the job token is wrong"), reason);
   BOOST_TEST(!contains(reason, "another job's token"));
   BOOST_TEST(await_disconnects(1).size() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(a_listener_that_cannot_prove_the_token_gets_nothing_from_the_client) {
-  testing::listening_socket impostor;
-  caf::scoped_actor self{*sys};
-  auto link = connect_data_link(*sys, "127.0.0.1", static_cast<std::uint16_t>(impostor.port()),
-                                caf::actor_cast<caf::actor>(self), client_with(job_token));
-  BOOST_TEST_REQUIRE(link.has_value());
   // The client's push waits for the handshake; the impostor must not see it.
-  auto values = ramp(1000, 7.0f);
-  self->send(*link, envelope{make_push(1, *values), values, 0});
-  auto peer = accept_peer(impostor);
-  BOOST_TEST_REQUIRE(peer.connected);
-  wire::link_hello ours{"impostor", 0, 0, fresh_nonce(), std::nullopt};
-  BOOST_TEST_REQUIRE(peer.send(wire::encode(ours).flatten()));
-  auto theirs = peer.receive_frame();
-  BOOST_TEST_REQUIRE((theirs && std::holds_alternative<wire::link_hello>(*theirs)));
-  BOOST_TEST(std::get<wire::link_hello>(*theirs).proof.has_value());
+  impostor_listener impostor(*sys, client_with(job_token));
+  BOOST_TEST(impostor.theirs.proof.has_value());
   // A proof made without the token.
-  const auto fake =
-      link_proof(link_secret("guess"), true, ours, std::get<wire::link_hello>(*theirs));
-  BOOST_TEST_REQUIRE(peer.send(wire::encode(wire::link_auth{fake}).flatten()));
-  const auto reason = next_link_down(self);
-  BOOST_TEST(contains(reason, "server's proof of the job token is wrong"), reason);
-  const auto [after, closed] = peer.read_until_closed(patience);
-  BOOST_TEST(closed);
-  BOOST_TEST(!raw_peer::first_frame(after).has_value()); // the push never left
+  impostor.refused_after(
+      wire::link_auth{link_proof(link_secret("guess"), true, impostor.ours, impostor.theirs)},
+      "server's proof of the job token is wrong");
 }
 
 BOOST_AUTO_TEST_CASE(before_the_handshake_frames_are_capped_at_a_few_kib) {
@@ -1107,6 +1140,336 @@ BOOST_AUTO_TEST_CASE(silent_connections_beyond_the_bound_push_out_the_oldest_and
   silent.clear();
   members.clear();
   BOOST_TEST(await_disconnects(4).size() == 4u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ================================================================================================
+// Node identity (actors/logic/node_identity.hpp): a server's data port that requires node proofs
+// takes only workers proving the key their admission gave them, holds their hellos until it has
+// the job secret, and checks every request against the worker its connection proved.
+
+namespace {
+
+/// The job secret of the job these cases run, and one of an earlier job with the same token.
+const job_secret this_job{wire::link_digest{0x11, 0x22, 0x33}};
+const job_secret earlier_job{wire::link_digest{0x44, 0x55, 0x66}};
+
+wire::node_identity worker(std::uint32_t rank) {
+  return {wire::role::worker, rank};
+}
+
+/// Worker `rank`'s key in the job whose secret is `secret`.
+node_key key_of(std::uint32_t rank, const job_secret& secret = this_job) {
+  return derive_node_key(link_secret(job_token), secret, worker(rank));
+}
+
+/// What the servers of these cases were told each connection proved, by connection id.
+struct proven_nodes {
+  std::mutex mutex;
+  std::map<std::uint64_t, std::optional<wire::node_identity>> by_connection;
+
+  std::optional<wire::node_identity> of(std::uint64_t id) {
+    std::lock_guard lock(mutex);
+    auto found = by_connection.find(id);
+    return found == by_connection.end() ? std::nullopt : found->second;
+  }
+};
+
+/// Server options of a job with job_token whose port requires node proofs and reports what each
+/// connection proved to `proven`.
+data_server_options with_node_proofs(const std::shared_ptr<proven_nodes>& proven,
+                                     data_server_options options = {}) {
+  options = with_token(std::move(options));
+  options.require_node_proof = true;
+  options.on_authenticated = [proven](std::uint64_t id, const link_authentication& what) {
+    std::lock_guard lock(proven->mutex);
+    proven->by_connection[id] = what.node;
+  };
+  return options;
+}
+
+/// A client link's options: the job's token, and the node it is with its key.
+data_link_options client_as(const wire::node_identity& who, const node_key& key) {
+  auto options = client_with(job_token);
+  options.tuning.node = node_credentials{who, key};
+  return options;
+}
+
+/// A membership table in which worker `lost` is not alive.
+wire::membership with_lost_worker(std::uint32_t lost) {
+  wire::membership table;
+  table.epoch = 2;
+  table.num_workers = lost + 1;
+  table.num_servers = 1;
+  for (std::uint32_t rank = 0; rank <= lost; ++rank)
+    table.nodes.push_back(
+        wire::node_info{9 + 2 * rank, wire::role::worker, rank, "127.0.0.1", 0, rank != lost});
+  return table;
+}
+
+/// The refusal `peer` gets for its handshake (sent right after its hello by the caller), after
+/// which the server closes; empty when none came.
+std::string refusal_of(raw_peer& peer) {
+  auto reply = peer.receive_frame();
+  const auto* error = as_error(reply);
+  if (error == nullptr)
+    return {};
+  BOOST_TEST((error->code == wire::error_code::not_admitted), error->message);
+  BOOST_TEST(peer.sees_close());
+  return error->message;
+}
+
+} // namespace
+
+BOOST_FIXTURE_TEST_SUITE(node_proofs, link_fixture)
+
+BOOST_AUTO_TEST_CASE(a_worker_proving_its_node_key_is_served_and_its_server_learns_which_it_is) {
+  auto proven = std::make_shared<proven_nodes>();
+  auto server = start_server(with_node_proofs(proven));
+  caf::anon_send(server.broker, this_job);
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self, client_as(worker(1), key_of(1)));
+  const auto id = await_connection(self, link);
+  BOOST_TEST(stats_of(link).authenticated);
+  BOOST_TEST(stats_of(server, id).authenticated);
+  BOOST_TEST((proven->of(id) == std::optional{worker(1)}));
+
+  // The raw insider's handshake checks the server's proof of its key too.
+  raw_peer peer(server.port);
+  BOOST_TEST_REQUIRE(peer.handshake_as(worker(2), key_of(2), job_token).has_value(), peer.refusal);
+  expect_echoed(peer, 5, 100);
+  peer.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(
+    a_wrong_key_another_ranks_key_a_stale_key_no_node_proof_or_a_lost_worker_is_refused) {
+  auto proven = std::make_shared<proven_nodes>();
+  auto server = start_server(with_node_proofs(proven));
+  caf::anon_send(server.broker, this_job);
+  caf::anon_send(server.broker, with_lost_worker(3));
+  struct attempt {
+    const char* what;
+    wire::node_identity claims;
+    node_key key;
+    const char* named;
+  };
+  const attempt attempts[] = {
+      {"a made-up key", worker(1), node_key{fresh_nonce()}, "the node key of worker 1 is wrong"},
+      {"worker 2's key, claiming worker 1", worker(1), key_of(2),
+       "the node key of worker 1 is wrong"},
+      {"worker 1's key of an earlier job (a stale process)", worker(1), key_of(1, earlier_job),
+       "the node key of worker 1 is wrong"},
+      {"a server's identity", {wire::role::server, 0}, key_of(0), "takes only workers"},
+      {"a worker the scheduler declared lost", worker(3), key_of(3),
+       "worker 3 was declared lost by the scheduler"},
+  };
+  const auto routed_before = last_connection->load();
+  for (const auto& a : attempts) {
+    BOOST_TEST_CONTEXT(a.what) {
+      raw_peer impostor(server.port);
+      BOOST_TEST(!impostor.handshake_as(a.claims, a.key, job_token).has_value());
+      BOOST_TEST(contains(impostor.refusal, a.named), impostor.refusal);
+      BOOST_TEST(!contains(impostor.refusal, job_token));
+      BOOST_TEST(impostor.sees_close());
+      BOOST_TEST(await_disconnects(1).size() == 1u);
+    }
+  }
+  {
+    // The token alone, a push right behind the hello: refused, and the push reaches no actor.
+    raw_peer stranger(server.port);
+    auto theirs = stranger.server_hello();
+    BOOST_TEST_REQUIRE(theirs.has_value());
+    BOOST_TEST_REQUIRE(
+        stranger.send(wire::encode(raw_peer::connector_hello(*theirs, job_token)).flatten()));
+    auto values = ramp(10);
+    stranger.send(wire::encode(make_push(9, *values)).flatten());
+    BOOST_TEST(contains(refusal_of(stranger), "proves no node key"));
+    BOOST_TEST(await_disconnects(1).size() == 1u);
+  }
+  BOOST_TEST(last_connection->load() == routed_before);
+  // The control: worker 1 with its own key gets in.
+  raw_peer genuine(server.port);
+  BOOST_TEST(genuine.handshake_as(worker(1), key_of(1), job_token).has_value(), genuine.refusal);
+  expect_echoed(genuine, 3, 50);
+  genuine.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_whose_key_is_refused_goes_down_with_the_servers_words) {
+  auto proven = std::make_shared<proven_nodes>();
+  auto server = start_server(with_node_proofs(proven));
+  caf::anon_send(server.broker, this_job);
+  caf::scoped_actor self{*sys};
+  // A worker process left over from an earlier job with the same token.
+  auto link = connect(server.port, self, client_as(worker(1), key_of(1, earlier_job)));
+  const auto reason = next_link_down(self);
+  BOOST_TEST(contains(reason, "refused by 127.0.0.1:" + std::to_string(server.port) + ": "),
+             reason);
+  const auto words = handshake_refusal(reason);
+  BOOST_TEST_REQUIRE(words.has_value(), reason);
+  BOOST_TEST(words->starts_with("the node key of worker 1 is wrong"), *words);
+  // Other reasons are no refusal.
+  BOOST_TEST(!handshake_refusal("data link to 127.0.0.1:1 closed by the peer").has_value());
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_hello_waits_for_the_job_secret_and_is_answered_when_it_arrives) {
+  auto proven = std::make_shared<proven_nodes>();
+  data_server_options options;
+  options.max_unauthenticated = 2;
+  auto server = start_server(with_node_proofs(proven, std::move(options)));
+  // Processes start in any order: this worker's hello reaches the server before its admission.
+  raw_peer early(server.port);
+  auto theirs = early.server_hello();
+  BOOST_TEST_REQUIRE(theirs.has_value());
+  const auto ours = raw_peer::node_hello(*theirs, job_token, worker(1), key_of(1));
+  BOOST_TEST_REQUIRE(early.send(wire::encode(ours).flatten()));
+  // The first connection of a server is its connection 1.
+  const auto held = await_stats([&] { return stats_of(server, 1); },
+                                [](const data_link_stats& s) { return s.held; });
+  BOOST_TEST(held.held);
+  BOOST_TEST(!held.authenticated);
+  // A client link waits the same way, its push queued.
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self, client_as(worker(0), key_of(0)));
+  BOOST_TEST(await_stats([&] { return stats_of(server, 2); },
+                         [](const data_link_stats& s) { return s.held; })
+                 .held);
+  // Strangers' silent connections beyond max_unauthenticated push out the oldest of their own,
+  // not a hello that proved the token and waits.
+  std::vector<std::unique_ptr<raw_peer>> silent;
+  for (int i = 0; i < 3; ++i) {
+    silent.push_back(std::make_unique<raw_peer>(server.port));
+    BOOST_TEST_REQUIRE(silent.back()->server_hello().has_value());
+  }
+  BOOST_TEST(silent.front()->sees_close());
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  BOOST_TEST(stats_of(server, 1).held);
+  BOOST_TEST(stats_of(server, 2).held);
+
+  caf::anon_send(server.broker, this_job);
+  auto answer = early.receive_frame();
+  BOOST_TEST_REQUIRE((answer && std::holds_alternative<wire::link_auth>(*answer)));
+  const auto& auth = std::get<wire::link_auth>(*answer);
+  BOOST_TEST(same_digest(auth.proof, link_proof(link_secret(job_token), true, *theirs, ours)));
+  BOOST_TEST_REQUIRE(auth.node_proof.has_value());
+  BOOST_TEST(same_digest(*auth.node_proof, node_proof(key_of(1), true, *theirs, ours)));
+  expect_echoed(early, 4, 20);
+  BOOST_TEST((proven->of(1) == std::optional{worker(1)}));
+  const auto id = await_connection(self, link);
+  BOOST_TEST(id == 2u);
+  BOOST_TEST((proven->of(2) == std::optional{worker(0)}));
+  early.close();
+  silent.clear();
+  BOOST_TEST(await_disconnects(3).size() == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(a_hello_whose_job_secret_never_comes_is_closed_at_the_handshake_timeout) {
+  auto proven = std::make_shared<proven_nodes>();
+  data_server_options options;
+  options.tuning.handshake_timeout = 300ms;
+  auto server = start_server(with_node_proofs(proven, std::move(options)));
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self, client_as(worker(0), key_of(0)));
+  const auto reason = next_link_down(self);
+  BOOST_TEST(contains(reason, "closed by the peer"), reason);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  BOOST_TEST(!proven->of(1).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(a_server_that_cannot_prove_the_workers_node_key_gets_nothing_from_it) {
+  // A listener that knows the token but not this job's secret: a token holder posing as a server.
+  for (const bool with_proof : {false, true}) {
+    BOOST_TEST_CONTEXT((with_proof ? "a wrong proof of the node key" : "no proof of it")) {
+      impostor_listener impostor(*sys, client_as(worker(1), key_of(1)));
+      const auto& hello = impostor.theirs;
+      BOOST_TEST((hello.identity == std::optional{worker(1)}));
+      wire::link_auth auth{link_proof(link_secret(job_token), true, impostor.ours, hello)};
+      if (with_proof)
+        auth.node_proof = node_proof(key_of(1, earlier_job), true, impostor.ours, hello);
+      impostor.refused_after(auth, with_proof
+                                       ? "server's proof of the node key of worker 1 is wrong"
+                                       : "server did not prove the node key of worker 1");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(
+    requests_acting_as_another_worker_or_for_the_job_are_refused_and_change_nothing) {
+  // A server of a dist_sync job of 2 workers without an optimizer (a round's value is its sum)
+  // behind a port that proves nodes and checks each request against the proven one.
+  server_node_options node_options;
+  node_options.num_workers = 2;
+  node_options.shards = 2;
+  server_node node(*sys, node_options);
+  auto proven = std::make_shared<proven_nodes>();
+  auto options = with_node_proofs(proven);
+  options.route = node.router();
+  options.authorize = request_refusal;
+  auto server = start_server(std::move(options));
+  caf::anon_send(server.broker, this_job);
+  raw_peer rank_0(server.port);
+  raw_peer rank_1(server.port);
+  BOOST_TEST_REQUIRE(rank_0.handshake_as(worker(0), key_of(0), job_token).has_value());
+  BOOST_TEST_REQUIRE(rank_1.handshake_as(worker(1), key_of(1), job_token).has_value());
+  auto ask = [](raw_peer& peer, const wire::message& request) {
+    BOOST_TEST_REQUIRE(peer.send(wire::encode(request).flatten()));
+    auto reply = peer.receive_reply();
+    BOOST_TEST_REQUIRE(reply.has_value());
+    return *reply;
+  };
+  constexpr std::uint64_t key = 5;
+  const std::vector<float> initial{1, 2, 3, 4}, of_rank_0(4, 100.0f), of_rank_1(4, 10.0f),
+      forged(4, 1e6f);
+  BOOST_TEST_REQUIRE(
+      std::holds_alternative<wire::ack>(ask(rank_0, wire::init{1, key, tensor_view(initial)})));
+
+  // Worker 1's connection, acting as worker 0 or for the whole job.
+  const std::vector<std::pair<wire::message, const char*>> forgeries = {
+      {wire::push{2, key, 0, 0, tensor_view(forged)}, "as worker 0 on a connection that proved"},
+      {wire::push{3, key, 0, 2, tensor_view(forged)}, "as worker 0 on a connection that proved"},
+      {wire::pull_request{4, key, 0, 1, 0}, "as worker 0 on a connection that proved"},
+      {wire::pushpull{5, key, 0, 0, tensor_view(forged), 0},
+       "as worker 0 on a connection that proved"},
+      {wire::set_optimizer{6, "sgd", {{"learning_rate", 1e6}}}, "only worker rank 0"},
+      {wire::sync_settings{7, wire::consistency_mode::async, 1, false, -1, 2},
+       "only worker rank 0"},
+      {wire::command{8, wire::command_kind::load_checkpoint, "states"}, "only worker rank 0"},
+      {wire::init{9, key + 1, tensor_view(forged)}, "only worker rank 0"},
+  };
+  for (const auto& [request, named] : forgeries) {
+    BOOST_TEST_CONTEXT(wire::kind_name(request) << " " << wire::request_id_of(request)) {
+      const auto reply = ask(rank_1, request);
+      const auto* error = std::get_if<wire::error_reply>(&reply);
+      BOOST_TEST_REQUIRE(error != nullptr);
+      BOOST_TEST((error->code == wire::error_code::not_permitted), error->message);
+      BOOST_TEST(error->request_id == wire::request_id_of(request));
+      BOOST_TEST(contains(error->message, named), error->message);
+      BOOST_TEST(contains(error->message, "proved worker 1"), error->message);
+    }
+  }
+  // The connection goes on: worker 1 pulls the value as itself, unchanged, and pushes round 0.
+  auto value = ask(rank_1, wire::pull_request{10, key, 1, 0, 0});
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::pull_reply>(value));
+  BOOST_TEST((std::get<wire::pull_reply>(value).tensor == tensor_view(initial)));
+  BOOST_TEST(std::holds_alternative<wire::ack>(
+      ask(rank_1, wire::push{11, key, 1, 0, tensor_view(of_rank_1)})));
+  // Worker 0 completes round 0: the value is the two workers' sum, neither the forged pushes nor
+  // the forged optimizer (a learning rate of 10^6) in it; no key was declared by worker 1.
+  BOOST_TEST(std::holds_alternative<wire::ack>(
+      ask(rank_0, wire::push{12, key, 0, 0, tensor_view(of_rank_0)})));
+  value = ask(rank_0, wire::pull_request{13, key, 0, 1, 0});
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::pull_reply>(value));
+  const std::vector<float> sum(4, 110.0f);
+  BOOST_TEST((std::get<wire::pull_reply>(value).tensor == tensor_view(sum)));
+  const auto undeclared = ask(rank_0, wire::pull_request{14, key + 1, 0, 0, 0});
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::error_reply>(undeclared));
+  BOOST_TEST((std::get<wire::error_reply>(undeclared).code == wire::error_code::unknown_key));
+  rank_0.close();
+  rank_1.close();
+  BOOST_TEST(await_disconnects(2).size() == 2u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -32,6 +32,7 @@
 #include <caf/send.hpp>
 
 #include "actors/data_link.hpp"
+#include "actors/logic/node_identity.hpp"
 #include "actors/logic/wire_conversions.hpp"
 #include "actors/node_agent.hpp"
 #include "actors/protocols.hpp"
@@ -87,6 +88,8 @@ struct job_fixture {
   /// system's destructor, which waits for every actor.
   /// scheduler_options::server_rejoin, set before start().
   std::chrono::milliseconds server_rejoin{0};
+  /// scheduler_options::secret, set before start(); empty: the scheduler draws one.
+  job_secret secret;
 
   ~job_fixture() {
     if (scheduler)
@@ -107,6 +110,7 @@ struct job_fixture {
     options.heartbeat_interval = heartbeat;
     options.drain_timeout = 5s;
     options.server_rejoin = server_rejoin;
+    options.secret = secret;
     auto spawned = spawn_scheduler(scheduler_side.sys, options);
     if (!spawned)
       BOOST_FAIL(spawned.error().to_string());
@@ -293,6 +297,19 @@ wire::error_reply expect_error(const std::optional<wire::message>& reply, wire::
   const auto& err = std::get<wire::error_reply>(*reply);
   BOOST_TEST((err.code == code), err.message);
   return err;
+}
+
+/// Checks that `reply` is an admission that rejected the node for `reason`, and returns it.
+wire::rejected expect_rejected(const std::optional<wire::message>& reply,
+                               wire::reject_reason reason) {
+  BOOST_TEST_REQUIRE(reply.has_value());
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::admission>(*reply),
+                     "a " << wire::kind_name(*reply) << " instead of an admission");
+  const auto& outcome = std::get<wire::admission>(*reply).outcome;
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::rejected>(outcome));
+  const auto& rejected = std::get<wire::rejected>(outcome);
+  BOOST_TEST((rejected.reason == reason), rejected.detail);
+  return rejected;
 }
 
 /// Worker rank 0's sync settings with quorum `quorum`.
@@ -506,14 +523,19 @@ BOOST_FIXTURE_TEST_CASE(
   BOOST_TEST(contains(joined.error().message(), "job-b"));
 
   // A wrong token fails the control connection's handshake: the scheduler never reads the
-  // registration, and the node is told why. Neither token appears in the message.
+  // registration, and the node is told that it was refused, and why, not that the scheduler was
+  // lost. Neither token appears in the message.
   auto bad_token = options_for(wire::role::server);
   bad_token.auth_token = "guess";
   joined = node_agent::join(node_side.sys, bad_token);
   BOOST_TEST_REQUIRE(!joined.has_value());
-  BOOST_TEST((joined.error().code() == errc::peer_lost), joined.error().message());
-  BOOST_TEST(contains(joined.error().message(), "refused the handshake"), joined.error().message());
+  BOOST_TEST((joined.error().code() == errc::invalid_argument), joined.error().message());
+  BOOST_TEST(contains(joined.error().message(),
+                      "refused by the scheduler at 127.0.0.1:" + std::to_string(scheduler->port()) +
+                          ": the job token is wrong"),
+             joined.error().message());
   BOOST_TEST(contains(joined.error().message(), "proof of the job token is wrong"));
+  BOOST_TEST(!contains(joined.error().message(), "lost"));
   BOOST_TEST(!contains(joined.error().message(), "secret"));
   BOOST_TEST(!contains(joined.error().message(), "guess"));
 
@@ -557,13 +579,7 @@ BOOST_FIXTURE_TEST_CASE(under_tls_a_node_is_admitted_only_in_the_role_its_certif
                          {credentials(certified), {node_role::scheduler}}};
       liar.send(framed_client::registration(
           job_id, claimed, static_cast<std::uint16_t>(claimed == wire::role::server ? 7000 : 0)));
-      const auto reply = liar.next();
-      BOOST_TEST_REQUIRE(reply.has_value());
-      BOOST_TEST_REQUIRE(std::holds_alternative<wire::admission>(*reply));
-      const auto& outcome = std::get<wire::admission>(*reply).outcome;
-      BOOST_TEST_REQUIRE(std::holds_alternative<wire::rejected>(outcome));
-      const auto& rejected = std::get<wire::rejected>(outcome);
-      BOOST_TEST((rejected.reason == wire::reject_reason::wrong_role));
+      const auto rejected = expect_rejected(liar.next(), wire::reject_reason::wrong_role);
       const std::string says = "it registers as a " + std::string{wire::to_string(claimed)} +
                                ", but its TLS certificate is for a " +
                                std::string{to_string(certified)};
@@ -629,6 +645,52 @@ BOOST_FIXTURE_TEST_CASE(garbage_and_an_oversized_length_prefix_close_the_connect
   const auto agents = join_all(1, 1);
   BOOST_TEST(agents.size() == 2u);
   BOOST_TEST(!scheduler->outcome().has_value());
+}
+
+BOOST_FIXTURE_TEST_CASE(an_admission_gives_each_node_its_own_secret_sealed_under_its_control_link,
+                        job_fixture) {
+  secret = job_secret{wire::link_digest{0x42, 0x17, 0x99}};
+  start(1, 2);
+  std::promise<job_secret> told;
+  auto server = options_for(wire::role::server, 7000);
+  server.on_job_secret = [&told](const job_secret& given) { told.set_value(given); };
+  std::vector<std::future<join_result>> pending;
+  pending.push_back(join_async(server));
+  for (int i = 0; i < 2; ++i)
+    pending.push_back(join_async(options_for(wire::role::worker)));
+  const auto agents = admitted(pending);
+  // A worker holds its own key K(worker, rank), derived from the token and the job secret.
+  for (std::uint32_t rank : {0u, 1u}) {
+    const auto& key = find(agents, wire::role::worker, rank)->key();
+    BOOST_TEST_REQUIRE(!key.empty());
+    const auto expected =
+        derive_node_key(link_secret(token), secret, {wire::role::worker, rank}).reveal();
+    BOOST_TEST((key.reveal() == expected), "worker " << rank);
+  }
+  BOOST_TEST((find(agents, wire::role::worker, 0)->key().reveal() !=
+              find(agents, wire::role::worker, 1)->key().reveal()));
+  // A server holds no key of its own but the job secret, told before join() returned.
+  BOOST_TEST(find(agents, wire::role::server, 0)->key().empty());
+  auto given = told.get_future();
+  BOOST_TEST_REQUIRE((given.wait_for(0s) == std::future_status::ready));
+  BOOST_TEST((given.get().reveal() == secret.reveal()));
+}
+
+BOOST_FIXTURE_TEST_CASE(a_registration_on_a_control_link_that_made_no_key_exchange_is_rejected,
+                        job_fixture) {
+  start(1, 1);
+  // The token's handshake without a key share: nothing to seal the node's secret under.
+  raw_peer plain{scheduler->port()};
+  BOOST_TEST_REQUIRE(plain.handshake(0, token).has_value());
+  BOOST_TEST_REQUIRE(plain.send(
+      wire::encode(framed_client::registration(job_id, wire::role::worker, 0)).flatten()));
+  const auto rejected =
+      expect_rejected(plain.receive_reply(), wire::reject_reason::protocol_version);
+  BOOST_TEST(contains(rejected.detail, "made no key exchange"), rejected.detail);
+  // It took no rank: the job starts with rank 0 of each role.
+  const auto agents = join_all(1, 1);
+  for (const auto& agent : agents)
+    BOOST_TEST(agent->rank() == 0u);
 }
 
 BOOST_FIXTURE_TEST_CASE(frames_before_registration_and_bad_registrations_get_error_replies,

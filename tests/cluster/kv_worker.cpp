@@ -5,7 +5,10 @@
 // dist KVStore and checks MXNet's closed forms:
 //
 //   kv_worker --check sync     keys initialised to ones, `test` optimizer with rescale_grad 2, rank
-//                              r pushes ones*(r+1): after round i every pull is n(n+1)(i+1) + 1
+//                              r pushes ones*(r+1): after round i every pull is n(n+1)(i+1) + 1;
+//                              with --absent A, rank A is no kv_worker (a test's own node, which
+//                              never pushes; the job's quorum lets rounds close without it), and
+//                              the sum leaves its pushes out: 2 (i+1) sum_{r != A} (r+1) + 1
 //   kv_worker --check async    each worker pushes ones*(r+1) M times, then a barrier: the value is
 //                              1 + 2 M n(n+1)/2 exactly; with --round-ms T, each round also
 //                              pulls every key and sleeps T ms
@@ -98,6 +101,8 @@ int main(int argc, char** argv) {
   int rounds = 3;
   app.add_option("--type", type);
   int victim = -1;
+  int absent = -1;
+  app.add_option("--absent", absent, "--check sync: the rank that never pushes");
   app.add_option("--check", check)
       ->check(CLI::IsMember({"sync", "async", "replace", "hang", "quorum", "flood", "recover"}));
   int stall_ms = 0;
@@ -123,6 +128,12 @@ int main(int argc, char** argv) {
   auto& kv = **created;
   auto rank = kv.rank();
   double n = kv.num_workers();
+  if (absent >= 0 && rank == absent)
+    return failed("this worker was given rank " + std::to_string(rank) +
+                  ", which --absent says "
+                  "is not a kv_worker's");
+  // What the workers that push add to a key each round, before the optimizer's rescale_grad 2.
+  const double pushed_per_round = n * (n + 1) / 2 - (absent >= 0 ? absent + 1 : 0);
 
   std::vector<kv_key> keys;
   std::vector<ndarray> initial;
@@ -247,7 +258,7 @@ int main(int argc, char** argv) {
       auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
       if (auto pulled = kv.pull(keys[k], out); !pulled)
         return failed("pull: " + pulled.error().to_string());
-      double expected = check == "sync" ? n * (n + 1) * (round + 1) + 1 : n * (n + 1) / 2;
+      double expected = check == "sync" ? 2 * pushed_per_round * (round + 1) + 1 : n * (n + 1) / 2;
       if (auto wrong = mismatch(out, expected); !wrong.empty())
         return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + " round " +
                       std::to_string(round) + ": " + wrong);

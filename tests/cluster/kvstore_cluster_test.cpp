@@ -65,11 +65,6 @@ outcome launch_job(int workers, int servers, std::vector<std::string> worker_arg
   return run(launch_path, launch_args(workers, servers, {}, worker_args), {}, limit);
 }
 
-/// A port on 127.0.0.1 that was free a moment ago (listened on, then closed).
-std::uint16_t free_port() {
-  return static_cast<std::uint16_t>(listening_socket{}.port());
-}
-
 void require_job_success(const outcome& result, int workers, const std::string& check) {
   BOOST_TEST(!result.timed_out);
   BOOST_TEST(result.exit_code == 0, "exit " << result.exit_code << "\nstdout:\n"
@@ -85,37 +80,6 @@ void require_job_success(const outcome& result, int workers, const std::string& 
   }
 }
 
-/// The environment of a job of `workers` workers and `servers` servers whose processes a test
-/// starts itself (no launcher), as `role`.
-std::map<std::string, std::string> node_env(const std::string& role, int workers, int servers,
-                                            const std::string& port,
-                                            std::map<std::string, std::string> more = {}) {
-  more["DMLC_ROLE"] = role;
-  more["DMLC_PS_ROOT_URI"] = "127.0.0.1";
-  more["DMLC_PS_ROOT_PORT"] = port;
-  more["DMLC_NUM_WORKER"] = std::to_string(workers);
-  more["DMLC_NUM_SERVER"] = std::to_string(servers);
-  more["DMLC_NODE_HOST"] = "127.0.0.1";
-  return more;
-}
-
-/// The pid of every rank's kv_worker, from the files they write into `dir` (KV_WORKER_DIR) once
-/// their keys are initialised; waits (bounded) until all `workers` have written theirs.
-std::vector<pid_t> worker_pids(const fs::path& dir, int workers,
-                               std::chrono::milliseconds limit = 60s) {
-  std::vector<pid_t> pids(static_cast<std::size_t>(workers), 0);
-  const auto deadline = clock_type::now() + limit;
-  for (int rank = 0; rank < workers; ++rank) {
-    const auto file = dir / ("rank-" + std::to_string(rank));
-    while (!fs::exists(file) && clock_type::now() < deadline)
-      std::this_thread::sleep_for(20ms);
-    std::ifstream(file) >> pids[static_cast<std::size_t>(rank)];
-    BOOST_TEST_REQUIRE(pids[static_cast<std::size_t>(rank)] > 0,
-                       "no pid from worker rank " << rank << " within " << limit.count() << " ms");
-  }
-  return pids;
-}
-
 /// Waits (bounded) until every shard of server `server_rank` has written a checkpoint into
 /// `directory`: a server killed after that can come back from it, one killed before cannot.
 void await_checkpoints(const fs::path& directory, int server_rank, int shards,
@@ -129,53 +93,6 @@ void await_checkpoints(const fs::path& directory, int server_rank, int shards,
     BOOST_TEST_REQUIRE(fs::exists(file),
                        "no checkpoint " << file << " within " << limit.count() << " ms");
   }
-}
-
-/// The inodes of the sockets `pid` holds open (/proc/<pid>/fd links "socket:[inode]").
-std::set<std::string> socket_inodes(pid_t pid) {
-  std::set<std::string> inodes;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", error)) {
-    const auto target = fs::read_symlink(entry.path(), error).string();
-    if (!error && target.starts_with("socket:[") && target.ends_with("]"))
-      inodes.insert(target.substr(8, target.size() - 9));
-  }
-  return inodes;
-}
-
-/// The TCP ports `pid` listens on: its socket inodes matched against the LISTEN rows (state 0A)
-/// of /proc/net/tcp and /proc/net/tcp6.
-std::set<std::uint16_t> listening_ports(pid_t pid) {
-  const auto inodes = socket_inodes(pid);
-  std::set<std::uint16_t> ports;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream rows(table);
-    std::string line;
-    std::getline(rows, line); // the header
-    while (std::getline(rows, line)) {
-      // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-      std::istringstream fields(line);
-      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
-      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
-          timeout >> inode;
-      if (state == "0A" && inodes.count(inode) != 0)
-        ports.insert(
-            static_cast<std::uint16_t>(std::stoul(local.substr(local.find(':') + 1), nullptr, 16)));
-    }
-  }
-  return ports;
-}
-
-/// Waits (bounded) until `pid` listens on at least one TCP port, and returns its ports.
-std::set<std::uint16_t> await_listening(pid_t pid, std::chrono::milliseconds limit = 30s) {
-  const auto deadline = clock_type::now() + limit;
-  auto ports = listening_ports(pid);
-  while (ports.empty() && clock_type::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-    ports = listening_ports(pid);
-  }
-  BOOST_TEST_REQUIRE(!ports.empty(), "pid " << pid << " listens on no TCP port");
-  return ports;
 }
 
 /// A CAF 0.17 BASP header announcing a payload of `payload_len` bytes, as CAF's own binary

@@ -1,7 +1,8 @@
 // Writes the well-formed part of the fuzz targets' seed corpus: one frame of every message kind
 // (tests/schema/sample_messages.hpp) for fuzz_frames, and connector hellos with and without a
-// proof for fuzz_link_hello. scripts/fuzz.sh --seeds runs it; the output is committed under
-// tests/fuzz/corpus beside the inputs the fuzzer found, so regenerate it when the schema changes.
+// proof, with a key share and with a node proof for fuzz_link_hello. scripts/fuzz.sh --seeds runs
+// it; the output is committed under tests/fuzz/corpus beside the inputs the fuzzer found, so
+// regenerate it when the schema changes.
 //
 //   fuzz_seeds OUT_DIR      (writes OUT_DIR/fuzz_frames/*, OUT_DIR/fuzz_link_hello/*)
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "actors/logic/link_auth.hpp"
+#include "actors/logic/node_identity.hpp"
 #include "schema/codec.hpp"
 #include "tests/schema/sample_messages.hpp"
 
@@ -49,5 +51,18 @@ int main(int argc, char** argv) {
   write(out / "fuzz_link_hello" / "wrong-proof", connector);
   connector.proof = link_proof(link_secret("fuzzing token"), false, listener, connector);
   write(out / "fuzz_link_hello" / "good-proof", connector);
+  // A node's control link: a key share. A worker's data link: its claimed node and the proof of
+  // that node's key in fuzz_link_hello.cpp's job.
+  connector.key_share = key_exchange{}.share();
+  connector.proof = link_proof(link_secret("fuzzing token"), false, listener, connector);
+  write(out / "fuzz_link_hello" / "key-share", connector);
+  connector.key_share.reset();
+  connector.identity = wire::node_identity{wire::role::worker, 1};
+  connector.proof = link_proof(link_secret("fuzzing token"), false, listener, connector);
+  connector.node_proof =
+      node_proof(derive_node_key(link_secret("fuzzing token"),
+                                 job_secret{wire::link_digest{4, 5, 6}}, *connector.identity),
+                 false, listener, connector);
+  write(out / "fuzz_link_hello" / "node-proof", connector);
   return 0;
 }

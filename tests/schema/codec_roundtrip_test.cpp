@@ -59,12 +59,16 @@ BOOST_AUTO_TEST_CASE(a_registration_round_trips_field_by_field) {
 }
 
 BOOST_AUTO_TEST_CASE(an_admission_round_trips_both_outcomes) {
-  round_trip yes(admission{5, admitted{2, 13}});
+  sealed_secret sealed{};
+  for (std::size_t i = 0; i < sealed.size(); ++i)
+    sealed[i] = static_cast<std::uint8_t>(3 * i + 1);
+  round_trip yes(admission{5, admitted{2, 13, sealed}});
   const auto& a = yes.as<admission>();
   BOOST_TEST(a.request_id == 5u);
   BOOST_TEST_REQUIRE(std::holds_alternative<admitted>(a.outcome));
   BOOST_TEST(std::get<admitted>(a.outcome).rank == 2u);
   BOOST_TEST(std::get<admitted>(a.outcome).node_id == 13u);
+  BOOST_TEST((std::get<admitted>(a.outcome).secret == sealed));
 
   round_trip no(admission{6, rejected{reject_reason::bad_token, "token differs"}});
   const auto& r = no.as<admission>();
@@ -264,7 +268,7 @@ BOOST_AUTO_TEST_CASE(an_error_reply_round_trips_with_and_without_a_key) {
   round_trip without(error_reply{10, std::nullopt, error_code::lost_peer, "server 1 lost"});
   BOOST_TEST(!without.as<error_reply>().key.has_value());
 
-  for (int c = 0; c <= static_cast<int>(error_code::invalid_argument); ++c) {
+  for (int c = 0; c <= static_cast<int>(error_code::not_permitted); ++c) {
     round_trip each(error_reply{1, std::nullopt, static_cast<error_code>(c), ""});
     BOOST_TEST(static_cast<int>(each.as<error_reply>().code) == c);
   }

@@ -369,7 +369,7 @@ BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
       registration{1, 1, static_cast<role>(255), "job", "host", 1},
       admission{1, rejected{static_cast<reject_reason>(7), ""}},
       membership{1, 1, 1, {node_info{1, static_cast<role>(7), 0, "h", 1, true}}, {}},
-      error_reply{1, std::nullopt, static_cast<error_code>(13), ""},
+      error_reply{1, std::nullopt, static_cast<error_code>(14), ""},
       error_reply{1, 5, static_cast<error_code>(200), ""},
       sync_settings{1, static_cast<consistency_mode>(2), 1, false, -1, 2},
   };
@@ -523,5 +523,21 @@ BOOST_AUTO_TEST_CASE(sync_settings_and_link_credit_out_of_range_are_rejected) {
   for (const auto& [msg, what] : cases) {
     auto r = rejection(frame_of(msg));
     BOOST_TEST((kind_of(r) == code::invalid_value), what << ": " << r->message);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(
+    an_admission_without_its_sealed_secret_or_an_unclaimed_node_proof_is_rejected) {
+  link_digest bytes{};
+  bytes.fill(7);
+  const std::vector<std::pair<message, const char*>> cases = {
+      {admission{1, admitted{1, 9}}, "sealed secret"},
+      {link_hello{"host", 0, 0, bytes, bytes, std::nullopt, std::nullopt, bytes}, "node proof"},
+  };
+  for (const auto& [msg, what] : cases) {
+    auto r = rejection(frame_of(msg));
+    BOOST_TEST_REQUIRE(r.has_value(), what);
+    BOOST_TEST((r->kind == code::invalid_value), what << ": " << r->message);
+    BOOST_TEST(r->message.find(what) != std::string::npos, r->message);
   }
 }

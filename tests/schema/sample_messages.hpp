@@ -51,7 +51,9 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   const auto n = static_cast<std::int64_t>(payload.size());
   std::vector<message> out;
   out.push_back(registration{101, protocol_version, role::server, "job-42", "10.0.0.7", 9091, 5});
-  out.push_back(admission{102, admitted{3, 11}});
+  sealed_secret sealed{};
+  sealed.fill(0xA5);
+  out.push_back(admission{102, admitted{3, 11, sealed}});
   out.push_back(membership{7,
                            4,
                            2,
@@ -85,12 +87,19 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(link_hello{"0b1c2d3e-boot-id/host", std::uint64_t{64} << 20,
                            std::uint64_t{32} << 20, nonce, std::nullopt});
   out.push_back(link_hello{"other-boot-id/host", 0, 0, proof, nonce});
+  // A node's control link sends its key share; a worker's data link claims its rank and proves
+  // its node key.
+  out.push_back(link_hello{"other-boot-id/host", 0, 0, proof, nonce, nonce});
+  out.push_back(link_hello{"other-boot-id/host", 0, 0, proof, nonce, std::nullopt,
+                           node_identity{role::worker, 7}, proof});
   out.push_back(arena_offer{"/troupe-0123456789abcdef0123456789abcdef", std::uint64_t{64} << 20});
   out.push_back(arena_accept{false, "shared memory is off here"});
   out.push_back(arena_release{{0, 4096, std::uint64_t{1} << 40}});
   out.push_back(sync_settings{112, consistency_mode::async, 3, true, 2, 4});
   out.push_back(link_credit{std::uint64_t{8} << 20});
   out.push_back(link_auth{proof});
+  out.push_back(link_auth{proof, nonce, std::nullopt});
+  out.push_back(link_auth{proof, std::nullopt, nonce});
   return out;
 }
 

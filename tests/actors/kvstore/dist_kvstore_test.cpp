@@ -433,4 +433,36 @@ BOOST_AUTO_TEST_CASE(servers_write_states_only_inside_their_checkpoint_directory
   BOOST_TEST(outside_files == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(only_worker_rank_0_sends_commands_to_the_servers) {
+  // A server takes commands only from a connection that proved worker rank 0
+  // (actors/logic/node_identity.hpp); another rank's call fails at once, naming the rule, and
+  // sends nothing (in one process the links carry no proof: only the store's rule holds here).
+  troupe::testing::temp_dir dir;
+  troupe::testing::in_process_options options;
+  options.checkpoint_dir = dir.path();
+  in_process_job job{"dist_sync", 2, 1, options};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    if (!seen.check(kv.init(0, ndarray::zeros({10})), "init") ||
+        !seen.check(kv.set_optimizer("sgd", {{"learning_rate", 0.1}}), "set_optimizer"))
+      return;
+    if (rank == 0) {
+      (void)seen.check(kv.save_optimizer_states("of_rank_0"), "save on rank 0");
+    } else {
+      for (auto refused :
+           {kv.save_optimizer_states("of_rank_1"), kv.load_optimizer_states("of_rank_1")}) {
+        if (refused || refused.error().code() != errc::invalid_argument ||
+            refused.error().message().find("only worker rank 0 sends commands to the servers, "
+                                           "and this is worker rank 1") == std::string::npos)
+          seen.add("rank 1's command was not refused by the rule: " +
+                   (refused ? std::string("ok") : refused.error().to_string()));
+      }
+    }
+    (void)seen.check(kv.barrier(), "barrier");
+  });
+  BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
+  BOOST_TEST(std::filesystem::exists(dir / "of_rank_0.server0.shard0"));
+  BOOST_TEST(!std::filesystem::exists(dir / "of_rank_1.server0.shard0"));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
