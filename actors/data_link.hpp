@@ -181,6 +181,11 @@ struct data_link_stats {
   std::uint64_t budget_in_use = 0;
   std::uint64_t budget_peak = 0;
   std::uint64_t budget_waits = 0;
+  /// The whole sizes of the frames being read in steps over all connections (they are sure to
+  /// fit the budget once they have arrived), and this connection's body bytes of such a frame
+  /// that have arrived.
+  std::uint64_t budget_committed = 0;
+  std::uint64_t body_arrived = 0;
 };
 
 template <class Inspector>
@@ -189,7 +194,7 @@ typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
            x.tls, x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes,
            x.credit_received, x.window, x.unreleased, x.uncredited, x.credit_sent, x.shm_send,
            x.shm_receive, x.queued_bytes, x.waits_for_budget, x.budget, x.budget_in_use,
-           x.budget_peak, x.budget_waits);
+           x.budget_peak, x.budget_waits, x.budget_committed, x.body_arrived);
 }
 
 /// How a data server dispatches and reports.
@@ -231,6 +236,25 @@ struct data_server_options {
   /// hold a frame's buffer and budget forever); between frames a connection may be silent as
   /// long as it likes. 0: never. Linux: progress is read from the socket's TCP_INFO.
   std::chrono::milliseconds stalled_frame_timeout{30'000};
+  /// A frame in progress must arrive at this rate at least (bytes per second) once it is older
+  /// than frame_grace: an authenticated peer whose frame has delivered fewer than
+  /// min_frame_rate x (age - frame_grace) bytes is closed, naming it and the numbers. So every
+  /// frame ends within frame_grace + its size / min_frame_rate, whatever the trickle (one byte
+  /// every few seconds defeats stalled_frame_timeout alone). Age counts only the peer's time:
+  /// not while the connection waits for the receive budget, nor while this process has unread
+  /// bytes of it in the kernel. Measured from the socket's TCP_INFO every quarter of frame_grace
+  /// (and of stalled_frame_timeout). 0: no rate rule. The default, 64 KiB/s (0.5 Mbit/s), is
+  /// below any link a job can train over.
+  std::uint64_t min_frame_rate = std::uint64_t{64} << 10;
+  /// The time a frame may take before min_frame_rate applies. The default, 10 s, is longer than
+  /// a node may stay silent before the job counts it lost (timeouts.peer, 5 s).
+  std::chrono::milliseconds frame_grace{10'000};
+  /// Bodies above this size are read in steps of it (actors/logic/data_link_framing.hpp): each
+  /// step claims the receive budget only when the previous one arrived, and is copied into a
+  /// body that grows with the bytes (smaller bodies are read whole, in place). So a connection
+  /// holds at most this much of the budget that has not arrived. Keep it above the tensor chunk
+  /// size (data.chunk_bytes) plus a header, so that tensors are never copied. At least 8.
+  std::size_t receive_step_bytes = std::size_t{4} << 20;
   data_link_tuning tuning;
 };
 
