@@ -27,6 +27,15 @@
 //     (our data frames wait throughout; any other frame, a missing or wrong proof: fatal)
 //   serving: a second hello or link_auth, a frame beyond the window, an excess credit: fatal
 //   fatal: error_reply{bad_frame} (unmetered, frames waiting for credit dropped), then closed
+//          once the socket took it (at the latest at the second check_frames), abortively
+//
+// Receive budget (server): each authenticated connection's frame_receiver claims the budget
+// before each read; a connection whose claim waits is stopped (stop_if_waiting) and queued in
+// waiting_for_budget, and resume_waiting gives every queued connection its turn when the budget
+// wakes the broker (budget_atom). Every check_interval the broker checks its connections
+// (check_frames): stalled or too slow frames, peers that take none of their replies, closing
+// connections whose peer takes nothing. A peer closed for its behaviour is reset at once
+// (close_abortively) and named in a warning (closure_log).
 //
 // Under TLS (tuning.tls; actors/logic/link_tls.hpp) all of this runs on plaintext: a connection
 // first completes its TLS handshake (the listener's hello waits in its queue until then), socket

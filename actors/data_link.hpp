@@ -53,10 +53,15 @@
 // connection; a peer that has not authenticated, not more than max_handshake_frame_bytes. A
 // server holds at most max_connections connections, of which at most max_unauthenticated are
 // still in their handshake, and at most options.receive_budget_bytes of authenticated frames over
-// all of them (a frame beyond it waits, its connection unread: connections share the budget, so
-// one may slow another, never fail it); while more than max_send_queue_bytes of replies wait for
-// a peer, its requests wait too (held by its window), and it closes a connection that stalls
-// inside a frame or takes none of its replies for stalled_frame_timeout.
+// all of them: every read is reserved before it is configured, a body above receive_step_bytes
+// one step at a time as its bytes arrive, so a connection holds at most a step beyond what
+// arrived, and a read beyond the budget waits, its connection unread, in turn with the others
+// (connections share the budget, so one may slow another, never fail it). While more than
+// max_send_queue_bytes of replies wait for a peer, its requests wait too (held by its window).
+// A server closes a connection that stalls inside a frame or takes none of its replies for
+// stalled_frame_timeout, or whose frame arrives slower than min_frame_rate once older than
+// frame_grace; every peer it closes for its behaviour loses its socket at once (a reset, not a
+// close that waits for the peer to read), with a warning naming the peer and why.
 //
 // TLS (tuning.tls, actors/logic/link_tls.hpp): with credentials, every connection first runs a
 // TLS 1.3 handshake with certificates at both ends, from the job's CA and naming a role this end
@@ -172,10 +177,11 @@ struct data_link_stats {
   /// Sending: bytes of frames not yet taken by the socket (waiting for credit, queued, or in
   /// CAF's buffer), what data_server_options::max_send_queue_bytes bounds.
   std::uint64_t queued_bytes = 0;
-  /// Receiving, on a server: this connection stopped reading because its next frame does not fit
-  /// the node's receive budget; and that budget (data_server_options::receive_budget_bytes, 0 at
-  /// a client), the bytes reserved in it now over all connections, the most ever, and how many
-  /// frames had to wait for it.
+  /// Receiving, on a server: this connection stopped reading because its next read (a body, a
+  /// step of one, or the commitment of a body read in steps) does not fit the node's receive
+  /// budget; and that budget (data_server_options::receive_budget_bytes, 0 at a client), the
+  /// bytes reserved in it now over all connections, the most ever, and how many reads had to
+  /// wait for it.
   bool waits_for_budget = false;
   std::uint64_t budget = 0;
   std::uint64_t budget_in_use = 0;
@@ -218,8 +224,9 @@ struct data_server_options {
   /// that opens connections and stays silent cannot lock the job's nodes out.
   std::size_t max_unauthenticated = 64;
   /// Bytes of frames read (or being read) and not yet released, over all connections: windows
-  /// bound each connection, this bounds their sum. A frame that does not fit stops its
-  /// connection reading until releases make room (backpressure; nothing is closed), and a frame
+  /// bound each connection, this bounds their sum. A read (a body, or a step of one above
+  /// receive_step_bytes) that does not fit stops its connection reading until releases make room
+  /// (backpressure; nothing is closed); waiting connections are served in turn, and a frame
   /// always fits when nothing else is held (actors/logic/data_link_framing.hpp,
   /// receive_budget). So actors must not keep more than this of received frames while they wait
   /// for frames from other connections. At least limits.max_frame_bytes.
