@@ -35,10 +35,11 @@
 // reserved: a body up to the step whole at its prefix, a larger body one step at a time, each
 // step when the previous one has arrived. So a connection whose frame is in progress holds at
 // most one step (plus its prefix) that has not arrived: a peer that announces big frames and
-// sends nothing, or trickles, cannot take the budget from the others. Claims that do not fit
-// wait in the order they came (their connections are not read: backpressure), and a new claim
-// waits behind them while anything is held, so waiting connections are served in turn, one
-// step at a time. A body read in steps also commits its whole size when it starts, and those
+// sends nothing, or trickles, holds a step per connection, not its frames. Claims that do not
+// fit wait in the order they came (their connections are not read: backpressure), a new claim
+// waits behind them while anything is held, and the broker gives each its turn, in order, as
+// releases make room: waiting connections are served in turn, one step at a time. A body read
+// in steps also commits its whole size when it starts (in a queue of its own), and those
 // commitments never exceed the budget: the frames in progress can always finish.
 //
 // Receive credit (receive_credit at the receiver, frame_send_queue at the sender): each end
