@@ -29,7 +29,16 @@
 //      node: refused)
 //   serving: a second hello or link_auth, a frame beyond the window, an excess credit: fatal
 //   fatal: error_reply{bad_frame}, refused: error_reply{not_admitted} (unmetered, frames waiting
-//          for credit dropped), then closed
+//          for credit dropped), then closed once the socket took it (at the latest at the second
+//          check_frames), abortively
+//
+// Receive budget (server): each authenticated connection's frame_receiver claims the budget
+// before each read; a connection whose claim waits is stopped (stop_if_waiting) and queued in
+// waiting_for_budget, and resume_waiting gives every queued connection its turn when the budget
+// wakes the broker (budget_atom). Every check_interval the broker checks its connections
+// (check_frames): stalled or too slow frames, peers that take none of their replies, closing
+// connections whose peer takes nothing. A peer closed for its behaviour is reset at once
+// (close_abortively) and named in a warning (closure_log).
 //
 // Under TLS (tuning.tls; actors/logic/link_tls.hpp) all of this runs on plaintext: a connection
 // first completes its TLS handshake (the listener's hello waits in its queue until then), socket
@@ -50,6 +59,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <sys/socket.h>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -89,8 +99,11 @@ using released_atom = caf::atom_constant<caf::atom("released")>;
 /// To a server broker, from whichever thread released bytes of its receive budget after a frame
 /// had to wait for it: let waiting connections read on.
 using budget_atom = caf::atom_constant<caf::atom("budget")>;
-/// To a server broker from itself, every quarter of stalled_frame_timeout: close connections
-/// that began a frame and went silent.
+/// To a server broker, posted from itself through the multiplexer: connection (uint64 id) got the
+/// budget it waited for, start reading its socket again (read_again).
+using read_again_atom = caf::atom_constant<caf::atom("readagain")>;
+/// To a server broker from itself, every quarter of stalled_frame_timeout (and of frame_grace):
+/// close connections that began a frame and went silent or are too slow, or do not read.
 using stall_check_atom = caf::atom_constant<caf::atom("stalls")>;
 
 /// Activity tokens of a server connection's scribe: so many that they never run out. With
@@ -185,6 +198,26 @@ struct link_connection {
   std::uint64_t bytes_taken = 0;
   std::uint64_t taken_at_check = 0;
   std::chrono::steady_clock::time_point stuck_since{};
+  /// Why a closing connection closes once its last frames (the error reply, a TLS alert) are
+  /// taken by the socket; how many frame checks found it still closing (at the second its peer,
+  /// which does not take them, is cut off); and whether what the TLS session would still write
+  /// is lost (it failed).
+  std::string closing_why;
+  int closing_checks = 0;
+  bool sealed_off = false;
+
+  /// The rate rule's view of the frame in progress (check_frames).
+  struct frame_clock {
+    /// A frame is being timed, which one (frame_receiver::frames_read when it was first seen),
+    /// the bytes the kernel had received on the connection then, and when it was last checked.
+    bool running = false;
+    std::uint64_t frame = 0;
+    std::uint64_t bytes_at_start = 0;
+    std::chrono::steady_clock::time_point checked{};
+    /// Time that counts against the peer since it was first seen: not while the connection
+    /// waited for the budget or this process left bytes of it unread.
+    std::chrono::steady_clock::duration peer_time{};
+  } clock;
 
   link_connection(const link_connection&) = delete;
   link_connection& operator=(const link_connection&) = delete;
@@ -837,11 +870,43 @@ data_link_stats stats_of(const link_connection& c) {
   s.shm_receive = c.rx != nullptr;
   s.queued_bytes = c.queue.queued_bytes() + c.in_flight;
   s.waits_for_budget = c.receiver.waits_for_budget();
+  s.body_arrived = c.receiver.body_bytes_arrived();
   return s;
 }
 
 // ================================================================================================
 // server
+
+/// Warnings about the peers a server closes: every one while info lines print; else at most a
+/// burst of them and then one a second, the next one shown saying how many were not, so that an
+/// attack cannot flood the log (or block a node whose stderr is a pipe nobody drains).
+class closure_log {
+public:
+  void warn(const logger& log, std::string line) {
+    if (!log.enabled(log_level::info)) {
+      const auto now = std::chrono::steady_clock::now();
+      tokens_ = std::min(burst, tokens_ + std::chrono::duration<double>(now - refilled_).count());
+      refilled_ = now;
+      if (tokens_ < 1) {
+        ++unshown_;
+        return;
+      }
+      tokens_ -= 1;
+    }
+    if (unshown_ != 0) {
+      line += " (and " + std::to_string(unshown_) +
+              " more peers closed since the last such line; verbose 1 shows each)";
+      unshown_ = 0;
+    }
+    log.warning(line);
+  }
+
+private:
+  static constexpr double burst = 10;
+  double tokens_ = burst;
+  std::chrono::steady_clock::time_point refilled_ = std::chrono::steady_clock::now();
+  std::uint64_t unshown_ = 0;
+};
 
 struct server_state {
   data_server_options options;
@@ -872,30 +937,79 @@ struct server_state {
       return std::nullopt;
     return node_proof_policy{secret, lost_workers};
   }
+  closure_log closures;
 
   static inline const char* name = "troupe.data_server";
 };
 
 using server_broker = caf::io::stateful_broker<server_state>;
 
-/// Forgets a connection and reports it. `close` when the socket is still open (CAF sends what
-/// its buffers hold, then FIN); not when CAF reported the close.
-void drop_connection(server_broker* self, connection_handle hdl, bool close,
-                     const std::string& why) {
+/// How a server connection ends.
+enum class closure {
+  /// CAF reported the close (the peer left): the socket is CAF's to close.
+  by_peer,
+  /// The server stops: CAF sends what its buffers hold, then FIN.
+  by_us,
+  /// The peer misbehaved or failed: the socket goes at once, and a warning names the peer.
+  of_peer,
+};
+
+/// Drops connection `hdl` at once: the kernel discards what it still holds for the peer and
+/// answers with a reset, and CAF, whose writes and reads on the socket then fail, forgets the
+/// scribe and closes the descriptor. A plain close(hdl) waits until CAF's buffer is written and
+/// the peer closes its end: a peer that reads nothing and never closes would keep the socket,
+/// its buffers and the descriptor forever. The descriptor is CAF's (hdl.id()) and still open
+/// while the broker holds the scribe; it is never closed here, so a number the kernel reuses is
+/// never touched.
+void close_abortively(server_broker* self, connection_handle hdl) {
+  if (!self->valid(hdl))
+    return;
+  const int fd = static_cast<int>(hdl.id());
+  const ::linger reset{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  ::shutdown(fd, SHUT_RDWR);
+  self->close(hdl);
+}
+
+/// Forgets a connection, closes it as `how` says and reports it, `why` naming the reason in
+/// plain numbers (for of_peer and by_us).
+void drop_connection(server_broker* self, connection_handle hdl, closure how, std::string why) {
   auto& st = self->state;
   auto i = st.connections.find(hdl);
   if (i == st.connections.end())
     return;
   const std::uint64_t id = i->second.id;
-  if (close)
+  const std::string peer = i->second.peer;
+  if (how == closure::of_peer)
+    close_abortively(self, hdl);
+  else if (how == closure::by_us)
     self->close(hdl);
   st.unauthenticated.erase(id);
   st.held.erase(id);
   st.handles.erase(id);
   st.connections.erase(i);
-  st.options.tuning.log.info("data server: connection " + std::to_string(id) + " " + why);
+  const auto& log = st.options.tuning.log;
+  const std::string named = "data server: connection " + std::to_string(id) + " (" + peer + ")";
+  if (how == closure::of_peer) {
+    st.closures.warn(log, "data server: closed the peer " + peer + " (connection " +
+                              std::to_string(id) + "): " + why);
+  } else if (how == closure::by_peer) {
+    log.info(named + " closed by the peer");
+  } else {
+    log.info(named + " closed: " + why);
+  }
   if (st.options.on_disconnect)
     st.options.on_disconnect(id);
+}
+
+/// Starts closing connection `c` after its last frames (an error reply, a TLS alert): nothing
+/// else is queued or read, and once the socket has taken what is queued (or at the second frame
+/// check, for a peer that takes nothing) the connection is closed as a misbehaving peer's, for
+/// `why`.
+void start_closing(link_connection& c, std::string why) {
+  c.closing = true;
+  c.closing_why = std::move(why);
+  c.queue.drop_waiting();
 }
 
 /// Writes what the connection may, and closes it once a fatal frame's reply is handed over, or
@@ -904,14 +1018,16 @@ void route_parked(server_broker* self, link_connection& c);
 
 bool serve_writes(server_broker* self, link_connection& c) {
   const auto& options = self->state.options;
-  if (auto failed = pump(self, c, options.tuning)) {
-    drop_connection(self, c.hdl, true, "closed: " + *failed);
-    return false;
+  if (!c.sealed_off) {
+    if (auto failed = pump(self, c, options.tuning)) {
+      drop_connection(self, c.hdl, closure::of_peer, "its TLS session failed: " + *failed);
+      return false;
+    }
   }
   if (!c.closing)
     route_parked(self, c);
-  if (c.closing && c.queue.empty()) {
-    drop_connection(self, c.hdl, true, "closed after a frame that broke the framing or protocol");
+  if (c.closing && (c.sealed_off || c.queue.empty()) && c.in_flight == 0) {
+    drop_connection(self, c.hdl, closure::of_peer, c.closing_why);
     return false;
   }
   return true;
@@ -937,9 +1053,11 @@ void on_server_authenticated(server_broker* self, link_connection& c) {
 /// A fatal read: the peer gets the reason, whatever its window (what waited for credit is not
 /// sent), and the connection closes once it is written.
 void close_after(link_connection& c, const incoming& in, const data_link_tuning& tuning) {
-  c.queue.drop_waiting();
+  start_closing(c, in.denied ? "it was refused: " + *in.denied
+                             : "it sent a frame that breaks the framing or the link protocol: " +
+                                   std::string(wire::to_string(in.refused->kind)) + ": " +
+                                   in.refused->message);
   queue_unmetered(c, in.fatal_reply(), tuning);
-  c.closing = true;
 }
 
 /// The job secret arrived: the held hello of connection `id` has its node proof checked now, and
@@ -1067,6 +1185,17 @@ std::size_t on_outcome(server_broker* self, link_connection& c, receive_outcome 
   return serve_writes(self, c) && !c.closing ? in.next_read : 0;
 }
 
+/// Starts reading connection `id` again after it waited for the budget, from the multiplexer's
+/// next round. Not at once: a scribe stopped in this round (stop_if_waiting) stays registered for
+/// reading until the round ends, and CAF 0.17 ignores a trigger meanwhile (a stream registers
+/// again only once its reader is gone), which would leave the connection unread for good. A
+/// function posted to the multiplexer runs after the round's changes to the poll set.
+void read_again(server_broker* self, std::uint64_t id) {
+  self->backend().post([broker = caf::actor_cast<caf::actor>(self), id] {
+    caf::anon_send(broker, read_again_atom::value, id);
+  });
+}
+
 void stop_if_waiting(server_broker* self, connection_handle hdl);
 void finish_sealed_read(server_broker* self, connection_handle hdl, const sealed_read& read,
                         bool in_read_handler);
@@ -1113,13 +1242,19 @@ void finish_sealed_read(server_broker* self, connection_handle hdl, const sealed
   if (in_read_handler && waits)
     stop_if_waiting(self, hdl);
   else if (!in_read_handler && !waits && !read.broken)
-    self->trigger(hdl, unlimited_reads);
+    read_again(self, c.id);
   if (read.stopped)
     return;
   if (read.broken) {
-    c.tls->drain(self->wr_buf(c.hdl));
+    // The session's alert goes out last; nothing else can be sealed any more.
+    auto& out = self->wr_buf(c.hdl);
+    const std::size_t before = out.size();
+    c.tls->drain(out);
+    c.in_flight += out.size() - before;
     self->flush(c.hdl);
-    drop_connection(self, c.hdl, true, "closed: " + *read.broken);
+    c.sealed_off = true;
+    start_closing(c, "its TLS session failed: " + *read.broken);
+    serve_writes(self, c);
     return;
   }
   widen_reads(self, c);
@@ -1138,32 +1273,36 @@ void stop_if_waiting(server_broker* self, connection_handle hdl) {
   self->trigger(hdl, 1);
 }
 
-/// Releases made room in the budget: the waiting connections go on, first come first served,
-/// until one still does not fit (the next release wakes the broker again).
+/// Releases made room in the budget: every waiting connection, in the order they came, claims
+/// again in its turn. One that still does not fit keeps its place (and the next release wakes
+/// the broker again); one that does reads on, and waits again at the end of the queue when its
+/// next claim (its next step, its first step after a commitment) does not fit: so waiting
+/// connections are served in turn, one read at a time.
 void resume_waiting(server_broker* self) {
   auto& st = self->state;
-  while (!st.waiting_for_budget.empty()) {
-    auto h = st.handles.find(st.waiting_for_budget.front());
-    if (h == st.handles.end()) {
-      st.waiting_for_budget.pop_front();
+  std::deque<std::uint64_t> turns;
+  turns.swap(st.waiting_for_budget);
+  std::deque<std::uint64_t> kept;
+  for (const std::uint64_t id : turns) {
+    auto h = st.handles.find(id);
+    if (h == st.handles.end())
       continue;
-    }
     const connection_handle hdl = h->second;
     auto& c = st.connections.at(hdl);
-    if (c.closing || !c.receiver.waits_for_budget()) {
-      st.waiting_for_budget.pop_front();
+    if (c.closing || !c.receiver.waits_for_budget())
+      continue;
+    const bool for_commitment = c.receiver.waits_for_commitment();
+    auto out = c.receiver.resume(c.tls ? &c.plain : nullptr);
+    if (out.waits_for_budget && c.receiver.waits_for_commitment() == for_commitment) {
+      kept.push_back(id);
       continue;
     }
-    auto out = c.receiver.resume(c.tls ? &c.plain : nullptr);
-    if (out.waits_for_budget)
-      return;
-    st.waiting_for_budget.pop_front();
     if (!c.tls) {
       // The body goes into a buffer CAF allocates this once: outside a read handler the broker
       // cannot swap a pooled one in.
       if (const std::size_t next = on_outcome(self, c, std::move(out))) {
         self->configure_read(hdl, receive_policy::exactly(next));
-        self->trigger(hdl, unlimited_reads);
+        read_again(self, id);
       }
       continue;
     }
@@ -1176,25 +1315,76 @@ void resume_waiting(server_broker* self) {
     }
     finish_sealed_read(self, hdl, read, false);
   }
+  // Those still waiting keep their places ahead of those that began to wait meanwhile.
+  kept.insert(kept.end(), st.waiting_for_budget.begin(), st.waiting_for_budget.end());
+  st.waiting_for_budget.swap(kept);
 }
 
-/// Closes every authenticated connection that began a frame (the broker is reading its body,
-/// the TLS session holds part of a record, or the kernel received bytes that CAF holds as part
-/// of a read not yet complete) and received nothing for options.stalled_frame_timeout. A
-/// connection waiting for the budget is not the peer's doing and is left alone.
-void close_stalled(server_broker* self) {
+/// Milliseconds of `d`, for messages.
+std::string ms_of(std::chrono::steady_clock::duration d) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+/// The rate rule on connection `c`, whose peer has begun a frame (kernel view: `progress`): why
+/// it must close, if it must. Times the frame from the first check that sees it, counting only
+/// the peer's time: a check that finds bytes of it unread in the kernel does not count the time
+/// since the previous one (nor does check_frames while the connection waits for the budget).
+std::optional<std::string> too_slow(link_connection& c, const tcp_progress& progress,
+                                    const data_server_options& options,
+                                    std::chrono::steady_clock::time_point now) {
+  auto& clock = c.clock;
+  const std::uint64_t frame = c.receiver.frames_read();
+  if (!clock.running || clock.frame != frame) {
+    clock = {true, frame, progress.bytes_received, now, {}};
+    return std::nullopt;
+  }
+  if (progress.unread == 0)
+    clock.peer_time += now - clock.checked;
+  clock.checked = now;
+  if (options.min_frame_rate == 0 || clock.peer_time <= options.frame_grace)
+    return std::nullopt;
+  const double late = std::chrono::duration<double>(clock.peer_time - options.frame_grace).count();
+  const double owed = static_cast<double>(options.min_frame_rate) * late;
+  const std::uint64_t arrived = progress.bytes_received - clock.bytes_at_start;
+  if (static_cast<double>(arrived) >= owed)
+    return std::nullopt;
+  return "it sends its frame too slowly: " + std::to_string(arrived) + " bytes arrived in " +
+         ms_of(clock.peer_time) + " ms of its time (" + std::to_string(c.receiver.body_bytes()) +
+         " body bytes announced; min_frame_rate " + std::to_string(options.min_frame_rate) +
+         " bytes/s after frame_grace " + std::to_string(options.frame_grace.count()) +
+         " ms asks for " + std::to_string(static_cast<std::uint64_t>(owed)) + " by now)";
+}
+
+/// The periodic check of every connection (stall_check_atom). Closes, naming the peer and the
+/// numbers:
+/// - a connection whose replies are backed up and whose socket took none of them for
+///   stalled_frame_timeout (the peer does not read);
+/// - an authenticated connection that began a frame (the broker is reading its body, the TLS
+///   session holds part of a record, or the kernel received bytes that CAF holds as part of a
+///   read not yet complete) and received nothing for stalled_frame_timeout, or whose frame
+///   arrives slower than the rate rule allows (too_slow);
+/// - a closing connection whose last frames the peer has not taken by the second check.
+/// A connection waiting for the budget is not the peer's doing and is left alone.
+void check_frames(server_broker* self) {
   auto& st = self->state;
   const auto timeout = st.options.stalled_frame_timeout;
+  const bool stall_rule = timeout.count() > 0;
   const auto now = std::chrono::steady_clock::now();
   std::vector<std::pair<connection_handle, std::string>> stalled;
   for (auto& [hdl, c] : st.connections) {
+    if (c.closing) {
+      if (++c.closing_checks >= 2)
+        stalled.emplace_back(hdl, c.closing_why + " (it did not take its last " +
+                                      std::to_string(queued_for_peer(c)) + " bytes)");
+      continue;
+    }
     // Replies are backed up when requests wait for them to drain (dispatch), or when more than
     // the bound is queued because requests were routed before their replies came: either way
     // the peer must take some of them. Progress is the bytes the socket took, not the queue's
     // size, which replies still being made may grow while the peer reads.
     const std::size_t queued = queued_for_peer(c);
     const bool backed_up =
-        !c.closing && (!c.parked.empty() || queued > st.options.max_send_queue_bytes);
+        stall_rule && (!c.parked.empty() || queued > st.options.max_send_queue_bytes);
     if (!backed_up) {
       c.stuck_since = {};
     } else {
@@ -1203,32 +1393,54 @@ void close_stalled(server_broker* self) {
         c.stuck_since = now;
       c.taken_at_check = c.bytes_taken;
       if (now - c.stuck_since >= timeout) {
-        stalled.emplace_back(
-            hdl, "closed: the peer " + c.peer + " is not reading its replies: " +
-                     std::to_string(queued) + " bytes queued (max_send_queue_bytes " +
-                     std::to_string(st.options.max_send_queue_bytes) + "), none taken for " +
-                     std::to_string(
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - c.stuck_since)
-                             .count()) +
-                     " ms (stalled_frame_timeout " + std::to_string(timeout.count()) + " ms)");
+        stalled.emplace_back(hdl, "it is not reading its replies: " + std::to_string(queued) +
+                                      " bytes queued (max_send_queue_bytes " +
+                                      std::to_string(st.options.max_send_queue_bytes) +
+                                      "), none taken for " + ms_of(now - c.stuck_since) +
+                                      " ms (stalled_frame_timeout " +
+                                      std::to_string(timeout.count()) + " ms)");
         continue;
       }
     }
-    if (!c.authenticated || c.closing || c.receiver.waits_for_budget())
+    if (!c.authenticated)
       continue;
+    if (c.receiver.waits_for_budget()) {
+      c.clock.checked = now; // the wait is not the peer's time
+      continue;
+    }
     const auto progress = read_tcp_progress(static_cast<int>(hdl.id()));
-    if (!progress || std::chrono::milliseconds{progress->ms_since_data} < timeout)
+    if (!progress)
       continue;
     const bool mid_frame = c.receiver.body_bytes() != 0 || (c.tls && c.tls->mid_record()) ||
                            progress->bytes_received > c.delivered;
-    if (mid_frame)
-      stalled.emplace_back(
-          hdl, "closed: the peer " + c.peer + " began a frame and sent nothing more for " +
-                   std::to_string(progress->ms_since_data) + " ms (stalled_frame_timeout " +
-                   std::to_string(timeout.count()) + " ms)");
+    if (!mid_frame) {
+      c.clock.running = false;
+      continue;
+    }
+    if (stall_rule && std::chrono::milliseconds{progress->ms_since_data} >= timeout) {
+      stalled.emplace_back(hdl, "it began a frame and sent nothing more for " +
+                                    std::to_string(progress->ms_since_data) +
+                                    " ms (stalled_frame_timeout " +
+                                    std::to_string(timeout.count()) + " ms)");
+      continue;
+    }
+    if (auto why = too_slow(c, *progress, st.options, now))
+      stalled.emplace_back(hdl, std::move(*why));
   }
   for (const auto& [hdl, why] : stalled)
-    drop_connection(self, hdl, true, why);
+    drop_connection(self, hdl, closure::of_peer, why);
+}
+
+/// How often check_frames runs: a quarter of the shortest of its timeouts (stalled_frame_timeout,
+/// frame_grace when the rate rule is on), at least every second (closing connections) and at most
+/// every 10 ms.
+std::chrono::milliseconds check_interval(const data_server_options& options) {
+  auto interval = std::chrono::milliseconds{1'000};
+  if (options.stalled_frame_timeout.count() > 0)
+    interval = std::min(interval, options.stalled_frame_timeout / 4);
+  if (options.min_frame_rate != 0)
+    interval = std::min(interval, options.frame_grace / 4);
+  return std::max(interval, std::chrono::milliseconds{10});
 }
 
 caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr acceptor,
@@ -1243,11 +1455,10 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
       caf::anon_send(strong, budget_atom::value);
   });
   self->add_doorman(std::move(acceptor));
-  // A quarter of the timeout between checks: a stalled frame is closed within 1.25 timeouts.
-  const auto stall_check_interval =
-      std::max(st.options.stalled_frame_timeout / 4, std::chrono::milliseconds{10});
-  if (st.options.stalled_frame_timeout.count() > 0)
-    self->delayed_send(self, stall_check_interval, stall_check_atom::value);
+  // A stalled frame is closed within 1.25 timeouts, a slow one within a quarter grace of its
+  // deadline.
+  const auto stall_check_interval = check_interval(st.options);
+  self->delayed_send(self, stall_check_interval, stall_check_atom::value);
   return {
       [=](const caf::io::new_connection_msg& msg) {
         auto& st = self->state;
@@ -1255,19 +1466,19 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         const std::string from =
             self->remote_addr(msg.handle) + ":" + std::to_string(self->remote_port(msg.handle));
         if (st.connections.size() >= st.options.max_connections) {
-          tuning.log.info("data server: refused a connection from " + from + ": " +
-                          std::to_string(st.connections.size()) +
-                          " are open, the most it holds (max_connections)");
-          self->close(msg.handle);
+          close_abortively(self, msg.handle);
+          st.closures.warn(tuning.log, "data server: refused a connection from " + from + ": " +
+                                           std::to_string(st.connections.size()) +
+                                           " are open, the most it holds (max_connections)");
           return;
         }
         if (st.unauthenticated.size() >= st.options.max_unauthenticated) {
           const std::uint64_t oldest = *st.unauthenticated.begin();
-          drop_connection(
-              self, st.handles.at(oldest), true,
-              "closed before its handshake was done: " + std::to_string(st.unauthenticated.size()) +
-                  " connections were waiting to authenticate (max_unauthenticated), "
-                  "and it was the oldest");
+          drop_connection(self, st.handles.at(oldest), closure::of_peer,
+                          "its handshake was not done while " +
+                              std::to_string(st.unauthenticated.size()) +
+                              " connections were waiting to authenticate (max_unauthenticated), "
+                              "and it was the oldest");
         }
         const std::uint64_t id = st.next_id++;
         auto& c = st.connections
@@ -1276,6 +1487,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
                                    release_waker(self, id), st.pool, tuning)
                       .first->second;
         c.peer = from;
+        c.receiver.set_receive_step(st.options.receive_step_bytes);
         st.handles.emplace(id, msg.handle);
         st.unauthenticated.insert(id);
         self->ack_writes(msg.handle, true);
@@ -1286,8 +1498,8 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
           // Under TLS it waits in the queue until the TLS handshake is done.
           queue_hello(c, tuning);
         } catch (const std::exception& e) {
-          drop_connection(self, msg.handle, true,
-                          std::string("closed: cannot say hello: ") + e.what());
+          drop_connection(self, msg.handle, closure::of_peer,
+                          std::string("this server cannot say hello: ") + e.what());
           return;
         }
         self->delayed_send(self, tuning.handshake_timeout, handshake_deadline_atom::value, id);
@@ -1298,8 +1510,8 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         if (!st.unauthenticated.contains(id) && !st.held.contains(id))
           return;
         const auto& c = st.connections.at(st.handles.at(id));
-        drop_connection(self, c.hdl, true,
-                        "closed: no authenticated handshake within " +
+        drop_connection(self, c.hdl, closure::of_peer,
+                        "no authenticated handshake within " +
                             std::to_string(st.options.tuning.handshake_timeout.count()) + " ms" +
                             (c.held ? " (its hello waited for the job secret: this server was "
                                       "not admitted to its job in time)"
@@ -1339,7 +1551,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         serve_writes(self, i->second);
       },
       [=](const caf::io::connection_closed_msg& msg) {
-        drop_connection(self, msg.handle, false, "closed by the peer");
+        drop_connection(self, msg.handle, closure::by_peer, "");
       },
       [=](const caf::io::acceptor_closed_msg&) {
         // Existing connections keep being served; only new peers are turned away.
@@ -1376,8 +1588,17 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         serve_writes(self, c);
       },
       [=](budget_atom) { resume_waiting(self); },
+      [=](read_again_atom, std::uint64_t id) {
+        auto& st = self->state;
+        auto h = st.handles.find(id);
+        if (h == st.handles.end())
+          return;
+        const auto& c = st.connections.at(h->second);
+        if (!c.closing && !c.receiver.waits_for_budget())
+          self->trigger(c.hdl, unlimited_reads);
+      },
       [=](stall_check_atom) {
-        close_stalled(self);
+        check_frames(self);
         self->delayed_send(self, stall_check_interval, stall_check_atom::value);
       },
       [=](const caf::io::connection_passivated_msg&) {
@@ -1394,6 +1615,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         stats.budget_in_use = budget.in_use;
         stats.budget_peak = budget.peak;
         stats.budget_waits = budget.waits;
+        stats.budget_committed = budget.committed;
         return stats;
       },
       [=](stop_atom) {
@@ -1402,7 +1624,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         for (const auto& entry : st.connections)
           open.push_back(entry.first);
         for (auto hdl : open)
-          drop_connection(self, hdl, true, "closed: the server stops");
+          drop_connection(self, hdl, closure::by_us, "the server stops");
         // Quitting closes the listening socket with every other servant of the broker.
         self->quit();
       },

@@ -63,10 +63,15 @@
 // connection; a peer that has not authenticated, not more than max_handshake_frame_bytes. A
 // server holds at most max_connections connections, of which at most max_unauthenticated are
 // still in their handshake, and at most options.receive_budget_bytes of authenticated frames over
-// all of them (a frame beyond it waits, its connection unread: connections share the budget, so
-// one may slow another, never fail it); while more than max_send_queue_bytes of replies wait for
-// a peer, its requests wait too (held by its window), and it closes a connection that stalls
-// inside a frame or takes none of its replies for stalled_frame_timeout.
+// all of them: every read is reserved before it is configured, a body above receive_step_bytes
+// one step at a time as its bytes arrive, so a connection holds at most a step beyond what
+// arrived, and a read beyond the budget waits, its connection unread, in turn with the others
+// (connections share the budget, so one may slow another, never fail it). While more than
+// max_send_queue_bytes of replies wait for a peer, its requests wait too (held by its window).
+// A server closes a connection that stalls inside a frame or takes none of its replies for
+// stalled_frame_timeout, or whose frame arrives slower than min_frame_rate once older than
+// frame_grace; every peer it closes for its behaviour loses its socket at once (a reset, not a
+// close that waits for the peer to read), with a warning naming the peer and why.
 //
 // TLS (tuning.tls, actors/logic/link_tls.hpp): with credentials, every connection first runs a
 // TLS 1.3 handshake with certificates at both ends, from the job's CA and naming a role this end
@@ -199,15 +204,21 @@ struct data_link_stats {
   /// Sending: bytes of frames not yet taken by the socket (waiting for credit, queued, or in
   /// CAF's buffer), what data_server_options::max_send_queue_bytes bounds.
   std::uint64_t queued_bytes = 0;
-  /// Receiving, on a server: this connection stopped reading because its next frame does not fit
-  /// the node's receive budget; and that budget (data_server_options::receive_budget_bytes, 0 at
-  /// a client), the bytes reserved in it now over all connections, the most ever, and how many
-  /// frames had to wait for it.
+  /// Receiving, on a server: this connection stopped reading because its next read (a body, a
+  /// step of one, or the commitment of a body read in steps) does not fit the node's receive
+  /// budget; and that budget (data_server_options::receive_budget_bytes, 0 at a client), the
+  /// bytes reserved in it now over all connections, the most ever, and how many reads had to
+  /// wait for it.
   bool waits_for_budget = false;
   std::uint64_t budget = 0;
   std::uint64_t budget_in_use = 0;
   std::uint64_t budget_peak = 0;
   std::uint64_t budget_waits = 0;
+  /// The whole sizes of the frames being read in steps over all connections (they are sure to
+  /// fit the budget once they have arrived), and this connection's body bytes of such a frame
+  /// that have arrived.
+  std::uint64_t budget_committed = 0;
+  std::uint64_t body_arrived = 0;
 };
 
 template <class Inspector>
@@ -216,7 +227,7 @@ typename Inspector::result_type inspect(Inspector& f, data_link_stats& x) {
            x.held, x.tls, x.peer_window, x.outstanding, x.waiting_frames, x.waiting_bytes,
            x.credit_received, x.window, x.unreleased, x.uncredited, x.credit_sent, x.shm_send,
            x.shm_receive, x.queued_bytes, x.waits_for_budget, x.budget, x.budget_in_use,
-           x.budget_peak, x.budget_waits);
+           x.budget_peak, x.budget_waits, x.budget_committed, x.body_arrived);
 }
 
 /// How a data server dispatches and reports.
@@ -259,8 +270,9 @@ struct data_server_options {
   /// strangers cannot push it out (it still closes at the handshake timeout).
   std::size_t max_unauthenticated = 64;
   /// Bytes of frames read (or being read) and not yet released, over all connections: windows
-  /// bound each connection, this bounds their sum. A frame that does not fit stops its
-  /// connection reading until releases make room (backpressure; nothing is closed), and a frame
+  /// bound each connection, this bounds their sum. A read (a body, or a step of one above
+  /// receive_step_bytes) that does not fit stops its connection reading until releases make room
+  /// (backpressure; nothing is closed); waiting connections are served in turn, and a frame
   /// always fits when nothing else is held (actors/logic/data_link_framing.hpp,
   /// receive_budget). So actors must not keep more than this of received frames while they wait
   /// for frames from other connections. At least limits.max_frame_bytes.
@@ -277,6 +289,25 @@ struct data_server_options {
   /// hold a frame's buffer and budget forever); between frames a connection may be silent as
   /// long as it likes. 0: never. Linux: progress is read from the socket's TCP_INFO.
   std::chrono::milliseconds stalled_frame_timeout{30'000};
+  /// A frame in progress must arrive at this rate at least (bytes per second) once it is older
+  /// than frame_grace: an authenticated peer whose frame has delivered fewer than
+  /// min_frame_rate x (age - frame_grace) bytes is closed, naming it and the numbers. So every
+  /// frame ends within frame_grace + its size / min_frame_rate, whatever the trickle (one byte
+  /// every few seconds defeats stalled_frame_timeout alone). Age counts only the peer's time:
+  /// not while the connection waits for the receive budget, nor while this process has unread
+  /// bytes of it in the kernel. Measured from the socket's TCP_INFO every quarter of frame_grace
+  /// (and of stalled_frame_timeout). 0: no rate rule. The default, 64 KiB/s (0.5 Mbit/s), is
+  /// below any link a job can train over.
+  std::uint64_t min_frame_rate = std::uint64_t{64} << 10;
+  /// The time a frame may take before min_frame_rate applies. The default, 10 s, is longer than
+  /// a node may stay silent before the job counts it lost (timeouts.peer, 5 s).
+  std::chrono::milliseconds frame_grace{10'000};
+  /// Bodies above this size are read in steps of it (actors/logic/data_link_framing.hpp): each
+  /// step claims the receive budget only when the previous one arrived, and is copied into a
+  /// body that grows with the bytes (smaller bodies are read whole, in place). So a connection
+  /// holds at most this much of the budget that has not arrived. Keep it above the tensor chunk
+  /// size (data.chunk_bytes) plus a header, so that tensors are never copied. At least 8.
+  std::size_t receive_step_bytes = std::size_t{4} << 20;
   data_link_tuning tuning;
 };
 

@@ -404,6 +404,12 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   data_options.receive_budget_bytes = static_cast<std::size_t>(config.receive_budget_bytes);
   data_options.max_send_queue_bytes = static_cast<std::size_t>(config.max_send_queue_bytes);
   data_options.stalled_frame_timeout = config.stalled_frame_timeout;
+  data_options.min_frame_rate = static_cast<std::uint64_t>(config.min_frame_rate);
+  data_options.frame_grace = config.frame_grace;
+  // Tensor chunks (and their headers) are read whole, in place, however large they are set.
+  data_options.receive_step_bytes =
+      std::max(data_options.receive_step_bytes,
+               static_cast<std::size_t>(config.chunk_bytes) + (std::size_t{64} << 10));
   auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
   if (!data)
     return data.error();

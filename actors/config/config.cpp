@@ -439,6 +439,11 @@ void add_timeouts_fields(std::vector<field>& t) {
                 "that misses bytes and got none for this long. \"0s\": never."},
                duration_setter(&cluster_config::stalled_frame_timeout, true),
                {}});
+  t.push_back({{"timeouts", "frame_grace", "", "--frame-grace", "DURATION", "\"10s\"",
+                "How long a frame may take before data.min_frame_rate applies to it; longer "
+                "than timeouts.peer, since a sender silent for longer is lost anyway."},
+               duration_setter(&cluster_config::frame_grace, true),
+               {}});
   t.push_back({{"timeouts", "server_rejoin", "", "--server-rejoin", "DURATION", "\"0s\"",
                 "How long the job waits for a lost server to come back from its checkpoint "
                 "(troupe-node --recover) before it fails; workers hold their calls meanwhile. "
@@ -479,6 +484,13 @@ void add_data_fields(std::vector<field>& t) {
                 "Bytes of received frames a listener holds unreleased over all its connections; a "
                 "frame beyond it waits. At least data.max_frame_bytes."},
                bytes_setter(&cluster_config::receive_budget_bytes, 4096),
+               {}});
+  t.push_back({{"data", "min_frame_rate", "", "--min-frame-rate", "BYTES", "\"64KiB\"",
+                "Bytes per second a frame must arrive at once it is older than "
+                "timeouts.frame_grace (time this node holds it up does not count); a listener "
+                "closes a slower peer. 64 KiB/s is 0.5 Mbit/s, below any link a job trains over. "
+                "0: no rate rule."},
+               bytes_setter(&cluster_config::min_frame_rate, 0),
                {}});
   t.push_back({{"data", "max_send_queue_bytes", "", "--max-send-queue-bytes", "BYTES", "\"256MiB\"",
                 "Bytes of replies a listener queues for one peer; a peer that does not read them "

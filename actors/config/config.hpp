@@ -123,6 +123,9 @@ struct cluster_config {
   /// long (a slow-loris peer); silence between frames is fine. A server also drops an init that
   /// misses bytes and got none for this long. 0: never.
   std::chrono::milliseconds stalled_frame_timeout{30'000};
+  /// A frame may take this long before min_frame_rate applies to it (longer than peer_timeout:
+  /// a sender silent for longer is lost anyway).
+  std::chrono::milliseconds frame_grace{10'000};
   /// How long the scheduler keeps a lost server's rank open for a server restarted from its
   /// checkpoint (checkpoint.recover), and workers hold their calls to it; 0: a lost server fails
   /// the job.
@@ -145,6 +148,9 @@ struct cluster_config {
   /// Bytes of received frames a listener holds unreleased over all its connections; a frame
   /// beyond it waits (its connection stops being read). At least max_frame_bytes.
   std::int64_t receive_budget_bytes = std::int64_t{1} << 30;
+  /// Bytes per second a frame must arrive at once it is older than frame_grace (this node's
+  /// own delays do not count); a listener closes a slower peer. 0: no rate rule.
+  std::int64_t min_frame_rate = 64 * 1024;
   /// Bytes of replies a listener queues for one peer before its further requests wait; a peer
   /// that reads none of them for stalled_frame is disconnected. At least max_frame_bytes.
   std::int64_t max_send_queue_bytes = 256 * 1024 * 1024;

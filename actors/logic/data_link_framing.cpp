@@ -237,38 +237,102 @@ receive_credit_stats receive_credit::stats() const {
 // ================================================================================================
 // receive_budget
 
-/// A reservation: gives its bytes back when the last copy goes.
+/// A reservation or a commitment: gives its bytes back when the last copy goes.
 struct receive_budget::ticket {
-  ticket(std::shared_ptr<receive_budget> owner, std::uint64_t n) noexcept
-      : budget(std::move(owner)), bytes(n) {}
+  ticket(std::shared_ptr<receive_budget> owner, bool commits) noexcept
+      : budget(std::move(owner)), commitment(commits) {}
   ticket(const ticket&) = delete;
   ticket& operator=(const ticket&) = delete;
-  ~ticket() { budget->release(bytes); }
+  ~ticket() { budget->release(bytes, commitment); }
 
   std::shared_ptr<receive_budget> budget;
-  std::uint64_t bytes;
+  std::uint64_t bytes = 0; ///< 0 until counted: a ticket made for a refused claim releases nothing
+  bool commitment;
 };
 
-std::shared_ptr<const void> receive_budget::reserve(std::uint64_t bytes) {
-  // Made before counting, so that an allocation failure leaves nothing reserved.
-  auto made = std::make_shared<ticket>(shared_from_this(), 0);
-  std::lock_guard<std::mutex> guard{mutex_};
-  if (in_use_ != 0 && (bytes > limit_ || in_use_ > limit_ - bytes)) {
+std::shared_ptr<const void> receive_budget::reserve(const claim& c) {
+  std::function<void()> serve_queue;
+  std::shared_ptr<const void> got;
+  {
+    std::lock_guard<std::mutex> guard{mutex_};
+    // Only the claimant's own frame is held: it goes, whatever its size (nothing else will be
+    // released to make room for it).
+    const bool alone = in_use_ == c.held;
+    const bool room = c.bytes <= limit_ && in_use_ <= limit_ - c.bytes;
+    got = take(c.bytes, false, c.in_turn, alone, room, serve_queue);
+  }
+  wake_now(serve_queue);
+  return got;
+}
+
+std::shared_ptr<const void> receive_budget::commit(std::uint64_t frame_bytes, bool in_turn) {
+  std::function<void()> serve_queue;
+  std::shared_ptr<const void> got;
+  {
+    std::lock_guard<std::mutex> guard{mutex_};
+    const bool alone = committed_ == 0;
+    const bool room = frame_bytes <= limit_ && committed_ <= limit_ - frame_bytes;
+    got = take(frame_bytes, true, in_turn, alone, room, serve_queue);
+  }
+  wake_now(serve_queue);
+  return got;
+}
+
+std::shared_ptr<const void> receive_budget::take(std::uint64_t bytes, bool commitment, bool in_turn,
+                                                 bool alone, bool room,
+                                                 std::function<void()>& serve_queue) {
+  auto& queue = commitment ? commit_queued_ : queued_;
+  if (!alone && !(room && (queue == 0 || in_turn))) {
+    if (!in_turn) {
+      ++waits_;
+      ++queue;
+    }
     waiting_ = true;
-    ++waits_;
+    // Refused only to keep the order: there is room, so those queued ahead may go now, and no
+    // release may come to say so (what is held may be theirs, waiting). The broker is told at
+    // once, unless it has been since it last looked.
+    if (room && wake_) {
+      serve_queue = wake_;
+      waiting_ = false;
+    }
     return nullptr;
   }
-  in_use_ += bytes;
-  peak_ = std::max(peak_, in_use_);
+  // Made before counting, so that an allocation failure leaves nothing reserved.
+  auto made = std::make_shared<ticket>(shared_from_this(), commitment);
+  if (in_turn && queue != 0)
+    --queue;
+  auto& count = commitment ? committed_ : in_use_;
+  count += bytes;
+  if (!commitment)
+    peak_ = std::max(peak_, in_use_);
   made->bytes = bytes;
   return made;
 }
 
-void receive_budget::release(std::uint64_t bytes) noexcept {
+void receive_budget::wake_now(const std::function<void()>& serve_queue) noexcept {
+  if (!serve_queue)
+    return;
+  try {
+    serve_queue();
+  } catch (...) {
+    // Out of memory: the next release wakes the broker instead.
+    std::lock_guard<std::mutex> guard{mutex_};
+    waiting_ = true;
+  }
+}
+
+void receive_budget::leave_queue(bool commitment) noexcept {
+  std::lock_guard<std::mutex> guard{mutex_};
+  auto& queue = commitment ? commit_queued_ : queued_;
+  if (queue != 0)
+    --queue;
+}
+
+void receive_budget::release(std::uint64_t bytes, bool commitment) noexcept {
   if (bytes == 0)
-    return; // a refused reservation's ticket: nothing was counted
+    return; // a refused claim's ticket: nothing was counted
   count_release_and_wake(mutex_, waiting_, wake_, [&] {
-    in_use_ -= bytes;
+    (commitment ? committed_ : in_use_) -= bytes;
     return true;
   });
 }
@@ -280,7 +344,7 @@ void receive_budget::on_room(std::function<void()> wake) {
 
 receive_budget_stats receive_budget::stats() const {
   std::lock_guard<std::mutex> guard{mutex_};
-  return {limit_, in_use_, peak_, waits_};
+  return {limit_, in_use_, peak_, waits_, committed_, queued_ + commit_queued_};
 }
 
 // ================================================================================================
@@ -292,23 +356,37 @@ std::span<const std::byte> bytes_of(const std::vector<char>& buffer) noexcept {
   return {reinterpret_cast<const std::byte*>(buffer.data()), buffer.size()};
 }
 
-/// Owns a frame's keepalive and its budget ticket: the keepalive goes first (the buffer back to
-/// its pool, the window's credit), then the ticket releases the budget.
+/// Owns a frame's keepalive and its budget tickets: the keepalive goes first (the buffer back to
+/// its pool, the window's credit), then the tickets release the budget.
 struct ticketed {
-  std::shared_ptr<const void> ticket;
+  std::vector<std::shared_ptr<const void>> tickets;
   std::shared_ptr<const void> inner;
   ~ticketed() { inner.reset(); }
 };
 
-/// `keepalive` (may be null) extended to hold `ticket` too, still pointing where it pointed (or
+/// `keepalive` (may be null) extended to hold `tickets` too, still pointing where it pointed (or
 /// at the wrapper when it was null). Throws std::bad_alloc, leaving both arguments untouched.
-std::shared_ptr<const void> with_ticket(std::shared_ptr<const void>&& keepalive,
-                                        std::shared_ptr<const void>&& ticket) {
+std::shared_ptr<const void> with_tickets(std::shared_ptr<const void>&& keepalive,
+                                         std::vector<std::shared_ptr<const void>>&& tickets) {
   auto both = std::make_shared<ticketed>();
-  both->ticket = std::move(ticket);
+  both->tickets = std::move(tickets);
   both->inner = std::move(keepalive);
   const void* target = both->inner ? both->inner.get() : both.get();
   return std::shared_ptr<const void>(std::move(both), target);
+}
+
+/// The outcome of a read that must wait for the budget.
+receive_outcome waiting_outcome() {
+  receive_outcome wait{0, std::nullopt, std::nullopt};
+  wait.waits_for_budget = true;
+  return wait;
+}
+
+/// The fatal outcome of a body or a step that no memory can be found for.
+receive_outcome no_memory_for(std::size_t bytes) {
+  return {0, std::nullopt,
+          wire::decode_error{wire::decode_error::code::limit_exceeded,
+                             "no memory for a frame body of " + std::to_string(bytes) + " bytes"}};
 }
 
 /// Decode failures after which the byte stream cannot be trusted to be at a frame boundary: the
@@ -324,6 +402,11 @@ frame_receiver::frame_receiver(std::shared_ptr<receive_buffer_pool> pool,
                                wire::decode_limits limits, std::shared_ptr<receive_credit> credit)
     : pool_(std::move(pool)), limits_(limits), credit_(std::move(credit)) {}
 
+frame_receiver::~frame_receiver() {
+  if (queued_)
+    budget_->leave_queue(wait_ == budget_wait::commitment);
+}
+
 wire::decode_error frame_receiver::beyond_window(std::uint64_t bytes) const {
   const auto now = credit_->stats();
   return {wire::decode_error::code::limit_exceeded,
@@ -334,7 +417,7 @@ wire::decode_error frame_receiver::beyond_window(std::uint64_t bytes) const {
 
 receive_outcome frame_receiver::consume(std::vector<char>& buffer) {
   if (in_body_)
-    return finish_body(buffer);
+    return stepped_ ? take_step(buffer) : finish_body(buffer);
   if (buffer.size() != wire::frame_prefix_bytes)
     throw std::logic_error("frame_receiver: a prefix read delivered " +
                            std::to_string(buffer.size()) + " bytes, not 8");
@@ -347,51 +430,139 @@ receive_outcome frame_receiver::consume(std::vector<char>& buffer) {
   // window; anything bigger is refused before its body is allocated.
   if (beyond_window_ && frame_bytes > max_link_control_frame_bytes)
     return {0, std::nullopt, beyond_window(frame_bytes)};
-  return start_body(static_cast<std::size_t>(*length), &buffer);
+  return start_body(static_cast<std::size_t>(*length), &buffer, false);
 }
 
 receive_outcome frame_receiver::resume(std::vector<char>* buffer) {
-  if (!waiting_)
-    throw std::logic_error("frame_receiver: resume without a frame waiting for the budget");
-  return start_body(*waiting_, buffer);
+  switch (wait_) {
+  case budget_wait::commitment:
+  case budget_wait::body:
+    return start_body(body_bytes_, buffer, true);
+  case budget_wait::step:
+    return next_step(true);
+  case budget_wait::none:
+    break;
+  }
+  throw std::logic_error("frame_receiver: resume without a read waiting for the budget");
 }
 
-receive_outcome frame_receiver::start_body(std::size_t length, std::vector<char>* buffer) {
-  auto no_memory = [length] {
-    return receive_outcome{
-        0, std::nullopt,
-        wire::decode_error{wire::decode_error::code::limit_exceeded,
-                           "no memory for a frame body of " + std::to_string(length) + " bytes"}};
-  };
+bool frame_receiver::answered(bool granted, bool in_turn, budget_wait why) {
+  // A claim in turn that is refused keeps its place; one granted leaves the queue, in the
+  // budget's count as here. A new claim that is refused joins the queue.
+  if (granted) {
+    if (in_turn)
+      queued_ = false;
+    wait_ = budget_wait::none;
+    return true;
+  }
+  if (!in_turn)
+    queued_ = true;
+  wait_ = why;
+  return false;
+}
+
+bool frame_receiver::reserve(const receive_budget::claim& c, budget_wait why) {
+  auto ticket = budget_->reserve(c);
+  if (!answered(ticket != nullptr, c.in_turn, why))
+    return false;
+  tickets_.push_back(std::move(ticket));
+  reserved_ += c.bytes;
+  return true;
+}
+
+receive_outcome frame_receiver::start_body(std::size_t length, std::vector<char>* buffer,
+                                           bool in_turn) {
+  const bool stepped = budget_ && length > step_;
+  const std::uint64_t frame_bytes = wire::frame_prefix_bytes + length;
+  body_bytes_ = length;
   if (budget_) {
     try {
-      ticket_ = budget_->reserve(wire::frame_prefix_bytes + length);
+      // A body up to the step is reserved whole; a larger one first commits its whole size
+      // (in the queue of commitments), then reserves its prefix and first step like any read
+      // (in the queue of reservations, where it joins the end).
+      if (stepped && !commitment_) {
+        auto ticket = budget_->commit(frame_bytes, in_turn);
+        if (!answered(ticket != nullptr, in_turn, budget_wait::commitment))
+          return waiting_outcome();
+        commitment_ = std::move(ticket);
+        in_turn = false;
+      }
+      receive_budget::claim c;
+      c.bytes = stepped ? wire::frame_prefix_bytes + step_ : frame_bytes;
+      c.in_turn = in_turn;
+      if (!reserve(c, budget_wait::body))
+        return waiting_outcome();
     } catch (const std::bad_alloc&) {
-      return no_memory();
-    }
-    if (!ticket_) {
-      waiting_ = length;
-      receive_outcome wait{0, std::nullopt, std::nullopt};
-      wait.waits_for_budget = true;
-      return wait;
+      return no_memory_for(length);
     }
   }
-  waiting_.reset();
+  auto give_up = [this, length] {
+    tickets_.clear();
+    reserved_ = 0;
+    commitment_.reset();
+    body_ = {};
+    return no_memory_for(length);
+  };
+  std::vector<char> read_into;
+  try {
+    if (stepped)
+      body_.reserve(length); // address space only: pages are committed as the steps arrive
+    if (buffer != nullptr)
+      read_into = pool_->take(stepped ? step_ : length);
+  } catch (const std::bad_alloc&) {
+    return give_up();
+  }
   if (buffer != nullptr) {
-    std::vector<char> body;
-    try {
-      body = pool_->take(length);
-    } catch (const std::bad_alloc&) {
-      ticket_.reset();
-      return no_memory();
-    }
-    // The scribe reads the body straight into the pooled vector; the prefix vector waits here.
+    // The scribe reads the body (or its steps) straight into the pooled vector; the prefix
+    // vector waits here.
     prefix_buffer_ = std::move(*buffer);
-    *buffer = std::move(body);
+    *buffer = std::move(read_into);
   }
-  body_bytes_ = length;
   in_body_ = true;
-  return {body_bytes_, std::nullopt, std::nullopt};
+  stepped_ = stepped;
+  step_read_ = stepped ? step_ : length;
+  return {step_read_, std::nullopt, std::nullopt};
+}
+
+receive_outcome frame_receiver::next_step(bool in_turn) {
+  receive_budget::claim c;
+  c.bytes = std::min(step_, body_bytes_ - body_.size());
+  c.held = reserved_;
+  c.in_turn = in_turn;
+  try {
+    if (!reserve(c, budget_wait::step))
+      return waiting_outcome();
+  } catch (const std::bad_alloc&) {
+    return no_memory_for(body_bytes_);
+  }
+  step_read_ = static_cast<std::size_t>(c.bytes);
+  return {step_read_, std::nullopt, std::nullopt};
+}
+
+receive_outcome frame_receiver::take_step(std::vector<char>& buffer) {
+  if (buffer.size() != step_read_)
+    throw std::logic_error("frame_receiver: a step read delivered " +
+                           std::to_string(buffer.size()) + " bytes, not the announced " +
+                           std::to_string(step_read_));
+  // Within the capacity reserved at the prefix: no reallocation, no value-initialisation.
+  body_.insert(body_.end(), buffer.begin(), buffer.end());
+  if (body_.size() < body_bytes_)
+    return next_step(false);
+  const std::uint64_t frame_bytes = wire::frame_prefix_bytes + body_bytes_;
+  in_body_ = false;
+  stepped_ = false;
+  body_bytes_ = 0;
+  ++frames_read_;
+  // Every byte is reserved now: the commitment has done its work.
+  commitment_.reset();
+  // The step buffer goes back to the pool, the prefix vector back to the scribe.
+  pool_->keep(std::move(buffer));
+  buffer = std::move(prefix_buffer_);
+  // The body is not pooled: it was grown for one frame, and a cache of such sizes would keep
+  // memory nobody asked for.
+  auto owner = std::make_shared<const std::vector<char>>(std::move(body_));
+  body_ = {};
+  return deliver(std::move(owner), frame_bytes);
 }
 
 receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
@@ -402,11 +573,18 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
   const std::uint64_t frame_bytes = wire::frame_prefix_bytes + body_bytes_;
   in_body_ = false;
   body_bytes_ = 0;
-  // The frame's reservation: released when this returns, unless the envelope takes it along.
-  auto ticket = std::move(ticket_);
+  ++frames_read_;
   std::vector<char> body = std::move(buffer);
   buffer = std::move(prefix_buffer_);
-  auto owner = pool_->keep(std::move(body));
+  return deliver(pool_->keep(std::move(body)), frame_bytes);
+}
+
+receive_outcome frame_receiver::deliver(std::shared_ptr<const std::vector<char>> owner,
+                                        std::uint64_t frame_bytes) {
+  // The frame's reservations: released when this returns, unless the envelope takes them along.
+  auto tickets = std::move(tickets_);
+  tickets_.clear();
+  reserved_ = 0;
   auto decoded = wire::decode_body(bytes_of(*owner), limits_,
                                    arena_ ? arena_->bytes() : std::span<const std::byte>{});
   const bool control = decoded && wire::is_link_control(decoded->msg);
@@ -427,7 +605,7 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
     env.keepalive = arena_->hold(tensor->shm->offset);
   } else if (tensor != nullptr) {
     // operator new aligns vectors to 16 bytes, so decode reads in place and the tensor views the
-    // pooled buffer; were it ever copied, the aligned copy lives in the decoded_message instead.
+    // frame buffer; were it ever copied, the aligned copy lives in the decoded_message instead.
     if (decoded->copied())
       env.keepalive = std::make_shared<wire::decoded_message>(std::move(*decoded));
     else
@@ -435,26 +613,26 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
   }
   // Without a tensor nothing views the buffer: `owner` returns it to the pool right here. Link
   // control is handled by the broker at once and needs no credit.
+  auto no_memory_to_hold = [frame_bytes] {
+    return receive_outcome{wire::frame_prefix_bytes, std::nullopt,
+                           wire::decode_error{wire::decode_error::code::limit_exceeded,
+                                              "no memory to hold a frame of " +
+                                                  std::to_string(frame_bytes) + " bytes"}};
+  };
   if (credit_ && !control) {
     try {
       env.keepalive = credit_->hold(frame_bytes, std::move(env.keepalive));
     } catch (const std::bad_alloc&) {
       credit_->received_and_released(frame_bytes);
-      return {wire::frame_prefix_bytes, std::nullopt,
-              wire::decode_error{wire::decode_error::code::limit_exceeded,
-                                 "no memory to hold a frame of " + std::to_string(frame_bytes) +
-                                     " bytes"}};
+      return no_memory_to_hold();
     }
   }
-  if (ticket) {
+  if (!tickets.empty()) {
     try {
-      env.keepalive = with_ticket(std::move(env.keepalive), std::move(ticket));
+      env.keepalive = with_tickets(std::move(env.keepalive), std::move(tickets));
     } catch (const std::bad_alloc&) {
       // env.keepalive is intact (the wrapper is made before anything moves): drop the frame.
-      return {wire::frame_prefix_bytes, std::nullopt,
-              wire::decode_error{wire::decode_error::code::limit_exceeded,
-                                 "no memory to hold a frame of " + std::to_string(frame_bytes) +
-                                     " bytes"}};
+      return no_memory_to_hold();
     }
   }
   return {wire::frame_prefix_bytes, std::move(env), std::nullopt};

@@ -11,16 +11,36 @@
 //        ^                                  │ ok (length n checked against the cap and the
 //        │                                  │     receive window first)
 //        │                                  v
-//        └──decode in place── body: read exactly n bytes into a pooled vector swapped into the
-//                             scribe's read buffer (no copy: the kernel writes into it directly)
+//        │             n <= receive step, or no receive budget: read exactly n bytes into a pooled
+//        ├─decode in place─ vector swapped into the scribe's read buffer (no copy: the kernel
+//        │                  writes into it directly)
+//        │             n > receive step, under a budget: read the body step by step, each step
+//        └─decode in place─ into a pooled step buffer and copied onto the end of a body that
+//                           grows with the bytes that arrived (one copy more, above the step only)
 //
 // CAF's scribe reads into a std::vector<char> it owns and hands that vector to the broker's
-// handler, which may swap it for another (docs/data-path.md, "Buffers"). So the body is read
-// straight into a pooled vector, swapped out when complete and kept alive by the decoded envelope:
-// one copy per byte on the receiving side, the kernel's. `receive_policy::exactly(n)`
-// value-initialises the buffer only when it has to grow it, so the pool hands out a vector already
-// at least n long and the scribe only shrinks it: a warm buffer of the right size is never
-// rewritten.
+// handler, which may swap it for another (docs/data-path.md, "Buffers"). So a body up to the
+// step is read straight into a pooled vector, swapped out when complete and kept alive by the
+// decoded envelope: one copy per byte on the receiving side, the kernel's.
+// `receive_policy::exactly(n)` value-initialises the buffer only when it has to grow it, so the
+// pool hands out a vector already at least n long and the scribe only shrinks it: a warm buffer
+// of the right size is never rewritten. A scribe always reads into its buffer from offset 0, so a
+// body read in steps cannot be read in place: the steps land in one pooled step buffer and are
+// copied into a vector reserved for the whole body (reserving commits no memory; the copies do,
+// as the bytes arrive). Tensors travel in chunks well below the step (1 MiB by default), so only
+// frames of other sizes pay the copy.
+//
+// Receive budget (receive_budget, one per listener): the bytes of frames read or being read that
+// nobody has released, over all connections. A read is configured only once its bytes are
+// reserved: a body up to the step whole at its prefix, a larger body one step at a time, each
+// step when the previous one has arrived. So a connection whose frame is in progress holds at
+// most one step (plus its prefix) that has not arrived: a peer that announces big frames and
+// sends nothing, or trickles, holds a step per connection, not its frames. Claims that do not
+// fit wait in the order they came (their connections are not read: backpressure), a new claim
+// waits behind them while anything is held, and the broker gives each its turn, in order, as
+// releases make room: waiting connections are served in turn, one step at a time. A body read
+// in steps also commits its whole size when it starts (in a queue of its own), and those
+// commitments never exceed the budget: the frames in progress can always finish.
 //
 // Receive credit (receive_credit at the receiver, frame_send_queue at the sender): each end
 // announces a receive window W in its link hello. A frame's bytes (prefix included) count from
@@ -33,6 +53,7 @@
 // Q is uncredited, so a blocked sender always gets going again. Link-control frames (hello,
 // credit, arena_*) are never counted: credit can always flow, whatever the window.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -177,24 +198,34 @@ private:
 
 /// Counters of one receive_budget, a consistent snapshot (bytes, prefixes included).
 struct receive_budget_stats {
-  std::uint64_t limit = 0;  ///< the budget
-  std::uint64_t in_use = 0; ///< reserved by frames being read or not yet released
-  std::uint64_t peak = 0;   ///< the most in_use has been
-  std::uint64_t waits = 0;  ///< frames that had to wait for room (a connection stopped reading)
+  std::uint64_t limit = 0;     ///< the budget
+  std::uint64_t in_use = 0;    ///< reserved by frames being read or not yet released
+  std::uint64_t peak = 0;      ///< the most in_use has been
+  std::uint64_t waits = 0;     ///< claims that had to wait (a connection stopped reading)
+  std::uint64_t committed = 0; ///< whole sizes of the frames being read in steps
+  std::uint64_t queued = 0;    ///< readers waiting for a reservation or a commitment
 };
 
 /// The receive budget of a whole process end (a data server broker and all its connections): the
 /// bytes of frames read or being read that nobody has released yet. A receive window bounds one
 /// connection; this bounds their sum, which max_connections windows would not (4096 x 64 MiB).
 ///
-/// A connection reserves a frame's bytes when it has read the frame's prefix, before its body is
-/// allocated; the reservation is released with the last copy of the frame's envelope (or at once
-/// when the frame goes no further). A frame that does not fit is not refused: its connection
-/// stops reading (backpressure) and tries again when on_room says releases made room. A frame
-/// fits when it does beside what is reserved, or when nothing is (so one frame always goes,
-/// whatever its size: a connection never waits for nothing).
+/// A reader reserves the bytes of its next read before the read is configured (a whole body up
+/// to the receive step at its prefix, or one step of a larger body: see the file comment); each
+/// reservation is released with the last copy of the frame's envelope (or at once when the frame
+/// goes no further). A claim that does not fit is not refused: its connection stops reading
+/// (backpressure), its reader is queued, and the broker serves the queue in order (in_turn) when
+/// on_room says releases made room. While anybody is queued, a new claim waits behind them, so
+/// no connection overtakes the waiting ones. A claim always fits when nothing but the claimant's
+/// own frame is held (so a frame always goes, whatever its size: a connection never waits for
+/// nothing, and a frame larger than the budget goes alone).
 ///
-/// Thread-safe: reserve runs on the broker's thread, releases come from any thread.
+/// A frame read in steps first commits its whole size: the sum of those frames' sizes stays
+/// within the budget (one alone may exceed it), so that frames in progress can always finish:
+/// they never hold the whole budget in partial frames that wait for each other. Commitments have
+/// a queue of their own, so a frame waiting for one never holds up the reads of other frames.
+///
+/// Thread-safe: claims run on the broker's thread, releases come from any thread.
 class receive_budget : public std::enable_shared_from_this<receive_budget> {
 public:
   /// `limit`: bytes that may be reserved at once (at least max_frame_bytes, or a large frame only
@@ -203,48 +234,84 @@ public:
   receive_budget(const receive_budget&) = delete;
   receive_budget& operator=(const receive_budget&) = delete;
 
-  /// Reserves `bytes` when they fit: returns the ticket, whose last copy releases them (keep it
-  /// with what holds the frame). Null when they do not fit: then the next release calls on_room.
-  /// Throws std::bad_alloc (nothing is reserved then).
-  std::shared_ptr<const void> reserve(std::uint64_t bytes);
-  /// Called (outside the lock, on the releasing thread) by the first release after a reserve was
-  /// refused. Set an empty function when nobody listens any more.
+  /// What a reader asks to reserve before it configures a read.
+  struct claim {
+    /// Bytes to reserve: a whole frame (prefix included) or one step of it.
+    std::uint64_t bytes = 0;
+    /// Bytes the same frame has reserved already (its earlier steps): the claim fits whenever
+    /// only they are held.
+    std::uint64_t held = 0;
+    /// The reader waited and the broker serves it in its turn: it does not wait behind the queue.
+    bool in_turn = false;
+  };
+  /// Reserves what `c` asks for when it fits (see the class comment): returns the ticket, whose
+  /// last copy releases it (keep it with what holds the frame). Null when the claim must wait:
+  /// then the claimant is queued (unless it was, in_turn) and the next release calls on_room; a
+  /// queued claimant granted in_turn leaves the queue. Throws std::bad_alloc (nothing is
+  /// reserved then).
+  std::shared_ptr<const void> reserve(const claim& c);
+  /// Commits the whole size of a frame read in steps (prefix included), as reserve does, in the
+  /// queue of commitments.
+  std::shared_ptr<const void> commit(std::uint64_t frame_bytes, bool in_turn);
+  /// A queued claimant goes away without its turn (its connection closed): from the queue of
+  /// commitments when `commitment`, else from that of reservations.
+  void leave_queue(bool commitment) noexcept;
+  /// Called (outside the lock, on the releasing thread) by the first release after a claim had
+  /// to wait. Set an empty function when nobody listens any more.
   void on_room(std::function<void()> wake);
 
   receive_budget_stats stats() const;
 
 private:
   struct ticket;
-  void release(std::uint64_t bytes) noexcept;
+  /// Under the lock: a ticket of `bytes` reserved (or committed) when the claim goes, else null
+  /// with the claimant queued; `serve_queue` is set to the wake to call once unlocked when the
+  /// claim was refused only to keep the queue's order.
+  std::shared_ptr<const void> take(std::uint64_t bytes, bool commitment, bool in_turn, bool alone,
+                                   bool room, std::function<void()>& serve_queue);
+  /// Calls `serve_queue` if set (outside the lock); when it cannot be delivered, the next
+  /// release wakes the broker instead.
+  void wake_now(const std::function<void()>& serve_queue) noexcept;
+  void release(std::uint64_t bytes, bool commitment) noexcept;
 
   const std::uint64_t limit_;
   mutable std::mutex mutex_;
   std::uint64_t in_use_ = 0;
   std::uint64_t peak_ = 0;
   std::uint64_t waits_ = 0;
-  /// A reserve was refused since the last wake.
+  std::uint64_t committed_ = 0;
+  /// Claimants waiting for a reservation, and for a commitment.
+  std::uint64_t queued_ = 0;
+  std::uint64_t commit_queued_ = 0;
+  /// A claim had to wait since the last wake.
   bool waiting_ = false;
   std::function<void()> wake_;
 };
 
+/// Body bytes above which a frame is read in steps under a receive budget (see the file
+/// comment): 4 MiB, four of the default tensor chunks of 1 MiB.
+inline constexpr std::size_t default_receive_step_bytes = std::size_t{4} << 20;
+
 /// What frame_receiver::consume made of the bytes it was given.
 struct receive_outcome {
-  /// Bytes to read before calling consume again (8 for a prefix, n for a body); 0 when the
-  /// stream cannot be resynchronised and the connection must be closed after `error` is sent.
+  /// Bytes to read before calling consume again (8 for a prefix, n for a body, a step of a body
+  /// read in steps); 0 when the stream cannot be resynchronised and the connection must be
+  /// closed after `error` is sent.
   std::size_t next_read = wire::frame_prefix_bytes;
   /// A complete, validated frame; envelope::keepalive owns the buffer its tensor views, and
   /// envelope::connection is 0 (the caller knows the connection).
   std::optional<envelope> frame;
   /// Why the bytes were rejected; the peer is told with an error_reply{bad_frame}.
   std::optional<wire::decode_error> error;
-  /// A prefix was read but the frame does not fit the receive budget: read nothing from the
-  /// connection until frame_receiver::resume says so (next_read is 0 then, but not fatal).
+  /// The next read (a body, or the next step of one) does not fit the receive budget: read
+  /// nothing from the connection until frame_receiver::resume says so (next_read is 0 then, but
+  /// not fatal).
   bool waits_for_budget = false;
 
   bool fatal() const noexcept { return next_read == 0 && !waits_for_budget; }
 };
 
-/// Cuts one connection's byte stream into frames (see the file comment for the two phases).
+/// Cuts one connection's byte stream into frames (see the file comment for the phases).
 /// Not thread-safe: one per connection, used on its broker's thread.
 class frame_receiver {
 public:
@@ -255,6 +322,10 @@ public:
   /// control is counted, and a forwarded envelope's keepalive releases its bytes.
   frame_receiver(std::shared_ptr<receive_buffer_pool> pool, wire::decode_limits limits,
                  std::shared_ptr<receive_credit> credit = nullptr);
+  frame_receiver(const frame_receiver&) = delete;
+  frame_receiver& operator=(const frame_receiver&) = delete;
+  /// A reader still queued for the budget leaves the queue.
+  ~frame_receiver();
 
   /// How many bytes the first read must deliver: a prefix.
   static constexpr std::size_t first_read = wire::frame_prefix_bytes;
@@ -265,17 +336,26 @@ public:
   /// Precondition: buffer.size() equals the announced read (else std::logic_error: a bug).
   receive_outcome consume(std::vector<char>& buffer);
 
-  /// After an outcome that waits_for_budget: tries the budget again. Still no room: the same
-  /// outcome. Room: the body is next (next_read is its size); when `buffer` is given (the vector
-  /// the next read fills) a pooled body buffer is swapped into it, else the caller's reader
-  /// allocates it. Precondition: the last outcome waited for the budget.
+  /// After an outcome that waits_for_budget: claims the budget again, in turn (the broker serves
+  /// its waiting connections in order). Still no room: the same outcome. Room: the read is next
+  /// (next_read is its size); when `buffer` is given (the vector the next read fills) a pooled
+  /// buffer is swapped into it, else the caller's reader allocates it. Precondition: the last
+  /// outcome waited for the budget.
   receive_outcome resume(std::vector<char>* buffer);
 
-  /// From now on, every frame read reserves its bytes in `budget` first (null: no budget).
+  /// From now on, every read of a body claims its bytes in `budget` first (null: no budget), and
+  /// bodies above the receive step are read in steps.
   void set_budget(std::shared_ptr<receive_budget> budget) { budget_ = std::move(budget); }
+  /// Bodies above `bytes` are read in steps of `bytes` under a budget (at least 8; the default
+  /// is default_receive_step_bytes). Takes effect at the next frame.
+  void set_receive_step(std::size_t bytes) noexcept {
+    step_ = std::max(bytes, wire::frame_prefix_bytes);
+  }
 
-  /// Whether the last prefix read waits for the receive budget.
-  bool waits_for_budget() const noexcept { return waiting_.has_value(); }
+  /// Whether the next read waits for the receive budget, and whether for the commitment of a
+  /// body read in steps (in the budget's queue of commitments, not that of reservations).
+  bool waits_for_budget() const noexcept { return wait_ != budget_wait::none; }
+  bool waits_for_commitment() const noexcept { return wait_ == budget_wait::commitment; }
 
   /// From now on, tensors may reference `arena` (the peer's, mapped here): decode checks the
   /// references against it, the decoded tensor views it, and envelope::keepalive is a hold on
@@ -286,14 +366,37 @@ public:
   /// most max_handshake_frame_bytes until its peer is authenticated, then limits.max_frame_bytes.
   void set_max_frame_bytes(std::size_t bytes) noexcept { limits_.max_frame_bytes = bytes; }
 
-  /// Bytes of the body being read, or 0 between frames.
+  /// Bytes of the body being read (or waiting for its next step), or 0 between frames.
   std::size_t body_bytes() const noexcept { return in_body_ ? body_bytes_ : 0; }
+  /// Bytes of the body read in steps that have arrived so far (0 for a body read whole).
+  std::size_t body_bytes_arrived() const noexcept { return body_.size(); }
+  /// Frames whose body was read to the end (whatever decoding made of them), for a caller that
+  /// must tell one frame in progress from the next.
+  std::uint64_t frames_read() const noexcept { return frames_read_; }
 
 private:
+  /// What the next read waits for in the budget: the commitment of a body read in steps, the
+  /// reservation of a body (or of the first step), or that of a later step.
+  enum class budget_wait { none, commitment, body, step };
+
   receive_outcome finish_body(std::vector<char>& buffer);
-  /// The prefix announced `length` body bytes and passed every check: reserve them in the budget
-  /// and allocate the body (swapped into `buffer` when given), or wait.
-  receive_outcome start_body(std::size_t length, std::vector<char>* buffer);
+  /// A step of a body read in steps arrived in `buffer`: keep it, and claim the next step or
+  /// decode the body.
+  receive_outcome take_step(std::vector<char>& buffer);
+  /// The prefix announced `length` body bytes and passed every check: claim the budget for the
+  /// body (or its first step) and allocate it (swapped into `buffer` when given), or wait.
+  receive_outcome start_body(std::size_t length, std::vector<char>* buffer, bool in_turn);
+  /// Claims the next step of the body read in steps, or waits.
+  receive_outcome next_step(bool in_turn);
+  /// Reserves `c` in the budget: true with the ticket kept, false when the read must wait for
+  /// `why`.
+  bool reserve(const receive_budget::claim& c, budget_wait why);
+  /// The budget's answer to a claim made for `why`: keeps track of this reader's place in the
+  /// budget's queues. Returns whether it was granted.
+  bool answered(bool granted, bool in_turn, budget_wait why);
+  /// The decoded frame of `frame_bytes` (prefix included) whose body `owner` holds.
+  receive_outcome deliver(std::shared_ptr<const std::vector<char>> owner,
+                          std::uint64_t frame_bytes);
 
   /// The fatal error for a frame of `bytes` that the window does not admit.
   wire::decode_error beyond_window(std::uint64_t bytes) const;
@@ -303,14 +406,25 @@ private:
   std::shared_ptr<receive_credit> credit_;
   std::shared_ptr<shm_peer_arena> arena_;
   std::shared_ptr<receive_budget> budget_;
-  /// The budget's ticket for the frame being read (null without a budget).
-  std::shared_ptr<const void> ticket_;
-  /// Body bytes of a frame whose prefix waits for the budget.
-  std::optional<std::size_t> waiting_;
+  std::size_t step_ = default_receive_step_bytes;
+  /// The budget's tickets for the frame being read (none without a budget): a reservation per
+  /// read, and the commitment of a body read in steps (dropped once the body is read).
+  std::vector<std::shared_ptr<const void>> tickets_;
+  std::uint64_t reserved_ = 0;
+  std::shared_ptr<const void> commitment_;
+  /// What the next read waits for, and the budget queue this reader is in (none, or the
+  /// commitments' when wait_ is commitment, else the reservations').
+  budget_wait wait_ = budget_wait::none;
+  bool queued_ = false;
   /// The small vector the prefixes are read into, parked here while a body is read.
   std::vector<char> prefix_buffer_;
   std::size_t body_bytes_ = 0;
   bool in_body_ = false;
+  /// The body is read in steps: `body_` holds what arrived, `step_read_` is the read configured.
+  bool stepped_ = false;
+  std::vector<char> body_;
+  std::size_t step_read_ = 0;
+  std::uint64_t frames_read_ = 0;
   /// The body being read arrived beyond the window: fatal unless it is link control.
   bool beyond_window_ = false;
 };

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <linux/tcp.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 namespace troupe {
@@ -15,7 +16,11 @@ std::optional<tcp_progress> read_tcp_progress(int fd) noexcept {
   // Older kernels fill less; without the byte count the check cannot tell a frame was begun.
   if (size < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
     return std::nullopt;
-  return tcp_progress{info.tcpi_bytes_received, info.tcpi_last_data_recv};
+  int unread = 0;
+  if (::ioctl(fd, FIONREAD, &unread) != 0 || unread < 0)
+    unread = 0;
+  return tcp_progress{info.tcpi_bytes_received, info.tcpi_last_data_recv,
+                      static_cast<std::uint64_t>(unread)};
 }
 
 } // namespace troupe

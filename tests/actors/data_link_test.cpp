@@ -19,6 +19,7 @@
 #include <optional>
 #include <poll.h>
 #include <set>
+#include <sstream>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -46,6 +47,7 @@
 #include "tests/listening_socket.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/shm_files.hpp"
+#include "tests/tcp_sockets.hpp"
 #include "tests/tls_certs.hpp"
 
 using namespace troupe;
@@ -2453,6 +2455,56 @@ std::vector<std::byte> push_bytes(std::uint64_t id, const std::vector<float>& va
   return wire::encode(make_push(id, values)).flatten();
 }
 
+/// The receiver's reads of `frame` after its prefix was consumed into `out`, in the sizes it asks
+/// for, until it has decoded the frame or refused it (or waits for the budget); `at` is where the
+/// next read starts.
+receive_outcome feed_rest(frame_receiver& receiver, std::vector<char>& scribe_buffer,
+                          std::span<const std::byte> frame, std::size_t& at, receive_outcome out) {
+  while (!out.frame && !out.error && !out.waits_for_budget && at < frame.size()) {
+    scribe_buffer.resize(out.next_read);
+    std::memcpy(scribe_buffer.data(), frame.data() + at, out.next_read);
+    at += out.next_read;
+    out = receiver.consume(scribe_buffer);
+  }
+  return out;
+}
+
+/// The prefix of `frame`, read by `receiver` into `scribe_buffer`.
+receive_outcome feed_prefix(frame_receiver& receiver, std::vector<char>& scribe_buffer,
+                            std::span<const std::byte> frame) {
+  scribe_buffer.resize(wire::frame_prefix_bytes);
+  std::memcpy(scribe_buffer.data(), frame.data(), wire::frame_prefix_bytes);
+  return receiver.consume(scribe_buffer);
+}
+
+/// The local port of socket `fd`.
+std::uint16_t local_port_of(int fd) {
+  sockaddr_in address{};
+  socklen_t size = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  return ntohs(address.sin_port);
+}
+
+/// The kernel's rows of the server's end of the connection from local port `peer_port` to the
+/// server on `server_port` (this process holds both ends).
+std::vector<testing::tcp_row> server_ends(std::uint16_t server_port, std::uint16_t peer_port) {
+  std::vector<testing::tcp_row> found;
+  for (const auto& row : testing::tcp_rows())
+    if (row.local_port == server_port && row.remote_port == peer_port)
+      found.push_back(row);
+  return found;
+}
+
+/// The lines of `text` that contain `part`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& part) {
+  std::vector<std::string> found;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(part) != std::string::npos)
+      found.push_back(line);
+  return found;
+}
+
 } // namespace
 
 BOOST_FIXTURE_TEST_SUITE(node_bounds, link_fixture)
@@ -2613,7 +2665,8 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST(await_disconnects(1).size() == 1u);
 }
 
-BOOST_AUTO_TEST_CASE(a_peer_that_does_not_read_its_replies_is_closed_and_nobody_else_is) {
+BOOST_AUTO_TEST_CASE(
+    a_peer_that_does_not_read_its_replies_loses_its_socket_at_once_and_nobody_else) {
   stderr_capture log;
   auto options = with_token();
   options.max_send_queue_bytes = 1 << 20;
@@ -2631,6 +2684,12 @@ BOOST_AUTO_TEST_CASE(a_peer_that_does_not_read_its_replies_is_closed_and_nobody_
 
   raw_peer flooder(server.port);
   BOOST_TEST_REQUIRE(flooder.handshake(0, job_token).has_value()); // window 0: no credit needed
+  const std::uint16_t flooder_port = local_port_of(flooder.fd);
+  // The server's end of the flooder's connection: one established socket, held by this process.
+  const auto server_end = server_ends(server.port, flooder_port);
+  BOOST_TEST_REQUIRE(server_end.size() == 1u);
+  BOOST_TEST(server_end.front().state == testing::tcp_established);
+  BOOST_TEST_REQUIRE(testing::socket_inodes().count(server_end.front().inode) == 1u);
   // Echoed pushes of 128 KiB, never read: 25 MiB, within the server's window (64 MiB). The
   // kernel's buffers fill, then the server's queue; beyond max_send_queue_bytes the requests
   // wait unrouted (or, when they were routed before their replies came, the replies queue beyond
@@ -2642,6 +2701,19 @@ BOOST_AUTO_TEST_CASE(a_peer_that_does_not_read_its_replies_is_closed_and_nobody_
       break;
   const auto closed = await_disconnects(1);
   BOOST_TEST(closed.size() == 1u);
+  // Gone at once: the server's socket (the kernel forgot it) and its descriptor; the flooder,
+  // which has still not read a byte of its replies, sees a reset. (A graceful close kept both
+  // until the flooder read what the server had queued for it, or left.)
+  const auto until = std::chrono::steady_clock::now() + patience;
+  while (!server_ends(server.port, flooder_port).empty() &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(2ms);
+  BOOST_TEST(server_ends(server.port, flooder_port).empty());
+  BOOST_TEST(testing::socket_inodes().count(server_end.front().inode) == 0u);
+  int error = 0;
+  socklen_t size = sizeof error;
+  BOOST_TEST(::getsockopt(flooder.fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0);
+  BOOST_TEST(error == ECONNRESET, "SO_ERROR " << error);
   // The well-behaved link goes on.
   expect_round_trip(self, good, 2, small);
   const auto text = log.text();
@@ -2696,6 +2768,381 @@ BOOST_AUTO_TEST_CASE(a_budget_or_send_queue_below_the_frame_cap_is_a_caller_erro
     BOOST_TEST((server.error().code() == errc::invalid_argument));
     BOOST_TEST(contains(server.error().message(), "below limits.max_frame_bytes"));
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_body_above_the_step_reserves_one_step_at_a_time_as_its_bytes_arrive) {
+  constexpr std::size_t step = 4096;
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
+  auto values = ramp(20'000); // a body of about 80 KiB: 20 steps
+  const auto frame = push_bytes(4, *values);
+  BOOST_TEST_REQUIRE(frame.size() > 16 * step);
+  // An ample budget, and one smaller than the frame, which then goes alone.
+  for (const std::uint64_t limit : {std::uint64_t{1} << 20, std::uint64_t{16} << 10}) {
+    BOOST_TEST_CONTEXT("budget " << limit) {
+      auto budget = std::make_shared<receive_budget>(limit);
+      frame_receiver receiver(pool, {});
+      receiver.set_budget(budget);
+      receiver.set_receive_step(step);
+      std::vector<char> scribe_buffer;
+      auto out = feed_prefix(receiver, scribe_buffer, frame);
+      // The prefix and the first step are reserved, not the body; the body is committed.
+      BOOST_TEST_REQUIRE(out.next_read == step);
+      BOOST_TEST(budget->stats().in_use == wire::frame_prefix_bytes + step);
+      BOOST_TEST(budget->stats().committed == frame.size());
+      BOOST_TEST(receiver.body_bytes() == frame.size() - wire::frame_prefix_bytes);
+      std::size_t at = wire::frame_prefix_bytes;
+      std::size_t steps = 0;
+      while (!out.frame) {
+        BOOST_TEST_REQUIRE(!out.error.has_value());
+        BOOST_TEST_REQUIRE(!out.waits_for_budget);
+        scribe_buffer.resize(out.next_read);
+        std::memcpy(scribe_buffer.data(), frame.data() + at, out.next_read);
+        at += out.next_read;
+        out = receiver.consume(scribe_buffer);
+        ++steps;
+        if (out.frame)
+          break;
+        // Reserved: what arrived, and the step being read; nothing more.
+        BOOST_TEST(receiver.body_bytes_arrived() == at - wire::frame_prefix_bytes);
+        BOOST_TEST(budget->stats().in_use == at + out.next_read);
+        BOOST_TEST(out.next_read <= step);
+      }
+      BOOST_TEST(steps == (frame.size() - wire::frame_prefix_bytes + step - 1) / step);
+      BOOST_TEST(at == frame.size());
+      BOOST_TEST((std::get<wire::push>(out.frame->msg) == make_push(4, *values)));
+      // The whole frame is reserved now, until it is released; the commitment is spent; the
+      // scribe reads the next prefix into a small buffer again.
+      BOOST_TEST(budget->stats().in_use == frame.size());
+      BOOST_TEST(budget->stats().committed == 0u);
+      BOOST_TEST(budget->stats().peak == frame.size());
+      BOOST_TEST(scribe_buffer.size() == wire::frame_prefix_bytes);
+      BOOST_TEST(receiver.frames_read() == 1u);
+      out.frame.reset();
+      BOOST_TEST(budget->stats().in_use == 0u);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(claims_that_wait_are_served_in_turn_and_new_claims_queue_behind_them) {
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
+  auto small_values = ramp(150);
+  auto large_values = ramp(300);
+  const auto small = push_bytes(1, *small_values);
+  const auto large = push_bytes(2, *large_values);
+  // The large frame does not fit beside a small one; two small ones fit.
+  const std::uint64_t limit = small.size() + large.size() - 1;
+  BOOST_TEST_REQUIRE(2 * small.size() <= limit);
+  auto budget = std::make_shared<receive_budget>(limit);
+  auto woken = std::make_shared<std::atomic<int>>(0);
+  budget->on_room([woken] { ++*woken; });
+  frame_receiver holder(pool, {});
+  frame_receiver first(pool, {});
+  frame_receiver second(pool, {});
+  for (auto* receiver : {&holder, &first, &second})
+    receiver->set_budget(budget);
+  std::vector<char> holder_buffer, first_buffer, second_buffer;
+
+  auto held = feed(holder, holder_buffer, small);
+  BOOST_TEST_REQUIRE(held.frame.has_value());
+  BOOST_TEST_REQUIRE(feed_prefix(first, first_buffer, large).waits_for_budget);
+  // The second's frame would fit beside the held one, but the first waits: it queues behind.
+  BOOST_TEST(budget->stats().in_use + small.size() <= limit);
+  BOOST_TEST_REQUIRE(feed_prefix(second, second_buffer, small).waits_for_budget);
+  BOOST_TEST(budget->stats().queued == 2u);
+  BOOST_TEST(budget->stats().waits == 2u);
+
+  held.frame.reset();
+  BOOST_TEST(woken->load() == 1);
+  // In turn: the first goes; the second, which does not fit beside it now, keeps its place.
+  auto go = first.resume(&first_buffer);
+  BOOST_TEST_REQUIRE(!go.waits_for_budget);
+  BOOST_TEST(second.resume(&second_buffer).waits_for_budget);
+  BOOST_TEST(budget->stats().queued == 1u);
+  std::size_t at = wire::frame_prefix_bytes;
+  auto done = feed_rest(first, first_buffer, large, at, go);
+  BOOST_TEST_REQUIRE(done.frame.has_value());
+  done.frame.reset();
+  BOOST_TEST(woken->load() == 2);
+  go = second.resume(&second_buffer);
+  BOOST_TEST_REQUIRE(!go.waits_for_budget);
+  BOOST_TEST(budget->stats().queued == 0u);
+  at = wire::frame_prefix_bytes;
+  done = feed_rest(second, second_buffer, small, at, go);
+  BOOST_TEST_REQUIRE(done.frame.has_value());
+  BOOST_TEST((std::get<wire::push>(done.frame->msg) == make_push(1, *small_values)));
+  // Waits counted claims that had to wait, not their turns.
+  BOOST_TEST(budget->stats().waits == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(a_frame_waiting_to_commit_its_size_holds_up_no_other_read) {
+  constexpr std::size_t step = 1024;
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
+  auto big_values = ramp(2000);
+  auto other_values = ramp(1000);
+  auto small_values = ramp(150);
+  const auto big = push_bytes(1, *big_values);     // about 8 KiB: read in steps
+  const auto other = push_bytes(2, *other_values); // about 4 KiB: read in steps
+  const auto small = push_bytes(3, *small_values); // below the step: read whole
+  const std::uint64_t limit = big.size() + other.size() - 1;
+  auto budget = std::make_shared<receive_budget>(limit);
+  frame_receiver reading(pool, {});
+  frame_receiver committing(pool, {});
+  frame_receiver whole(pool, {});
+  for (auto* receiver : {&reading, &committing, &whole}) {
+    receiver->set_budget(budget);
+    receiver->set_receive_step(step);
+  }
+  std::vector<char> reading_buffer, committing_buffer, whole_buffer;
+  auto in_big = feed_prefix(reading, reading_buffer, big);
+  BOOST_TEST_REQUIRE(in_big.next_read == step);
+  // Both frames' sizes do not fit the budget together: the second waits for its commitment...
+  BOOST_TEST_REQUIRE(feed_prefix(committing, committing_buffer, other).waits_for_budget);
+  BOOST_TEST(committing.waits_for_commitment());
+  BOOST_TEST(budget->stats().committed == big.size());
+  // ... while a frame read whole goes, though the budget has a claim waiting.
+  auto went = feed(whole, whole_buffer, small);
+  BOOST_TEST_REQUIRE(went.frame.has_value());
+  BOOST_TEST((std::get<wire::push>(went.frame->msg) == make_push(3, *small_values)));
+  went.frame.reset();
+  // The first frame read to its end gives its commitment back: the second commits in its turn.
+  std::size_t at = wire::frame_prefix_bytes;
+  auto done = feed_rest(reading, reading_buffer, big, at, in_big);
+  BOOST_TEST_REQUIRE(done.frame.has_value());
+  BOOST_TEST(budget->stats().committed == 0u);
+  done.frame.reset(); // held, the first frame would leave too little room for the second
+  auto go = committing.resume(&committing_buffer);
+  BOOST_TEST_REQUIRE(!go.waits_for_budget);
+  BOOST_TEST(go.next_read == step);
+  BOOST_TEST(budget->stats().committed == other.size());
+  at = wire::frame_prefix_bytes;
+  auto second = feed_rest(committing, committing_buffer, other, at, go);
+  BOOST_TEST_REQUIRE(second.frame.has_value());
+  BOOST_TEST((std::get<wire::push>(second.frame->msg) == make_push(2, *other_values)));
+}
+
+BOOST_AUTO_TEST_CASE(prefixes_announcing_big_frames_on_many_connections_starve_no_real_frames) {
+  constexpr std::size_t step = 256 << 10;
+  constexpr std::size_t budget_bytes = 8 << 20;
+  auto options = with_token();
+  options.tuning.limits.max_frame_bytes = budget_bytes;
+  options.receive_budget_bytes = budget_bytes;
+  options.receive_step_bytes = step;
+  auto server = start_server(std::move(options));
+  caf::scoped_actor self{*sys};
+  auto good = connect(server.port, self, client_with(job_token));
+  const auto good_id = await_connection(self, good);
+  // 16 members announce frames and send nothing more: 8 frames as big as the budget, read in
+  // steps, and 8 just below the step, read whole. Before, each prefix reserved its whole frame:
+  // the first frame alone took the whole budget.
+  std::vector<raw_peer> attackers;
+  attackers.reserve(16);
+  for (int i = 0; i < 16; ++i) {
+    attackers.emplace_back(server.port);
+    BOOST_TEST_REQUIRE(attackers.back().handshake(0, job_token).has_value());
+    const std::size_t body = i % 2 == 0 ? budget_bytes - 8 : step - 64;
+    BOOST_TEST_REQUIRE(attackers.back().send_prefix(body));
+  }
+  // The attack is in place: one big frame committed the whole budget and reads its first step,
+  // the 7 other big ones wait for a commitment, and the 8 small ones each hold their frame.
+  constexpr std::uint64_t small_frames = 8 * (step - 64 + 8);
+  const auto held =
+      await_stats([&] { return stats_of(server, good_id); },
+                  [&](const data_link_stats& s) {
+                    return s.budget_waits >= 7 && s.budget_in_use == 8 + step + small_frames;
+                  });
+  BOOST_TEST(held.budget_committed == budget_bytes);
+  BOOST_TEST(held.budget_waits >= 7u);
+  BOOST_TEST(held.budget_in_use == 8 + step + small_frames);
+  // Real frames of 128 KiB go and come back, one after the other, each within the patience.
+  auto values = ramp(32 << 10);
+  const auto started = std::chrono::steady_clock::now();
+  for (std::uint64_t id = 1; id <= 20; ++id)
+    expect_round_trip(self, good, id, values);
+  BOOST_TEST_MESSAGE("20 round trips of 128 KiB under the attack: "
+                     << std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - started)
+                            .count()
+                     << " ms");
+  BOOST_TEST(stats_of(server, good_id).budget_in_use <= 8 + step + small_frames);
+  attackers.clear();
+  BOOST_TEST(await_disconnects(16).size() == 16u);
+  const auto after = await_stats(
+      [&] { return stats_of(server, good_id); },
+      [](const data_link_stats& s) { return s.budget_in_use == 0 && s.budget_committed == 0; });
+  BOOST_TEST(after.budget_in_use == 0u);
+  BOOST_TEST(after.budget_committed == 0u);
+  self->send(good, stop_atom::value);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(frames_above_the_step_arrive_whole_from_every_link_with_tls_and_without) {
+  for (const bool tls : {false, true}) {
+    BOOST_TEST_CONTEXT("tls " << tls) {
+      // No shared-memory arena: the tensors travel in the frames.
+      auto options = tls ? tls_data_port() : data_server_options{};
+      options.tuning.shm_arena_bytes = 0;
+      options.tuning.limits.max_frame_bytes = 1 << 20;
+      options.receive_budget_bytes = 1 << 20;
+      options.receive_step_bytes = 64 << 10;
+      auto server = start_server(std::move(options));
+      caf::scoped_actor self{*sys};
+      constexpr int links = 3;
+      constexpr std::uint64_t per_link = 4;
+      std::vector<caf::actor> clients;
+      for (int i = 0; i < links; ++i) {
+        auto link_options = tls ? tls_link(testing::job_certs()) : data_link_options{};
+        link_options.tag = static_cast<std::uint64_t>(i);
+        clients.push_back(connect(server.port, self, std::move(link_options)));
+      }
+      // 400 KB frames: 7 steps each, two of them committed at once at most.
+      std::vector<std::shared_ptr<std::vector<float>>> sent;
+      for (int i = 0; i < links; ++i)
+        sent.push_back(ramp(100'000, static_cast<float>(i)));
+      for (int i = 0; i < links; ++i)
+        for (std::uint64_t r = 1; r <= per_link; ++r)
+          self->send(clients[static_cast<std::size_t>(i)],
+                     envelope{make_push(r, *sent[static_cast<std::size_t>(i)]),
+                              sent[static_cast<std::size_t>(i)], 0});
+      std::vector<std::uint64_t> next(links, 1);
+      for (std::uint64_t n = 0; n < links * per_link; ++n) {
+        auto reply = next_envelope(self);
+        BOOST_TEST_REQUIRE(reply.has_value());
+        BOOST_TEST_REQUIRE(reply->connection < static_cast<std::uint64_t>(links));
+        const auto link = static_cast<std::size_t>(reply->connection);
+        // In order per link, byte-identical.
+        BOOST_TEST_REQUIRE(std::holds_alternative<wire::push>(reply->msg));
+        BOOST_TEST((std::get<wire::push>(reply->msg) == make_push(next[link]++, *sent[link])));
+      }
+      const auto after = await_stats(
+          [&] { return stats_of(server, 1); },
+          [](const data_link_stats& s) { return s.budget_in_use == 0 && s.budget_committed == 0; });
+      BOOST_TEST(after.budget_in_use == 0u);
+      BOOST_TEST(after.budget_committed == 0u);
+      BOOST_TEST(after.budget_peak <= (1u << 20));
+      BOOST_TEST(after.budget_peak > (64u << 10)); // the frames went through the budget
+      for (auto& link : clients)
+        self->send(link, stop_atom::value);
+      BOOST_TEST(await_disconnects(links).size() == static_cast<std::size_t>(links));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_trickled_frame_is_closed_at_its_rate_deadline_and_a_steady_one_is_not) {
+  stderr_capture log;
+  auto options = with_token();
+  // The stalled-frame timeout (30 s) alone would never close the trickle: a byte every 50 ms.
+  options.min_frame_rate = 1 << 20;
+  options.frame_grace = std::chrono::milliseconds{400};
+  options.receive_step_bytes = 256 << 10;
+  options.tuning.log = logger("bounds test", 0); // the default verbosity
+  auto server = start_server(std::move(options));
+  raw_peer trickler(server.port);
+  raw_peer steady(server.port);
+  for (auto* peer : {&trickler, &steady})
+    BOOST_TEST_REQUIRE(peer->handshake(0, job_token).has_value());
+  const std::uint16_t trickler_port = local_port_of(trickler.fd);
+  auto values = ramp(1 << 20);
+  const auto frame = push_bytes(1, *values); // 4 MiB, 16 steps
+  BOOST_TEST_REQUIRE(trickler.send(std::span(frame).first(wire::frame_prefix_bytes)));
+  const auto started = std::chrono::steady_clock::now();
+  // The same frame at about 4 MiB/s, four times the rate and longer than the grace: it goes.
+  std::thread steady_sender([&] {
+    constexpr std::size_t piece = 64 << 10;
+    for (std::size_t at = 0; at < frame.size(); at += piece) {
+      if (!steady.send(std::span(frame).subspan(at, std::min(piece, frame.size() - at))))
+        return;
+      std::this_thread::sleep_for(std::chrono::milliseconds{16});
+    }
+  });
+  std::atomic<bool> trickling{true};
+  std::thread trickle([&] {
+    for (std::size_t at = wire::frame_prefix_bytes; trickling && at < frame.size(); ++at) {
+      if (!trickler.send(std::span(frame).subspan(at, 1)))
+        return;
+      std::this_thread::sleep_for(std::chrono::milliseconds{50});
+    }
+  });
+  const auto closed = await_disconnects(1);
+  const auto waited = std::chrono::steady_clock::now() - started;
+  trickling = false;
+  trickle.join();
+  steady_sender.join();
+  BOOST_TEST_REQUIRE(closed.size() == 1u);
+  BOOST_TEST(closed.front() == 1u); // the trickler's connection, the first
+  BOOST_TEST(waited >= std::chrono::milliseconds{400});
+  BOOST_TEST(waited < std::chrono::seconds{4});
+  auto echoed = steady.receive_reply();
+  BOOST_TEST_REQUIRE(echoed.has_value());
+  BOOST_TEST((std::get<wire::push>(*echoed) == make_push(1, *values)));
+  BOOST_TEST(trickler.read_until_closed(patience).second);
+  // Everything the trickle held is back.
+  const auto after = await_stats(
+      [&] { return stats_of(server, 2); },
+      [](const data_link_stats& s) { return s.budget_in_use == 0 && s.budget_committed == 0; });
+  BOOST_TEST(after.budget_in_use == 0u);
+  BOOST_TEST(after.budget_committed == 0u);
+  steady.close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  const auto text = log.text();
+  log.restore();
+  // A warning at the default verbosity, naming the peer and the numbers; the other connection's
+  // ordinary events print nothing.
+  const auto warned =
+      lines_with(text, "closed the peer 127.0.0.1:" + std::to_string(trickler_port) + " ");
+  BOOST_TEST_REQUIRE(warned.size() == 1u, text);
+  BOOST_TEST(contains(warned.front(), " W troupe bounds test: "), text);
+  BOOST_TEST(contains(warned.front(), "it sends its frame too slowly: "), text);
+  BOOST_TEST(contains(warned.front(), "(4194" /* body bytes announced */), text);
+  BOOST_TEST(contains(warned.front(), "min_frame_rate 1048576 bytes/s after frame_grace 400 ms"),
+             text);
+  BOOST_TEST(lines_with(text, "data server").size() == 1u, text);
+}
+
+BOOST_AUTO_TEST_CASE(closures_print_at_the_default_verbosity_and_a_flood_of_them_is_summed_up) {
+  stderr_capture log;
+  auto server = start_server([] {
+    auto options = with_token();
+    options.tuning.log = logger("bounds test", 0);
+    return options;
+  }());
+  // Peers that break the framing after their handshake (a length above the cap), closed one
+  // after the other until a line has summed up those not shown.
+  const std::string closure = "data server: closed the peer 127.0.0.1:";
+  const std::string summed = " more peers closed since the last such line;";
+  std::size_t closed = 0;
+  for (; closed < 200; ++closed) {
+    raw_peer breaker(server.port);
+    BOOST_TEST_REQUIRE(breaker.handshake(0, job_token).has_value());
+    BOOST_TEST_REQUIRE(breaker.send_prefix(std::uint64_t{1} << 40));
+    BOOST_TEST_REQUIRE(breaker.read_until_closed(patience).second);
+    BOOST_TEST_REQUIRE(await_disconnects(1).size() == 1u);
+    // After a burst of lines, one a second at most: pace the last ones so that one gets through.
+    if (closed >= 20) {
+      if (!lines_with(log.text(), summed).empty())
+        break;
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ++closed;
+  const auto text = log.text();
+  log.restore();
+  const auto shown = lines_with(text, closure);
+  BOOST_TEST(contains(text, summed), text);
+  BOOST_TEST(shown.size() < closed, text);
+  // Every closure was shown, or counted in the next line shown; the last line shown just now
+  // took the count of all before it.
+  std::size_t counted = 0;
+  for (const auto& line : shown) {
+    BOOST_TEST(contains(line, " W troupe bounds test: "), line);
+    BOOST_TEST(contains(line, "it sent a frame that breaks the framing or the link protocol: "
+                              "frame_too_large: "),
+               line);
+    if (const auto at = line.find("(and "); at != std::string::npos)
+      counted += std::stoul(line.substr(at + 5));
+  }
+  BOOST_TEST(shown.size() + counted == closed, text);
+  // Ordinary connection events print nothing at the default verbosity.
+  BOOST_TEST(lines_with(text, "data server").size() == shown.size(), text);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -6,20 +6,16 @@
 // every process is stopped by its PID.
 
 #include <chrono>
-#include <future>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
-#include <caf/actor_system.hpp>
-#include <caf/actor_system_config.hpp>
-#include <caf/io/middleman.hpp>
 
 #include "actors/logic/key_placement.hpp"
 #include "actors/logic/node_identity.hpp"
-#include "actors/node_agent.hpp"
+#include "tests/cluster/insider.hpp"
 #include "tests/cluster/process_support.hpp"
 #include "tests/raw_peer.hpp"
 
@@ -56,25 +52,8 @@ std::map<std::string, std::string> with_token(std::map<std::string, std::string>
   return env;
 }
 
-/// An actor system of the test's own, in which it joins a job as a node.
-struct node_side {
-  struct config : caf::actor_system_config {
-    config() { load<caf::io::middleman>(); }
-  };
-  config cfg;
-  caf::actor_system sys{cfg};
-};
-
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-/// Sends `request` on `peer` and returns the answer, which must come.
-wire::message ask(raw_peer& peer, const wire::message& request) {
-  BOOST_TEST_REQUIRE(peer.send(wire::encode(request).flatten()));
-  auto reply = peer.receive_reply();
-  BOOST_TEST_REQUIRE(reply.has_value(), "no answer to a " << wire::kind_name(request));
-  return *reply;
 }
 
 } // namespace
@@ -106,23 +85,11 @@ BOOST_AUTO_TEST_CASE(
                                  "--quorum", "2", "--absent", "2"},
         node_env("worker", 3, 2, port, worker_env)));
 
-  node_side side;
-  troupe::agent_options joining;
-  joining.scheduler_port = static_cast<std::uint16_t>(std::stoi(port));
-  joining.role = wire::role::worker;
-  joining.job_id = "troupe";
-  joining.auth_token = token;
-  joining.rank_hint = 2;
-  joining.startup_timeout = 60s;
-  auto joined = troupe::node_agent::join(side.sys, joining);
-  BOOST_TEST_REQUIRE(joined.has_value(), (joined ? "" : joined.error().to_string()));
-  auto& insider = **joined;
-  BOOST_TEST_REQUIRE(insider.rank() == 2u);
+  insider_worker insider(static_cast<std::uint16_t>(std::stoi(port)), token, 2);
   const auto& key = insider.key();
-  BOOST_TEST_REQUIRE(!key.empty());
   // The insider keeps in step with the workers' barriers: after init (rank 0 has initialised the
   // keys), then after set_optimizer once the attack is over; then the workers train.
-  BOOST_TEST_REQUIRE(insider.barrier(wire::group::workers, 60s).has_value());
+  insider.barrier();
 
   // Key 1 (2 x 3 values) lives whole on one server, as this ps-key.
   const auto placed = troupe::place_key(1, 6, 2, 1'000'000).front();
@@ -135,14 +102,14 @@ BOOST_AUTO_TEST_CASE(
   const wire::node_identity worker_1{wire::role::worker, 1}, worker_2{wire::role::worker, 2};
 
   std::size_t servers_attacked = 0;
-  for (const auto& node : insider.membership().nodes) {
-    if (node.node_role != wire::role::server)
-      continue;
+  const auto server_ports = insider.server_ports();
+  for (std::uint32_t server = 0; server < server_ports.size(); ++server) {
+    const std::uint16_t data_port = server_ports[server];
     ++servers_attacked;
-    BOOST_TEST_CONTEXT("server " << node.rank << " at port " << node.data_port) {
+    BOOST_TEST_CONTEXT("server " << server << " at port " << data_port) {
       {
         // The token without a node key: no handshake.
-        raw_peer stranger(node.data_port);
+        raw_peer stranger(data_port);
         auto theirs = stranger.server_hello();
         BOOST_TEST_REQUIRE(theirs.has_value());
         BOOST_TEST_REQUIRE(
@@ -154,12 +121,12 @@ BOOST_AUTO_TEST_CASE(
       }
       {
         // Its own key, claiming worker 1.
-        raw_peer impostor(node.data_port);
+        raw_peer impostor(data_port);
         BOOST_TEST(!impostor.handshake_as(worker_1, key, token).has_value());
         BOOST_TEST(contains(impostor.refusal, "the node key of worker 1 is wrong"),
                    impostor.refusal);
       }
-      raw_peer peer(node.data_port);
+      raw_peer peer(data_port);
       BOOST_TEST_REQUIRE(peer.handshake_as(worker_2, key, token).has_value(), peer.refusal);
       const std::uint64_t ps_key = placed.ps_key;
       const std::vector<std::pair<wire::message, const char*>> forgeries = {
@@ -185,14 +152,14 @@ BOOST_AUTO_TEST_CASE(
         }
       }
       // The control: as itself, the insider is served (on the server that holds the key).
-      if (node.rank == placed.server) {
+      if (server == placed.server) {
         const auto answer = ask(peer, wire::pull_request{9, ps_key, 2, 0, 0});
         BOOST_TEST(std::holds_alternative<wire::pull_reply>(answer), wire::kind_name(answer));
       }
     }
   }
   BOOST_TEST(servers_attacked == 2u);
-  BOOST_TEST_REQUIRE(insider.barrier(wire::group::workers, 60s).has_value());
+  insider.barrier();
 
   for (auto& worker : workers) {
     auto result = worker->wait(180s);
@@ -202,8 +169,7 @@ BOOST_AUTO_TEST_CASE(
                result.out);
   }
   // The insider says done too: the job ends as one of 3 workers that all finished.
-  BOOST_TEST(insider.notify_done(30s).has_value());
-  joined->reset();
+  insider.done();
   for (auto* node : {&nodes.scheduler, nodes.servers[0].get(), nodes.servers[1].get()}) {
     auto result = node->wait(60s);
     BOOST_TEST(!result.timed_out);

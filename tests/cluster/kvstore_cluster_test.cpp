@@ -38,14 +38,6 @@ const std::string demo_path = TROUPE_KVSTORE_DEMO_PATH;
 const std::string plain_app_path = TROUPE_PLAIN_HOST_APP_PATH;
 const std::string kvbench_path = TROUPE_KVBENCH_PATH;
 
-/// Built with AddressSanitizer (scripts/test.sh --sanitize): every node runs several times slower,
-/// and keeps the blocks it frees in quarantine (ASan's quarantine_size_mb, 256 MiB by default).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool address_sanitized = true;
-#else
-constexpr bool address_sanitized = false;
-#endif
-
 /// troupe-launch -n workers -s servers launcher_flags... -- kv_worker worker_args...
 std::vector<std::string> launch_args(int workers, int servers,
                                      const std::vector<std::string>& launcher_flags,
@@ -132,21 +124,6 @@ bool closed_after_writing(std::uint16_t port, const std::vector<char>& bytes,
   }
   ::close(fd);
   return closed;
-}
-
-/// A memory figure of `pid` in bytes: the line `field` ("VmRSS:", "RssAnon:") of
-/// /proc/<pid>/status.
-std::size_t status_bytes(pid_t pid, std::string_view field) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.starts_with(field))
-      return std::stoull(line.substr(field.size())) * 1024;
-  return 0;
-}
-
-/// Resident memory of `pid` in bytes.
-std::size_t resident_bytes(pid_t pid) {
-  return status_bytes(pid, "VmRSS:");
 }
 
 /// Sends a BASP header announcing 4 GiB - 1 bytes to every port `pids` listen on; each must close

@@ -18,6 +18,7 @@
 #include <spawn.h>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
@@ -164,6 +165,29 @@ inline outcome run(const std::string& program, const std::vector<std::string>& a
                    std::chrono::milliseconds limit = 30s) {
   child_process child(program, args, env);
   return child.wait(limit);
+}
+
+/// Built with AddressSanitizer (scripts/test.sh --sanitize): every node runs several times slower,
+/// and keeps the blocks it frees in quarantine (ASan's quarantine_size_mb, 256 MiB by default).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool address_sanitized = true;
+#else
+inline constexpr bool address_sanitized = false;
+#endif
+
+/// A memory figure of `pid` in bytes: the line `field` ("VmRSS:", "RssAnon:", "VmHWM:") of
+/// /proc/<pid>/status; 0 when the process is gone.
+inline std::size_t status_bytes(pid_t pid, std::string_view field) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.starts_with(field))
+      return std::stoull(line.substr(field.size())) * 1024;
+  return 0;
+}
+
+/// Resident memory of `pid` in bytes.
+inline std::size_t resident_bytes(pid_t pid) {
+  return status_bytes(pid, "VmRSS:");
 }
 
 /// Whether `pid` is a running process (a zombie has exited: it counts as gone).

@@ -1,14 +1,18 @@
 // A server's memory follows the bytes that arrive (issue 22), across real processes: troupe-node
-// as scheduler and server, tests/cluster/kv_worker as the workers, and raw peers that are members
-// of the job (they pass the link handshake with the job's token) writing init frames by hand.
+// as scheduler and server, and the test as the job's one worker, an insider
+// (tests/cluster/insider.hpp): admitted as worker 0 with a real node key, it writes init frames by
+// hand on raw connections that pass the link handshake as that worker. Only worker rank 0 may
+// send an init, so this is what a rank 0 with a bug, or whose host was taken over, can cost.
 // Every wait is bounded; every process is stopped by its PID.
 
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <thread>
 
 #include <boost/test/unit_test.hpp>
 
+#include "insider.hpp"
 #include "process_support.hpp"
 #include "tests/raw_peer.hpp"
 
@@ -18,27 +22,15 @@ namespace wire = troupe::wire;
 namespace {
 
 const std::string node_path = TROUPE_NODE_PATH;
-const std::string worker_path = TROUPE_KV_WORKER_PATH;
 const std::string job_token = "store memory test token";
 
 constexpr std::uint64_t gib = std::uint64_t{1} << 30;
 
-/// A port on 127.0.0.1 that was free a moment ago.
-std::uint16_t unused_port() {
-  return static_cast<std::uint16_t>(listening_socket{}.port());
-}
-
-/// The environment of a node of a job of 2 workers and 1 server with the test's token.
+/// The environment of a node of a job of 1 worker (the test) and 1 server with the test's token.
 std::map<std::string, std::string> job_env(const std::string& role, const std::string& port,
                                            std::map<std::string, std::string> more = {}) {
-  more["DMLC_ROLE"] = role;
-  more["DMLC_PS_ROOT_URI"] = "127.0.0.1";
-  more["DMLC_PS_ROOT_PORT"] = port;
-  more["DMLC_NUM_WORKER"] = "2";
-  more["DMLC_NUM_SERVER"] = "1";
-  more["DMLC_NODE_HOST"] = "127.0.0.1";
   more["TROUPE_JOB_TOKEN"] = job_token;
-  return more;
+  return node_env(role, 1, 1, port, std::move(more));
 }
 
 /// Resident memory of process `pid` in bytes (VmRSS of /proc/<pid>/status).
@@ -50,26 +42,10 @@ std::uint64_t vm_rss_of(pid_t pid) {
   return 0;
 }
 
-/// A member of the job on data port `port`: connected, and through the link handshake with the
-/// job's token (the one step by which a peer proves it belongs to the job). Retries, bounded, while
-/// the server is still starting.
-raw_peer member_of_the_job(std::uint16_t port) {
-  const auto deadline = clock_type::now() + 30s;
-  for (;;) {
-    raw_peer peer(port);
-    if (peer.connected && peer.handshake(0, job_token))
-      return peer;
-    BOOST_TEST_REQUIRE((clock_type::now() < deadline),
-                       "no handshake with the server's data port " << port << " within 30 s");
-    std::this_thread::sleep_for(50ms);
-  }
-}
-
 /// An init of `key` declaring a float32 value of `declared` bytes, whose chunk carries `floats`
-/// from byte `offset`: about 100 bytes of frame.
-std::vector<std::byte> init_frame(std::uint64_t request_id, std::uint64_t key,
-                                  std::uint64_t declared, const std::vector<float>& floats,
-                                  std::uint64_t offset = 0) {
+/// from byte `offset`.
+wire::init init_request(std::uint64_t request_id, std::uint64_t key, std::uint64_t declared,
+                        const std::vector<float>& floats, std::uint64_t offset = 0) {
   wire::init init;
   init.request_id = request_id;
   init.key = key;
@@ -78,7 +54,14 @@ std::vector<std::byte> init_frame(std::uint64_t request_id, std::uint64_t key,
   init.tensor.total_bytes = declared;
   init.tensor.offset = offset;
   init.tensor.data = std::as_bytes(std::span(floats));
-  return wire::encode(init).flatten();
+  return init;
+}
+
+/// init_request's frame: about 100 bytes.
+std::vector<std::byte> init_frame(std::uint64_t request_id, std::uint64_t key,
+                                  std::uint64_t declared, const std::vector<float>& floats,
+                                  std::uint64_t offset = 0) {
+  return wire::encode(init_request(request_id, key, declared, floats, offset)).flatten();
 }
 
 /// Sends `frames`, then a pull of `key` (which the shard of `key` answers after them, as it takes
@@ -115,9 +98,9 @@ bool says(const std::optional<wire::error_reply>& error, std::string_view part) 
 
 constexpr std::uint64_t key = 777'777, other_key = 777'778;
 
-/// The scheduler and the server of a job of 2 workers, the server with a key budget of 6 GiB
-/// (one init of 4 GiB fits, two do not: the budget shows which are held) and `server_args`, its
-/// data port known, and members of the job that send 4 GiB inits of 64 bytes.
+/// The scheduler and the server of a job of 1 worker, the server with a key budget of 6 GiB (one
+/// init of 4 GiB fits, two do not: the budget shows which are held) and `server_args`, its data
+/// port known, and the test as its worker 0, whose connections send 4 GiB inits of 64 bytes.
 struct job_under_attack {
   explicit job_under_attack(std::vector<std::string> server_args = {})
       : scheduler{node_path, {}, job_env("scheduler", port)},
@@ -153,23 +136,59 @@ struct job_under_attack {
     }
   }
 
-  /// The job itself: 2 workers, 20 sync rounds, values exact, every process exits 0, and the
-  /// server's summary counts `dropped` unfinished inits.
-  void finish_exactly(int dropped) {
-    std::vector<std::unique_ptr<child_process>> workers;
-    for (int i = 0; i < 2; ++i)
-      workers.push_back(std::make_unique<child_process>(
-          worker_path,
-          std::vector<std::string>{"--check", "sync", "--rounds", "20", "--shapes",
-                                   "2x3,1211x1211"},
-          job_env("worker", port)));
-    for (auto& worker : workers) {
-      auto result = worker->wait(120s);
-      BOOST_TEST(!result.timed_out);
-      BOOST_TEST(result.exit_code == 0, result.err);
-      BOOST_TEST(count_lines(result.out, "sync checks hold for 2 keys over 20 rounds") == 1u,
-                 result.out);
+  /// A connection of the job's worker 0 to the server's data port, through the link handshake.
+  /// Retries, bounded, while the server is still starting.
+  raw_peer member() {
+    const auto deadline = clock_type::now() + 30s;
+    for (;;) {
+      raw_peer peer(data_port);
+      if (insider.handshake(peer))
+        return peer;
+      BOOST_TEST_REQUIRE((clock_type::now() < deadline), "no handshake with the server's data port "
+                                                             << data_port << " within 30 s");
+      std::this_thread::sleep_for(50ms);
     }
+  }
+
+  /// The job itself, by its worker on a fresh connection: a key of 16 ones initialised, the
+  /// `test` optimizer (rescale_grad 2), and 20 dist_sync rounds pushing r + 1 in round r, each
+  /// followed by a pull that must read exactly 1 + 2 (1 + ... + (r + 1)). Then the worker is done,
+  /// every process exits 0, and the server's summary counts `dropped` unfinished inits.
+  void finish_exactly(int dropped) {
+    constexpr std::uint64_t trained = 5;
+    auto worker = member();
+    std::uint64_t id = 10'000;
+    auto acked = [&](const wire::message& answer, const char* what) {
+      BOOST_TEST_REQUIRE(std::holds_alternative<wire::ack>(answer),
+                         what << ": a " << wire::kind_name(answer) << " "
+                              << (std::holds_alternative<wire::error_reply>(answer)
+                                      ? std::get<wire::error_reply>(answer).message
+                                      : std::string{}));
+    };
+    acked(ask(worker, init_request(++id, trained, 64, first)), "init");
+    acked(ask(worker, wire::set_optimizer{++id, "test", {{"rescale_grad", 2.0}}}), "set_optimizer");
+    double expected = 1;
+    for (std::uint64_t round = 0; round < 20; ++round) {
+      const std::vector<float> pushed(16, static_cast<float>(round + 1));
+      wire::tensor_chunk tensor;
+      tensor.type = wire::dtype::float32;
+      tensor.shape = {16};
+      tensor.total_bytes = 64;
+      tensor.data = std::as_bytes(std::span(pushed));
+      acked(ask(worker, wire::push{++id, trained, 0, round, tensor}), "push");
+      expected += 2.0 * static_cast<double>(round + 1);
+      const auto answer = ask(worker, wire::pull_request{++id, trained, 0, round + 1, 0});
+      const auto* value = std::get_if<wire::pull_reply>(&answer);
+      BOOST_TEST_REQUIRE(value != nullptr,
+                         "pull of round " << round << ": a " << wire::kind_name(answer));
+      std::vector<float> got(16);
+      BOOST_TEST_REQUIRE(value->tensor.data.size() == 64u);
+      std::memcpy(got.data(), value->tensor.data.data(), 64);
+      for (float v : got)
+        BOOST_TEST_REQUIRE(v == static_cast<float>(expected), "round " << round);
+    }
+    worker.close();
+    insider.done();
     for (auto* node : {&server, &scheduler}) {
       auto result = node->wait(60s);
       BOOST_TEST(!result.timed_out);
@@ -181,10 +200,11 @@ struct job_under_attack {
     }
   }
 
-  const std::string port = std::to_string(unused_port());
-  const std::uint16_t data_port = unused_port();
+  const std::string port = std::to_string(free_port());
+  const std::uint16_t data_port = free_port();
   child_process scheduler;
   child_process server;
+  insider_worker insider{static_cast<std::uint16_t>(std::stoi(port)), job_token, 0};
   const std::vector<float> first = std::vector<float>(16, 1.0f);
   std::uint64_t next_id = 100;
 };
@@ -201,7 +221,7 @@ BOOST_AUTO_TEST_CASE(
   // growing toward the declared 4 GiB, and that pull got no answer in time. After it: 17.2 MiB to
   // 17.3 MiB.
   job_under_attack job;
-  auto attacker = member_of_the_job(job.data_port);
+  auto attacker = job.member();
   const auto before = vm_rss_of(job.server.pid());
   BOOST_TEST_REQUIRE(before > 0u);
   auto answered = job.init_4_gib(attacker, 1, key);
@@ -214,9 +234,9 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST(during < before + (std::uint64_t{64} << 20),
              "the server grew from " << before << " to " << during << " bytes");
 
-  // The attack holds: the init is under way in the key budget, and no other connection may
-  // continue it.
-  auto bystander = member_of_the_job(job.data_port);
+  // The attack holds: the init is under way in the key budget, and no other connection (another
+  // of worker 0's own) may continue it.
+  auto bystander = job.member();
   answered = job.init_4_gib(bystander, 3, other_key);
   BOOST_TEST(says(error_to(answered, 3),
                   "init of key 777778: its 4294967296 bytes would take this server's keys from "
@@ -241,9 +261,9 @@ BOOST_AUTO_TEST_CASE(
 BOOST_AUTO_TEST_CASE(an_init_whose_member_stays_connected_and_silent_is_dropped_as_stalled) {
   // timeouts.stalled_frame of 2 s: the member keeps its connection open and sends nothing more.
   job_under_attack job{{"--stalled-frame-timeout", "2s"}};
-  auto attacker = member_of_the_job(job.data_port);
+  auto attacker = job.member();
   BOOST_TEST(!error_to(job.init_4_gib(attacker, 1, key), 1).has_value());
-  auto bystander = member_of_the_job(job.data_port);
+  auto bystander = job.member();
   job.await_budget_for_other_key(bystander, "a stalled init");
   // The attacker is still connected, and its init is gone: its next chunk, which would continue
   // an init under way without an answer, is refused as the start of a new one (here by the

@@ -460,6 +460,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "1MiB",
                             "--receive-budget-bytes",
                             "2MiB",
+                            "--min-frame-rate",
+                            "1MiB",
                             "--max-send-queue-bytes",
                             "3MiB",
                             "--max-store-bytes",
@@ -468,6 +470,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "512MiB",
                             "--stalled-frame-timeout",
                             "250ms",
+                            "--frame-grace",
+                            "3s",
                             "--quorum",
                             "5",
                             "--rescale-quorum",
@@ -527,6 +531,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.max_store_bytes == 1024 * 1024 * 1024);
   BOOST_TEST(cfg.max_value_bytes == 512 * 1024 * 1024);
   BOOST_TEST(cfg.stalled_frame_timeout == 250ms);
+  BOOST_TEST(cfg.frame_grace == 3s);
+  BOOST_TEST(cfg.min_frame_rate == 1024 * 1024);
   BOOST_TEST((cfg.quorum == 5));
   BOOST_TEST(cfg.rescale_quorum);
   BOOST_TEST((cfg.max_staleness == 3));
