@@ -55,6 +55,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -170,8 +171,10 @@ struct link_connection {
   /// A server's connection under require_node_proof: the peer proved the token and claims a node
   /// (`their_hello.identity`), but the job secret to check its node proof has not arrived.
   bool held = false;
-  /// The node the peer proved to be (a server's connection under require_node_proof).
+  /// The node the peer proved to be (a server's connection under require_node_proof), and
+  /// whether the server counts this connection among that worker's (server_state::per_worker).
   std::optional<wire::node_identity> proven;
+  bool counted = false;
 
   // Same-host fast path (shm_arena.hpp).
   /// Our arena for what we send: created and offered; used once the peer accepted it (tx_on).
@@ -524,6 +527,9 @@ struct node_proof_policy {
   const job_secret& secret;
   /// Worker ranks the scheduler declared lost.
   const std::set<std::uint32_t>& lost_workers;
+  /// Connections open per proven worker rank, and how many one may hold.
+  const std::map<std::uint32_t, std::size_t>& per_worker;
+  std::size_t max_per_worker;
 };
 
 link_violation refused(std::string why) {
@@ -566,6 +572,13 @@ std::optional<link_violation> check_node(link_connection& c, const data_link_tun
     return refused("the node key of " + wire::describe(who) +
                    " is wrong (the link_hello's proof of it does not check out: not the key this "
                    "job's scheduler gave that worker)");
+  // Counted only once proven: an impostor cannot use up a real worker's connections.
+  if (const auto open = policy.per_worker.find(who.rank);
+      open != policy.per_worker.end() && open->second >= policy.max_per_worker)
+    return refused(wire::describe(who) + " holds " + std::to_string(open->second) +
+                   " connections to this server already, the most one worker may "
+                   "(max_connections_per_worker " +
+                   std::to_string(policy.max_per_worker) + ")");
   c.proven = who;
   return answer_connector(c, tuning, &key);
 }
@@ -930,12 +943,14 @@ struct server_state {
   job_secret secret;
   std::set<std::uint32_t> lost_workers;
   std::set<std::uint64_t> held;
+  /// Authenticated connections open per proven worker rank (options.max_connections_per_worker).
+  std::map<std::uint32_t, std::size_t> per_worker;
 
   /// What hellos are checked against, or null when no node proofs are required.
   std::optional<node_proof_policy> policy() const {
     if (!options.require_node_proof)
       return std::nullopt;
-    return node_proof_policy{secret, lost_workers};
+    return node_proof_policy{secret, lost_workers, per_worker, options.max_connections_per_worker};
   }
   closure_log closures;
 
@@ -980,6 +995,11 @@ void drop_connection(server_broker* self, connection_handle hdl, closure how, st
     return;
   const std::uint64_t id = i->second.id;
   const std::string peer = i->second.peer;
+  if (i->second.counted) {
+    auto open = st.per_worker.find(i->second.proven->rank);
+    if (--open->second == 0)
+      st.per_worker.erase(open);
+  }
   if (how == closure::of_peer)
     close_abortively(self, hdl);
   else if (how == closure::by_us)
@@ -1046,6 +1066,10 @@ void route_request(server_broker* self, link_connection& c, envelope&& request);
 void on_server_authenticated(server_broker* self, link_connection& c) {
   const auto& options = self->state.options;
   c.receiver.set_budget(self->state.budget);
+  if (c.proven) {
+    ++self->state.per_worker[c.proven->rank];
+    c.counted = true;
+  }
   if (options.on_authenticated)
     options.on_authenticated(c.id, link_authentication{c.session, c.proven});
 }

@@ -260,6 +260,11 @@ struct data_server_options {
   /// every frame, so it must be quick. Optional.
   std::function<std::optional<wire::error_reply>(const wire::message&, const wire::node_identity&)>
       authorize{};
+  /// Under require_node_proof, connections one worker may hold open at once: a further one is
+  /// refused at its handshake (error_reply{not_admitted} naming the worker and the bound), so one
+  /// member cannot take a share of the receive budget, or of max_connections, that grows with
+  /// the connections it opens (a worker needs one per server, and one more while it relinks).
+  std::size_t max_connections_per_worker = 4;
   /// SO_REUSEADDR, so a restarted server can rebind its port while old connections linger.
   bool reuse_address = true;
   /// Connections open at once; a new one beyond it is closed as it arrives.

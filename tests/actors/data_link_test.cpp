@@ -1299,6 +1299,37 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST(await_disconnects(1).size() == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_holds_at_most_its_connections_and_a_closed_one_frees_its_place) {
+  auto proven = std::make_shared<proven_nodes>();
+  auto options = with_node_proofs(proven);
+  options.max_connections_per_worker = 2;
+  auto server = start_server(std::move(options));
+  caf::anon_send(server.broker, this_job);
+  std::vector<std::unique_ptr<raw_peer>> held;
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(std::make_unique<raw_peer>(server.port));
+    BOOST_TEST_REQUIRE(held.back()->handshake_as(worker(1), key_of(1), job_token).has_value(),
+                       held.back()->refusal);
+  }
+  // A third of worker 1's is refused naming the bound; an impostor's refused one took no place.
+  raw_peer third(server.port);
+  BOOST_TEST(!third.handshake_as(worker(1), key_of(1), job_token).has_value());
+  BOOST_TEST(contains(third.refusal, "worker 1 holds 2 connections to this server already"),
+             third.refusal);
+  BOOST_TEST(contains(third.refusal, "max_connections_per_worker 2"), third.refusal);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  // Another worker is not held back by worker 1's connections.
+  raw_peer other(server.port);
+  BOOST_TEST(other.handshake_as(worker(2), key_of(2), job_token).has_value(), other.refusal);
+  expect_echoed(other, 1, 10);
+  // Once one of worker 1's connections closes, its place is free again.
+  held.front()->close();
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  raw_peer again(server.port);
+  BOOST_TEST(again.handshake_as(worker(1), key_of(1), job_token).has_value(), again.refusal);
+  expect_echoed(again, 2, 10);
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_whose_key_is_refused_goes_down_with_the_servers_words) {
   auto proven = std::make_shared<proven_nodes>();
   auto server = start_server(with_node_proofs(proven));

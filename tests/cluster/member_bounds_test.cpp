@@ -238,68 +238,80 @@ private:
 
 BOOST_AUTO_TEST_SUITE(member_bounds)
 
-BOOST_AUTO_TEST_CASE(sixteen_announced_frames_leave_a_dist_sync_job_exact_and_on_time) {
+BOOST_AUTO_TEST_CASE(announced_frames_leave_a_dist_sync_job_exact_and_on_time) {
   // Issue 22: 16 connections of a member, each sending only a prefix announcing 64 MiB - 8 bytes,
   // held a server's whole receive budget (1 GiB, the default): the workers' frames waited behind
-  // them until their requests timed out and the job failed. Now a connection holds at most a
-  // receive step of what has not arrived (4 MiB), the frames' sizes are only committed, and the
-  // workers' 1 MiB chunks are read beside them.
+  // them until their requests timed out and the job failed. Now a worker may hold at most 4
+  // connections to a server (a fifth is refused at its handshake), and a connection holds at most
+  // a receive step of what has not arrived (4 MiB): the frames' sizes are only committed, and the
+  // workers' frames are read beside them. The server's budget here is 256 MiB, which the insider's
+  // 4 announced frames would fill whole were they reserved at their prefixes.
   //
   // The attack holds for the whole job: the stalled-frame and rate rules, which would close the
   // attackers after timeouts.frame_grace (a_member_trickling_frames_is_closed_and_the_job_stays
   // _exact_and_bounded), are off here, so the budget's sharing alone has to keep the job going.
   // A request waits at most 20 s (timeouts.request): a starved worker fails its check.
   //
-  // How we know the attack happened: every one of the 16 connections passed the handshake and
-  // announced its frame before the workers passed their first barrier (which waits for the
-  // insider), the server's resident memory grew by the read buffers of their first steps (16 x 4
-  // MiB) by then, and the server's log (verbose 1) shows each of them open until the server
+  // How we know the attack happened: every one of the 4 connections passed the handshake and
+  // announced its frame before the workers passed the barrier after set_optimizer (which waits for
+  // the insider), the server's resident memory grew by the read buffers of their first steps (4 x
+  // 4 MiB) by then, and the server's log (verbose 1) shows each of them open until the server
   // stopped at the job's end.
   temp_dir dir;
   const auto port = std::to_string(free_port());
   dir.write("cluster.toml",
             "[timeouts]\nrequest = \"20s\"\nstalled_frame = \"0s\"\n"
-            "[data]\nmin_frame_rate = 0\n",
+            "[data]\nmin_frame_rate = 0\nreceive_budget_bytes = \"256MiB\"\n",
             0600);
   const std::map<std::string, std::string> env{{"TROUPE_JOB_TOKEN", job_token},
                                                {"TROUPE_CONFIG", (dir / "cluster.toml").string()}};
   auto server_env = env;
   server_env["PS_VERBOSE"] = "1";
   job_nodes nodes(port, env, server_env);
-  const std::size_t start_rss = resident_bytes(nodes.server.pid());
-  rss_sampler sampler(nodes.server.pid());
 
   // The kv_workers register, rank 0 initialises the keys, and both wait at their first barrier
-  // for the insider, which joins and attacks before it passes that barrier.
+  // for the insider; past it, they wait at the one after set_optimizer while the insider attacks.
   constexpr int rounds = 50;
   auto workers = sync_workers(port, env, rounds);
   insider_worker insider(static_cast<std::uint16_t>(std::stoi(port)), job_token, insider_rank);
+  insider.barrier();
+  const std::size_t start_rss = resident_bytes(nodes.server.pid());
+  rss_sampler sampler(nodes.server.pid());
+  constexpr std::size_t most_connections = 4;
   constexpr std::uint64_t announced = (std::uint64_t{64} << 20) - 8;
-  frame_attack attack(insider, nodes.data_port, 16, announced, 0ms);
+  frame_attack attack(insider, nodes.data_port, most_connections, announced, 0ms);
   BOOST_TEST_REQUIRE(eventually([&] { return attack.holding(); }, 60s));
-  BOOST_TEST(attack.opened() == 16u);
-  constexpr std::size_t steps = std::size_t{16} * (std::size_t{4} << 20);
+  BOOST_TEST(attack.opened() == most_connections);
+  constexpr std::size_t steps = most_connections * (std::size_t{4} << 20);
   BOOST_TEST(
       eventually([&] { return resident_bytes(nodes.server.pid()) >= start_rss + steps * 3 / 4; },
                  30s),
       "the server grew from " << start_rss << " to " << resident_bytes(nodes.server.pid())
                               << " bytes");
+  {
+    // A fifth connection of the same worker is refused, naming the bound.
+    raw_peer fifth(nodes.data_port);
+    BOOST_TEST(!insider.handshake(fifth));
+    BOOST_TEST(fifth.refusal.find("holds 4 connections to this server already") !=
+                   std::string::npos,
+               fifth.refusal);
+  }
 
-  // Past the barriers after the init and after set_optimizer: the workers train under attack.
-  insider.barrier();
+  // Past the barrier after set_optimizer: the workers train under attack.
   insider.barrier();
   std::vector<outcome> ended;
   expect_exact_finish(workers, rounds, insider, {&nodes.server, &nodes.scheduler}, ended);
   attack.stop();
-  BOOST_TEST(attack.opened() == 16u);
+  BOOST_TEST(attack.opened() == most_connections);
   const std::string& log = ended.front().err;
   for (const auto attacker : attack.ports())
     BOOST_TEST(count_lines(log, "(127.0.0.1:" + std::to_string(attacker) +
                                     ") closed: the server stops") == 1u,
                "attacker port " << attacker << "\n"
                                 << log.substr(0, 4000));
-  BOOST_TEST(count_lines(log, "closed the peer") == 0u, log.substr(0, 4000));
-  // What the frames announced (1 GiB) never became memory: 16 steps and the job's own.
+  // The fifth, refused at its handshake, is the only peer the server closed.
+  BOOST_TEST(count_lines(log, "closed the peer") == 1u, log.substr(0, 4000));
+  // What the frames announced (256 MiB) never became memory: 4 steps and the job's own.
   const std::size_t most = sampler.stop();
   constexpr std::size_t bound = std::size_t{address_sanitized ? 256 + 256 : 256} << 20;
   BOOST_TEST(most <= start_rss + bound,
@@ -308,10 +320,11 @@ BOOST_AUTO_TEST_CASE(sixteen_announced_frames_leave_a_dist_sync_job_exact_and_on
 
 BOOST_AUTO_TEST_CASE(a_member_trickling_frames_is_closed_and_the_job_stays_exact_and_bounded) {
   // Issue 22: 18 frames of 60 MiB fed one byte every few seconds stayed open far beyond the
-  // stalled-frame timeout, holding 1.12 GB. Now a frame must arrive at data.min_frame_rate (64
-  // KiB/s by default) once it is older than timeouts.frame_grace (2 s here, to keep the test
-  // short): each trickle is closed, the server's log names the peer, the attackers come back at
-  // once (the attack holds for the whole job), and the server's memory stays bounded.
+  // stalled-frame timeout, holding 1.12 GB. Now a worker holds at most 4 connections to a server,
+  // and a frame must arrive at data.min_frame_rate (64 KiB/s by default) once it is older than
+  // timeouts.frame_grace (2 s here, to keep the test short): each of the insider's 4 trickles is
+  // closed, the server's log names the peer, the attackers come back at once (the attack holds
+  // for the whole job), and the server's memory stays bounded.
   temp_dir dir;
   const auto port = std::to_string(free_port());
   dir.write("cluster.toml", "[timeouts]\nframe_grace = \"2s\"\n", 0600);
@@ -325,17 +338,17 @@ BOOST_AUTO_TEST_CASE(a_member_trickling_frames_is_closed_and_the_job_stays_exact
   auto workers = sync_workers(port, env, rounds);
   insider_worker insider(static_cast<std::uint16_t>(std::stoi(port)), job_token, insider_rank);
   constexpr std::uint64_t announced = std::uint64_t{60} << 20;
-  frame_attack attack(insider, nodes.data_port, 18, announced, 500ms);
+  frame_attack attack(insider, nodes.data_port, 4, announced, 500ms);
   // The server closes every trickle of the first round before the workers pass the barrier
   // after their init (which waits for the insider).
-  BOOST_TEST_REQUIRE(eventually([&] { return attack.closed() >= 18; }, 120s),
+  BOOST_TEST_REQUIRE(eventually([&] { return attack.closed() >= 4; }, 120s),
                      "the server closed " << attack.closed() << " trickles");
   insider.barrier();
   insider.barrier();
   std::vector<outcome> ended;
   expect_exact_finish(workers, rounds, insider, {&nodes.server, &nodes.scheduler}, ended);
   attack.stop();
-  BOOST_TEST(attack.opened() > 18u);
+  BOOST_TEST(attack.opened() > 4u);
 
   // Each closure is a warning at the default verbosity naming the peer: shown, or counted in the
   // next line shown (a flood is summed up).
@@ -356,8 +369,9 @@ BOOST_AUTO_TEST_CASE(a_member_trickling_frames_is_closed_and_the_job_stays_exact
       counted += std::stoul(line.substr(more + 5));
   }
   BOOST_TEST(named >= 1u, log.substr(0, 4000));
-  BOOST_TEST(named + counted >= 18u, log.substr(0, 4000));
-  // 18 frames announced 1.1 GB; the server held at most a step of each, and the job.
+  BOOST_TEST(named + counted >= 4u, log.substr(0, 4000));
+  // The frames announced 60 MiB each, over and over; the server held at most a step of each, and
+  // the job.
   const std::size_t most = sampler.stop();
   constexpr std::size_t bound = std::size_t{address_sanitized ? 256 + 256 : 256} << 20;
   BOOST_TEST(most <= start_rss + bound,
