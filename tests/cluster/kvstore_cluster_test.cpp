@@ -20,8 +20,10 @@
 #include <caf/io/basp/header.hpp>
 #include <caf/io/basp/version.hpp>
 
+#include "actors/logic/key_placement.hpp"
 #include "actors/logic/shard_checkpoint.hpp"
 #include "engine/serialize.hpp"
+#include "insider.hpp"
 #include "process_support.hpp"
 #include "tests/listening_socket.hpp"
 #include "tests/raw_peer.hpp"
@@ -620,11 +622,12 @@ BOOST_AUTO_TEST_CASE(a_killed_worker_makes_every_other_process_fail_naming_it_wi
 /// The scheduler and 2 servers of a job of 2 workers on scheduler port `port`, with `env`, started
 /// and listening; `pids` lists them, the scheduler first.
 struct listening_nodes {
-  listening_nodes(const std::string& port, const std::map<std::string, std::string>& env)
-      : scheduler{node_path, {}, node_env("scheduler", 2, 2, port, env)} {
+  listening_nodes(const std::string& port, const std::map<std::string, std::string>& env,
+                  int workers = 2)
+      : scheduler{node_path, {}, node_env("scheduler", workers, 2, port, env)} {
     for (int i = 0; i < 2; ++i)
       servers.push_back(std::make_unique<child_process>(node_path, std::vector<std::string>{},
-                                                        node_env("server", 2, 2, port, env)));
+                                                        node_env("server", workers, 2, port, env)));
     pids.push_back(scheduler.pid());
     for (auto& server : servers)
       pids.push_back(server->pid());
@@ -763,10 +766,42 @@ BOOST_AUTO_TEST_CASE(strangers_without_the_token_get_in_nowhere_and_the_job_fini
 // --- the soak test: hostile frames on every port of a live job -----------------------------------
 
 /// Every kind of message, default-constructed, plus a push, a pushpull and a pull from a rank no
-/// job has (0x77777777) for a key nobody uses: the frames the attackers mutate.
+/// job has (0x77777777) for a key nobody uses, and the forgeries(): the frames the attackers
+/// mutate.
 template <std::size_t... I>
 std::vector<troupe::wire::message> every_kind(std::index_sequence<I...>) {
   return {troupe::wire::message{std::in_place_index<I>}...};
+}
+
+/// The soak job's workers: kv_worker ranks 0 and 1, and the insider (the attackers' node key).
+constexpr std::uint32_t soak_insider_rank = 2;
+
+/// Well-formed requests that a worker of the soak job other than rank 0 may not make, as the
+/// insider would forge them on its own connections: pushes, pushpulls and pulls of the job's
+/// small key (its ps-key, shape and dtype) as worker 0 or 1 (the issue's push two rounds ahead
+/// among them), the issue's set_optimizer with a learning rate of 10^6, sync settings, a
+/// checkpoint command and an init. Every one is refused (not_permitted) and changes nothing.
+std::vector<troupe::wire::message> forgeries() {
+  namespace wire = troupe::wire;
+  static const std::vector<float> values(6, 1e6f);
+  wire::tensor_chunk tensor;
+  tensor.type = wire::dtype::float32;
+  tensor.shape = {2, 3};
+  tensor.total_bytes = sizeof(float) * values.size();
+  tensor.data = std::as_bytes(std::span(values));
+  // kv_worker's first key (1, 2 x 3) as a ps-key of a job of 2 servers.
+  const std::uint64_t ps_key = troupe::place_key(1, 6, 2, 1'000'000).front().ps_key;
+  std::vector<wire::message> forged;
+  for (std::uint32_t as : {0u, 1u}) {
+    forged.push_back(wire::push{21, ps_key, as, 2, tensor});
+    forged.push_back(wire::pushpull{22, ps_key, as, 0, tensor, 0});
+    forged.push_back(wire::pull_request{23, ps_key, as, 1, 0});
+  }
+  forged.push_back(wire::set_optimizer{24, "sgd", {{"learning_rate", 1e6}}});
+  forged.push_back(wire::sync_settings{25, wire::consistency_mode::async, 1, false, -1, 2});
+  forged.push_back(wire::command{26, wire::command_kind::save_checkpoint, "stolen"});
+  forged.push_back(wire::init{27, ps_key + 1, tensor});
+  return forged;
 }
 
 std::vector<std::vector<std::byte>> base_frames() {
@@ -782,6 +817,8 @@ std::vector<std::vector<std::byte>> base_frames() {
   kinds.push_back(wire::push{11, 424242, stranger, 1, tensor});
   kinds.push_back(wire::pushpull{12, 424242, stranger, 1, tensor, 0});
   kinds.push_back(wire::pull_request{13, 424242, stranger, 1, 0});
+  for (auto& forged : forgeries())
+    kinds.push_back(std::move(forged));
   std::vector<std::vector<std::byte>> frames;
   for (const auto& msg : kinds) {
     try {
@@ -817,6 +854,24 @@ bool could_act(std::span<const std::byte> body) {
            std::holds_alternative<wire::link_auth>(msg));
 }
 
+/// Whether `body`, sent on a server's data port by the insider (whose connections proved worker
+/// soak_insider_rank), could change the job's values: a push or pushpull as that worker, which
+/// would be summed like a worker's push (it is one). Anything else is refused or harmless there:
+/// requests as another worker, or for the whole job, are refused (not_permitted); replies,
+/// credits and hellos are not requests.
+bool could_act_as_insider(std::span<const std::byte> body) {
+  namespace wire = troupe::wire;
+  auto decoded = wire::decode_body(body);
+  if (!decoded)
+    return false;
+  const auto& msg = decoded->msg;
+  if (const auto* push = std::get_if<wire::push>(&msg))
+    return push->sender_rank == soak_insider_rank;
+  if (const auto* pushpull = std::get_if<wire::pushpull>(&msg))
+    return pushpull->sender_rank == soak_insider_rank;
+  return false;
+}
+
 /// Whether a node, reading the frame with length prefix and body `body`, loses the frame
 /// boundary and closes the connection: what troupe's frame receiver treats as fatal (a length it
 /// refuses, a segment table that contradicts it).
@@ -840,16 +895,32 @@ struct attack_counts {
   std::atomic<std::size_t> oversized{0}; ///< length prefixes above the cap after it
   std::atomic<std::size_t> stalled{0};   ///< big frames begun and left unfinished
   std::atomic<std::size_t> connections{0};
+  std::atomic<std::size_t> forged{0};   ///< forgeries() whose answer was read
+  std::atomic<std::size_t> accepted{0}; ///< ... and that were not refused as not_permitted
 };
 
-/// Attacks TCP port `port` of a job with token `token` until `stop`: rounds of (a) garbage,
-/// oversized prefixes and partial hellos before the handshake, and (b) after a handshake with the
-/// token, bursts of mutated frames (bit flips, truncations, random bodies) written without
-/// reading a reply, a length above the cap, and a large frame begun and left to stall.
-void attack_port(std::uint16_t port, const std::string& token, std::uint32_t seed,
-                 const std::atomic<bool>& stop, attack_counts& counts) {
+/// How the attackers of one port pass its handshake, and which frames they must not send there.
+struct port_attack {
+  std::uint16_t port = 0;
+  /// The handshake (the token's on the scheduler's port, the insider's on a server's data port).
+  std::function<bool(raw_peer&)> handshake;
+  /// Whether a decoded body could change the job there (never sent).
+  bool (*could_act)(std::span<const std::byte>) = nullptr;
+  /// Each round, one forgery is sent and its answer read: it must be a refusal.
+  bool forges = false;
+};
+
+/// Attacks a port of a job (`how`) until `stop`: rounds of (a) garbage, oversized prefixes and
+/// partial hellos before the handshake, and (b) after the handshake, a forgery whose refusal is
+/// read (how.forges), bursts of mutated frames (bit flips, truncations, random bodies) written
+/// without reading a reply, a length above the cap, and a large frame begun and left to stall.
+void attack_port(const port_attack& how, std::uint32_t seed, const std::atomic<bool>& stop,
+                 attack_counts& counts) {
+  namespace wire = troupe::wire;
+  const std::uint16_t port = how.port;
   std::mt19937 random(seed);
   const auto bases = base_frames();
+  const auto forged = forgeries();
   auto pick = [&](std::size_t n) {
     return std::uniform_int_distribution<std::size_t>(0, n - 1)(random);
   };
@@ -878,7 +949,7 @@ void attack_port(std::uint16_t port, const std::string& token, std::uint32_t see
     default: // the right length of random bytes
       body = noise(body.size());
     }
-    if (could_act(body))
+    if (how.could_act(body))
       return {};
     auto frame = raw_peer::prefix_bytes(body.size());
     append(frame, body);
@@ -903,11 +974,23 @@ void attack_port(std::uint16_t port, const std::string& token, std::uint32_t see
       if (partial.send(std::span(hello).first(1 + pick(hello.size() - 1))))
         ++counts.unauthenticated, ++counts.frames;
     }
-    // (b) Members: the handshake with the token, then hostile frames.
+    // (b) Members: the handshake, then hostile frames.
     raw_peer member(port);
     ++counts.connections;
-    if (!member.handshake(0, token))
+    if (!how.handshake(member))
       continue;
+    if (how.forges) {
+      // A forgery, and its answer (link credits aside): a refusal, or the test fails.
+      if (!member.send(wire::encode(forged[pick(forged.size())]).flatten()))
+        continue;
+      auto answer = member.receive_reply();
+      if (!answer)
+        continue;
+      ++counts.forged;
+      const auto* refused = std::get_if<wire::error_reply>(&*answer);
+      if (refused == nullptr || refused->code != wire::error_code::not_permitted)
+        ++counts.accepted;
+    }
     // Up to 400 frames the node reads one by one (bad content: an error reply each), the last
     // perhaps one that breaks the framing and so ends the connection: every frame of the burst
     // reaches the node's frame receiver.
@@ -945,40 +1028,44 @@ void attack_port(std::uint16_t port, const std::string& token, std::uint32_t see
     }
     raw_peer above_cap(port);
     ++counts.connections;
-    if (above_cap.handshake(0, token) && above_cap.send_prefix((std::uint64_t{8} << 20) + 8))
+    if (how.handshake(above_cap) && above_cap.send_prefix((std::uint64_t{8} << 20) + 8))
       ++counts.oversized, ++counts.frames;
     if (round % 4 == 0) {
-      // 6 MiB announced, 64 KiB sent: the server reserves the frame in its budget and allocates
-      // its body, then closes the connection once it stalls.
+      // 6 MiB announced, 64 KiB sent: the server reads the frame in steps, then closes the
+      // connection once it stalls. At most two are kept open: a server takes at most 4
+      // connections of one worker, and the member and the one above the cap need theirs.
       auto slow = std::make_unique<raw_peer>(port);
       ++counts.connections;
-      if (slow->handshake(0, token) && slow->send_prefix(std::uint64_t{6} << 20) &&
+      if (stalling.size() >= 2)
+        stalling.erase(stalling.begin());
+      if (how.handshake(*slow) && slow->send_prefix(std::uint64_t{6} << 20) &&
           slow->send(noise(64 << 10))) {
         ++counts.stalled, ++counts.frames;
         stalling.push_back(std::move(slow));
       }
-      if (stalling.size() > 8)
-        stalling.erase(stalling.begin());
     }
   }
 }
 
 BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_alive_bounded_exact) {
-  // Issue 10 §5. A job of a scheduler, 2 servers and 2 kv_worker workers with a token trains 1500
-  // sync rounds of two keys (one split over both servers) while one attacker per listening port
-  // writes at least 100,000 hostile frames in all: garbage, oversized prefixes and partial
-  // hellos before the handshake; after a handshake with the job's token (the attackers know it),
-  // bursts of mutated frames of every kind (bytes changed, cut short, random bodies) written
-  // without reading the replies, lengths above the cap, and 6 MiB frames begun and left to stall.
-  // No node may die, each node's resident memory must stay within a fixed bound of its own
-  // start, and the workers' closed forms must hold exactly.
+  // Issues 10 §5 and 22. A job of a scheduler, 2 servers and 3 workers with a token, two of them
+  // kv_workers that train 1500 sync rounds of two keys (one split over both servers) with a quorum
+  // of 2, the third an insider (tests/cluster/insider.hpp: the test, admitted as worker 2 with a
+  // real node key), while one attacker per listening port writes at least 100,000 hostile frames
+  // in all: garbage, oversized prefixes and partial hellos before the handshake; after the
+  // handshake (on the scheduler's port with the job's token, on the servers' data ports as the
+  // insider, with its node key), a forgery each round whose answer is read (a push, pushpull or
+  // pull as worker 0 or 1, the optimizer, sync settings, a command, an init: forgeries()), and
+  // bursts of mutated frames of every kind (bytes changed, cut short, random bodies, forgeries
+  // among them) written without reading the replies, lengths above the cap, and 6 MiB frames
+  // begun and left to stall. No node may die, each node's resident memory must stay within a
+  // fixed bound of its own start, every forgery must be refused, and the workers' closed forms
+  // must hold exactly.
   //
-  // The token holders never send a frame that decodes to something a node could act on (a push,
-  // pushpull or pull from a rank of the job, a registration, an optimizer, a command...): the
-  // servers attribute a push to the sender_rank its frame names, not to the connection, so a
-  // well-formed push from any token holder with a worker's rank would be summed like the
-  // worker's (docs/RELIABILITY.md, "What the token does not cover"). This test is about
-  // malformed input; could_act() filters what it sends.
+  // The attackers never send a frame that the node would take from them as they are: on the
+  // scheduler's port nothing that decodes to a request (could_act: a registration there would
+  // make it a node), on the servers' ports no push or pushpull as the insider itself
+  // (could_act_as_insider), which the servers would rightly sum as worker 2's.
   //
   // Limits of the job (the cluster file below): frames capped at 8 MiB, a receive budget of 64
   // MiB per listener, 8 MiB of replies queued per peer, stalled frames closed after 300 ms. The
@@ -1007,7 +1094,7 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
       {"TROUPE_JOB_TOKEN", token},
       {"TROUPE_CONFIG", (dir.path() / "soak.toml").string()},
       {"KV_WORKER_DIR", dir.path().string()}};
-  listening_nodes nodes(port, env);
+  listening_nodes nodes(port, env, 3);
   const auto& job = nodes.pids;
   std::vector<std::size_t> start_rss;
   for (const pid_t pid : job)
@@ -1017,10 +1104,28 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
   constexpr int rounds = address_sanitized ? 300 : 1500;
   constexpr std::size_t frames_wanted = address_sanitized ? 20'000 : 100'000;
 
-  std::vector<std::uint16_t> ports;
-  for (const pid_t pid : job)
-    for (const auto p : listening_ports(pid))
-      ports.push_back(p);
+  // The kv_workers register, rank 0 initialises the keys, and they wait at their first barrier
+  // for the insider, which joins now.
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "sync", "--rounds", std::to_string(rounds), "--shapes",
+                                 "2x3,1211x1211", "--quorum", "2", "--absent",
+                                 std::to_string(soak_insider_rank)},
+        node_env("worker", 3, 2, port, env)));
+  insider_worker insider(static_cast<std::uint16_t>(std::stoi(port)), token, soak_insider_rank);
+  insider.barrier();
+
+  std::vector<port_attack> ports;
+  const auto scheduler_ports = listening_ports(job[0]);
+  BOOST_TEST_REQUIRE(scheduler_ports.size() == 1u);
+  ports.push_back({*scheduler_ports.begin(),
+                   [&token](raw_peer& peer) { return peer.handshake(0, token).has_value(); },
+                   could_act, false});
+  for (const auto data_port : insider.server_ports())
+    ports.push_back({data_port, [&insider](raw_peer& peer) { return insider.handshake(peer); },
+                     could_act_as_insider, true});
   BOOST_TEST_REQUIRE(ports.size() == 3u); // the scheduler's port and a data port per server
 
   std::atomic<bool> stop{false};
@@ -1028,7 +1133,7 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
   std::vector<std::thread> attackers;
   for (std::size_t i = 0; i < ports.size(); ++i) {
     counts.push_back(std::make_unique<attack_counts>());
-    attackers.emplace_back(attack_port, ports[i], token, static_cast<std::uint32_t>(1000 + i),
+    attackers.emplace_back(attack_port, std::cref(ports[i]), static_cast<std::uint32_t>(1000 + i),
                            std::cref(stop), std::ref(*counts[i]));
   }
   // Every node's RSS, sampled while the attack goes on; a node that dies is noted at once.
@@ -1049,13 +1154,8 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
       std::this_thread::sleep_for(20ms);
     }
   }};
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 2; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--check", "sync", "--rounds", std::to_string(rounds), "--shapes",
-                                 "2x3,1211x1211"},
-        node_env("worker", 2, 2, port, env)));
+  // Past the barrier after set_optimizer: the workers train under attack.
+  insider.barrier();
   auto total = [&] {
     std::size_t n = 0;
     for (const auto& c : counts)
@@ -1111,7 +1211,15 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
     BOOST_TEST(hwm[i] <= start_rss[i] + bound, names[i] << " VmHWM " << hwm[i]);
   }
   BOOST_TEST_MESSAGE("frames sent in all: " << total());
-  // The job ends as usual (a process's wait counts from its start).
+  // Every forgery the servers answered was refused; each server answered some.
+  for (std::size_t i = 1; i < counts.size(); ++i) {
+    BOOST_TEST_MESSAGE(names[i] << ": " << counts[i]->forged << " forgeries answered, "
+                                << counts[i]->accepted << " not refused");
+    BOOST_TEST(counts[i]->forged > 0u, names[i]);
+    BOOST_TEST(counts[i]->accepted == 0u, names[i]);
+  }
+  // The job ends as usual once the insider is done too (a process's wait counts from its start).
+  insider.done();
   for (auto* node : {&nodes.scheduler, nodes.servers[0].get(), nodes.servers[1].get()}) {
     auto result = node->wait(240s);
     BOOST_TEST(!result.timed_out);
