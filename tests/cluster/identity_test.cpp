@@ -77,13 +77,8 @@ BOOST_AUTO_TEST_CASE(
   const auto port = std::to_string(free_port());
   job_nodes nodes(port, 3, with_token());
   const auto worker_env = with_token();
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 2; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--check", "sync", "--rounds", "150", "--shapes", "2x3,1211x1211",
-                                 "--quorum", "2", "--absent", "2"},
-        node_env("worker", 3, 2, port, worker_env)));
+  auto workers =
+      kv_workers_beside_insider(worker_path, 150, 2, node_env("worker", 3, 2, port, worker_env));
 
   insider_worker insider(static_cast<std::uint16_t>(std::stoi(port)), token, 2);
   const auto& key = insider.key();

@@ -24,6 +24,7 @@
 #include <caf/io/middleman.hpp>
 
 #include "actors/node_agent.hpp"
+#include "tests/cluster/process_support.hpp"
 #include "tests/raw_peer.hpp"
 
 namespace troupe::testing {
@@ -103,6 +104,24 @@ private:
   std::unique_ptr<node_agent> agent_;
   node_key key_;
 };
+
+/// The kv_workers of a job of 3 workers whose third, rank `insider_rank`, is an insider: the
+/// other two, each running `kv_worker --check sync --rounds R` on two keys (2x3 and 1211x1211:
+/// the big one travels in 1 MiB chunks) with a quorum of 2 and the insider absent, in the
+/// environment `env` (the job's node_env for a worker).
+inline std::vector<std::unique_ptr<child_process>>
+kv_workers_beside_insider(const std::string& worker_path, int rounds, std::uint32_t insider_rank,
+                          const std::map<std::string, std::string>& env) {
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(
+        worker_path,
+        std::vector<std::string>{"--check", "sync", "--rounds", std::to_string(rounds), "--shapes",
+                                 "2x3,1211x1211", "--quorum", "2", "--absent",
+                                 std::to_string(insider_rank)},
+        env));
+  return workers;
+}
 
 /// Sends `request` on `peer` and returns the answer (link credits skipped), which must come.
 inline wire::message ask(raw_peer& peer, const wire::message& request) {

@@ -834,18 +834,26 @@ std::vector<std::vector<std::byte>> base_frames() {
 /// decodes (with the codec the nodes use), and is not a request from a rank beyond the job or a
 /// reply, credit or hello (which no node acts on from a stranger). Such frames are never sent, so
 /// that the exact-values check stays about malformed input (see the test's comment).
+/// The worker rank a push, pushpull or pull names as its sender; nullopt for other kinds.
+std::optional<std::uint32_t> sender_of(const troupe::wire::message& msg) {
+  namespace wire = troupe::wire;
+  if (const auto* push = std::get_if<wire::push>(&msg))
+    return push->sender_rank;
+  if (const auto* pushpull = std::get_if<wire::pushpull>(&msg))
+    return pushpull->sender_rank;
+  if (const auto* pull = std::get_if<wire::pull_request>(&msg))
+    return pull->sender_rank;
+  return std::nullopt;
+}
+
 bool could_act(std::span<const std::byte> body) {
   namespace wire = troupe::wire;
   auto decoded = wire::decode_body(body);
   if (!decoded)
     return false;
   const auto& msg = decoded->msg;
-  if (const auto* push = std::get_if<wire::push>(&msg))
-    return push->sender_rank < 1000;
-  if (const auto* pushpull = std::get_if<wire::pushpull>(&msg))
-    return pushpull->sender_rank < 1000;
-  if (const auto* pull = std::get_if<wire::pull_request>(&msg))
-    return pull->sender_rank < 1000;
+  if (const auto sender = sender_of(msg))
+    return *sender < 1000;
   return !(std::holds_alternative<wire::pull_reply>(msg) ||
            std::holds_alternative<wire::ack>(msg) ||
            std::holds_alternative<wire::error_reply>(msg) ||
@@ -856,20 +864,12 @@ bool could_act(std::span<const std::byte> body) {
 
 /// Whether `body`, sent on a server's data port by the insider (whose connections proved worker
 /// soak_insider_rank), could change the job's values: a push or pushpull as that worker, which
-/// would be summed like a worker's push (it is one). Anything else is refused or harmless there:
-/// requests as another worker, or for the whole job, are refused (not_permitted); replies,
-/// credits and hellos are not requests.
+/// would be summed like a worker's push (it is one; its pulls are kept out with them). Anything
+/// else is refused or harmless there: requests as another worker, or for the whole job, are
+/// refused (not_permitted); replies, credits and hellos are not requests.
 bool could_act_as_insider(std::span<const std::byte> body) {
-  namespace wire = troupe::wire;
-  auto decoded = wire::decode_body(body);
-  if (!decoded)
-    return false;
-  const auto& msg = decoded->msg;
-  if (const auto* push = std::get_if<wire::push>(&msg))
-    return push->sender_rank == soak_insider_rank;
-  if (const auto* pushpull = std::get_if<wire::pushpull>(&msg))
-    return pushpull->sender_rank == soak_insider_rank;
-  return false;
+  auto decoded = troupe::wire::decode_body(body);
+  return decoded && sender_of(decoded->msg) == std::optional{soak_insider_rank};
 }
 
 /// Whether a node, reading the frame with length prefix and body `body`, loses the frame
@@ -1106,14 +1106,8 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
 
   // The kv_workers register, rank 0 initialises the keys, and they wait at their first barrier
   // for the insider, which joins now.
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 2; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--check", "sync", "--rounds", std::to_string(rounds), "--shapes",
-                                 "2x3,1211x1211", "--quorum", "2", "--absent",
-                                 std::to_string(soak_insider_rank)},
-        node_env("worker", 3, 2, port, env)));
+  auto workers = kv_workers_beside_insider(worker_path, rounds, soak_insider_rank,
+                                           node_env("worker", 3, 2, port, env));
   insider_worker insider(static_cast<std::uint16_t>(std::stoi(port)), token, soak_insider_rank);
   insider.barrier();
 

@@ -72,15 +72,7 @@ struct job_nodes {
 /// of 2 that lets rounds close without the insider.
 std::vector<std::unique_ptr<child_process>>
 sync_workers(const std::string& port, const std::map<std::string, std::string>& env, int rounds) {
-  std::vector<std::unique_ptr<child_process>> workers;
-  for (int i = 0; i < 2; ++i)
-    workers.push_back(std::make_unique<child_process>(
-        worker_path,
-        std::vector<std::string>{"--check", "sync", "--rounds", std::to_string(rounds), "--shapes",
-                                 "2x3,1211x1211", "--quorum", "2", "--absent",
-                                 std::to_string(insider_rank)},
-        job_env("worker", port, env)));
-  return workers;
+  return kv_workers_beside_insider(worker_path, rounds, insider_rank, job_env("worker", port, env));
 }
 
 /// Each worker reports the closed forms held and exits 0; the insider says it is done; then the
