@@ -1554,9 +1554,20 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
       },
       [=](const wire::membership& table) {
         auto& st = self->state;
+        std::set<std::uint32_t> newly_lost;
         for (const auto& node : table.nodes)
-          if (node.node_role == wire::role::worker && !node.alive)
-            st.lost_workers.insert(node.rank);
+          if (node.node_role == wire::role::worker && !node.alive &&
+              st.lost_workers.insert(node.rank).second)
+            newly_lost.insert(node.rank);
+        // A lost worker's open connections go too, at once (it may be frozen and read nothing):
+        // what it sends from now on is not the job's.
+        std::vector<std::pair<connection_handle, std::uint32_t>> closing;
+        for (const auto& [hdl, c] : st.connections)
+          if (c.proven && newly_lost.contains(c.proven->rank))
+            closing.emplace_back(hdl, c.proven->rank);
+        for (const auto& [hdl, rank] : closing)
+          drop_connection(self, hdl, closure::of_peer,
+                          "worker " + std::to_string(rank) + " was declared lost by the scheduler");
       },
       [=](caf::io::new_data_msg& msg) {
         auto& st = self->state;

@@ -328,7 +328,8 @@ struct data_server {
   ///                   fields whatever the connection);
   ///   (job_secret)    under require_node_proof: the job secret node keys derive from (the first
   ///                   one counts); held hellos are checked now;
-  ///   (wire::membership) under require_node_proof: workers not alive take no new connections.
+  ///   (wire::membership) under require_node_proof: workers not alive take no new connections,
+  ///                   and the connections they hold are closed at once.
   /// An envelope's tensor bytes must stay alive (keepalive) and unchanged until the broker has
   /// copied them into the connection's write buffer, which may be a while after the send when
   /// the connection is busy: reply with a snapshot, not with memory the next update overwrites.

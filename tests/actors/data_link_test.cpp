@@ -1332,6 +1332,27 @@ BOOST_AUTO_TEST_CASE(a_worker_holds_at_most_its_connections_and_a_closed_one_fre
   expect_echoed(again, 2, 10);
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_declared_lost_loses_the_connections_it_holds_and_others_keep_theirs) {
+  auto proven = std::make_shared<proven_nodes>();
+  auto server = start_server(with_node_proofs(proven));
+  caf::anon_send(server.broker, this_job);
+  raw_peer lost(server.port);
+  raw_peer live(server.port);
+  BOOST_TEST_REQUIRE(lost.handshake_as(worker(3), key_of(3), job_token).has_value(), lost.refusal);
+  BOOST_TEST_REQUIRE(live.handshake_as(worker(1), key_of(1), job_token).has_value(), live.refusal);
+  expect_echoed(lost, 1, 10);
+  // The scheduler's table says worker 3 is lost: its connection goes (a reset: it may read
+  // nothing), and a new one of its is refused; worker 1 is served as before.
+  caf::anon_send(server.broker, with_lost_worker(3));
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  BOOST_TEST(lost.read_until_closed(patience).second);
+  raw_peer again(server.port);
+  BOOST_TEST(!again.handshake_as(worker(3), key_of(3), job_token).has_value());
+  BOOST_TEST(contains(again.refusal, "worker 3 was declared lost by the scheduler"), again.refusal);
+  BOOST_TEST(await_disconnects(1).size() == 1u);
+  expect_echoed(live, 2, 10);
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_whose_key_is_refused_goes_down_with_the_servers_words) {
   auto proven = std::make_shared<proven_nodes>();
   auto server = start_server(with_node_proofs(proven));
