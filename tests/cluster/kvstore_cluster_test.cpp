@@ -135,7 +135,7 @@ std::size_t forge_basp_headers(const std::vector<pid_t>& pids) {
   std::size_t hit = 0;
   for (const pid_t pid : pids) {
     const auto before = resident_bytes(pid);
-    for (const auto port : listening_ports(pid)) {
+    for (const auto port : listening_ports_of(pid)) {
       BOOST_TEST(closed_after_writing(port, header), "pid " << pid << " port " << port);
       ++hit;
     }
@@ -712,7 +712,7 @@ BOOST_AUTO_TEST_CASE(forged_basp_headers_on_every_listening_port_leave_the_job_t
 std::size_t try_strangers(const std::vector<pid_t>& pids) {
   std::size_t ports = 0;
   for (const pid_t pid : pids)
-    for (const auto port : listening_ports(pid)) {
+    for (const auto port : listening_ports_of(pid)) {
       ++ports;
       for (const std::string token : {"", "a guess"}) {
         raw_peer stranger(port);
@@ -1112,7 +1112,7 @@ BOOST_AUTO_TEST_CASE(hostile_frames_on_every_port_of_a_training_job_leave_it_ali
   insider.barrier();
 
   std::vector<port_attack> ports;
-  const auto scheduler_ports = listening_ports(job[0]);
+  const auto scheduler_ports = listening_ports_of(job[0]);
   BOOST_TEST_REQUIRE(scheduler_ports.size() == 1u);
   ports.push_back({*scheduler_ports.begin(),
                    [&token](raw_peer& peer) { return peer.handshake(0, token).has_value(); },
@@ -1620,7 +1620,7 @@ std::map<std::string, std::string> merged(std::map<std::string, std::string> bas
 std::size_t try_tls_strangers(const std::vector<pid_t>& pids) {
   std::size_t ports = 0;
   for (const pid_t pid : pids)
-    for (const auto port : listening_ports(pid)) {
+    for (const auto port : listening_ports_of(pid)) {
       ++ports;
       for (const auto& stranger : troupe::testing::tls_strangers()) {
         raw_peer peer(port);

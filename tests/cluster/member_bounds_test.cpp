@@ -22,7 +22,6 @@
 #include "insider.hpp"
 #include "process_support.hpp"
 #include "tests/raw_peer.hpp"
-#include "tests/tcp_sockets.hpp"
 
 using namespace troupe::testing;
 
@@ -52,12 +51,7 @@ struct job_nodes {
                                                                           {},
                                                                           job_env("server", port,
                                                                                   server_env)} {
-    const auto deadline = clock_type::now() + 30s;
-    std::set<std::uint16_t> ports = listening_ports_of(server.pid());
-    while (ports.empty() && clock_type::now() < deadline) {
-      std::this_thread::sleep_for(20ms);
-      ports = listening_ports_of(server.pid());
-    }
+    const auto ports = await_listening(server.pid());
     BOOST_TEST_REQUIRE(ports.size() == 1u, "the server listens on " << ports.size() << " ports");
     data_port = *ports.begin();
   }

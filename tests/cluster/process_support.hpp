@@ -28,6 +28,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "tests/listening_socket.hpp"
+#include "tests/tcp_sockets.hpp"
 #include "tests/temp_dir.hpp"
 
 extern char** environ;
@@ -273,48 +274,13 @@ inline std::vector<pid_t> worker_pids(const fs::path& dir, int workers,
   return pids;
 }
 
-/// The inodes of the sockets `pid` holds open (/proc/<pid>/fd links "socket:[inode]").
-inline std::set<std::string> socket_inodes(pid_t pid) {
-  std::set<std::string> inodes;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", error)) {
-    const auto target = fs::read_symlink(entry.path(), error).string();
-    if (!error && target.starts_with("socket:[") && target.ends_with("]"))
-      inodes.insert(target.substr(8, target.size() - 9));
-  }
-  return inodes;
-}
-
-/// The TCP ports `pid` listens on: its socket inodes matched against the LISTEN rows (state 0A)
-/// of /proc/net/tcp and /proc/net/tcp6.
-inline std::set<std::uint16_t> listening_ports(pid_t pid) {
-  const auto inodes = socket_inodes(pid);
-  std::set<std::uint16_t> ports;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream rows(table);
-    std::string line;
-    std::getline(rows, line); // the header
-    while (std::getline(rows, line)) {
-      // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-      std::istringstream fields(line);
-      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
-      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
-          timeout >> inode;
-      if (state == "0A" && inodes.count(inode) != 0)
-        ports.insert(
-            static_cast<std::uint16_t>(std::stoul(local.substr(local.find(':') + 1), nullptr, 16)));
-    }
-  }
-  return ports;
-}
-
 /// Waits (bounded) until `pid` listens on at least one TCP port, and returns its ports.
 inline std::set<std::uint16_t> await_listening(pid_t pid, std::chrono::milliseconds limit = 30s) {
   const auto deadline = clock_type::now() + limit;
-  auto ports = listening_ports(pid);
+  auto ports = listening_ports_of(pid);
   while (ports.empty() && clock_type::now() < deadline) {
     std::this_thread::sleep_for(20ms);
-    ports = listening_ports(pid);
+    ports = listening_ports_of(pid);
   }
   BOOST_TEST_REQUIRE(!ports.empty(), "pid " << pid << " listens on no TCP port");
   return ports;
