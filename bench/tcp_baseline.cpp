@@ -2,6 +2,11 @@
 // troupe's data path is measured against (BENCHMARKS.md).
 //
 //   build/bench/tcp_baseline [--sizes 4096,16777216,134217728] [--repeats 9] [--port 0]
+//   build/bench/tcp_baseline --serve-on ADDRESS [--port P] [--sizes ...]   (one side, two hosts)
+//   build/bench/tcp_baseline --connect ADDRESS --port P [--sizes ...] [--repeats 9]
+//
+// The two-sided form measures the stream between two hosts (bench/run_hosts_bench.sh runs it
+// between network namespaces): the server prints {"listening":PORT} and serves one client.
 //
 // A forked server process receives length-prefixed payloads into a pre-faulted buffer and
 // answers each with an 8-byte ack; the client sends from a pre-faulted buffer in 4 MiB writes
@@ -120,30 +125,55 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", sizes, "payload sizes in bytes")->delimiter(',');
   app.add_option("--repeats", repeats, "measured repetitions per size")
       ->check(CLI::Range(1, 100000));
-  app.add_option("--port", port, "port on 127.0.0.1 (0: the kernel picks one)");
+  app.add_option("--port", port, "port (0: the kernel picks one; required with --connect)");
+  std::string serve_on, connect_to;
+  auto* serve_flag = app.add_option("--serve-on", serve_on,
+                                    "only serve: listen on this IPv4 address, answer one client");
+  app.add_option("--connect", connect_to, "only measure: connect to a --serve-on at this address")
+      ->excludes(serve_flag);
   CLI11_PARSE(app, argc, argv);
+  auto largest = *std::max_element(sizes.begin(), sizes.end());
 
-  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = htons(port);
-  if (::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
-    die("bind");
-  socklen_t length = sizeof address;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
-  if (::listen(listener, 1) != 0)
-    die("listen");
-  auto largest = *std::max_element(sizes.begin(), sizes.end());
-
-  pid_t server = ::fork();
-  if (server < 0)
-    die("fork");
-  if (server == 0) {
-    serve(listener, largest);
-    std::_Exit(0);
+  const std::string& given = serve_on.empty() ? connect_to : serve_on;
+  if (!given.empty() && ::inet_pton(AF_INET, given.c_str(), &address.sin_addr) != 1) {
+    std::fprintf(stderr, "tcp_baseline: %s is not an IPv4 address\n", given.c_str());
+    return 2;
   }
-  ::close(listener);
+  if (!connect_to.empty() && port == 0) {
+    std::fprintf(stderr, "tcp_baseline: --connect needs the server's --port\n");
+    return 2;
+  }
+
+  pid_t server = -1;
+  if (connect_to.empty()) {
+    int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+      die("bind");
+    socklen_t length = sizeof address;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+    if (::listen(listener, 1) != 0)
+      die("listen");
+    if (!serve_on.empty()) {
+      std::printf("{\"listening\":%u}\n", static_cast<unsigned>(ntohs(address.sin_port)));
+      std::fflush(stdout);
+      serve(listener, largest);
+      return 0;
+    }
+    server = ::fork();
+    if (server < 0)
+      die("fork");
+    if (server == 0) {
+      serve(listener, largest);
+      std::_Exit(0);
+    }
+    ::close(listener);
+  }
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
     die("connect");
@@ -169,6 +199,7 @@ int main(int argc, char** argv) {
   }
   ::close(fd);
   int status = 0;
-  ::waitpid(server, &status, 0);
+  if (server > 0)
+    ::waitpid(server, &status, 0);
   return 0;
 }
