@@ -247,6 +247,21 @@ std::optional<error> check_tuning(const data_link_tuning& tuning, const char* wh
 /// process_link_refusals(): every connection of the process counts here.
 std::atomic<std::uint64_t> refused_frames{0};
 std::atomic<std::uint64_t> closed_peers{0};
+/// process_link_tensor_bytes(): likewise.
+std::atomic<std::uint64_t> socket_tensor_bytes_sent{0};
+std::atomic<std::uint64_t> socket_tensor_bytes_received{0};
+std::atomic<std::uint64_t> shm_tensor_bytes_sent{0};
+std::atomic<std::uint64_t> shm_tensor_bytes_received{0};
+
+/// Counts a tensor payload of a frame queued (`sent`) or handed on, by the way it travels.
+void count_tensor_bytes(const wire::message& msg, bool sent) {
+  const auto* tensor = wire::tensor_of(msg);
+  if (tensor == nullptr || tensor->data.empty())
+    return;
+  auto& counter = tensor->shm ? (sent ? shm_tensor_bytes_sent : shm_tensor_bytes_received)
+                              : (sent ? socket_tensor_bytes_sent : socket_tensor_bytes_received);
+  counter.fetch_add(tensor->data.size(), std::memory_order_relaxed);
+}
 
 wire::message bad_frame_reply(const wire::decode_error& why) {
   return wire::error_reply{0, std::nullopt, wire::error_code::bad_frame,
@@ -306,6 +321,7 @@ std::optional<std::string> encode_into(link_connection& c, wire::message& msg,
              "; split the tensor (wire::chunker)";
     }
     c.queue.push(std::move(frame), std::move(keepalive));
+    count_tensor_bytes(msg, true);
     return std::nullopt;
   } catch (const std::exception& e) {
     give_back();
@@ -848,6 +864,8 @@ incoming take_incoming(link_connection& c, receive_outcome out, const data_link_
       violation = handle_link_control(c, out.frame->msg, tuning, policy);
     else
       in.frame = std::move(out.frame);
+    if (in.frame)
+      count_tensor_bytes(in.frame->msg, false);
     if (violation)
       take_violation(in, std::move(*violation));
   }
@@ -1890,6 +1908,13 @@ std::optional<std::string> await_started(caf::actor_system& sys, const caf::acto
 link_refusals process_link_refusals() noexcept {
   return {refused_frames.load(std::memory_order_relaxed),
           closed_peers.load(std::memory_order_relaxed)};
+}
+
+link_tensor_bytes process_link_tensor_bytes() noexcept {
+  return {socket_tensor_bytes_sent.load(std::memory_order_relaxed),
+          socket_tensor_bytes_received.load(std::memory_order_relaxed),
+          shm_tensor_bytes_sent.load(std::memory_order_relaxed),
+          shm_tensor_bytes_received.load(std::memory_order_relaxed)};
 }
 
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,

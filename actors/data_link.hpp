@@ -349,6 +349,19 @@ struct link_refusals {
 };
 link_refusals process_link_refusals() noexcept;
 
+/// Tensor payload bytes this process's data links moved since it started, by way: through the
+/// sockets (inline in frames) or through same-host shared-memory arenas (docs/data-path.md,
+/// "Same host"). Sent: payloads encoded for a peer (counted when queued); received: payloads of
+/// valid frames handed on. The summary's "tensor bytes" line; a job between hosts moves none
+/// through shared memory.
+struct link_tensor_bytes {
+  std::uint64_t socket_sent = 0;
+  std::uint64_t socket_received = 0;
+  std::uint64_t shm_sent = 0;
+  std::uint64_t shm_received = 0;
+};
+link_tensor_bytes process_link_tensor_bytes() noexcept;
+
 /// Listens on bind_host:port (bind_host exactly: "0.0.0.0" is the only way to listen on every
 /// interface; port 0 lets the kernel pick) and spawns the server broker. For each complete,
 /// valid frame on connection c except link control it sends (envelope{msg, keepalive = frame

@@ -179,8 +179,8 @@ std::uint64_t lead_quantile(const lead_histogram& counts, double q) {
 }
 
 /// The server's summary: its shards' counters summed, dist_async's staleness, what its links
-/// refused, and the busiest keys' traffic. Asked with a short bound, since the launcher gives a
-/// finished server little time to exit.
+/// refused and how they moved tensors, and the busiest keys' traffic. Asked with a short bound,
+/// since the launcher gives a finished server little time to exit.
 void log_server_summary(const server_node& node, const logger& log,
                         std::chrono::milliseconds request_timeout) {
   if (!log.enabled(log_level::info))
@@ -210,6 +210,11 @@ void log_server_summary(const server_node& node, const logger& log,
   const auto refused = process_link_refusals();
   log.info("links: " + std::to_string(refused.bad_frames) + " bad frames refused, " +
            std::to_string(refused.peers_closed) + " peers closed for them");
+  const auto moved = process_link_tensor_bytes();
+  log.info("tensor bytes: " + std::to_string(moved.socket_received) + " in and " +
+           std::to_string(moved.socket_sent) + " out through sockets, " +
+           std::to_string(moved.shm_received) + " in and " + std::to_string(moved.shm_sent) +
+           " out through shared memory");
   auto keys = stats->keys;
   constexpr std::size_t shown = 32;
   std::sort(keys.begin(), keys.end(), [](const key_traffic& a, const key_traffic& b) {
