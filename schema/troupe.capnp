@@ -532,7 +532,9 @@ struct LinkHello {
   # ends compare hostId: equal ids mean the same kernel, and then each end with a non-zero
   # arenaBytes may offer an arena for what it sends (ArenaOffer).
   hostId @0 :Text;
-  # /proc/sys/kernel/random/boot_id, a slash and the uts hostname; non-empty.
+  # The sender's host identity: /proc/sys/kernel/random/boot_id, "/net:" and the inode of its
+  # network namespace, "/pid:" and that of its PID namespace, a slash and the uts hostname (at
+  # most 151 bytes; docs/data-path.md, "Same host"); "unknown" when it cannot tell. Non-empty.
   arenaBytes @1 :UInt64;
   # Size of the arena the sender would create for its direction; 0: it will neither offer one
   # nor accept the peer's.

@@ -25,6 +25,10 @@ std::string errno_text(int code) {
 constexpr std::string_view proc_prefix = "/proc/";
 constexpr std::string_view fd_infix = "/fd/";
 constexpr std::size_t max_number_digits = 9;
+/// boot_id is a UUID of 36 characters; anything longer is not one.
+constexpr std::size_t max_boot_id_bytes = 36;
+/// A namespace's inode is an unsigned 64-bit number: at most 20 decimal digits.
+constexpr std::size_t max_inode_digits = 20;
 
 /// A decimal number of 1..9 digits without a leading zero, at the start of `text`; the rest.
 std::optional<std::string_view> skip_number(std::string_view text) {
@@ -36,19 +40,53 @@ std::optional<std::string_view> skip_number(std::string_view text) {
   return text.substr(digits);
 }
 
+/// The inode of this process's namespace of `kind` ("net", "pid"), from the link
+/// /proc/self/ns/<kind>, which reads "<kind>:[<inode>]": its decimal digits, or nullopt when the
+/// link cannot be read or reads otherwise.
+std::optional<std::string> namespace_inode(std::string_view kind) {
+  const std::string path = "/proc/self/ns/" + std::string(kind);
+  char target[64];
+  const ssize_t n = ::readlink(path.c_str(), target, sizeof target);
+  if (n <= 0 || static_cast<std::size_t>(n) >= sizeof target)
+    return std::nullopt;
+  std::string_view text(target, static_cast<std::size_t>(n));
+  const std::string prefix = std::string(kind) + ":[";
+  if (!text.starts_with(prefix) || !text.ends_with(']'))
+    return std::nullopt;
+  text = text.substr(prefix.size(), text.size() - prefix.size() - 1);
+  if (text.empty() || text.size() > max_inode_digits ||
+      text.find_first_not_of("0123456789") != std::string_view::npos)
+    return std::nullopt;
+  return std::string(text);
+}
+
 } // namespace
 
-const std::string& host_identity() {
-  static const std::string identity = [] {
-    std::string boot_id;
-    std::ifstream in("/proc/sys/kernel/random/boot_id");
-    std::getline(in, boot_id);
-    utsname names{};
-    std::string host = ::uname(&names) == 0 ? std::string(names.nodename) : std::string();
-    if (boot_id.empty() && host.empty())
+std::string compute_host_identity() {
+  std::string boot_id;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot_id);
+  if (boot_id.empty() || boot_id.size() > max_boot_id_bytes ||
+      boot_id.find('/') != std::string::npos)
+    return std::string();
+  std::string identity = boot_id;
+  for (const char* kind : {"net", "pid"}) {
+    auto inode = namespace_inode(kind);
+    if (!inode)
       return std::string();
-    return boot_id + "/" + host;
-  }();
+    identity += '/';
+    identity += kind;
+    identity += ':';
+    identity += *inode;
+  }
+  utsname names{};
+  if (::uname(&names) == 0)
+    identity += '/' + std::string(names.nodename, ::strnlen(names.nodename, sizeof names.nodename));
+  return identity;
+}
+
+const std::string& host_identity() {
+  static const std::string identity = compute_host_identity();
   return identity;
 }
 

@@ -36,10 +36,24 @@
 
 namespace troupe {
 
-/// This host's identity for the link hello: /proc/sys/kernel/random/boot_id, '/', the uts
-/// hostname. Two processes with the same identity share a kernel, hence memory. Empty when
-/// neither can be read (then no arena is ever offered).
+/// This host's identity for the link hello, computed once per process:
+///   <boot_id>/net:<inode>/pid:<inode>/<uts hostname>
+/// boot_id from /proc/sys/kernel/random/boot_id (36 characters), the inodes (at most 20 digits
+/// each) those of /proc/self/ns/net and /proc/self/ns/pid, the hostname at most 64 bytes: at
+/// most 151 bytes. Two processes with the same identity share a kernel, hence memory; a network
+/// namespace of its own makes a process another host (an emulated one: its peers are reached
+/// through its own network stack, and should be reached only that way), and a PID namespace of
+/// its own makes /proc/<pid>/fd/<fd> of the arena's creator name another process, or none. The
+/// mount namespace is left out: the arena is a memory file reached through procfs's fd link,
+/// which does not depend on the opener's other mounts, so a private mount namespace (a private
+/// /dev/shm or /tmp) must not cost the fast path; it could change only which procfs is at /proc,
+/// and a procfs shows the PID namespace of the process that mounted it, so a setup that mounts
+/// another one there (a container) puts its processes in that PID namespace, which the identity
+/// includes. Empty when boot_id or either namespace cannot be read (then no arena is ever
+/// offered).
 const std::string& host_identity();
+/// What host_identity() is cached from, computed anew: for a test that changes namespaces.
+std::string compute_host_identity();
 
 /// Smallest payload that goes through the arena; smaller ones are copied into the frame, where
 /// a copy is as cheap as the bookkeeping.

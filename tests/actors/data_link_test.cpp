@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,12 +19,14 @@
 #include <numeric>
 #include <optional>
 #include <poll.h>
+#include <sched.h>
 #include <set>
 #include <sstream>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 #include <variant>
@@ -1542,7 +1545,101 @@ data_link_tuning shm_tuning(std::size_t arena_bytes) {
   return tuning;
 }
 
+/// What compute_host_identity() says in a child process that first unshares `namespaces` (0:
+/// none; CLONE_NEWPID applies to the child's own child, which then answers): the identity, or
+/// "refused: <why>" where the namespace cannot be made here. Only async-signal-safe calls run
+/// between fork and the computation, which a process with no other thread may follow with any.
+std::string identity_in_child(int namespaces) {
+  int fds[2];
+  BOOST_REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  BOOST_REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    auto say = [&](const std::string& text) {
+      const ssize_t written = ::write(fds[1], text.data(), text.size());
+      ::_exit(written == static_cast<ssize_t>(text.size()) ? 0 : 1);
+    };
+    if (namespaces != 0 && ::unshare(namespaces) != 0)
+      say("refused: unshare: " + std::string(std::strerror(errno)));
+    if ((namespaces & CLONE_NEWPID) != 0) {
+      // Only the children of a process that unshared its PID namespace are in the new one.
+      const pid_t grandchild = ::fork();
+      if (grandchild < 0)
+        say("refused: fork: " + std::string(std::strerror(errno)));
+      if (grandchild == 0)
+        say(compute_host_identity());
+      int status = 0;
+      ::waitpid(grandchild, &status, 0);
+      ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+    }
+    say(compute_host_identity());
+  }
+  ::close(fds[1]);
+  std::string said;
+  char buffer[256];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR)
+      continue;
+    BOOST_REQUIRE(n > 0);
+    said.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  BOOST_REQUIRE(::waitpid(child, &status, 0) == child);
+  BOOST_REQUIRE_MESSAGE(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                        "the child failed: " << said);
+  return said;
+}
+
+std::string namespace_link(const char* kind) {
+  return std::filesystem::read_symlink(std::string("/proc/self/ns/") + kind).string();
+}
+
 } // namespace
+
+BOOST_AUTO_TEST_SUITE(host_identity_of_a_process)
+
+BOOST_AUTO_TEST_CASE(it_names_the_boot_the_namespaces_and_the_hostname_within_its_bound) {
+  const std::string id = compute_host_identity();
+  BOOST_TEST_REQUIRE(!id.empty());
+  BOOST_TEST(id == host_identity());
+  BOOST_TEST(id.size() <= 151u, id);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  // readlink shows "net:[4026531840]"; the identity "net:4026531840".
+  auto inode_of = [](std::string link) {
+    return link.substr(link.find('[') + 1, link.size() - link.find('[') - 2);
+  };
+  const std::string prefix = boot_id + "/net:" + inode_of(namespace_link("net")) +
+                             "/pid:" + inode_of(namespace_link("pid")) + "/";
+  BOOST_TEST(id.starts_with(prefix), id << " does not start with " << prefix);
+}
+
+BOOST_AUTO_TEST_CASE(a_child_in_the_same_namespaces_shares_the_host_one_in_its_own_does_not) {
+  const std::string ours = compute_host_identity();
+  BOOST_TEST(identity_in_child(0) == ours);
+  const std::string in_new_net = identity_in_child(CLONE_NEWNET);
+  if (in_new_net.starts_with("refused: ")) {
+    BOOST_TEST_MESSAGE("skipped: no network namespace can be made here (" << in_new_net << ")");
+    return;
+  }
+  BOOST_TEST(!in_new_net.empty());
+  BOOST_TEST(in_new_net != ours);
+  // Only the network namespace differs.
+  BOOST_TEST(in_new_net.substr(0, in_new_net.find("/net:")) == ours.substr(0, ours.find("/net:")));
+  BOOST_TEST(in_new_net.substr(in_new_net.find("/pid:")) == ours.substr(ours.find("/pid:")));
+
+  const std::string in_new_pid = identity_in_child(CLONE_NEWPID);
+  if (in_new_pid.starts_with("refused: ")) {
+    BOOST_TEST_MESSAGE("skipped: no PID namespace can be made here (" << in_new_pid << ")");
+    return;
+  }
+  BOOST_TEST(in_new_pid != ours);
+  BOOST_TEST(in_new_pid.substr(0, in_new_pid.find("/pid:")) == ours.substr(0, ours.find("/pid:")));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(shm_arena_alone)
 
