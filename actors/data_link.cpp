@@ -77,6 +77,7 @@
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include "actors/config/local_address.hpp"
 #include "actors/logic/data_link_framing.hpp"
 #include "actors/logic/link_tls.hpp"
 #include "actors/logic/node_identity.hpp"
@@ -1940,9 +1941,12 @@ result<data_server> spawn_data_server(caf::actor_system& sys, const std::string&
   // address to bind: spawn_server would listen on every interface.
   auto acceptor =
       middleman.backend().new_tcp_doorman(port, bind_host.c_str(), options.reuse_address);
-  if (!acceptor)
-    return error{errc::io_error,
-                 "cannot listen for data links on " + where + ": " + sys.render(acceptor.error())};
+  if (!acceptor) {
+    // CAF only says "No local interface available" when the name is the cause: say why.
+    auto why = nonlocal_address_reason(bind_host);
+    return error{errc::io_error, "cannot listen for data links on " + where + ": " +
+                                     (why.empty() ? sys.render(acceptor.error()) : why)};
+  }
   data_server server;
   server.port = (*acceptor)->port();
   server.host = (*acceptor)->addr();

@@ -21,6 +21,7 @@
 #include <caf/send.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/config/local_address.hpp"
 #include "actors/data_link.hpp"
 #include "actors/logic/job_trace.hpp"
 #include "actors/logic/node_identity.hpp"
@@ -416,8 +417,18 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
       std::max(data_options.receive_step_bytes,
                static_cast<std::size_t>(config.chunk_bytes) + (std::size_t{64} << 10));
   auto data = spawn_data_server(system, config.bind_address, config.data_port, data_options);
-  if (!data)
-    return data.error();
+  if (!data) {
+    if (nonlocal_address_reason(config.bind_address).empty())
+      return data.error();
+    // Most often a hostfile name that does not resolve, on its own host, to that host.
+    return error{data.error().code(),
+                 data.error().message() +
+                     "; a server listens on DMLC_NODE_HOST ([node] host) or [node] bind, which "
+                     "must be an address of this host: troupe-launch's ssh mode sets "
+                     "DMLC_NODE_HOST to the host's name in the hostfile, and each name there must "
+                     "resolve, on the host it names, to one of that host's own addresses (add it "
+                     "to /etc/hosts there, or write addresses in the hostfile)"};
+  }
   auto joining = agent_options_for(config, wire::role::server, data->port, *tls);
   joining.on_job_secret = [broker = data->broker](const job_secret& secret) {
     caf::anon_send(broker, secret);

@@ -12,7 +12,8 @@
 // value, --env-server and --env-worker do the same for one role; a hostfile line is `host`,
 // `host:sshport`, optionally followed by MPI's `slots=N` (ignored, as launch.py does); and
 // --sync-dst-dir copies the working directory to DIR on every host with rsync before an ssh job
-// starts, the remote nodes then running there.
+// starts, the remote nodes then running there; each path they are given that lies inside the
+// working directory names its copy under DIR (synced_paths).
 //
 // Two more modes start no job of their own. --launcher slurm runs under srun, one task per node:
 // each task becomes the node its SLURM_PROCID names (0 the scheduler, then the servers, then the
@@ -40,10 +41,10 @@
 // timeouts.server_rejoin (which itself needs periodic checkpoints).
 //
 // --trace FILE gives every node TROUPE_TRACE (observe.trace: actors/logic/job_trace.hpp) and, when
-// the job is over, merges the node files FILE.<role>-<rank> into FILE (only those on this host: in
-// ssh mode, copy the others beside FILE and run --merge-trace FILE). --summary gives every node
-// TROUPE_SUMMARY. SIGUSR1 to the launcher goes on to its local scheduler and servers, which print
-// their summary.
+// the job is over, merges the node files FILE.<role>-<rank> into FILE (only those on this host,
+// beside FILE or, with --sync-dst-dir, beside its copy under DIR: in ssh mode, copy the others
+// beside FILE and run --merge-trace FILE). --summary gives every node TROUPE_SUMMARY. SIGUSR1 to
+// the launcher goes on to its local scheduler and servers, which print their summary.
 //
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
@@ -784,7 +785,9 @@ void add_flags(CLI::App& app, options& opt) {
       ->type_name("NAME:VALUE");
   app.add_option("--sync-dst-dir", opt.sync_dst_dir,
                  "ssh mode: first copy this directory (rsync -az) to DIR on every host of the "
-                 "hostfile, and run the remote nodes there")
+                 "hostfile, and run the remote nodes there; a path inside this directory that "
+                 "they are given (the cluster file, --trace, the program, an argument or --env "
+                 "value that is such an absolute path) names its copy under DIR")
       ->type_name("DIR");
   app.add_option("--node-binary", opt.node_binary,
                  "The troupe-node program run as scheduler and servers (default: troupe-node "
@@ -1051,9 +1054,19 @@ int job_signal_fd() {
 }
 
 /// --trace: merges the nodes' trace files into `file` and removes them; false (logged) when there
-/// were none or they could not be merged.
-bool merge_node_traces(const std::string& file, const troupe::logger& log) {
-  const auto parts = troupe::node_trace_files(file);
+/// were none or they could not be merged. With `also` (--sync-dst-dir: where the nodes started
+/// over ssh on this host wrote theirs, in the copy), the node files of that prefix too.
+bool merge_node_traces(const std::string& file, const troupe::logger& log,
+                       const std::optional<std::string>& also = std::nullopt) {
+  auto parts = troupe::node_trace_files(file);
+  if (also) {
+    auto more = troupe::node_trace_files(*also);
+    parts.insert(parts.end(), more.begin(), more.end());
+    // In node order (server-0, server-1, worker-0...), whichever directory holds each.
+    std::sort(parts.begin(), parts.end(), [](const std::string& a, const std::string& b) {
+      return std::filesystem::path(a).filename() < std::filesystem::path(b).filename();
+    });
+  }
   if (parts.empty()) {
     log.error("no node trace files " + file + ".<role>-<rank> to merge");
     return false;
@@ -1068,6 +1081,86 @@ bool merge_node_traces(const std::string& file, const troupe::logger& log) {
   return true;
 }
 
+/// --sync-dst-dir: where the remote nodes find what lies in the launcher's working directory.
+/// They run in the copy DIR, so every word the launcher hands a remote node (its program, each
+/// argument, each variable's value: TROUPE_CONFIG, TROUPE_TRACE, the --env values) that is an
+/// absolute path inside the working directory is rewritten to the same place under DIR; any other
+/// word passes as it is. A path is inside when it is the working directory or below it, written
+/// from the physical working directory or from $PWD when that names the same directory (a
+/// symbolic link on the way), compared as written (lexically normal, no symbolic link resolved).
+/// With a relative DIR (which rsync and the remote shell read from the login directory) the
+/// rewritten path is relative too: the node runs in DIR.
+class synced_paths {
+public:
+  synced_paths() = default;
+  /// `cwd` copied to `dst` (empty: no copy, every word passes as it is).
+  synced_paths(const std::string& cwd, const std::string& dst) {
+    namespace fs = std::filesystem;
+    if (dst.empty())
+      return;
+    dst_ = normal(dst);
+    roots_.push_back(normal(cwd));
+    // $PWD: the working directory as the shell names it, through a symbolic link maybe.
+    if (const char* pwd = std::getenv("PWD"); pwd && *pwd == '/') {
+      std::error_code ec;
+      const fs::path logical = normal(pwd);
+      if (logical != roots_.front() && fs::equivalent(logical, roots_.front(), ec) && !ec)
+        roots_.push_back(logical);
+    }
+  }
+
+  /// `word` at its place under DIR when it is an absolute path inside the working directory.
+  std::string operator()(const std::string& word) const {
+    namespace fs = std::filesystem;
+    if (roots_.empty() || word.empty() || word.front() != '/')
+      return word;
+    const fs::path path = fs::path(word).lexically_normal();
+    for (const auto& root : roots_) {
+      auto [r, p] = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
+      if (r != root.end())
+        continue;
+      fs::path inside;
+      for (; p != path.end(); ++p)
+        inside /= *p;
+      if (inside.empty()) // the working directory itself
+        return dst_.is_relative() ? std::string(".") : dst_.string();
+      return (dst_.is_relative() ? inside : dst_ / inside).string();
+    }
+    return word;
+  }
+
+  /// A NAME=VALUE pair with VALUE rewritten.
+  std::string variable(const std::string& pair) const {
+    const auto eq = pair.find('=');
+    if (eq == std::string::npos)
+      return pair;
+    return pair.substr(0, eq + 1) + (*this)(pair.substr(eq + 1));
+  }
+
+  /// Where the working directory's `path` (absolute) lies under DIR on this host, when DIR is
+  /// absolute and a path there differs; else nothing.
+  std::optional<std::string> here(const std::string& path) const {
+    if (roots_.empty() || !dst_.is_absolute())
+      return std::nullopt;
+    auto moved = (*this)(path);
+    if (moved == path)
+      return std::nullopt;
+    return moved;
+  }
+
+private:
+  /// Lexically normal, without a trailing separator ("copy/" is "copy").
+  static std::filesystem::path normal(const std::string& path) {
+    auto p = std::filesystem::path(path).lexically_normal();
+    if (!p.has_filename() && p.has_relative_path())
+      p = p.parent_path();
+    return p;
+  }
+
+  std::vector<std::filesystem::path> roots_;
+  std::filesystem::path dst_;
+};
+
 /// How the nodes are started: the launcher's flags and what was worked out from them.
 struct launch_plan {
   const options& opt;
@@ -1075,6 +1168,7 @@ struct launch_plan {
   std::vector<host> hosts;             ///< ssh mode: where servers and workers go, round-robin
   std::vector<std::string> common_env; ///< what every node gets (DMLC_*, TROUPE_CONFIG, --env)
   std::string cwd;                     ///< ssh mode: where the remote command runs
+  synced_paths synced;                 ///< --sync-dst-dir: the paths remote nodes are given
   /// The token to hand every node as TROUPE_JOB_TOKEN (local nodes) or on stdin (ssh nodes);
   /// empty: none to hand (local nodes read the token the configuration names, as the launcher).
   std::string local_token;
@@ -1242,11 +1336,19 @@ bool start_node(job& j, launch_plan& plan, troupe::node_role role, int index,
   }
   const host& h = plan.hosts[plan.next_host++ % plan.hosts.size()];
   env.push_back("DMLC_NODE_HOST=" + h.name);
+  // Under --sync-dst-dir the remote node runs in the copy, and finds there what the launcher's
+  // paths name in its working directory (synced_paths).
+  for (auto& pair : env)
+    pair = plan.synced.variable(pair);
+  std::vector<std::string> remote_argv = argv;
+  for (auto* words : {&remote_argv, &recover_argv})
+    for (auto& word : *words)
+      word = plan.synced(word);
   const bool token = !plan.ssh_token.empty();
   if (!recover_argv.empty())
     recover_argv = ssh_command(h, env, recover_argv, plan.cwd, plan.opt.ssh_options, token);
   return j.start(label_for(role, index), role,
-                 ssh_command(h, env, argv, plan.cwd, plan.opt.ssh_options, token), {}, true,
+                 ssh_command(h, env, remote_argv, plan.cwd, plan.opt.ssh_options, token), {}, true,
                  token ? plan.ssh_token + "\n" : std::string(), std::move(recover_argv));
 }
 
@@ -1495,6 +1597,7 @@ int main(int argc, char** argv) {
                    common_environment(opt, ssh ? cfg->scheduler_host : std::string("127.0.0.1"),
                                       *port, num_servers, env_flags->every_node),
                    opt.sync_dst_dir.empty() ? cwd : opt.sync_dst_dir,
+                   synced_paths(cwd, opt.sync_dst_dir),
                    made_token ? token : std::string(),
                    ssh ? token : std::string(),
                    env_flags->servers,
@@ -1506,7 +1609,10 @@ int main(int argc, char** argv) {
   start_nodes(j, plan, node_binary, num_servers);
   // When a node could not start, the job is already stopping: run() waits for what did start.
   const int code = j.run();
-  if (!opt.trace.empty())
-    merge_node_traces(opt.trace, log);
+  if (!opt.trace.empty()) {
+    std::error_code absolute_ec;
+    const auto trace = std::filesystem::absolute(opt.trace, absolute_ec).string();
+    merge_node_traces(opt.trace, log, absolute_ec ? std::nullopt : plan.synced.here(trace));
+  }
   return code;
 }

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/config/local_address.hpp"
 #include "actors/config/tls_credentials.hpp"
 #include "schema/chunking.hpp"
 
@@ -1302,8 +1303,10 @@ status check_port_free(const std::string& host, std::uint16_t port) {
     return ok();
   if (bind_errno == EADDRINUSE)
     return error{errc::io_error, "port " + service + " on " + host + " is in use"};
-  if (bind_errno == EADDRNOTAVAIL)
-    return error{errc::io_error, host + " is not an address of this machine"};
+  if (bind_errno == EADDRNOTAVAIL) {
+    auto why = nonlocal_address_reason(host);
+    return error{errc::io_error, why.empty() ? host + " is not an address of this machine" : why};
+  }
   return error{errc::io_error,
                "cannot bind " + host + ":" + service + ": " + std::strerror(bind_errno)};
 }

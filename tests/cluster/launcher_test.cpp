@@ -839,6 +839,64 @@ BOOST_AUTO_TEST_CASE(sync_dst_dir_copies_the_working_directory_to_each_host_once
   }
 }
 
+// What the remote nodes are given names the copy: the cluster file, the trace, the node program and
+// the worker program (both inside the working directory here), an argument and an --env value that
+// are absolute paths inside it; what lies outside passes as it is. The scheduler runs here, with
+// the launcher's own paths.
+BOOST_AUTO_TEST_CASE(sync_dst_dir_gives_the_remote_nodes_the_copy_s_paths,
+                     *boost::unit_test::precondition(rsync_available)) {
+  temp_dir dir;
+  const fs::path work = dir.path() / "work";
+  const fs::path copy = dir.path() / "copy";
+  fs::create_directories(work / "bin");
+  fs::copy_file(fake_node_path, work / "bin" / "fake-node");
+  dir.write("work/cluster.toml", "[node]\nverbose = 0\n");
+  dir.write("work/data.txt", "payload\n");
+  auto hosts = dir.write("hosts", "node1\n");
+  const std::string program = (work / "bin" / "fake-node").string();
+  const std::string outside = (dir.path() / "elsewhere.txt").string();
+  std::vector<std::string> args{"-n", "1", "-s", "1", "--stop-grace", "1s", "-H", hosts.string()};
+  args.insert(args.end(), {"--node-binary", program, "--sync-dst-dir", copy.string() + "/"});
+  args.insert(args.end(), {"--config", "cluster.toml", "--trace", "job.json"});
+  args.insert(args.end(), {"--env", "FAKE_NODE_ECHO=" + (work / "data.txt").string()});
+  args.insert(args.end(), {"--", program, (work / "data.txt").string(), outside});
+  args.insert(args.end(), {work.string(), "relative/path"});
+  auto r = run_launch_in(work, args,
+                         {{"FAKE_NODE_DIR", dir.path().string()}, {"PATH", fake_ssh_path(dir)}});
+  BOOST_TEST_REQUIRE(!r.timed_out);
+  BOOST_TEST_REQUIRE(r.exit_code == 0, r.err);
+  const auto scheduler = with_prefix(r.out, "[scheduler] fake node");
+  BOOST_TEST_REQUIRE(scheduler.size() == 1u, r.out);
+  BOOST_TEST(field(scheduler[0], "config") == (work / "cluster.toml").string(), scheduler[0]);
+  BOOST_TEST(field(scheduler[0], "echo") == (work / "data.txt").string(), scheduler[0]);
+  for (const std::string prefix : {"[server 0] ", "[worker 0] "}) {
+    auto lines = with_prefix(r.out, prefix + "fake node");
+    BOOST_TEST_REQUIRE(lines.size() == 1u, prefix);
+    BOOST_TEST(field(lines[0], "cwd") == copy.string(), lines[0]);
+    BOOST_TEST(field(lines[0], "config") == (copy / "cluster.toml").string(), lines[0]);
+    BOOST_TEST(field(lines[0], "echo") == (copy / "data.txt").string(), lines[0]);
+  }
+  auto worker = with_prefix(r.out, "[worker 0] fake node");
+  BOOST_TEST(field(worker.at(0), "args") == (copy / "data.txt").string() + "|" + outside + "|" +
+                                                copy.string() + "|relative/path",
+             worker[0]);
+  // No remote command names the working directory: the programs and the trace are the copy's.
+  int nodes = 0;
+  for (const auto& recorded : ssh_runs(dir.path())) {
+    if (recorded.find("\nrsync\n") != std::string::npos)
+      continue;
+    ++nodes;
+    BOOST_TEST(recorded.find(work.string()) == std::string::npos, recorded);
+    BOOST_TEST(recorded.find("'" + (copy / "bin" / "fake-node").string() + "'") !=
+                   std::string::npos,
+               recorded);
+    BOOST_TEST(recorded.find("'TROUPE_TRACE=" + (copy / "job.json").string() + "'") !=
+                   std::string::npos,
+               recorded);
+  }
+  BOOST_TEST(nodes == 2);
+}
+
 BOOST_AUTO_TEST_CASE(a_failed_sync_exits_2_naming_the_host_and_starts_nothing,
                      *boost::unit_test::precondition(rsync_available)) {
   temp_dir dir;

@@ -18,6 +18,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/config/config.hpp"
+#include "actors/config/local_address.hpp"
 #include "actors/config/tls_credentials.hpp"
 #include "schema/chunking.hpp"
 #include "tests/temp_dir.hpp"
@@ -1010,7 +1011,21 @@ BOOST_AUTO_TEST_CASE(a_port_in_use_is_detected_and_a_free_one_is_not) {
   // 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
   auto foreign = check_port_free("192.0.2.1", port);
   BOOST_TEST_REQUIRE(!foreign.has_value());
-  BOOST_TEST(foreign.error().message() == "192.0.2.1 is not an address of this machine");
+  BOOST_TEST(foreign.error().message().starts_with(
+                 "192.0.2.1 is not an address of this host (its addresses: "),
+             foreign.error().message());
+}
+
+// What a node says when the address it must listen on is not this host's: the launcher's ssh mode
+// names each remote node by its hostfile name, which must resolve there to one of its addresses.
+BOOST_AUTO_TEST_CASE(an_address_not_of_this_host_is_named_with_the_host_s_own) {
+  for (const char* local : {"127.0.0.1", "127.0.0.2", "localhost", "0.0.0.0", "::", "::1", "[::1]"})
+    BOOST_TEST(nonlocal_address_reason(local).empty(), local);
+  const auto foreign = nonlocal_address_reason("192.0.2.1");
+  BOOST_TEST(foreign.starts_with("192.0.2.1 is not an address of this host (its addresses: "),
+             foreign);
+  BOOST_TEST(foreign.find("127.0.0.1") != std::string::npos, foreign);
+  BOOST_TEST(foreign.ends_with(")"), foreign);
 }
 
 BOOST_AUTO_TEST_CASE(durations_read_and_print_with_units) {
