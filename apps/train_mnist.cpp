@@ -3,6 +3,7 @@
 //
 //   build/apps/train_mnist --model mlp --epochs 5
 //   build/apps/train_mnist --model lenet --contexts "cpu(0),cpu(1)" --hybridize --plot run.svg
+//   build/apps/train_mnist --model mlp-wide --init torch --epochs 1 --max-batches 50 --quiet
 //   cd build/apps && ./troupe-launch -n 2 -s 1 -- ./train_mnist --kvstore dist_sync --batch-size 64
 //
 // Per epoch it shows progress on stderr (a bar on a terminal, a line every few seconds
@@ -32,6 +33,10 @@
 // process with batch n·b: the benchmark recipe of 2 workers with batch 64 each and step(128)
 // matches the single-process batch 128. Pass --step-batch 64 for MXNet's habit of giving each
 // worker's own batch (the update is then n times larger).
+//
+// --model mlp-wide (784-4096-4096-10, 20M parameters, 80 MB of gradients a step) loads the links
+// rather than the cores; --epochs 1 --max-batches N times a fixed number of steps, and the final
+// line's samples_per_s covers them (the banner and the final line give the parameter count).
 //
 // The initial weights are Xavier's by default (--init xavier); --init torch draws them from
 // PyTorch's default law, so that the job and bench/pytorch_mnist.py train BENCHMARKS.md's recipe
@@ -279,6 +284,13 @@ std::shared_ptr<nn::sequential> make_model(const std::string& model) {
     // The benchmark recipe (BENCHMARKS.md): 784-256-10 with ReLU.
     net->add(std::make_shared<nn::dense>(256, "relu", true, 784));
     net->add(std::make_shared<nn::dense>(10, "", true, 256));
+  } else if (model == "mlp-wide") {
+    // The communication-heavy model: 784-4096-4096-10 with ReLU, the shape of VGG's and
+    // AlexNet's fully connected layers. 20,037,642 parameters, so about 80 MB of float32
+    // gradients cross the store every step.
+    net->add(std::make_shared<nn::dense>(4096, "relu", true, 784));
+    net->add(std::make_shared<nn::dense>(4096, "relu", true, 4096));
+    net->add(std::make_shared<nn::dense>(10, "", true, 4096));
   } else {
     // LeNet-5 as in MXNet's examples (conv 20 and 50 of 5x5, 2x2 max pooling, dense 500), with
     // ReLU instead of tanh: it trains faster with plain SGD at lr 0.1.
@@ -295,6 +307,15 @@ std::shared_ptr<nn::sequential> make_model(const std::string& model) {
     net->add(std::make_shared<nn::dense>(10, "", true, 500));
   }
   return net;
+}
+
+/// Elements of every parameter of `net` (weights and biases): 203,530 for mlp, 20,037,642 for
+/// mlp-wide, 431,080 for lenet.
+std::int64_t parameter_count(const nn::block& net) {
+  std::int64_t count = 0;
+  for (const auto& p : net.collect_params())
+    count += element_count(p->shape());
+  return count;
 }
 
 /// Fan-in of a weight [out, in, k...]: in · prod(k).
@@ -413,7 +434,10 @@ error with_context(const std::string& context, const error& cause) {
 /// Declares every flag on `app`, each writing its field of `o`.
 void add_flags(CLI::App& app, options& o) {
   app.option_defaults()->always_capture_default(); // --help shows each default
-  app.add_option("--model", o.model, "network")->check(CLI::IsMember({"mlp", "lenet"}));
+  app.add_option("--model", o.model,
+                 "network: mlp (784-256-10), mlp-wide (784-4096-4096-10, 20M parameters), "
+                 "lenet")
+      ->check(CLI::IsMember({"mlp", "mlp-wide", "lenet"}));
   app.add_option("--epochs", o.epochs, "passes over the training set")
       ->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", o.batch_size, "samples per batch, per worker")
@@ -823,6 +847,7 @@ status write_outputs(const training_job& job, const std::vector<report::epoch_me
   run.threads = o.threads;
   run.hybridize = o.hybridize;
   run.job_time_s = job_time_s;
+  run.parameters = parameter_count(*job.net);
   fmt::print("{}\n", report::final_line(history, run));
   std::fflush(stdout);
   return {};
@@ -848,10 +873,11 @@ std::string sync_note(const options& o) {
 /// The banner rank 0 prints before training.
 void print_banner(const training_job& job) {
   const options& o = job.o;
-  fmt::print("train_mnist: model {} kvstore {} (update_on_kvstore {}) workers {} contexts {} "
-             "batch {} per worker, step batch {}, {} steps per epoch over {} training "
+  fmt::print("train_mnist: model {} ({} parameters) kvstore {} (update_on_kvstore {}) workers {} "
+             "contexts {} batch {} per worker, step batch {}, {} steps per epoch over {} training "
              "samples{}{}\n",
-             o.model, o.kvstore, job.train->update_on_kvstore(), job.member.workers,
+             o.model, parameter_count(*job.net), o.kvstore, job.train->update_on_kvstore(),
+             job.member.workers,
              o.stages.empty() ? o.contexts
                               : fmt::format("{} (model-parallel stages, {} micro-batches)",
                                             o.model_parallel, o.micro_batches),

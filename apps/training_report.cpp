@@ -50,6 +50,7 @@ std::string final_line(std::span<const epoch_metrics> epochs, const run_summary&
   line["job_time_s"] = json_line::significant(run.job_time_s, 6);
   line["job_samples_per_s"] =
       json_line::significant(run.job_time_s > 0 ? samples / run.job_time_s : 0, 6);
+  line["parameters"] = run.parameters;
   if (!last.worker_samples_per_s.empty()) {
     auto rates = json_line::object::array();
     for (double rate : last.worker_samples_per_s)

@@ -55,13 +55,14 @@ struct run_summary {
   /// epoch ends when the slowest worker's does, so this is the job's time, stragglers included
   /// (and the evaluations rank 0 makes between epochs).
   double job_time_s = 0;
+  std::int64_t parameters = 0; ///< elements of every parameter of the network
 };
 
 /// The final JSON line that scripts read (no newline), compact, keys in this order:
 /// {"final_test_acc":..,"final_train_loss":..,"samples_per_s":..,"time_s":..,"epochs":..,
 /// "model":"..","kvstore":"..","workers":..,"batch_size":..,"step_batch":..,"contexts":..,
 /// "stages":..,"micro_batches":..,"threads":..,"hybridize":..,"job_time_s":..,
-/// "job_samples_per_s":..}. Accuracy and loss are the
+/// "job_samples_per_s":..,"parameters":..}. Accuracy and loss are the
 /// last epoch's; samples_per_s and time_s cover this worker's training loop of every epoch (every
 /// worker's samples at this worker's pace); job_samples_per_s is every worker's samples over
 /// job_time_s. Measured numbers have 6 significant digits; a test accuracy this process did not

@@ -1,20 +1,32 @@
 #!/usr/bin/env python3
 """PyTorch DistributedDataParallel baseline of the distributed Fashion-MNIST job
-(troupe-launch -n 2 -s 1 -- apps/train_mnist --kvstore dist_sync --batch-size 64).
+(troupe-launch -n 2 -s 1 -- apps/train_mnist --kvstore dist_sync --batch-size 64 --init torch).
 
-The recipe of bench/pytorch_mnist.py (MLP 784-256-10 ReLU, pixels / 255, default init, SGD lr
-0.1, no momentum) over 2 processes on 127.0.0.1 with gloo: each process has one thread, a
-DistributedSampler shard and batch 64, so one step sees 128 samples in all; DDP averages the
-gradients of the per-process mean losses, which is the single-process batch-128 update. Process
-rank 0 evaluates the whole test set after each epoch and prints JSON lines:
+The recipe of bench/pytorch_mnist.py (--model mlp: 784-256-10, or mlp-wide: 784-4096-4096-10,
+ReLU, pixels / 255, PyTorch's default init, SGD lr 0.1, no momentum) over --world processes with
+gloo: each process has one thread, a DistributedSampler shard and batch 64, so one step of 2
+processes sees 128 samples in all; DDP averages the gradients of the per-process mean losses,
+which is the single-process batch-128 update. Process rank 0 evaluates the whole test set after
+each epoch and prints JSON lines:
 
   {"bench":"pytorch_ddp_mnist","epoch":1,"train_loss":...,"test_acc":...,"samples_per_s":...}
-  {"bench":"pytorch_ddp_mnist","final_test_acc":...,"samples_per_s":...}
+  {"bench":"pytorch_ddp_mnist","model":"mlp",...,"steps":...,"final_test_acc":...,
+   "samples_per_s":...}
 
 samples_per_s is global: samples trained by all processes over the slowest process's time in
-the training loop (both start it after a barrier).
+the training loop (all start it after a barrier). --steps N caps each epoch at N steps per
+process (train_mnist's --max-batches); "steps" in the final line is the total per process.
 
+Two modes:
+
+  # one machine: spawns --world processes rendezvousing on 127.0.0.1
   /usr/bin/python3 bench/pytorch_ddp_mnist.py --epochs 5 --seed 0
+  /usr/bin/python3 bench/pytorch_ddp_mnist.py --model mlp-wide --epochs 1 --steps 50
+
+  # one process per host (or network namespace): start this on every host, ranks 0..N-1, all
+  # naming rank 0's address; --ifname (GLOO_SOCKET_IFNAME) picks the interface gloo's pairs use
+  /usr/bin/python3 bench/pytorch_ddp_mnist.py --rank R --world N --master-addr 10.0.0.1 \
+      --master-port 29500 [--ifname veth0] --model mlp-wide --epochs 1 --steps 50
 """
 
 import argparse
@@ -31,13 +43,13 @@ import mnist_data  # noqa: E402
 mnist_data.rerun_with_a_better_blas_core()  # before torch loads OpenBLAS
 
 import torch  # noqa: E402
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data.distributed import DistributedSampler
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
-from pytorch_mnist import evaluate, make_model  # noqa: E402
+from pytorch_mnist import MODELS, evaluate, make_model, parameter_count  # noqa: E402
 
 
 def free_port():
@@ -48,21 +60,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-def worker(rank, args, port):
+def worker(rank, args, addr, port):
     torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
+    if args.ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
     # Bounded: a rank whose peer never arrives gives up instead of waiting (or spinning) forever.
     dist.init_process_group("gloo", rank=rank, world_size=args.world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=args.timeout))
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts anyway)
     train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in mnist_data.load(args.data_dir))
-    model = DistributedDataParallel(make_model())
+    model = DistributedDataParallel(make_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
     sampler = DistributedSampler(range(train_x.shape[0]), num_replicas=args.world, rank=rank,
                                  shuffle=True, seed=args.seed, drop_last=True)
     batches = len(sampler) // args.batch_size  # drop_last; equal on every rank
+    if args.steps > 0:
+        batches = min(batches, args.steps)
 
     total_samples, total_time, test_acc = 0, 0.0, 0.0
     for epoch in range(1, args.epochs + 1):
@@ -93,8 +109,11 @@ def worker(rank, args, port):
                               "samples_per_s": round(samples / elapsed, 1),
                               "time_s": round(elapsed, 3)}), flush=True)
     if rank == 0:
-        print(json.dumps({"bench": "pytorch_ddp_mnist", "world": args.world,
+        print(json.dumps({"bench": "pytorch_ddp_mnist", "model": args.model,
+                          "parameters": parameter_count(model.module), "world": args.world,
                           "threads_per_process": args.threads, "epochs": args.epochs,
+                          "batch_size": args.batch_size, "lr": args.lr,
+                          "steps": batches * args.epochs, "time_s": round(total_time, 3),
                           "final_test_acc": round(test_acc, 3),
                           "samples_per_s": round(total_samples / total_time, 1)}), flush=True)
     dist.destroy_process_group()
@@ -102,15 +121,35 @@ def worker(rank, args, port):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="mlp")
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=0,
+                        help="at most N steps per epoch on each process (0: every full batch)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="threads per process")
     parser.add_argument("--world", type=int, default=2, help="processes")
+    parser.add_argument("--rank", type=int, default=None,
+                        help="run this one rank (no spawning); needs --master-addr")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
+    parser.add_argument("--master-port", type=int, default=0,
+                        help="rank 0's rendezvous port (0: a free one; spawn mode only)")
+    parser.add_argument("--ifname", default="",
+                        help="network interface for gloo (sets GLOO_SOCKET_IFNAME)")
+    parser.add_argument("--timeout", type=float, default=120, help="rendezvous timeout, seconds")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's gradient buckets")
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--data-dir", default=mnist_data.DEFAULT_DATA_DIR)
     args = parser.parse_args()
-    mp.spawn(worker, args=(args, free_port()), nprocs=args.world, join=True)
+    if args.rank is not None:
+        if not 0 <= args.rank < args.world:
+            parser.error(f"--rank {args.rank} is not in 0..{args.world - 1}")
+        if args.master_port == 0:
+            parser.error("--rank needs --master-port (the same on every rank)")
+        worker(args.rank, args, args.master_addr, args.master_port)
+    else:
+        port = args.master_port or free_port()
+        mp.spawn(worker, args=(args, args.master_addr, port), nprocs=args.world, join=True)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,12 @@
 # Each pair prints a JSON line with both samples/s (training loop only, summed over workers) and
 # final test accuracies and the ratio troupe / PyTorch; the last lines give the median ratio per
 # setting. On a shared 2-core machine only ratios of runs made back to back mean anything.
+# MODEL=mlp-wide trains issue 23's 784-4096-4096-10 (20M parameters) on both sides instead;
+# STEPS=N caps every epoch at N steps per worker (train_mnist --max-batches, the scripts' --steps).
 #
 #   bench/run_train_bench.sh [BUILD_DIR]
 #   REPEATS=3 EPOCHS=1 SETTINGS="local dist" SEED=0 bench/run_train_bench.sh build
+#   MODEL=mlp-wide STEPS=50 REPEATS=3 bench/run_train_bench.sh build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/jsonl.sh
@@ -23,6 +26,8 @@ repeats=${REPEATS:-3}
 epochs=${EPOCHS:-1}
 settings=${SETTINGS:-local dist}
 seed=${SEED:-0}
+model=${MODEL:-mlp}
+steps=${STEPS:-0}
 python=${PYTHON:-/usr/bin/python3}
 # Every run is bounded: a run that hangs (seen once with the DDP baseline, its gloo rendezvous never
 # completing) is killed and its repeat skipped with a message, instead of stalling the benchmark.
@@ -36,19 +41,21 @@ trap 'rm -f "$log"' EXIT
 # The final JSON line of a run (a launcher prefix such as "[worker 0] " removed).
 
 run_troupe_local() {
-  timeout -k 10 "$run_timeout" "$build/apps/train_mnist" --model mlp --kvstore local --epochs "$epochs" --batch-size 128 \
-      --lr 0.1 --init torch --seed "$seed" --threads 1 --no-progress | final_line
+  timeout -k 10 "$run_timeout" "$build/apps/train_mnist" --model "$model" --kvstore local --epochs "$epochs" --batch-size 128 \
+      --lr 0.1 --init torch --seed "$seed" --threads 1 --max-batches "$steps" --no-progress | final_line
 }
 run_torch_local() {
-  timeout -k 10 "$run_timeout" "$python" bench/pytorch_mnist.py --epochs "$epochs" --seed "$seed" --threads 1 | final_line
+  timeout -k 10 "$run_timeout" "$python" bench/pytorch_mnist.py --model "$model" --epochs "$epochs" --seed "$seed" \
+      --threads 1 --steps "$steps" | final_line
 }
 run_troupe_dist() {
-  timeout -k 10 "$run_timeout" "$build/apps/troupe-launch" -n 2 -s 1 -- "$build/apps/train_mnist" --model mlp \
+  timeout -k 10 "$run_timeout" "$build/apps/troupe-launch" -n 2 -s 1 -- "$build/apps/train_mnist" --model "$model" \
       --kvstore dist_sync --epochs "$epochs" --batch-size 64 --lr 0.1 --init torch --seed "$seed" \
-      --threads 1 --no-progress | final_line
+      --threads 1 --max-batches "$steps" --no-progress | final_line
 }
 run_torch_dist() {
-  timeout -k 10 "$run_timeout" "$python" bench/pytorch_ddp_mnist.py --epochs "$epochs" --seed "$seed" --threads 1 | final_line
+  timeout -k 10 "$run_timeout" "$python" bench/pytorch_ddp_mnist.py --model "$model" --epochs "$epochs" --seed "$seed" \
+      --threads 1 --steps "$steps" | final_line
 }
 
 for repeat in $(seq 1 "$repeats"); do
@@ -65,7 +72,7 @@ import json, sys
 setting, repeat, epochs, troupe, torch = sys.argv[1:]
 t, p = json.loads(troupe), json.loads(torch)
 print(json.dumps({"bench": "train_mnist_vs_pytorch", "setting": setting, "repeat": int(repeat),
-                  "epochs": int(epochs),
+                  "model": t["model"], "epochs": int(epochs), "steps": p["steps"],
                   "troupe_samples_per_s": t["samples_per_s"], "torch_samples_per_s": p["samples_per_s"],
                   "ratio": round(t["samples_per_s"] / p["samples_per_s"], 3),
                   "troupe_test_acc": t["final_test_acc"], "torch_test_acc": p["final_test_acc"]}))

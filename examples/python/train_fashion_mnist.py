@@ -4,8 +4,10 @@
     build/apps/troupe-launch -n 2 -s 1 -- /usr/bin/python3 examples/python/train_fashion_mnist.py
 
 (with PYTHONPATH=build/python, or troupe installed by `pip install .`). The job of
-apps/train_mnist.cpp, in Python: the same MLP (784-256-10, ReLU, Xavier's uniform weights, zero
-biases), the same data (Debian's dataset-fashion-mnist), SGD with learning rate 0.1 run on the
+apps/train_mnist.cpp, in Python: the same MLP (--model mlp: 784-256-10, or mlp-wide:
+784-4096-4096-10 with 20,037,642 parameters; ReLU; Xavier's uniform weights and zero biases as
+train_mnist's default --init xavier, or --init torch: PyTorch's default law, train_mnist --init
+torch), the same data (Debian's dataset-fashion-mnist), SGD with learning rate 0.1 run on the
 servers (MXNet's update_on_kvstore: set_optimizer), each worker on its part of the training set
 with batch 64, the gradients of the workers summed and rescaled by 1/(64 * workers). PyTorch
 computes the gradients; each step pushes them and pulls the updated parameters straight into the
@@ -18,7 +20,7 @@ and every worker ends with
     worker 0 of 2: final test_acc 0.8232, parameters sha256 7faf35f8...
 
 where the digest covers every parameter's bytes, equal on all workers of a dist_sync job.
---kvstore local trains in one process.
+--kvstore local trains in one process; --max-batches N caps each epoch at N steps.
 """
 
 import argparse
@@ -53,13 +55,19 @@ def load(data_dir, prefix):
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
-def make_model(seed):
+def make_model(name, init, seed):
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
-    for layer in (model[0], model[2]):
-        torch.nn.init.xavier_uniform_(layer.weight)  # MXNet's Xavier: uniform, magnitude 3
-        torch.nn.init.zeros_(layer.bias)
+    widths = {"mlp": [784, 256, 10], "mlp-wide": [784, 4096, 4096, 10]}[name]
+    layers = []
+    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+        layers += [torch.nn.Linear(fan_in, fan_out), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])  # no ReLU after the last layer
+    if init == "xavier":
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                torch.nn.init.xavier_uniform_(layer.weight)  # MXNet's Xavier: uniform, magnitude 3
+                torch.nn.init.zeros_(layer.bias)
+    # init "torch": nn.Linear's own, uniform in +-1/sqrt(fan_in) for weight and bias
     return model
 
 
@@ -71,6 +79,10 @@ def accuracy(model, x, y):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kvstore", default="dist_sync")
+    parser.add_argument("--model", choices=["mlp", "mlp-wide"], default="mlp")
+    parser.add_argument("--init", choices=["xavier", "torch"], default="xavier")
+    parser.add_argument("--max-batches", type=int, default=0,
+                        help="at most N steps per epoch (0: every full batch)")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64, help="per worker")
     parser.add_argument("--lr", type=float, default=0.1)
@@ -89,8 +101,10 @@ def main():
     bounds = [len(train_x) * r // workers for r in range(workers + 1)]
     part = np.arange(bounds[rank], bounds[rank + 1])
     steps = min(bounds[r + 1] - bounds[r] for r in range(workers)) // args.batch_size
+    if args.max_batches > 0:
+        steps = min(steps, args.max_batches)
 
-    model = make_model(args.seed)
+    model = make_model(args.model, args.init, args.seed)
     names = [name for name, _ in model.named_parameters()]
     params = [p for _, p in model.named_parameters()]
     # Rank 0's initial values go to the servers; every worker then pulls them into its model.

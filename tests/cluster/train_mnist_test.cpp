@@ -114,6 +114,24 @@ BOOST_AUTO_TEST_CASE(one_epoch_of_the_mlp_beats_75_percent_and_writes_its_report
   BOOST_TEST(svg.find("test accuracy") != std::string::npos);
 }
 
+// The communication-heavy model of issue 23: 784-4096-4096-10, 20,037,642 parameters (80 MB of
+// float32 gradients a step). Two batches of 32 keep the run short; the banner and the final line
+// both give the count, so a benchmark can tell what it moved.
+BOOST_AUTO_TEST_CASE(mlp_wide_is_a_model_of_twenty_million_parameters,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  auto result = run(train_path,
+                    {"--model", "mlp-wide", "--init", "torch", "--epochs", "1", "--train-limit",
+                     "64", "--batch-size", "32", "--no-progress"},
+                    {}, 120s);
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  BOOST_TEST(result.out.find("train_mnist: model mlp-wide (20037642 parameters) ") !=
+                 std::string::npos,
+             result.out);
+  BOOST_TEST(final_field(result.out, "parameters").value_or(0) == 20037642.0, result.out);
+  BOOST_TEST(final_field(result.out, "final_test_acc").value_or(-1) >= 0.0, result.out);
+  BOOST_TEST(final_field(result.out, "samples_per_s").value_or(0) > 0, result.out);
+}
+
 // Hybridized and imperative runs compute with the same operators in the same order, so the
 // metrics they print agree to the last digit; two contexts and a `device` store take the same
 // path through split_and_load and the store's sum.
@@ -396,12 +414,13 @@ BOOST_AUTO_TEST_CASE(the_final_line_is_compact_json_with_its_keys_in_order) {
   run.batch_size = 64;
   run.step_batch = 128;
   run.job_time_s = 4.0;
+  run.parameters = 203530;
   BOOST_TEST(report::final_line(epochs, run) ==
              R"({"final_test_acc":84.9,"final_train_loss":0.412346,"samples_per_s":43636.4,)"
              R"("time_s":2.75,"epochs":2,"model":"mlp","kvstore":"dist_sync","workers":2,)"
              R"("batch_size":64,"step_batch":128,"contexts":1,"stages":1,"micro_batches":1,)"
              R"("threads":1,"hybridize":false,)"
-             R"("job_time_s":4.0,"job_samples_per_s":30000.0})");
+             R"("job_time_s":4.0,"job_samples_per_s":30000.0,"parameters":203530})");
   epochs[1].test_acc.reset(); // a worker that did not evaluate
   BOOST_TEST(report::final_line(epochs, run).starts_with(R"({"final_test_acc":null,)"));
 }
