@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The tables of bench/run_hosts_bench.sh: its JSON lines in, each figure beside its baseline of
+the same run out (markdown, as BENCHMARKS.md keeps them).
+
+    python3 bench/hosts_table.py results.jsonl
+"""
+import json
+import sys
+from collections import defaultdict
+
+MIB = 1 << 20
+
+
+def load(path):
+    rows = []
+    with open(path) as lines:
+        for line in lines:
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return rows
+
+
+def link_table(rows):
+    raw = {(r["rate"], r["bytes"]): r["median_gbps"] for r in rows
+           if r["part"] == "link" and r["bench"] == "tcp_baseline"}
+    kv = defaultdict(dict)
+    for r in rows:
+        if r["part"] == "link" and r["bench"] == "kvbench":
+            kv[(r["rate"], r["bytes"])][r["op"]] = r
+    if not kv:
+        return
+    print("## link: two hosts, W=1 S=1 (server on one host, worker on the other)\n")
+    print("| rate | MiB | raw TCP GB/s | push GB/s | pull GB/s | pushpull GB/s | pushpull / raw |")
+    print("|---|---|---|---|---|---|---|")
+    for (rate, size), ops in sorted(kv.items()):
+        base = raw.get((rate, size))
+        pp = ops.get("pushpull", {}).get("gbps")
+        ratio = f"{pp / base:.2f}" if base and pp else "—"
+        print(f"| {rate} | {size // MIB} | {base} | {ops.get('push', {}).get('gbps')} | "
+              f"{ops.get('pull', {}).get('gbps')} | {pp} | {ratio} |")
+    print()
+
+
+def allreduce_table(rows):
+    ours = [r for r in rows if r["part"] == "allreduce" and r["bench"] == "kvbench"]
+    gloo = {r["rate"]: r for r in rows if r["part"] == "allreduce" and r["bench"] == "gloo_allreduce"}
+    if not ours and not gloo:
+        return
+    print("## allreduce: 4 worker hosts, one key, milliseconds per operation (median)\n")
+    print("| rate | layout | MiB | push | pull | pushpull | gloo all_reduce | all_reduce / pushpull |")
+    print("|---|---|---|---|---|---|---|---|")
+    by = defaultdict(dict)
+    for r in ours:
+        by[(r["rate"], r.get("layout", "?"), r["bytes"])][r["op"]] = r["median_ms"]
+    for (rate, layout, size), ops in sorted(by.items()):
+        g = gloo.get(rate, {}).get("median_ms")
+        pp = ops.get("pushpull")
+        ratio = f"{g / pp:.2f}" if g and pp else "—"
+        print(f"| {rate} | {layout} | {size // MIB} | {ops.get('push')} | {ops.get('pull')} | "
+              f"{pp} | {g} | {ratio} |")
+    print()
+
+
+def train_table(rows):
+    jobs = [r for r in rows if r["part"] == "train"]
+    if not jobs:
+        return
+    print("## train: 4 worker hosts, samples/s of the whole job and accuracy after the same steps\n")
+    print("| rate | model | system | layout | steps | samples/s | test accuracy | / DDP |")
+    print("|---|---|---|---|---|---|---|---|")
+    ddp = {(r["rate"], r["model"]): r["samples_per_s"] for r in jobs if r["system"] == "pytorch-ddp"}
+    for r in sorted(jobs, key=lambda r: (r["rate"], r["model"], r["system"], r.get("layout", ""))):
+        base = ddp.get((r["rate"], r["model"]))
+        ratio = f"{r['samples_per_s'] / base:.2f}" if base else "—"
+        print(f"| {r['rate']} | {r['model']} | {r['system']} | {r.get('layout', '')} | "
+              f"{r.get('steps')} | {r['samples_per_s']:.0f} | {r.get('test_acc')} | {ratio} |")
+    print()
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: hosts_table.py RESULTS.jsonl")
+    rows = load(sys.argv[1])
+    link_table(rows)
+    allreduce_table(rows)
+    train_table(rows)
+
+
+if __name__ == "__main__":
+    main()

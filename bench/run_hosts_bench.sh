@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# troupe across hosts with rate-limited links, each figure beside its baseline of the same run:
+# hosts are network namespaces made by scripts/netns-cluster.sh, every host's link limited to
+# RATE in both directions (docs/scaling.md explains the figures and models them).
+#
+#   bench/run_hosts_bench.sh [BUILD_DIR]
+#   RATES="1gbit 10gbit" PARTS="link allreduce" REPEATS=5 bench/run_hosts_bench.sh build
+#
+# Parts (PARTS, default all of them):
+#   calibrate  once, without a rate limit: the CPU time one byte across a link costs both ends
+#              (docs/scaling.md's c_net), and the 4 KiB round trip of a socket and of the KVStore.
+#   link       two hosts: the raw TCP stream between them (bench/tcp_baseline --serve-on/--connect)
+#              beside kvbench push, pull and pushpull of 16 and 128 MiB with the server on one host
+#              and the worker on the other (W=1 S=1); ratio = kvbench GB/s / raw GB/s.
+#   allreduce  4 worker hosts: one key of ALLREDUCE_BYTES (80 MiB) pushed, pulled and pushpulled
+#              by every worker (kvbench, W=4) with 4 servers on hosts of their own, and with a
+#              server on each worker host; beside gloo's all_reduce of the same bytes over the
+#              same 4 worker hosts (bench/gloo_allreduce.py, Debian's python3-torch).
+#   train      the jobs of docs/scaling.md: train_mnist dist_sync over 4 worker hosts, servers on
+#              4 hosts of their own and on the worker hosts, beside PyTorch DDP/gloo over the
+#              same worker hosts (and Apache MXNet 1.9.1's dist_sync when MXNET_PYTHON names a
+#              python with mxnet), MODELS (default "mlp-wide mlp") for TRAIN_STEPS steps each
+#              (30) of a batch of 64 per worker, lr 0.1, PyTorch's initialisation, one thread
+#              per process; and each system's compute alone (one process, no network) for the
+#              same steps, the "one process" rows.
+# EXTRA_TOML: more lines for the jobs' cluster file, e.g. EXTRA_TOML='[data]\nshm_arena_bytes = 0'.
+# RESULTS: keep the JSON lines in this file.
+# Output: one JSON line per measurement, each with "rate" and "part", then a table of ratios.
+# Needs root (network namespaces); exits 77 with the reason otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=$(cd "${1:-build}" && pwd)
+rates=${RATES:-1gbit 10gbit}
+parts=${PARTS:-calibrate link allreduce train}
+repeats=${REPEATS:-5}
+allreduce_bytes=${ALLREDUCE_BYTES:-83886080}
+models=${MODELS:-mlp-wide mlp}
+train_steps=${TRAIN_STEPS:-30}
+cluster_script=$PWD/scripts/netns-cluster.sh
+mxnet_python=${MXNET_PYTHON:-}
+if [ -z "$mxnet_python" ] && [ -x /work/mxnet-venv/bin/python ]; then mxnet_python=/work/mxnet-venv/bin/python; fi
+for exe in bench/tcp_baseline bench/kvbench apps/troupe-launch apps/troupe-node apps/train_mnist; do
+  [ -x "$build/$exe" ] || { echo "run_hosts_bench: $build/$exe is missing" >&2; exit 1; }
+done
+[ "$(id -u)" -eq 0 ] || { echo "run_hosts_bench: skipped: network namespaces need root"; exit 77; }
+
+name=hb$(printf '%05d' $(($$ % 100000)))
+work=$(mktemp -d)
+log=$work/results.jsonl
+cleanup() {
+  "$cluster_script" down --name "$name" >/dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# up RATE HOSTS: a fresh cluster; sets `state` and the array `addr`.
+up() {
+  "$cluster_script" down --name "$name" >/dev/null 2>&1
+  state=$("$cluster_script" up --name "$name" --hosts "$2" --rate "$1") || exit 1
+  mapfile -t addr < "$state/hosts"
+}
+on() { # on HOST COMMAND...: COMMAND on host HOST
+  local host=$1
+  shift
+  ip netns exec "troupe-$name-$host" "$@"
+}
+# emit PART RATE [FIELDS]: stdin's JSON lines tagged with the part, the rate and FIELDS (more
+# "name":value pairs, comma-separated), into the log and stdout.
+emit() {
+  sed -e 's/^\[worker [0-9]*\] //' -e "s/^{/{\"part\":\"$1\",\"rate\":\"$2\",${3:+$3,}/" |
+    tee -a "$log"
+}
+# raw_stream RATE FROM TO SIZES: tcp_baseline from host FROM to host TO.
+raw_stream() {
+  local rate=$1 from=$2 to=$3 sizes=$4 out=$work/serve.out port
+  on "$to" "$build/bench/tcp_baseline" --serve-on "${addr[to]}" --sizes "$sizes" > "$out" 2>&1 &
+  local server=$!
+  for _ in $(seq 300); do grep -q listening "$out" && break; sleep 0.1; done
+  port=$(sed -n 's/{"listening":\([0-9]*\)}/\1/p' "$out")
+  [ -n "$port" ] || { echo "run_hosts_bench: tcp_baseline did not listen: $(cat "$out")" >&2; exit 1; }
+  on "$from" timeout 600 "$build/bench/tcp_baseline" --connect "${addr[to]}" --port "$port" \
+    --sizes "$sizes" --repeats "$repeats" | grep '"tcp_baseline"' | emit "$5" "$rate"
+  wait "$server"
+}
+# launch HOSTS_FILE_HOSTS W S -- PROGRAM...: troupe-launch on host 0 (the scheduler's host) with
+# a hostfile of the given host numbers; servers then workers take them round-robin.
+launch() {
+  local hostnums=$1 workers=$2 servers=$3
+  shift 4
+  : > "$work/hostfile"
+  for h in $hostnums; do echo "${addr[h]}" >> "$work/hostfile"; done
+  printf '[scheduler]\nhost = "%s"\n%b\n' "${addr[0]}" "${EXTRA_TOML:-}" > "$work/cluster.toml"
+  (cd "$work" && PATH=$state/bin:$PATH on 0 timeout -k 10 1200 "$build/apps/troupe-launch" \
+    -n "$workers" -s "$servers" -H hostfile --config cluster.toml \
+    --node-binary "$build/apps/troupe-node" -- "$@")
+}
+
+# What one byte across a link costs the machine's cores, and a small message's round trip: the
+# raw stream between two hosts without a rate limit, with the CPU time (user + system) of both
+# ends, which on veth includes the kernel's work of both sides.
+part_calibrate() {
+  local size=134217728 out=$work/serve.out port
+  "$cluster_script" down --name "$name" >/dev/null 2>&1
+  state=$("$cluster_script" up --name "$name" --hosts 2) || exit 1
+  mapfile -t addr < "$state/hosts"
+  on 0 /usr/bin/time -f '%U %S' -o "$work/server.cpu" "$build/bench/tcp_baseline" \
+    --serve-on "${addr[0]}" --sizes "4096,$size" > "$out" 2>&1 &
+  local server=$!
+  for _ in $(seq 300); do grep -q listening "$out" && break; sleep 0.1; done
+  port=$(sed -n 's/{"listening":\([0-9]*\)}/\1/p' "$out")
+  on 1 /usr/bin/time -f '%U %S' -o "$work/client.cpu" timeout 600 "$build/bench/tcp_baseline" \
+    --connect "${addr[0]}" --port "$port" --sizes "$size" --repeats "$repeats" |
+    grep '"tcp_baseline"' | emit calibrate unlimited
+  wait "$server"
+  # The bytes both ends moved: the measured repetitions and one warm-up.
+  awk -v bytes=$((size * (repeats + 1))) -v cores="$(nproc)" '
+    { cpu += $1 + $2 }
+    END { printf "{\"bench\":\"cpu_per_byte\",\"cpu_s\":%.3f,\"bytes\":%d,\"cpu_s_per_gb\":%.4f,\"cores\":%d}\n", cpu, bytes, cpu / bytes * 1e9, cores }' \
+    "$work/server.cpu" "$work/client.cpu" | emit calibrate unlimited
+  # A small message's round trip between two hosts: the raw socket's and the KVStore's.
+  raw_stream unlimited 1 0 4096 calibrate
+  launch "0 1" 1 1 -- "$build/bench/kvbench" --sizes 4096 --keys 1 --repeats 200 |
+    grep '"bench":"kvbench"' | emit calibrate unlimited
+}
+
+part_link() {
+  local rate=$1 sizes=16777216,134217728
+  up "$rate" 2
+  raw_stream "$rate" 1 0 "$sizes" link
+  # Hostfile host 0 then 1: the server on host 0, the worker on host 1.
+  launch "0 1" 1 1 -- "$build/bench/kvbench" --sizes "$sizes" --keys 1 --repeats "$repeats" |
+    grep '"bench":"kvbench"' | emit link "$rate"
+}
+
+# gloo RATE PART FIELDS HOSTS...: bench/gloo_allreduce.py over HOSTS (rank 0 on the first), the
+# line of rank 0.
+gloo() {
+  local rate=$1 part=$2 fields=$3
+  shift 3
+  local hosts=("$@") pids=() rank
+  for rank in "${!hosts[@]}"; do
+    on "${hosts[rank]}" timeout -k 10 600 /usr/bin/python3 bench/gloo_allreduce.py --rank "$rank" \
+      --world "${#hosts[@]}" --master-addr "${addr[hosts[0]]}" --master-port 29500 \
+      --bytes "$allreduce_bytes" --repeats "$repeats" > "$work/gloo-$rank.out" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || { echo "run_hosts_bench: gloo failed:" >&2; cat "$work"/gloo-*.out >&2; }; done
+  grep '"gloo_allreduce"' "$work/gloo-0.out" | emit "$part" "$rate" "$fields"
+}
+
+# Host 0 holds the scheduler (troupe-launch runs there), hosts 1-4 the workers, 5-8 the servers
+# of the layout "servers apart"; "servers beside workers" puts server i on worker host i + 1.
+part_allreduce() {
+  local rate=$1
+  up "$rate" 9
+  launch "5 6 7 8 1 2 3 4" 4 4 -- "$build/bench/kvbench" --sizes "$allreduce_bytes" --keys 1 \
+    --repeats "$repeats" | grep '"bench":"kvbench"' | emit allreduce "$rate" '"layout":"servers apart"'
+  launch "1 2 3 4" 4 4 -- "$build/bench/kvbench" --sizes "$allreduce_bytes" --keys 1 \
+    --repeats "$repeats" | grep '"bench":"kvbench"' | emit allreduce "$rate" '"layout":"servers beside workers"'
+  gloo "$rate" allreduce '"layout":"ring"' 1 2 3 4
+}
+
+# record SYSTEM LAYOUT WORKERS SERVERS MODEL STEPS: a run's final JSON line (stdin) as a train row:
+# samples/s of the whole job (each system's final line counts the samples of every worker) and the
+# test accuracy (percent) after the run's steps.
+record() {
+  /usr/bin/python3 -c '
+import json, sys
+system, layout, workers, servers, model, steps = sys.argv[1:7]
+workers, servers, steps = int(workers), int(servers), int(steps)
+lines = [l[l.index("{"):] for l in sys.stdin if "{" in l]
+final = [json.loads(l) for l in lines if "final_test_acc" in l]
+if not final:
+    sys.exit(f"run_hosts_bench: {system} ({layout}) printed no final line")
+f = final[-1]
+rate = f["samples_per_s"]
+acc = f["final_test_acc"]
+print(json.dumps({"bench": "train", "system": system, "layout": layout, "model": model,
+                  "workers": workers, "servers": servers, "batch": 64,
+                  "steps": steps, "samples_per_s": rate, "test_acc": round(acc, 2)}))
+' "$@"
+}
+
+part_train() {
+  local rate=$1 model steps=$train_steps
+  up "$rate" 9
+  local common=(--batch-size 64 --lr 0.1 --threads 1)
+  for model in $models; do
+    local troupe=("$build/apps/train_mnist" --model "$model" --init torch --epochs 1
+      --max-batches "$steps" --quiet "${common[@]}")
+    # Compute alone, one process on one host: the "compute-only step" of docs/scaling.md.
+    on 0 "${troupe[@]}" --kvstore local | record troupe-local "one process" 1 0 "$model" "$steps" | emit train "$rate"
+    on 0 /usr/bin/python3 bench/pytorch_mnist.py --model "$model" --epochs 1 --steps "$steps" \
+      "${common[@]}" | record pytorch-local "one process" 1 0 "$model" "$steps" | emit train "$rate"
+    launch "5 6 7 8 1 2 3 4" 4 4 -- "${troupe[@]}" --kvstore dist_sync |
+      record troupe "servers apart" 4 4 "$model" "$steps" | emit train "$rate"
+    launch "1 2 3 4" 4 4 -- "${troupe[@]}" --kvstore dist_sync |
+      record troupe "servers beside workers" 4 4 "$model" "$steps" | emit train "$rate"
+    local pids=() r
+    for r in 0 1 2 3; do
+      on $((r + 1)) timeout -k 10 900 /usr/bin/python3 bench/pytorch_ddp_mnist.py --rank "$r" \
+        --world 4 --master-addr "${addr[1]}" --master-port 29501 --ifname eth0 --model "$model" \
+        --epochs 1 --steps "$steps" "${common[@]}" > "$work/ddp-$r.out" 2>&1 &
+      pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r"; done
+    record pytorch-ddp ring 4 0 "$model" "$steps" < "$work/ddp-0.out" | emit train "$rate"
+    [ -n "$mxnet_python" ] && part_train_mxnet "$rate" "$model" "$steps"
+  done
+}
+
+# Apache MXNet 1.9.1's dist_sync in the layout "servers apart": the scheduler on host 0, servers
+# on hosts 5-8, workers on 1-4, each started with its DMLC_* variables (bench/mxnet_mnist.py).
+part_train_mxnet() {
+  local rate=$1 model=$2 steps=$3 pids=() h i
+  local dmlc=(--root-uri "${addr[0]}" --root-port 29600 --num-workers 4 --num-servers 4 --interface eth0)
+  on 0 "$mxnet_python" bench/mxnet_mnist.py --role scheduler --node-host "${addr[0]}" "${dmlc[@]}" \
+    > "$work/mx-scheduler.out" 2>&1 &
+  pids+=($!)
+  for i in 0 1 2 3; do
+    h=$((i + 5))
+    on "$h" "$mxnet_python" bench/mxnet_mnist.py --role server --node-host "${addr[h]}" "${dmlc[@]}" \
+      > "$work/mx-server-$i.out" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1 2 3; do
+    h=$((i + 1))
+    on "$h" timeout -k 10 900 "$mxnet_python" bench/mxnet_mnist.py --role worker --node-host "${addr[h]}" \
+      "${dmlc[@]}" --kvstore dist_sync --model "$model" --init torch --epochs 1 --steps "$steps" \
+      --batch-size 64 --lr 0.1 --threads 1 > "$work/mx-worker-$i.out" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  cat "$work"/mx-worker-*.out | record mxnet "servers apart" 4 4 "$model" "$steps" | emit train "$rate"
+  on 0 "$mxnet_python" bench/mxnet_mnist.py --model "$model" --init torch --epochs 1 --steps "$steps" \
+    --batch-size 64 --lr 0.1 --threads 1 | record mxnet-local "one process" 1 0 "$model" "$steps" |
+    emit train "$rate"
+}
+
+case " $parts " in *" calibrate "*) part_calibrate ;; esac
+for rate in $rates; do
+  for part in $parts; do
+    case "$part" in
+      link) part_link "$rate" ;;
+      calibrate) ;;
+      allreduce) part_allreduce "$rate" ;;
+      train) part_train "$rate" ;;
+      *) echo "run_hosts_bench: unknown part $part" >&2; exit 2 ;;
+    esac
+  done
+done
+"$cluster_script" down --name "$name" >/dev/null 2>&1
+if [ -n "${RESULTS:-}" ]; then
+  cp "$log" "$RESULTS"
+  echo "# the JSON lines are in $RESULTS (python3 bench/scale_model.py $RESULTS checks the model)"
+fi
+/usr/bin/python3 bench/hosts_table.py "$log"

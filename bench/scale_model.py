@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""docs/scaling.md's model of a round: predicted beside measured for every point of a
+bench/run_hosts_bench.sh run, a plot of the two, and what the model says for a large job.
+
+    python3 bench/scale_model.py RESULTS.jsonl [--svg docs/scaling.svg]
+
+Every input of a prediction is measured in the same run (the `calibrate` part and the raw
+stream of each rate); nothing is fitted to the points it predicts. The model:
+
+  bandwidth   a host's link carries R bytes/s each way at once (R: the raw TCP stream between
+              two hosts at that rate, tcp_baseline's 128 MiB median), shared by the streams
+              that cross it;
+  CPU         every byte that crosses a link costs c_net CPU-seconds (both ends, kernel
+              included; measured without a rate limit), and all hosts here share CORES cores:
+              a phase takes at least (bytes over all links * c_net + other work) / CORES;
+  latency     an operation costs alpha more (the KVStore's 4 KiB round trip between hosts);
+  phases      a dist_sync pushpull is a push then a pull (the pull waits for the round to
+              close), each max(link bound, CPU bound) + alpha; compute runs before it;
+  allreduce   gloo's ring moves 2(N-1)/N of the bytes each way at once, in 2(N-1) steps.
+"""
+import argparse
+import json
+import math
+import sys
+
+GB = 1e9
+MIB = 1 << 20
+# Summing or updating one byte of a float32 array: a += b reads two bytes and writes one; this
+# machine's single-core a += b runs at 22.5 GB/s counting all three (STACK.md section 15), so
+# about 7.5 GB/s of payload.
+SUM_S_PER_BYTE = 1 / 7.5e9
+
+
+def model_bytes(name):
+    """float32 bytes of a train_mnist model's parameters, and its number of keys."""
+    layers = {"mlp": [784, 256, 10], "mlp-wide": [784, 4096, 4096, 10]}[name]
+    params = sum(a * b + b for a, b in zip(layers, layers[1:]))
+    return 4 * params, 2 * (len(layers) - 1)
+
+
+def load(path):
+    rows = []
+    with open(path) as lines:
+        for line in lines:
+            if line.startswith("{"):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return rows
+
+
+class Machine:
+    """The measured constants of one run."""
+
+    def __init__(self, rows):
+        calib = [r for r in rows if r["part"] == "calibrate"]
+        cpu = [r for r in calib if r["bench"] == "cpu_per_byte"]
+        if not cpu:
+            sys.exit("scale_model: the run has no calibrate part (cpu_per_byte)")
+        self.c_net = cpu[0]["cpu_s_per_gb"] / GB
+        self.cores = cpu[0]["cores"]
+        small = [r for r in calib if r["bench"] == "kvbench" and r["op"] == "pushpull"]
+        self.alpha = small[0]["median_ms"] / 1e3 if small else 100e-6
+        # The raw stream at each rate (and without one).
+        self.rate = {r["rate"]: r["median_gbps"] * GB for r in rows
+                     if r["bench"] == "tcp_baseline" and r["bytes"] >= 16 * MIB
+                     and r["part"] in ("link", "calibrate")}
+        # Compute-only step time (wall, one process alone) per system and model.
+        self.compute = {}
+        for r in rows:
+            if r["part"] == "train" and r.get("layout") == "one process":
+                self.compute[(r["system"], r["model"])] = r["batch"] / r["samples_per_s"]
+
+    def phase(self, link_bytes_per_dir, total_link_bytes, rate, other_cpu=0.0):
+        """One phase: the busiest link's bytes in one direction at R, or all bytes' CPU."""
+        link = link_bytes_per_dir / self.rate[rate]
+        cpu = (total_link_bytes * self.c_net + other_cpu) / self.cores
+        return max(link, cpu) + self.alpha
+
+    # --- KVStore operations: W workers, S servers, each worker moving `size` bytes ---
+    def ps_push(self, size, workers, servers, rate, beside):
+        if beside:  # a server on each worker host: 1/S of the bytes stays on the host
+            remote = size * (servers - 1) / servers
+            busiest = max(remote, remote * workers / servers)
+        else:
+            busiest = max(size, size * workers / servers)
+        return self.phase(busiest, size * workers, rate, size * workers * SUM_S_PER_BYTE)
+
+    def ps_pull(self, size, workers, servers, rate, beside):
+        if beside:
+            remote = size * (servers - 1) / servers
+            busiest = max(remote, remote * workers / servers)
+        else:
+            busiest = max(size, size * workers / servers)
+        return self.phase(busiest, size * workers, rate)
+
+    def ps_pushpull(self, size, workers, servers, rate, beside):
+        return (self.ps_push(size, workers, servers, rate, beside)
+                + self.ps_pull(size, workers, servers, rate, beside))
+
+    def ring(self, size, n, rate):
+        per_dir = 2 * (n - 1) / n * size
+        steps = 2 * (n - 1)
+        return self.phase(per_dir, per_dir * n, rate, size * (n - 1) * SUM_S_PER_BYTE) \
+            + (steps - 1) * self.alpha
+
+    # --- training steps: W workers each computing a batch, then communicating ---
+    def compute_phase(self, system, model, workers):
+        one = self.compute.get((system, model))
+        if one is None:
+            return None
+        return one * workers / min(workers, self.cores)
+
+    def troupe_step(self, model, workers, servers, rate, beside):
+        compute = self.compute_phase("troupe-local", model, workers)
+        if compute is None:
+            return None
+        size, _ = model_bytes(model)
+        return compute + self.ps_pushpull(size, workers, servers, rate, beside)
+
+    def ddp_step(self, model, workers, rate):
+        compute = self.compute_phase("pytorch-local", model, workers)
+        if compute is None:
+            return None
+        size, _ = model_bytes(model)
+        # DDP all-reduces buckets while backward (about 2/3 of the compute) runs: the step is the
+        # forward, then the longer of backward and the ring, the cores shared by both.
+        ring = self.ring(size, workers, rate)
+        overlapped = compute / 3 + max(2 * compute / 3, ring)
+        cpu = (compute * min(workers, self.cores)
+               + 2 * (workers - 1) * size * self.c_net) / self.cores
+        return max(overlapped, cpu)
+
+
+def predictions(rows, m):
+    """(label, predicted seconds, measured seconds) for every point the model covers."""
+    points = []
+    for r in rows:
+        rate = r.get("rate")
+        if r["part"] == "link" and r["bench"] == "kvbench" and rate in m.rate:
+            size, op = r["bytes"], r["op"]
+            fn = {"push": m.ps_push, "pull": m.ps_pull, "pushpull": m.ps_pushpull}[op]
+            points.append((f"link {rate} {op} {size // MIB} MiB W=1 S=1",
+                           fn(size, 1, 1, rate, False), r["median_ms"] / 1e3))
+        elif r["part"] == "allreduce" and rate in m.rate:
+            if r["bench"] == "kvbench":
+                beside = r["layout"] == "servers beside workers"
+                fn = {"push": m.ps_push, "pull": m.ps_pull, "pushpull": m.ps_pushpull}[r["op"]]
+                points.append((f"4 hosts {rate} {r['op']} {r['bytes'] // MIB} MiB {r['layout']}",
+                               fn(r["bytes"], 4, 4, rate, beside), r["median_ms"] / 1e3))
+            elif r["bench"] == "gloo_allreduce":
+                points.append((f"4 hosts {rate} gloo all_reduce {r['bytes'] // MIB} MiB",
+                               m.ring(r["bytes"], r["world"], rate), r["median_ms"] / 1e3))
+        elif r["part"] == "train" and rate in m.rate and r.get("layout") != "one process":
+            measured = r["batch"] * r["workers"] / r["samples_per_s"]
+            predicted = None
+            if r["system"] == "troupe":
+                predicted = m.troupe_step(r["model"], r["workers"], r["servers"], rate,
+                                          r["layout"] == "servers beside workers")
+            elif r["system"] == "pytorch-ddp":
+                predicted = m.ddp_step(r["model"], r["workers"], rate)
+            elif r["system"] == "mxnet":
+                # MXNet's dist_sync moves the same bytes in the same phases as troupe's; its
+                # compute is its own (measured by mxnet-local when present).
+                compute = m.compute_phase("mxnet-local", r["model"], r["workers"])
+                if compute is not None:
+                    size, _ = model_bytes(r["model"])
+                    predicted = compute + m.ps_pushpull(size, r["workers"], r["servers"], rate,
+                                                        r["layout"] == "servers beside workers")
+            if predicted is not None:
+                points.append((f"train {rate} {r['model']} {r['system']} {r.get('layout', '')} step",
+                               predicted, measured))
+    return points
+
+
+def svg_plot(points, path):
+    """Predicted against measured, log-log, with the +-25 % band."""
+    size, margin = 520, 60
+    values = [v for _, p, q in points for v in (p, q) if v > 0]
+    low = 10 ** math.floor(math.log10(min(values)))
+    high = 10 ** math.ceil(math.log10(max(values)))
+
+    def pos(v):
+        return margin + (math.log10(v) - math.log10(low)) / (math.log10(high) - math.log10(low)) * (size - 2 * margin)
+
+    def y(v):
+        return size - pos(v)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size}" '
+           f'font-family="sans-serif" font-size="11">',
+           f'<rect width="{size}" height="{size}" fill="white"/>',
+           f'<text x="{size / 2}" y="20" text-anchor="middle" font-size="13">'
+           'troupe scale model: predicted vs measured (seconds)</text>']
+    band = " ".join(f"{pos(v):.1f},{y(v * 1.25):.1f}" for v in (low, high)) + " " + \
+        " ".join(f"{pos(v):.1f},{y(v / 1.25):.1f}" for v in (high, low))
+    out.append(f'<polygon points="{band}" fill="#e8f0ff"/>')
+    out.append(f'<line x1="{pos(low)}" y1="{y(low)}" x2="{pos(high)}" y2="{y(high)}" stroke="#888"/>')
+    decade = low
+    while decade <= high * 1.0001:
+        out.append(f'<text x="{pos(decade)}" y="{size - margin + 16}" text-anchor="middle">{decade:g}</text>')
+        out.append(f'<text x="{margin - 6}" y="{y(decade) + 4}" text-anchor="end">{decade:g}</text>')
+        decade *= 10
+    out.append(f'<text x="{size / 2}" y="{size - 18}" text-anchor="middle">measured</text>')
+    out.append(f'<text x="16" y="{size / 2}" transform="rotate(-90 16 {size / 2})" '
+               'text-anchor="middle">predicted</text>')
+    colours = {"link": "#1f77b4", "4 hosts": "#2ca02c", "train": "#d62728"}
+    for label, predicted, measured in points:
+        colour = next((c for k, c in colours.items() if label.startswith(k)), "black")
+        out.append(f'<circle cx="{pos(measured):.1f}" cy="{y(predicted):.1f}" r="4" fill="{colour}" '
+                   f'fill-opacity="0.7"><title>{label}: predicted {predicted:.3f}, measured '
+                   f'{measured:.3f}</title></circle>')
+    for i, (k, c) in enumerate(colours.items()):
+        out.append(f'<circle cx="{margin + 10}" cy="{margin + 10 + 16 * i}" r="4" fill="{c}"/>')
+        label = {"link": "two hosts, W=1 S=1", "4 hosts": "4 worker hosts, one key",
+                 "train": "training step"}[k]
+        out.append(f'<text x="{margin + 20}" y="{margin + 14 + 16 * i}">{label}</text>')
+    out.append(f'<text x="{margin + 20}" y="{margin + 14 + 48}">shaded: within 25 %</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def projection(m):
+    """A job no machine here can hold: 64 workers, 16 servers, 25 Gbit/s links, 100 M float32
+    parameters; the link at 0.95 of its rate (what tbf and the kernel gave here at 1 Gbit/s), a
+    host's own cores never the limit (one job per host), alpha as measured here."""
+    rate = 25e9 / 8 * 0.95
+    size = 100e6 * 4
+    n, s = 64, 16
+    alpha = m.alpha
+
+    def t(bytes_per_dir):
+        return bytes_per_dir / rate + alpha
+
+    rows = []
+    apart = max(size, size * n / s)
+    rows.append(("troupe today: 16 server hosts, push then pull", 2 * t(apart)))
+    beside = max(size * (n - 1) / n, size * (n - 1) / n)
+    rows.append(("troupe today: a server on every worker host (S = 64), push then pull", 2 * t(beside)))
+    rows.append(("ring allreduce (gloo, NCCL)", t(2 * (n - 1) / n * size) + (2 * (n - 1) - 1) * alpha))
+    # BytePS (OSDI 2020): with k extra CPU hosts summing beside n worker hosts, each worker host
+    # moves 2(n-1)/(n+k) of the bytes each way at the best partition.
+    rows.append((f"BytePS-like: a server on every worker host + {s} CPU hosts, pipelined",
+                 t(2 * size * (n - 1) / (n + s))))
+    rows.append(("troupe, push and pull pipelined (issue 24): 16 server hosts", t(apart)))
+    rows.append(("troupe, push and pull pipelined: a server on every worker host", t(beside)))
+    # 2-bit compression (MXNet's): pushes carry 1/16 of the bytes; pulls stay float32.
+    rows.append(("+ 2-bit push compression: 16 server hosts, push then pull",
+                 t(apart / 16) + t(apart)))
+    rows.append(("+ 2-bit push compression: a server on every worker host, pipelined",
+                 t(beside)))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results")
+    parser.add_argument("--svg", help="write the predicted-vs-measured plot here")
+    args = parser.parse_args()
+    rows = load(args.results)
+    m = Machine(rows)
+    print(f"# measured constants: c_net {m.c_net * GB:.3f} CPU-s/GB, {m.cores} cores, "
+          f"alpha {m.alpha * 1e6:.0f} us, raw streams "
+          + ", ".join(f"{k} {v / GB:.3f} GB/s" for k, v in sorted(m.rate.items()))
+          + ", compute-only steps "
+          + ", ".join(f"{s}/{md} {v * 1e3:.1f} ms" for (s, md), v in sorted(m.compute.items())))
+    print()
+    print("| point | predicted s | measured s | measured / predicted |")
+    print("|---|---|---|---|")
+    points = predictions(rows, m)
+    off = 0
+    for label, predicted, measured in points:
+        ratio = measured / predicted
+        flag = "" if 0.8 <= ratio <= 1.25 else " **off**"
+        off += bool(flag)
+        print(f"| {label} | {predicted:.4f} | {measured:.4f} | {ratio:.2f}{flag} |")
+    print(f"\n{len(points)} points, {off} outside 25 %\n")
+    print("| 64 workers, 16 servers, 25 Gbit/s, 100 M float32 parameters | communication per step s |")
+    print("|---|---|")
+    for label, seconds in projection(m):
+        print(f"| {label} | {seconds:.3f} |")
+    if args.svg:
+        svg_plot(points, args.svg)
+
+
+if __name__ == "__main__":
+    main()
