@@ -143,7 +143,7 @@ gloo() {
   for rank in "${!hosts[@]}"; do
     on "${hosts[rank]}" timeout -k 10 600 /usr/bin/python3 bench/gloo_allreduce.py --rank "$rank" \
       --world "${#hosts[@]}" --master-addr "${addr[hosts[0]]}" --master-port 29500 \
-      --bytes "$allreduce_bytes" --repeats "$repeats" > "$work/gloo-$rank.out" 2>&1 &
+      --ifname eth0 --bytes "$allreduce_bytes" --reps "$repeats" > "$work/gloo-$rank.out" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || { echo "run_hosts_bench: gloo failed:" >&2; cat "$work"/gloo-*.out >&2; }; done
