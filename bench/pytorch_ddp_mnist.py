@@ -116,6 +116,9 @@ def worker(rank, args, addr, port):
                           "steps": batches * args.epochs, "time_s": round(total_time, 3),
                           "final_test_acc": round(test_acc, 3),
                           "samples_per_s": round(total_samples / total_time, 1)}), flush=True)
+    # Every rank leaves together: a gloo rank that tears its group down while rank 0 still
+    # evaluates was seen spinning a core for ever once rank 0 had gone (torch 1.13, 4 hosts).
+    dist.barrier()
     dist.destroy_process_group()
 
 
