@@ -7,8 +7,9 @@
 #   RATES="1gbit 10gbit" PARTS="link allreduce" REPEATS=5 bench/run_hosts_bench.sh build
 #
 # Parts (PARTS, default all of them):
-#   calibrate  once, without a rate limit: the CPU time one byte across a link costs both ends
-#              (docs/scaling.md's c_net), and the 4 KiB round trip of a socket and of the KVStore.
+#   calibrate  once, without a rate limit: the CPU time one byte across a link costs the machine
+#              (docs/scaling.md's c_net), and the 4 KiB round trip of a socket, of the KVStore
+#              and of gloo's all_reduce over 4 hosts.
 #   link       two hosts: the raw TCP stream between them (bench/tcp_baseline --serve-on/--connect)
 #              beside kvbench push, pull and pushpull of 16 and 128 MiB with the server on one host
 #              and the worker on the other (W=1 S=1); ratio = kvbench GB/s / raw GB/s.
@@ -55,10 +56,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# up RATE HOSTS: a fresh cluster; sets `state` and the array `addr`.
+# up RATE HOSTS: a fresh cluster (RATE "unlimited": no token bucket); sets `state` and `addr`.
 up() {
   "$cluster_script" down --name "$name" >/dev/null 2>&1
-  state=$("$cluster_script" up --name "$name" --hosts "$2" --rate "$1") || exit 1
+  local limit=(--rate "$1")
+  [ "$1" != unlimited ] || limit=()
+  state=$("$cluster_script" up --name "$name" --hosts "$2" "${limit[@]}") || exit 1
   mapfile -t addr < "$state/hosts"
 }
 on() { # on HOST COMMAND...: COMMAND on host HOST
@@ -98,31 +101,17 @@ launch() {
 }
 
 # What one byte across a link costs the machine's cores, and a small message's round trip: the
-# raw stream between two hosts without a rate limit, with the CPU time (user + system) of both
-# ends, which on veth includes the kernel's work of both sides.
+# raw stream between two hosts without a rate limit (tcp_baseline's machine_cpu_s_per_gb: the
+# whole machine's busy time per GB over the measured repetitions, both ends and the kernel's work
+# of both sides), then 4 KiB round trips of a socket, the KVStore and gloo's all_reduce.
 part_calibrate() {
-  local size=134217728 out=$work/serve.out port
-  "$cluster_script" down --name "$name" >/dev/null 2>&1
-  state=$("$cluster_script" up --name "$name" --hosts 2) || exit 1
-  mapfile -t addr < "$state/hosts"
-  on 0 /usr/bin/time -f '%U %S' -o "$work/server.cpu" "$build/bench/tcp_baseline" \
-    --serve-on "${addr[0]}" --sizes "4096,$size" > "$out" 2>&1 &
-  local server=$!
-  for _ in $(seq 300); do grep -q listening "$out" && break; sleep 0.1; done
-  port=$(sed -n 's/{"listening":\([0-9]*\)}/\1/p' "$out")
-  on 1 /usr/bin/time -f '%U %S' -o "$work/client.cpu" timeout 600 "$build/bench/tcp_baseline" \
-    --connect "${addr[0]}" --port "$port" --sizes "$size" --repeats "$repeats" |
-    grep '"tcp_baseline"' | emit calibrate unlimited
-  wait "$server"
-  # The bytes both ends moved: the measured repetitions and one warm-up.
-  awk -v bytes=$((size * (repeats + 1))) -v cores="$(nproc)" '
-    { cpu += $1 + $2 }
-    END { printf "{\"bench\":\"cpu_per_byte\",\"cpu_s\":%.3f,\"bytes\":%d,\"cpu_s_per_gb\":%.4f,\"cores\":%d}\n", cpu, bytes, cpu / bytes * 1e9, cores }' \
-    "$work/server.cpu" "$work/client.cpu" | emit calibrate unlimited
-  # A small message's round trip between two hosts: the raw socket's and the KVStore's.
+  up unlimited 4
+  echo "{\"bench\":\"machine\",\"cores\":$(nproc)}" | emit calibrate unlimited
+  raw_stream unlimited 1 0 134217728 calibrate
   raw_stream unlimited 1 0 4096 calibrate
   launch "0 1" 1 1 -- "$build/bench/kvbench" --sizes 4096 --keys 1 --repeats 200 |
     grep '"bench":"kvbench"' | emit calibrate unlimited
+  allreduce_bytes=4096 gloo_reps=100 gloo unlimited calibrate '"layout":"ring"' 0 1 2 3
 }
 
 part_link() {
@@ -143,7 +132,7 @@ gloo() {
   for rank in "${!hosts[@]}"; do
     on "${hosts[rank]}" timeout -k 10 600 /usr/bin/python3 bench/gloo_allreduce.py --rank "$rank" \
       --world "${#hosts[@]}" --master-addr "${addr[hosts[0]]}" --master-port 29500 \
-      --ifname eth0 --bytes "$allreduce_bytes" --reps "$repeats" > "$work/gloo-$rank.out" 2>&1 &
+      --ifname eth0 --bytes "$allreduce_bytes" --reps "${gloo_reps:-$repeats}" > "$work/gloo-$rank.out" 2>&1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || { echo "run_hosts_bench: gloo failed:" >&2; cat "$work"/gloo-*.out >&2; }; done

@@ -16,7 +16,9 @@ stream of each rate); nothing is fitted to the points it predicts. The model:
   latency     an operation costs alpha more (the KVStore's 4 KiB round trip between hosts);
   phases      a dist_sync pushpull is a push then a pull (the pull waits for the round to
               close), each max(link bound, CPU bound) + alpha; compute runs before it;
-  allreduce   gloo's ring moves 2(N-1)/N of the bytes each way at once, in 2(N-1) steps.
+  allreduce   gloo's ring moves 2(N-1)/N of the bytes each way at once; each all_reduce also
+              costs what a 4 KiB one costs over the same hosts (measured), and DDP runs one
+              per gradient bucket after its compute.
 """
 import argparse
 import json
@@ -31,11 +33,48 @@ MIB = 1 << 20
 SUM_S_PER_BYTE = 1 / 7.5e9
 
 
-def model_bytes(name):
-    """float32 bytes of a train_mnist model's parameters, and its number of keys."""
+BIGARRAY_BOUND = 1000000  # elements: larger keys are split evenly over all servers
+
+
+def model_keys(name):
+    """float32 bytes of each key of a train_mnist model, in key order (weight, bias, ...)."""
     layers = {"mlp": [784, 256, 10], "mlp-wide": [784, 4096, 4096, 10]}[name]
-    params = sum(a * b + b for a, b in zip(layers, layers[1:]))
-    return 4 * params, 2 * (len(layers) - 1)
+    keys = []
+    for a, b in zip(layers, layers[1:]):
+        keys += [4 * a * b, 4 * b]
+    return keys
+
+
+def model_bytes(name):
+    return sum(model_keys(name))
+
+
+def ddp_buckets(keys, cap=25 * MIB):
+    """PyTorch DDP's gradient buckets: the parameters in reverse order, a bucket closed once it
+    holds `cap` bytes (a larger tensor is a bucket of its own)."""
+    buckets, current = [], []
+    for size in reversed(keys):
+        current.append(size)
+        if sum(current) >= cap:
+            buckets.append(current)
+            current = []
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def server_loads(keys, servers):
+    """Bytes of one worker's push that each server receives: MXNet's placement (and troupe's,
+    actors/logic/key_placement.cpp): a key of at least BIGARRAY_BOUND elements split evenly over
+    all servers, a smaller one whole on server (key * 9973) % S."""
+    loads = [0.0] * servers
+    for key, size in enumerate(keys):
+        if size // 4 >= BIGARRAY_BOUND:
+            for s in range(servers):
+                loads[s] += size / servers
+        else:
+            loads[(key * 9973) % servers] += size
+    return loads
 
 
 def load(path):
@@ -55,13 +94,18 @@ class Machine:
 
     def __init__(self, rows):
         calib = [r for r in rows if r["part"] == "calibrate"]
-        cpu = [r for r in calib if r["bench"] == "cpu_per_byte"]
-        if not cpu:
-            sys.exit("scale_model: the run has no calibrate part (cpu_per_byte)")
-        self.c_net = cpu[0]["cpu_s_per_gb"] / GB
-        self.cores = cpu[0]["cores"]
+        stream = [r for r in calib if r["bench"] == "tcp_baseline" and r["bytes"] >= 16 * MIB
+                  and "machine_cpu_s_per_gb" in r]
+        machine = [r for r in calib if r["bench"] == "machine"]
+        if not stream or not machine:
+            sys.exit("scale_model: the run has no calibrate part (machine, tcp_baseline)")
+        self.c_net = stream[0]["machine_cpu_s_per_gb"] / GB
+        self.cores = machine[0]["cores"]
         small = [r for r in calib if r["bench"] == "kvbench" and r["op"] == "pushpull"]
         self.alpha = small[0]["median_ms"] / 1e3 if small else 100e-6
+        ring = [r for r in calib if r["bench"] == "gloo_allreduce"]
+        # One all_reduce's fixed cost over 4 hosts: its 2(N-1) steps, each waiting for a peer.
+        self.ring_alpha = ring[0]["median_ms"] / 1e3 if ring else None
         # The raw stream at each rate (and without one).
         self.rate = {r["rate"]: r["median_gbps"] * GB for r in rows
                      if r["bench"] == "tcp_baseline" and r["bytes"] >= 16 * MIB
@@ -78,32 +122,44 @@ class Machine:
         cpu = (total_link_bytes * self.c_net + other_cpu) / self.cores
         return max(link, cpu) + self.alpha
 
-    # --- KVStore operations: W workers, S servers, each worker moving `size` bytes ---
-    def ps_push(self, size, workers, servers, rate, beside):
-        if beside:  # a server on each worker host: 1/S of the bytes stays on the host
-            remote = size * (servers - 1) / servers
-            busiest = max(remote, remote * workers / servers)
-        else:
-            busiest = max(size, size * workers / servers)
-        return self.phase(busiest, size * workers, rate, size * workers * SUM_S_PER_BYTE)
+    # --- KVStore operations: W workers, S servers, each worker moving the bytes of `keys` ---
+    @staticmethod
+    def busiest_link(keys, workers, servers, beside):
+        """The bytes the busiest link carries one way in a push (a pull mirrors it): a worker's
+        upload, or a server's download of every worker's part."""
+        loads = server_loads(keys, servers)
+        total = sum(keys)
+        if not beside:
+            return max(total, workers * max(loads))
+        # Server i on worker i's host (i < S): that worker's part for it stays on the host.
+        busiest = 0.0
+        for host in range(max(workers, servers)):
+            own = loads[host] if host < servers else 0.0
+            upload = total - own if host < workers else 0.0
+            download = own * (workers - (1 if host < workers else 0))
+            busiest = max(busiest, upload, download)
+        return busiest
 
-    def ps_pull(self, size, workers, servers, rate, beside):
-        if beside:
-            remote = size * (servers - 1) / servers
-            busiest = max(remote, remote * workers / servers)
-        else:
-            busiest = max(size, size * workers / servers)
-        return self.phase(busiest, size * workers, rate)
+    def ps_push(self, keys, workers, servers, rate, beside):
+        total = sum(keys)
+        return self.phase(self.busiest_link(keys, workers, servers, beside), total * workers, rate,
+                          total * workers * SUM_S_PER_BYTE)
 
-    def ps_pushpull(self, size, workers, servers, rate, beside):
-        return (self.ps_push(size, workers, servers, rate, beside)
-                + self.ps_pull(size, workers, servers, rate, beside))
+    def ps_pull(self, keys, workers, servers, rate, beside):
+        total = sum(keys)
+        return self.phase(self.busiest_link(keys, workers, servers, beside), total * workers, rate)
+
+    def ps_pushpull(self, keys, workers, servers, rate, beside):
+        return (self.ps_push(keys, workers, servers, rate, beside)
+                + self.ps_pull(keys, workers, servers, rate, beside))
 
     def ring(self, size, n, rate):
+        """One all_reduce: its bytes, and its fixed cost (the measured 4 KiB all_reduce over the
+        same hosts, else 2(N-1) KVStore round trips)."""
         per_dir = 2 * (n - 1) / n * size
-        steps = 2 * (n - 1)
+        fixed = self.ring_alpha if self.ring_alpha is not None else 2 * (n - 1) * self.alpha
         return self.phase(per_dir, per_dir * n, rate, size * (n - 1) * SUM_S_PER_BYTE) \
-            + (steps - 1) * self.alpha
+            - self.alpha + fixed
 
     # --- training steps: W workers each computing a batch, then communicating ---
     def compute_phase(self, system, model, workers):
@@ -116,21 +172,19 @@ class Machine:
         compute = self.compute_phase("troupe-local", model, workers)
         if compute is None:
             return None
-        size, _ = model_bytes(model)
-        return compute + self.ps_pushpull(size, workers, servers, rate, beside)
+        return compute + self.ps_pushpull(model_keys(model), workers, servers, rate, beside)
 
     def ddp_step(self, model, workers, rate):
         compute = self.compute_phase("pytorch-local", model, workers)
         if compute is None:
             return None
-        size, _ = model_bytes(model)
-        # DDP all-reduces buckets while backward (about 2/3 of the compute) runs: the step is the
-        # forward, then the longer of backward and the ring, the cores shared by both.
-        ring = self.ring(size, workers, rate)
-        overlapped = compute / 3 + max(2 * compute / 3, ring)
-        cpu = (compute * min(workers, self.cores)
-               + 2 * (workers - 1) * size * self.c_net) / self.cores
-        return max(overlapped, cpu)
+        # DDP all-reduces its gradient buckets (25 MB) as backward fills them, one all_reduce each.
+        # Here that overlap is small and left out: most bytes are one tensor (the 4096x4096
+        # weight, 84 % of mlp-wide) whose gradient is ready only in the middle of backward, and
+        # the cores that would overlap it are busy with the other ranks' compute.
+        keys = model_keys(model)
+        buckets = ddp_buckets(keys)
+        return compute + sum(self.ring(sum(b), workers, rate) for b in buckets)
 
 
 def predictions(rows, m):
@@ -142,13 +196,13 @@ def predictions(rows, m):
             size, op = r["bytes"], r["op"]
             fn = {"push": m.ps_push, "pull": m.ps_pull, "pushpull": m.ps_pushpull}[op]
             points.append((f"link {rate} {op} {size // MIB} MiB W=1 S=1",
-                           fn(size, 1, 1, rate, False), r["median_ms"] / 1e3))
+                           fn([size], 1, 1, rate, False), r["median_ms"] / 1e3))
         elif r["part"] == "allreduce" and rate in m.rate:
             if r["bench"] == "kvbench":
                 beside = r["layout"] == "servers beside workers"
                 fn = {"push": m.ps_push, "pull": m.ps_pull, "pushpull": m.ps_pushpull}[r["op"]]
                 points.append((f"4 hosts {rate} {r['op']} {r['bytes'] // MIB} MiB {r['layout']}",
-                               fn(r["bytes"], 4, 4, rate, beside), r["median_ms"] / 1e3))
+                               fn([r["bytes"]], 4, 4, rate, beside), r["median_ms"] / 1e3))
             elif r["bench"] == "gloo_allreduce":
                 points.append((f"4 hosts {rate} gloo all_reduce {r['bytes'] // MIB} MiB",
                                m.ring(r["bytes"], r["world"], rate), r["median_ms"] / 1e3))
@@ -165,8 +219,7 @@ def predictions(rows, m):
                 # compute is its own (measured by mxnet-local when present).
                 compute = m.compute_phase("mxnet-local", r["model"], r["workers"])
                 if compute is not None:
-                    size, _ = model_bytes(r["model"])
-                    predicted = compute + m.ps_pushpull(size, r["workers"], r["servers"], rate,
+                    predicted = compute + m.ps_pushpull(model_keys(r["model"]), r["workers"], r["servers"], rate,
                                                         r["layout"] == "servers beside workers")
             if predicted is not None:
                 points.append((f"train {rate} {r['model']} {r['system']} {r.get('layout', '')} step",
