@@ -11,6 +11,8 @@ prints one JSON line per size:
 median_ms, min_ms and max_ms are over rank 0's calls; slowest_rank_median_ms is the largest of
 the ranks' medians. busbw_gb_s is NCCL's "bus bandwidth" of a ring all-reduce,
 2 (N-1)/N x bytes / median time (the bytes each rank sends and receives), 0 for one rank.
+machine_cpu_s is the CPU-seconds the whole machine was busy over rank 0's timed calls, barriers
+included (meaningful when the job is alone on the machine).
 --bytes takes a comma-separated list (suffixes K, M, G: powers of 1024); the default includes
 80150568, the float32 gradients of train_mnist --model mlp-wide (20,037,642 parameters).
 
@@ -59,6 +61,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def machine_busy_seconds():
+    """CPU-seconds the whole machine has been busy (/proc/stat, all but idle and iowait), as
+    bench/machine_cpu.hpp reads it; None where it cannot be read."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def run(rank, args, addr, port):
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"] = addr
@@ -72,11 +86,13 @@ def run(rank, args, addr, port):
         for _ in range(args.warmup):
             dist.all_reduce(tensor)
         times = []
+        busy_at_start = machine_busy_seconds()
         for _ in range(args.reps):
             dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(tensor)
             times.append(time.perf_counter() - start)
+        busy_at_end = machine_busy_seconds()
         median = statistics.median(times)
         slowest = torch.tensor([median], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -87,7 +103,9 @@ def run(rank, args, addr, port):
                               "min_ms": round(min(times) * 1e3, 4),
                               "max_ms": round(max(times) * 1e3, 4),
                               "slowest_rank_median_ms": round(slowest.item() * 1e3, 4),
-                              "busbw_gb_s": round(factor * size / median / 1e9, 4)}),
+                              "busbw_gb_s": round(factor * size / median / 1e9, 4),
+                              "machine_cpu_s": None if busy_at_start is None or busy_at_end is None
+                              else round(busy_at_end - busy_at_start, 3)}),
                   flush=True)
     dist.destroy_process_group()
 

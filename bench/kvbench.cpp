@@ -8,7 +8,9 @@
 // pull of every key, and pushpull (push then pull of the round's value). Worker rank 0 prints one
 // JSON line per operation (engine/json_line.hpp): the median and spread of the per-repetition
 // time, `gbps` = payload bytes the worker moved (push and pull: size each; pushpull: 2 x size) /
-// median time, and `median_us`, the median in microseconds (for small sizes, the round trip).
+// median time, `median_us`, the median in microseconds (for small sizes, the round trip), and
+// `machine_cpu_s`, the CPU-seconds the whole machine was busy over the repetitions (meaningful
+// when the job is alone on the machine: bench/machine_cpu.hpp).
 // Between phases the workers meet at a barrier so that every worker measures the same thing.
 //
 // It starts with serve_if_node_role, so under a tracker that runs one program for every role
@@ -29,6 +31,7 @@
 #include "actors/kvstore/kvstore.hpp"
 #include "engine/json_line.hpp"
 #include "engine/log.hpp"
+#include "machine_cpu.hpp"
 
 using namespace troupe;
 using clock_type = std::chrono::steady_clock;
@@ -53,8 +56,10 @@ struct subject {
   int workers;
 };
 
-/// The JSON line of one operation: `seconds` of each repetition, `moved` payload bytes each.
-void print_result(const subject& what, std::vector<double> seconds, double moved) {
+/// The JSON line of one operation: `seconds` of each repetition, `moved` payload bytes each,
+/// `busy_seconds` the machine's CPU time over them (negative: unknown).
+void print_result(const subject& what, std::vector<double> seconds, double moved,
+                  double busy_seconds) {
   const auto repeats = seconds.size();
   const stats s = summarize(std::move(seconds));
   json_line::object line;
@@ -70,6 +75,8 @@ void print_result(const subject& what, std::vector<double> seconds, double moved
   line["max_ms"] = json_line::fixed(s.slowest * 1e3, 3);
   line["gbps"] = json_line::fixed(moved / s.median / 1e9, 3);
   line["median_us"] = json_line::fixed(s.median * 1e6, 1);
+  if (busy_seconds >= 0)
+    line["machine_cpu_s"] = json_line::fixed(busy_seconds, 3);
   json_line::print(line);
 }
 
@@ -133,15 +140,18 @@ int main(int argc, char** argv) {
         if (auto warm = body(); !warm)
           return fail(op, warm.error());
         std::vector<double> seconds;
+        const double busy_at_start = bench::machine_busy_seconds();
         for (int r = 0; r < rounds; ++r) {
           auto start = clock_type::now();
           if (auto done = body(); !done)
             return fail(op, done.error());
           seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
         }
+        const double busy_at_end = bench::machine_busy_seconds();
         if (kv.rank() == 0)
           print_result({type, op, static_cast<std::size_t>(bytes), keys, kv.num_workers()}, seconds,
-                       op == "pushpull" ? 2 * bytes : bytes);
+                       op == "pushpull" ? 2 * bytes : bytes,
+                       busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
         return 0;
       };
       if (int rc = measure("push", [&] { return kv.push(names, values); }))

@@ -100,18 +100,20 @@ launch() {
     --node-binary "$build/apps/troupe-node" -- "$@")
 }
 
-# What one byte across a link costs the machine's cores, and a small message's round trip: the
-# raw stream between two hosts without a rate limit (tcp_baseline's machine_cpu_s_per_gb: the
-# whole machine's busy time per GB over the measured repetitions, both ends and the kernel's work
-# of both sides), then 4 KiB round trips of a socket, the KVStore and gloo's all_reduce.
+# What a byte across a link costs the machine's cores, for each system, and a small message's
+# fixed cost: without a rate limit, the machine's busy CPU-seconds over the measured repetitions
+# (machine_cpu_s, bench/machine_cpu.hpp: both ends and the kernel's work of both sides) of the raw
+# stream and of kvbench (W=1 S=1) between two hosts and of gloo's all_reduce over four; then 4 KiB
+# round trips of a socket, the KVStore and gloo's all_reduce.
 part_calibrate() {
   up unlimited 4
   echo "{\"bench\":\"machine\",\"cores\":$(nproc)}" | emit calibrate unlimited
-  raw_stream unlimited 1 0 134217728 calibrate
+  repeats=15 raw_stream unlimited 1 0 134217728 calibrate
   raw_stream unlimited 1 0 4096 calibrate
-  launch "0 1" 1 1 -- "$build/bench/kvbench" --sizes 4096 --keys 1 --repeats 200 |
+  launch "0 1" 1 1 -- "$build/bench/kvbench" --sizes 4096,134217728 --keys 1 --repeats 10 |
     grep '"bench":"kvbench"' | emit calibrate unlimited
   allreduce_bytes=4096 gloo_reps=100 gloo unlimited calibrate '"layout":"ring"' 0 1 2 3
+  gloo_reps=10 gloo unlimited calibrate '"layout":"ring"' 0 1 2 3
 }
 
 part_link() {

@@ -10,9 +10,10 @@ stream of each rate); nothing is fitted to the points it predicts. The model:
   bandwidth   a host's link carries R bytes/s each way at once (R: the raw TCP stream between
               two hosts at that rate, tcp_baseline's 128 MiB median), shared by the streams
               that cross it;
-  CPU         every byte that crosses a link costs c_net CPU-seconds (both ends, kernel
+  CPU         every byte that crosses a link costs the machine c CPU-seconds, each system its
+              own (troupe's push and pull, gloo's ring: both ends, summing and the kernel
               included; measured without a rate limit), and all hosts here share CORES cores:
-              a phase takes at least (bytes over all links * c_net + other work) / CORES;
+              a phase takes at least (bytes over all links * c) / CORES;
   latency     an operation costs alpha more (the KVStore's 4 KiB round trip between hosts);
   phases      a dist_sync pushpull is a push then a pull (the pull waits for the round to
               close), each max(link bound, CPU bound) + alpha; compute runs before it;
@@ -27,12 +28,9 @@ import sys
 
 GB = 1e9
 MIB = 1 << 20
-# Summing or updating one byte of a float32 array: a += b reads two bytes and writes one; this
-# machine's single-core a += b runs at 22.5 GB/s counting all three (STACK.md section 15), so
-# about 7.5 GB/s of payload.
-SUM_S_PER_BYTE = 1 / 7.5e9
 
 
+ALLREDUCE_BYTES = 83886080  # run_hosts_bench.sh's ALLREDUCE_BYTES
 BIGARRAY_BOUND = 1000000  # elements: larger keys are split evenly over all servers
 
 
@@ -94,18 +92,26 @@ class Machine:
 
     def __init__(self, rows):
         calib = [r for r in rows if r["part"] == "calibrate"]
-        stream = [r for r in calib if r["bench"] == "tcp_baseline" and r["bytes"] >= 16 * MIB
-                  and "machine_cpu_s_per_gb" in r]
-        machine = [r for r in calib if r["bench"] == "machine"]
-        if not stream or not machine:
-            sys.exit("scale_model: the run has no calibrate part (machine, tcp_baseline)")
-        self.c_net = stream[0]["machine_cpu_s_per_gb"] / GB
-        self.cores = machine[0]["cores"]
-        small = [r for r in calib if r["bench"] == "kvbench" and r["op"] == "pushpull"]
-        self.alpha = small[0]["median_ms"] / 1e3 if small else 100e-6
-        ring = [r for r in calib if r["bench"] == "gloo_allreduce"]
+
+        def one(bench, **match):
+            for r in calib:
+                if r["bench"] == bench and all(r.get(k) == v for k, v in match.items()):
+                    return r
+            sys.exit(f"scale_model: the run's calibrate part has no {bench} {match}")
+
+        self.cores = one("machine")["cores"]
+        big = 134217728
+        raw = one("tcp_baseline", bytes=big)
+        # CPU-seconds per byte that crosses a link, each system's own (measured without a limit).
+        self.c_raw = raw["machine_cpu_s"] / (big * raw["repeats"])
+        self.c_push = one("kvbench", bytes=big, op="push")["machine_cpu_s"] / (big * 10)
+        self.c_pull = one("kvbench", bytes=big, op="pull")["machine_cpu_s"] / (big * 10)
+        ring = one("gloo_allreduce", bytes=ALLREDUCE_BYTES)
+        n = ring["world"]
+        self.c_ring = ring["machine_cpu_s"] / (ring["reps"] * 2 * (n - 1) * ALLREDUCE_BYTES)
+        self.alpha = one("kvbench", bytes=4096, op="pushpull")["median_ms"] / 1e3
         # One all_reduce's fixed cost over 4 hosts: its 2(N-1) steps, each waiting for a peer.
-        self.ring_alpha = ring[0]["median_ms"] / 1e3 if ring else None
+        self.ring_alpha = one("gloo_allreduce", bytes=4096)["median_ms"] / 1e3
         # The raw stream at each rate (and without one).
         self.rate = {r["rate"]: r["median_gbps"] * GB for r in rows
                      if r["bench"] == "tcp_baseline" and r["bytes"] >= 16 * MIB
@@ -116,11 +122,11 @@ class Machine:
             if r["part"] == "train" and r.get("layout") == "one process":
                 self.compute[(r["system"], r["model"])] = r["batch"] / r["samples_per_s"]
 
-    def phase(self, link_bytes_per_dir, total_link_bytes, rate, other_cpu=0.0):
-        """One phase: the busiest link's bytes in one direction at R, or all bytes' CPU."""
+    def phase(self, link_bytes_per_dir, cpu_seconds, rate):
+        """One phase: the busiest link's bytes in one direction at R, or the CPU work of all its
+        bytes spread over the cores, whichever takes longer; and a round trip."""
         link = link_bytes_per_dir / self.rate[rate]
-        cpu = (total_link_bytes * self.c_net + other_cpu) / self.cores
-        return max(link, cpu) + self.alpha
+        return max(link, cpu_seconds / self.cores) + self.alpha
 
     # --- KVStore operations: W workers, S servers, each worker moving the bytes of `keys` ---
     @staticmethod
@@ -141,13 +147,12 @@ class Machine:
         return busiest
 
     def ps_push(self, keys, workers, servers, rate, beside):
-        total = sum(keys)
-        return self.phase(self.busiest_link(keys, workers, servers, beside), total * workers, rate,
-                          total * workers * SUM_S_PER_BYTE)
+        return self.phase(self.busiest_link(keys, workers, servers, beside),
+                          sum(keys) * workers * self.c_push, rate)
 
     def ps_pull(self, keys, workers, servers, rate, beside):
-        total = sum(keys)
-        return self.phase(self.busiest_link(keys, workers, servers, beside), total * workers, rate)
+        return self.phase(self.busiest_link(keys, workers, servers, beside),
+                          sum(keys) * workers * self.c_pull, rate)
 
     def ps_pushpull(self, keys, workers, servers, rate, beside):
         return (self.ps_push(keys, workers, servers, rate, beside)
@@ -157,9 +162,7 @@ class Machine:
         """One all_reduce: its bytes, and its fixed cost (the measured 4 KiB all_reduce over the
         same hosts, else 2(N-1) KVStore round trips)."""
         per_dir = 2 * (n - 1) / n * size
-        fixed = self.ring_alpha if self.ring_alpha is not None else 2 * (n - 1) * self.alpha
-        return self.phase(per_dir, per_dir * n, rate, size * (n - 1) * SUM_S_PER_BYTE) \
-            - self.alpha + fixed
+        return self.phase(per_dir, per_dir * n * self.c_ring, rate) - self.alpha + self.ring_alpha
 
     # --- training steps: W workers each computing a batch, then communicating ---
     def compute_phase(self, system, model, workers):
@@ -313,7 +316,10 @@ def main():
     args = parser.parse_args()
     rows = load(args.results)
     m = Machine(rows)
-    print(f"# measured constants: c_net {m.c_net * GB:.3f} CPU-s/GB, {m.cores} cores, "
+    print(f"# measured constants: CPU-s per GB across a link: raw TCP {m.c_raw * GB:.3f}, "
+          f"troupe push {m.c_push * GB:.3f}, pull {m.c_pull * GB:.3f}, gloo ring "
+          f"{m.c_ring * GB:.3f}; {m.cores} cores; gloo 4 KiB all_reduce "
+          f"{m.ring_alpha * 1e3:.2f} ms; "
           f"alpha {m.alpha * 1e6:.0f} us, raw streams "
           + ", ".join(f"{k} {v / GB:.3f} GB/s" for k, v in sorted(m.rate.items()))
           + ", compute-only steps "

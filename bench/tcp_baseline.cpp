@@ -11,9 +11,9 @@
 // A forked server process receives length-prefixed payloads into a pre-faulted buffer and
 // answers each with an 8-byte ack; the client sends from a pre-faulted buffer in 4 MiB writes
 // (TCP_NODELAY on both sides). One JSON line per size: median and spread of the push
-// (payload + ack) rate in GB/s, the median round trip in microseconds, and the CPU-seconds the
-// whole machine was busy per GB moved (machine_cpu_s_per_gb: both ends and the kernel, when
-// nothing else runs).
+// (payload + ack) rate in GB/s, the median round trip in microseconds, and machine_cpu_s, the
+// CPU-seconds the whole machine was busy over the measured repetitions (both ends and the
+// kernel, when nothing else runs: bench/machine_cpu.hpp).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -35,6 +35,7 @@
 
 #include "engine/json_line.hpp"
 #include "engine/log.hpp"
+#include "machine_cpu.hpp"
 
 namespace {
 
@@ -101,24 +102,6 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-/// CPU-seconds the whole machine has been busy (every state of /proc/stat's "cpu" line but idle
-/// and iowait), or a negative number where it cannot be read. Over a measurement on an otherwise
-/// idle machine it is what the stream cost both ends, the kernel's work included.
-double machine_busy_seconds() {
-  std::FILE* stat = std::fopen("/proc/stat", "r");
-  if (stat == nullptr)
-    return -1;
-  unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
-                     steal = 0;
-  const int fields = std::fscanf(stat, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice,
-                                 &system, &idle, &iowait, &irq, &softirq, &steal);
-  std::fclose(stat);
-  if (fields != 8)
-    return -1;
-  return static_cast<double>(user + nice + system + irq + softirq + steal) /
-         static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
 /// The JSON line of one size: `seconds` of each measured round trip, `busy_seconds` the machine's
 /// CPU time over them (negative: unknown).
 void print_result(std::size_t size, const std::vector<double>& seconds, double busy_seconds) {
@@ -133,10 +116,8 @@ void print_result(std::size_t size, const std::vector<double>& seconds, double b
   line["min_gbps"] = json_line::fixed(size / *slowest / 1e9, 3);
   line["max_gbps"] = json_line::fixed(size / *fastest / 1e9, 3);
   line["median_rtt_us"] = json_line::fixed(mid * 1e6, 1);
-  if (busy_seconds >= 0) {
-    double bytes = static_cast<double>(size) * static_cast<double>(seconds.size());
-    line["machine_cpu_s_per_gb"] = json_line::fixed(busy_seconds / bytes * 1e9, 4);
-  }
+  if (busy_seconds >= 0)
+    line["machine_cpu_s"] = json_line::fixed(busy_seconds, 3);
   json_line::print(line);
 }
 
@@ -212,7 +193,7 @@ int main(int argc, char** argv) {
     double busy_at_start = 0;
     for (int round = -1; round < rounds; ++round) { // round -1 warms up
       if (round == 0)
-        busy_at_start = machine_busy_seconds();
+        busy_at_start = troupe::bench::machine_busy_seconds();
       std::uint64_t header = size, ack = 0;
       auto start = std::chrono::steady_clock::now();
       send_all(fd, reinterpret_cast<const char*>(&header), sizeof header);
@@ -223,7 +204,7 @@ int main(int argc, char** argv) {
       if (round >= 0)
         seconds.push_back(took.count());
     }
-    const double busy_at_end = machine_busy_seconds();
+    const double busy_at_end = troupe::bench::machine_busy_seconds();
     print_result(size, seconds,
                  busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
   }
