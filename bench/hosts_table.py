@@ -73,10 +73,13 @@ def train_table(rows):
     print("| rate | model | system | layout | steps | samples/s | test accuracy | / DDP |")
     print("|---|---|---|---|---|---|---|---|")
     ddp = {(r["rate"], r["model"]): r["samples_per_s"] for r in jobs if r["system"] == "pytorch-ddp"}
-    for r in sorted(jobs, key=lambda r: (r["rate"], r["model"], r["system"], r.get("layout", ""))):
+    for r in sorted(jobs, key=lambda r: (r["rate"], r["model"], r["system"], r.get("layout", ""),
+                                         r.get("bigarray_bound", 0))):
         base = ddp.get((r["rate"], r["model"]))
         ratio = f"{r['samples_per_s'] / base:.2f}" if base else "—"
-        print(f"| {r['rate']} | {r['model']} | {r['system']} | {r.get('layout', '')} | "
+        layout = r.get("layout", "") + (f", bigarray_bound {r['bigarray_bound']}"
+                                         if "bigarray_bound" in r else "")
+        print(f"| {r['rate']} | {r['model']} | {r['system']} | {layout} | "
               f"{r.get('steps')} | {r['samples_per_s']:.0f} | {r.get('test_acc')} | {ratio} |")
     print()
 

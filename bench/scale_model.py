@@ -9,7 +9,8 @@ stream of each rate); nothing is fitted to the points it predicts. The model:
 
   bandwidth   a host's link carries R bytes/s each way at once (R: the raw TCP stream between
               two hosts at that rate, tcp_baseline's 128 MiB median), shared by the streams
-              that cross it;
+              that cross it; after an idle moment the token bucket's burst (2 ms of the rate)
+              passes at once;
   CPU         every byte that crosses a link costs the machine c CPU-seconds, each system its
               own (troupe's push and pull, gloo's ring: both ends, summing and the kernel
               included; measured without a rate limit), and all hosts here share CORES cores:
@@ -61,13 +62,13 @@ def ddp_buckets(keys, cap=25 * MIB):
     return buckets
 
 
-def server_loads(keys, servers):
+def server_loads(keys, servers, bound=BIGARRAY_BOUND):
     """Bytes of one worker's push that each server receives: MXNet's placement (and troupe's,
-    actors/logic/key_placement.cpp): a key of at least BIGARRAY_BOUND elements split evenly over
-    all servers, a smaller one whole on server (key * 9973) % S."""
+    actors/logic/key_placement.cpp): a key of at least `bound` elements split evenly over all
+    servers, a smaller one whole on server (key * 9973) % S."""
     loads = [0.0] * servers
     for key, size in enumerate(keys):
-        if size // 4 >= BIGARRAY_BOUND:
+        if size // 4 >= bound:
             for s in range(servers):
                 loads[s] += size / servers
         else:
@@ -122,18 +123,29 @@ class Machine:
             if r["part"] == "train" and r.get("layout") == "one process":
                 self.compute[(r["system"], r["model"])] = r["batch"] / r["samples_per_s"]
 
+    @staticmethod
+    def burst(rate):
+        """The bytes a link's token bucket lets through at once after an idle moment: 2 ms of
+        the rate, at least 64 KiB (scripts/netns-cluster.sh's limit_rate)."""
+        units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+        for unit, scale in units.items():
+            if rate.endswith(unit):
+                return max(65536, float(rate[: -len(unit)]) * scale / 8 / 500)
+        return 0.0
+
     def phase(self, link_bytes_per_dir, cpu_seconds, rate):
-        """One phase: the busiest link's bytes in one direction at R, or the CPU work of all its
-        bytes spread over the cores, whichever takes longer; and a round trip."""
-        link = link_bytes_per_dir / self.rate[rate]
+        """One phase: the busiest link's bytes in one direction at R (less the bucket's burst: the
+        link was idle before the phase), or the CPU work of all its bytes spread over the cores,
+        whichever takes longer; and a round trip."""
+        link = max(0.0, link_bytes_per_dir - self.burst(rate)) / self.rate[rate]
         return max(link, cpu_seconds / self.cores) + self.alpha
 
     # --- KVStore operations: W workers, S servers, each worker moving the bytes of `keys` ---
     @staticmethod
-    def busiest_link(keys, workers, servers, beside):
+    def busiest_link(keys, workers, servers, beside, bound=BIGARRAY_BOUND):
         """The bytes the busiest link carries one way in a push (a pull mirrors it): a worker's
         upload, or a server's download of every worker's part."""
-        loads = server_loads(keys, servers)
+        loads = server_loads(keys, servers, bound)
         total = sum(keys)
         if not beside:
             return max(total, workers * max(loads))
@@ -146,17 +158,17 @@ class Machine:
             busiest = max(busiest, upload, download)
         return busiest
 
-    def ps_push(self, keys, workers, servers, rate, beside):
-        return self.phase(self.busiest_link(keys, workers, servers, beside),
+    def ps_push(self, keys, workers, servers, rate, beside, bound=BIGARRAY_BOUND):
+        return self.phase(self.busiest_link(keys, workers, servers, beside, bound),
                           sum(keys) * workers * self.c_push, rate)
 
-    def ps_pull(self, keys, workers, servers, rate, beside):
-        return self.phase(self.busiest_link(keys, workers, servers, beside),
+    def ps_pull(self, keys, workers, servers, rate, beside, bound=BIGARRAY_BOUND):
+        return self.phase(self.busiest_link(keys, workers, servers, beside, bound),
                           sum(keys) * workers * self.c_pull, rate)
 
-    def ps_pushpull(self, keys, workers, servers, rate, beside):
-        return (self.ps_push(keys, workers, servers, rate, beside)
-                + self.ps_pull(keys, workers, servers, rate, beside))
+    def ps_pushpull(self, keys, workers, servers, rate, beside, bound=BIGARRAY_BOUND):
+        return (self.ps_push(keys, workers, servers, rate, beside, bound)
+                + self.ps_pull(keys, workers, servers, rate, beside, bound))
 
     def ring(self, size, n, rate):
         """One all_reduce: its bytes, and its fixed cost (the measured 4 KiB all_reduce over the
@@ -171,11 +183,11 @@ class Machine:
             return None
         return one * workers / min(workers, self.cores)
 
-    def troupe_step(self, model, workers, servers, rate, beside):
+    def troupe_step(self, model, workers, servers, rate, beside, bound=BIGARRAY_BOUND):
         compute = self.compute_phase("troupe-local", model, workers)
         if compute is None:
             return None
-        return compute + self.ps_pushpull(model_keys(model), workers, servers, rate, beside)
+        return compute + self.ps_pushpull(model_keys(model), workers, servers, rate, beside, bound)
 
     def ddp_step(self, model, workers, rate):
         compute = self.compute_phase("pytorch-local", model, workers)
@@ -214,7 +226,8 @@ def predictions(rows, m):
             predicted = None
             if r["system"] == "troupe":
                 predicted = m.troupe_step(r["model"], r["workers"], r["servers"], rate,
-                                          r["layout"] == "servers beside workers")
+                                          r["layout"] == "servers beside workers",
+                                          r.get("bigarray_bound", BIGARRAY_BOUND))
             elif r["system"] == "pytorch-ddp":
                 predicted = m.ddp_step(r["model"], r["workers"], rate)
             elif r["system"] == "mxnet":
@@ -225,7 +238,8 @@ def predictions(rows, m):
                     predicted = compute + m.ps_pushpull(model_keys(r["model"]), r["workers"], r["servers"], rate,
                                                         r["layout"] == "servers beside workers")
             if predicted is not None:
-                points.append((f"train {rate} {r['model']} {r['system']} {r.get('layout', '')} step",
+                bound = f", bigarray_bound {r['bigarray_bound']}" if "bigarray_bound" in r else ""
+                points.append((f"train {rate} {r['model']} {r['system']} {r.get('layout', '')}{bound} step",
                                predicted, measured))
     return points
 
