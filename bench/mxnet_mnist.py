@@ -2,10 +2,10 @@
 """Apache MXNet 1.9.1 (Gluon) baseline of the Fashion-MNIST job: apps/train_mnist --init torch,
 locally or as the workers of a dist_sync job with MXNet's own parameter servers (ps-lite).
 
-MXNet is not a Debian package: it runs from a venv (docs: /work/shared/STACK.md, section 13):
+MXNet is not a Debian package: it runs from a venv (here called mx):
 
-  /usr/bin/python3 -m venv /work/mxnet-venv
-  /work/mxnet-venv/bin/pip install mxnet==1.9.1 'numpy<1.24'
+  /usr/bin/python3 -m venv mx
+  mx/bin/pip install mxnet==1.9.1 'numpy<1.24'
 
 The recipe of bench/pytorch_mnist.py: --model mlp (784-256-10) or mlp-wide (784-4096-4096-10,
 20,037,642 parameters), ReLU, pixels / 255 from the IDX files bench/mnist_data.py reads, SGD lr
@@ -32,10 +32,10 @@ the total per worker.
 Three ways to run it:
 
   # one process, local store
-  /work/mxnet-venv/bin/python bench/mxnet_mnist.py --model mlp-wide --epochs 1 --steps 50
+  mx/bin/python bench/mxnet_mnist.py --model mlp-wide --epochs 1 --steps 50
 
   # a dist_sync job on this machine: a scheduler, -s servers and -n workers on 127.0.0.1
-  /work/mxnet-venv/bin/python bench/mxnet_mnist.py --launch-local -n 2 -s 1 \\
+  mx/bin/python bench/mxnet_mnist.py --launch-local -n 2 -s 1 \\
       --kvstore dist_sync --batch-size 64 --model mlp-wide --epochs 1 --steps 50
 
   # one process per host (or network namespace): the same flags everywhere but --role and

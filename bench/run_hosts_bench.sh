@@ -20,7 +20,8 @@
 #   train      the jobs of docs/scaling.md: train_mnist dist_sync over 4 worker hosts, servers on
 #              4 hosts of their own and on the worker hosts, beside PyTorch DDP/gloo over the
 #              same worker hosts (and Apache MXNet 1.9.1's dist_sync when MXNET_PYTHON names a
-#              python with mxnet), MODELS (default "mlp-wide mlp") for TRAIN_STEPS steps each
+#              python with mxnet: python3 -m venv V && V/bin/pip install mxnet==1.9.1
+#              'numpy<1.24', then MXNET_PYTHON=V/bin/python), MODELS (default "mlp-wide mlp") for TRAIN_STEPS steps each
 #              (30) of a batch of 64 per worker, lr 0.1, PyTorch's initialisation, one thread
 #              per process; and each system's compute alone (one process, no network) for the
 #              same steps, the "one process" rows.
@@ -39,7 +40,7 @@ models=${MODELS:-mlp-wide mlp}
 train_steps=${TRAIN_STEPS:-30}
 cluster_script=$PWD/scripts/netns-cluster.sh
 mxnet_python=${MXNET_PYTHON:-}
-if [ -z "$mxnet_python" ] && [ -x /work/mxnet-venv/bin/python ]; then mxnet_python=/work/mxnet-venv/bin/python; fi
+[ -n "$mxnet_python" ] || echo "run_hosts_bench: MXNET_PYTHON is not set: no MXNet rows" >&2
 for exe in bench/tcp_baseline bench/kvbench apps/troupe-launch apps/troupe-node apps/train_mnist; do
   [ -x "$build/$exe" ] || { echo "run_hosts_bench: $build/$exe is missing" >&2; exit 1; }
 done
