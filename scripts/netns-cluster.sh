@@ -202,11 +202,14 @@ bring_up() {
   check_up_arguments
   can_make_namespaces || exit 77
   [ ! -e "$state" ] || die "cluster $name exists ($state); remove it with: $program down --name $name"
+  # Captured, not piped into grep -q: under pipefail a writer cut off by grep's early exit fails.
+  local existing
+  existing=$(ip netns list)
   for ((i = 0; i < hosts; i++)); do
-    ! ip netns list | grep -q "^troupe-$name-$i\b" ||
+    ! grep -q "^troupe-$name-$i\b" <<< "$existing" ||
       die "a namespace troupe-$name-$i exists that this cluster did not make; choose another --name"
   done
-  ! ip netns list | grep -q "^$switch\b" ||
+  ! grep -q "^$switch\b" <<< "$existing" ||
     die "a namespace $switch exists that this cluster did not make; choose another --name"
   mkdir -p "$state" || die "cannot make $state"
   : > "$state/made"

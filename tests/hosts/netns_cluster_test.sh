@@ -30,6 +30,8 @@ fail() {
   echo "netns_cluster_test: $*"
   exit 1
 }
+# (A pipe into grep -q can fail under pipefail: grep leaves at its first match and the writer
+# gets SIGPIPE. So output is captured first.)
 # What a cluster must not leave: its namespaces, its state directory, links or addresses in the
 # namespace the test runs in.
 ip -o link show | awk -F': ' '{print $2}' | sort > "$work/links-before"
@@ -60,13 +62,13 @@ mapfile -t addresses < "$state/hosts"
 for i in 0 1 2; do
   got=$(ip -n "troupe-$name-$i" -o -4 addr show dev eth0 | awk '{print $4}')
   [ "$got" = "${addresses[i]}/24" ] || fail "host $i has \"$got\" on eth0, not ${addresses[i]}/24"
-  ip -n "troupe-$name-$i" -o -4 addr show | grep -q ' lo .*127.0.0.1' || fail "host $i has no loopback"
-  tc -n "troupe-$name-$i" qdisc show dev eth0 | grep -q 'tbf .*rate 1Gbit' ||
+  grep -q ' lo .*127.0.0.1' <<< "$(ip -n "troupe-$name-$i" -o -4 addr show)" || fail "host $i has no loopback"
+  grep -q 'tbf .*rate 1Gbit' <<< "$(tc -n "troupe-$name-$i" qdisc show dev eth0)" ||
     fail "host $i's upload is not limited: $(tc -n "troupe-$name-$i" qdisc show dev eth0)"
-  tc -n "troupe-$name-sw" qdisc show dev "h$i" | grep -q 'tbf .*rate 1Gbit' ||
+  grep -q 'tbf .*rate 1Gbit' <<< "$(tc -n "troupe-$name-sw" qdisc show dev "h$i")" ||
     fail "host $i's download is not limited: $(tc -n "troupe-$name-sw" qdisc show dev "h$i")"
 done
-if ip -o -4 addr show | grep -q "${addresses[0]%.*}\."; then
+if grep -q "${addresses[0]%.*}\." <<< "$(ip -o -4 addr show)"; then
   fail "an address of the cluster's subnet appeared outside its namespaces"
 fi
 # A stream from host 2 to host 1 crosses the bridge at about the link's rate (1 Gbit/s is
@@ -107,7 +109,7 @@ wait "$up_pid"
 status=$?
 [ "$status" -eq 1 ] || fail "up exited $status when host 2's namespace could not be made, not 1"
 grep -q "troupe-$name-2" "$work/up.err" || fail "up's error does not name troupe-$name-2: $(cat "$work/up.err")"
-ip netns list | grep -q "^troupe-$name-2\b" || fail "up removed a namespace it did not make"
+grep -q "^troupe-$name-2\b" <<< "$(ip netns list)" || fail "up removed a namespace it did not make"
 ip netns del "troupe-$name-2"
 nothing_left "after a failed up"
 
