@@ -1918,6 +1918,13 @@ link_tensor_bytes process_link_tensor_bytes() noexcept {
           shm_tensor_bytes_received.load(std::memory_order_relaxed)};
 }
 
+std::string describe_tensor_bytes(const link_tensor_bytes& moved) {
+  return "tensor bytes: " + std::to_string(moved.socket_received) + " in and " +
+         std::to_string(moved.socket_sent) + " out through sockets, " +
+         std::to_string(moved.shm_received) + " in and " + std::to_string(moved.shm_sent) +
+         " out through shared memory";
+}
+
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
                                       std::uint16_t port, data_server_options options) {
   if (!options.route)

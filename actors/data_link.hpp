@@ -362,6 +362,10 @@ struct link_tensor_bytes {
 };
 link_tensor_bytes process_link_tensor_bytes() noexcept;
 
+/// The summary line of `moved`, the same on servers and workers: "tensor bytes: A in and B out
+/// through sockets, C in and D out through shared memory".
+std::string describe_tensor_bytes(const link_tensor_bytes& moved);
+
 /// Listens on bind_host:port (bind_host exactly: "0.0.0.0" is the only way to listen on every
 /// interface; port 0 lets the kernel pick) and spawns the server broker. For each complete,
 /// valid frame on connection c except link control it sends (envelope{msg, keepalive = frame

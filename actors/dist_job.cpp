@@ -211,11 +211,7 @@ void log_server_summary(const server_node& node, const logger& log,
   const auto refused = process_link_refusals();
   log.info("links: " + std::to_string(refused.bad_frames) + " bad frames refused, " +
            std::to_string(refused.peers_closed) + " peers closed for them");
-  const auto moved = process_link_tensor_bytes();
-  log.info("tensor bytes: " + std::to_string(moved.socket_received) + " in and " +
-           std::to_string(moved.socket_sent) + " out through sockets, " +
-           std::to_string(moved.shm_received) + " in and " + std::to_string(moved.shm_sent) +
-           " out through shared memory");
+  log.info(describe_tensor_bytes(process_link_tensor_bytes()));
   auto keys = stats->keys;
   constexpr std::size_t shown = 32;
   std::sort(keys.begin(), keys.end(), [](const key_traffic& a, const key_traffic& b) {

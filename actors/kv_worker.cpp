@@ -558,6 +558,8 @@ private:
                                   std::to_string(answer_times_[k].count()) + " requests: p50 " +
                                   describe_us(answer_times_[k].quantile_us(0.5)) + ", p99 " +
                                   describe_us(answer_times_[k].quantile_us(0.99)));
+    // This process's data links, as the servers' summaries count theirs.
+    options_.summary_log.info(describe_tensor_bytes(process_link_tensor_bytes()));
   }
 
   void send(std::uint32_t server, envelope request) {

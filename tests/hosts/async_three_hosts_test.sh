@@ -28,6 +28,6 @@ done
 updates=$(grep -o "shards: [0-9]* updates" "$err" | awk '{s += $2} END {print s + 0}')
 [ "$updates" -eq $((5 * 4 * 20)) ] ||
   hosts_fail "the servers applied $updates pushes, not 5 ps-keys x 4 workers x 20 = 400"
-hosts_check_tcp "$err" 2
+hosts_check_tcp "$err" 2 4
 hosts_check_nothing_runs
 echo "async_three_hosts_test: 400 pushes over 3 hosts, each applied once, tensors over TCP"

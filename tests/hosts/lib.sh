@@ -144,23 +144,27 @@ hosts_ssh_count() {
   grep -c "^${addresses[$1]}\$" "$work/ssh-hosts" || true
 }
 
-# hosts_check_tcp ERR SERVERS: each of the SERVERS servers' summaries (troupe-launch --summary,
-# lines "[server i] ... tensor bytes: A in and B out through sockets, C in and D out through shared
-# memory") shows tensors in and out through sockets and none through shared memory: every data
-# link of the job crossed a link between hosts as TCP.
+# hosts_check_tcp ERR SERVERS [WORKERS]: each of the SERVERS servers' summaries, and of the
+# WORKERS workers' (troupe-launch --summary, lines "[server i] ... tensor bytes: A in and B out
+# through sockets, C in and D out through shared memory") shows tensors in and out through sockets
+# and none through shared memory: every data link of the job crossed a link between hosts as TCP.
 hosts_check_tcp() {
-  local err=$1 servers=$2 s line
-  for ((s = 0; s < servers; s++)); do
-    line=$(grep "^\[server $s\].*tensor bytes: " "$err" || true)
-    [ "$(printf '%s\n' "$line" | grep -c 'tensor bytes')" -eq 1 ] ||
-      hosts_fail "server $s printed no (or more than one) 'tensor bytes' summary line"
-    [[ "$line" =~ tensor\ bytes:\ ([0-9]+)\ in\ and\ ([0-9]+)\ out\ through\ sockets,\ ([0-9]+)\ in\ and\ ([0-9]+)\ out\ through\ shared\ memory ]] ||
-      hosts_fail "server $s's 'tensor bytes' line has another form: $line"
-    [ "${BASH_REMATCH[1]}" -gt 0 ] && [ "${BASH_REMATCH[2]}" -gt 0 ] ||
-      hosts_fail "server $s moved no tensor bytes through its sockets: $line"
-    [ "${BASH_REMATCH[3]}" -eq 0 ] && [ "${BASH_REMATCH[4]}" -eq 0 ] ||
-      hosts_fail "server $s moved tensors through shared memory across hosts: $line"
-    echo "$test_name: $line"
+  local err=$1 servers=$2 workers=${3:-0} role count i line
+  for role in server worker; do
+    count=$servers
+    [ "$role" = server ] || count=$workers
+    for ((i = 0; i < count; i++)); do
+      line=$(grep "^\[$role $i\].*tensor bytes: " "$err" || true)
+      [ "$(printf '%s\n' "$line" | grep -c 'tensor bytes')" -eq 1 ] ||
+        hosts_fail "$role $i printed no (or more than one) 'tensor bytes' summary line"
+      [[ "$line" =~ tensor\ bytes:\ ([0-9]+)\ in\ and\ ([0-9]+)\ out\ through\ sockets,\ ([0-9]+)\ in\ and\ ([0-9]+)\ out\ through\ shared\ memory ]] ||
+        hosts_fail "$role $i's 'tensor bytes' line has another form: $line"
+      [ "${BASH_REMATCH[1]}" -gt 0 ] && [ "${BASH_REMATCH[2]}" -gt 0 ] ||
+        hosts_fail "$role $i moved no tensor bytes through its sockets: $line"
+      [ "${BASH_REMATCH[3]}" -eq 0 ] && [ "${BASH_REMATCH[4]}" -eq 0 ] ||
+        hosts_fail "$role $i moved tensors through shared memory across hosts: $line"
+      echo "$test_name: $line"
+    done
   done
 }
 

@@ -25,7 +25,7 @@ for dtype in float32 float16; do
     [ "$(hosts_ssh_count $host)" -eq 2 ] ||
       hosts_fail "$dtype: $(hosts_ssh_count $host) nodes went to host $host, not 2"
   done
-  hosts_check_tcp "$err" 2
+  hosts_check_tcp "$err" 2 4
   hosts_check_nothing_runs
   echo "sync_three_hosts_test: $dtype: the closed form held on 4 workers over 3 hosts, tensors over TCP"
 done
