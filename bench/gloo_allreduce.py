@@ -26,16 +26,17 @@ included (meaningful when the job is alone on the machine).
 """
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gloo_ranks  # noqa: E402
 
 MLP_WIDE_GRADIENT_BYTES = 20037642 * 4
 
@@ -55,12 +56,6 @@ def parse_bytes(text):
     return sizes
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def machine_busy_seconds():
     """CPU-seconds the whole machine has been busy (/proc/stat, all but idle and iowait), as
     bench/machine_cpu.hpp reads it; None where it cannot be read."""
@@ -75,12 +70,7 @@ def machine_busy_seconds():
 
 def run(rank, args, addr, port):
     torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = addr
-    os.environ["MASTER_PORT"] = str(port)
-    if args.ifname:
-        os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
-    dist.init_process_group("gloo", rank=rank, world_size=args.world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    gloo_ranks.join(rank, args, addr, port)
     for size in args.bytes:
         tensor = torch.ones(size // 4, dtype=torch.float32)
         for _ in range(args.warmup):
@@ -117,28 +107,12 @@ def main():
                         help="comma-separated sizes in bytes (K, M, G suffixes)")
     parser.add_argument("--reps", type=int, default=20, help="timed calls per size")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per size")
-    parser.add_argument("--world", type=int, default=2, help="processes")
-    parser.add_argument("--rank", type=int, default=None,
-                        help="run this one rank (no spawning); needs --master-port")
-    parser.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
-    parser.add_argument("--master-port", type=int, default=0,
-                        help="rank 0's rendezvous port (0: a free one; spawn mode only)")
-    parser.add_argument("--ifname", default="",
-                        help="network interface for gloo (sets GLOO_SOCKET_IFNAME)")
+    gloo_ranks.add_arguments(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--timeout", type=float, default=120, help="rendezvous timeout, seconds")
     args = parser.parse_args()
     if args.reps < 1:
         parser.error("--reps must be at least 1")
-    if args.rank is not None:
-        if not 0 <= args.rank < args.world:
-            parser.error(f"--rank {args.rank} is not in 0..{args.world - 1}")
-        if args.master_port == 0:
-            parser.error("--rank needs --master-port (the same on every rank)")
-        run(args.rank, args, args.master_addr, args.master_port)
-    else:
-        port = args.master_port or free_port()
-        mp.spawn(run, args=(args, args.master_addr, port), nprocs=args.world, join=True)
+    gloo_ranks.run(parser, args, run)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,8 @@ Two modes:
 """
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import sys
 import time
 
@@ -44,31 +42,17 @@ mnist_data.rerun_with_a_better_blas_core()  # before torch loads OpenBLAS
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
+import gloo_ranks  # noqa: E402
 from pytorch_mnist import MODELS, evaluate, make_model, parameter_count  # noqa: E402
-
-
-def free_port():
-    # The port is free when the script asks; gloo's store binds it a moment later. A race with
-    # another program on the machine is possible but harmless for a benchmark (it then fails).
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker(rank, args, addr, port):
     torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = addr
-    os.environ["MASTER_PORT"] = str(port)
-    if args.ifname:
-        os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
-    # Bounded: a rank whose peer never arrives gives up instead of waiting (or spinning) forever.
-    dist.init_process_group("gloo", rank=rank, world_size=args.world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    gloo_ranks.join(rank, args, addr, port)
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts anyway)
     train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in mnist_data.load(args.data_dir))
     model = DistributedDataParallel(make_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
@@ -130,29 +114,13 @@ def main():
                         help="at most N steps per epoch on each process (0: every full batch)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="threads per process")
-    parser.add_argument("--world", type=int, default=2, help="processes")
-    parser.add_argument("--rank", type=int, default=None,
-                        help="run this one rank (no spawning); needs --master-addr")
-    parser.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
-    parser.add_argument("--master-port", type=int, default=0,
-                        help="rank 0's rendezvous port (0: a free one; spawn mode only)")
-    parser.add_argument("--ifname", default="",
-                        help="network interface for gloo (sets GLOO_SOCKET_IFNAME)")
-    parser.add_argument("--timeout", type=float, default=120, help="rendezvous timeout, seconds")
+    gloo_ranks.add_arguments(parser)
     parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's gradient buckets")
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--data-dir", default=mnist_data.DEFAULT_DATA_DIR)
     args = parser.parse_args()
-    if args.rank is not None:
-        if not 0 <= args.rank < args.world:
-            parser.error(f"--rank {args.rank} is not in 0..{args.world - 1}")
-        if args.master_port == 0:
-            parser.error("--rank needs --master-port (the same on every rank)")
-        worker(args.rank, args, args.master_addr, args.master_port)
-    else:
-        port = args.master_port or free_port()
-        mp.spawn(worker, args=(args, args.master_addr, port), nprocs=args.world, join=True)
+    gloo_ranks.run(parser, args, worker)
 
 
 if __name__ == "__main__":

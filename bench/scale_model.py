@@ -23,9 +23,12 @@ stream of each rate); nothing is fitted to the points it predicts. The model:
               per gradient bucket after its compute.
 """
 import argparse
-import json
 import math
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hosts_table import load  # noqa: E402  (run_hosts_bench.sh's JSON lines)
 
 GB = 1e9
 MIB = 1 << 20
@@ -74,18 +77,6 @@ def server_loads(keys, servers, bound=BIGARRAY_BOUND):
         else:
             loads[(key * 9973) % servers] += size
     return loads
-
-
-def load(path):
-    rows = []
-    with open(path) as lines:
-        for line in lines:
-            if line.startswith("{"):
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return rows
 
 
 class Machine:
