@@ -240,9 +240,9 @@ bring_up() {
     # A pause point for tests/hosts/netns_cluster_test.sh: a signal arriving here must still
     # remove everything.
     if [ "${NETNS_CLUSTER_PAUSE_AFTER_HOST:-}" = "$i" ]; then
-      echo "$program: paused after host $i" >&2
       sleep 600 &
       pause_pid=$!
+      echo "$program: paused after host $i (kill $pause_pid to go on)" >&2
       wait "$pause_pid"
       pause_pid=""
     fi

@@ -104,7 +104,8 @@ up_pid=$!
 pids_to_stop+=("$up_pid")
 await_text "$work/up.err" "paused after host 1"
 ip netns add "troupe-$name-2"
-kill -TERM "$(pgrep -P "$up_pid" sleep)"
+# (The pause's own process, which up names: no pgrep, procps may be missing.)
+kill -TERM "$(sed -n 's/.*paused after host 1 (kill \([0-9]*\) to go on).*/\1/p' "$work/up.err")"
 wait "$up_pid"
 status=$?
 [ "$status" -eq 1 ] || fail "up exited $status when host 2's namespace could not be made, not 1"
