@@ -116,6 +116,8 @@ struct worker_setup {
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
   std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// data.slice_bytes: keys larger than this are cut into slices of at most this size; 0: none.
+  std::size_t slice_bytes = 0;
   /// A request not answered this long after it was sent fails with errc::timeout.
   std::chrono::milliseconds timeout{30'000};
 

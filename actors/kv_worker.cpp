@@ -26,6 +26,7 @@
 #include "actors/logic/key_placement.hpp"
 #include "actors/logic/latency_histogram.hpp"
 #include "actors/logic/wire_conversions.hpp"
+#include "engine/dispatch.hpp"
 
 namespace troupe {
 namespace {
@@ -138,7 +139,10 @@ std::pair<chunk_copy, std::string> copy_chunk(part& p, const wire::pull_reply& v
 /// The int is unused: CAF 0.17.6's init_fun_factory dereferences a null argument tuple for a
 /// function without arguments (UBSan reports it; actors/server_node.cpp does the same).
 reply_copier_actor::behavior_type reply_copier(int) {
-  return {[](reply_copy& job) { job.run(); }};
+  return {[](reply_copy& job) {
+    engine::on_behalf_of_lane_scope owned; // as the worker's handlers (guarded)
+    job.run();
+  }};
 }
 
 /// The rounds of one ps-key as this worker sees them, and its requests waiting for credit.
@@ -269,6 +273,9 @@ private:
   /// fails naming what was being done.
   template <class Body>
   void guarded(std::string_view what, Body&& body, completion<status>* call = nullptr) {
+    // The caller waited for the engine's queued uses of a request's arrays before handing them
+    // over, and a lane's task may be waiting for this request (actors/gluon/trainer.cpp).
+    engine::on_behalf_of_lane_scope owned;
     const status outcome = status_of([&]() -> status {
       body();
       return ok();
@@ -371,8 +378,10 @@ private:
   /// requests when those are still waiting for credit.
   void add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work) {
     const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
+    const auto max_slice_elements =
+        static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
     auto slices = place_key(static_cast<std::uint64_t>(work.index), elements, options_.num_servers,
-                            options_.bigarray_bound);
+                            options_.bigarray_bound, max_slice_elements);
     std::shared_ptr<pull_target> target;
     if (kind == kv_call::pull || kind == kv_call::pushpull)
       target = make_target(work, slices.size());

@@ -72,6 +72,8 @@ struct kv_worker_options {
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
   std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// Keys larger than this many bytes are cut into slices (key_placement.hpp); 0: none.
+  std::size_t slice_bytes = 0;
   /// A request not answered this long after it was sent fails with errc::timeout.
   std::chrono::milliseconds request_timeout{30'000};
   /// The servers' sync_settings::max_rounds_ahead.

@@ -335,6 +335,12 @@ inline_scope::~inline_scope() {
   inline_requested = previous_;
 }
 
+on_behalf_of_lane_scope::on_behalf_of_lane_scope() noexcept
+    : previous_(std::exchange(on_lane, true)) {}
+on_behalf_of_lane_scope::~on_behalf_of_lane_scope() {
+  on_lane = previous_;
+}
+
 bool runs_inline() noexcept {
   return on_lane || inline_requested;
 }

@@ -79,6 +79,22 @@ private:
   bool previous_;
 };
 
+/// For a thread that works on arrays for a task of a lane which waits for it (the KVStore worker
+/// actor: a lane's task waits for the request that writes a parameter, and the caller already
+/// waited for the queued uses of the request's arrays before handing them over). While the scope
+/// lives the thread is treated as that task's: waits do nothing and work runs at once, as on a
+/// lane. Waiting here would wait for the task that waits for this thread.
+class on_behalf_of_lane_scope {
+public:
+  on_behalf_of_lane_scope() noexcept;
+  ~on_behalf_of_lane_scope();
+  on_behalf_of_lane_scope(const on_behalf_of_lane_scope&) = delete;
+  on_behalf_of_lane_scope& operator=(const on_behalf_of_lane_scope&) = delete;
+
+private:
+  bool previous_;
+};
+
 /// True on a lane's thread while it runs a task, and inside an inline_scope: work pushed from
 /// here runs at once (in a scope after the queued work on its arrays; on a lane's thread, where
 /// the task's arrays are ready, without waiting).

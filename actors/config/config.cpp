@@ -471,6 +471,13 @@ void add_data_fields(std::vector<field>& t) {
                 "data.max_frame_bytes."},
                chunk_bytes_setter(4096),
                {}});
+  t.push_back({{"data", "slice_bytes", "", "--slice-bytes", "BYTES", "\"512KiB\"",
+                "Keys larger than this are cut into slices of at most this size, each summed, "
+                "updated and pulled on its own, so that a key's first slices come back while its "
+                "last ones are still pushed. Every worker of a job must use the same value. 0: "
+                "keys are not cut (MXNet's placement)."},
+               bytes_setter(&cluster_config::slice_bytes, 0),
+               {}});
   t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
                 "Shared-memory arena per direction of a data connection between processes on "
                 "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},

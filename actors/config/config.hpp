@@ -139,6 +139,9 @@ struct cluster_config {
   std::int64_t max_frame_bytes = 256 * 1024 * 1024;
   /// Size of the chunks big tensors travel in; at most max_frame_bytes.
   std::int64_t chunk_bytes = 1024 * 1024;
+  /// Keys larger than this are cut into slices of at most this many bytes, each its own ps-key
+  /// with its own round (actors/logic/key_placement.hpp); 0: keys are not cut.
+  std::int64_t slice_bytes = 512 * 1024;
   /// Shared-memory arena per direction of a data connection whose ends share a host (tensors
   /// then skip the socket); 0 turns the fast path off.
   std::int64_t shm_arena_bytes = 64 * 1024 * 1024;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "actors/gluon/update_policy.hpp"
+#include "engine/dispatch.hpp"
 #include "engine/log.hpp"
 #include "engine/serialize.hpp"
 
@@ -295,27 +296,70 @@ status trainer::prepare_store() {
 }
 
 status trainer::reduce(bool pull_weights) {
-  // Start every key before waiting for any, so that one key's transfer overlaps the others'.
-  std::vector<kv_request> requests;
+  // Backward writes the last layers' gradients first: walking the parameters backwards, each key
+  // starts as soon as its own gradient is written (the store waits for that gradient alone,
+  // kvstore::push_async), while backward is still computing the earlier ones on its lane. The
+  // priority stays -i, as MXNet's: the first layers, which the next forward needs first, go
+  // first wherever requests queue.
+  std::vector<std::pair<std::size_t, kv_request>> started;
   status outcome = status_of([&]() -> status {
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    for (std::size_t i = parameters_.size(); i-- > 0;) {
       auto& param = *parameters_[i];
       if (param.req() == grad_req::null)
         continue;
       auto& grads = param.list_grad();
       std::vector<kv_key> keys(grads.size(), kv_key{static_cast<std::int64_t>(i)});
       const int priority = -static_cast<int>(i);
-      if (pull_weights)
-        requests.push_back(store_->pushpull_async(keys, grads, param.list_data(), priority));
-      else
-        requests.push_back(store_->pushpull_async(keys, grads, grads, priority));
+      auto& outputs = pull_weights ? param.list_data() : grads;
+      started.emplace_back(i, store_->pushpull_async(keys, grads, outputs, priority));
     }
     return ok();
   });
-  // Even after a failure, the requests under way are waited for: they write the parameters.
-  for (auto& request : requests)
+  if (!engine::has_backend() || !store_->lanes_may_wait_for_requests()) {
+    // Nothing runs ahead of the caller, or the lanes must not wait for the store: every request
+    // is waited for here. Even after a failure, the requests under way are waited for: they
+    // write the parameters.
+    for (auto& [i, request] : started)
+      if (auto done = request.wait(); !done && outcome)
+        outcome = done;
+    return outcome;
+  }
+  // The caller goes on at once. Each output gets a task on its context's lane, queued in
+  // forward order, that waits for its key's request: the next forward's use of a parameter
+  // waits for that parameter's pull alone, and the next backward's write of a gradient for the
+  // push that reads it. A failure is left on the outputs by the engine and reported by the next
+  // step (settle).
+  for (auto it = started.rbegin(); it != started.rend(); ++it) {
+    auto& [i, request] = *it;
+    if (request.ready()) {
+      if (auto done = request.wait(); !done && outcome)
+        outcome = done;
+      continue;
+    }
+    in_flight_.push_back(request);
+    auto& param = *parameters_[i];
+    auto& grads = param.list_grad();
+    auto& outputs = pull_weights ? param.list_data() : grads;
+    for (std::size_t c = 0; c < outputs.size(); ++c) {
+      const ndarray* read = pull_weights && c < grads.size() ? &grads[c] : nullptr;
+      const ndarray* written = &outputs[c];
+      engine::push("kvstore pushpull of parameter " + param.name(), outputs[c].ctx(),
+                   std::span{&read, read ? 1u : 0u}, std::span{&written, 1}, [request = request] {
+                     if (auto done = request.wait(); !done)
+                       throw exception(done.error());
+                   });
+    }
+  }
+  return outcome;
+}
+
+status trainer::settle() {
+  status outcome;
+  for (auto& request : in_flight_)
     if (auto done = request.wait(); !done && outcome)
-      outcome = done;
+      outcome = error{done.error().code(),
+                      "the previous step's reduction failed: " + done.error().message()};
+  in_flight_.clear();
   return outcome;
 }
 
@@ -343,6 +387,8 @@ status trainer::step(std::int64_t batch_size, bool /*ignore_stale_grad: see the 
   if (batch_size <= 0)
     return error{errc::invalid_argument,
                  "trainer: step with batch_size " + std::to_string(batch_size) + " (must be > 0)"};
+  if (auto settled = settle(); !settled)
+    return settled;
   set_rescale(scale_ / static_cast<double>(batch_size));
   if (auto ready = prepare_store(); !ready)
     return ready;
@@ -358,6 +404,8 @@ status trainer::allreduce_grads() {
   resolve_size_rule();
   if (update_on_kvstore_)
     return misuse("allreduce_grads()");
+  if (auto settled = settle(); !settled)
+    return settled;
   if (auto ready = prepare_store(); !ready)
     return ready;
   return store_ ? reduce(false) : ok();
@@ -409,6 +457,8 @@ status trainer::set_lr_scheduler(std::shared_ptr<lr_scheduler> scheduler) {
 }
 
 status trainer::save_states(const std::string& path) {
+  if (auto settled = settle(); !settled)
+    return settled;
   if (auto ready = prepare_store(); !ready)
     return ready;
   if (update_on_kvstore_ && distributed()) {
@@ -422,6 +472,8 @@ status trainer::save_states(const std::string& path) {
 }
 
 status trainer::load_states(const std::string& path) {
+  if (auto settled = settle(); !settled)
+    return settled;
   if (auto ready = prepare_store(); !ready)
     return ready;
   if (update_on_kvstore_ && distributed()) {

@@ -29,9 +29,21 @@
 // updated weights pulled into every context (one pushpull); without it, the gradients are
 // pushpulled in place — summed over contexts and workers, not averaged — and one updater per
 // context updates that context's weights. Without a store, each context's updater uses that
-// context's own gradient. All keys are started with the non-blocking calls (priority -i, as MXNet)
-// before any is waited for, so the communication of one key overlaps the others'. Parameters with
-// grad_req null are skipped.
+// context's own gradient. Parameters with grad_req null are skipped.
+//
+// Overlap (MXNet's engine-driven push). The keys are started last parameter first, the order in
+// which backward writes their gradients, with the non-blocking calls (priority -i, as MXNet); each
+// waits for its own gradient alone, so with an engine backend (engine/dispatch.hpp: backward then
+// runs on the contexts' lanes while the caller goes on) a gradient is on the wire while backward
+// computes the ones before it. step() then returns without waiting: a task queued on each
+// context's lane in forward order waits for its key's request, so the next forward's use of a
+// parameter waits for that parameter's pull alone, and the next backward's write of a gradient
+// for the push that reads it. Reading a parameter (to_vector, wait_to_read) or engine::waitall()
+// waits for its pull; a failed request is left on the arrays it writes (thrown by a read) and
+// returned by the next step, allreduce_grads, save_states or load_states. The values are the
+// same bit for bit: only when each request waits changes. Without a backend (the naive engine),
+// or when the store says lanes must not wait for it (kvstore::lanes_may_wait_for_requests: two
+// distributed workers in one process), step() waits for every request before it returns.
 //
 // Where the store runs the optimizer, `dist*` stores receive a copy (set_optimizer) that lives on
 // the servers; `local`/`device` stores get set_updater with the trainer's own updater, so that
@@ -165,6 +177,9 @@ private:
   /// Lazy store setup (MXNet's _init_kvstore and _init_params).
   status prepare_store();
   status reduce(bool pull_weights);
+  /// Waits for the requests the last reduce left under way and says how the first that failed
+  /// ended; ok() when none did.
+  status settle();
   status update_locally();
   /// Every optimizer the trainer holds (per-context and, for local stores, the store's).
   std::vector<troupe::optimizer*> local_optimizers();
@@ -185,6 +200,8 @@ private:
   std::shared_ptr<schedule> schedule_;
   bool store_ready_ = false;
   std::vector<bool> in_store_; ///< parameter i's key is initialised and pulled
+  /// The last reduce's requests still writing parameters (with an engine backend only).
+  std::vector<kv_request> in_flight_;
   warning_handler warn_;
 };
 

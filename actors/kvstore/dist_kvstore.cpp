@@ -1,8 +1,11 @@
 #include "actors/kvstore/dist_kvstore.hpp"
 
+#include <atomic>
+
 #include <caf/send.hpp>
 
 #include "actors/kv_worker.hpp"
+#include "actors/logic/key_placement.hpp"
 #include "schema/chunking.hpp"
 
 namespace troupe {
@@ -31,8 +34,16 @@ kv_key_work work_for(const key_declaration& declared) {
 
 } // namespace
 
+namespace {
+
+/// The distributed stores alive in this process (lanes_may_wait_for_requests).
+std::atomic<std::size_t> live_dist_stores{0};
+
+} // namespace
+
 dist_kvstore::dist_kvstore(worker_setup setup)
     : owned_resources_(setup.owned_resources), setup_(std::move(setup)) {
+  live_dist_stores.fetch_add(1, std::memory_order_relaxed);
   setup_.owned_resources.reset();
   if (setup_.type.find("device") != std::string::npos)
     comm_ = std::make_unique<comm_device>();
@@ -75,6 +86,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.sync = store->sync_mode();
   options.bigarray_bound = s.bigarray_bound;
   options.chunk_bytes = s.chunk_bytes;
+  options.slice_bytes = s.slice_bytes;
   options.request_timeout = s.timeout;
   options.max_rounds_ahead = s.max_rounds_ahead;
   options.server_rejoin = s.server_rejoin;
@@ -126,6 +138,11 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
 
 dist_kvstore::~dist_kvstore() {
   (void)finalize();
+  live_dist_stores.fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool dist_kvstore::lanes_may_wait_for_requests() const noexcept {
+  return live_dist_stores.load(std::memory_order_relaxed) == 1;
 }
 
 bool dist_kvstore::sync_mode() const noexcept {
@@ -208,9 +225,11 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
   if (auto checked = keys_.check_new(keys, values); !checked)
     return checked;
   for (const auto& key : keys)
-    if (auto number = std::get_if<std::int64_t>(&key); number && *number < 0)
+    if (auto number = std::get_if<std::int64_t>(&key);
+        number && (*number < 0 || static_cast<std::uint64_t>(*number) >= max_sliced_key))
       return error{errc::invalid_argument,
-                   "init of key " + to_string(key) + ": distributed stores take keys >= 0"};
+                   "init of key " + to_string(key) + ": distributed stores take keys from 0 to " +
+                       std::to_string(max_sliced_key - 1) + " (MXNet's keys are C ints)"};
   keys_.declare(keys, values);
   if (setup_.rank == 0) {
     kv_operation op;

@@ -77,6 +77,8 @@ public:
   /// on a dist store only applies to worker-side updates).
   status set_updater(updater_function update) override;
   bool is_capable(std::string_view capability) const noexcept override;
+  /// True while this is the only distributed store of the process.
+  bool lanes_may_wait_for_requests() const noexcept override;
 
   /// Asks every server to write (or read) its shards' optimizer state to
   /// <checkpoint dir>/`path`.server<r>.shard<k> on the server's file system: `path` is a name

@@ -156,6 +156,13 @@ public:
   virtual status set_updater(updater_function update) = 0;
   /// "optimizer": whether set_optimizer runs the optimizer in the store.
   virtual bool is_capable(std::string_view capability) const noexcept = 0;
+  /// Whether the engine's lanes may run tasks that wait for this store's requests (the
+  /// trainer's overlap, actors/gluon/trainer.hpp). A lane runs its tasks in order, so a task
+  /// waiting there for a pull also holds every task queued behind it; that is safe only when
+  /// nothing the pull needs can be among them. False for a distributed store while another
+  /// distributed worker lives in the same process (an in-process job): the workers share the
+  /// lanes, and one worker's pull could wait for a push of the other held behind it.
+  virtual bool lanes_may_wait_for_requests() const noexcept { return true; }
 
   /// Writes the optimizer's per-key state (and, with dump_optimizer, the optimizer itself) to
   /// `path`; load restores it bit for bit. Both need set_optimizer first.

@@ -12,19 +12,33 @@ std::vector<server_key_range> server_key_ranges(std::uint32_t num_servers) {
 }
 
 std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
-                                 std::uint32_t num_servers, std::int64_t bigarray_bound) {
-  auto ranges = server_key_ranges(num_servers);
-  if (num_elements < bigarray_bound) {
-    // MXNet multiplies in int: (key * 9973) % num_servers with key an int.
-    auto server = static_cast<std::uint32_t>((key * 9973u) % num_servers);
-    return {{server, ranges[server].begin + key, 0, num_elements}};
+                                 std::uint32_t num_servers, std::int64_t bigarray_bound,
+                                 std::int64_t max_slice_elements) {
+  const auto ranges = server_key_ranges(num_servers);
+  const bool split = num_elements >= bigarray_bound;
+  const std::uint32_t servers_used = split ? num_servers : 1;
+  // MXNet multiplies in int: (key * 9973) % num_servers with key an int.
+  const auto home = static_cast<std::uint32_t>((key * 9973u) % num_servers);
+  std::int64_t per_server = 1;
+  if (max_slice_elements > 0 && num_elements > 0) {
+    const std::int64_t cap = servers_used * max_slice_elements;
+    per_server = (num_elements + cap - 1) / cap;
+    // Every slot's ps-key must stay inside the server's range.
+    const auto room = (ranges[0].end - ranges[0].begin - max_sliced_key) / slot_stride;
+    per_server = static_cast<std::int64_t>(
+        std::min<std::uint64_t>(static_cast<std::uint64_t>(per_server), room));
   }
+  const std::int64_t parts = servers_used * per_server;
   std::vector<key_slice> slices;
-  auto per_server = static_cast<double>(num_elements) / num_servers;
-  for (std::uint32_t i = 0; i < num_servers; ++i) {
-    auto begin = static_cast<std::int64_t>(std::round(per_server * i));
-    auto end = static_cast<std::int64_t>(std::round(per_server * (i + 1)));
-    slices.push_back({i, ranges[i].begin + key, begin, end});
+  slices.reserve(static_cast<std::size_t>(parts));
+  const auto per_part = static_cast<double>(num_elements) / static_cast<double>(parts);
+  for (std::int64_t p = 0; p < parts; ++p) {
+    const auto server = split ? static_cast<std::uint32_t>(p % num_servers) : home;
+    const auto slot = static_cast<std::uint64_t>(p / servers_used);
+    slices.push_back(
+        {server, ranges[server].begin + key + slot * slot_stride,
+         static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p))),
+         static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p + 1)))});
   }
   slices.back().end = num_elements; // guard the last rounding
   return slices;

@@ -7,6 +7,17 @@
 // A larger one is split over all S servers: part i holds elements
 // [round(N/S*i), round(N/S*(i+1))) as ps-key range[i].begin + key.
 // Inside a server, a ps-key belongs to shard ps_key % shards_per_server.
+//
+// Slices (troupe's, after P3 and BytePS's partitions; data.slice_bytes). A key larger than the
+// slice size is cut further, so that its first slices are summed, updated and on their way back
+// while its last ones are still being pushed: a server closes the round of each ps-key on its
+// own, and a pull of the whole key no longer waits for the whole push. With m slices per server,
+// a key placed on U servers (1, or all S when split) is cut into P = U·m equal parts in element
+// order; part p goes to server U == 1 ? (key * 9973) % S : p % S (neighbouring parts on
+// different servers, so that every server works from the start), as ps-key
+// range[server].begin + key + (p / U)·slot_stride. With m == 1 this is MXNet's rule above. The
+// stride is 2^32 + 1: keys are below 2^32 (max_sliced_key), so two (key, slot) pairs never share
+// a ps-key, and neighbouring slots of a key fall on different shards.
 
 #include <cstdint>
 #include <vector>
@@ -32,10 +43,19 @@ struct key_slice {
   std::int64_t size() const noexcept { return end - begin; }
 };
 
-/// The slices of `key` with `num_elements` elements, in server order; they cover
-/// [0, num_elements) without gaps. Precondition: num_servers > 0.
+/// Keys a distributed store takes are below this (MXNet's keys are C ints): what keeps the slices
+/// of one key from taking another key's ps-keys.
+inline constexpr std::uint64_t max_sliced_key = std::uint64_t{1} << 32;
+/// The distance between the ps-keys of neighbouring slots of one key on one server.
+inline constexpr std::uint64_t slot_stride = (std::uint64_t{1} << 32) + 1;
+
+/// The slices of `key` with `num_elements` elements, in element order; they cover
+/// [0, num_elements) without gaps. `max_slice_elements` (0: no limit) caps a slice's size, except
+/// where the key space of a server has no room for more slots (then slices grow). Preconditions:
+/// num_servers > 0, key < max_sliced_key.
 std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
-                                 std::uint32_t num_servers, std::int64_t bigarray_bound);
+                                 std::uint32_t num_servers, std::int64_t bigarray_bound,
+                                 std::int64_t max_slice_elements = 0);
 
 /// The shard of a server that owns `ps_key`.
 inline std::uint32_t shard_of(std::uint64_t ps_key, std::uint32_t shards_per_server) {

@@ -197,6 +197,7 @@ std::vector<broken_config> table() {
     {p::train_worker, g::flag, {"--chunk-bytes", "4100"}, "--chunk-bytes",
      "a chunk size the chunker refuses"},
     {p::train_worker, g::flag, {"--quorum", "4"}, "--quorum", "a quorum larger than the workers"},
+    {p::train_worker, g::flag, {"--slice-bytes", "-1"}, "--slice-bytes", "a negative slice size"},
     {p::train_worker, g::config_env, {"[sync]\nmax_staleness = -1\n"}, "sync.max_staleness",
      "a negative staleness bound"},
     {p::train_worker, g::config_flag, {"[node]\nverbose = true\n"}, "node.verbose",

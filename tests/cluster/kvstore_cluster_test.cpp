@@ -219,8 +219,9 @@ BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory) {
   // Each of the 2 worker-server connections, in both directions.
   BOOST_TEST(count_lines(result.out + result.err, "go through shared memory") == 4u,
              result.out << result.err);
-  // At the end the server logs its shards' counters: 3 keys (none split: one server) x 3 rounds.
-  BOOST_TEST(count_lines(result.err, "shards: 9 updates, 0 late pushes dropped, max lead 0 rounds, "
+  // At the end the server logs its shards' counters: 3 rounds of 3 keys, the two large ones cut
+  // into slices of at most 512 KiB (data.slice_bytes): 1 + 11 + 12 ps-keys, 72 updates.
+  BOOST_TEST(count_lines(result.err, "shards: 72 updates, 0 late pushes dropped, max lead 0 rounds, "
                                      "0 pulls expired, 0 requests refused") == 1u,
              result.err);
 }

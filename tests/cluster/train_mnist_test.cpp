@@ -231,6 +231,31 @@ BOOST_AUTO_TEST_CASE(dist_async_workers_with_a_staleness_bound_of_1_finish,
 
 // The per-worker throughput, gathered at each epoch's barrier: rank 0's CSV has a rate column per
 // worker, its plot a panel with a series per worker, its final line the last epoch's rates.
+// Overlap changes when each request is waited for, never a value. With device actors (the
+// default) the trainer starts each key as backward writes its gradient and leaves the pulls under
+// way when step() returns; with TROUPE_ENGINE_TYPE=naive it waits for every pull in step(). The
+// two jobs (2 workers, keys cut into slices of 64 KiB, momentum) save the same bytes.
+BOOST_AUTO_TEST_CASE(overlapped_steps_save_the_same_parameters_as_waiting_steps,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  temp_dir dir;
+  const auto overlapped = (dir.path() / "overlapped.params").string();
+  const auto waiting = (dir.path() / "waiting.params").string();
+  const std::vector<std::string> recipe{"--kvstore", "dist_sync",     "--momentum",
+                                        "0.9",       "--slice-bytes", "65536"};
+  auto with = [&](std::vector<std::string> args, const std::string& path) {
+    args.insert(args.begin(), recipe.begin(), recipe.end());
+    args.insert(args.end(), {"--save-params", path});
+    return args;
+  };
+  auto first = launch_short_training(2, {}, with({}, overlapped));
+  BOOST_TEST_REQUIRE(first.exit_code == 0, describe(first));
+  auto second = launch_short_training(2, {"--env", "TROUPE_ENGINE_TYPE=naive"}, with({}, waiting));
+  BOOST_TEST_REQUIRE(second.exit_code == 0, describe(second));
+  const auto overlapped_bytes = read_file(overlapped);
+  BOOST_TEST_REQUIRE(overlapped_bytes.size() > 200'000u * sizeof(float));
+  BOOST_TEST((overlapped_bytes == read_file(waiting)), "the saved parameters differ");
+}
+
 BOOST_AUTO_TEST_CASE(a_dist_job_reports_every_workers_throughput_in_the_csv_plot_and_final_line,
                      *boost::unit_test::precondition(fashion_mnist_present)) {
   temp_dir dir;

@@ -453,6 +453,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "1MiB",
                             "--chunk-bytes",
                             "65536",
+                            "--slice-bytes",
+                            "256KiB",
                             "--shm-arena-bytes",
                             "0",
                             "--rank-hint",
@@ -523,6 +525,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.bigarray_bound == 10);
   BOOST_TEST(cfg.max_frame_bytes == 1024 * 1024);
   BOOST_TEST(cfg.chunk_bytes == 65536);
+  BOOST_TEST(cfg.slice_bytes == 256 * 1024);
   BOOST_TEST(cfg.shm_arena_bytes == 0);
   BOOST_TEST(cfg.rank_hint == 2);
   BOOST_TEST(cfg.peer_timeout == 20s);

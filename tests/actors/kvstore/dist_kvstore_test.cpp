@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -83,6 +84,82 @@ BOOST_AUTO_TEST_CASE(small_keys_go_whole_to_one_server_and_big_ones_are_split_ov
   // MXNet's rounding: part i ends at round(N/S*(i+1)).
   auto odd = place_key(1, 1'466'521, 2, 1'000'000);
   BOOST_TEST(odd[0].end == 733'261);
+}
+
+BOOST_AUTO_TEST_CASE(without_a_slice_size_or_with_a_large_one_the_placement_is_mxnets) {
+  for (std::int64_t elements : {std::int64_t{0}, std::int64_t{7}, std::int64_t{1'440'000}})
+    for (std::uint32_t servers : {1u, 3u}) {
+      const auto plain = place_key(5, elements, servers, 1'000'000);
+      const auto sliced = place_key(5, elements, servers, 1'000'000, 100'000'000);
+      BOOST_TEST_REQUIRE(plain.size() == sliced.size());
+      for (std::size_t i = 0; i < plain.size(); ++i) {
+        BOOST_TEST(plain[i].server == sliced[i].server);
+        BOOST_TEST(plain[i].ps_key == sliced[i].ps_key);
+        BOOST_TEST(plain[i].begin == sliced[i].begin);
+        BOOST_TEST(plain[i].end == sliced[i].end);
+      }
+    }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(key_slices)
+
+/// The slices cover [0, elements) in order, none larger than `cap`, and no two share a ps-key.
+void check_cover(const std::vector<key_slice>& slices, std::int64_t elements, std::int64_t cap) {
+  std::int64_t covered = 0;
+  std::set<std::uint64_t> ps_keys;
+  for (const auto& slice : slices) {
+    BOOST_TEST(slice.begin == covered);
+    BOOST_TEST(slice.size() <= cap);
+    BOOST_TEST(ps_keys.insert(slice.ps_key).second, "ps-key " << slice.ps_key << " twice");
+    covered = slice.end;
+  }
+  BOOST_TEST(covered == elements);
+}
+
+BOOST_AUTO_TEST_CASE(a_small_key_larger_than_the_slice_size_is_cut_on_its_one_server) {
+  const auto slices = place_key(3, 200'704, 4, 1'000'000, 65'536);
+  BOOST_TEST_REQUIRE(slices.size() == 4u);
+  check_cover(slices, 200'704, 65'536);
+  const auto home = server_key_ranges(4)[(3u * 9973u) % 4u].begin;
+  for (std::size_t slot = 0; slot < slices.size(); ++slot) {
+    BOOST_TEST(slices[slot].server == (3u * 9973u) % 4u);
+    BOOST_TEST(slices[slot].ps_key == home + 3 + slot * slot_stride);
+  }
+  // Neighbouring slots of a key fall on different shards of a server.
+  BOOST_TEST(shard_of(slices[0].ps_key, 2) != shard_of(slices[1].ps_key, 2));
+}
+
+BOOST_AUTO_TEST_CASE(a_split_key_takes_its_servers_in_turn_slot_by_slot) {
+  const auto slices = place_key(9, 1'440'000, 3, 1'000'000, 100'000);
+  BOOST_TEST_REQUIRE(slices.size() == 15u); // 5 slots of 96,000 elements on each of 3 servers
+  check_cover(slices, 1'440'000, 100'000);
+  const auto ranges = server_key_ranges(3);
+  for (std::size_t p = 0; p < slices.size(); ++p) {
+    BOOST_TEST(slices[p].server == p % 3);
+    BOOST_TEST(slices[p].ps_key == ranges[p % 3].begin + 9 + (p / 3) * slot_stride);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(slices_of_different_keys_never_share_a_ps_key) {
+  std::set<std::uint64_t> seen;
+  for (std::uint64_t key :
+       {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{4'294'967'295}})
+    for (const auto& slice : place_key(key, 1'000, 2, 400, 10))
+      BOOST_TEST(seen.insert(slice.ps_key).second, "key " << key << " ps-key " << slice.ps_key);
+  BOOST_TEST(seen.size() == 4u * 100u);
+}
+
+BOOST_AUTO_TEST_CASE(a_key_with_more_slices_than_a_server_has_room_for_gets_larger_slices) {
+  // 2^20 servers leave each a range of 2^44 ps-keys: room for 4094 slots after the keys.
+  constexpr std::uint32_t servers = 1u << 20;
+  const auto slices = place_key(1, 100'000, servers, 1'000'000, 10);
+  BOOST_TEST(slices.size() == 4094u);
+  check_cover(slices, 100'000, 25);
+  const auto ranges = server_key_ranges(servers);
+  for (const auto& slice : slices)
+    BOOST_TEST(slice.ps_key < ranges[slice.server].end);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
