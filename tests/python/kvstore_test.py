@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import unittest
+import weakref
 
 import numpy as np
 
@@ -129,6 +130,83 @@ class NumpyArrays(unittest.TestCase):
         self.kv.barrier()  # releases what troupe dropped on other threads, if anything
         # A buffer view that troupe still held would hold a reference to its array.
         self.assertEqual((sys.getrefcount(value), sys.getrefcount(out)), baseline)
+
+class AsyncRequests(unittest.TestCase):
+    """push_async, pull_async and pushpull_async on a local store, which finishes the work before
+    it returns the Request: what the Request promises (its errors at wait(), the arrays it holds)
+    without the timing of a distributed one (dist_worker.py)."""
+
+    def setUp(self):
+        self.kv = troupe.kv.create("local")
+        self.kv.init(3, np.zeros((2, 3), np.float32))
+
+    def tearDown(self):
+        self.kv.close()
+
+    def test_a_pushpull_async_is_done_after_wait_and_wrote_the_sum(self):
+        self.kv.set_optimizer("sgd", learning_rate=1.0)
+        grads = [np.full((2, 3), 0.5, np.float32), np.full((2, 3), 1.5, np.float32)]
+        out = np.empty((2, 3), np.float32)
+        request = self.kv.pushpull_async(3, grads, out=out, priority=-2)
+        self.assertIsInstance(request, troupe.kv.Request)
+        request.wait()
+        self.assertTrue(request.done())
+        np.testing.assert_array_equal(out, np.full((2, 3), -2.0))
+        request.wait()  # again: the same outcome, nothing redone
+        self.kv.pull(3, out=out)
+        np.testing.assert_array_equal(out, np.full((2, 3), -2.0))
+
+    def test_push_async_then_pull_async_take_effect_in_order(self):
+        self.kv.push_async(3, np.full((2, 3), 4, np.float32)).wait()
+        out = np.empty((2, 3), np.float32)
+        self.kv.pull_async(3, out=out).wait()
+        np.testing.assert_array_equal(out, np.full((2, 3), 4))
+
+    def test_an_unknown_key_raises_at_wait_not_at_the_call(self):
+        request = self.kv.pull_async(4, out=np.zeros((2, 3), np.float32))
+        self.assertTrue(request.done())
+        for _ in range(2):  # a second wait() raises the same
+            with self.assertRaises(troupe.Error) as raised:
+                request.wait()
+            self.assertEqual(raised.exception.code, "unknown_key", str(raised.exception))
+            self.assertIn("4", str(raised.exception))
+
+    def test_a_wrong_shape_raises_at_wait_naming_both_shapes(self):
+        request = self.kv.push_async(3, np.zeros((3, 2), np.float32))
+        with self.assertRaises(troupe.Error) as raised:
+            request.wait()
+        self.assertEqual(raised.exception.code, "shape_mismatch", str(raised.exception))
+        self.assertIn("(3,2)", str(raised.exception).replace(" ", ""))
+
+    def test_a_pushpull_async_whose_push_is_refused_starts_no_pull(self):
+        out = [np.full((2, 3), 7, np.float32), np.full((2, 3), 7, np.float32)]  # two outputs, one value
+        request = self.kv.pushpull_async(3, np.zeros((3, 2), np.float32), out=out)
+        with self.assertRaises(troupe.Error):
+            request.wait()
+        for array in out:
+            np.testing.assert_array_equal(array, np.full((2, 3), 7))  # not pulled into
+
+    def test_the_request_holds_its_arrays_until_wait_returns(self):
+        value = np.ones((2, 3), np.float32)
+        out = np.empty((2, 3), np.float32)
+        value_ref, out_ref = weakref.ref(value), weakref.ref(out)
+        request = self.kv.pushpull_async(3, value, out=out)
+        del value, out
+        self.assertIsNotNone(value_ref())
+        self.assertIsNotNone(out_ref())
+        request.wait()
+        self.kv.barrier()  # releases what troupe dropped on other threads, if anything
+        self.assertIsNone(value_ref())
+        self.assertIsNone(out_ref())
+
+    def test_a_mistake_in_the_arguments_raises_at_the_call(self):
+        with self.assertRaises(troupe.Error) as raised:
+            self.kv.pull_async(3, out=np.zeros((3, 2), np.float32).T)
+        self.assertIn("not C-contiguous", str(raised.exception))
+        with self.assertRaises(troupe.Error) as raised:
+            self.kv.pull_async(3)
+        self.assertIn("pull needs out=", str(raised.exception))
+
 
 class Mistakes(unittest.TestCase):
     def setUp(self):
