@@ -3,13 +3,16 @@ CPU tensors, in place, and every mistake a troupe.Error naming what is wrong.
 
     PYTHONPATH=build/python /usr/bin/python3 -m unittest -v tests/python/kvstore_test.py
 
-(CTest: python_kvstore). The distributed store is exercised by train_fashion_mnist_test.sh.
+(CTest: python_kvstore). The distributed store is exercised by dist_worker.py, troupe.torch's
+DistributedOptimizer in a job by torch_worker.py, and the example by train_fashion_mnist_test.sh.
 """
 
 import os
 import sys
+import importlib
 import tempfile
 import unittest
+from unittest import mock
 import weakref
 
 import numpy as np
@@ -341,6 +344,147 @@ class TorchTensors(unittest.TestCase):
         with self.assertRaises(troupe.Error) as raised:
             self.kv.push(0, torch.zeros(2, 3, dtype=torch.bfloat16))
         self.assertIn("the value of key 0 is a tensor NumPy cannot view", str(raised.exception))
+
+
+
+class TroupeTorchImport(unittest.TestCase):
+    def test_troupe_torch_without_pytorch_says_what_to_install(self):
+        # None in sys.modules makes `import torch` fail as on a machine without PyTorch.
+        with mock.patch.dict(sys.modules, {"torch": None, "troupe.torch": None}):
+            del sys.modules["troupe.torch"]
+            with self.assertRaises(ImportError) as raised:
+                importlib.import_module("troupe.torch")
+        self.assertIn("troupe.torch needs PyTorch", str(raised.exception))
+        self.assertIn("python3-torch", str(raised.exception))
+
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+@unittest.skipIf(torch is None, "PyTorch (python3-torch) is not installed")
+class TroupeTorchOnALocalStore(unittest.TestCase):
+    """troupe.torch on a local store (one worker: the sums are the gradients themselves); the job
+    of two workers is torch_worker.py's."""
+
+    def setUp(self):
+        import troupe.torch as tt
+        self.tt = tt
+        self.kv = troupe.kv.create("local")
+        self.x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+        self.y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+
+    def tearDown(self):
+        self.kv.close()
+
+    def backward(self, model):
+        torch.nn.functional.cross_entropy(model(self.x), self.y).backward()
+
+    def test_it_steps_as_the_optimizer_it_wraps_and_is_one(self):
+        model, reference = mlp(0), mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model.named_parameters(),
+            kvstore=self.kv)
+        self.assertIsInstance(optimizer, torch.optim.SGD)
+        plain = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(3):
+            for m, o in ((model, optimizer), (reference, plain)):
+                o.zero_grad()
+                self.backward(m)
+                o.step()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.equal(next(model.parameters()), next(mlp(0).parameters())))
+
+    def test_the_first_layers_get_the_highest_priority(self):
+        model = mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv)
+        priorities = {optimizer._keys[p]: optimizer._priority[p] for p in model.parameters()}
+        self.assertEqual(priorities, {"0.weight": 0, "0.bias": -1, "2.weight": -2, "2.bias": -3})
+
+    def test_zero_grad_between_backward_and_step_raises(self):
+        model = mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv)
+        self.backward(model)
+        with self.assertRaises(RuntimeError) as raised:
+            optimizer.zero_grad()
+        self.assertIn("before optimizer.step()", str(raised.exception))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def test_a_second_backward_before_step_raises_naming_the_option(self):
+        model = mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv)
+        self.backward(model)
+        with self.assertRaises(RuntimeError) as raised:
+            self.backward(model)
+        self.assertIn("backward_passes_per_step", str(raised.exception))
+
+    def test_two_backward_passes_per_step_push_the_accumulated_gradient(self):
+        model, reference = mlp(0), mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv,
+            backward_passes_per_step=2)
+        plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+        for m in (model, reference):
+            self.backward(m)
+            self.backward(m)
+        optimizer.step()
+        plain.step()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_on_the_store_it_runs_sgd_there_and_refuses_what_it_cannot_translate(self):
+        model, reference = mlp(0), mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv,
+            update_on_kvstore=True)
+        self.backward(model)
+        optimizer.step()
+        self.backward(reference)
+        with torch.no_grad():
+            for p in reference.parameters():
+                p -= 0.1 * p.grad
+        for a, b in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b)  # the store's SGD: w - lr * g, in its own rounding
+        other = mlp(1)
+        with self.assertRaises(ValueError) as raised:
+            self.tt.DistributedOptimizer(
+                torch.optim.Adam(other.parameters()), other.named_parameters(), kvstore=self.kv,
+                update_on_kvstore=True, key_prefix="adam.")
+        self.assertIn("server_optimizer=", str(raised.exception))
+
+    def test_named_parameters_must_name_what_the_optimizer_updates(self):
+        model = mlp(0)
+        with self.assertRaises(ValueError) as raised:
+            self.tt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         mlp(1).named_parameters(), kvstore=self.kv)
+        self.assertIn("does not update", str(raised.exception))
+
+    def test_a_root_outside_the_job_and_no_store_are_refused(self):
+        with self.assertRaises(ValueError) as raised:
+            self.tt.broadcast_parameters(mlp(0).state_dict(), root_rank=1, kvstore=self.kv)
+        self.assertIn("root_rank 1 is not a worker of this job: 0..0", str(raised.exception))
+        with self.assertRaises(ValueError) as raised:
+            self.tt.broadcast_parameters(mlp(0).state_dict())
+        self.assertIn("troupe.torch.init()", str(raised.exception))
+
+    def test_the_optimizer_state_survives_its_own_broadcast(self):
+        model = mlp(0)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.9))
+        self.backward(model)
+        optimizer.step()
+        before = optimizer.state_dict()
+        self.tt.broadcast_optimizer_state(optimizer, kvstore=self.kv)
+        after = optimizer.state_dict()
+        self.assertEqual(after["param_groups"], before["param_groups"])
+        for index, entry in before["state"].items():
+            for name, value in entry.items():
+                self.assertTrue(torch.equal(after["state"][index][name], value), (index, name))
 
 
 if __name__ == "__main__":
