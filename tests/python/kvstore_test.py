@@ -381,6 +381,14 @@ class TroupeTorchOnALocalStore(unittest.TestCase):
     def backward(self, model):
         torch.nn.functional.cross_entropy(model(self.x), self.y).backward()
 
+    def sgd_model(self, **options):
+        """A model and its DistributedOptimizer (plain SGD) on the test's store."""
+        model = mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv,
+            **options)
+        return model, optimizer
+
     def test_it_steps_as_the_optimizer_it_wraps_and_is_one(self):
         model, reference = mlp(0), mlp(0)
         optimizer = self.tt.DistributedOptimizer(
@@ -398,16 +406,12 @@ class TroupeTorchOnALocalStore(unittest.TestCase):
         self.assertFalse(torch.equal(next(model.parameters()), next(mlp(0).parameters())))
 
     def test_the_first_layers_get_the_highest_priority(self):
-        model = mlp(0)
-        optimizer = self.tt.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv)
+        model, optimizer = self.sgd_model()
         priorities = {optimizer._keys[p]: optimizer._priority[p] for p in model.parameters()}
         self.assertEqual(priorities, {"0.weight": 0, "0.bias": -1, "2.weight": -2, "2.bias": -3})
 
     def test_zero_grad_between_backward_and_step_raises(self):
-        model = mlp(0)
-        optimizer = self.tt.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv)
+        model, optimizer = self.sgd_model()
         self.backward(model)
         with self.assertRaises(RuntimeError) as raised:
             optimizer.zero_grad()
@@ -416,19 +420,15 @@ class TroupeTorchOnALocalStore(unittest.TestCase):
         optimizer.zero_grad()
 
     def test_a_second_backward_before_step_raises_naming_the_option(self):
-        model = mlp(0)
-        optimizer = self.tt.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv)
+        model, optimizer = self.sgd_model()
         self.backward(model)
         with self.assertRaises(RuntimeError) as raised:
             self.backward(model)
         self.assertIn("backward_passes_per_step", str(raised.exception))
 
     def test_two_backward_passes_per_step_push_the_accumulated_gradient(self):
-        model, reference = mlp(0), mlp(0)
-        optimizer = self.tt.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv,
-            backward_passes_per_step=2)
+        model, optimizer = self.sgd_model(backward_passes_per_step=2)
+        reference = mlp(0)
         plain = torch.optim.SGD(reference.parameters(), lr=0.1)
         for m in (model, reference):
             self.backward(m)
@@ -439,10 +439,8 @@ class TroupeTorchOnALocalStore(unittest.TestCase):
             self.assertTrue(torch.equal(a, b))
 
     def test_on_the_store_it_runs_sgd_there_and_refuses_what_it_cannot_translate(self):
-        model, reference = mlp(0), mlp(0)
-        optimizer = self.tt.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv,
-            update_on_kvstore=True)
+        model, optimizer = self.sgd_model(update_on_kvstore=True)
+        reference = mlp(0)
         self.backward(model)
         optimizer.step()
         self.backward(reference)

@@ -1,6 +1,10 @@
-"""A worker of a dist_sync job of 2 workers, run by torch_test.sh under troupe-launch, checking
-troupe.torch against the plain pushpull loop it replaces. Each check raises (and so fails the
-worker, and the job) when it does not hold; the last line is "torch_worker R of N: ok".
+"""A worker of a dist_sync job of 2 workers, checking troupe.torch against the plain pushpull loop
+it replaces:
+
+    troupe-launch -n 2 -s 1 -- python3 tests/python/torch_worker.py
+
+Each check raises (and so fails the worker, and the job) when it does not hold; the last line is
+"torch_worker R of N: ok". Without PyTorch the worker exits 77 (CTest: skipped).
 
   - broadcast_parameters from root 1 and from root 0: every worker ends with the root's values
     (each worker builds the root's model itself, from the root's seed, to compare);
@@ -15,7 +19,13 @@ worker, and the job) when it does not hold; the last line is "torch_worker R of 
     examples/python/train_fashion_mnist.py (kv.pushpull of the gradients out= the parameters).
 """
 
-import torch
+import sys
+
+try:
+    import torch
+except ImportError:
+    print("SKIP: this interpreter cannot import torch (python3-torch)", flush=True)
+    sys.exit(77)
 
 import troupe
 import troupe.torch as tt
