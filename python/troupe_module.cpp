@@ -239,9 +239,11 @@ public:
 
   /// Waits without the GIL for every part, then raises the first error; later calls return (or
   /// raise) the same. After it returns troupe no longer writes into the outputs (kv_request).
+  /// Threads may wait at once: each on its own copies of the parts, the members changed only
+  /// with the GIL held.
   void wait() {
     if (!outcome_) {
-      std::vector<kv_request> parts = std::move(parts_);
+      const std::vector<kv_request> parts = parts_;
       status first;
       {
         py::gil_scoped_release unlocked;
@@ -249,8 +251,11 @@ public:
           if (auto finished = part.wait(); !finished && first)
             first = std::move(finished);
       }
-      outcome_ = std::move(first);
-      arrays_.clear();
+      if (!outcome_) {
+        outcome_ = std::move(first);
+        parts_.clear();
+        arrays_.clear();
+      }
     }
     check(*outcome_);
   }

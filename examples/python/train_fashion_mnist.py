@@ -13,9 +13,10 @@ its part of the training set with batch 64 and the mean loss of its batch.
 troupe.torch's DistributedOptimizer wraps torch.optim.SGD, as BytePS's does: each gradient is
 pushed as soon as backward has made it, the last layer's first while backward goes on with the
 earlier ones (whose pushes carry the higher priority: the next forward needs them first), and
-optimizer.step() waits for the sums, averages them over the workers and runs SGD here. With --update-on-kvstore the servers run SGD instead (MXNet's
-update_on_kvstore) and step() writes the updated weights into the model. Either way one step of 2
-workers is the update of one batch of 128. Rank 0 prints after each epoch
+optimizer.step() waits for the sums, averages them over the workers and runs SGD here. With
+--update-on-kvstore the servers run SGD instead (MXNet's update_on_kvstore) and step() writes the
+updated weights into the model. Either way one step of 2 workers is the update of one batch of
+128. Rank 0 prints after each epoch
 
     epoch 1: train_loss 0.6446 train_acc 0.7802 test_acc 0.8232 samples_per_s 53123 time_s 1.1
 

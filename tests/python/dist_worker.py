@@ -119,9 +119,12 @@ def check_async_requests(kv, rank, workers):
     if rank == 0:
         request = kv.pushpull_async(8, value, out=out)
         about_to_wait = threading.Event()
+        done_while_waiting = []
 
         def tell_rank_1():
             about_to_wait.wait()
+            # Rank 1 has not pushed: done() is False, also while another thread is in wait().
+            done_while_waiting.append(request.done())
             with open(signal, "w"):
                 pass
 
@@ -130,6 +133,7 @@ def check_async_requests(kv, rank, workers):
         about_to_wait.set()
         request.wait()  # returns only after rank 1 pushed, which it does after the file appeared
         teller.join()
+        assert done_while_waiting == [False], done_while_waiting
     else:
         wait_for_file(signal)
         os.remove(signal)

@@ -182,7 +182,8 @@ class AsyncRequests(unittest.TestCase):
         self.assertIn("(3,2)", str(raised.exception).replace(" ", ""))
 
     def test_a_pushpull_async_whose_push_is_refused_starts_no_pull(self):
-        out = [np.full((2, 3), 7, np.float32), np.full((2, 3), 7, np.float32)]  # two outputs, one value
+        # Two outputs for one value: a push, then a pull.
+        out = [np.full((2, 3), 7, np.float32), np.full((2, 3), 7, np.float32)]
         request = self.kv.pushpull_async(3, np.zeros((3, 2), np.float32), out=out)
         with self.assertRaises(troupe.Error):
             request.wait()

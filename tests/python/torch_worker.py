@@ -8,8 +8,8 @@ Each check raises (and so fails the worker, and the job) when it does not hold; 
 
   - broadcast_parameters from root 1 and from root 0: every worker ends with the root's values
     (each worker builds the root's model itself, from the root's seed, to compare);
-  - broadcast_optimizer_state from root 1: rank 0's fresh optimizer (another learning rate, no
-    momentum buffers) ends with rank 1's state, bit for bit;
+  - broadcast_optimizer_state of SGD from root 1 and of Adam from root 0: the other worker's fresh
+    optimizer (another learning rate, no state) ends with the root's state, bit for bit;
   - DistributedOptimizer (SGD with momentum, gradients averaged) gives, after STEPS steps on each
     worker's own data, bit for bit the parameters of the plain loop (kv.pushpull of every
     gradient after backward, torch.div by the workers, the same SGD): the same operations on the
@@ -65,28 +65,33 @@ def check_broadcasts(kv, rank):
     for root in (1, 0):
         model = make_model(seed=10 + rank)  # different on each worker
         tt.broadcast_parameters(model.state_dict(), root_rank=root, kvstore=kv)
-        assert_equal_tensors(model.state_dict().items(), make_model(seed=10 + root).state_dict().values(),
+        expected = make_model(seed=10 + root).state_dict().values()
+        assert_equal_tensors(model.state_dict().items(), expected,
                              f"broadcast_parameters from root {root}")
 
-    def stepped_optimizer():
-        """Rank 1's optimizer: one step made its momentum buffers."""
+    def stepped_optimizer(kind, root):
+        """The root's optimizer: one step made its state (SGD's momentum buffers; Adam's moments
+        and its step count, a 0-d tensor)."""
         model = make_model(seed=20)
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        loss_of(model, 1, 0).backward()
+        extra = {"momentum": MOMENTUM} if kind is torch.optim.SGD else {}
+        optimizer = kind(model.parameters(), lr=LR, **extra)
+        loss_of(model, root, 0).backward()
         optimizer.step()
         return optimizer
 
-    if rank == 1:
-        optimizer = stepped_optimizer()
-    else:
-        optimizer = torch.optim.SGD(make_model(seed=20).parameters(), lr=0.5, momentum=0.0)
-    tt.broadcast_optimizer_state(optimizer, root_rank=1, kvstore=kv)
-    state, expected = optimizer.state_dict(), stepped_optimizer().state_dict()
-    assert state["param_groups"] == expected["param_groups"], state["param_groups"]
-    assert sorted(state["state"]) == sorted(expected["state"]), sorted(state["state"])
-    for index, entry in expected["state"].items():
-        for name, value in entry.items():
-            assert torch.equal(state["state"][index][name], value), (index, name)
+    for kind, root in ((torch.optim.SGD, 1), (torch.optim.Adam, 0)):
+        if rank == root:
+            optimizer = stepped_optimizer(kind, root)
+        else:  # fresh: no state, another learning rate
+            optimizer = kind(make_model(seed=20).parameters(), lr=0.5)
+        tt.broadcast_optimizer_state(optimizer, root_rank=root, kvstore=kv)
+        state, expected = optimizer.state_dict(), stepped_optimizer(kind, root).state_dict()
+        what = f"broadcast_optimizer_state of {kind.__name__} from root {root}"
+        assert state["param_groups"] == expected["param_groups"], (what, state["param_groups"])
+        assert sorted(state["state"]) == sorted(expected["state"]), (what, sorted(state["state"]))
+        for index, entry in expected["state"].items():
+            for name, value in entry.items():
+                assert torch.equal(state["state"][index][name], value), (what, index, name)
 
 
 def train_plain(kv, rank, workers, on_servers):
@@ -148,7 +153,8 @@ def main():
     # The servers run SGD from here on, for every key of the store.
     distributed = train_distributed(kv, rank, on_servers=True)
     plain = train_plain(kv, rank, workers, on_servers=True)
-    assert_equal_tensors(distributed, [p for _, p in plain], "DistributedOptimizer (on the servers)")
+    assert_equal_tensors(distributed, [p for _, p in plain],
+                         "DistributedOptimizer (on the servers)")
 
     try:
         tt.broadcast_parameters(make_model(seed=0).state_dict(), root_rank=1, kvstore=kv)
