@@ -151,6 +151,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"the optimizer updates {len(in_groups)} parameters, and "
                              f"named_parameters names {len(named)}: name them all")
 
+        elsewhere = [name for name, p in named if p.device.type != "cpu"]
+        if elsewhere:
+            raise ValueError(f"troupe.torch takes CPU tensors, and these parameters are not on "
+                             f"the CPU: {elsewhere}")
         # In named_parameters' order, which is the model's order of definition: index i gets
         # priority -i, so the first layers' values come back first.
         self._ordered = [p for _, p in named if p.requires_grad]
@@ -181,6 +185,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                   for p in self._ordered]
                 self._kv.init(keys, self._received)
         self._received = dict(zip(self._ordered, self._received))
+        # The module reaches a tensor through tensor.detach().numpy() on every call; NumPy views
+        # made once (of the buffers) or here in Python (of the gradients) cost less per call.
+        self._received_views = {p: received.numpy() for p, received in self._received.items()}
 
         self._grad_accumulators = []  # the hooks live as long as their accumulators
         self._hooks = []
@@ -213,9 +220,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(f"the gradient of {self._keys[p]!r} is sparse; troupe.torch "
                                "pushes dense gradients")
         elif not grad.is_contiguous():
-            grad = grad.contiguous()  # the Request holds the copy
-        return self._kv.pushpull_async(self._keys[p], grad, out=self._received[p],
-                                       priority=self._priority[p])
+            grad = grad.contiguous()  # the Request holds the copy (through its NumPy view)
+        return self._kv.pushpull_async(self._keys[p], grad.detach().numpy(),
+                                       out=self._received_views[p], priority=self._priority[p])
 
     def synchronize(self):
         """Pushes what the hooks have not (parameters this step did not use), waits for every
