@@ -50,15 +50,18 @@ import gloo_ranks  # noqa: E402
 from pytorch_mnist import MODELS, evaluate, make_model, parameter_count  # noqa: E402
 
 
-def worker(rank, args, addr, port):
-    torch.set_num_threads(args.threads)
-    gloo_ranks.join(rank, args, addr, port)
-    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts anyway)
-    train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in mnist_data.load(args.data_dir))
-    model = DistributedDataParallel(make_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+def train_sharded(bench, rank, world, args, data, model, optimizer, barrier, job_elapsed,
+                  evaluated=None, extra=None):
+    """The training loop of the distributed job, shared with bench/troupe_torch_mnist.py: each
+    rank trains its DistributedSampler shard (seeded, reshuffled per epoch) with batch
+    --batch-size and the mean loss; rank 0 evaluates `evaluated` (default: `model`) and prints the
+    JSON lines of the module's docstring under the name `bench`, the final one with `extra`'s
+    fields too. barrier() starts every epoch together; job_elapsed(seconds) is the epoch's time
+    for the whole job (the slowest rank's)."""
+    train_x, train_y, test_x, test_y = data
+    evaluated = evaluated or model
     loss_fn = nn.CrossEntropyLoss()
-    sampler = DistributedSampler(range(train_x.shape[0]), num_replicas=args.world, rank=rank,
+    sampler = DistributedSampler(range(train_x.shape[0]), num_replicas=world, rank=rank,
                                  shuffle=True, seed=args.seed, drop_last=True)
     batches = len(sampler) // args.batch_size  # drop_last; equal on every rank
     if args.steps > 0:
@@ -69,7 +72,7 @@ def worker(rank, args, addr, port):
         sampler.set_epoch(epoch)
         order = torch.tensor(list(iter(sampler)))
         loss_sum = 0.0
-        dist.barrier()
+        barrier()
         start = time.perf_counter()
         for b in range(batches):
             idx = order[b * args.batch_size:(b + 1) * args.batch_size]
@@ -79,46 +82,66 @@ def worker(rank, args, addr, port):
             loss.backward()
             optimizer.step()
             loss_sum += loss.item()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        elapsed = elapsed.item()
-        samples = batches * args.batch_size * args.world
+        elapsed = job_elapsed(time.perf_counter() - start)
+        samples = batches * args.batch_size * world
         total_samples += samples
         total_time += elapsed
         if rank == 0:
-            test_acc = evaluate(model.module, test_x, test_y)
-            print(json.dumps({"bench": "pytorch_ddp_mnist", "epoch": epoch,
+            test_acc = evaluate(evaluated, test_x, test_y)
+            print(json.dumps({"bench": bench, "epoch": epoch,
                               "train_loss": round(loss_sum / batches, 5),
                               "test_acc": round(test_acc, 3),
                               "samples_per_s": round(samples / elapsed, 1),
                               "time_s": round(elapsed, 3)}), flush=True)
     if rank == 0:
-        print(json.dumps({"bench": "pytorch_ddp_mnist", "model": args.model,
-                          "parameters": parameter_count(model.module), "world": args.world,
+        print(json.dumps({"bench": bench, "model": args.model,
+                          "parameters": parameter_count(evaluated), "world": world,
                           "threads_per_process": args.threads, "epochs": args.epochs,
-                          "batch_size": args.batch_size, "lr": args.lr,
+                          "batch_size": args.batch_size, "lr": args.lr, **(extra or {}),
                           "steps": batches * args.epochs, "time_s": round(total_time, 3),
                           "final_test_acc": round(test_acc, 3),
                           "samples_per_s": round(total_samples / total_time, 1)}), flush=True)
+
+
+def worker(rank, args, addr, port):
+    torch.set_num_threads(args.threads)
+    gloo_ranks.join(rank, args, addr, port)
+    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts anyway)
+    data = tuple(torch.from_numpy(a) for a in mnist_data.load(args.data_dir))
+    model = DistributedDataParallel(make_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    def slowest(seconds):
+        elapsed = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return elapsed.item()
+
+    train_sharded("pytorch_ddp_mnist", rank, args.world, args, data, model, optimizer,
+                  dist.barrier, slowest, evaluated=model.module)
     # Every rank leaves together: a gloo rank that tears its group down while rank 0 still
     # evaluates was seen spinning a core for ever once rank 0 had gone (torch 1.13, 4 hosts).
     dist.barrier()
     dist.destroy_process_group()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_recipe_arguments(parser):
+    """The flags of the job's recipe, which bench/troupe_torch_mnist.py takes too."""
     parser.add_argument("--model", choices=MODELS, default="mlp")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0,
                         help="at most N steps per epoch on each process (0: every full batch)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="threads per process")
-    gloo_ranks.add_arguments(parser)
-    parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's gradient buckets")
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--data-dir", default=mnist_data.DEFAULT_DATA_DIR)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_recipe_arguments(parser)
+    gloo_ranks.add_arguments(parser)
+    parser.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's gradient buckets")
     args = parser.parse_args()
     gloo_ranks.run(parser, args, worker)
 

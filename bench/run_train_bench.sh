@@ -5,6 +5,9 @@
 #          vs bench/pytorch_mnist.py --threads 1
 #   dist:  troupe-launch -n 2 -s 1 -- train_mnist --kvstore dist_sync --batch-size 64
 #          (step batch 128) vs bench/pytorch_ddp_mnist.py (2 processes, gloo, batch 64 each)
+#   torch: troupe-launch -n 2 -s 1 -- bench/troupe_torch_mnist.py (PyTorch through troupe.torch's
+#          DistributedOptimizer, batch 64 each; needs the Python module, -DTROUPE_PYTHON=ON) vs
+#          the same DDP run
 #
 # Both sides train BENCHMARKS.md's recipe (MLP 784-256-10 ReLU, SGD lr 0.1, no momentum, global
 # batch 128, last partial batch dropped) for EPOCHS epochs with one compute thread per process.
@@ -16,6 +19,7 @@
 #
 #   bench/run_train_bench.sh [BUILD_DIR]
 #   REPEATS=3 EPOCHS=1 SETTINGS="local dist" SEED=0 bench/run_train_bench.sh build
+#   SETTINGS=torch REPEATS=3 bench/run_train_bench.sh build
 #   MODEL=mlp-wide STEPS=50 REPEATS=3 bench/run_train_bench.sh build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +36,15 @@ python=${PYTHON:-/usr/bin/python3}
 # Every run is bounded: a run that hangs (seen once with the DDP baseline, its gloo rendezvous never
 # completing) is killed and its repeat skipped with a message, instead of stalling the benchmark.
 run_timeout=${RUN_TIMEOUT:-300}
-for exe in apps/train_mnist apps/troupe-launch apps/troupe-node; do
+needed="apps/troupe-launch apps/troupe-node"
+case " $settings " in *" local "* | *" dist "*) needed="apps/train_mnist $needed" ;; esac
+for exe in $needed; do
   [ -x "$build/$exe" ] || { echo "run_train_bench: $build/$exe is missing" >&2; exit 1; }
 done
+case " $settings " in
+  *" torch "*) [ -e "$build/python/troupe/__init__.py" ] ||
+    { echo "run_train_bench: $build/python/troupe is missing (-DTROUPE_PYTHON=ON)" >&2; exit 1; } ;;
+esac
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
@@ -53,6 +63,12 @@ run_troupe_dist() {
       --kvstore dist_sync --epochs "$epochs" --batch-size 64 --lr 0.1 --init torch --seed "$seed" \
       --threads 1 --max-batches "$steps" --no-progress | final_line
 }
+run_troupe_torch() {
+  PYTHONPATH="$build/python" timeout -k 10 "$run_timeout" "$build/apps/troupe-launch" -n 2 -s 1 -- \
+      "$python" bench/troupe_torch_mnist.py --model "$model" --epochs "$epochs" --seed "$seed" \
+      --threads 1 --steps "$steps" | final_line
+}
+run_torch_torch() { run_torch_dist; }
 run_torch_dist() {
   timeout -k 10 "$run_timeout" "$python" bench/pytorch_ddp_mnist.py --model "$model" --epochs "$epochs" --seed "$seed" \
       --threads 1 --steps "$steps" | final_line

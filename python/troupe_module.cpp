@@ -8,7 +8,9 @@
 // tensor.detach().numpy(), which shares the tensor's memory.
 //
 // Threads: the blocking calls (init, push, pull, pushpull, broadcast, barrier, set_optimizer, the
-// optimizer's states, close) release the GIL while they wait. The last troupe handle of a
+// optimizer's states, close) release the GIL while they wait, and the asynchronous ones
+// (push_async, pull_async, pushpull_async) while they start the work and in their handle's
+// wait(). The last troupe handle of a
 // borrowed array may be dropped on an actor's thread, which does not hold the GIL; releasing a
 // buffer view needs it, so such a release is queued and done at the next call from Python
 // (release_or_defer, release_deferred). Taking the GIL on the actor's thread instead could
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <string>
@@ -224,6 +227,55 @@ void check(const status& outcome) {
   outcome.value();
 }
 
+/// A push, pull or pushpull under way (troupe.Request): the kv_requests it started, and the Python
+/// objects whose memory they read or write, held until wait() has returned. The C++ side keeps
+/// the memory valid by itself (each borrowed ndarray holds a buffer view); these references keep
+/// the objects the caller passed, so that a caller who drops its own names cannot have the arrays
+/// collected and reused while troupe still reads or writes them.
+class py_request {
+public:
+  py_request(std::vector<kv_request> parts, std::vector<py::object> arrays)
+      : parts_(std::move(parts)), arrays_(std::move(arrays)) {}
+
+  /// Waits without the GIL for every part, then raises the first error; later calls return (or
+  /// raise) the same. After it returns troupe no longer writes into the outputs (kv_request).
+  /// Threads may wait at once: each on its own copies of the parts, the members changed only
+  /// with the GIL held.
+  void wait() {
+    if (!outcome_) {
+      const std::vector<kv_request> parts = parts_;
+      status first;
+      {
+        py::gil_scoped_release unlocked;
+        for (const auto& part : parts)
+          if (auto finished = part.wait(); !finished && first)
+            first = std::move(finished);
+      }
+      if (!outcome_) {
+        outcome_ = std::move(first);
+        parts_.clear();
+        arrays_.clear();
+      }
+    }
+    check(*outcome_);
+  }
+
+  /// Whether wait() would return (or raise) without blocking.
+  bool done() const {
+    if (outcome_)
+      return true;
+    for (const auto& part : parts_)
+      if (!part.ready())
+        return false;
+    return true;
+  }
+
+private:
+  std::vector<kv_request> parts_;
+  std::vector<py::object> arrays_;
+  std::optional<status> outcome_;
+};
+
 optimizer_params params_of(const py::dict& params) {
   optimizer_params out;
   for (const auto& [name, value] : params) {
@@ -265,33 +317,46 @@ public:
     auto batch = gather(key, value, false, "value");
     run([&](kvstore& kv) { return kv.init(batch.keys, batch.arrays); });
   }
+  // The blocking push, pull and pushpull are the asynchronous ones waited for.
   void push(py::handle key, py::handle value, int priority) {
-    auto batch = gather(key, value, false, "value");
-    run([&](kvstore& kv) { return kv.push(batch.keys, batch.arrays, priority); });
+    push_async(key, value, priority).wait();
   }
-  void pull(py::handle key, py::handle out, int priority) {
+  void pull(py::handle key, py::handle out, int priority) { pull_async(key, out, priority).wait(); }
+  void pushpull(py::handle key, py::handle value, py::handle out, int priority) {
+    pushpull_async(key, value, out, priority).wait();
+  }
+
+  py_request push_async(py::handle key, py::handle value, int priority) {
+    auto batch = gather(key, value, false, "value");
+    return start({value}, [&](kvstore& kv) {
+      return std::vector{kv.push_async(batch.keys, batch.arrays, priority)};
+    });
+  }
+  py_request pull_async(py::handle key, py::handle out, int priority) {
     if (out.is_none())
       fail(errc::invalid_argument, "pull needs out=: the arrays it writes the values into");
     auto batch = gather(key, out, true, "output");
-    run([&](kvstore& kv) { return kv.pull(batch.keys, batch.arrays, priority); });
+    return start({out}, [&](kvstore& kv) {
+      return std::vector{kv.pull_async(batch.keys, batch.arrays, priority)};
+    });
   }
   /// MXNet's pushpull: without `out` the values are written back into `value`.
-  void pushpull(py::handle key, py::handle value, py::handle out, int priority) {
+  py_request pushpull_async(py::handle key, py::handle value, py::handle out, int priority) {
     auto values = gather(key, value, out.is_none(), "value");
-    if (out.is_none()) {
-      run([&](kvstore& kv) {
-        return kv.pushpull(values.keys, values.arrays, values.arrays, priority);
+    if (out.is_none())
+      return start({value}, [&](kvstore& kv) {
+        return std::vector{kv.pushpull_async(values.keys, values.arrays, values.arrays, priority)};
       });
-      return;
-    }
     auto outputs = gather(key, out, true, "output");
-    run([&](kvstore& kv) {
+    return start({value, out}, [&](kvstore& kv) {
       if (values.keys == outputs.keys)
-        return kv.pushpull(values.keys, values.arrays, outputs.arrays, priority);
-      // Lists of another length per key than the values': a push, then a pull.
-      if (auto pushed = kv.push(values.keys, values.arrays, priority); !pushed)
-        return pushed;
-      return kv.pull(outputs.keys, outputs.arrays, priority);
+        return std::vector{kv.pushpull_async(values.keys, values.arrays, outputs.arrays, priority)};
+      // Lists of another length per key than the values': a push, then a pull, which the store
+      // orders after it. A push refused at once (its arguments) starts no pull.
+      auto pushed = kv.push_async(values.keys, values.arrays, priority);
+      if (pushed.ready() && !pushed.wait())
+        return std::vector{pushed};
+      return std::vector{pushed, kv.pull_async(outputs.keys, outputs.arrays, priority)};
     });
   }
   /// init then pull (the outputs of a key may be a list, as pull's).
@@ -327,6 +392,21 @@ private:
     return *store_;
   }
 
+  /// Starts the requests `call` returns without the GIL; the handle holds `arrays`.
+  template <class Call>
+  py_request start(std::initializer_list<py::handle> arrays, Call&& call) {
+    kvstore& kv = open();
+    std::vector<py::object> held;
+    for (auto array : arrays)
+      held.push_back(py::reinterpret_borrow<py::object>(array));
+    std::vector<kv_request> parts;
+    {
+      py::gil_scoped_release unlocked;
+      parts = call(kv);
+    }
+    return py_request{std::move(parts), std::move(held)};
+  }
+
   /// Runs `call` on the store without the GIL and raises its error, if any.
   template <class Call>
   void run(Call&& call) {
@@ -348,6 +428,7 @@ private:
 PYBIND11_MODULE(_troupe, m) {
   using namespace troupe;
   using troupe::python::py_kvstore;
+  using troupe::python::py_request;
   m.doc() = "troupe's KVStore for NumPy arrays and PyTorch CPU tensors (docs/python.md)";
 
   // troupe.Error: every failure of a call, with .code the error's kind ("unknown_key",
@@ -379,6 +460,18 @@ PYBIND11_MODULE(_troupe, m) {
       .def("pushpull", &py_kvstore::pushpull, py::arg("key"), py::arg("value"),
            py::arg("out") = py::none(), py::arg("priority") = 0,
            "push then pull; without out the result is written into value.")
+      .def("push_async", &py_kvstore::push_async, py::arg("key"), py::arg("value"),
+           py::arg("priority") = 0,
+           "push, started without waiting: returns a Request. The values must stay alive and "
+           "unchanged until its wait() returns (the Request holds references to them).")
+      .def("pull_async", &py_kvstore::pull_async, py::arg("key"), py::arg("out") = py::none(),
+           py::arg("priority") = 0,
+           "pull, started without waiting: returns a Request. out must not be read or written "
+           "until its wait() returns.")
+      .def("pushpull_async", &py_kvstore::pushpull_async, py::arg("key"), py::arg("value"),
+           py::arg("out") = py::none(), py::arg("priority") = 0,
+           "pushpull, started without waiting: returns a Request; value and out are the "
+           "Request's until its wait() returns.")
       .def("broadcast", &py_kvstore::broadcast, py::arg("key"), py::arg("value"), py::arg("out"),
            py::arg("priority") = 0, "init then pull.")
       .def("barrier", &py_kvstore::barrier, "Waits until every worker of the job has called it.")
@@ -406,6 +499,15 @@ PYBIND11_MODULE(_troupe, m) {
         self.close();
         return false;
       });
+
+  py::class_<py_request>(m, "Request",
+                         "A push, pull or pushpull under way (push_async, pull_async, "
+                         "pushpull_async). It holds the arrays it was given until wait() returns; "
+                         "dropped unfinished, it is cancelled and never writes into them.")
+      .def("wait", &py_request::wait,
+           "Blocks without the GIL until the request is done; raises troupe.Error if it failed. "
+           "Calling it again returns (or raises) the same.")
+      .def("done", &py_request::done, "Whether wait() would return without blocking.");
 
   m.def(
       "create",

@@ -7,11 +7,16 @@
 apps/train_mnist.cpp, in Python: the same MLP (--model mlp: 784-256-10, or mlp-wide:
 784-4096-4096-10 with 20,037,642 parameters; ReLU; Xavier's uniform weights and zero biases as
 train_mnist's default --init xavier, or --init torch: PyTorch's default law, train_mnist --init
-torch), the same data (Debian's dataset-fashion-mnist), SGD with learning rate 0.1 run on the
-servers (MXNet's update_on_kvstore: set_optimizer), each worker on its part of the training set
-with batch 64, the gradients of the workers summed and rescaled by 1/(64 * workers). PyTorch
-computes the gradients; each step pushes them and pulls the updated parameters straight into the
-model's tensors (pushpull, no copies). Rank 0 prints after each epoch
+torch), the same data (Debian's dataset-fashion-mnist), SGD with learning rate 0.1, each worker on
+its part of the training set with batch 64 and the mean loss of its batch.
+
+troupe.torch's DistributedOptimizer wraps torch.optim.SGD, as BytePS's does: each gradient is
+pushed as soon as backward has made it, the last layer's first while backward goes on with the
+earlier ones (whose pushes carry the higher priority: the next forward needs them first), and
+optimizer.step() waits for the sums, averages them over the workers and runs SGD here. With
+--update-on-kvstore the servers run SGD instead (MXNet's update_on_kvstore) and step() writes the
+updated weights into the model. Either way one step of 2 workers is the update of one batch of
+128. Rank 0 prints after each epoch
 
     epoch 1: train_loss 0.6446 train_acc 0.7802 test_acc 0.8232 samples_per_s 53123 time_s 1.1
 
@@ -33,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-import troupe
+import troupe.torch as tt
 
 
 def read_idx(path):
@@ -88,11 +93,13 @@ def main():
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--update-on-kvstore", action="store_true",
+                        help="the servers run SGD (MXNet's update_on_kvstore)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one core per worker: the job's processes share the machine
 
-    kv = troupe.kv.create(args.kvstore)
-    rank, workers = kv.rank, kv.num_workers
+    kv = tt.init(args.kvstore)
+    rank, workers = tt.rank(), tt.size()
     train_x, train_y = load(args.data_dir, "train")
     test_x, test_y = load(args.data_dir, "t10k")
     # Worker r reads part r of `workers` (MXNet's part_index / num_parts), and every worker runs
@@ -105,16 +112,13 @@ def main():
         steps = min(steps, args.max_batches)
 
     model = make_model(args.model, args.init, args.seed)
-    names = [name for name, _ in model.named_parameters()]
-    params = [p for _, p in model.named_parameters()]
-    # Rank 0's initial values go to the servers; every worker then pulls them into its model.
-    kv.init(names, params)
-    kv.set_optimizer("sgd", learning_rate=args.lr,
-                     rescale_grad=1.0 / (args.batch_size * workers))
-    kv.pull(names, out=params)
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
+    params = list(model.parameters())
+    # Every worker starts from rank 0's parameters.
+    tt.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = tt.DistributedOptimizer(torch.optim.SGD(params, lr=args.lr),
+                                        model.named_parameters(),
+                                        update_on_kvstore=args.update_on_kvstore)
+    loss_fn = torch.nn.CrossEntropyLoss()
 
     rng = np.random.default_rng(args.seed + rank)
     for epoch in range(1, args.epochs + 1):
@@ -124,15 +128,12 @@ def main():
         for step in range(steps):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             x, y = train_x[batch], train_y[batch]
-            for p in params:
-                p.grad.zero_()
+            optimizer.zero_grad()
             out = model(x)
             loss = loss_fn(out, y)
-            loss.backward()
-            # The servers sum the workers' gradients and run SGD; the new parameters are
-            # written into the model's own tensors.
-            kv.pushpull(names, [p.grad for p in params], out=params)
-            loss_sum += loss.item()
+            loss.backward()  # pushes each gradient as it is made
+            optimizer.step()  # waits for the sums, averages them, runs SGD
+            loss_sum += loss.item() * len(batch)
             correct += (out.argmax(dim=1) == y).sum().item()
         seconds = time.monotonic() - start
         samples = steps * args.batch_size
@@ -144,13 +145,12 @@ def main():
                   flush=True)
         kv.barrier()
 
-    kv.pull(names, out=params)
     digest = hashlib.sha256()
     for p in params:
         digest.update(p.detach().numpy().tobytes())
     print(f"worker {rank} of {workers}: final test_acc {accuracy(model, test_x, test_y):.4f}, "
           f"parameters sha256 {digest.hexdigest()}", flush=True)
-    kv.close()
+    tt.shutdown()
 
 
 if __name__ == "__main__":

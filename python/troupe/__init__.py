@@ -3,7 +3,8 @@
     import troupe
     kv = troupe.kv.create("dist_sync")   # in a worker started by troupe-launch
 
-See docs/python.md.
+troupe.torch (imported on its own: it needs PyTorch) adds BytePS's DistributedOptimizer and
+broadcasts on top of it. See docs/python.md.
 """
 
 from troupe._troupe import Error

@@ -9,9 +9,18 @@ at the end (an AssertionError, or troupe.Error, fails the worker and so the job)
     of two arrays per worker, every worker pulls N (N + 1), the closed form;
   - barrier() releases the GIL: a Python thread keeps running while rank 0 waits in a barrier
     that rank 1 reaches only after 0.5 s;
-  - a distributed store refuses a negative key with troupe.Error naming it.
+  - a distributed store refuses a negative key with troupe.Error naming it;
+  - a pushpull_async is not done() while the other worker has not pushed (rank 1 pushes only
+    after a barrier that rank 0 enters after looking), and wait() returns the closed form;
+  - Request.wait() releases the GIL: rank 1 pushes only once a Python thread of rank 0, which
+    starts its work once rank 0's main thread is about to wait, has told it so (through a file);
+    with the GIL held by wait() that thread could not run, rank 1 would never push and the wait
+    would end in a timeout;
+  - errors found by the store (an unknown key, a wrong shape) arrive at wait() as troupe.Error.
 """
 
+import os
+import tempfile
 import threading
 import time
 
@@ -67,8 +76,83 @@ def main():
     except troupe.Error as error:
         assert "-1" in str(error) and ">= 0" in str(error), str(error)
 
+    check_async_requests(kv, rank, workers)
+
     kv.close()
     print(f"dist_worker {rank} of {workers}: ok", flush=True)
+
+
+def wait_for_file(path, seconds=60.0):
+    """Polls for `path` with a generous deadline (a loaded machine, AddressSanitizer)."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} did not appear within {seconds} s"
+        time.sleep(0.005)
+
+
+def check_async_requests(kv, rank, workers):
+    shape = (4, 500)
+    kv.init(8, np.zeros(shape, np.float32))
+    value = np.full(shape, rank + 1, np.float32)
+    out = np.empty(shape, np.float32)
+    expected = workers * (workers + 1) / 2  # sum over r of (r + 1)
+    if rank == 0:
+        request = kv.pushpull_async(8, value, out=out, priority=3)
+        # Rank 1 pushes key 8 only after the barrier below, which needs this worker.
+        assert not request.done(), "a dist_sync round closed without rank 1's push"
+        kv.barrier()
+        request.wait()
+        assert request.done()
+    else:
+        kv.barrier()
+        kv.pushpull_async(8, value, out=out).wait()
+    assert (out == expected).all(), f"pulled {out[0, :3]}, expected {expected}"
+
+    # The GIL: the job's root port names this run's signal file on both workers.
+    signal = os.path.join(tempfile.gettempdir(),
+                          f"troupe-dist-worker-{os.environ['DMLC_PS_ROOT_PORT']}.go")
+    if rank == 0:
+        if os.path.exists(signal):
+            os.remove(signal)  # left by a killed run on the same port
+    kv.barrier()  # rank 1 looks for the file only after rank 0 removed a stale one
+    out.fill(0)
+    if rank == 0:
+        request = kv.pushpull_async(8, value, out=out)
+        about_to_wait = threading.Event()
+        done_while_waiting = []
+
+        def tell_rank_1():
+            about_to_wait.wait()
+            # Rank 1 has not pushed: done() is False, also while another thread is in wait().
+            done_while_waiting.append(request.done())
+            with open(signal, "w"):
+                pass
+
+        teller = threading.Thread(target=tell_rank_1)
+        teller.start()
+        about_to_wait.set()
+        request.wait()  # returns only after rank 1 pushed, which it does after the file appeared
+        teller.join()
+        assert done_while_waiting == [False], done_while_waiting
+    else:
+        wait_for_file(signal)
+        os.remove(signal)
+        kv.pushpull(8, value, out=out)
+    assert (out == expected).all(), f"pulled {out[0, :3]}, expected {expected}"  # no optimizer
+
+    unknown = kv.pull_async(99, out=np.empty(3, np.float32))
+    try:
+        unknown.wait()
+        raise AssertionError("a pull of unknown key 99 did not raise at wait()")
+    except troupe.Error as error:
+        assert error.code == "unknown_key" and "99" in str(error), str(error)
+    wrong = kv.push_async(8, np.zeros((500, 4), np.float32))
+    try:
+        wrong.wait()
+        raise AssertionError("a push of shape (500, 4) into key 8 of shape (4, 500) did not raise")
+    except troupe.Error as error:
+        assert error.code == "shape_mismatch", str(error)
+    kv.barrier()
 
 
 if __name__ == "__main__":

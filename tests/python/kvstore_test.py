@@ -3,13 +3,17 @@ CPU tensors, in place, and every mistake a troupe.Error naming what is wrong.
 
     PYTHONPATH=build/python /usr/bin/python3 -m unittest -v tests/python/kvstore_test.py
 
-(CTest: python_kvstore). The distributed store is exercised by train_fashion_mnist_test.sh.
+(CTest: python_kvstore). The distributed store is exercised by dist_worker.py, troupe.torch's
+DistributedOptimizer in a job by torch_worker.py, and the example by train_fashion_mnist_test.sh.
 """
 
 import os
 import sys
+import importlib
 import tempfile
 import unittest
+from unittest import mock
+import weakref
 
 import numpy as np
 
@@ -129,6 +133,84 @@ class NumpyArrays(unittest.TestCase):
         self.kv.barrier()  # releases what troupe dropped on other threads, if anything
         # A buffer view that troupe still held would hold a reference to its array.
         self.assertEqual((sys.getrefcount(value), sys.getrefcount(out)), baseline)
+
+class AsyncRequests(unittest.TestCase):
+    """push_async, pull_async and pushpull_async on a local store, which finishes the work before
+    it returns the Request: what the Request promises (its errors at wait(), the arrays it holds)
+    without the timing of a distributed one (dist_worker.py)."""
+
+    def setUp(self):
+        self.kv = troupe.kv.create("local")
+        self.kv.init(3, np.zeros((2, 3), np.float32))
+
+    def tearDown(self):
+        self.kv.close()
+
+    def test_a_pushpull_async_is_done_after_wait_and_wrote_the_sum(self):
+        self.kv.set_optimizer("sgd", learning_rate=1.0)
+        grads = [np.full((2, 3), 0.5, np.float32), np.full((2, 3), 1.5, np.float32)]
+        out = np.empty((2, 3), np.float32)
+        request = self.kv.pushpull_async(3, grads, out=out, priority=-2)
+        self.assertIsInstance(request, troupe.kv.Request)
+        request.wait()
+        self.assertTrue(request.done())
+        np.testing.assert_array_equal(out, np.full((2, 3), -2.0))
+        request.wait()  # again: the same outcome, nothing redone
+        self.kv.pull(3, out=out)
+        np.testing.assert_array_equal(out, np.full((2, 3), -2.0))
+
+    def test_push_async_then_pull_async_take_effect_in_order(self):
+        self.kv.push_async(3, np.full((2, 3), 4, np.float32)).wait()
+        out = np.empty((2, 3), np.float32)
+        self.kv.pull_async(3, out=out).wait()
+        np.testing.assert_array_equal(out, np.full((2, 3), 4))
+
+    def test_an_unknown_key_raises_at_wait_not_at_the_call(self):
+        request = self.kv.pull_async(4, out=np.zeros((2, 3), np.float32))
+        self.assertTrue(request.done())
+        for _ in range(2):  # a second wait() raises the same
+            with self.assertRaises(troupe.Error) as raised:
+                request.wait()
+            self.assertEqual(raised.exception.code, "unknown_key", str(raised.exception))
+            self.assertIn("4", str(raised.exception))
+
+    def test_a_wrong_shape_raises_at_wait_naming_both_shapes(self):
+        request = self.kv.push_async(3, np.zeros((3, 2), np.float32))
+        with self.assertRaises(troupe.Error) as raised:
+            request.wait()
+        self.assertEqual(raised.exception.code, "shape_mismatch", str(raised.exception))
+        self.assertIn("(3,2)", str(raised.exception).replace(" ", ""))
+
+    def test_a_pushpull_async_whose_push_is_refused_starts_no_pull(self):
+        # Two outputs for one value: a push, then a pull.
+        out = [np.full((2, 3), 7, np.float32), np.full((2, 3), 7, np.float32)]
+        request = self.kv.pushpull_async(3, np.zeros((3, 2), np.float32), out=out)
+        with self.assertRaises(troupe.Error):
+            request.wait()
+        for array in out:
+            np.testing.assert_array_equal(array, np.full((2, 3), 7))  # not pulled into
+
+    def test_the_request_holds_its_arrays_until_wait_returns(self):
+        value = np.ones((2, 3), np.float32)
+        out = np.empty((2, 3), np.float32)
+        value_ref, out_ref = weakref.ref(value), weakref.ref(out)
+        request = self.kv.pushpull_async(3, value, out=out)
+        del value, out
+        self.assertIsNotNone(value_ref())
+        self.assertIsNotNone(out_ref())
+        request.wait()
+        self.kv.barrier()  # releases what troupe dropped on other threads, if anything
+        self.assertIsNone(value_ref())
+        self.assertIsNone(out_ref())
+
+    def test_a_mistake_in_the_arguments_raises_at_the_call(self):
+        with self.assertRaises(troupe.Error) as raised:
+            self.kv.pull_async(3, out=np.zeros((3, 2), np.float32).T)
+        self.assertIn("not C-contiguous", str(raised.exception))
+        with self.assertRaises(troupe.Error) as raised:
+            self.kv.pull_async(3)
+        self.assertIn("pull needs out=", str(raised.exception))
+
 
 class Mistakes(unittest.TestCase):
     def setUp(self):
@@ -263,6 +345,145 @@ class TorchTensors(unittest.TestCase):
         with self.assertRaises(troupe.Error) as raised:
             self.kv.push(0, torch.zeros(2, 3, dtype=torch.bfloat16))
         self.assertIn("the value of key 0 is a tensor NumPy cannot view", str(raised.exception))
+
+
+
+class TroupeTorchImport(unittest.TestCase):
+    def test_troupe_torch_without_pytorch_says_what_to_install(self):
+        # None in sys.modules makes `import torch` fail as on a machine without PyTorch.
+        with mock.patch.dict(sys.modules, {"torch": None, "troupe.torch": None}):
+            del sys.modules["troupe.torch"]
+            with self.assertRaises(ImportError) as raised:
+                importlib.import_module("troupe.torch")
+        self.assertIn("troupe.torch needs PyTorch", str(raised.exception))
+        self.assertIn("python3-torch", str(raised.exception))
+
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+@unittest.skipIf(torch is None, "PyTorch (python3-torch) is not installed")
+class TroupeTorchOnALocalStore(unittest.TestCase):
+    """troupe.torch on a local store (one worker: the sums are the gradients themselves); the job
+    of two workers is torch_worker.py's."""
+
+    def setUp(self):
+        import troupe.torch as tt
+        self.tt = tt
+        self.kv = troupe.kv.create("local")
+        self.x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+        self.y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+
+    def tearDown(self):
+        self.kv.close()
+
+    def backward(self, model):
+        torch.nn.functional.cross_entropy(model(self.x), self.y).backward()
+
+    def sgd_model(self, **options):
+        """A model and its DistributedOptimizer (plain SGD) on the test's store."""
+        model = mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), kvstore=self.kv,
+            **options)
+        return model, optimizer
+
+    def test_it_steps_as_the_optimizer_it_wraps_and_is_one(self):
+        model, reference = mlp(0), mlp(0)
+        optimizer = self.tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model.named_parameters(),
+            kvstore=self.kv)
+        self.assertIsInstance(optimizer, torch.optim.SGD)
+        plain = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(3):
+            for m, o in ((model, optimizer), (reference, plain)):
+                o.zero_grad()
+                self.backward(m)
+                o.step()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.equal(next(model.parameters()), next(mlp(0).parameters())))
+
+    def test_the_first_layers_get_the_highest_priority(self):
+        model, optimizer = self.sgd_model()
+        priorities = {optimizer._keys[p]: optimizer._priority[p] for p in model.parameters()}
+        self.assertEqual(priorities, {"0.weight": 0, "0.bias": -1, "2.weight": -2, "2.bias": -3})
+
+    def test_zero_grad_between_backward_and_step_raises(self):
+        model, optimizer = self.sgd_model()
+        self.backward(model)
+        with self.assertRaises(RuntimeError) as raised:
+            optimizer.zero_grad()
+        self.assertIn("before optimizer.step()", str(raised.exception))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def test_a_second_backward_before_step_raises_naming_the_option(self):
+        model, optimizer = self.sgd_model()
+        self.backward(model)
+        with self.assertRaises(RuntimeError) as raised:
+            self.backward(model)
+        self.assertIn("backward_passes_per_step", str(raised.exception))
+
+    def test_two_backward_passes_per_step_push_the_accumulated_gradient(self):
+        model, optimizer = self.sgd_model(backward_passes_per_step=2)
+        reference = mlp(0)
+        plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+        for m in (model, reference):
+            self.backward(m)
+            self.backward(m)
+        optimizer.step()
+        plain.step()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_on_the_store_it_runs_sgd_there_and_refuses_what_it_cannot_translate(self):
+        model, optimizer = self.sgd_model(update_on_kvstore=True)
+        reference = mlp(0)
+        self.backward(model)
+        optimizer.step()
+        self.backward(reference)
+        with torch.no_grad():
+            for p in reference.parameters():
+                p -= 0.1 * p.grad
+        for a, b in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b)  # the store's SGD: w - lr * g, in its own rounding
+        other = mlp(1)
+        with self.assertRaises(ValueError) as raised:
+            self.tt.DistributedOptimizer(
+                torch.optim.Adam(other.parameters()), other.named_parameters(), kvstore=self.kv,
+                update_on_kvstore=True, key_prefix="adam.")
+        self.assertIn("server_optimizer=", str(raised.exception))
+
+    def test_named_parameters_must_name_what_the_optimizer_updates(self):
+        model = mlp(0)
+        with self.assertRaises(ValueError) as raised:
+            self.tt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         mlp(1).named_parameters(), kvstore=self.kv)
+        self.assertIn("does not update", str(raised.exception))
+
+    def test_a_root_outside_the_job_and_no_store_are_refused(self):
+        with self.assertRaises(ValueError) as raised:
+            self.tt.broadcast_parameters(mlp(0).state_dict(), root_rank=1, kvstore=self.kv)
+        self.assertIn("root_rank 1 is not a worker of this job: 0..0", str(raised.exception))
+        with self.assertRaises(ValueError) as raised:
+            self.tt.broadcast_parameters(mlp(0).state_dict())
+        self.assertIn("troupe.torch.init()", str(raised.exception))
+
+    def test_the_optimizer_state_survives_its_own_broadcast(self):
+        model = mlp(0)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.9))
+        self.backward(model)
+        optimizer.step()
+        before = optimizer.state_dict()
+        self.tt.broadcast_optimizer_state(optimizer, kvstore=self.kv)
+        after = optimizer.state_dict()
+        self.assertEqual(after["param_groups"], before["param_groups"])
+        for index, entry in before["state"].items():
+            for name, value in entry.items():
+                self.assertTrue(torch.equal(after["state"][index][name], value), (index, name))
 
 
 if __name__ == "__main__":
