@@ -35,6 +35,7 @@
 #include "actors/bridge.hpp"
 #include "actors/logic/envelope.hpp"
 #include "actors/logic/link_auth.hpp"
+#include "actors/logic/scheduler_core.hpp"
 #include "actors/logic/shard_stats.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
@@ -300,23 +301,10 @@ using scheduler_actor = caf::typed_actor<
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).
     caf::reacts_to<tick_atom>>;
 
-/// One node waiting at a job barrier, and where its release goes.
-struct barrier_arrival {
-  /// A non-zero union of wire::group bits that includes member_role's bit.
-  std::uint8_t group = wire::group::workers;
-  std::uint64_t barrier_id = 0;
-  /// The scheduler's index of the node (never reused within a job), and its role.
-  std::uint32_t member = 0;
-  wire::role member_role = wire::role::worker;
-  /// Echoed by the release.
-  std::uint64_t request_id = 0;
-  /// The member's rank in its role, and the values it shares (wire::barrier::values).
-  std::uint32_t member_rank = 0;
-  std::vector<double> values;
-  /// The node's control connection: the release (or a refusal) goes to `sink` as an envelope
-  /// on `connection`.
+/// One node waiting at a job barrier (scheduler_core's barrier_entry), and where its release
+/// goes: to `sink` as an envelope on `connection`.
+struct barrier_arrival : barrier_entry {
   reply_sink sink;
-  std::uint64_t connection = 0;
 };
 
 /// A member of the job will arrive at no barrier again (it was lost).

@@ -66,6 +66,11 @@
 // apache/mxnet#2412 rank 0 stopped the servers while other workers still pushed), and the
 // scheduler must know which workers left on purpose so that their departure is not reported as a
 // lost node.
+//
+// The rules are scheduler_core's (actors/logic/scheduler_core.hpp, with its phase diagram), which
+// also declares the job's options (scheduler_options), its outcome (job_outcome) and ps-lite's node
+// ids; the scheduler actor wraps it, and the job barriers run in an actor of their own
+// (actors/job_barrier.hpp).
 
 #include <chrono>
 #include <cstddef>
@@ -80,28 +85,13 @@
 #include "actors/bridge.hpp"
 #include "actors/data_link.hpp"
 #include "actors/logic/key_placement.hpp"
+#include "actors/logic/scheduler_core.hpp"
 #include "actors/protocols.hpp"
 #include "engine/error.hpp"
 #include "engine/log.hpp"
 #include "schema/messages.hpp"
 
 namespace troupe {
-
-/// ps-lite's node ids: the scheduler is 1, server rank r is 8+2r, worker rank r is 9+2r.
-inline constexpr std::uint32_t scheduler_node_id = 1;
-constexpr std::uint32_t server_node_id(std::uint32_t rank) noexcept {
-  return 8 + 2 * rank;
-}
-constexpr std::uint32_t worker_node_id(std::uint32_t rank) noexcept {
-  return 9 + 2 * rank;
-}
-
-/// Most servers or workers one job may have (node ids must fit in 32 bits with room to spare).
-inline constexpr std::uint32_t max_nodes_per_role = 1u << 20;
-
-/// Longest host name a node may register with (DNS names have at most 253 bytes), which bounds a
-/// node's row in the membership table.
-inline constexpr std::size_t max_host_bytes = 255;
 
 /// Largest control frame a node accepts from the scheduler: a membership table of well over
 /// 10,000 nodes.
@@ -119,99 +109,6 @@ std::size_t scheduler_frame_bytes(std::uint32_t nodes) noexcept;
 /// without credentials).
 data_link_tuning control_link_tuning(std::size_t max_frame_bytes, const logger& log,
                                      link_secret secret, link_tls tls = {});
-
-/// The membership table's key ranges: server i owns ps-lite's range [max_key/S*i,
-/// max_key/S*(i+1)) (actors/logic/key_placement.hpp's server_key_ranges, so workers and the table
-/// agree), as shard_index 0: a server splits its range over its shards itself. Like ps-lite, the
-/// top max_key % S keys belong to no server; ps-keys are range.begin + key, far below them.
-/// Precondition: num_servers >= 1.
-std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers);
-
-/// How the scheduler of one job runs. Durations are wall-clock.
-struct scheduler_options {
-  /// Address nodes reach the scheduler at (DMLC_PS_ROOT_URI), as the membership table says.
-  /// Default: loopback only.
-  std::string host = "127.0.0.1";
-  /// Address the scheduler's port binds (node.bind: "0.0.0.0" for every interface); empty: host.
-  std::string bind;
-  /// Port to bind (DMLC_PS_ROOT_PORT); 0 lets the OS pick one (spawn_scheduler reports it).
-  std::uint16_t port = 0;
-  /// DMLC_NUM_WORKER, >= 1.
-  std::uint32_t num_workers = 1;
-  /// DMLC_NUM_SERVER, >= 1.
-  std::uint32_t num_servers = 1;
-  /// How many workers the job needs alive (sync.quorum) until worker rank 0 announces its own:
-  /// 1..num_workers, 0 meaning num_workers (a lost worker fails the job).
-  std::uint32_t quorum = 0;
-  /// Nodes of another job are rejected (wrong_job). Non-empty.
-  std::string job_id;
-  /// The job token: a node's control connection must prove it in its handshake before the
-  /// scheduler reads anything from it (actors/logic/link_auth.hpp). Empty: no token.
-  std::string auth_token;
-  /// The job secret the nodes' keys derive from (actors/logic/node_identity.hpp). Empty:
-  /// spawn_scheduler draws a fresh one, as every job should; a test may fix one to check keys.
-  job_secret secret;
-  /// TLS on the scheduler's port (actors/config/tls_credentials.hpp): its own credentials, a
-  /// scheduler's. With them, only servers and workers with certificates from the job's CA get in,
-  /// and each is admitted only in the role its certificate names (else rejected{wrong_role}).
-  /// Null: plaintext.
-  std::shared_ptr<const tls_credentials> tls;
-  /// The job fails when not every node has registered this long after the spawn.
-  std::chrono::milliseconds startup_timeout{60'000};
-  /// A node that sends nothing (heartbeats included) for this long is declared lost.
-  std::chrono::milliseconds peer_timeout{10'000};
-  /// How often the scheduler checks for silent nodes and sends its own heartbeat to every node;
-  /// must be below the nodes' peer timeout.
-  std::chrono::milliseconds heartbeat_interval{1'000};
-  /// How long a lost server's rank stays open for a server restarted from its checkpoint
-  /// (Registration.recovering, troupe-node --recover) before the loss fails the job; meanwhile
-  /// the job goes on without it (its workers hold their calls to it). 0: a lost server fails the
-  /// job at once.
-  std::chrono::milliseconds server_rejoin{0};
-  /// After the stop command, how long the scheduler waits for the servers to leave before it
-  /// ends anyway (the outcome is still that of the workers).
-  std::chrono::milliseconds drain_timeout{5'000};
-  /// Where the scheduler logs (ps-lite's PS_VERBOSE levels: errors always, 1 admissions and
-  /// phases, 2 every frame); name it node_name("scheduler", nullopt, host). Default: silent.
-  logger log;
-};
-
-/// How a job ended.
-enum class job_end : std::uint8_t {
-  finished,             ///< every worker finished
-  finished_with_losses, ///< the live workers finished; some were lost within the quorum
-  failed,               ///< the job failed (see job_outcome::failure)
-};
-
-/// A worker lost within the quorum.
-struct lost_worker {
-  std::uint32_t rank = 0;
-  std::uint32_t node_id = 0;
-  /// When, after the scheduler started.
-  std::chrono::milliseconds after{0};
-  /// "its control connection closed", "nothing heard from it for 5 s (peer timeout 5 s)".
-  std::string why;
-  friend bool operator==(const lost_worker&, const lost_worker&) = default;
-};
-
-/// The end of a job as the scheduler saw it.
-struct job_outcome {
-  job_end end = job_end::failed;
-  /// failed: why. errc::timeout when the job never completed its registration (the message
-  /// names the missing roles); errc::peer_lost when a node was lost beyond what the quorum
-  /// allows (the message names its role, rank and node id) or the scheduler was stopped.
-  std::optional<error> failure;
-  /// Workers that said done.
-  std::uint32_t workers_finished = 0;
-  /// Workers lost, in the order they were lost: those within the quorum and, when a worker's
-  /// loss failed the job, that one too.
-  std::vector<lost_worker> lost_workers;
-  /// The one line the scheduler logged at the end: workers finished and lost, who, when, why.
-  std::string summary;
-
-  /// The job's result as a status: ok() unless it failed.
-  status as_status() const;
-};
 
 /// The running scheduler of one job: its actor, its port, and the job's outcome. Copies share
 /// the outcome. Valid as long as the actor system that spawned it. CAF's actor system waits for

@@ -50,12 +50,14 @@
 #include "tests/listening_socket.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/shm_files.hpp"
+#include "tests/stderr_capture.hpp"
 #include "tests/tcp_sockets.hpp"
 #include "tests/tls_certs.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
 using troupe::testing::raw_peer;
+using troupe::testing::stderr_capture;
 
 namespace {
 
@@ -2558,48 +2560,6 @@ caf::actor spawn_keeper(caf::actor_system& sys, std::vector<caf::actor>& spawned
   spawned.push_back(keeper);
   return keeper;
 }
-
-/// What the process writes on stderr (the brokers' log) while it lives, for a test to read.
-class stderr_capture {
-public:
-  stderr_capture() : file_(std::tmpfile()) {
-    std::fflush(stderr);
-    saved_ = ::dup(STDERR_FILENO);
-    ::dup2(::fileno(file_), STDERR_FILENO);
-  }
-  stderr_capture(const stderr_capture&) = delete;
-  stderr_capture& operator=(const stderr_capture&) = delete;
-  ~stderr_capture() {
-    restore();
-    std::fclose(file_);
-  }
-  /// Everything written so far (stderr stays captured).
-  std::string text() const {
-    std::fflush(stderr);
-    std::string all;
-    char chunk[4096];
-    std::size_t n = 0;
-    std::FILE* in = std::fopen(("/proc/self/fd/" + std::to_string(::fileno(file_))).c_str(), "r");
-    if (in == nullptr)
-      return all;
-    while ((n = std::fread(chunk, 1, sizeof chunk, in)) > 0)
-      all.append(chunk, n);
-    std::fclose(in);
-    return all;
-  }
-  void restore() {
-    if (saved_ < 0)
-      return;
-    std::fflush(stderr);
-    ::dup2(saved_, STDERR_FILENO);
-    ::close(saved_);
-    saved_ = -1;
-  }
-
-private:
-  std::FILE* file_;
-  int saved_ = -1;
-};
 
 /// A push of `values` from a raw peer, encoded whole.
 std::vector<std::byte> push_bytes(std::uint64_t id, const std::vector<float>& values) {

@@ -39,6 +39,7 @@
 #include "actors/scheduler.hpp"
 #include "schema/codec.hpp"
 #include "tests/raw_peer.hpp"
+#include "tests/stderr_capture.hpp"
 #include "tests/tls_certs.hpp"
 
 using namespace troupe;
@@ -498,13 +499,27 @@ BOOST_FIXTURE_TEST_CASE(an_agent_facing_a_refusing_port_gives_up_after_its_conne
 
 BOOST_FIXTURE_TEST_CASE(nodes_started_before_the_scheduler_join_once_it_listens, job_fixture) {
   const std::uint16_t port = unused_port();
-  // Processes start in any order: these keep retrying until the scheduler listens.
+  // Processes start in any order: these keep retrying until the scheduler listens. Each says in
+  // a debug line when the port refused it; the scheduler starts once both have been refused.
+  testing::stderr_capture log;
   std::vector<std::future<join_result>> pending;
-  pending.push_back(join_async(options_for(port, wire::role::server)));
-  pending.push_back(join_async(options_for(port, wire::role::worker)));
-  // Not a race to settle: the joins succeed whether or not they had to retry; the pause makes
-  // it likely that they did.
-  std::this_thread::sleep_for(300ms);
+  for (const auto role : {wire::role::server, wire::role::worker}) {
+    auto options = options_for(port, role);
+    options.log = logger(std::string{"early "} + std::string{wire::to_string(role)}, 2);
+    options.connect_timeout = 60s;
+    options.startup_timeout = 60s;
+    pending.push_back(join_async(options));
+  }
+  const std::string refused = ": the scheduler at 127.0.0.1:" + std::to_string(port) + " refused";
+  auto both_refused = [&] {
+    const auto text = log.text();
+    return contains(text, "early server" + refused) && contains(text, "early worker" + refused);
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!both_refused() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  log.restore();
+  BOOST_TEST_REQUIRE(both_refused(), log.text());
   start(1, 1, 10s, port);
   BOOST_TEST(scheduler->port() == port);
   const auto agents = admitted(pending);

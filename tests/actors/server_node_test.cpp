@@ -193,10 +193,15 @@ BOOST_AUTO_TEST_CASE(a_shard_that_dies_is_reported_and_a_normal_shutdown_is_not)
   std::promise<std::string> reported;
   auto told = reported.get_future();
   std::atomic<int> reports{0};
+  // Every shard's exit handler holds a copy of on_shard_failure, and so of `witness`: once the
+  // last of them has run and been released, every report that could come has come.
+  std::weak_ptr<const int> handlers;
   {
+    auto witness = std::make_shared<const int>(0);
+    handlers = witness;
     server_node_options options;
     options.shards = 3;
-    options.on_shard_failure = [&](const std::string& why) {
+    options.on_shard_failure = [&, witness](const std::string& why) {
       if (reports++ == 0)
         reported.set_value(why);
     };
@@ -206,7 +211,10 @@ BOOST_AUTO_TEST_CASE(a_shard_that_dies_is_reported_and_a_normal_shutdown_is_not)
     const auto why = told.get();
     BOOST_TEST(why.find("shard 1 of this server failed") != std::string::npos, why);
   } // the node's own shutdown of the other two is no failure
-  std::this_thread::sleep_for(100ms);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!handlers.expired() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  BOOST_TEST_REQUIRE(handlers.expired(), "the shards' exit handlers did not run within 30 s");
   BOOST_TEST(reports.load() == 1);
 }
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <future>
 #include <set>
 #include <string>
 #include <unistd.h>
@@ -329,10 +330,15 @@ BOOST_AUTO_TEST_CASE(dist_async_applies_every_push_exactly_once) {
 }
 
 BOOST_AUTO_TEST_CASE(pulls_issued_before_the_round_completes_wait_for_it) {
-  // Worker 0 pushes and pulls at once; its pull is only answered after worker 1's push.
+  // Worker 0 pushes and pulls at once; worker 1 pushes only once worker 0's pull is under way, so
+  // the pull asks for a round that cannot close without worker 1, and is answered with the
+  // round's sum after worker 1's push. (That a shard holds such a pull until its round closes is
+  // shard_core's rule, checked message by message in tests/actors/logic/shard_core_test.cpp.)
   in_process_job job{"dist_sync", 2, 1};
   problems seen;
   std::atomic<bool> second_pushed{false};
+  std::promise<void> pull_issued;
+  auto issued = pull_issued.get_future();
   job.run([&](std::uint32_t rank, kvstore& kv) {
     if (!seen.check(kv.init(9, ndarray::zeros({4})), "init"))
       return;
@@ -342,10 +348,10 @@ BOOST_AUTO_TEST_CASE(pulls_issued_before_the_round_completes_wait_for_it) {
       std::vector<ndarray> out{ndarray::zeros({4})};
       (void)kv.push_async(key, grad);
       auto pulled = kv.pull_async(key, out);
-      std::this_thread::sleep_for(std::chrono::milliseconds{100});
-      // Worker 1 says it pushes before it does: a pull done before that beat the round.
-      if (pulled.ready() && !second_pushed)
-        seen.add("the pull completed before the round did");
+      // Worker 1 has not pushed yet: the round cannot have closed.
+      if (pulled.ready())
+        seen.add("the pull completed before worker 1 pushed");
+      pull_issued.set_value();
       if (!seen.check(pulled.wait(), "pull"))
         return;
       if (!second_pushed)
@@ -353,7 +359,10 @@ BOOST_AUTO_TEST_CASE(pulls_issued_before_the_round_completes_wait_for_it) {
       if (first_mismatch(out[0], 3.0f) >= 0)
         seen.add("pulled " + std::to_string(out[0].to_vector<float>()[0]) + ", expected 3");
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds{300});
+      if (issued.wait_for(std::chrono::seconds{30}) != std::future_status::ready) {
+        seen.add("worker 0 issued no pull within 30 s");
+        return;
+      }
       second_pushed = true;
       (void)seen.check(kv.push(9, ndarray::full({4}, 2.0)), "push");
     }
