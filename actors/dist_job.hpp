@@ -116,6 +116,8 @@ struct worker_setup {
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
   std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// Bytes of tensor handed to each server's link at a time (data.send_window_bytes).
+  std::size_t send_window_bytes = default_send_window_bytes;
   /// A request not answered this long after it was sent fails with errc::timeout.
   std::chrono::milliseconds timeout{30'000};
 

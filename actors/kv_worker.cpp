@@ -29,6 +29,28 @@ reply_copier_actor::behavior_type reply_copier(int) {
   return {[](reply_copy& job) { job.run(); }};
 }
 
+/// An envelope's keepalive that tells the worker, once the last copy is gone (on whichever
+/// thread drops it: the link's once the frame is in CAF's write buffer or the shared-memory
+/// arena, the shard's in one process), that the frame has left its send window. It holds the
+/// keepalive it wraps, and only a weak reference to the worker, which a link must not keep alive.
+class receipt_on_release {
+public:
+  receipt_on_release(std::shared_ptr<const void> inner, caf::weak_actor_ptr worker,
+                     send_receipt receipt)
+      : inner_(std::move(inner)), worker_(std::move(worker)), receipt_(receipt) {}
+  receipt_on_release(const receipt_on_release&) = delete;
+  receipt_on_release& operator=(const receipt_on_release&) = delete;
+  ~receipt_on_release() {
+    if (auto worker = worker_.lock())
+      caf::anon_send(caf::actor_cast<worker_actor>(std::move(worker)), receipt_);
+  }
+
+private:
+  std::shared_ptr<const void> inner_;
+  caf::weak_actor_ptr worker_;
+  send_receipt receipt_;
+};
+
 template <class Handle>
 struct broker_of;
 template <class... Sigs>
@@ -100,6 +122,9 @@ public:
           guarded("a tick", [&] { core_->on_tick(); });
         },
         [this](finalize_atom, completion<status>& done) { core_->on_finalize(std::move(done)); },
+        [this](const send_receipt& receipt) {
+          guarded("a frame that left", [&] { core_->frame_left(receipt); });
+        },
         [this](copied_atom, std::uint64_t id, std::uint8_t how, std::string& problem) {
           guarded("a copied reply", [&] {
             // Anything else is not a chunk_copy: ignored, as a copy of a request that is gone.
@@ -112,7 +137,14 @@ public:
 
   // --- what the core asks of the actor -----------------------------------------------------------
 
-  void send(std::uint32_t server, envelope request) override {
+  void send(std::uint32_t server, envelope request, send_receipt receipt) override {
+    if (receipt.bytes > 0) {
+      // Aliased: the keepalive still points where it pointed.
+      const void* viewed = request.keepalive.get();
+      auto holder = std::make_shared<const receipt_on_release>(
+          std::move(request.keepalive), caf::actor_cast<caf::weak_actor_ptr>(self_), receipt);
+      request.keepalive = std::shared_ptr<const void>(std::move(holder), viewed);
+    }
     self_->send(links_[server], std::move(request));
   }
 

@@ -186,6 +186,9 @@ using worker_actor = caf::typed_actor<
     caf::reacts_to<tick_atom>,
     /// Deliver once every request under way has completed (or the timeout has passed).
     caf::reacts_to<finalize_atom, completion<status>>,
+    /// A link let go of a frame the worker handed it with this receipt (its keepalive is gone):
+    /// its bytes leave the server's send window (worker_core::frame_left).
+    caf::reacts_to<send_receipt>,
     /// Its copier copied (or could not copy) a chunk of the reply to request `id`: a chunk_copy
     /// and, when it failed, why.
     caf::reacts_to<copied_atom, std::uint64_t, std::uint8_t, std::string>>;
@@ -303,6 +306,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::wire::membership)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::reply_copy)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::send_receipt)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::device_work)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_relink)

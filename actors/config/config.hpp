@@ -139,6 +139,9 @@ struct cluster_config {
   std::int64_t max_frame_bytes = 256 * 1024 * 1024;
   /// Size of the chunks big tensors travel in; at most max_frame_bytes.
   std::int64_t chunk_bytes = 1024 * 1024;
+  /// Bytes of tensor a worker hands each server's link at a time; the rest waits in its send
+  /// queue, ordered by priority. 0: no bound.
+  std::int64_t send_window_bytes = 4 * 1024 * 1024;
   /// Shared-memory arena per direction of a data connection whose ends share a host (tensors
   /// then skip the socket); 0 turns the fast path off.
   std::int64_t shm_arena_bytes = 64 * 1024 * 1024;

@@ -1,7 +1,8 @@
 #pragma once
-// A KVStore call as the facade (dist_kvstore) hands it to its worker, and how a reply chunk's copy
-// ended: plain types, no CAF, so that the worker's rules (actors/logic/worker_core.hpp) take them
-// without an actor system. The worker actor's interface (actors/protocols.hpp) carries them.
+// A KVStore call as the facade (dist_kvstore) hands it to its worker, how a reply chunk's copy
+// ended, and the receipt of a frame that left: plain types, no CAF, so that the worker's rules
+// (actors/logic/worker_core.hpp) take them without an actor system. The worker actor's interface
+// (actors/protocols.hpp) carries them.
 
 #include <cstdint>
 #include <functional>
@@ -47,6 +48,11 @@ struct kv_operation {
   /// "push", "set_optimizer sgd": how errors name the call.
   std::string what;
   completion<status> done;
+  /// init, push, pull, pushpull: MXNet's priority, higher first. Its requests wait in their
+  /// server's send queue behind those of higher priority (MXNet gives a layer's parameters
+  /// -index, so that the first layers, needed first by the next forward pass, come back first);
+  /// the requests of one ps-key keep their order whatever their priorities.
+  int priority = 0;
 };
 
 /// How the copy of one reply chunk ended (the worker's copier tells its worker).
@@ -55,6 +61,24 @@ enum class chunk_copy : std::uint8_t {
   complete,  ///< copied; that was the request's last chunk
   cancelled, ///< not copied: the caller stopped waiting (the output is no longer ours)
   failed     ///< not copied: the chunk does not fit the request (the text says why)
+};
+
+/// data.send_window_bytes (worker_core_options::send_window_bytes): 4 chunks of the default size.
+/// docs/data-path.md has the measurements.
+inline constexpr std::size_t default_send_window_bytes = std::size_t{4} << 20;
+
+/// A frame the worker handed to the link of `server` that counts against that server's send
+/// window (worker_core_options::send_window_bytes): `bytes` of tensor. Whoever runs the worker
+/// gives it back (worker_core::frame_left) once the link has let go of the frame, i.e. the last
+/// copy of its envelope's keepalive is gone: a data link drops it once the frame's bytes are in
+/// CAF's write buffer (or in the shared-memory arena), an in-process link once the shard has
+/// handled the request.
+struct send_receipt {
+  std::uint32_t server = 0;
+  /// Which link of the server (a server restarted from its checkpoint gets a new one): the
+  /// receipts of an older one are ignored.
+  std::uint64_t link = 0;
+  std::uint64_t bytes = 0;
 };
 
 } // namespace troupe

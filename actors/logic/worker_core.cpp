@@ -133,7 +133,7 @@ void worker_core::on_call(kv_operation& op) {
       auto p = new_part(call, kv_call::every_server, server, op.what);
       const auto id = next_request_id_++;
       sent(id, p);
-      send(server, envelope{op.message_for(id, server), nullptr, 0});
+      enqueue(p, op.message_for(id, server), nullptr);
     }
     break;
   case kv_call::init:
@@ -141,7 +141,7 @@ void worker_core::on_call(kv_operation& op) {
   case kv_call::pushpull:
   case kv_call::pull:
     for (auto& work : op.keys)
-      add_key(call, op.call, work);
+      add_key(call, op.call, work, op.priority);
     break;
   }
   if (call->remaining == 0)
@@ -171,8 +171,8 @@ std::string worker_core::what_of(const part& p) const {
 
 /// The requests of one key of a call: one per slice, each queued behind the key's earlier
 /// requests when those are still waiting for credit.
-void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
-                          kv_key_work& work) {
+void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work,
+                          int priority) {
   const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
   auto slices = place_key(static_cast<std::uint64_t>(work.index), elements, options_.num_servers,
                           options_.bigarray_bound);
@@ -193,6 +193,7 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
     p->slice = slice;
     p->whole = slices.size() == 1;
     p->value = work.value;
+    p->priority = priority;
     if (target) {
       auto bytes = element_bytes(target->buffer, slice.begin, slice.end);
       auto shape = p->whole ? work.shape : shape_vector{slice.size()};
@@ -279,14 +280,7 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     return;
   }
   sent(id, p);
-  const auto keepalive = p->value.is_none() ? nullptr : p->value.keepalive();
-  if (wire::tensor_of(whole) == nullptr) {
-    send(p->server, envelope{std::move(whole), nullptr, 0});
-    return;
-  }
-  wire::chunker chunks{std::move(whole), options_.chunk_bytes};
-  for (std::size_t c = 0; c < chunks.chunk_count(); ++c)
-    send(p->server, envelope{chunks.chunk(c), keepalive, 0});
+  enqueue(p, std::move(whole), &ps);
 }
 
 void worker_core::sent(std::uint64_t id, const std::shared_ptr<part>& p) {
@@ -295,13 +289,89 @@ void worker_core::sent(std::uint64_t id, const std::shared_ptr<part>& p) {
   parts_.emplace(id, p);
 }
 
-void worker_core::send(std::uint32_t server, envelope request) {
-  // The tag comes back on every reply of an in-process link; network links add it themselves.
-  request.connection = server + 1;
-  // A server being recovered: the request stays under way and is sent again once it is back.
-  if (!servers_.empty() && servers_[server].down)
+// --- the send queue
+// -------------------------------------------------------------------------------
+
+/// Puts request `p` (of the ps-key whose state is `ps`; null: keyless) in its server's send queue:
+/// among the ready requests when nothing of its ps-key is queued, else behind the key's last.
+void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request, ps_key_state* ps) {
+  auto& server = servers_[p->server];
+  outgoing o;
+  o.p = p;
+  o.keepalive = p->value.is_none() ? nullptr : p->value.keepalive();
+  o.frames.emplace(std::move(request), options_.chunk_bytes);
+  o.order = send_order{server.epoch, ps == nullptr, p->priority, server.next_sequence++};
+  if (ps == nullptr) {
+    // Everything queued after a keyless request leaves after it.
+    ++server.epoch;
+    server.ready.emplace(o.order, std::move(o));
+  } else if (ps->head_ready) {
+    ps->queued.push_back(std::move(o));
+  } else {
+    ps->head_ready = true;
+    server.ready.emplace(o.order, std::move(o));
+  }
+  pump(p->server);
+}
+
+/// Hands the link of `server` the next frames of its ready requests, best first, while its
+/// window has room; a frame larger than the window goes when nothing else is with the link.
+void worker_core::pump(std::uint32_t server) {
+  auto& state = servers_[server];
+  const auto window = options_.send_window_bytes;
+  // A server being recovered: its requests wait, and are queued afresh once it is back.
+  while (!state.down && !state.ready.empty() && (window == 0 || state.with_link < window)) {
+    auto head = state.ready.begin();
+    auto& o = head->second;
+    envelope frame{o.frames->chunk(o.next), o.keepalive, server + 1};
+    ++o.next;
+    const auto* tensor = wire::tensor_of(frame.msg);
+    const send_receipt receipt{server, state.link, tensor == nullptr ? 0 : tensor->data.size()};
+    if (o.next == o.frames->chunk_count()) {
+      const bool keyed = o.p->kind != kv_call::every_server;
+      const auto ps_key = o.p->slice.ps_key;
+      state.ready.erase(head);
+      if (keyed) {
+        // The key's next request becomes ready, in its own place.
+        auto& ps = keys_[ps_key];
+        if (ps.queued.empty()) {
+          ps.head_ready = false;
+        } else {
+          auto next = std::move(ps.queued.front());
+          ps.queued.pop_front();
+          state.ready.emplace(next.order, std::move(next));
+        }
+      }
+    }
+    state.with_link += receipt.bytes;
+    out_.send(server, std::move(frame), receipt);
+  }
+}
+
+void worker_core::frame_left(const send_receipt& receipt) {
+  if (receipt.server >= servers_.size())
     return;
-  out_.send(server, std::move(request));
+  auto& state = servers_[receipt.server];
+  // A receipt of a server's old link: its frames are gone with it, and counted out already.
+  if (receipt.link != state.link)
+    return;
+  state.with_link -= std::min(state.with_link, receipt.bytes);
+  pump(receipt.server);
+}
+
+std::uint64_t worker_core::bytes_with_link(std::uint32_t server) const {
+  return server < servers_.size() ? servers_[server].with_link : 0;
+}
+
+/// Empties the send queue of `server`: its requests go again afresh (a restarted server), or
+/// nothing goes any more (the worker failed).
+void worker_core::drop_send_queue(std::uint32_t server) {
+  servers_[server].ready.clear();
+  for (auto& [ps_key, ps] : keys_)
+    if (ps.server == server) {
+      ps.queued.clear();
+      ps.head_ready = false;
+    }
 }
 
 // --- the summary
@@ -532,6 +602,8 @@ void worker_core::fail_everything(error why) {
     return;
   failure_ = why;
   options_.log.error(why.message());
+  for (std::uint32_t server = 0; server < servers_.size(); ++server)
+    drop_send_queue(server);
   auto failed = std::move(parts_);
   parts_.clear();
   for (auto& [id, p] : failed)
@@ -595,7 +667,10 @@ worker_core::relink_step worker_core::on_relink(std::uint32_t server, bool linke
 
 void worker_core::server_back(std::uint32_t server, std::string name) {
   names_[server] = std::move(name);
-  servers_[server].down = false;
+  auto& state = servers_[server];
+  state.down = false;
+  ++state.link;
+  state.with_link = 0;
   const auto [kept, under_way] = resend(server);
   options_.log.info(names_[server] + " is back from its checkpoint: sent again " +
                     std::to_string(kept) + " kept pushes and " + std::to_string(under_way) +
@@ -608,6 +683,8 @@ void worker_core::server_back(std::uint32_t server, std::string name) {
 /// kept pushes and how many other requests go again.
 std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
   std::pair<std::size_t, std::size_t> counts;
+  // What the old link did not send goes again with the rest, from its first frame.
+  drop_send_queue(server);
   std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<part>>> under_way;
   std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> lost;
   for (auto it = parts_.begin(); it != parts_.end();) {

@@ -21,8 +21,29 @@
 // straggler keeps pushing the rounds in order, its late ones dropped, so that every round of
 // every worker reaches its quorum and the last rounds of a job close.
 //
+// The send queue. A request that may leave (it has credit) waits in its server's send queue, and
+// the queue hands the link one frame at a time while fewer than send_window_bytes of tensor are
+// with the link (handed over, not yet let go: send_receipt). The next frame is always the head of
+// the request with the highest priority (kv_operation::priority; equal priorities in the order
+// they were queued), and a large tensor leaves chunk by chunk (chunk_bytes), so a small urgent
+// request queued behind a large one overtakes its remaining chunks (P3's slicing):
+//
+//   calls ──> per ps-key: waiting for credit ──> server s: ready requests, by priority ──> link s
+//              (in call order)                     (head of each ps-key; then keyless)  (≤ window
+//                                                                                        of bytes)
+//        push  key 9 (priority -9, 64 chunks)  ──┐   ┌─ push 0 (prio 0) ─┐
+//        push  key 0 (priority  0,  1 chunk)   ──┴─> │  push 9 (prio -9)  │ ──> 9.0 9.1 0.0 9.2 ...
+//
+// Only the head of a ps-key is ready: a key's requests leave in call order whatever their
+// priorities, one after the other, so a pull after a push still sees the push. A keyless request
+// (every_server) leaves after everything queued before it and before everything queued after.
+// A request's frames interleave only with other ps-keys' frames, at frame boundaries (a shard
+// takes a push's chunks in order per key, docs/protocol.md). Once its first frame is queued a
+// request goes out whole even if its call ends meanwhile: its round is spent.
+//
 // Timeouts and cancellation. A request's timeout runs from when it was sent (not from when it was
-// queued behind others); the worker sweeps every tick (on_tick) and fails a request that is
+// queued behind others for credit; waiting in the send queue counts, as time in the link's
+// queue did); the worker sweeps every tick (on_tick) and fails a request that is
 // overdue, with the requests of its ps-key waiting behind it. Outputs are written only inside the
 // call's completion (completion::while_live), so once the caller has stopped waiting (a failure
 // was delivered, or it cancelled), a late reply never writes into a buffer it took back.
@@ -56,6 +77,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -98,6 +120,10 @@ struct worker_core_options {
   std::chrono::milliseconds request_timeout{30'000};
   /// The servers' sync_settings::max_rounds_ahead.
   std::uint32_t max_rounds_ahead = 2;
+  /// Bytes of tensor per server handed to its link and not yet let go (send_receipt): the rest
+  /// waits in the send queue, where priority orders it. A frame larger than the window goes
+  /// alone. 0: no bound (every frame is handed over at once, in queue order).
+  std::size_t send_window_bytes = default_send_window_bytes;
   /// How long the job keeps a lost server's rank open for a server restarted from its
   /// checkpoint (timeouts.server_rejoin). Above 0, with can_relink, a server link that goes down
   /// holds the calls to that server instead of failing them (see "Server recovery").
@@ -121,8 +147,10 @@ public:
   class output {
   public:
     virtual ~output() = default;
-    /// Hands `request` to the link of `server` (request.connection is server + 1).
-    virtual void send(std::uint32_t server, envelope request) = 0;
+    /// Hands `request` to the link of `server` (request.connection is server + 1). When
+    /// receipt.bytes is not 0, calls frame_left(receipt) once the link has let go of the frame
+    /// (the last copy of request.keepalive is gone), on the core's thread.
+    virtual void send(std::uint32_t server, envelope request, send_receipt receipt) = 0;
     /// Runs `copy` on another thread (a large reply chunk, see copy_off_thread_bytes), then
     /// calls on_copied(id, ...) on the core's thread with what it returned. Copy jobs of the core
     /// run one at a time, in the order they were handed over.
@@ -150,6 +178,9 @@ public:
   void on_call(kv_operation& op);
   /// A reply from the server linked under tag reply.connection.
   void on_reply(envelope& reply);
+  /// A frame handed over with this receipt has left: its bytes no longer count against its
+  /// server's window, and more frames may go.
+  void frame_left(const send_receipt& receipt);
   /// The copy job handed to output::copy_elsewhere for request `id` ended so.
   void on_copied(std::uint64_t id, chunk_copy how, const std::string& problem);
   /// The link with `tag` (server + 1) went down, and why; `current` says whether it is the
@@ -189,6 +220,8 @@ public:
   std::size_t under_way() const noexcept { return parts_.size(); }
   /// Requests of ps-key `ps_key` held back for credit.
   std::size_t waiting_for_credit(std::uint64_t ps_key) const;
+  /// Bytes of tensor handed to the link of `server` and not yet let go.
+  std::uint64_t bytes_with_link(std::uint32_t server) const;
   /// Pushes that arrived after their round had closed and were dropped.
   std::uint64_t dropped_pushes() const noexcept { return dropped_pushes_; }
 
@@ -250,6 +283,37 @@ private:
     std::uint64_t round = 0;
     /// Sent again after its server restarted: with `round`, as Push.resent.
     bool resend = false;
+    /// kv_operation::priority.
+    int priority = 0;
+  };
+
+  /// Where a ready request stands in its server's send queue: earlier barrier epochs first (a
+  /// keyless request ends one), keyed requests before the keyless one of their epoch, then
+  /// higher priority, then the order they were queued.
+  struct send_order {
+    std::uint64_t epoch = 0;
+    bool keyless = false;
+    int priority = 0;
+    std::uint64_t sequence = 0;
+    bool operator<(const send_order& other) const {
+      if (epoch != other.epoch)
+        return epoch < other.epoch;
+      if (keyless != other.keyless)
+        return !keyless;
+      if (priority != other.priority)
+        return priority > other.priority;
+      return sequence < other.sequence;
+    }
+  };
+
+  /// A request in its server's send queue: its frames (one, or a tensor's chunks) and how many
+  /// have gone.
+  struct outgoing {
+    std::shared_ptr<part> p; ///< holds the value its frames view
+    std::optional<wire::chunker> frames;
+    std::shared_ptr<const void> keepalive;
+    std::size_t next = 0;
+    send_order order;
   };
 
   /// A copy of a push this worker sent, kept until its round is durable at the server.
@@ -272,6 +336,10 @@ private:
     /// pushes of later rounds, in round order.
     std::uint64_t durable = 0;
     std::deque<kept_push> kept;
+    /// In the send queue: whether the key's head is among its server's ready requests, and the
+    /// requests behind it, in order.
+    bool head_ready = false;
+    std::deque<outgoing> queued;
   };
 
   /// A server link as the worker sees it (server recovery).
@@ -283,6 +351,14 @@ private:
     bool seen_lost = false;
     /// A helper is connecting to its new address.
     bool relinking = false;
+    /// The send queue: the requests that may go next, by send_order (the head of each ps-key
+    /// with requests queued, and keyless requests).
+    std::map<send_order, outgoing> ready;
+    std::uint64_t next_sequence = 0;
+    std::uint64_t epoch = 0;
+    /// Bytes of tensor with the current link (send_receipt), and which link that is.
+    std::uint64_t with_link = 0;
+    std::uint64_t link = 0;
   };
 
   worker_clock::time_point now() const;
@@ -290,13 +366,16 @@ private:
   std::string what_of(const part& p) const;
   std::shared_ptr<part> new_part(const std::shared_ptr<call_state>& call, kv_call kind,
                                  std::uint32_t server, std::string name);
-  void add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work);
+  void add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work,
+               int priority);
   bool has_credit(const ps_key_state& ps, const part& p) const;
   void submit(const std::shared_ptr<part>& p);
   void release_waiting(ps_key_state& ps);
   void send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps);
   void sent(std::uint64_t id, const std::shared_ptr<part>& p);
-  void send(std::uint32_t server, envelope request);
+  void enqueue(const std::shared_ptr<part>& p, wire::message request, ps_key_state* ps);
+  void pump(std::uint32_t server);
+  void drop_send_queue(std::uint32_t server);
   void note_answered(const part& p);
   void log_summary() const;
   void learn_round(std::uint64_t ps_key, std::uint64_t completed, bool dropped,

@@ -123,6 +123,7 @@ BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values
   BOOST_TEST(cfg.bigarray_bound == 1'000'000);
   BOOST_TEST(cfg.max_frame_bytes == 256 * 1024 * 1024);
   BOOST_TEST(cfg.chunk_bytes == 1024 * 1024);
+  BOOST_TEST(cfg.send_window_bytes == 4 * 1024 * 1024);
   BOOST_TEST(cfg.shm_arena_bytes == 64 * 1024 * 1024);
 }
 
@@ -453,6 +454,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "1MiB",
                             "--chunk-bytes",
                             "65536",
+                            "--send-window-bytes",
+                            "256KiB",
                             "--shm-arena-bytes",
                             "0",
                             "--rank-hint",
@@ -523,6 +526,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.bigarray_bound == 10);
   BOOST_TEST(cfg.max_frame_bytes == 1024 * 1024);
   BOOST_TEST(cfg.chunk_bytes == 65536);
+  BOOST_TEST(cfg.send_window_bytes == 256 * 1024);
   BOOST_TEST(cfg.shm_arena_bytes == 0);
   BOOST_TEST(cfg.rank_hint == 2);
   BOOST_TEST(cfg.peer_timeout == 20s);

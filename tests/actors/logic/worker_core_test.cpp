@@ -30,6 +30,7 @@ struct worker_driver : worker_core::output {
   struct frame {
     std::uint32_t server = 0;
     envelope request;
+    send_receipt receipt;
   };
   std::vector<frame> sent;
   std::vector<std::pair<std::uint64_t, std::function<std::pair<chunk_copy, std::string>()>>> copies;
@@ -48,9 +49,11 @@ struct worker_driver : worker_core::output {
     core->on_links(std::move(names));
   }
 
-  void send(std::uint32_t server, envelope request) override {
-    sent.push_back({server, std::move(request)});
+  void send(std::uint32_t server, envelope request, send_receipt receipt) override {
+    sent.push_back({server, std::move(request), receipt});
   }
+  /// Frame `index` of those sent has left its link.
+  void left(std::size_t index) { core->frame_left(sent.at(index).receipt); }
   void copy_elsewhere(std::uint64_t id,
                       std::function<std::pair<chunk_copy, std::string>()> copy) override {
     copies.emplace_back(id, std::move(copy));
@@ -83,11 +86,12 @@ struct worker_driver : worker_core::output {
     return work;
   }
 
-  completion<status> call(kv_call kind, std::vector<kv_key_work> keys) {
+  completion<status> call(kv_call kind, std::vector<kv_key_work> keys, int priority = 0) {
     kv_operation op;
     op.call = kind;
     op.keys = std::move(keys);
     op.what = kind == kv_call::pull ? "pull" : kind == kv_call::push ? "push" : "pushpull";
+    op.priority = priority;
     core->on_call(op);
     return op.done;
   }
@@ -129,6 +133,7 @@ struct worker_driver : worker_core::output {
 
 worker_core_options one_server(std::uint32_t max_rounds_ahead = 2) {
   worker_core_options options;
+  options.send_window_bytes = 0; // the send queue has tests of its own
   options.num_servers = 1;
   options.max_rounds_ahead = max_rounds_ahead;
   options.request_timeout = 1000ms;
@@ -404,6 +409,148 @@ BOOST_AUTO_TEST_CASE(a_lost_link_is_reported_after_the_grace_and_a_refusal_at_on
       failed->message().find("server 0 (node 8) refused this worker: the job token is wrong") !=
           std::string::npos,
       failed->message());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+/// One server, chunks of 4 KiB, a window of two chunks.
+worker_core_options windowed() {
+  auto options = one_server(8);
+  options.chunk_bytes = 4096;
+  options.send_window_bytes = 2 * 4096;
+  return options;
+}
+
+/// (request id, chunk offset) of each frame sent, in order.
+std::vector<std::pair<std::uint64_t, std::uint64_t>> frames_of(const worker_driver& d) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  for (const auto& f : d.sent) {
+    const auto* tensor = wire::tensor_of(f.request.msg);
+    out.emplace_back(wire::request_id_of(f.request.msg), tensor ? tensor->offset : 0);
+  }
+  return out;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(worker_send_queue)
+
+BOOST_AUTO_TEST_CASE(a_small_urgent_push_overtakes_the_remaining_chunks_of_a_large_one) {
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0); // 32 KiB: 8 chunks
+  auto small = ndarray::full({4}, 2.0);
+  auto slow = d->call(kv_call::push, {worker_driver::key(9, large)}, -9);
+  // The window holds two chunks: the rest of the large push waits in the send queue.
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u);
+  BOOST_TEST(d->core->bytes_with_link(0) == 2 * 4096u);
+  auto urgent = d->call(kv_call::push, {worker_driver::key(0, small)}, 0);
+  BOOST_TEST(d->sent.size() == 2u); // the window is full: even the urgent one waits
+  d->left(0);
+  // The first chunk left: the small push goes next, ahead of the large one's six chunks.
+  BOOST_TEST_REQUIRE(d->sent.size() >= 3u);
+  const auto frames = frames_of(*d);
+  const auto large_id = frames[0].first;
+  const auto* next = std::get_if<wire::push>(&d->sent[2].request.msg);
+  BOOST_TEST_REQUIRE(next != nullptr);
+  BOOST_TEST(next->key != d->sent_of<wire::push>()[0].key);
+  BOOST_TEST(next->tensor.data.size() == 16u);
+  // Then the large push's chunks resume, in offset order, one per frame that leaves.
+  for (std::size_t i = 1; d->sent.size() < 9; ++i)
+    d->left(i);
+  const auto all = frames_of(*d);
+  BOOST_TEST_REQUIRE(all.size() == 9u);
+  for (std::size_t i = 3, chunk = 2; i < all.size(); ++i, ++chunk) {
+    BOOST_TEST(all[i].first == large_id);
+    BOOST_TEST(all[i].second == chunk * 4096);
+  }
+  d->ack(next->request_id, 1);
+  d->ack(large_id, 1);
+  BOOST_TEST(delivered_ok(urgent));
+  BOOST_TEST(delivered_ok(slow));
+}
+
+BOOST_AUTO_TEST_CASE(without_a_higher_priority_the_queue_keeps_call_order) {
+  // The control case of the test above: the same calls at equal priority leave in call order,
+  // so the overtaking there is the priority's doing.
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  auto small = ndarray::full({4}, 2.0);
+  d->call(kv_call::push, {worker_driver::key(9, large)}, 0);
+  d->call(kv_call::push, {worker_driver::key(0, small)}, 0);
+  for (std::size_t i = 0; i < d->sent.size() && i < 16; ++i)
+    d->left(i);
+  const auto all = frames_of(*d);
+  BOOST_TEST_REQUIRE(all.size() == 9u);
+  for (std::size_t i = 0; i < 8; ++i)
+    BOOST_TEST(all[i].first == all[0].first);
+  BOOST_TEST(all[8].first != all[0].first);
+}
+
+BOOST_AUTO_TEST_CASE(requests_of_one_ps_key_keep_their_order_whatever_their_priority) {
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  auto out = ndarray::zeros({8 * 1024});
+  d->call(kv_call::push, {worker_driver::key(5, large)}, -5);
+  // A pull of the same key at a high priority must still see the push: it waits for its last
+  // chunk to be handed over.
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(5, out)}, 100);
+  for (std::size_t i = 0; i < d->sent.size() && i < 16; ++i)
+    d->left(i);
+  BOOST_TEST_REQUIRE(d->sent.size() == 9u);
+  for (std::size_t i = 0; i < 8; ++i)
+    BOOST_TEST(std::holds_alternative<wire::push>(d->sent[i].request.msg));
+  const auto* pull = std::get_if<wire::pull_request>(&d->sent[8].request.msg);
+  BOOST_TEST_REQUIRE(pull != nullptr);
+  BOOST_TEST(pull->round == 1u);
+  BOOST_TEST(!pulled.ready());
+}
+
+BOOST_AUTO_TEST_CASE(a_keyless_request_leaves_after_everything_queued_before_it) {
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  d->call(kv_call::push, {worker_driver::key(9, large)}, -9);
+  kv_operation command;
+  command.call = kv_call::every_server;
+  command.what = "set_optimizer sgd";
+  command.message_for = [](std::uint64_t id, std::uint32_t) -> wire::message {
+    return wire::set_optimizer{id, "sgd", {}};
+  };
+  d->core->on_call(command);
+  auto small = ndarray::full({4}, 2.0);
+  d->call(kv_call::push, {worker_driver::key(0, small)}, 100); // after the command
+  for (std::size_t i = 0; i < d->sent.size() && i < 16; ++i)
+    d->left(i);
+  BOOST_TEST_REQUIRE(d->sent.size() == 10u);
+  BOOST_TEST(std::holds_alternative<wire::set_optimizer>(d->sent[8].request.msg));
+  const auto* last = std::get_if<wire::push>(&d->sent[9].request.msg);
+  BOOST_TEST_REQUIRE(last != nullptr);
+  BOOST_TEST(last->tensor.data.size() == 16u);
+}
+
+BOOST_AUTO_TEST_CASE(receipts_of_a_replaced_link_do_not_open_the_new_links_window) {
+  auto options = windowed();
+  options.server_rejoin = 5000ms;
+  options.can_relink = true;
+  auto d = driver_for(options);
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  auto pushed = d->call(kv_call::push, {worker_driver::key(9, large)});
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u);
+  d->core->on_link_down(1, "connection reset", true);
+  d->core->server_back(0, "server 0 (node 8) at 127.0.0.1:4001");
+  // The push goes again from its first chunk, on the new link, within its window.
+  BOOST_TEST_REQUIRE(d->sent.size() == 4u);
+  BOOST_TEST(std::get<wire::push>(d->sent[2].request.msg).tensor.offset == 0u);
+  BOOST_TEST(std::get<wire::push>(d->sent[2].request.msg).resent);
+  // The old link's frames let go: nothing more may leave on their account.
+  d->left(0);
+  d->left(1);
+  BOOST_TEST(d->sent.size() == 4u);
+  BOOST_TEST(d->core->bytes_with_link(0) == 2 * 4096u);
+  d->left(2);
+  BOOST_TEST(d->sent.size() == 5u);
+  BOOST_TEST(!pushed.ready());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
