@@ -118,6 +118,8 @@ struct worker_setup {
   std::size_t chunk_bytes = wire::default_chunk_bytes;
   /// data.slice_bytes: keys larger than this are cut into slices of at most this size; 0: none.
   std::size_t slice_bytes = 0;
+  /// Bytes of tensor handed to each server's link at a time (data.send_window_bytes).
+  std::size_t send_window_bytes = default_send_window_bytes;
   /// A request not answered this long after it was sent fails with errc::timeout.
   std::chrono::milliseconds timeout{30'000};
 

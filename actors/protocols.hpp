@@ -1,8 +1,9 @@
 #pragma once
 // Every interface between troupe's actors, in one place: the atoms, the in-process message types,
 // and one caf::typed_actor per kind of actor with a comment per handler. A message an actor does
-// not handle fails to compile at the send. Two plain types that the actors' logic also handles
-// without CAF have headers of their own: the envelope (actors/logic/envelope.hpp) and shard_stats.
+// not handle fails to compile at the send. The plain types that the actors' logic also handles
+// without CAF have headers of their own: the envelope (actors/logic/envelope.hpp), shard_stats,
+// and a KVStore call with its completion (actors/logic/kv_operation.hpp).
 //
 // Two transports, one message form. Between processes every message, control or data, is a
 // Cap'n Proto frame (schema/codec.hpp) on troupe's own framed links (actors/data_link.hpp): the
@@ -34,6 +35,7 @@
 
 #include "actors/bridge.hpp"
 #include "actors/logic/envelope.hpp"
+#include "actors/logic/kv_operation.hpp"
 #include "actors/logic/link_auth.hpp"
 #include "actors/logic/scheduler_core.hpp"
 #include "actors/logic/shard_stats.hpp"
@@ -128,40 +130,6 @@ using server_control_actor = caf::typed_actor<
 
 // --- worker --------------------------------------------------------------------------------------
 
-/// One key's part of a KVStore call, checked by the facade against the key's declaration.
-struct kv_key_work {
-  /// The key's index (the int key, or the init order of a string key): its place on the servers.
-  std::int64_t index = 0;
-  /// The key as the caller wrote it ("3", "'w'"), for messages.
-  std::string name;
-  shape_vector shape;
-  troupe::dtype type = troupe::dtype::float32;
-  /// init, push, pushpull: the value to send, in host memory, unchanged until the call completes.
-  ndarray value;
-  /// pull, pushpull: where the key's value goes (one or more arrays of the declared shape).
-  std::vector<ndarray> outputs;
-};
-
-/// What a KVStore call asks of its worker actor.
-enum class kv_call : std::uint8_t {
-  init,        ///< rank 0 sends every key's initial value to its servers
-  push,        ///< send each key's value, acknowledged by the servers
-  pull,        ///< fetch each key's value of the round this worker has pushed
-  pushpull,    ///< push, then the value of that round, in one request per slice
-  every_server ///< send one keyless message (set_optimizer, sync_settings, command) to each server
-};
-
-/// A KVStore call handed to the worker actor; `done` gets its outcome.
-struct kv_operation {
-  kv_call call = kv_call::push;
-  std::vector<kv_key_work> keys;
-  /// every_server: the message for server `server`, with request id `request_id`.
-  std::function<wire::message(std::uint64_t request_id, std::uint32_t server)> message_for;
-  /// "push", "set_optimizer sgd": how errors name the call.
-  std::string what;
-  completion<status> done;
-};
-
 /// The links of a worker to the servers of its job, by server rank.
 struct server_links {
   std::vector<link_actor> links;
@@ -197,14 +165,6 @@ struct device_work {
 /// time, in the order it arrives, on a thread of its own.
 using device_actor = caf::typed_actor<caf::reacts_to<device_work>>;
 
-/// How the copy of one reply chunk ended (the worker's copier tells its worker).
-enum class chunk_copy : std::uint8_t {
-  more,      ///< copied; the request expects more chunks
-  complete,  ///< copied; that was the request's last chunk
-  cancelled, ///< not copied: the caller stopped waiting (the output is no longer ours)
-  failed     ///< not copied: the chunk does not fit the request (the text says why)
-};
-
 /// The KVStore worker of one process (actors/kv_worker.hpp).
 using worker_actor = caf::typed_actor<
     /// Its links, once they are open (sent once, right after the spawn).
@@ -227,6 +187,9 @@ using worker_actor = caf::typed_actor<
     caf::reacts_to<tick_atom>,
     /// Deliver once every request under way has completed (or the timeout has passed).
     caf::reacts_to<finalize_atom, completion<status>>,
+    /// A link let go of a frame the worker handed it with this receipt (its keepalive is gone):
+    /// its bytes leave the server's send window (worker_core::frame_left).
+    caf::reacts_to<send_receipt>,
     /// Its copier copied (or could not copy) a chunk of the reply to request `id`: a chunk_copy
     /// and, when it failed, why.
     caf::reacts_to<copied_atom, std::uint64_t, std::uint8_t, std::string>>;
@@ -331,6 +294,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::wire::membership)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::reply_copy)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::send_receipt)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::device_work)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_relink)

@@ -478,6 +478,12 @@ void add_data_fields(std::vector<field>& t) {
                 "keys are not cut (MXNet's placement)."},
                bytes_setter(&cluster_config::slice_bytes, 0),
                {}});
+  t.push_back({{"data", "send_window_bytes", "", "--send-window-bytes", "BYTES", "\"4MiB\"",
+                "Bytes of tensor a worker hands each server's link at a time; the rest waits in "
+                "its send queue, where a request of higher priority overtakes the chunks of "
+                "lower ones. 0: no bound."},
+               bytes_setter(&cluster_config::send_window_bytes, 0),
+               {}});
   t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
                 "Shared-memory arena per direction of a data connection between processes on "
                 "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},

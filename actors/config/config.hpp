@@ -142,6 +142,9 @@ struct cluster_config {
   /// Keys larger than this are cut into slices of at most this many bytes, each its own ps-key
   /// with its own round (actors/logic/key_placement.hpp); 0: keys are not cut.
   std::int64_t slice_bytes = 512 * 1024;
+  /// Bytes of tensor a worker hands each server's link at a time; the rest waits in its send
+  /// queue, ordered by priority. 0: no bound.
+  std::int64_t send_window_bytes = 4 * 1024 * 1024;
   /// Shared-memory arena per direction of a data connection whose ends share a host (tensors
   /// then skip the socket); 0 turns the fast path off.
   std::int64_t shm_arena_bytes = 64 * 1024 * 1024;

@@ -87,6 +87,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.bigarray_bound = s.bigarray_bound;
   options.chunk_bytes = s.chunk_bytes;
   options.slice_bytes = s.slice_bytes;
+  options.send_window_bytes = s.send_window_bytes;
   options.request_timeout = s.timeout;
   options.max_rounds_ahead = s.max_rounds_ahead;
   options.server_rejoin = s.server_rejoin;
@@ -254,22 +255,31 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
 }
 
 kv_request dist_kvstore::push_async(std::span<const kv_key> keys, std::span<const ndarray> values,
-                                    int /*priority*/) {
+                                    int priority) {
   auto op = make_operation(kv_call::push, keys, values, {}, "push");
-  return op ? start(std::move(*op)) : kv_request::done(op.error());
+  if (!op)
+    return kv_request::done(op.error());
+  op->priority = priority;
+  return start(std::move(*op));
 }
 
 kv_request dist_kvstore::pull_async(std::span<const kv_key> keys, std::span<ndarray> outputs,
-                                    int /*priority*/) {
+                                    int priority) {
   auto op = make_operation(kv_call::pull, keys, {}, outputs, "pull");
-  return op ? start(std::move(*op)) : kv_request::done(op.error());
+  if (!op)
+    return kv_request::done(op.error());
+  op->priority = priority;
+  return start(std::move(*op));
 }
 
 kv_request dist_kvstore::pushpull_async(std::span<const kv_key> keys,
                                         std::span<const ndarray> values, std::span<ndarray> outputs,
-                                        int /*priority*/) {
+                                        int priority) {
   auto op = make_operation(kv_call::pushpull, keys, values, outputs, "pushpull");
-  return op ? start(std::move(*op)) : kv_request::done(op.error());
+  if (!op)
+    return kv_request::done(op.error());
+  op->priority = priority;
+  return start(std::move(*op));
 }
 
 status dist_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray> values,

@@ -98,7 +98,9 @@ public:
   virtual int num_workers() const noexcept = 0;
 
   // Every batch call takes parallel lists: keys[i] goes with values[i]. A key may repeat, and
-  // then its values form one list (MXNet's grouping of key-value pairs).
+  // then its values form one list (MXNet's grouping of key-value pairs). `priority` is MXNet's,
+  // higher first: a distributed store sends requests of higher priority ahead of those queued
+  // before them for the same server (actors/logic/worker_core.hpp, "The send queue").
 
   /// Declares keys and their initial values; a key can be initialised once.
   virtual status init(std::span<const kv_key> keys, std::span<const ndarray> values) = 0;

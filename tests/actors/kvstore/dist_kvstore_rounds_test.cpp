@@ -1,4 +1,5 @@
 // The distributed KVStore's rounds through the whole worker: requests that time out are cancelled,
+// a push of higher priority overtakes the chunks of a large one held at its link,
 // dist_sync rounds close with a quorum of workers (one of them frozen at a known round), and
 // bounded staleness keeps every worker within s rounds of the slowest. W workers and S servers in
 // one process (in_process_job), checked against closed forms.
@@ -49,6 +50,57 @@ caf::behavior valve(caf::event_based_actor* self, caf::actor worker) {
         *holding = false;
         for (auto& reply : *held)
           self->send(worker, std::move(reply));
+        held->clear();
+      },
+  };
+}
+
+/// A key's frame as a link saw it: which key, and where its chunk starts in the tensor.
+struct seen_frame {
+  std::uint64_t key = 0;
+  std::uint64_t offset = 0;
+};
+
+/// Frames a gate passed on, in order (written on the gate's thread, read by the test once the
+/// requests whose frames it wants have completed).
+struct frame_log {
+  std::mutex mutex;
+  std::vector<seen_frame> frames;
+};
+
+/// Between a worker and its link to a server: passes requests on and notes each push chunk,
+/// except that after (hold_atom) it keeps every request, and their keepalives with them, until
+/// (release_atom), which passes the kept ones on, in order, and lets the rest through. Dies with
+/// its link. Untyped, so that it takes hold and release besides what a link takes.
+caf::behavior request_gate(caf::event_based_actor* self, link_actor link,
+                           std::shared_ptr<frame_log> log) {
+  self->link_to(link);
+  auto held = std::make_shared<std::vector<envelope>>();
+  auto holding = std::make_shared<bool>(false);
+  auto pass = [self, link, log](envelope& request) {
+    if (const auto* push = std::get_if<wire::push>(&request.msg)) {
+      std::lock_guard lock{log->mutex};
+      log->frames.push_back({push->key, push->tensor.offset});
+    }
+    self->send(link, std::move(request));
+  };
+  return {
+      [=](envelope& request) {
+        if (*holding)
+          held->push_back(std::move(request));
+        else
+          pass(request);
+      },
+      [=](stop_atom) {
+        self->send(link, stop_atom::value);
+        self->quit();
+      },
+      [](caf::get_atom) { return std::string{"gate"}; },
+      [=](hold_atom) { *holding = true; },
+      [=](release_atom) {
+        *holding = false;
+        for (auto& request : *held)
+          pass(request);
         held->clear();
       },
   };
@@ -196,6 +248,86 @@ void check_quorum(const quorum_case& c) {
 }
 
 } // namespace
+
+/// Through the whole worker and a real shard: a large push of low priority is under way, held at
+/// its link with a window's worth of chunks handed over, when a small push of higher priority is
+/// made; released, the link sees the small push before the large one's remaining chunks, or after
+/// them when both have the same priority (the control).
+std::vector<seen_frame> frames_of_a_large_push_then_a_small_one(int large_priority) {
+  constexpr std::size_t chunk = 64 << 10;
+  caf::actor gate;
+  auto log = std::make_shared<frame_log>();
+  in_process_options options;
+  options.shards = 1;
+  options.chunk_bytes = chunk;
+  options.send_window_bytes = 2 * chunk;
+  options.request_path = [&](caf::actor_system& system, std::uint32_t, std::uint32_t,
+                             const link_actor& link) {
+    gate = system.spawn(request_gate, link, log);
+    return caf::actor_cast<link_actor>(gate);
+  };
+  auto job = std::make_unique<in_process_job>("dist_sync", 1, 1, options);
+  auto& kv = *job->workers[0];
+  const shape_vector large_shape{8 * chunk / sizeof(float)}; // 8 chunks
+  BOOST_TEST_REQUIRE(kv.init(9, ndarray::zeros(large_shape)).has_value());
+  BOOST_TEST_REQUIRE(kv.init(0, ndarray::zeros({4})).has_value());
+
+  caf::anon_send(gate, hold_atom::value);
+  const auto large = ndarray::ones(large_shape);
+  const auto small = ndarray::ones({4});
+  std::vector<kv_key> large_key{std::int64_t{9}}, small_key{std::int64_t{0}};
+  auto slow = kv.push_async(large_key, std::span{&large, 1}, large_priority);
+  auto urgent = kv.push_async(small_key, std::span{&small, 1}, 0);
+  // Both calls are in the worker's mailbox before any frame can leave the gate, so before any
+  // receipt: what the link sees next is the send queue's choice alone.
+  caf::anon_send(gate, release_atom::value);
+  BOOST_TEST_REQUIRE(urgent.wait().has_value());
+  BOOST_TEST_REQUIRE(slow.wait().has_value());
+  // And the values are right: one round each.
+  auto out = ndarray::zeros(large_shape);
+  BOOST_TEST_REQUIRE(kv.pull(9, out).has_value());
+  BOOST_TEST(all_equal(out, 1.0f));
+  std::lock_guard lock{log->mutex};
+  return log->frames;
+}
+
+/// Where the small push (ps-key of key 0) stands among the pushes' frames, and how many frames of
+/// the large one there are.
+std::pair<std::size_t, std::size_t> small_push_position(const std::vector<seen_frame>& frames) {
+  std::size_t large = 0, position = frames.size();
+  const auto large_key = frames.empty() ? 0 : frames.front().key;
+  for (std::size_t i = 0; i < frames.size(); ++i)
+    if (frames[i].key == large_key)
+      ++large;
+    else
+      position = i;
+  return {position, large};
+}
+
+BOOST_AUTO_TEST_SUITE(dist_kvstore_send_queue)
+
+BOOST_AUTO_TEST_CASE(a_small_push_of_higher_priority_overtakes_a_large_push_held_at_its_link) {
+  const auto frames = frames_of_a_large_push_then_a_small_one(-9);
+  const auto [position, large] = small_push_position(frames);
+  BOOST_TEST_REQUIRE(large == 8u);
+  BOOST_TEST_REQUIRE(frames.size() == 9u);
+  // Two chunks of the large push were with the link when the small push came: it goes next.
+  BOOST_TEST(position == 2u);
+  for (std::size_t i = 0, offset = 0; i < frames.size(); ++i)
+    if (i != position) {
+      BOOST_TEST(frames[i].offset == offset); // the large push's chunks stay in order
+      offset += 64 << 10;
+    }
+}
+
+BOOST_AUTO_TEST_CASE(at_equal_priority_a_small_push_waits_behind_a_large_push_held_at_its_link) {
+  const auto frames = frames_of_a_large_push_then_a_small_one(0);
+  const auto [position, large] = small_push_position(frames);
+  BOOST_TEST_REQUIRE(large == 8u);
+  BOOST_TEST(position == 8u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(dist_sync_with_a_quorum)
 

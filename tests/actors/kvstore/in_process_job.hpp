@@ -84,6 +84,8 @@ struct in_process_options {
   std::uint32_t shards = 2;
   std::int64_t bigarray_bound = 1'000'000;
   std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// The workers' send window per server (data.send_window_bytes).
+  std::size_t send_window_bytes = default_send_window_bytes;
   /// The workers' request timeout.
   std::chrono::milliseconds timeout{20'000};
   /// sync.* of the cluster configuration (worker_setup's fields).
@@ -98,6 +100,11 @@ struct in_process_options {
   /// itself when empty).
   std::function<caf::actor(caf::actor_system& system, std::uint32_t rank, const caf::actor& worker)>
       reply_path;
+  /// Puts an actor between worker `rank` and its link to server `server`: it gets the job's actor
+  /// system and that link, and returns the link the worker sends to (the link itself when empty).
+  std::function<link_actor(caf::actor_system& system, std::uint32_t rank, std::uint32_t server,
+                           const link_actor& link)>
+      request_path;
 };
 
 inline in_process_options make_options(std::uint32_t shards, std::int64_t bigarray_bound,
@@ -115,7 +122,8 @@ struct in_process_job {
   std::vector<std::unique_ptr<server_node>> servers;
   thread_barrier barrier;
   std::vector<std::unique_ptr<dist_kvstore>> workers;
-  /// The actors options.reply_path put between servers and workers; stopped with the job.
+  /// The actors options.reply_path and options.request_path put between servers and workers;
+  /// stopped with the job.
   std::vector<caf::actor> reply_paths;
 
   in_process_job(std::string type, std::uint32_t num_workers, std::uint32_t num_servers,
@@ -148,22 +156,30 @@ struct in_process_job {
       setup.num_servers = num_servers;
       setup.bigarray_bound = options.bigarray_bound;
       setup.chunk_bytes = options.chunk_bytes;
+      setup.send_window_bytes = options.send_window_bytes;
       setup.timeout = options.timeout;
       setup.quorum = options.quorum;
       setup.rescale_quorum = options.rescale_quorum;
       setup.max_staleness = options.max_staleness;
       setup.max_rounds_ahead = options.max_rounds_ahead;
-      setup.connect_servers = [this, rank, path = options.reply_path](
-                                  const caf::actor& worker) -> result<server_links> {
+      setup.connect_servers =
+          [this, rank, path = options.reply_path,
+           requests = options.request_path](const caf::actor& worker) -> result<server_links> {
         caf::actor replies = worker;
         if (path) {
           replies = path(system, rank, worker);
           reply_paths.push_back(replies);
         }
         server_links links;
-        for (auto& server : servers)
-          links.links.push_back(
-              spawn_local_link(system, server->router(), caf::actor_cast<reply_sink>(replies)));
+        for (std::uint32_t s = 0; s < servers.size(); ++s) {
+          auto link =
+              spawn_local_link(system, servers[s]->router(), caf::actor_cast<reply_sink>(replies));
+          if (requests) {
+            link = requests(system, rank, s, link);
+            reply_paths.push_back(caf::actor_cast<caf::actor>(link));
+          }
+          links.links.push_back(link);
+        }
         return links;
       };
       setup.barrier = [this] { return barrier.wait(std::chrono::milliseconds{20000}); };

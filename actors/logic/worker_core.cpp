@@ -1,0 +1,826 @@
+#include "actors/logic/worker_core.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <limits>
+
+#include "actors/logic/job_trace.hpp"
+#include "actors/logic/wire_conversions.hpp"
+
+namespace troupe {
+namespace {
+
+/// "830 us", "12.4 ms" or "1.52 s".
+std::string describe_us(double us) {
+  char text[32];
+  if (us < 1'000)
+    std::snprintf(text, sizeof text, "%.0f us", us);
+  else if (us < 1'000'000)
+    std::snprintf(text, sizeof text, "%.3g ms", us / 1'000);
+  else
+    std::snprintf(text, sizeof text, "%.3g s", us / 1'000'000);
+  return text;
+}
+
+/// "5 s" for whole seconds, "250 ms" otherwise.
+std::string describe(std::chrono::milliseconds duration) {
+  if (duration.count() % 1000 == 0)
+    return std::to_string(duration.count() / 1000) + " s";
+  return std::to_string(duration.count()) + " ms";
+}
+
+/// The flattened bytes [begin, end) elements of host array `array`.
+std::span<std::byte> element_bytes(const ndarray& array, std::int64_t begin, std::int64_t end) {
+  const auto size = size_of(array.dtype());
+  return {static_cast<std::byte*>(const_cast<void*>(array.raw_data())) + begin * size,
+          static_cast<std::size_t>(end - begin) * size};
+}
+
+wire::tensor_chunk slice_tensor(const ndarray& array, const key_slice& slice, bool whole) {
+  wire::tensor_chunk tensor;
+  tensor.type = to_wire(array.dtype());
+  if (whole)
+    tensor.shape.assign(array.shape().begin(), array.shape().end());
+  else
+    tensor.shape = {slice.size()};
+  tensor.data = element_bytes(array, slice.begin, slice.end);
+  tensor.total_bytes = tensor.data.size();
+  return tensor;
+}
+
+const char* verb(kv_call call) {
+  switch (call) {
+  case kv_call::init:
+    return "init";
+  case kv_call::push:
+    return "push";
+  case kv_call::pushpull:
+    return "pushpull";
+  case kv_call::pull:
+    return "pull";
+  case kv_call::every_server:
+    break;
+  }
+  return "request";
+}
+
+enum class answer_kind : std::size_t { push, pull, pushpull };
+constexpr std::array<const char*, 3> kind_names{"push", "pull", "pushpull"};
+
+} // namespace
+
+worker_core::worker_core(worker_core_options options, output& out)
+    : options_(std::move(options)), out_(out) {}
+
+worker_core::~worker_core() {
+  error gone{errc::peer_lost, "the KVStore worker stopped"};
+  for (auto& [id, waiting] : parts_)
+    waiting->call->end(gone);
+  for (auto& [key, ps] : keys_)
+    for (auto& waiting : ps.waiting)
+      waiting->call->end(gone);
+  if (finalizing_)
+    finalizing_->deliver(ok());
+}
+
+worker_clock::time_point worker_core::now() const {
+  return options_.clock ? options_.clock() : worker_clock::now();
+}
+
+std::chrono::milliseconds worker_core::tick_interval() const noexcept {
+  return std::clamp(options_.request_timeout / 8, std::chrono::milliseconds{10},
+                    std::chrono::milliseconds{250});
+}
+
+bool worker_core::recovery() const {
+  return options_.server_rejoin.count() > 0 && options_.can_relink;
+}
+
+std::size_t worker_core::waiting_for_credit(std::uint64_t ps_key) const {
+  auto found = keys_.find(ps_key);
+  return found == keys_.end() ? 0 : found->second.waiting.size();
+}
+
+// --- setup and calls
+// ------------------------------------------------------------------------------
+
+void worker_core::on_links(std::vector<std::string> names) {
+  names_ = std::move(names);
+  servers_.assign(names_.size(), server_state{});
+  for (std::size_t s = 0; s < names_.size(); ++s)
+    if (names_[s].empty())
+      names_[s] = "server " + std::to_string(s);
+}
+
+void worker_core::on_call(kv_operation& op) {
+  auto call = std::make_shared<call_state>();
+  call->done = op.done;
+  if (failure_) {
+    call->end(error{failure_->code(), op.what + ": " + failure_->message()});
+    return;
+  }
+  if (names_.size() != options_.num_servers) {
+    call->end(error{errc::internal, op.what + ": the worker has " + std::to_string(names_.size()) +
+                                        " server links for " +
+                                        std::to_string(options_.num_servers) + " servers"});
+    return;
+  }
+  switch (op.call) {
+  case kv_call::every_server:
+    for (std::uint32_t server = 0; server < options_.num_servers; ++server) {
+      auto p = new_part(call, kv_call::every_server, server, op.what);
+      const auto id = next_request_id_++;
+      sent(id, p);
+      enqueue(p, op.message_for(id, server), nullptr);
+    }
+    break;
+  case kv_call::init:
+  case kv_call::push:
+  case kv_call::pushpull:
+  case kv_call::pull:
+    for (auto& work : op.keys)
+      add_key(call, op.call, work, op.priority);
+    break;
+  }
+  if (call->remaining == 0)
+    call->end(ok());
+}
+
+std::shared_ptr<worker_core::part> worker_core::new_part(const std::shared_ptr<call_state>& call,
+                                                         kv_call kind, std::uint32_t server,
+                                                         std::string name) {
+  auto p = std::make_shared<part>();
+  p->call = call;
+  p->kind = kind;
+  p->server = server;
+  p->name = std::move(name);
+  ++call->remaining;
+  return p;
+}
+
+/// How errors name a request: "pull of key 3 from server 1 (node 10) at 127.0.0.1:40123",
+/// "set_optimizer sgd on server 0". Built only when something is reported.
+std::string worker_core::what_of(const part& p) const {
+  if (p.kind == kv_call::every_server)
+    return p.name + " on " + names_[p.server];
+  return std::string{verb(p.kind)} + " of key " + p.name +
+         (p.kind == kv_call::pull ? " from " : " to ") + names_[p.server];
+}
+
+/// The requests of one key of a call: one per slice, each queued behind the key's earlier
+/// requests when those are still waiting for credit.
+void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work,
+                          int priority) {
+  const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
+  const auto max_slice_elements =
+      static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
+  auto slices = place_key(static_cast<std::uint64_t>(work.index), elements, options_.num_servers,
+                          options_.bigarray_bound, max_slice_elements);
+  std::shared_ptr<pull_target> target;
+  if (kind == kv_call::pull || kind == kv_call::pushpull) {
+    target = std::make_shared<pull_target>();
+    target->slices_left = slices.size();
+    const bool direct = work.outputs.size() == 1 && work.outputs[0].ctx().is_cpu();
+    if (direct) {
+      target->buffer = work.outputs[0];
+    } else {
+      target->buffer = ndarray::empty(work.shape, context::cpu(), work.type);
+      target->copies = work.outputs;
+    }
+  }
+  for (const auto& slice : slices) {
+    auto p = new_part(call, kind, slice.server, work.name);
+    p->slice = slice;
+    p->whole = slices.size() == 1;
+    p->value = work.value;
+    p->priority = priority;
+    if (target) {
+      auto bytes = element_bytes(target->buffer, slice.begin, slice.end);
+      auto shape = p->whole ? work.shape : shape_vector{slice.size()};
+      p->copy_off_thread = bytes.size() >= copy_off_thread_bytes;
+      p->out_bytes = bytes;
+      p->out_type = to_wire(work.type);
+      p->out_shape.assign(shape.begin(), shape.end());
+      p->assembly.emplace(bytes, p->out_type, p->out_shape);
+      p->target = target;
+    }
+    if (kind == kv_call::init)
+      send_keyed(p, keys_[p->slice.ps_key]);
+    else
+      submit(p);
+  }
+}
+
+// --- credit and sending
+// ---------------------------------------------------------------------------
+
+bool worker_core::has_credit(const ps_key_state& ps, const part& p) const {
+  if (!options_.sync || p.kind == kv_call::pull)
+    return true;
+  const auto round = p.resend ? p.round : ps.next_round;
+  return round < ps.completed + options_.max_rounds_ahead;
+}
+
+void worker_core::submit(const std::shared_ptr<part>& p) {
+  auto& ps = keys_[p->slice.ps_key];
+  ps.server = p->server;
+  if (ps.waiting.empty() && has_credit(ps, *p))
+    send_keyed(p, ps);
+  else
+    ps.waiting.push_back(p);
+}
+
+/// Sends what credit now allows of the key's waiting requests, in order.
+void worker_core::release_waiting(ps_key_state& ps) {
+  while (!ps.waiting.empty() && has_credit(ps, *ps.waiting.front())) {
+    auto p = std::move(ps.waiting.front());
+    ps.waiting.pop_front();
+    if (!p->call->over())
+      send_keyed(p, ps);
+  }
+}
+
+/// Sends request `p` of the ps-key whose state is `ps`.
+void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
+  const auto id = next_request_id_++;
+  const auto ps_key = p->slice.ps_key;
+  ps.server = p->server;
+  const bool pushes = p->kind == kv_call::push || p->kind == kv_call::pushpull;
+  if (!p->resend) {
+    p->round = pushes ? ps.next_round++ : ps.next_round;
+    if (pushes && recovery()) {
+      // The bytes push `p` sends, copied: the caller may reuse its array once the push is acked.
+      const auto tensor = slice_tensor(p->value, p->slice, p->whole);
+      shape_vector shape(tensor.shape.begin(), tensor.shape.end());
+      auto copy = ndarray::empty(shape, context::cpu(), p->value.dtype());
+      std::memcpy(copy.raw_data(), tensor.data.data(), tensor.data.size());
+      ps.kept.push_back(kept_push{p->round, std::move(copy)});
+    }
+  }
+  const auto timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(
+      options_.request_timeout.count(), std::numeric_limits<std::uint32_t>::max()));
+  wire::message whole;
+  switch (p->kind) {
+  case kv_call::init:
+    whole = wire::init{id, ps_key, slice_tensor(p->value, p->slice, p->whole)};
+    break;
+  case kv_call::push:
+    whole = wire::push{
+        id, ps_key, options_.rank, p->round, slice_tensor(p->value, p->slice, p->whole), p->resend};
+    break;
+  case kv_call::pushpull:
+    whole = wire::pushpull{
+        id,         ps_key,   options_.rank, p->round, slice_tensor(p->value, p->slice, p->whole),
+        timeout_ms, p->resend};
+    break;
+  case kv_call::pull:
+    whole = wire::pull_request{id, ps_key, options_.rank, p->round, timeout_ms};
+    break;
+  case kv_call::every_server:
+    return;
+  }
+  sent(id, p);
+  enqueue(p, std::move(whole), &ps);
+}
+
+void worker_core::sent(std::uint64_t id, const std::shared_ptr<part>& p) {
+  p->sent_at = now();
+  p->traced_since_us = trace_start_time();
+  parts_.emplace(id, p);
+}
+
+// --- the send queue
+// -------------------------------------------------------------------------------
+
+/// Puts request `p` (of the ps-key whose state is `ps`; null: keyless) in its server's send queue:
+/// among the ready requests when nothing of its ps-key is queued, else behind the key's last.
+void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request, ps_key_state* ps) {
+  auto& server = servers_[p->server];
+  outgoing o;
+  o.p = p;
+  o.keepalive = p->value.is_none() ? nullptr : p->value.keepalive();
+  o.frames.emplace(std::move(request), options_.chunk_bytes);
+  o.order = send_order{server.epoch, ps == nullptr, p->priority, server.next_sequence++};
+  if (ps == nullptr) {
+    // Everything queued after a keyless request leaves after it.
+    ++server.epoch;
+    server.ready.emplace(o.order, std::move(o));
+  } else if (ps->head_ready) {
+    ps->queued.push_back(std::move(o));
+  } else {
+    ps->head_ready = true;
+    server.ready.emplace(o.order, std::move(o));
+  }
+  pump(p->server);
+}
+
+/// Hands the link of `server` the next frames of its ready requests, best first, while its
+/// window has room; a frame larger than the window goes when nothing else is with the link.
+void worker_core::pump(std::uint32_t server) {
+  auto& state = servers_[server];
+  const auto window = options_.send_window_bytes;
+  // A server being recovered: its requests wait, and are queued afresh once it is back.
+  while (!state.down && !state.ready.empty() && (window == 0 || state.with_link < window)) {
+    auto head = state.ready.begin();
+    auto& o = head->second;
+    envelope frame{o.frames->chunk(o.next), o.keepalive, server + 1};
+    ++o.next;
+    const auto* tensor = wire::tensor_of(frame.msg);
+    const send_receipt receipt{server, state.link, tensor == nullptr ? 0 : tensor->data.size()};
+    if (o.next == o.frames->chunk_count()) {
+      const bool keyed = o.p->kind != kv_call::every_server;
+      const auto ps_key = o.p->slice.ps_key;
+      state.ready.erase(head);
+      if (keyed) {
+        // The key's next request becomes ready, in its own place.
+        auto& ps = keys_[ps_key];
+        if (ps.queued.empty()) {
+          ps.head_ready = false;
+        } else {
+          auto next = std::move(ps.queued.front());
+          ps.queued.pop_front();
+          state.ready.emplace(next.order, std::move(next));
+        }
+      }
+    }
+    state.with_link += receipt.bytes;
+    out_.send(server, std::move(frame), receipt);
+  }
+}
+
+void worker_core::frame_left(const send_receipt& receipt) {
+  if (receipt.server >= servers_.size())
+    return;
+  auto& state = servers_[receipt.server];
+  // A receipt of a server's old link: its frames are gone with it, and counted out already.
+  if (receipt.link != state.link)
+    return;
+  state.with_link -= std::min(state.with_link, receipt.bytes);
+  pump(receipt.server);
+}
+
+std::uint64_t worker_core::bytes_with_link(std::uint32_t server) const {
+  return server < servers_.size() ? servers_[server].with_link : 0;
+}
+
+/// Empties the send queue of `server`: its requests go again afresh (a restarted server), or
+/// nothing goes any more (the worker failed).
+void worker_core::drop_send_queue(std::uint32_t server) {
+  servers_[server].ready.clear();
+  for (auto& [ps_key, ps] : keys_)
+    if (ps.server == server) {
+      ps.queued.clear();
+      ps.head_ready = false;
+    }
+}
+
+// --- the summary
+// ----------------------------------------------------------------------------------
+
+/// What the summary and the job trace note of an answered push, pull or pushpull.
+void worker_core::note_answered(const part& p) {
+  if (p.kind == kv_call::init || p.kind == kv_call::every_server)
+    return;
+  // Every answer passes here: without a summary to print or a trace to record, nothing is
+  // counted.
+  const bool summarised = options_.summary_log.enabled(log_level::info);
+  if (!summarised && p.traced_since_us == 0)
+    return;
+  const auto elapsed = std::chrono::duration_cast<std::chrono::microseconds>(now() - p.sent_at);
+  const auto element = static_cast<std::uint64_t>(p.value.is_none() ? 0 : size_of(p.value.dtype()));
+  const std::uint64_t pushed =
+      p.kind == kv_call::pull ? 0 : static_cast<std::uint64_t>(p.slice.size()) * element;
+  const std::uint64_t pulled = p.kind == kv_call::push ? 0 : p.out_bytes.size();
+  if (traffic_.size() < names_.size())
+    traffic_.resize(names_.size());
+  if (p.server < traffic_.size()) {
+    auto& to = traffic_[p.server];
+    ++to.requests;
+    to.bytes_pushed += pushed;
+    to.bytes_pulled += pulled;
+  }
+  const auto kind = static_cast<std::size_t>(p.kind == kv_call::push   ? answer_kind::push
+                                             : p.kind == kv_call::pull ? answer_kind::pull
+                                                                       : answer_kind::pushpull);
+  answer_times_[kind].record(elapsed);
+  if (p.traced_since_us != 0)
+    job_trace::process().record({kind_names[kind], p.slice.ps_key, p.round, p.server,
+                                 pushed + pulled, p.traced_since_us, job_trace::now_us()});
+}
+
+void worker_core::log_summary() const {
+  if (!options_.summary_log.enabled(log_level::info))
+    return;
+  for (std::size_t s = 0; s < traffic_.size(); ++s)
+    options_.summary_log.info("to " + names_[s] + ": " + std::to_string(traffic_[s].requests) +
+                              " requests, " + std::to_string(traffic_[s].bytes_pushed) +
+                              " bytes pushed, " + std::to_string(traffic_[s].bytes_pulled) +
+                              " bytes pulled");
+  for (std::size_t k = 0; k < answer_times_.size(); ++k)
+    if (answer_times_[k].count() > 0)
+      options_.summary_log.info(std::string{kind_names[k]} + " times over " +
+                                std::to_string(answer_times_[k].count()) + " requests: p50 " +
+                                describe_us(answer_times_[k].quantile_us(0.5)) + ", p99 " +
+                                describe_us(answer_times_[k].quantile_us(0.99)));
+  if (options_.summary_footer)
+    options_.summary_log.info(options_.summary_footer());
+}
+
+// --- replies
+// --------------------------------------------------------------------------------------
+
+void worker_core::on_reply(envelope& reply) {
+  const auto id = wire::request_id_of(reply.msg);
+  auto found = parts_.find(id);
+  if (found == parts_.end()) {
+    if (const auto* err = std::get_if<wire::error_reply>(&reply.msg); err && id == 0)
+      options_.log.error("a server refused a frame: " + err->message);
+    else
+      options_.log.debug([&] {
+        return "dropped a late " + std::string{wire::kind_name(reply.msg)} + " for request " +
+               std::to_string(id);
+      });
+    return;
+  }
+  auto p = found->second;
+  if (const auto* ack = std::get_if<wire::ack>(&reply.msg)) {
+    if (p->kind == kv_call::push)
+      learn_round(p->slice.ps_key, ack->round, ack->dropped, ack->durable);
+    finish(id, p, ok());
+  } else if (std::holds_alternative<wire::pull_reply>(reply.msg)) {
+    on_value(id, p, reply);
+  } else if (const auto* err = std::get_if<wire::error_reply>(&reply.msg)) {
+    forget_failed_push(*p);
+    finish(id, p, from_wire(*err, what_of(*p) + ": "));
+  } else {
+    finish(id, p,
+           error{errc::malformed_message, what_of(*p) + ": unexpected " +
+                                              std::string{wire::kind_name(reply.msg)} + " reply"});
+  }
+}
+
+/// What an answer says of the server's rounds of a key: more credit. A push dropped because
+/// its round closed with a quorum of other workers leaves this worker's round numbers as they
+/// are: every worker pushes every round, so every round reaches its quorum and no pull waits
+/// forever. Moving a straggler forward to the round being collected would make it skip rounds
+/// and push, at the end, a round the others never push.
+void worker_core::learn_round(std::uint64_t ps_key, std::uint64_t completed, bool dropped,
+                              std::uint64_t durable) {
+  auto& ps = keys_[ps_key];
+  ps.durable = std::max(ps.durable, durable);
+  while (!ps.kept.empty() && ps.kept.front().round < ps.durable)
+    ps.kept.pop_front();
+  if (!options_.sync)
+    return;
+  ps.completed = std::max(ps.completed, completed);
+  if (dropped)
+    ++dropped_pushes_;
+  release_waiting(ps);
+}
+
+/// dist_async: a push the server refused was not applied, and the caller hears so; sent again
+/// after a restart, it could be. (In dist_sync a round whose update failed closed all the same,
+/// and a restored server needs every worker's push of it again.)
+void worker_core::forget_failed_push(const part& p) {
+  if (options_.sync || (p.kind != kv_call::push && p.kind != kv_call::pushpull))
+    return;
+  auto& kept = keys_[p.slice.ps_key].kept;
+  std::erase_if(kept, [&](const kept_push& push) { return push.round == p.round; });
+}
+
+/// Copies one reply chunk into its request's output, unless the caller has stopped waiting.
+/// Touches only `p.assembly` and the call's completion, so it may run on another thread.
+std::pair<chunk_copy, std::string> worker_core::copy_chunk(part& p, const wire::pull_reply& value) {
+  std::optional<wire::result<bool>> added;
+  // The caller's output is written only while the call is live (completion::while_live).
+  if (!p.call->done.while_live([&] { added.emplace(p.assembly->add(value.tensor)); }))
+    return {chunk_copy::cancelled, {}};
+  if (!*added)
+    return {chunk_copy::failed, added->error().message};
+  return {added->value() ? chunk_copy::complete : chunk_copy::more, {}};
+}
+
+void worker_core::on_value(std::uint64_t id, const std::shared_ptr<part>& p, envelope& reply) {
+  const auto& value = std::get<wire::pull_reply>(reply.msg);
+  if (!p->assembly) {
+    finish(id, p, error{errc::malformed_message, what_of(*p) + ": unexpected pull reply"});
+    return;
+  }
+  if (!p->reply_seen) {
+    p->reply_seen = true;
+    learn_round(p->slice.ps_key, value.round, false, value.durable);
+  }
+  if (!p->copy_off_thread) {
+    auto [how, problem] = copy_chunk(*p, value);
+    on_chunk_copied(id, p, how, problem);
+    return;
+  }
+  // The envelope travels with the copy: it keeps the received bytes (and their receive
+  // credit) until they are copied.
+  out_.copy_elsewhere(id, [p, chunk = std::move(reply)] {
+    return copy_chunk(*p, std::get<wire::pull_reply>(chunk.msg));
+  });
+}
+
+void worker_core::on_copied(std::uint64_t id, chunk_copy how, const std::string& problem) {
+  auto found = parts_.find(id);
+  // Gone: the request failed or timed out while its chunks were being copied.
+  if (found == parts_.end() || how > chunk_copy::failed)
+    return;
+  auto p = found->second;
+  on_chunk_copied(id, p, how, problem);
+}
+
+void worker_core::on_chunk_copied(std::uint64_t id, const std::shared_ptr<part>& p, chunk_copy how,
+                                  const std::string& problem) {
+  switch (how) {
+  case chunk_copy::more:
+    return;
+  case chunk_copy::cancelled:
+    parts_.erase(id);
+    return;
+  case chunk_copy::failed:
+    finish(id, p, error{errc::malformed_message, what_of(*p) + ": " + problem});
+    return;
+  case chunk_copy::complete:
+    break;
+  }
+  auto& target = *p->target;
+  status outcome;
+  if (--target.slices_left == 0 && !target.copies.empty())
+    outcome = status_of([&]() -> status {
+      p->call->done.while_live([&] {
+        for (auto& out : target.copies)
+          target.buffer.copy_to(out);
+      });
+      return ok();
+    });
+  finish(id, p, std::move(outcome));
+}
+
+void worker_core::finish(std::uint64_t id, const std::shared_ptr<part>& p, status outcome) {
+  if (outcome)
+    note_answered(*p);
+  parts_.erase(id);
+  auto& call = *p->call;
+  if (!outcome)
+    call.end(std::move(outcome));
+  else if (call.remaining > 0 && --call.remaining == 0)
+    call.end(ok());
+  maybe_finalized();
+}
+
+// --- failures and server recovery
+// -----------------------------------------------------------------
+
+void worker_core::on_link_down(std::uint64_t tag, const std::string& why, bool current) {
+  if (tag == 0 || tag > names_.size())
+    return;
+  if (recovery() && tag <= servers_.size()) {
+    // Only the server's current link counts: an old one may close after the new one opened.
+    if (!current)
+      return;
+    hold_server(static_cast<std::uint32_t>(tag - 1), why);
+    return;
+  }
+  // The scheduler's notice naming the node that was really lost usually arrives within a
+  // moment; a server may only be closing because the job already failed.
+  out_.report_lost_later(names_[tag - 1] + " was lost: " + why);
+}
+
+void worker_core::on_refused(std::uint64_t tag, const std::string& words) {
+  if (tag == 0 || tag > names_.size())
+    return;
+  // A server that refused this worker's handshake (its node key, its token) was not lost: it
+  // said no, and will say it again.
+  fail_everything(
+      error{errc::invalid_argument, names_[tag - 1] + " refused this worker: " + words});
+}
+
+void worker_core::fail_everything(error why) {
+  if (failure_)
+    return;
+  failure_ = why;
+  options_.log.error(why.message());
+  for (std::uint32_t server = 0; server < servers_.size(); ++server)
+    drop_send_queue(server);
+  auto failed = std::move(parts_);
+  parts_.clear();
+  for (auto& [id, p] : failed)
+    p->call->end(error{why.code(), what_of(*p) + ": " + why.message()});
+  for (auto& [key, ps] : keys_) {
+    for (auto& p : ps.waiting)
+      p->call->end(error{why.code(), what_of(*p) + ": " + why.message()});
+    ps.waiting.clear();
+  }
+  maybe_finalized();
+}
+
+void worker_core::on_membership(const wire::membership& table) {
+  for (const auto& node : table.nodes)
+    if (node.node_role == wire::role::worker && !node.alive)
+      options_.log.info(wire::describe(node) + " is gone; the job goes on");
+  if (!recovery() || failure_)
+    return;
+  for (const auto& node : table.nodes) {
+    if (node.node_role != wire::role::server || node.rank >= servers_.size())
+      continue;
+    auto& server = servers_[node.rank];
+    if (!node.alive) {
+      server.seen_lost = true;
+      hold_server(node.rank, "the scheduler lists it lost");
+    } else if (server.seen_lost && !server.relinking) {
+      server.seen_lost = false;
+      server.relinking = true;
+      out_.relink(node);
+    }
+  }
+}
+
+/// Server recovery: requests to `server` wait (bounded) for it to come back.
+void worker_core::hold_server(std::uint32_t server, const std::string& why) {
+  auto& state = servers_[server];
+  if (state.down)
+    return;
+  state.down = true;
+  state.down_since = now();
+  options_.log.error(names_[server] + " was lost: " + why + "; waiting up to " +
+                     describe(options_.server_rejoin + options_.request_timeout) +
+                     " for it to come back from its checkpoint");
+}
+
+worker_core::relink_step worker_core::on_relink(std::uint32_t server, bool linked,
+                                                const std::string& name,
+                                                const std::string& problem) {
+  if (server >= servers_.size())
+    return linked ? relink_step::close_new_link : relink_step::ignore;
+  servers_[server].relinking = false;
+  if (failure_)
+    return linked ? relink_step::close_new_link : relink_step::ignore;
+  if (!linked) {
+    fail_everything(error{errc::peer_lost, name + " came back from its checkpoint, but " +
+                                               "the worker cannot reach it: " + problem});
+    return relink_step::ignore;
+  }
+  return relink_step::install;
+}
+
+void worker_core::server_back(std::uint32_t server, std::string name) {
+  names_[server] = std::move(name);
+  auto& state = servers_[server];
+  state.down = false;
+  ++state.link;
+  state.with_link = 0;
+  const auto [kept, under_way] = resend(server);
+  options_.log.info(names_[server] + " is back from its checkpoint: sent again " +
+                    std::to_string(kept) + " kept pushes and " + std::to_string(under_way) +
+                    " other requests under way");
+}
+
+/// After `server` restarted from its checkpoint: every kept push of its ps-keys (those its
+/// checkpoint holds are acked without being applied) and every request under way to it, per
+/// ps-key in round order, with the credit counted from the durable round. Returns how many
+/// kept pushes and how many other requests go again.
+std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
+  std::pair<std::size_t, std::size_t> counts;
+  // What the old link did not send goes again with the rest, from its first frame.
+  drop_send_queue(server);
+  std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<part>>> under_way;
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> lost;
+  for (auto it = parts_.begin(); it != parts_.end();) {
+    if (it->second->server != server) {
+      ++it;
+      continue;
+    }
+    auto& p = it->second;
+    const bool keyed =
+        p->kind == kv_call::push || p->kind == kv_call::pushpull || p->kind == kv_call::pull;
+    // A reply being copied elsewhere cannot be started afresh here.
+    if (!keyed || (p->reply_seen && p->copy_off_thread))
+      lost.emplace_back(it->first, p);
+    else
+      under_way[p->slice.ps_key].push_back(p);
+    it = parts_.erase(it);
+  }
+  for (auto& [id, p] : lost)
+    finish(id, p,
+           error{errc::peer_lost, what_of(*p) + ": " + names_[server] +
+                                      " restarted from its checkpoint while it was under way"});
+  for (auto& [ps_key, ps] : keys_) {
+    if (ps.server != server)
+      continue;
+    auto& requests = under_way[ps_key];
+    std::sort(requests.begin(), requests.end(),
+              [](const auto& a, const auto& b) { return a->round < b->round; });
+    std::deque<std::shared_ptr<part>> again;
+    for (const auto& kept : ps.kept) {
+      auto match = std::find_if(requests.begin(), requests.end(), [&](const auto& p) {
+        return p->kind != kv_call::pull && p->round == kept.round;
+      });
+      std::shared_ptr<part> p;
+      if (match != requests.end()) {
+        p = *match;
+        requests.erase(match);
+      } else {
+        // Acked before the server went: its call is over, only the server needs it again.
+        auto replay = std::make_shared<call_state>();
+        p = new_part(replay, kv_call::push, server, std::to_string(ps_key));
+      }
+      p->value = kept.copy;
+      p->slice = key_slice{server, ps_key, 0, kept.copy.size()};
+      p->whole = true;
+      p->round = kept.round;
+      again.push_back(std::move(p));
+    }
+    counts.first += again.size();
+    counts.second += requests.size();
+    for (auto& p : requests) // pulls, which wait for the pushes before them
+      again.push_back(p);
+    for (auto& p : again) {
+      p->resend = true;
+      p->reply_seen = false;
+      if (p->assembly)
+        p->assembly.emplace(p->out_bytes, p->out_type, p->out_shape);
+    }
+    ps.completed = std::min(ps.completed, ps.durable);
+    for (auto it = again.rbegin(); it != again.rend(); ++it)
+      ps.waiting.push_front(*it);
+    release_waiting(ps);
+  }
+  return counts;
+}
+
+// --- time
+// -----------------------------------------------------------------------------------------
+
+void worker_core::on_tick() {
+  const auto at = now();
+  for (std::uint32_t server = 0; server < servers_.size(); ++server)
+    if (servers_[server].down &&
+        at - servers_[server].down_since > options_.server_rejoin + options_.request_timeout) {
+      fail_everything(
+          error{errc::peer_lost, names_[server] + " was lost and did not come back within " +
+                                     describe(options_.server_rejoin + options_.request_timeout)});
+      return;
+    }
+  std::vector<std::uint64_t> overdue;
+  for (const auto& [id, p] : parts_)
+    if (p->call->done.cancelled() || (at - p->sent_at > options_.request_timeout &&
+                                      (servers_.size() <= p->server || !servers_[p->server].down)))
+      overdue.push_back(id);
+  for (auto id : overdue) {
+    auto found = parts_.find(id);
+    if (found == parts_.end())
+      continue;
+    auto p = found->second;
+    if (p->call->done.cancelled()) {
+      parts_.erase(found);
+      continue;
+    }
+    error why{errc::timeout, what_of(*p) + " not answered within " +
+                                 describe(options_.request_timeout) + " of being sent"};
+    if (p->kind != kv_call::every_server)
+      fail_waiting(p->slice.ps_key, why);
+    finish(id, p, why);
+  }
+  if (finalizing_ && at > finalize_deadline_) {
+    finalizing_->deliver(error{errc::timeout, "finalize: requests still under way after " +
+                                                  describe(options_.request_timeout)});
+    finalizing_.reset();
+  }
+}
+
+/// The requests of a key queued behind one that failed can never go out in order.
+void worker_core::fail_waiting(std::uint64_t ps_key, const error& why) {
+  auto found = keys_.find(ps_key);
+  if (found == keys_.end())
+    return;
+  for (auto& p : found->second.waiting)
+    p->call->end(error{why.code(),
+                       what_of(*p) + ": waiting behind a request that failed: " + why.message()});
+  found->second.waiting.clear();
+}
+
+void worker_core::on_finalize(completion<status> done) {
+  finalizing_ = std::move(done);
+  finalize_deadline_ = now() + options_.request_timeout;
+  maybe_finalized();
+}
+
+void worker_core::maybe_finalized() {
+  if (!finalizing_ || !parts_.empty())
+    return;
+  for (const auto& [key, ps] : keys_)
+    if (!ps.waiting.empty())
+      return;
+  if (dropped_pushes_ > 0)
+    options_.log.info(std::to_string(dropped_pushes_) +
+                      " pushes arrived after their round had closed and were dropped");
+  log_summary();
+  finalizing_->deliver(ok());
+  finalizing_.reset();
+}
+
+} // namespace troupe

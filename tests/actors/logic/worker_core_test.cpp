@@ -1,0 +1,556 @@
+// A KVStore worker's rules driven call by call and reply by reply, with no network, no actors and
+// a clock the test moves: sync credit, the order of one ps-key's requests, the reassembly of a
+// key split over servers, replies nobody asked for, timeouts, the resend after a server restarts
+// from its checkpoint, and the failure of everything under way.
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include "actors/logic/wire_conversions.hpp"
+#include "actors/logic/worker_core.hpp"
+#include "schema/chunking.hpp"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Runs a worker_core and is its output: what it sends is kept in order, per server; copies
+/// handed elsewhere, reports of lost links and relinks wait until the test runs them.
+struct worker_driver : worker_core::output {
+  worker_clock::time_point now{};
+  struct frame {
+    std::uint32_t server = 0;
+    envelope request;
+    send_receipt receipt;
+  };
+  std::vector<frame> sent;
+  std::vector<std::pair<std::uint64_t, std::function<std::pair<chunk_copy, std::string>()>>> copies;
+  std::vector<std::string> lost_reports;
+  std::vector<wire::node_info> relinks;
+  std::unique_ptr<worker_core> core;
+
+  explicit worker_driver(worker_core_options options) {
+    options.clock = [this] { return now; };
+    const auto servers = options.num_servers;
+    core = std::make_unique<worker_core>(std::move(options), *this);
+    // The servers' names, given once the core exists (on_links), as the actor does.
+    std::vector<std::string> names;
+    for (std::uint32_t s = 0; s < servers; ++s)
+      names.push_back("server " + std::to_string(s) + " (node " + std::to_string(8 + 2 * s) + ")");
+    core->on_links(std::move(names));
+  }
+
+  void send(std::uint32_t server, envelope request, send_receipt receipt) override {
+    sent.push_back({server, std::move(request), receipt});
+  }
+  /// Frame `index` of those sent has left its link.
+  void left(std::size_t index) { core->frame_left(sent.at(index).receipt); }
+  void copy_elsewhere(std::uint64_t id,
+                      std::function<std::pair<chunk_copy, std::string>()> copy) override {
+    copies.emplace_back(id, std::move(copy));
+  }
+  void report_lost_later(std::string why) override { lost_reports.push_back(std::move(why)); }
+  void relink(const wire::node_info& server) override { relinks.push_back(server); }
+
+  /// One key of a call: its index, the value it sends (init, push, pushpull) and where its value
+  /// goes (pull, pushpull).
+  static kv_key_work key(std::int64_t index, const ndarray& value,
+                         std::vector<ndarray> outputs = {}) {
+    kv_key_work work;
+    work.index = index;
+    work.name = std::to_string(index);
+    work.shape = value.shape();
+    work.type = value.dtype();
+    if (outputs.empty() || !value.is_none())
+      work.value = value;
+    work.outputs = std::move(outputs);
+    return work;
+  }
+  /// A pull of `index` into `output`.
+  static kv_key_work pull_key(std::int64_t index, const ndarray& output) {
+    kv_key_work work;
+    work.index = index;
+    work.name = std::to_string(index);
+    work.shape = output.shape();
+    work.type = output.dtype();
+    work.outputs = {output};
+    return work;
+  }
+
+  completion<status> call(kv_call kind, std::vector<kv_key_work> keys, int priority = 0) {
+    kv_operation op;
+    op.call = kind;
+    op.keys = std::move(keys);
+    op.what = kind == kv_call::pull ? "pull" : kind == kv_call::push ? "push" : "pushpull";
+    op.priority = priority;
+    core->on_call(op);
+    return op.done;
+  }
+
+  /// The messages sent so far of kind T, in order.
+  template <class T>
+  std::vector<T> sent_of() const {
+    std::vector<T> out;
+    for (const auto& f : sent)
+      if (const auto* m = std::get_if<T>(&f.request.msg))
+        out.push_back(*m);
+    return out;
+  }
+
+  void reply(wire::message msg, std::uint32_t server = 0) {
+    envelope e{std::move(msg), nullptr, server + 1};
+    core->on_reply(e);
+  }
+  void ack(std::uint64_t id, std::uint64_t completed, std::uint64_t durable = 0) {
+    reply(wire::ack{id, completed, false, durable});
+  }
+  /// Answers pull `id` of ps-key `key` with `value` (float32, whole shape `shape`), cut in chunks
+  /// of `chunk_bytes`.
+  void answer_pull(const wire::pull_request& pull, const ndarray& value, std::size_t chunk_bytes,
+                   std::uint32_t server, std::vector<std::int64_t> shape = {}) {
+    wire::tensor_chunk tensor;
+    tensor.type = to_wire(value.dtype());
+    tensor.shape = shape.empty()
+                       ? std::vector<std::int64_t>(value.shape().begin(), value.shape().end())
+                       : shape;
+    tensor.total_bytes = value.nbytes();
+    tensor.data = {static_cast<const std::byte*>(value.raw_data()), value.nbytes()};
+    wire::chunker chunks{wire::pull_reply{pull.request_id, pull.key, pull.round + 1, tensor},
+                         chunk_bytes};
+    for (std::size_t c = 0; c < chunks.chunk_count(); ++c)
+      reply(chunks.chunk(c), server);
+  }
+};
+
+worker_core_options one_server(std::uint32_t max_rounds_ahead = 2) {
+  worker_core_options options;
+  options.send_window_bytes = 0; // the send queue has tests of its own
+  options.num_servers = 1;
+  options.max_rounds_ahead = max_rounds_ahead;
+  options.request_timeout = 1000ms;
+  return options;
+}
+
+std::unique_ptr<worker_driver> driver_for(worker_core_options options) {
+  return std::make_unique<worker_driver>(std::move(options));
+}
+
+std::vector<float> floats(const ndarray& array) {
+  std::vector<float> values(static_cast<std::size_t>(array.size()));
+  std::memcpy(values.data(), array.raw_data(), values.size() * sizeof(float));
+  return values;
+}
+
+bool delivered_ok(const completion<status>& done) {
+  auto got = done.peek();
+  return got && got->has_value();
+}
+
+std::optional<error> delivered_error(const completion<status>& done) {
+  auto got = done.peek();
+  if (!got || got->has_value())
+    return std::nullopt;
+  return got->error();
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(worker_rules)
+
+BOOST_AUTO_TEST_CASE(a_push_beyond_max_rounds_ahead_waits_until_an_ack_brings_credit) {
+  auto d = driver_for(one_server(2));
+  auto value = ndarray::full({4}, 1.0);
+  auto first = d->call(kv_call::push, {worker_driver::key(3, value)});
+  auto second = d->call(kv_call::push, {worker_driver::key(3, value)});
+  auto third = d->call(kv_call::push, {worker_driver::key(3, value)});
+  // Rounds 0 and 1 go (0 < 0 + 2, 1 < 0 + 2); round 2 waits for credit, holding its tensor.
+  auto pushes = d->sent_of<wire::push>();
+  BOOST_TEST_REQUIRE(pushes.size() == 2u);
+  BOOST_TEST(pushes[0].round == 0u);
+  BOOST_TEST(pushes[1].round == 1u);
+  BOOST_TEST(d->core->waiting_for_credit(pushes[0].key) == 1u);
+  BOOST_TEST(!third.ready());
+
+  // The server completed round 1 (its ack of round 0 says so): round 2 may go.
+  d->ack(pushes[0].request_id, 1);
+  BOOST_TEST(delivered_ok(first));
+  pushes = d->sent_of<wire::push>();
+  BOOST_TEST_REQUIRE(pushes.size() == 3u);
+  BOOST_TEST(pushes[2].round == 2u);
+  BOOST_TEST(d->core->waiting_for_credit(pushes[0].key) == 0u);
+  d->ack(pushes[1].request_id, 1);
+  d->ack(pushes[2].request_id, 1);
+  BOOST_TEST(delivered_ok(second));
+  BOOST_TEST(delivered_ok(third));
+  BOOST_TEST(d->core->under_way() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_pull_behind_a_push_without_credit_waits_and_leaves_after_it) {
+  auto d = driver_for(one_server(1));
+  auto value = ndarray::full({2}, 5.0);
+  auto out = ndarray::zeros({2});
+  d->call(kv_call::push, {worker_driver::key(0, value)});
+  d->call(kv_call::push, {worker_driver::key(0, value)});
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(0, out)});
+  // A pull needs no credit, but the push before it has none: the pull keeps its place.
+  BOOST_TEST(d->sent_of<wire::push>().size() == 1u);
+  BOOST_TEST(d->sent_of<wire::pull_request>().empty());
+  d->ack(d->sent_of<wire::push>()[0].request_id, 1);
+  // Now the second push, then the pull of its round, in that order.
+  BOOST_TEST_REQUIRE(d->sent.size() == 3u);
+  const auto* push = std::get_if<wire::push>(&d->sent[1].request.msg);
+  const auto* pull = std::get_if<wire::pull_request>(&d->sent[2].request.msg);
+  BOOST_TEST_REQUIRE(push != nullptr);
+  BOOST_TEST_REQUIRE(pull != nullptr);
+  BOOST_TEST(push->round == 1u);
+  BOOST_TEST(pull->round == 2u); // the value after both pushes
+  BOOST_TEST(!pulled.ready());
+}
+
+BOOST_AUTO_TEST_CASE(a_key_split_over_servers_is_reassembled_from_chunks_into_every_output) {
+  auto options = one_server();
+  options.num_servers = 2;
+  options.bigarray_bound = 8; // 10 elements: split, 5 on each server
+  auto d = driver_for(options);
+  auto first = ndarray::zeros({10}), second = ndarray::zeros({10});
+  kv_key_work work = worker_driver::pull_key(7, first);
+  work.outputs.push_back(second);
+  auto pulled = d->call(kv_call::pull, {work});
+  auto pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 2u);
+  BOOST_TEST(d->sent[0].server == 0u);
+  BOOST_TEST(d->sent[1].server == 1u);
+
+  // Each server answers its slice of 5 floats in chunks of 8 bytes (3 chunks), the second first.
+  auto low = ndarray::from_values({1, 2, 3, 4, 5}, {5});
+  auto high = ndarray::from_values({6, 7, 8, 9, 10}, {5});
+  d->answer_pull(pulls[1], high, 8, 1);
+  BOOST_TEST(!pulled.ready());
+  BOOST_TEST(floats(first) == std::vector<float>(10, 0.0f)); // staged until every slice is in
+  d->answer_pull(pulls[0], low, 8, 0);
+  BOOST_TEST_REQUIRE(delivered_ok(pulled));
+  const std::vector<float> expected{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  BOOST_TEST(floats(first) == expected);
+  BOOST_TEST(floats(second) == expected);
+}
+
+BOOST_AUTO_TEST_CASE(a_large_reply_is_copied_elsewhere_and_completes_when_the_copy_reports_back) {
+  auto d = driver_for(one_server());
+  const std::int64_t elements = copy_off_thread_bytes / sizeof(float);
+  auto out = ndarray::zeros({elements});
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(1, out)});
+  auto pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 1u);
+  auto value = ndarray::full({elements}, 2.0);
+  d->answer_pull(pulls[0], value, copy_off_thread_bytes / 2, 0);
+  // Nothing is copied on the core's thread: two jobs wait.
+  BOOST_TEST_REQUIRE(d->copies.size() == 2u);
+  BOOST_TEST(floats(out)[0] == 0.0f);
+  for (auto& [id, copy] : d->copies) {
+    auto [how, problem] = copy();
+    d->core->on_copied(id, how, problem);
+  }
+  BOOST_TEST(delivered_ok(pulled));
+  BOOST_TEST(floats(out) == std::vector<float>(elements, 2.0f));
+}
+
+BOOST_AUTO_TEST_CASE(a_reply_to_a_request_nobody_made_changes_nothing) {
+  auto d = driver_for(one_server());
+  auto out = ndarray::full({2}, -1.0);
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(0, out)});
+  auto pull = d->sent_of<wire::pull_request>().at(0);
+  auto other = ndarray::full({2}, 9.0);
+  // Unknown ids: an ack, a value (which must not land in any output), an error.
+  d->ack(pull.request_id + 100, 3);
+  d->answer_pull(wire::pull_request{pull.request_id + 101, pull.key, 0, 0}, other, 8, 0);
+  d->reply(wire::error_reply{pull.request_id + 102, pull.key, wire::error_code::unknown_key, "x"});
+  d->reply(wire::error_reply{0, 0, wire::error_code::bad_frame, "a frame was refused"});
+  BOOST_TEST(!pulled.ready());
+  BOOST_TEST(d->core->under_way() == 1u);
+  BOOST_TEST(floats(out) == std::vector<float>(2, -1.0f));
+  // The real answer still completes the pull.
+  d->answer_pull(pull, ndarray::full({2}, 4.0), 8, 0);
+  BOOST_TEST(delivered_ok(pulled));
+  BOOST_TEST(floats(out) == std::vector<float>(2, 4.0f));
+}
+
+BOOST_AUTO_TEST_CASE(an_overdue_request_times_out_and_fails_the_requests_of_its_key_behind_it) {
+  auto d = driver_for(one_server(1));
+  auto value = ndarray::full({2}, 1.0);
+  auto sent = d->call(kv_call::push, {worker_driver::key(0, value)});
+  auto behind = d->call(kv_call::push, {worker_driver::key(0, value)}); // no credit: waits
+  auto other_key = d->call(kv_call::push, {worker_driver::key(1, value)});
+  d->now += 999ms;
+  d->core->on_tick();
+  BOOST_TEST(!sent.ready()); // not overdue yet
+  d->now += 2ms;
+  d->core->on_tick();
+  auto failed = delivered_error(sent);
+  BOOST_TEST_REQUIRE(failed.has_value());
+  BOOST_TEST((failed->code() == errc::timeout));
+  BOOST_TEST(failed->message().find("push of key 0 to server 0 (node 8) not answered within 1 s") !=
+                 std::string::npos,
+             failed->message());
+  auto waiting = delivered_error(behind);
+  BOOST_TEST_REQUIRE(waiting.has_value());
+  BOOST_TEST(waiting->message().find("waiting behind a request that failed") != std::string::npos,
+             waiting->message());
+  // Key 1's push was sent at the same time, so it is overdue as well, on its own account.
+  auto own = delivered_error(other_key);
+  BOOST_TEST_REQUIRE(own.has_value());
+  BOOST_TEST(own->message().find("push of key 1") != std::string::npos, own->message());
+  BOOST_TEST(d->core->under_way() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(after_a_restart_kept_pushes_go_again_in_round_order_marked_resent) {
+  auto options = one_server(4);
+  options.server_rejoin = 5000ms;
+  options.can_relink = true;
+  auto d = driver_for(options);
+  auto value = ndarray::full({2}, 1.0);
+  auto acked = d->call(kv_call::push, {worker_driver::key(0, value)});
+  auto unanswered = d->call(kv_call::push, {worker_driver::key(0, value)});
+  auto pushes = d->sent_of<wire::push>();
+  BOOST_TEST_REQUIRE(pushes.size() == 2u);
+  d->ack(pushes[0].request_id, 1, /*durable*/ 0); // acked, not yet in a checkpoint: kept
+  BOOST_TEST(delivered_ok(acked));
+
+  // The link goes down: nothing fails, requests wait for the server.
+  d->core->on_link_down(1, "connection reset", true);
+  BOOST_TEST(d->lost_reports.empty());
+  auto later = d->call(kv_call::push, {worker_driver::key(0, value)});
+  d->now += 3000ms;
+  d->core->on_tick();
+  BOOST_TEST(!unanswered.ready()); // its timeout stops while the server is down
+  const auto before = d->sent.size();
+  BOOST_TEST(d->sent_of<wire::push>().size() == 2u); // the later push did not leave
+
+  // The scheduler lists it lost, then alive at a new address: the worker relinks.
+  wire::node_info server{8, wire::role::server, 0, "127.0.0.1", 4000, false};
+  d->core->on_membership(wire::membership{1, 1, 1, {server}, {}});
+  BOOST_TEST(d->relinks.empty());
+  server.alive = true;
+  server.data_port = 4001;
+  d->core->on_membership(wire::membership{2, 1, 1, {server}, {}});
+  BOOST_TEST_REQUIRE(d->relinks.size() == 1u);
+  BOOST_TEST(d->relinks[0].data_port == 4001u);
+  BOOST_TEST((d->core->on_relink(0, true, "server 0 (node 8) at 127.0.0.1:4001", "") ==
+              worker_core::relink_step::install));
+  d->core->server_back(0, "server 0 (node 8) at 127.0.0.1:4001");
+
+  // Rounds 0 (acked, kept), 1 (unanswered) and 2 (made while the server was down, kept as it
+  // "left") go again marked resent, in round order.
+  std::vector<wire::push> again;
+  for (std::size_t i = before; i < d->sent.size(); ++i)
+    if (const auto* p = std::get_if<wire::push>(&d->sent[i].request.msg))
+      again.push_back(*p);
+  BOOST_TEST_REQUIRE(again.size() == 3u);
+  BOOST_TEST(again[0].round == 0u);
+  BOOST_TEST(again[0].resent);
+  BOOST_TEST(again[1].round == 1u);
+  BOOST_TEST(again[1].resent);
+  BOOST_TEST(again[2].round == 2u);
+  BOOST_TEST(again[2].resent);
+  // The replay of round 0 belongs to no call; acking round 1 and 2 completes theirs.
+  d->ack(again[0].request_id, 1, 1);
+  d->ack(again[1].request_id, 2, 1);
+  d->ack(again[2].request_id, 3, 1);
+  BOOST_TEST(delivered_ok(unanswered));
+  BOOST_TEST(delivered_ok(later));
+}
+
+BOOST_AUTO_TEST_CASE(fail_everything_fails_calls_under_way_waiting_and_later_naming_the_reason) {
+  auto d = driver_for(one_server(1));
+  auto value = ndarray::full({2}, 1.0);
+  auto out = ndarray::zeros({2});
+  auto under_way = d->call(kv_call::push, {worker_driver::key(0, value)});
+  auto waiting = d->call(kv_call::pushpull, {worker_driver::key(0, value, {out})});
+  d->core->fail_everything(error{errc::peer_lost, "server 0 (node 8) was lost: reset"});
+  for (const auto* done : {&under_way, &waiting}) {
+    auto failed = delivered_error(*done);
+    BOOST_TEST_REQUIRE(failed.has_value());
+    BOOST_TEST((failed->code() == errc::peer_lost));
+    BOOST_TEST(failed->message().find("server 0 (node 8) was lost: reset") != std::string::npos,
+               failed->message());
+  }
+  const auto sent = d->sent.size();
+  auto later = d->call(kv_call::push, {worker_driver::key(1, value)});
+  auto refused = delivered_error(later);
+  BOOST_TEST_REQUIRE(refused.has_value());
+  BOOST_TEST(refused->message() == "push: server 0 (node 8) was lost: reset");
+  BOOST_TEST(d->sent.size() == sent); // nothing more leaves
+  // A late ack changes nothing.
+  d->ack(d->sent_of<wire::push>().at(0).request_id, 1);
+  BOOST_TEST(d->core->under_way() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_lost_link_is_reported_after_the_grace_and_a_refusal_at_once) {
+  auto d = driver_for(one_server());
+  auto value = ndarray::full({2}, 1.0);
+  auto pushed = d->call(kv_call::push, {worker_driver::key(0, value)});
+  d->core->on_link_down(1, "connection reset", true);
+  BOOST_TEST_REQUIRE(d->lost_reports.size() == 1u);
+  BOOST_TEST(d->lost_reports[0] == "server 0 (node 8) was lost: connection reset");
+  BOOST_TEST(!pushed.ready()); // the scheduler's notice may still name the real culprit
+  d->core->on_refused(1, "the job token is wrong");
+  auto failed = delivered_error(pushed);
+  BOOST_TEST_REQUIRE(failed.has_value());
+  BOOST_TEST((failed->code() == errc::invalid_argument));
+  BOOST_TEST(
+      failed->message().find("server 0 (node 8) refused this worker: the job token is wrong") !=
+          std::string::npos,
+      failed->message());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+/// One server, chunks of 4 KiB, a window of two chunks.
+worker_core_options windowed() {
+  auto options = one_server(8);
+  options.chunk_bytes = 4096;
+  options.send_window_bytes = 2 * 4096;
+  return options;
+}
+
+/// (request id, chunk offset) of each frame sent, in order.
+std::vector<std::pair<std::uint64_t, std::uint64_t>> frames_of(const worker_driver& d) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  for (const auto& f : d.sent) {
+    const auto* tensor = wire::tensor_of(f.request.msg);
+    out.emplace_back(wire::request_id_of(f.request.msg), tensor ? tensor->offset : 0);
+  }
+  return out;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(worker_send_queue)
+
+BOOST_AUTO_TEST_CASE(a_small_urgent_push_overtakes_the_remaining_chunks_of_a_large_one) {
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0); // 32 KiB: 8 chunks
+  auto small = ndarray::full({4}, 2.0);
+  auto slow = d->call(kv_call::push, {worker_driver::key(9, large)}, -9);
+  // The window holds two chunks: the rest of the large push waits in the send queue.
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u);
+  BOOST_TEST(d->core->bytes_with_link(0) == 2 * 4096u);
+  auto urgent = d->call(kv_call::push, {worker_driver::key(0, small)}, 0);
+  BOOST_TEST(d->sent.size() == 2u); // the window is full: even the urgent one waits
+  d->left(0);
+  // The first chunk left: the small push goes next, ahead of the large one's six chunks.
+  BOOST_TEST_REQUIRE(d->sent.size() >= 3u);
+  const auto frames = frames_of(*d);
+  const auto large_id = frames[0].first;
+  const auto* next = std::get_if<wire::push>(&d->sent[2].request.msg);
+  BOOST_TEST_REQUIRE(next != nullptr);
+  BOOST_TEST(next->key != d->sent_of<wire::push>()[0].key);
+  BOOST_TEST(next->tensor.data.size() == 16u);
+  // Then the large push's chunks resume, in offset order, one per frame that leaves.
+  for (std::size_t i = 1; d->sent.size() < 9; ++i)
+    d->left(i);
+  const auto all = frames_of(*d);
+  BOOST_TEST_REQUIRE(all.size() == 9u);
+  for (std::size_t i = 3, chunk = 2; i < all.size(); ++i, ++chunk) {
+    BOOST_TEST(all[i].first == large_id);
+    BOOST_TEST(all[i].second == chunk * 4096);
+  }
+  d->ack(next->request_id, 1);
+  d->ack(large_id, 1);
+  BOOST_TEST(delivered_ok(urgent));
+  BOOST_TEST(delivered_ok(slow));
+}
+
+BOOST_AUTO_TEST_CASE(without_a_higher_priority_the_queue_keeps_call_order) {
+  // The control case of the test above: the same calls at equal priority leave in call order,
+  // so the overtaking there is the priority's doing.
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  auto small = ndarray::full({4}, 2.0);
+  d->call(kv_call::push, {worker_driver::key(9, large)}, 0);
+  d->call(kv_call::push, {worker_driver::key(0, small)}, 0);
+  for (std::size_t i = 0; i < d->sent.size() && i < 16; ++i)
+    d->left(i);
+  const auto all = frames_of(*d);
+  BOOST_TEST_REQUIRE(all.size() == 9u);
+  for (std::size_t i = 0; i < 8; ++i)
+    BOOST_TEST(all[i].first == all[0].first);
+  BOOST_TEST(all[8].first != all[0].first);
+}
+
+BOOST_AUTO_TEST_CASE(requests_of_one_ps_key_keep_their_order_whatever_their_priority) {
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  auto out = ndarray::zeros({8 * 1024});
+  d->call(kv_call::push, {worker_driver::key(5, large)}, -5);
+  // A pull of the same key at a high priority must still see the push: it waits for its last
+  // chunk to be handed over.
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(5, out)}, 100);
+  for (std::size_t i = 0; i < d->sent.size() && i < 16; ++i)
+    d->left(i);
+  BOOST_TEST_REQUIRE(d->sent.size() == 9u);
+  for (std::size_t i = 0; i < 8; ++i)
+    BOOST_TEST(std::holds_alternative<wire::push>(d->sent[i].request.msg));
+  const auto* pull = std::get_if<wire::pull_request>(&d->sent[8].request.msg);
+  BOOST_TEST_REQUIRE(pull != nullptr);
+  BOOST_TEST(pull->round == 1u);
+  BOOST_TEST(!pulled.ready());
+}
+
+BOOST_AUTO_TEST_CASE(a_keyless_request_leaves_after_everything_queued_before_it) {
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  d->call(kv_call::push, {worker_driver::key(9, large)}, -9);
+  kv_operation command;
+  command.call = kv_call::every_server;
+  command.what = "set_optimizer sgd";
+  command.message_for = [](std::uint64_t id, std::uint32_t) -> wire::message {
+    return wire::set_optimizer{id, "sgd", {}};
+  };
+  d->core->on_call(command);
+  auto small = ndarray::full({4}, 2.0);
+  d->call(kv_call::push, {worker_driver::key(0, small)}, 100); // after the command
+  for (std::size_t i = 0; i < d->sent.size() && i < 16; ++i)
+    d->left(i);
+  BOOST_TEST_REQUIRE(d->sent.size() == 10u);
+  BOOST_TEST(std::holds_alternative<wire::set_optimizer>(d->sent[8].request.msg));
+  const auto* last = std::get_if<wire::push>(&d->sent[9].request.msg);
+  BOOST_TEST_REQUIRE(last != nullptr);
+  BOOST_TEST(last->tensor.data.size() == 16u);
+}
+
+BOOST_AUTO_TEST_CASE(receipts_of_a_replaced_link_do_not_open_the_new_links_window) {
+  auto options = windowed();
+  options.server_rejoin = 5000ms;
+  options.can_relink = true;
+  auto d = driver_for(options);
+  auto large = ndarray::full({8 * 1024}, 1.0);
+  auto pushed = d->call(kv_call::push, {worker_driver::key(9, large)});
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u);
+  d->core->on_link_down(1, "connection reset", true);
+  d->core->server_back(0, "server 0 (node 8) at 127.0.0.1:4001");
+  // The push goes again from its first chunk, on the new link, within its window.
+  BOOST_TEST_REQUIRE(d->sent.size() == 4u);
+  BOOST_TEST(std::get<wire::push>(d->sent[2].request.msg).tensor.offset == 0u);
+  BOOST_TEST(std::get<wire::push>(d->sent[2].request.msg).resent);
+  // The old link's frames let go: nothing more may leave on their account.
+  d->left(0);
+  d->left(1);
+  BOOST_TEST(d->sent.size() == 4u);
+  BOOST_TEST(d->core->bytes_with_link(0) == 2 * 4096u);
+  d->left(2);
+  BOOST_TEST(d->sent.size() == 5u);
+  BOOST_TEST(!pushed.ready());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
