@@ -23,6 +23,8 @@
 #include <optional>
 #include <utility>
 
+#include "actors/logic/hop_probe.hpp"
+
 namespace troupe {
 
 template <class T>
@@ -41,6 +43,7 @@ public:
         return false;
       state_->value.emplace(std::move(value));
     }
+    TROUPE_HOP(delivered);
     state_->changed.notify_all();
     return true;
   }

@@ -79,6 +79,7 @@
 
 #include "actors/config/local_address.hpp"
 #include "actors/logic/data_link_framing.hpp"
+#include "actors/logic/hop_probe.hpp"
 #include "actors/logic/link_tls.hpp"
 #include "actors/logic/node_identity.hpp"
 #include "actors/logic/shm_arena.hpp"
@@ -1184,6 +1185,7 @@ void route_request(server_broker* self, link_connection& c, envelope&& request) 
     queue_reply(c, no_handler_reply(request.msg), st.options.tuning);
     return;
   }
+  TROUPE_HOP(server_to_shard);
   self->send(target, std::move(request), caf::actor_cast<reply_sink>(self));
 }
 
@@ -1247,6 +1249,10 @@ void finish_sealed_read(server_broker* self, connection_handle hdl, const sealed
 /// under TLS ciphertext, handled by read_sealed. A failed TLS session closes the connection after
 /// its alert.
 void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
+  if (buffer.size() == wire::frame_prefix_bytes)
+    TROUPE_HOP(server_prefix);
+  else
+    TROUPE_HOP(server_body);
   c.delivered += buffer.size();
   const connection_handle hdl = c.hdl;
   if (!c.tls) {
@@ -1600,6 +1606,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         auto i = st.connections.find(msg.handle);
         if (i == st.connections.end())
           return;
+        TROUPE_HOP(server_written);
         i->second.in_flight = msg.remaining;
         i->second.bytes_taken += msg.written;
         serve_writes(self, i->second);
@@ -1612,6 +1619,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         self->state.options.tuning.log.info("data server: the listening socket closed");
       },
       [=](envelope& reply) {
+        TROUPE_HOP(server_reply_in);
         auto& st = self->state;
         auto h = st.handles.find(reply.connection);
         auto* c = h == st.handles.end() ? nullptr : &st.connections.at(h->second);
@@ -1629,6 +1637,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
                       st.options.tuning);
         }
         serve_writes(self, *c);
+        TROUPE_HOP(server_queued);
       },
       [=](released_atom, std::uint64_t id) {
         auto& st = self->state;
@@ -1759,6 +1768,7 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
     st.on_authenticated(link_authentication{c.session, std::nullopt});
   if (in.frame) {
     in.frame->connection = st.tag;
+    TROUPE_HOP(client_to_worker);
     self->send(st.receiver, std::move(*in.frame));
   }
   if (in.refused)
@@ -1769,6 +1779,10 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
 /// Bytes arrived: without TLS exactly the read the frame receiver asked for; under TLS
 /// ciphertext, handled by read_sealed. A failed TLS session takes the link down after its alert.
 void on_socket_read(client_broker* self, std::vector<char>& buffer) {
+  if (buffer.size() == wire::frame_prefix_bytes)
+    TROUPE_HOP(client_prefix);
+  else
+    TROUPE_HOP(client_body);
   auto& st = self->state;
   auto& c = *st.connection;
   if (!c.tls) {
@@ -1830,6 +1844,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         auto& st = self->state;
         if (st.down)
           return;
+        TROUPE_HOP(link_written);
         st.connection->in_flight = msg.remaining;
         send_writes(self);
       },
@@ -1837,6 +1852,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         link_down(self, "data link to " + self->state.peer + " closed by the peer");
       },
       [=](envelope& request) {
+        TROUPE_HOP(link_in);
         auto& st = self->state;
         if (st.down)
           return;
@@ -1847,6 +1863,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
           return;
         }
         send_writes(self);
+        TROUPE_HOP(link_queued);
       },
       [=](handshake_deadline_atom) {
         auto& st = self->state;

@@ -6,6 +6,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/logic/hop_probe.hpp"
 #include "engine/dispatch.hpp"
 
 namespace troupe {
@@ -48,9 +49,12 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
       [self](envelope& request, const reply_sink& sink) {
         // A shard's arrays are its own and its answers leave from this thread: its operations run
         // here, not on a device actor (a hop per operation would cost more than the operation).
+        TROUPE_HOP(shard_in);
         const engine::inline_scope here;
-        self->state.core->handle(std::move(request),
-                                 [self, sink](envelope out) { self->send(sink, std::move(out)); });
+        self->state.core->handle(std::move(request), [self, sink](envelope out) {
+          TROUPE_HOP(shard_out);
+          self->send(sink, std::move(out));
+        });
       },
       [self](const wire::membership& table) { self->state.core->on_membership(table); },
       [self](closed_atom, std::uint64_t connection) {
