@@ -27,7 +27,7 @@ namespace troupe::hop_probe {
 enum class hop : std::uint32_t {
   caller_send = 1,  ///< the facade hands the call to the worker actor (caller's thread)
   link_in,          ///< the client link broker takes the worker's envelope
-  link_queued,      ///< ... and has handed the frame to CAF (or the socket)
+  link_queued,      ///< ... and has encoded the frame (next: to the socket, or CAF)
   link_written,     ///< CAF reports the frame written to the socket (data_transferred_msg)
   server_prefix,    ///< the server broker read a frame's 8-byte prefix
   server_body,      ///< ... and its body
@@ -35,7 +35,7 @@ enum class hop : std::uint32_t {
   shard_in,         ///< the shard actor starts handling it (a scheduler thread)
   shard_out,        ///< the shard sends its reply to the server broker
   server_reply_in,  ///< the server broker takes the reply
-  server_queued,    ///< ... and has handed the frame to CAF (or the socket)
+  server_queued,    ///< ... and has encoded the reply
   server_written,   ///< CAF reports the reply written
   client_prefix,    ///< the client link read the reply's prefix
   client_body,      ///< ... and its body
