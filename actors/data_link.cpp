@@ -1205,6 +1205,9 @@ void route_request(server_broker* self, link_connection& c, envelope&& request) 
   TROUPE_HOP(server_to_shard);
   request_handler target;
   try {
+    if (st.options.take_request &&
+        st.options.take_request(request, caf::actor_cast<reply_sink>(self)))
+      return;
     target = st.options.route(request);
   } catch (const std::exception& e) {
     queue_reply(c,

@@ -237,6 +237,12 @@ struct data_server_options {
   /// Called on the broker's thread for every frame, so it must be quick and must not block.
   /// Required. Returning an invalid actor answers the request with error_reply{unsupported}.
   std::function<request_handler(const envelope&)> route;
+  /// Offered each request before route, on the broker's thread, with the broker as the sink of
+  /// its replies: returns true when it took the request (a server's shards answer a small one
+  /// on this thread when they are idle, or hand it to their actor themselves:
+  /// request_router::take in actors/server_node.hpp), false to leave it to route. It must not
+  /// block. Optional.
+  std::function<bool(envelope& request, const reply_sink& broker)> take_request{};
   /// Told the id of each connection that closed (the peer left, a fatal frame, stop), once per
   /// connection, on the broker's thread. Optional.
   std::function<void(std::uint64_t connection)> on_disconnect;
