@@ -8,8 +8,10 @@
 // Write pacing: the brokers turn on ack_writes, so CAF reports every write the socket took with
 // the bytes still in its buffers (data_transferred_msg::remaining). A connection hands CAF at
 // most max_bytes_in_flight, in write_chunk_bytes steps, and tops up on each report: the socket
-// always has the next chunk ready while tensors wait in the queue uncopied. A small frame goes to
-// the write buffer and is flushed at once when the connection is idle: no timer delays it.
+// always has the next chunk ready while tensors wait in the queue uncopied. When CAF holds none
+// of a connection's bytes, what is admitted goes straight to the socket with one non-blocking
+// send (write_directly), at most direct_write_bytes; what the socket does not take goes to CAF's
+// write buffer as above. No timer delays a small frame.
 //
 // Receive credit: what the peer's window admits goes to CAF, the rest waits in the connection's
 // frame_send_queue (data_link_framing.hpp). Received frames are counted by the connection's
@@ -79,6 +81,7 @@
 
 #include "actors/config/local_address.hpp"
 #include "actors/logic/data_link_framing.hpp"
+#include "actors/logic/hop_probe.hpp"
 #include "actors/logic/link_tls.hpp"
 #include "actors/logic/node_identity.hpp"
 #include "actors/logic/shm_arena.hpp"
@@ -196,9 +199,9 @@ struct link_connection {
   /// max_send_queue_bytes of replies wait for it (route_parked); each holds its frame, so the
   /// peer's window bounds them.
   std::deque<envelope> parked;
-  /// Bytes the socket has taken from CAF's buffer, in all (data_transferred_msg); at the last
-  /// stall check; and since when none were taken while the peer's replies were backed up
-  /// (close_stalled).
+  /// Bytes the socket has taken, in all (from CAF's buffer, data_transferred_msg, or from
+  /// write_directly); at the last stall check; and since when none were taken while the peer's
+  /// replies were backed up (close_stalled).
   std::uint64_t bytes_taken = 0;
   std::uint64_t taken_at_check = 0;
   std::chrono::steady_clock::time_point stuck_since{};
@@ -400,12 +403,41 @@ std::optional<std::string> pump_sealed(caf::io::abstract_broker* self, link_conn
   }
 }
 
-/// Hands admitted bytes to CAF while the in-flight bound allows, flushing each step. Returns why
-/// the connection must close (its TLS session failed), if it must.
+/// The most write_directly sends at once.
+constexpr std::size_t direct_write_bytes = std::size_t{64} << 10;
+
+/// Sends admitted bytes (at most direct_write_bytes) straight to the socket, when CAF's buffers
+/// hold none of the connection's, so that nothing is overtaken: a small frame then costs one
+/// send, where CAF's write takes a round of the multiplexer (registering the socket for writing,
+/// waking for it, writing, unregistering: two epoll_ctl and an epoll_wait more) and a
+/// data_transferred_msg. What the socket does not take now goes to CAF's buffer, in order. The
+/// descriptor is CAF's (hdl.id()), open while the broker holds the scribe; a failed send leaves
+/// the bytes to CAF, whose write fails the same way and reports the connection closed.
+void write_directly(caf::io::abstract_broker* self, link_connection& c) {
+  if (c.in_flight != 0 || !c.queue.ready() || !self->valid(c.hdl))
+    return;
+  thread_local std::vector<char> staged;
+  staged.clear();
+  c.queue.append_to(staged, direct_write_bytes);
+  const auto sent = ::send(static_cast<int>(c.hdl.id()), staged.data(), staged.size(),
+                           MSG_DONTWAIT | MSG_NOSIGNAL);
+  const std::size_t taken = sent > 0 ? static_cast<std::size_t>(sent) : 0;
+  c.bytes_taken += taken;
+  if (taken == staged.size())
+    return;
+  auto& out = self->wr_buf(c.hdl);
+  out.insert(out.end(), staged.begin() + static_cast<std::ptrdiff_t>(taken), staged.end());
+  c.in_flight += staged.size() - taken;
+  self->flush(c.hdl);
+}
+
+/// Hands admitted bytes to the socket or to CAF while the in-flight bound allows, flushing each
+/// step. Returns why the connection must close (its TLS session failed), if it must.
 std::optional<std::string> pump(caf::io::abstract_broker* self, link_connection& c,
                                 const data_link_tuning& tuning) {
   if (c.tls)
     return pump_sealed(self, c, tuning);
+  write_directly(self, c);
   while (c.queue.ready() && c.in_flight < tuning.max_bytes_in_flight) {
     const std::size_t budget =
         std::min(tuning.write_chunk_bytes, tuning.max_bytes_in_flight - c.in_flight);
@@ -1170,8 +1202,12 @@ void route_request(server_broker* self, link_connection& c, envelope&& request) 
       queue_reply(c, std::move(*refusal), st.options.tuning);
       return;
     }
+  TROUPE_HOP(server_to_shard);
   request_handler target;
   try {
+    if (st.options.take_request &&
+        st.options.take_request(request, caf::actor_cast<reply_sink>(self)))
+      return;
     target = st.options.route(request);
   } catch (const std::exception& e) {
     queue_reply(c,
@@ -1247,6 +1283,10 @@ void finish_sealed_read(server_broker* self, connection_handle hdl, const sealed
 /// under TLS ciphertext, handled by read_sealed. A failed TLS session closes the connection after
 /// its alert.
 void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& buffer) {
+  if (buffer.size() == wire::frame_prefix_bytes)
+    TROUPE_HOP(server_prefix);
+  else
+    TROUPE_HOP(server_body);
   c.delivered += buffer.size();
   const connection_handle hdl = c.hdl;
   if (!c.tls) {
@@ -1600,6 +1640,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         auto i = st.connections.find(msg.handle);
         if (i == st.connections.end())
           return;
+        TROUPE_HOP(server_written);
         i->second.in_flight = msg.remaining;
         i->second.bytes_taken += msg.written;
         serve_writes(self, i->second);
@@ -1612,6 +1653,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         self->state.options.tuning.log.info("data server: the listening socket closed");
       },
       [=](envelope& reply) {
+        TROUPE_HOP(server_reply_in);
         auto& st = self->state;
         auto h = st.handles.find(reply.connection);
         auto* c = h == st.handles.end() ? nullptr : &st.connections.at(h->second);
@@ -1628,6 +1670,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
           queue_reply(*c, failure_reply(reply.msg, wire::error_code::internal, *why),
                       st.options.tuning);
         }
+        TROUPE_HOP(server_queued);
         serve_writes(self, *c);
       },
       [=](released_atom, std::uint64_t id) {
@@ -1759,6 +1802,7 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
     st.on_authenticated(link_authentication{c.session, std::nullopt});
   if (in.frame) {
     in.frame->connection = st.tag;
+    TROUPE_HOP(client_to_worker);
     self->send(st.receiver, std::move(*in.frame));
   }
   if (in.refused)
@@ -1769,6 +1813,10 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
 /// Bytes arrived: without TLS exactly the read the frame receiver asked for; under TLS
 /// ciphertext, handled by read_sealed. A failed TLS session takes the link down after its alert.
 void on_socket_read(client_broker* self, std::vector<char>& buffer) {
+  if (buffer.size() == wire::frame_prefix_bytes)
+    TROUPE_HOP(client_prefix);
+  else
+    TROUPE_HOP(client_body);
   auto& st = self->state;
   auto& c = *st.connection;
   if (!c.tls) {
@@ -1830,6 +1878,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         auto& st = self->state;
         if (st.down)
           return;
+        TROUPE_HOP(link_written);
         st.connection->in_flight = msg.remaining;
         send_writes(self);
       },
@@ -1837,6 +1886,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         link_down(self, "data link to " + self->state.peer + " closed by the peer");
       },
       [=](envelope& request) {
+        TROUPE_HOP(link_in);
         auto& st = self->state;
         if (st.down)
           return;
@@ -1846,6 +1896,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
           tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
           return;
         }
+        TROUPE_HOP(link_queued);
         send_writes(self);
       },
       [=](handshake_deadline_atom) {

@@ -237,6 +237,12 @@ struct data_server_options {
   /// Called on the broker's thread for every frame, so it must be quick and must not block.
   /// Required. Returning an invalid actor answers the request with error_reply{unsupported}.
   std::function<request_handler(const envelope&)> route;
+  /// Offered each request before route, on the broker's thread, with the broker as the sink of
+  /// its replies: returns true when it took the request (a server's shards answer a small one
+  /// on this thread when they are idle, or hand it to their actor themselves:
+  /// request_router::take in actors/server_node.hpp), false to leave it to route. It must not
+  /// block. Optional.
+  std::function<bool(envelope& request, const reply_sink& broker)> take_request{};
   /// Told the id of each connection that closed (the peer left, a fatal frame, stop), once per
   /// connection, on the broker's thread. Optional.
   std::function<void(std::uint64_t connection)> on_disconnect;
@@ -369,12 +375,13 @@ std::string describe_tensor_bytes(const link_tensor_bytes& moved);
 /// Listens on bind_host:port (bind_host exactly: "0.0.0.0" is the only way to listen on every
 /// interface; port 0 lets the kernel pick) and spawns the server broker. For each complete,
 /// valid frame on connection c except link control it sends (envelope{msg, keepalive = frame
-/// buffer and receive credit, connection = c}, reply_sink broker) to options.route(envelope);
-/// whoever answers sends (envelope) with the same connection id back to the broker. Dropping the
-/// last copy of a request envelope returns its bytes to the peer's window. Returns once the
-/// broker is listening. Errors: invalid_argument (no route, empty bind_host, zero write pacing),
-/// io_error (the address cannot be bound), naming host:port. receive_budget_bytes or
-/// max_send_queue_bytes below limits.max_frame_bytes is invalid_argument too.
+/// buffer and receive credit, connection = c}, reply_sink broker) to options.route(envelope),
+/// unless options.take_request took it; whoever answers sends (envelope) with the same connection
+/// id back to the broker. Dropping the last copy of a request envelope returns its bytes to the
+/// peer's window. Returns once the broker is listening. Errors: invalid_argument (no route, empty
+/// bind_host, zero write pacing), io_error (the address cannot be bound), naming host:port.
+/// receive_budget_bytes or max_send_queue_bytes below limits.max_frame_bytes is invalid_argument
+/// too.
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
                                       std::uint16_t port, data_server_options options);
 

@@ -394,6 +394,10 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   auto node = std::make_shared<const server_node>(system, std::move(node_options));
   data_server_options data_options;
   data_options.route = node->router();
+  data_options.take_request = [router = node->router()](envelope& request,
+                                                        const reply_sink& broker) {
+    return router.take(request, broker);
+  };
   // The shards drop what a closed connection left unfinished (inits, pushes).
   data_options.on_disconnect = [router = node->router()](std::uint64_t connection) {
     router.connection_closed(connection);

@@ -57,6 +57,7 @@ using finalize_atom = caf::atom_constant<caf::atom("finalize")>;
 using copied_atom = caf::atom_constant<caf::atom("copied")>;
 using failed_atom = caf::atom_constant<caf::atom("failed")>;
 using rank_atom = caf::atom_constant<caf::atom("rank")>;
+using handed_atom = caf::atom_constant<caf::atom("handed")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -104,6 +105,9 @@ using shard_actor = caf::typed_actor<
     /// A worker's request (init, push, pushpull, pull_request, set_optimizer, sync_settings,
     /// command); every reply, now or when a round completes, goes to the sink.
     caf::reacts_to<envelope, reply_sink>,
+    /// The same, handed on by the data server's broker through the shard's lane
+    /// (actors/server_shard.hpp, shard_lane::take), which counts it until it is handled.
+    caf::reacts_to<handed_atom, envelope, reply_sink>,
     /// The job's membership changed (a worker lost): bounded staleness waits for live workers only.
     caf::reacts_to<wire::membership>,
     /// That connection of the data server closed: the inits it began and the unfinished pushes of

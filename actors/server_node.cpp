@@ -83,6 +83,11 @@ bool is_keyed(const wire::message& msg) {
          std::holds_alternative<wire::pushpull>(msg);
 }
 
+/// The shard, of `shards`, that holds a keyed request's ps-key.
+std::uint32_t shard_for(const wire::message& keyed, std::size_t shards) {
+  return shard_of(wire::key_of(keyed).value_or(0), static_cast<std::uint32_t>(shards));
+}
+
 /// The keyless requests a server takes, which the control actor fans out to every shard.
 bool is_for_every_shard(const wire::message& msg) {
   return std::holds_alternative<wire::set_optimizer>(msg) ||
@@ -114,18 +119,25 @@ std::uint64_t default_max_store_bytes() noexcept {
          static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) / 2;
 }
 
-request_router::request_router(std::vector<shard_actor> shards, request_handler control)
-    : shards_(std::move(shards)), control_(std::move(control)) {}
+request_router::request_router(std::vector<shard_actor> shards, request_handler control,
+                               std::vector<std::shared_ptr<shard_lane>> lanes)
+    : shards_(std::move(shards)), control_(std::move(control)), lanes_(std::move(lanes)) {}
 
 request_handler request_router::operator()(const envelope& request) const {
   if (is_keyed(request.msg) && !shards_.empty())
-    return shards_[shard_of(wire::key_of(request.msg).value_or(0),
-                            static_cast<std::uint32_t>(shards_.size()))];
+    return shards_[shard_for(request.msg, shards_.size())];
   if (is_for_every_shard(request.msg))
     return control_;
   // Kinds a server never takes (replies, the scheduler's messages, heartbeats): the broker
   // answers them at once with unsupported, and nothing is kept for them.
   return {};
+}
+
+bool request_router::take(envelope& request, const reply_sink& broker) const {
+  if (!is_keyed(request.msg) || lanes_.empty())
+    return false;
+  lanes_[shard_for(request.msg, lanes_.size())]->take(std::move(request), broker);
+  return true;
 }
 
 void request_router::connection_closed(std::uint64_t connection) const {
@@ -138,6 +150,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
   if (options_.max_store_bytes == 0)
     options_.max_store_bytes = default_max_store_bytes();
   auto store_bytes = std::make_shared<std::atomic<std::uint64_t>>(0);
+  std::vector<std::shared_ptr<shard_lane>> lanes;
   for (std::uint32_t i = 0; i < options_.shards; ++i) {
     shard_options shard;
     shard.shard_index = i;
@@ -158,7 +171,8 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     if (i < options_.restore.size())
       shard.restore_from = std::move(options_.restore[i]);
     shard.log = options_.log.part("shard " + std::to_string(i));
-    shards_.push_back(spawn_server_shard(system, std::move(shard)));
+    lanes.push_back(std::make_shared<shard_lane>(shard.update_device.is_cpu()));
+    shards_.push_back(spawn_server_shard(system, std::move(shard), lanes.back()));
     if (options_.on_shard_failure)
       shards_.back()->attach_functor([i, told = options_.on_shard_failure](const caf::error& why) {
         if (why && why != caf::exit_reason::user_shutdown)
@@ -167,7 +181,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
   }
   options_.restore.clear();
   control_ = system.spawn(control_behavior, shards_);
-  router_ = request_router{shards_, control_};
+  router_ = request_router{shards_, control_, std::move(lanes)};
 }
 
 server_node::~server_node() {

@@ -77,15 +77,23 @@ std::uint64_t default_max_store_bytes() noexcept;
 /// may call it, as long as the server_node that made it lives.
 class request_router {
 public:
-  request_router(std::vector<shard_actor> shards, request_handler control);
+  /// `lanes`: the shards' lanes, in the order of `shards` (or none: take() takes nothing).
+  request_router(std::vector<shard_actor> shards, request_handler control,
+                 std::vector<std::shared_ptr<shard_lane>> lanes = {});
 
   request_handler operator()(const envelope& request) const;
+  /// On the data server broker's thread (data_server_options::take_request): gives a keyed
+  /// request to its shard's lane, which answers a small one on this thread or hands it to the
+  /// shard (shard_lane::take), its replies going to `broker`; false for any other request, which
+  /// operator() routes.
+  bool take(envelope& request, const reply_sink& broker) const;
   /// Tells every shard that data server connection `connection` closed (closed_atom).
   void connection_closed(std::uint64_t connection) const;
 
 private:
   std::vector<shard_actor> shards_;
   request_handler control_;
+  std::vector<std::shared_ptr<shard_lane>> lanes_;
 };
 
 class server_node {

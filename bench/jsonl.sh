@@ -4,7 +4,7 @@
 #   field(line, name)  the value of "name" (a number, or a string without its quotes); "" if absent
 #   median(list)       the median of a space-separated list of numbers
 # and a shell filter: ... | final_line  keeps the last train_mnist-style final JSON line (the one
-# with "final_test_acc"), without troupe-launch's "[worker N] " prefix.
+# with "final_test_acc"), without troupe-launch's "[worker N] " prefix; and need_executables.
 # shellcheck disable=SC2034  # used by the scripts that source this file
 jsonl_awk='
   function field(line, name,    m) {
@@ -22,3 +22,12 @@ jsonl_awk='
 '
 
 final_line() { grep '"final_test_acc"' | sed -e 's/^\[worker [0-9]*\] //' | tail -n 1; }
+
+# need_executables SCRIPT BUILD EXE...: exits 1 naming the first of BUILD/EXE that is missing.
+need_executables() {
+  local script=$1 build=$2 exe
+  shift 2
+  for exe in "$@"; do
+    [ -x "$build/$exe" ] || { echo "$script: $build/$exe is missing" >&2; exit 1; }
+  done
+}

@@ -1,17 +1,17 @@
 // kvbench: push, pull and pushpull through the distributed KVStore, as a worker of a real job.
 //
 //   troupe-launch -n W -s S -- build/bench/kvbench [--sizes 4096,16777216,...] [--keys 1,100]
-//                 [--repeats 9] [--type dist_sync]
+//                 [--repeats 9] [--type dist_sync] [--ops push,pull,pushpull]
 //
 // For each (total size, key count) every worker initialises `keys` float32 keys that together
-// hold `size` bytes, then times R repetitions of: push of every key (all in flight at once),
-// pull of every key, and pushpull (push then pull of the round's value). Worker rank 0 prints one
-// JSON line per operation (engine/json_line.hpp): the median and spread of the per-repetition
-// time, `gbps` = payload bytes the worker moved (push and pull: size each; pushpull: 2 x size) /
-// median time, `median_us`, the median in microseconds (for small sizes, the round trip), and
-// `machine_cpu_s`, the CPU-seconds the whole machine was busy over the repetitions (meaningful
-// when the job is alone on the machine: bench/machine_cpu.hpp).
-// Between phases the workers meet at a barrier so that every worker measures the same thing.
+// hold `size` bytes, then times R repetitions of each of `--ops`: push of every key (all in
+// flight at once), pull of every key, and pushpull (push then pull of the round's value). Worker
+// rank 0 prints one JSON line per operation (engine/json_line.hpp): the median and spread of the
+// per-repetition time, `gbps` = payload bytes the worker moved (push and pull: size each; pushpull:
+// 2 x size) / median time, `median_us`, the median in microseconds (for small sizes, the round
+// trip), and `machine_cpu_s`, the CPU-seconds the whole machine was busy over the repetitions
+// (meaningful when the job is alone on the machine: bench/machine_cpu.hpp). Between phases the
+// workers meet at a barrier so that every worker measures the same thing.
 //
 // It starts with serve_if_node_role, so under a tracker that runs one program for every role
 // (DMLC_ROLE) it is the scheduler or a server too; the cluster flags (--quorum, --timeout, ...)
@@ -95,7 +95,11 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> key_counts{1};
   int repeats = 9;
   std::string type = "dist_sync";
+  std::vector<std::string> ops{"push", "pull", "pushpull"};
   app.add_option("--sizes", sizes, "total bytes per measurement")->delimiter(',');
+  app.add_option("--ops", ops, "operations to time, in this order (push, pull, pushpull)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"push", "pull", "pushpull"}));
   app.add_option("--keys", key_counts, "number of keys the bytes are spread over")->delimiter(',');
   app.add_option("--repeats", repeats)->check(CLI::Range(1, 100000));
   app.add_option("--type", type);
@@ -154,12 +158,17 @@ int main(int argc, char** argv) {
                        busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
         return 0;
       };
-      if (int rc = measure("push", [&] { return kv.push(names, values); }))
-        return rc;
-      if (int rc = measure("pull", [&] { return kv.pull(names, outputs); }))
-        return rc;
-      if (int rc = measure("pushpull", [&] { return kv.pushpull(names, values, outputs); }))
-        return rc;
+      for (const auto& op : ops) {
+        int rc = 0;
+        if (op == "push")
+          rc = measure(op, [&] { return kv.push(names, values); });
+        else if (op == "pull")
+          rc = measure(op, [&] { return kv.pull(names, outputs); });
+        else
+          rc = measure(op, [&] { return kv.pushpull(names, values, outputs); });
+        if (rc != 0)
+          return rc;
+      }
     }
   }
   return 0;

@@ -20,9 +20,8 @@ repeats=${REPEATS:-9}
 rounds=${ROUNDS:-3}
 workers=${W:-1}
 servers=${S:-1}
-for exe in bench/tcp_baseline bench/kvbench apps/troupe-launch apps/troupe-node; do
-  [ -x "$build/$exe" ] || { echo "run_kvbench: $build/$exe is missing" >&2; exit 1; }
-done
+need_executables run_kvbench "$build" bench/tcp_baseline bench/kvbench apps/troupe-launch \
+  apps/troupe-node
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for round in $(seq 1 "$rounds"); do

@@ -2,6 +2,7 @@
 // troupe's data path is measured against (BENCHMARKS.md).
 //
 //   build/bench/tcp_baseline [--sizes 4096,16777216,134217728] [--repeats 9] [--port 0]
+//   build/bench/tcp_baseline --pingpong [--sizes 4096] [--repeats 2000]
 //   build/bench/tcp_baseline --serve-on ADDRESS [--port P] [--sizes ...]   (one side, two hosts)
 //   build/bench/tcp_baseline --connect ADDRESS --port P [--sizes ...] [--repeats 9]
 //
@@ -14,6 +15,12 @@
 // (payload + ack) rate in GB/s, the median round trip in microseconds, and machine_cpu_s, the
 // CPU-seconds the whole machine was busy over the measured repetitions (both ends and the
 // kernel, when nothing else runs: bench/machine_cpu.hpp).
+//
+// --pingpong measures the plain round trip instead, what a small pushpull is compared with
+// (bench/run_latency_bench.sh): the client sends `size` bytes in one send, the server, blocked in
+// recv, sends the same bytes back in one send, and the client's recv returns; no header or ack per
+// round trip (one header announces a run of them). Its lines are {"bench":"tcp_pingpong",...}
+// with the median round trip.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -82,6 +89,10 @@ std::vector<char> prefaulted(std::size_t size) {
   return buffer;
 }
 
+/// A header with this bit announces a ping-pong run: the next 8 bytes count its round trips, and
+/// each echoes `length` bytes.
+constexpr std::uint64_t pingpong_bit = std::uint64_t{1} << 63;
+
 void serve(int listener, std::size_t largest) {
   int fd = ::accept(listener, nullptr, nullptr);
   if (fd < 0)
@@ -90,6 +101,18 @@ void serve(int listener, std::size_t largest) {
   auto buffer = prefaulted(largest);
   std::uint64_t length = 0;
   while (recv_all(fd, reinterpret_cast<char*>(&length), sizeof length)) {
+    if ((length & pingpong_bit) != 0) {
+      length &= ~pingpong_bit;
+      std::uint64_t count = 0;
+      if (length > largest || !recv_all(fd, reinterpret_cast<char*>(&count), sizeof count))
+        break;
+      for (std::uint64_t i = 0; i < count; ++i) {
+        if (!recv_all(fd, buffer.data(), length))
+          break;
+        send_all(fd, buffer.data(), length);
+      }
+      continue;
+    }
     if (length > largest || !recv_all(fd, buffer.data(), length))
       break;
     send_all(fd, reinterpret_cast<const char*>(&length), sizeof length);
@@ -104,12 +127,13 @@ double median(std::vector<double> values) {
 
 /// The JSON line of one size: `seconds` of each measured round trip, `busy_seconds` the machine's
 /// CPU time over them (negative: unknown).
-void print_result(std::size_t size, const std::vector<double>& seconds, double busy_seconds) {
+void print_result(const char* bench, std::size_t size, const std::vector<double>& seconds,
+                  double busy_seconds) {
   namespace json_line = troupe::json_line;
   const double mid = median(seconds);
   const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
   json_line::object line;
-  line["bench"] = "tcp_baseline";
+  line["bench"] = bench;
   line["bytes"] = size;
   line["repeats"] = seconds.size();
   line["median_gbps"] = json_line::fixed(size / mid / 1e9, 3);
@@ -119,6 +143,25 @@ void print_result(std::size_t size, const std::vector<double>& seconds, double b
   if (busy_seconds >= 0)
     line["machine_cpu_s"] = json_line::fixed(busy_seconds, 3);
   json_line::print(line);
+}
+
+/// Times `rounds` calls of `trip` (after one that warms up) and prints them as `bench`'s line.
+template <class Trip>
+void time_round_trips(const char* bench, std::size_t size, int rounds, Trip&& trip) {
+  std::vector<double> seconds;
+  double busy_at_start = 0;
+  for (int round = -1; round < rounds; ++round) {
+    if (round == 0)
+      busy_at_start = troupe::bench::machine_busy_seconds();
+    auto start = std::chrono::steady_clock::now();
+    trip();
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    if (round >= 0)
+      seconds.push_back(took.count());
+  }
+  const double busy_at_end = troupe::bench::machine_busy_seconds();
+  print_result(bench, size, seconds,
+               busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
 }
 
 } // namespace
@@ -132,6 +175,10 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "measured repetitions per size")
       ->check(CLI::Range(1, 100000));
   app.add_option("--port", port, "port (0: the kernel picks one; required with --connect)");
+  bool pingpong = false;
+  app.add_flag("--pingpong", pingpong,
+               "time plain round trips that echo `size` bytes (tcp_pingpong lines) instead of "
+               "pushes acknowledged with 8 bytes");
   std::string serve_on, connect_to;
   auto* serve_flag = app.add_option("--serve-on", serve_on,
                                     "only serve: listen on this IPv4 address, answer one client");
@@ -186,27 +233,27 @@ int main(int argc, char** argv) {
   no_delay(fd);
   auto payload = prefaulted(largest);
 
+  auto echo = prefaulted(pingpong ? largest : 0);
   for (auto size : sizes) {
     // Small payloads repeat more, so their medians rest on enough samples.
     int rounds = size <= (64u << 10) ? std::max(repeats, 2000) : repeats;
-    std::vector<double> seconds;
-    double busy_at_start = 0;
-    for (int round = -1; round < rounds; ++round) { // round -1 warms up
-      if (round == 0)
-        busy_at_start = troupe::bench::machine_busy_seconds();
+    if (pingpong) {
+      const std::uint64_t run[2] = {size | pingpong_bit, static_cast<std::uint64_t>(rounds) + 1};
+      send_all(fd, reinterpret_cast<const char*>(run), sizeof run);
+      time_round_trips("tcp_pingpong", size, rounds, [&] {
+        send_all(fd, payload.data(), size);
+        if (!recv_all(fd, echo.data(), size))
+          die("echo");
+      });
+      continue;
+    }
+    time_round_trips("tcp_baseline", size, rounds, [&] {
       std::uint64_t header = size, ack = 0;
-      auto start = std::chrono::steady_clock::now();
       send_all(fd, reinterpret_cast<const char*>(&header), sizeof header);
       send_all(fd, payload.data(), size);
       if (!recv_all(fd, reinterpret_cast<char*>(&ack), sizeof ack) || ack != size)
         die("ack");
-      std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      if (round >= 0)
-        seconds.push_back(took.count());
-    }
-    const double busy_at_end = troupe::bench::machine_busy_seconds();
-    print_result(size, seconds,
-                 busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
+    });
   }
   ::close(fd);
   int status = 0;

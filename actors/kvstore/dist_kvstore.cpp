@@ -5,6 +5,7 @@
 #include <caf/send.hpp>
 
 #include "actors/kv_worker.hpp"
+#include "actors/logic/hop_probe.hpp"
 #include "actors/logic/key_placement.hpp"
 #include "schema/chunking.hpp"
 
@@ -164,6 +165,7 @@ kv_request dist_kvstore::start(kv_operation op) {
   completion<status> done;
   op.done = done;
   std::string what = op.what;
+  TROUPE_HOP(caller_send);
   caf::anon_send(worker_, std::move(op));
   return kv_request{std::move(done), std::move(what), backstop(setup_.timeout)};
 }
@@ -284,7 +286,9 @@ kv_request dist_kvstore::pushpull_async(std::span<const kv_key> keys,
 
 status dist_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray> values,
                           int priority) {
-  return push_async(keys, values, priority).wait();
+  auto done = push_async(keys, values, priority).wait();
+  TROUPE_HOP(caller_woken);
+  return done;
 }
 
 status dist_kvstore::pull(std::span<const kv_key> keys, std::span<ndarray> outputs, int priority) {
@@ -293,7 +297,9 @@ status dist_kvstore::pull(std::span<const kv_key> keys, std::span<ndarray> outpu
 
 status dist_kvstore::pushpull(std::span<const kv_key> keys, std::span<const ndarray> values,
                               std::span<ndarray> outputs, int priority) {
-  return pushpull_async(keys, values, outputs, priority).wait();
+  auto done = pushpull_async(keys, values, outputs, priority).wait();
+  TROUPE_HOP(caller_woken);
+  return done;
 }
 
 status dist_kvstore::barrier() {

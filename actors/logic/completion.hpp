@@ -16,13 +16,23 @@
 //   if (!got) { ... timeout }
 //
 // Copies share one state. Thread-safe: any thread may call any member.
+//
+// A waiting consumer first polls for a while (spin_time), giving up its core to anything else
+// that is ready, and only then sleeps: a small request's answer usually comes within it, and the
+// caller is then neither put to sleep nor woken (a futex wait on its side, a futex wake and a
+// thread switch on the producer's: docs/data-path.md, "Where a small request's time goes").
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
+
+#include "actors/logic/hop_probe.hpp"
 
 namespace troupe {
 
@@ -41,7 +51,9 @@ public:
       if (state_->value || state_->cancelled)
         return false;
       state_->value.emplace(std::move(value));
+      state_->delivered.store(true, std::memory_order_release);
     }
+    TROUPE_HOP(delivered);
     state_->changed.notify_all();
     return true;
   }
@@ -59,6 +71,7 @@ public:
 
   /// Consumer: the value, waiting for it until `deadline`; nullopt when none came by then.
   std::optional<T> wait_until(clock::time_point deadline) const {
+    poll_until(std::min(deadline, clock::now() + spin_time));
     std::unique_lock lock{state_->mutex};
     state_->changed.wait_until(lock, deadline, [&] { return state_->value.has_value(); });
     return state_->value;
@@ -99,13 +112,25 @@ public:
     return state_->cancelled;
   }
 
+  /// How long a consumer polls before it sleeps. About a small request's round trip on a
+  /// loaded machine; a longer wait costs at most this much of a core, which the polling thread
+  /// yields to any other thread that is ready.
+  static constexpr std::chrono::microseconds spin_time{50};
+
 private:
   struct state {
     std::mutex mutex;
     std::condition_variable changed;
     std::optional<T> value;
+    /// value has been set (read without the lock while polling).
+    std::atomic<bool> delivered{false};
     bool cancelled = false;
   };
+
+  void poll_until(clock::time_point until) const {
+    while (!state_->delivered.load(std::memory_order_acquire) && clock::now() < until)
+      std::this_thread::yield();
+  }
   std::shared_ptr<state> state_;
 };
 

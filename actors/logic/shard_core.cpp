@@ -1140,4 +1140,9 @@ ndarray shard_core::value(std::uint64_t ps_key) const {
   return found == keys_.end() ? ndarray{} : found->second.stored;
 }
 
+std::uint64_t shard_core::value_bytes(std::uint64_t ps_key) const noexcept {
+  auto found = keys_.find(ps_key);
+  return found == keys_.end() ? 0 : found->second.stored.nbytes();
+}
+
 } // namespace troupe

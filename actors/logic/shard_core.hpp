@@ -220,6 +220,8 @@ public:
   /// The stored value of `ps_key` (while its init is under way: the buffer it is received into,
   /// bytes missing), or the none handle.
   ndarray value(std::uint64_t ps_key) const;
+  /// The bytes of value(ps_key); 0 for an unknown key.
+  std::uint64_t value_bytes(std::uint64_t ps_key) const noexcept;
 
 private:
   /// What a push chunk's request needs to be answered.

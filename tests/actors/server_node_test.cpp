@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
@@ -83,6 +84,56 @@ BOOST_AUTO_TEST_CASE(the_shard_actor_answers_through_the_reply_sink_on_the_reque
   BOOST_TEST_REQUIRE(as<wire::ack>(pushed) != nullptr);
   BOOST_TEST(as<wire::ack>(pushed)->round == 1u);
   BOOST_TEST(stats_of(shard).updates == 1u);
+  caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(a_lane_answers_a_small_request_on_the_takers_thread_and_hands_the_rest_on) {
+  shard_options options;
+  options.num_workers = 1;
+  auto lane = std::make_shared<shard_lane>(true);
+  auto shard = spawn_server_shard(system, options, lane);
+  stats_of(shard); // the actor has started: its core is in the lane
+  auto small = ndarray::ones({4});
+  BOOST_TEST(lane->take(envelope{wire::init{1, 4, whole(small)}, small.keepalive(), 3}, sink));
+  auto reply = next_reply();
+  BOOST_TEST_REQUIRE(as<wire::ack>(reply) != nullptr);
+  BOOST_TEST(reply->connection == 3u);
+
+  // A key above answer_here_bytes is the actor's, and answered all the same.
+  auto big = ndarray::ones({static_cast<std::int64_t>(shard_lane::answer_here_bytes / 4 + 2)});
+  BOOST_TEST(!lane->take(envelope{wire::init{2, 5, whole(big)}, big.keepalive(), 3}, sink));
+  BOOST_TEST(as<wire::ack>(next_reply()) != nullptr);
+
+  // While the shard is busy (another thread holds its core) a small request is handed on too,
+  // without waiting for it.
+  std::promise<void> holding, release;
+  auto released = release.get_future();
+  std::thread busy{[&] {
+    lane->with_core([&](shard_core&) {
+      holding.set_value();
+      released.wait();
+    });
+  }};
+  holding.get_future().wait();
+  auto two = ndarray::full({4}, 2.0);
+  const bool here =
+      lane->take(envelope{wire::push{3, 4, 0, 0, whole(two)}, two.keepalive(), 3}, sink);
+  release.set_value();
+  busy.join();
+  BOOST_TEST(!here);
+  auto pushed = next_reply();
+  BOOST_TEST_REQUIRE(as<wire::ack>(pushed) != nullptr);
+  BOOST_TEST(as<wire::ack>(pushed)->round == 1u);
+
+  // Idle again: the pull of round 1 is answered here, with the pushed value.
+  BOOST_TEST(lane->take(envelope{wire::pull_request{4, 4, 0, 1, 0}, nullptr, 3}, sink));
+  auto pulled = next_reply();
+  BOOST_TEST_REQUIRE(as<wire::pull_reply>(pulled) != nullptr);
+  const auto& bytes = as<wire::pull_reply>(pulled)->tensor.data;
+  BOOST_TEST_REQUIRE(bytes.size() == 4 * sizeof(float));
+  float first = 0;
+  std::memcpy(&first, bytes.data(), sizeof first);
+  BOOST_TEST(first == 2.0f);
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
 }
 
