@@ -96,33 +96,50 @@ def train_table(rows):
     print()
 
 
+def cpu_ms(r):
+    """CPU-milliseconds one step of the row cost its own processes: the step time times the cores
+    the run got (its processes' CPU-seconds over its wall time), fixed costs spread over its steps.
+    On 2 shared cores this, not the step time, is what compares runs that got different shares."""
+    if r.get("job_cpu_s") is None or not r.get("wall_s"):
+        return None
+    return r["step_ms"] * r["job_cpu_s"] / r["wall_s"]
+
+
 def step_table(rows):
     steps = [r for r in rows if r["part"] == "step"]
     if not steps:
         return
     print("## step: mlp-wide, 4 worker hosts, one step of one worker (ms) and its parts alone\n")
-    print("| rate | what | layout | step ms | wall s | machine CPU-s | job CPU-s | load |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| rate | what | layout | step ms | wall s | machine CPU-s | job CPU-s | "
+          "cores the run got | CPU-ms per step | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in steps:
+        cores = (f"{r['job_cpu_s'] / r['wall_s']:.2f}"
+                 if r.get("job_cpu_s") is not None and r.get("wall_s") else "—")
+        cpu = cpu_ms(r)
         print(f"| {r['rate']} | {r['what']} | {r['layout']} | {r['step_ms']} | {r.get('wall_s')} | "
-              f"{r.get('machine_cpu_s')} | {r.get('job_cpu_s')} | {r.get('load1')} |")
+              f"{r.get('machine_cpu_s')} | {r.get('job_cpu_s')} | {cores} | "
+              f"{f'{cpu:.0f}' if cpu else '—'} | {r.get('load1')} |")
     print()
     print("| rate | layout | job step ms | compute ms (4 hosts at once) | communication ms | "
           "job / max(compute, communication) (target <= 1.15) | job / (compute + communication) "
-          "| compute ms (one host alone) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| job CPU-ms / (compute + communication CPU-ms) | compute ms (one host alone) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rate in sorted({r["rate"] for r in steps}):
         at = [r for r in steps if r["rate"] == rate]
-        compute = {r["workers"]: r["step_ms"] for r in at if r["what"] == "compute"}
+        compute = {r["workers"]: r for r in at if r["what"] == "compute"}
         shared = compute.get(4)
         for job in (r for r in at if r["what"] == "job"):
-            comm = next((r["step_ms"] for r in at
+            comm = next((r for r in at
                          if r["what"] == "communication" and r["layout"] == job["layout"]), None)
             if not shared or not comm:
                 continue
-            s = job["step_ms"]
-            print(f"| {rate} | {job['layout']} | {s} | {shared} | {comm} | "
-                  f"{s / max(shared, comm):.2f} | {s / (shared + comm):.2f} | {compute.get(1)} |")
+            s, c, m = job["step_ms"], shared["step_ms"], comm["step_ms"]
+            cpus = [cpu_ms(r) for r in (job, shared, comm)]
+            cpu_ratio = f"{cpus[0] / (cpus[1] + cpus[2]):.2f}" if all(cpus) else "—"
+            alone = compute.get(1, {}).get("step_ms")
+            print(f"| {rate} | {job['layout']} | {s} | {c} | {m} | {s / max(c, m):.2f} | "
+                  f"{s / (c + m):.2f} | {cpu_ratio} | {alone} |")
     print()
 
 
