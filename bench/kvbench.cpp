@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
                  "element counts of a set of keys issued one request per key, as the Trainer "
                  "does (replaces --sizes and --keys)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
   app.add_option("--type", type);
   config_overrides cluster_flags;
   add_config_flags(app, cluster_flags);
