@@ -427,6 +427,24 @@ BOOST_AUTO_TEST_CASE(the_schedulers_complaint_about_a_frame_of_ours_is_no_failur
   joining.failed_with(errc::internal);
 }
 
+BOOST_AUTO_TEST_CASE(an_admission_for_another_request_does_not_admit_the_node) {
+  agent_log log;
+  agent_driver agent;
+  agent.options.log = agent_log::make();
+  agent.core.emplace(agent.options, agent.started);
+  agent.connect();
+  auto stray = agent.admission(0);
+  stray.request_id = agent_core::registration_request_id + 1;
+  agent.frame(stray);
+  agent.frame(agent_driver::table(1));
+  BOOST_TEST(agent.last.empty());
+  BOOST_TEST(!agent.core->admitted().has_value());
+  BOOST_TEST(contains(log.fresh(), "ignored an admission that answers no registration"));
+  // Control: the admission that answers the registration joins at once.
+  agent.frame(agent.admission(0));
+  BOOST_TEST(agent.count<agent_core::joined>() == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(hostile_frames_from_the_schedulers_side_are_named_and_change_nothing) {
   agent_log log;
   agent_driver agent;
