@@ -20,6 +20,7 @@
 #include "actors/logic/key_placement.hpp"
 #include "tests/actors/kvstore/array_checks.hpp"
 #include "tests/actors/kvstore/in_process_job.hpp"
+#include "tests/poll.hpp"
 
 using namespace troupe;
 using troupe::testing::all_equal;
@@ -372,10 +373,8 @@ BOOST_AUTO_TEST_CASE(no_worker_gets_more_than_s_rounds_ahead_of_the_slowest) {
             // An event, not a pause: worker 0 pushes only once the shards have seen the fast
             // workers run as far ahead of it as allowed, so that the bound is reached however
             // loaded the machine is.
-            const auto deadline = std::chrono::steady_clock::now() + 30s;
-            while (job.stats().max_lead < static_cast<std::uint64_t>(staleness) &&
-                   std::chrono::steady_clock::now() < deadline)
-              std::this_thread::sleep_for(1ms); // a poll of the servers' counters
+            (void)troupe::testing::poll_until(
+                [&] { return job.stats().max_lead >= static_cast<std::uint64_t>(staleness); }, 30s);
           }
           for (int round = 0; round < rounds; ++round) {
             if (rank == 0)
