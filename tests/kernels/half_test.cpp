@@ -248,6 +248,32 @@ BOOST_AUTO_TEST_CASE(sum_n_half_accumulates_in_float_and_rounds_once_on_every_si
   }
 }
 
+BOOST_AUTO_TEST_CASE(sum_n_half_gives_the_bits_of_the_software_conversions_on_every_pattern) {
+  // Every float16 pattern (NaNs with every payload, signalling ones too, infinities, subnormals,
+  // both zeros) meets every other through rotated partners, with lengths whose tails leave the
+  // eight-lane path; NaN payloads are compared bit for bit, not only NaN-ness.
+  constexpr std::size_t patterns = 65536;
+  std::vector<half_bits> all(patterns + 5);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    all[i] = static_cast<half_bits>(i % patterns);
+  for (std::size_t shift : {0u, 1u, 977u, 32768u, 40000u}) {
+    std::vector<half_bits> partner(all.size()), third(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      partner[i] = all[(i + shift) % all.size()];
+      third[i] = all[(i * 7 + shift) % all.size()];
+    }
+    for (std::size_t count : {1u, 2u, 3u}) {
+      const half_bits* inputs[] = {all.data(), partner.data(), third.data()};
+      for (std::size_t n : {all.size(), std::size_t{13}, std::size_t{1031}}) {
+        std::vector<half_bits> fast(n), portable(n);
+        cpu::sum_n_half(inputs, count, fast.data(), n);
+        cpu::detail::sum_n_half_portable(inputs, count, portable.data(), n);
+        check_equal(fast, portable, "sum_n_half against its software path");
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(sum_n_half_keeps_small_addends_that_rounding_each_step_would_lose) {
   // 2^-11 is half an ulp of 1.0 in float16: each add alone would tie back to 1.0, but the float
   // sum 1 + 2^-10 is exactly the next float16 above 1.
