@@ -3,7 +3,7 @@
 // rule of kernels/cpu, beside `a += b` (kernels::cpu::add in place, the merge of one push) and
 // memcpy measured in the same run.
 //
-//   build/bench/cpu_kernel_bench [--megabytes 64] [--repeats 9]
+//   build/bench/cpu_kernel_bench [--megabytes 64] [--repeats 9] [--kernels memcpy,adam]
 //
 // Buffers hold --megabytes MiB each (well past the last-level cache, so that memory, not the
 // cache, is what every kernel streams from), filled before timing. Each measurement is the median
@@ -19,6 +19,7 @@
 // so a kernel bound by memory, as every one of these should be, is near 1.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +44,12 @@ namespace {
 struct settings {
   std::size_t megabytes = 64;
   int repeats = 9;
+  /// Kernels to time by name (empty: all); `a += b` is timed whenever a ratio needs it.
+  std::vector<std::string> kernels;
+
+  bool wants(const std::string& kernel) const {
+    return kernels.empty() || std::find(kernels.begin(), kernels.end(), kernel) != kernels.end();
+  }
 };
 
 /// `count` buffers of n elements, each filled with its own value (first touch happens here, not
@@ -69,12 +76,15 @@ void run(const settings& s) {
   const std::size_t n = bytes / sizeof(float), halves = bytes / sizeof(cpu::half_bits);
   const double per_buffer = static_cast<double>(bytes);
 
-  {
+  if (s.wants("memcpy")) {
     auto b = buffers<float>(2, n, 1.0f);
     print_bandwidth(
         s, "memcpy", 2 * per_buffer,
         median_seconds(s.repeats, [&] { std::memcpy(b[0].data(), b[1].data(), bytes); }), 0);
   }
+  const bool only_memcpy = s.kernels.size() == 1 && s.kernels[0] == "memcpy";
+  if (only_memcpy)
+    return;
   double add = 0;
   {
     auto b = buffers<float>(2, n, 0.0f);
@@ -83,6 +93,8 @@ void run(const settings& s) {
         median_seconds(s.repeats, [&] { cpu::add(b[0].data(), b[1].data(), b[0].data(), n); }), 0);
   }
   for (std::size_t count : {2u, 8u}) {
+    if (!s.wants("sum_n"))
+      break;
     auto b = buffers<float>(count + 1, n, 1.0f);
     std::vector<const float*> inputs;
     for (std::size_t k = 0; k < count; ++k)
@@ -94,7 +106,7 @@ void run(const settings& s) {
         median_seconds(s.repeats, [&] { cpu::sum_n(inputs.data(), count, b[count].data(), n); }),
         add, line);
   }
-  {
+  if (s.wants("sum_n_half")) {
     std::vector<std::vector<cpu::half_bits>> b(
         3, std::vector<cpu::half_bits>(halves, cpu::float_to_half(0.25f)));
     const cpu::half_bits* inputs[] = {b[0].data(), b[1].data()};
@@ -113,6 +125,8 @@ void run(const settings& s) {
   const float* grad = b[1].data();
   const cpu::gradient_settings gradient{};
   const auto rule = [&](const std::string& name, int buffers_touched, auto&& call) {
+    if (!s.wants(name))
+      return;
     print_bandwidth(s, name, buffers_touched * per_buffer, median_seconds(s.repeats, call), add);
   };
   rule("test", 3, [&] { cpu::test_update(weight, grad, n, 1e-6f); });
@@ -142,6 +156,10 @@ int main(int argc, char** argv) {
   app.add_option("--megabytes", s.megabytes, "MiB per buffer")->check(CLI::Range(1, 16384));
   app.add_option("--repeats", s.repeats, "timed calls per measurement (median)")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--kernels", s.kernels,
+                 "kernels to time (memcpy, sum_n, sum_n_half, test, sgd, sgd_momentum, nag, adam, "
+                 "rmsprop, rmsprop_centered, adagrad); default all")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   try {
     run(s);
