@@ -251,7 +251,7 @@ BOOST_AUTO_TEST_CASE(sum_n_half_accumulates_in_float_and_rounds_once_on_every_si
 BOOST_AUTO_TEST_CASE(sum_n_half_gives_the_bits_of_the_software_conversions_on_every_pattern) {
   // Every float16 pattern (NaNs with every payload, signalling ones too, infinities, subnormals,
   // both zeros) meets every other through rotated partners, with lengths whose tails leave the
-  // eight-lane path; NaN payloads are compared bit for bit, not only NaN-ness.
+  // eight-lane path; a NaN's payload is compared bit for bit where one input is NaN.
   constexpr std::size_t patterns = 65536;
   std::vector<half_bits> all(patterns + 5);
   for (std::size_t i = 0; i < all.size(); ++i)
@@ -268,6 +268,18 @@ BOOST_AUTO_TEST_CASE(sum_n_half_gives_the_bits_of_the_software_conversions_on_ev
         std::vector<half_bits> fast(n), portable(n);
         cpu::sum_n_half(inputs, count, fast.data(), n);
         cpu::detail::sum_n_half_portable(inputs, count, portable.data(), n);
+        // Where two NaNs meet, which payload an add keeps depends on the order of its operands,
+        // which the compiler picks (the software path alone differs between -O0 and -O3): there
+        // both must be NaN. Everywhere else, the bits.
+        for (std::size_t i = 0; i < n; ++i) {
+          std::size_t nans = 0;
+          for (std::size_t k = 0; k < count; ++k)
+            nans += is_half_nan(inputs[k][i]) ? 1 : 0;
+          if (nans >= 2) {
+            BOOST_TEST((is_half_nan(fast[i]) && is_half_nan(portable[i])));
+            fast[i] = portable[i];
+          }
+        }
         check_equal(fast, portable, "sum_n_half against its software path");
       }
     }
