@@ -89,6 +89,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.chunk_bytes = s.chunk_bytes;
   options.slice_bytes = s.slice_bytes;
   options.send_window_bytes = s.send_window_bytes;
+  options.slice_credit = s.slice_credit;
   options.request_timeout = s.timeout;
   options.max_rounds_ahead = s.max_rounds_ahead;
   options.server_rejoin = s.server_rejoin;
