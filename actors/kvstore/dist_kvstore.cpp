@@ -84,6 +84,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   kv_worker_options options;
   options.rank = s.rank;
   options.num_servers = s.num_servers;
+  options.num_workers = s.num_workers;
   options.sync = store->sync_mode();
   options.bigarray_bound = s.bigarray_bound;
   options.chunk_bytes = s.chunk_bytes;

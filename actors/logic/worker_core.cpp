@@ -230,8 +230,8 @@ bool worker_core::has_credit(const ps_key_state& ps, const part& p) const {
 }
 
 bool worker_core::needs_slice_credit(const part& p) const {
-  return options_.slice_credit > 0 && options_.sync && p.sliced && !p.resend &&
-         (p.kind == kv_call::push || p.kind == kv_call::pushpull);
+  return options_.slice_credit > 0 && options_.sync && options_.num_workers > 1 && p.sliced &&
+         !p.resend && (p.kind == kv_call::push || p.kind == kv_call::pushpull);
 }
 
 /// Whether a push among the ps-key's waiting requests needs slice credit (so the key belongs in

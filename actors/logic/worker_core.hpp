@@ -55,7 +55,7 @@
 // not had answered holds none of the group's credits (its earlier pushes were answered), so every
 // worker sends it, its round closes, and it is answered. A push sent again after a server restart
 // keeps the credit it took and takes none; a key that is one ps-key per server, pulls, inits and
-// dist_async take none.
+// dist_async and a job of one worker (nobody to keep in step with) take none.
 //
 // Only the head of a ps-key is ready: a key's requests leave in call order whatever their
 // priorities, one after the other, so a pull after a push still sees the push. A keyless request
@@ -133,6 +133,8 @@ inline constexpr std::size_t copy_off_thread_bytes = std::size_t{1} << 20;
 struct worker_core_options {
   std::uint32_t rank = 0;
   std::uint32_t num_servers = 1;
+  /// Workers in the job: slice credit keeps several in step, and a worker alone takes none.
+  std::uint32_t num_workers = 1;
   /// dist_sync (rounds, credit) or dist_async.
   bool sync = true;
   /// MXNET_KVSTORE_BIGARRAY_BOUND.
@@ -151,7 +153,7 @@ struct worker_core_options {
   std::size_t send_window_bytes = default_send_window_bytes;
   /// dist_sync: pushes of one key's slices on one server whose answers may be outstanding at
   /// once (see "Slice credit"). 0: no bound.
-  std::uint32_t slice_credit = 0;
+  std::uint32_t slice_credit = default_slice_credit;
   /// How long the job keeps a lost server's rank open for a server restarted from its
   /// checkpoint (timeouts.server_rejoin). Above 0, with can_relink, a server link that goes down
   /// holds the calls to that server instead of failing them (see "Server recovery").

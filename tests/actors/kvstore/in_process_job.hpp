@@ -88,7 +88,7 @@ struct in_process_options {
   std::size_t send_window_bytes = default_send_window_bytes;
   /// data.slice_bytes (0: keys are not cut) and data.slice_credit (0: no bound).
   std::size_t slice_bytes = 0;
-  std::uint32_t slice_credit = 0;
+  std::uint32_t slice_credit = default_slice_credit;
   /// The workers' request timeout.
   std::chrono::milliseconds timeout{20'000};
   /// sync.* of the cluster configuration (worker_setup's fields).

@@ -562,6 +562,7 @@ namespace {
 /// One server, keys of 32 floats cut into 8 slices of 4 (16 bytes), `credit` slice credits.
 worker_core_options sliced(std::uint32_t credit) {
   auto options = one_server(2);
+  options.num_workers = 4;
   options.slice_bytes = 16;
   options.slice_credit = credit;
   return options;
@@ -721,6 +722,17 @@ BOOST_AUTO_TEST_CASE(a_cancelled_call_gives_its_slice_credit_back_and_its_waitin
 BOOST_AUTO_TEST_CASE(dist_async_takes_no_slice_credit) {
   auto options = sliced(2);
   options.sync = false;
+  auto d = driver_for(options);
+  auto value = ndarray::full({32}, 1.0);
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST(d->sent_of<wire::push>().size() == 8u);
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_alone_in_its_job_takes_no_slice_credit) {
+  // Nobody to keep in step with: the credit would only leave its links idle.
+  auto options = sliced(2);
+  options.num_workers = 1;
   auto d = driver_for(options);
   auto value = ndarray::full({32}, 1.0);
   d->call(kv_call::push, {worker_driver::key(3, value)});
