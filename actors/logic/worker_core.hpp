@@ -51,11 +51,14 @@
 //     worker → s   [0][1][2]  .  [3]  .  [4]  .  [5] ...   slice 3 leaves once slice 0's round
 //     s → worker          .  [0]  .  [1]  .  [2] ...       closed and its value came back
 //
-// Never a deadlock: a worker that has not sent the earliest push of a group that some worker has
-// not had answered holds none of the group's credits (its earlier pushes were answered), so every
-// worker sends it, its round closes, and it is answered. A push sent again after a server restart
-// keeps the credit it took and takes none; a key that is one ps-key per server, pulls, inits and
-// dist_async and a job of one worker (nobody to keep in step with) take none.
+// A ps-key whose waiting push lacks sync credit keeps its place in the turn, so the grants stay in
+// that order. Never a deadlock: a worker that has not sent the earliest push of a group that some
+// worker has not had answered holds none of the group's credits (its earlier pushes were
+// answered), so every worker sends it, its round closes (or closed without it: dropped, answered
+// at once), and it is answered; groups wait on nothing of each other, and priorities only order
+// what may leave. A push sent again after a server restart keeps the credit it took and takes
+// none. Pulls, inits, a key that is one ps-key per server, dist_async and a job of one worker
+// (nobody to keep in step with) take none.
 //
 // Only the head of a ps-key is ready: a key's requests leave in call order whatever their
 // priorities, one after the other, so a pull after a push still sees the push. A keyless request
