@@ -700,6 +700,23 @@ BOOST_AUTO_TEST_CASE(a_push_that_fails_or_times_out_gives_its_slice_credit_back)
   BOOST_TEST(d->core->slice_credits_taken(3, 0) == 2u);
 }
 
+BOOST_AUTO_TEST_CASE(a_pushpull_dropped_after_its_round_closed_without_it_gives_its_credit_back) {
+  // A straggler under a quorum: its push of slice 0 came after the round closed with the other
+  // workers. The server answers at once with the closed round's value (dropped); the credit goes
+  // to slice 1.
+  auto d = driver_for(sliced(1));
+  auto value = ndarray::full({32}, 1.0);
+  auto out = ndarray::zeros({32});
+  d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  auto sent = d->sent_of<wire::pushpull>();
+  BOOST_TEST_REQUIRE(sent.size() == 1u);
+  // The value of round 2: the server is two rounds ahead of this worker's push of round 0.
+  d->answer_pull(wire::pull_request{sent[0].request_id, sent[0].key, 0, 1, 0},
+                 ndarray::full({4}, 7.0), 1024, 0);
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1}));
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(a_cancelled_call_gives_its_slice_credit_back_and_its_waiting_slices_stay) {
   auto d = driver_for(sliced(2));
   auto value = ndarray::full({32}, 1.0);
