@@ -631,6 +631,7 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
   setup.slice_bytes = static_cast<std::size_t>(config.slice_bytes);
   setup.send_window_bytes = static_cast<std::size_t>(config.send_window_bytes);
+  setup.slice_credit = static_cast<std::uint32_t>(config.slice_credit);
   setup.timeout = config.request_timeout;
   setup.quorum = static_cast<std::uint32_t>(config.quorum.value_or(0));
   setup.rescale_quorum = config.rescale_quorum;

@@ -120,6 +120,9 @@ struct worker_setup {
   std::size_t slice_bytes = 0;
   /// Bytes of tensor handed to each server's link at a time (data.send_window_bytes).
   std::size_t send_window_bytes = default_send_window_bytes;
+  /// data.slice_credit: pushes of one key's slices on one server awaiting answers at once; 0: no
+  /// bound.
+  std::uint32_t slice_credit = default_slice_credit;
   /// A request not answered this long after it was sent fails with errc::timeout.
   std::chrono::milliseconds timeout{30'000};
 

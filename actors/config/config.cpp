@@ -484,6 +484,14 @@ void add_data_fields(std::vector<field>& t) {
                 "lower ones. 0: no bound."},
                bytes_setter(&cluster_config::send_window_bytes, 0),
                {}});
+  t.push_back(
+      {{"data", "slice_credit", "", "--slice-credit", "N", "4",
+        "dist_sync with several workers: a worker sends a push of a key's slice to a server "
+        "only while fewer than N pushes of that key's slices on that server wait for their "
+        "answer (the value once the round closed), so that no worker runs ahead of the "
+        "slowest one and the servers answer while the workers upload. 0: no bound."},
+       integer_setter(&cluster_config::slice_credit, 0, 1'000'000, "an integer from 0 to 1000000"),
+       {}});
   t.push_back({{"data", "shm_arena_bytes", "", "--shm-arena-bytes", "BYTES", "\"64MiB\"",
                 "Shared-memory arena per direction of a data connection between processes on "
                 "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},

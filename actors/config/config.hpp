@@ -145,6 +145,9 @@ struct cluster_config {
   /// Bytes of tensor a worker hands each server's link at a time; the rest waits in its send
   /// queue, ordered by priority. 0: no bound.
   std::int64_t send_window_bytes = 4 * 1024 * 1024;
+  /// dist_sync: pushes of one key's slices on one server whose answers a worker awaits at once
+  /// (worker_core.hpp, "Slice credit"); 0: no bound.
+  std::int64_t slice_credit = 4;
   /// Shared-memory arena per direction of a data connection whose ends share a host (tensors
   /// then skip the socket); 0 turns the fast path off.
   std::int64_t shm_arena_bytes = 64 * 1024 * 1024;

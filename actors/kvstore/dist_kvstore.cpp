@@ -84,11 +84,13 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   kv_worker_options options;
   options.rank = s.rank;
   options.num_servers = s.num_servers;
+  options.num_workers = s.num_workers;
   options.sync = store->sync_mode();
   options.bigarray_bound = s.bigarray_bound;
   options.chunk_bytes = s.chunk_bytes;
   options.slice_bytes = s.slice_bytes;
   options.send_window_bytes = s.send_window_bytes;
+  options.slice_credit = s.slice_credit;
   options.request_timeout = s.timeout;
   options.max_rounds_ahead = s.max_rounds_ahead;
   options.server_rejoin = s.server_rejoin;

@@ -67,6 +67,11 @@ enum class chunk_copy : std::uint8_t {
 /// docs/data-path.md has the measurements.
 inline constexpr std::size_t default_send_window_bytes = std::size_t{4} << 20;
 
+/// data.slice_credit (worker_core_options::slice_credit): 4 slices (2 MiB at the default slice
+/// size) of a key per server awaiting their rounds. docs/data-path.md ("Slice credit") has the
+/// measurements.
+inline constexpr std::uint32_t default_slice_credit = 4;
+
 /// A frame the worker handed to the link of `server` that counts against that server's send
 /// window (worker_core_options::send_window_bytes): `bytes` of tensor. Whoever runs the worker
 /// gives it back (worker_core::frame_left) once the link has let go of the frame, i.e. the last

@@ -178,6 +178,10 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
       static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
   auto slices = place_key(static_cast<std::uint64_t>(work.index), elements, options_.num_servers,
                           options_.bigarray_bound, max_slice_elements);
+  // Slice credit: the slices of this key on each server, a group of their own when several.
+  std::unordered_map<std::uint32_t, std::size_t> slices_on;
+  for (const auto& slice : slices)
+    ++slices_on[slice.server];
   std::shared_ptr<pull_target> target;
   if (kind == kv_call::pull || kind == kv_call::pushpull) {
     target = std::make_shared<pull_target>();
@@ -196,6 +200,8 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
     p->whole = slices.size() == 1;
     p->value = work.value;
     p->priority = priority;
+    p->sliced = slices_on[slice.server] > 1;
+    p->group = static_cast<std::uint64_t>(work.index) * options_.num_servers + slice.server;
     if (target) {
       auto bytes = element_bytes(target->buffer, slice.begin, slice.end);
       auto shape = p->whole ? work.shape : shape_vector{slice.size()};
@@ -223,23 +229,111 @@ bool worker_core::has_credit(const ps_key_state& ps, const part& p) const {
   return round < ps.completed + options_.max_rounds_ahead;
 }
 
-void worker_core::submit(const std::shared_ptr<part>& p) {
-  auto& ps = keys_[p->slice.ps_key];
-  ps.server = p->server;
-  if (ps.waiting.empty() && has_credit(ps, *p))
-    send_keyed(p, ps);
-  else
-    ps.waiting.push_back(p);
+bool worker_core::needs_slice_credit(const part& p) const {
+  return options_.slice_credit > 0 && options_.sync && options_.num_workers > 1 && p.sliced &&
+         !p.resend && (p.kind == kv_call::push || p.kind == kv_call::pushpull);
 }
 
-/// Sends what credit now allows of the key's waiting requests, in order.
-void worker_core::release_waiting(ps_key_state& ps) {
-  while (!ps.waiting.empty() && has_credit(ps, *ps.waiting.front())) {
+/// Whether a push among the ps-key's waiting requests needs slice credit (so the key belongs in
+/// its group's turn).
+bool worker_core::wants_slice_credit(const ps_key_state& ps) const {
+  return std::any_of(ps.waiting.begin(), ps.waiting.end(),
+                     [&](const auto& p) { return needs_slice_credit(*p); });
+}
+
+/// Whether request `p`, the next of its ps-key, may go as far as slice credit goes: it needs
+/// none, or one is free and no push of its group asked before it.
+bool worker_core::slice_credit_free(const part& p) const {
+  if (!needs_slice_credit(p))
+    return true;
+  auto found = slice_groups_.find(p.group);
+  if (found == slice_groups_.end())
+    return true;
+  const auto& group = found->second;
+  return group.taken < options_.slice_credit &&
+         (group.turn.empty() || group.turn.front() == p.slice.ps_key);
+}
+
+/// After the waiting requests of `ps_key` changed: it joins its group's turn when a push of it
+/// now needs slice credit (behind the pushes that asked before), leaves the turn when none does,
+/// and the group's next pushes go as far as credit allows.
+void worker_core::settle_turn(std::uint64_t ps_key, ps_key_state& ps) {
+  if (!ps.group || options_.slice_credit == 0)
+    return;
+  auto& group = slice_groups_[*ps.group];
+  const bool wants = wants_slice_credit(ps);
+  if (wants && !ps.in_turn) {
+    group.turn.push_back(ps_key);
+    ps.in_turn = true;
+  } else if (!wants && ps.in_turn) {
+    std::erase(group.turn, ps_key);
+    ps.in_turn = false;
+  }
+  advance_turn(*ps.group);
+}
+
+/// Sends the pushes of `group` whose turn it is while it has credits free.
+void worker_core::advance_turn(std::uint64_t id) {
+  auto found = slice_groups_.find(id);
+  if (found == slice_groups_.end() || found->second.advancing || turns_held_)
+    return;
+  auto& group = found->second;
+  group.advancing = true;
+  while (group.taken < options_.slice_credit && !group.turn.empty()) {
+    const auto ps_key = group.turn.front();
+    release_waiting(ps_key, keys_[ps_key]);
+    // Still first: its push waits for sync credit, and goes when an answer of its key brings it.
+    if (!group.turn.empty() && group.turn.front() == ps_key)
+      break;
+  }
+  group.advancing = false;
+}
+
+/// Request `p` was answered, or ended without an answer: the slice credit it took is free.
+void worker_core::give_back_slice_credit(part& p) {
+  if (!p.holds_slice_credit)
+    return;
+  p.holds_slice_credit = false;
+  auto found = slice_groups_.find(p.group);
+  if (found == slice_groups_.end())
+    return;
+  if (found->second.taken > 0)
+    --found->second.taken;
+  advance_turn(p.group);
+}
+
+std::uint32_t worker_core::slice_credits_taken(std::uint64_t key, std::uint32_t server) const {
+  auto found = slice_groups_.find(key * options_.num_servers + server);
+  return found == slice_groups_.end() ? 0 : found->second.taken;
+}
+
+void worker_core::submit(const std::shared_ptr<part>& p) {
+  const auto ps_key = p->slice.ps_key;
+  auto& ps = keys_[ps_key];
+  ps.server = p->server;
+  if (p->sliced)
+    ps.group = p->group;
+  if (ps.waiting.empty() && has_credit(ps, *p) && slice_credit_free(*p)) {
+    send_keyed(p, ps);
+  } else {
+    ps.waiting.push_back(p);
+    settle_turn(ps_key, ps);
+  }
+}
+
+/// Sends what sync credit and slice credit now allow of the key's waiting requests, in order;
+/// those whose call is over go nowhere.
+void worker_core::release_waiting(std::uint64_t ps_key, ps_key_state& ps) {
+  while (!ps.waiting.empty()) {
+    const auto& head = *ps.waiting.front();
+    if (!head.call->over() && (!has_credit(ps, head) || !slice_credit_free(head)))
+      break;
     auto p = std::move(ps.waiting.front());
     ps.waiting.pop_front();
     if (!p->call->over())
       send_keyed(p, ps);
   }
+  settle_turn(ps_key, ps);
 }
 
 /// Sends request `p` of the ps-key whose state is `ps`.
@@ -248,6 +342,15 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
   const auto ps_key = p->slice.ps_key;
   ps.server = p->server;
   const bool pushes = p->kind == kv_call::push || p->kind == kv_call::pushpull;
+  if (needs_slice_credit(*p)) {
+    ++slice_groups_[p->group].taken;
+    p->holds_slice_credit = true;
+    // Its turn came (slice_credit_free): the group's next push is first now.
+    if (ps.in_turn) {
+      std::erase(slice_groups_[p->group].turn, ps_key);
+      ps.in_turn = false;
+    }
+  }
   if (!p->resend) {
     p->round = pushes ? ps.next_round++ : ps.next_round;
     if (pushes && recovery()) {
@@ -477,7 +580,7 @@ void worker_core::learn_round(std::uint64_t ps_key, std::uint64_t completed, boo
   ps.completed = std::max(ps.completed, completed);
   if (dropped)
     ++dropped_pushes_;
-  release_waiting(ps);
+  release_waiting(ps_key, ps);
 }
 
 /// dist_async: a push the server refused was not applied, and the caller hears so; sent again
@@ -511,6 +614,8 @@ void worker_core::on_value(std::uint64_t id, const std::shared_ptr<part>& p, env
   if (!p->reply_seen) {
     p->reply_seen = true;
     learn_round(p->slice.ps_key, value.round, false, value.durable);
+    // The round closed: the value's remaining chunks need no credit.
+    give_back_slice_credit(*p);
   }
   if (!p->copy_off_thread) {
     auto [how, problem] = copy_chunk(*p, value);
@@ -539,6 +644,7 @@ void worker_core::on_chunk_copied(std::uint64_t id, const std::shared_ptr<part>&
   case chunk_copy::more:
     return;
   case chunk_copy::cancelled:
+    give_back_slice_credit(*p);
     parts_.erase(id);
     return;
   case chunk_copy::failed:
@@ -569,6 +675,8 @@ void worker_core::finish(std::uint64_t id, const std::shared_ptr<part>& p, statu
     call.end(std::move(outcome));
   else if (call.remaining > 0 && --call.remaining == 0)
     call.end(ok());
+  // After the call's end: the slices of a call that failed, waiting for this credit, go nowhere.
+  give_back_slice_credit(*p);
   maybe_finalized();
 }
 
@@ -614,7 +722,9 @@ void worker_core::fail_everything(error why) {
     for (auto& p : ps.waiting)
       p->call->end(error{why.code(), what_of(*p) + ": " + why.message()});
     ps.waiting.clear();
+    ps.in_turn = false;
   }
+  slice_groups_.clear();
   maybe_finalized();
 }
 
@@ -687,6 +797,9 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
   std::pair<std::size_t, std::size_t> counts;
   // What the old link did not send goes again with the rest, from its first frame.
   drop_send_queue(server);
+  // No slice credit freed below may send a request of a ps-key before the requests that go
+  // again: the groups' turns advance once every ps-key of the server is in order again.
+  turns_held_ = true;
   std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<part>>> under_way;
   std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> lost;
   for (auto it = parts_.begin(); it != parts_.end();) {
@@ -747,8 +860,15 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
     ps.completed = std::min(ps.completed, ps.durable);
     for (auto it = again.rbegin(); it != again.rend(); ++it)
       ps.waiting.push_front(*it);
-    release_waiting(ps);
+    release_waiting(ps_key, ps);
   }
+  turns_held_ = false;
+  std::vector<std::uint64_t> groups;
+  for (const auto& [ps_key, ps] : keys_)
+    if (ps.server == server && ps.group)
+      groups.push_back(*ps.group);
+  for (auto group : groups)
+    advance_turn(group);
   return counts;
 }
 
@@ -777,6 +897,7 @@ void worker_core::on_tick() {
     auto p = found->second;
     if (p->call->done.cancelled()) {
       parts_.erase(found);
+      give_back_slice_credit(*p);
       continue;
     }
     error why{errc::timeout, what_of(*p) + " not answered within " +
@@ -801,6 +922,7 @@ void worker_core::fail_waiting(std::uint64_t ps_key, const error& why) {
     p->call->end(error{why.code(),
                        what_of(*p) + ": waiting behind a request that failed: " + why.message()});
   found->second.waiting.clear();
+  settle_turn(ps_key, found->second);
 }
 
 void worker_core::on_finalize(completion<status> done) {

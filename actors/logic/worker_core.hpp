@@ -34,6 +34,32 @@
 //        push  key 9 (priority -9, 64 chunks)  ──┐   ┌─ push 0 (prio 0) ─┐
 //        push  key 0 (priority  0,  1 chunk)   ──┴─> │  push 9 (prio -9)  │ ──> 9.0 9.1 0.0 9.2 ...
 //
+// Slice credit (slice_credit, dist_sync). Every slice of a key is a ps-key with rounds of its
+// own, so sync credit alone lets a worker push all of a key's slices at once. Where several
+// workers push to one server, their flows share its ingress unevenly: the slowest worker's push
+// of a slice arrives long after the others', its round closes only then, and the server's
+// answers trail what it received (BENCHMARKS.md, "Issue 24's targets across hosts"). The slices
+// of one key on one server (a group) therefore share slice_credit credits: a push of a key cut
+// into several slices on its server takes one when it is sent and gives it back with its answer
+// (the pushpull's value once its round closed, the push's ack, a failure, a timeout,
+// cancellation). Credits are granted in the order the group's pushes ask for them, which is call
+// order and then slice order, the same sequence on every worker, so a worker that runs ahead
+// waits for the rounds of its earlier slices, that is for the slowest worker, and the rounds close
+// in order while the uploads go on:
+//
+//   key of 8 slices on server s, slice_credit 3     time ─>
+//     worker → s   [0][1][2]  .  [3]  .  [4]  .  [5] ...   slice 3 leaves once slice 0's round
+//     s → worker          .  [0]  .  [1]  .  [2] ...       closed and its value came back
+//
+// A ps-key whose waiting push lacks sync credit keeps its place in the turn, so the grants stay in
+// that order. Never a deadlock: a worker that has not sent the earliest push of a group that some
+// worker has not had answered holds none of the group's credits (its earlier pushes were
+// answered), so every worker sends it, its round closes (or closed without it: dropped, answered
+// at once), and it is answered; groups wait on nothing of each other, and priorities only order
+// what may leave. A push sent again after a server restart keeps the credit it took and takes
+// none. Pulls, inits, a key that is one ps-key per server, dist_async and a job of one worker
+// (nobody to keep in step with) take none.
+//
 // Only the head of a ps-key is ready: a key's requests leave in call order whatever their
 // priorities, one after the other, so a pull after a push still sees the push. A keyless request
 // (every_server) leaves after everything queued before it and before everything queued after.
@@ -110,6 +136,8 @@ inline constexpr std::size_t copy_off_thread_bytes = std::size_t{1} << 20;
 struct worker_core_options {
   std::uint32_t rank = 0;
   std::uint32_t num_servers = 1;
+  /// Workers in the job: slice credit keeps several in step, and a worker alone takes none.
+  std::uint32_t num_workers = 1;
   /// dist_sync (rounds, credit) or dist_async.
   bool sync = true;
   /// MXNET_KVSTORE_BIGARRAY_BOUND.
@@ -126,6 +154,9 @@ struct worker_core_options {
   /// waits in the send queue, where priority orders it. A frame larger than the window goes
   /// alone. 0: no bound (every frame is handed over at once, in queue order).
   std::size_t send_window_bytes = default_send_window_bytes;
+  /// dist_sync: pushes of one key's slices on one server whose answers may be outstanding at
+  /// once (see "Slice credit"). 0: no bound.
+  std::uint32_t slice_credit = default_slice_credit;
   /// How long the job keeps a lost server's rank open for a server restarted from its
   /// checkpoint (timeouts.server_rejoin). Above 0, with can_relink, a server link that goes down
   /// holds the calls to that server instead of failing them (see "Server recovery").
@@ -224,6 +255,8 @@ public:
   std::size_t waiting_for_credit(std::uint64_t ps_key) const;
   /// Bytes of tensor handed to the link of `server` and not yet let go.
   std::uint64_t bytes_with_link(std::uint32_t server) const;
+  /// Slice credits of key `key`'s slices on `server` taken by pushes not yet answered.
+  std::uint32_t slice_credits_taken(std::uint64_t key, std::uint32_t server) const;
   /// Pushes that arrived after their round had closed and were dropped.
   std::uint64_t dropped_pushes() const noexcept { return dropped_pushes_; }
 
@@ -287,6 +320,11 @@ private:
     bool resend = false;
     /// kv_operation::priority.
     int priority = 0;
+    /// The key has several slices on this server: its pushes take slice credit of `group`.
+    bool sliced = false;
+    std::uint64_t group = 0;
+    /// It took one of its group's slice credits, not yet given back.
+    bool holds_slice_credit = false;
   };
 
   /// Where a ready request stands in its server's send queue: earlier barrier epochs first (a
@@ -342,6 +380,21 @@ private:
     /// requests behind it, in order.
     bool head_ready = false;
     std::deque<outgoing> queued;
+    /// Slice credit: the group of the key's slices on its server, once a push of a key with
+    /// several slices there came; whether a push of it waits in that group's turn.
+    std::optional<std::uint64_t> group;
+    bool in_turn = false;
+  };
+
+  /// The slice credit of the slices of one key on one server.
+  struct slice_group {
+    /// Credits taken by pushes not yet answered.
+    std::uint32_t taken = 0;
+    /// ps-keys whose waiting requests hold a push that needs a credit, in the order they asked;
+    /// one whose push left or failed meanwhile is passed over.
+    std::deque<std::uint64_t> turn;
+    /// advance_turn is running (it may be reached again from inside itself).
+    bool advancing = false;
   };
 
   /// A server link as the worker sees it (server recovery).
@@ -371,8 +424,14 @@ private:
   void add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work,
                int priority);
   bool has_credit(const ps_key_state& ps, const part& p) const;
+  bool needs_slice_credit(const part& p) const;
+  bool wants_slice_credit(const ps_key_state& ps) const;
+  bool slice_credit_free(const part& p) const;
+  void settle_turn(std::uint64_t ps_key, ps_key_state& ps);
+  void advance_turn(std::uint64_t group);
+  void give_back_slice_credit(part& p);
   void submit(const std::shared_ptr<part>& p);
-  void release_waiting(ps_key_state& ps);
+  void release_waiting(std::uint64_t ps_key, ps_key_state& ps);
   void send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps);
   void sent(std::uint64_t id, const std::shared_ptr<part>& p);
   void enqueue(const std::shared_ptr<part>& p, wire::message request, ps_key_state* ps);
@@ -399,6 +458,10 @@ private:
   std::vector<server_state> servers_;
   std::unordered_map<std::uint64_t, std::shared_ptr<part>> parts_;
   std::unordered_map<std::uint64_t, ps_key_state> keys_;
+  /// Slice credit, by group (part::group).
+  std::unordered_map<std::uint64_t, slice_group> slice_groups_;
+  /// resend() is putting a restarted server's requests in order again: no turn advances.
+  bool turns_held_ = false;
   std::uint64_t next_request_id_ = 1;
   std::uint64_t dropped_pushes_ = 0;
   /// For the summary: per server, and the answer times per kind of request.

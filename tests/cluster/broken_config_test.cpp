@@ -240,6 +240,8 @@ std::vector<broken_config> table() {
     {p::kvbench_worker, g::flag, {"--repeats", "0"}, "--repeats", "zero repetitions"},
     {p::kvbench_worker, g::flag, {"--send-window-bytes", "-4MiB"}, "--send-window-bytes",
      "a negative send window"},
+    {p::kvbench_worker, g::config_flag, {"[data]\nslice_credit = -1\n"}, "data.slice_credit",
+     "a negative slice credit"},
     {p::kvbench_worker, g::config_flag, {"[tls]\nallow_shared_memory = \"yes\"\n"},
      "tls.allow_shared_memory", "a string where a boolean is expected"},
     {p::server, g::config_env, {"[observe]\ntrace = \"\"\n"}, "observe.trace",

@@ -124,6 +124,7 @@ BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values
   BOOST_TEST(cfg.max_frame_bytes == 256 * 1024 * 1024);
   BOOST_TEST(cfg.chunk_bytes == 1024 * 1024);
   BOOST_TEST(cfg.send_window_bytes == 4 * 1024 * 1024);
+  BOOST_TEST(cfg.slice_credit == 4);
   BOOST_TEST(cfg.shm_arena_bytes == 64 * 1024 * 1024);
 }
 
@@ -458,6 +459,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "256KiB",
                             "--send-window-bytes",
                             "256KiB",
+                            "--slice-credit",
+                            "6",
                             "--shm-arena-bytes",
                             "0",
                             "--rank-hint",
@@ -530,6 +533,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.chunk_bytes == 65536);
   BOOST_TEST(cfg.slice_bytes == 256 * 1024);
   BOOST_TEST(cfg.send_window_bytes == 256 * 1024);
+  BOOST_TEST(cfg.slice_credit == 6);
   BOOST_TEST(cfg.shm_arena_bytes == 0);
   BOOST_TEST(cfg.rank_hint == 2);
   BOOST_TEST(cfg.peer_timeout == 20s);

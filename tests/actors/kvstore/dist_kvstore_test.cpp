@@ -28,8 +28,10 @@ namespace {
 /// r pushes ones*(r+1): after round i every worker pulls n(n+1)(i+1) + 1.
 void check_sync_closed_form(std::uint32_t workers, std::uint32_t servers,
                             const std::vector<shape_vector>& shapes, int rounds,
-                            dtype type = dtype::float32) {
-  in_process_job job{"dist_sync", workers, servers, 3};
+                            dtype type = dtype::float32,
+                            const troupe::testing::in_process_options& options =
+                                troupe::testing::make_options(3, 1'000'000, std::size_t{1} << 20)) {
+  in_process_job job{"dist_sync", workers, servers, options};
   problems seen;
   job.run([&](std::uint32_t rank, kvstore& kv) {
     std::vector<kv_key> keys;
@@ -179,6 +181,21 @@ BOOST_AUTO_TEST_CASE(dist_sync_splits_big_keys_over_the_servers_and_sums_them_ex
   for (auto [workers, servers] :
        std::vector<std::pair<std::uint32_t, std::uint32_t>>{{1, 1}, {2, 3}, {4, 2}, {3, 4}})
     check_sync_closed_form(workers, servers, shapes, 2);
+}
+
+BOOST_AUTO_TEST_CASE(dist_sync_with_slice_credit_sums_sliced_keys_exactly) {
+  // Keys cut into slices of 16 KiB (a whole one on its server: 10 slices; one split over the
+  // servers: 245), each worker holding back its pushes for slice credit (1: one slice of a key
+  // per server at a time; 3). The credit changes when pushes leave, never what they sum to.
+  auto options = troupe::testing::make_options(3, 1'000'000, std::size_t{1} << 20);
+  options.slice_bytes = 16 * 1024;
+  std::vector<shape_vector> shapes{{40, 1000}, {1'000'000}, {3}};
+  for (std::uint32_t credit : {1u, 3u}) {
+    options.slice_credit = credit;
+    for (auto [workers, servers] :
+         std::vector<std::pair<std::uint32_t, std::uint32_t>>{{1, 1}, {3, 2}, {4, 3}})
+      check_sync_closed_form(workers, servers, shapes, 3, dtype::float32, options);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(dist_sync_sums_float16_keys_exactly) {

@@ -86,6 +86,9 @@ struct in_process_options {
   std::size_t chunk_bytes = std::size_t{1} << 20;
   /// The workers' send window per server (data.send_window_bytes).
   std::size_t send_window_bytes = default_send_window_bytes;
+  /// data.slice_bytes (0: keys are not cut) and data.slice_credit (0: no bound).
+  std::size_t slice_bytes = 0;
+  std::uint32_t slice_credit = default_slice_credit;
   /// The workers' request timeout.
   std::chrono::milliseconds timeout{20'000};
   /// sync.* of the cluster configuration (worker_setup's fields).
@@ -157,6 +160,8 @@ struct in_process_job {
       setup.bigarray_bound = options.bigarray_bound;
       setup.chunk_bytes = options.chunk_bytes;
       setup.send_window_bytes = options.send_window_bytes;
+      setup.slice_bytes = options.slice_bytes;
+      setup.slice_credit = options.slice_credit;
       setup.timeout = options.timeout;
       setup.quorum = options.quorum;
       setup.rescale_quorum = options.rescale_quorum;

@@ -556,3 +556,246 @@ BOOST_AUTO_TEST_CASE(receipts_of_a_replaced_link_do_not_open_the_new_links_windo
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+/// One server, keys of 32 floats cut into 8 slices of 4 (16 bytes), `credit` slice credits.
+worker_core_options sliced(std::uint32_t credit) {
+  auto options = one_server(2);
+  options.num_workers = 4;
+  options.slice_bytes = 16;
+  options.slice_credit = credit;
+  return options;
+}
+
+/// The slot (slice index) of ps-key `ps_key` of key `key` on the only server.
+std::uint64_t slot_of(std::uint64_t ps_key, std::uint64_t key) {
+  return (ps_key - key) / slot_stride;
+}
+
+/// The slots of the pushpulls of `key` sent so far, in the order they left.
+std::vector<std::uint64_t> pushpull_slots(const worker_driver& d, std::uint64_t key) {
+  std::vector<std::uint64_t> slots;
+  for (const auto& pp : d.sent_of<wire::pushpull>())
+    if (pp.key >= key && (pp.key - key) % slot_stride == 0)
+      slots.push_back(slot_of(pp.key, key));
+  return slots;
+}
+
+/// Answers pushpull `pp` of a 4-float slice with `value` (the round it closed).
+void answer_pushpull(worker_driver& d, const wire::pushpull& pp, float value) {
+  d.answer_pull(wire::pull_request{pp.request_id, pp.key, 0, pp.round, 0},
+                ndarray::full({4}, value), 1024, 0);
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(worker_slice_credit)
+
+BOOST_AUTO_TEST_CASE(a_keys_next_slice_is_pushed_only_once_an_earlier_slices_round_has_closed) {
+  auto d = driver_for(sliced(3));
+  auto value = ndarray::full({32}, 1.0);
+  auto out = ndarray::zeros({32});
+  auto done = d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  // Three of the eight slices leave; the others wait for the rounds of the first to close.
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1, 2}));
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 3u);
+  // Slice 1's round closes first: its credit goes to slice 3, the next in order.
+  auto sent = d->sent_of<wire::pushpull>();
+  answer_pushpull(*d, sent[1], 2.0f);
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1, 2, 3}));
+  answer_pushpull(*d, sent[0], 2.0f);
+  answer_pushpull(*d, sent[2], 2.0f);
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5}));
+  // Each answer lets one more go, until every slice has been pushed and answered.
+  for (std::size_t answered = 3; answered < 8; ++answered)
+    answer_pushpull(*d, d->sent_of<wire::pushpull>().at(answered), 2.0f);
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  BOOST_TEST_REQUIRE(delivered_ok(done));
+  BOOST_TEST(floats(out) == std::vector<float>(32, 2.0f));
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(without_slice_credit_every_slice_of_a_key_is_pushed_at_once) {
+  // The control case of the test above: the same call with slice_credit 0 (today's default)
+  // sends all eight slices before any answer, so the holding back there is the credit's doing.
+  auto d = driver_for(sliced(0));
+  auto value = ndarray::full({32}, 1.0);
+  auto out = ndarray::zeros({32});
+  d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+}
+
+BOOST_AUTO_TEST_CASE(slice_credit_goes_in_call_order_then_slice_order_across_calls_of_a_key) {
+  auto d = driver_for(sliced(2));
+  auto value = ndarray::full({32}, 1.0);
+  auto first_out = ndarray::zeros({32}), second_out = ndarray::zeros({32});
+  auto first = d->call(kv_call::pushpull, {worker_driver::key(3, value, {first_out})});
+  auto second = d->call(kv_call::pushpull, {worker_driver::key(3, value, {second_out})});
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1}));
+  // Slice 0's round 0 closes: the second call's slice 0 has sync credit and its ps-key is free,
+  // but the first call's slice 2 asked for slice credit before it and goes first.
+  auto sent = d->sent_of<wire::pushpull>();
+  answer_pushpull(*d, sent[0], 2.0f);
+  sent = d->sent_of<wire::pushpull>();
+  BOOST_TEST_REQUIRE(sent.size() == 3u);
+  BOOST_TEST(slot_of(sent[2].key, 3) == 2u);
+  BOOST_TEST(sent[2].round == 0u);
+  // Answering in order, every push of the first call leaves before any of the second.
+  for (std::size_t answered = 1; answered < 16; ++answered)
+    answer_pushpull(*d, d->sent_of<wire::pushpull>().at(answered), 2.0f);
+  sent = d->sent_of<wire::pushpull>();
+  BOOST_TEST_REQUIRE(sent.size() == 16u);
+  for (std::size_t i = 0; i < 16; ++i) {
+    BOOST_TEST(sent[i].round == i / 8);
+    BOOST_TEST(slot_of(sent[i].key, 3) == i % 8);
+  }
+  BOOST_TEST(delivered_ok(first));
+  BOOST_TEST(delivered_ok(second));
+}
+
+BOOST_AUTO_TEST_CASE(a_pull_behind_a_push_waiting_for_slice_credit_keeps_its_place) {
+  auto d = driver_for(sliced(1));
+  auto value = ndarray::full({32}, 1.0);
+  auto out = ndarray::zeros({32});
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(3, out)});
+  // Slice 0's push left; the pulls of slices 1-7 wait behind their pushes (the pull must see
+  // them), and slice 0's pull follows its push at once.
+  BOOST_TEST(d->sent_of<wire::push>().size() == 1u);
+  auto pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 1u);
+  BOOST_TEST(slot_of(pulls[0].key, 3) == 0u);
+  BOOST_TEST(pulls[0].round == 1u);
+  // Each ack gives the credit to the next slice's push, then its pull goes, of round 1.
+  for (std::size_t acked = 0; acked < 8; ++acked)
+    d->ack(d->sent_of<wire::push>().at(acked).request_id, 0);
+  pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 8u);
+  for (const auto& pull : pulls)
+    BOOST_TEST(pull.round == 1u);
+  BOOST_TEST(!pulled.ready());
+}
+
+BOOST_AUTO_TEST_CASE(a_push_that_fails_or_times_out_gives_its_slice_credit_back) {
+  auto d = driver_for(sliced(2));
+  auto value = ndarray::full({32}, 1.0);
+  auto pushed = d->call(kv_call::push, {worker_driver::key(3, value)});
+  auto pushes = d->sent_of<wire::push>();
+  BOOST_TEST_REQUIRE(pushes.size() == 2u);
+  // The server refuses slice 0: the call fails, its waiting slices go nowhere, and slice 0's
+  // credit is free again.
+  d->reply(wire::error_reply{pushes[0].request_id, pushes[0].key, wire::error_code::unknown_key,
+                             "no such key"});
+  BOOST_TEST_REQUIRE(delivered_error(pushed).has_value());
+  BOOST_TEST(d->sent_of<wire::push>().size() == 2u);
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 1u);
+  // Nobody answers slice 1: it times out, and its credit is free too.
+  d->now += 1001ms;
+  d->core->on_tick();
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+  // A later call of the key gets both credits.
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST(d->sent_of<wire::push>().size() == 4u);
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(a_pushpull_dropped_after_its_round_closed_without_it_gives_its_credit_back) {
+  // A straggler under a quorum: its push of slice 0 came after the round closed with the other
+  // workers. The server answers at once with the closed round's value (dropped); the credit goes
+  // to slice 1.
+  auto d = driver_for(sliced(1));
+  auto value = ndarray::full({32}, 1.0);
+  auto out = ndarray::zeros({32});
+  d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  auto sent = d->sent_of<wire::pushpull>();
+  BOOST_TEST_REQUIRE(sent.size() == 1u);
+  // The value of round 2: the server is two rounds ahead of this worker's push of round 0.
+  d->answer_pull(wire::pull_request{sent[0].request_id, sent[0].key, 0, 1, 0},
+                 ndarray::full({4}, 7.0), 1024, 0);
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1}));
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_cancelled_call_gives_its_slice_credit_back_and_its_waiting_slices_stay) {
+  auto d = driver_for(sliced(2));
+  auto value = ndarray::full({32}, 1.0);
+  auto out = ndarray::zeros({32});
+  auto cancelled = d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  auto later = d->call(kv_call::pushpull, {worker_driver::key(5, value, {out})});
+  BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1}));
+  cancelled.cancel();
+  d->core->on_tick();
+  // The cancelled call's slices went nowhere; its credits are free again.
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+  BOOST_TEST(d->sent_of<wire::pushpull>().size() == 4u); // key 5's first two, its own group
+  // A new call of key 3 gets the credits.
+  auto again = d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 2u);
+  BOOST_TEST(!again.ready());
+  BOOST_TEST(!later.ready());
+}
+
+BOOST_AUTO_TEST_CASE(dist_async_takes_no_slice_credit) {
+  auto options = sliced(2);
+  options.sync = false;
+  auto d = driver_for(options);
+  auto value = ndarray::full({32}, 1.0);
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST(d->sent_of<wire::push>().size() == 8u);
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_alone_in_its_job_takes_no_slice_credit) {
+  // Nobody to keep in step with: the credit would only leave its links idle.
+  auto options = sliced(2);
+  options.num_workers = 1;
+  auto d = driver_for(options);
+  auto value = ndarray::full({32}, 1.0);
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST(d->sent_of<wire::push>().size() == 8u);
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_key_of_one_slice_per_server_takes_no_slice_credit) {
+  auto options = sliced(1);
+  auto d = driver_for(options);
+  auto value = ndarray::full({4}, 1.0); // no larger than a slice: one ps-key
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  // Sync credit alone decides: two rounds ahead.
+  BOOST_TEST(d->sent_of<wire::push>().size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(after_a_restart_pushes_under_way_go_again_holding_their_slice_credit) {
+  auto options = sliced(2);
+  options.server_rejoin = 5000ms;
+  options.can_relink = true;
+  auto d = driver_for(options);
+  auto value = ndarray::full({32}, 1.0);
+  auto pushed = d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST_REQUIRE(d->sent_of<wire::push>().size() == 2u);
+  d->core->on_link_down(1, "connection reset", true);
+  d->core->server_back(0, "server 0 (node 8) at 127.0.0.1:4001");
+  // Slices 0 and 1 go again marked resent; slices 2-7 still wait for their credit.
+  auto pushes = d->sent_of<wire::push>();
+  BOOST_TEST_REQUIRE(pushes.size() == 4u);
+  BOOST_TEST(pushes[2].resent);
+  BOOST_TEST(pushes[3].resent);
+  BOOST_TEST(slot_of(pushes[2].key, 3) + slot_of(pushes[3].key, 3) == 1u);
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 2u);
+  // Their acks free the credits; the rest follow in slice order and the call completes.
+  d->ack(pushes[2].request_id, 1, 1);
+  d->ack(pushes[3].request_id, 1, 1);
+  for (std::size_t acked = 4; acked < 10; ++acked)
+    d->ack(d->sent_of<wire::push>().at(acked).request_id, 1, 1);
+  pushes = d->sent_of<wire::push>();
+  BOOST_TEST_REQUIRE(pushes.size() == 10u);
+  for (std::size_t i = 4; i < 10; ++i) {
+    BOOST_TEST(!pushes[i].resent);
+    BOOST_TEST(slot_of(pushes[i].key, 3) == i - 2);
+  }
+  BOOST_TEST(delivered_ok(pushed));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
