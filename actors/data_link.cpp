@@ -63,6 +63,7 @@
 #include <set>
 #include <string>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -153,8 +154,11 @@ struct link_connection {
   /// What we send, and the peer's window.
   frame_send_queue queue;
   /// Bytes handed to CAF that the socket has not taken yet (CAF's own count, refreshed by every
-  /// data_transferred_msg, plus what was appended since).
+  /// data_transferred_msg, plus what was appended since), and `unsent`.
   std::size_t in_flight = 0;
+  /// What a send from another thread (link_lane::write_now) left over: the broker appends it to
+  /// CAF's buffer before anything else (pump), as only the broker's thread may.
+  std::vector<char> unsent;
   /// The peer broke the framing or the link protocol: whatever else arrives is ignored, nothing
   /// more is queued, and the connection closes as soon as the admitted frames (the error_reply
   /// last) are in CAF's buffer, which CAF still sends.
@@ -437,6 +441,12 @@ std::optional<std::string> pump(caf::io::abstract_broker* self, link_connection&
                                 const data_link_tuning& tuning) {
   if (c.tls)
     return pump_sealed(self, c, tuning);
+  if (!c.unsent.empty()) {
+    auto& out = self->wr_buf(c.hdl);
+    out.insert(out.end(), c.unsent.begin(), c.unsent.end());
+    c.unsent.clear();
+    self->flush(c.hdl);
+  }
   write_directly(self, c);
   while (c.queue.ready() && c.in_flight < tuning.max_bytes_in_flight) {
     const std::size_t budget =
@@ -1732,6 +1742,25 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
 // client
 
 struct client_state {
+  client_state() = default;
+  client_state(const client_state&) = delete;
+  client_state& operator=(const client_state&) = delete;
+  ~client_state() {
+    if (lane) {
+      std::lock_guard hold{lane->mutex()};
+      close_lane();
+    }
+  }
+  /// With the lane's lock held: write_now takes nothing more, and our descriptor of the socket
+  /// goes.
+  void close_lane() {
+    if (lane)
+      lane->set_writer(nullptr);
+    if (lane_fd >= 0)
+      ::close(lane_fd);
+    lane_fd = -1;
+  }
+
   data_link_tuning tuning;
   /// data_link_options::tag, carried by everything sent to the receiver.
   std::uint64_t tag = 0;
@@ -1742,6 +1771,10 @@ struct client_state {
   std::function<void(const link_authentication&)> on_authenticated;
   std::optional<link_connection> connection;
   bool down = false;
+  /// data_link_options::lane, and the socket's descriptor duplicated for its writes from other
+  /// threads (CAF's own may be closed on the I/O thread at any time; ours only under the lock).
+  std::shared_ptr<link_lane> lane;
+  int lane_fd = -1;
 
   static inline const char* name = "troupe.data_link";
 };
@@ -1756,6 +1789,7 @@ void link_down(client_broker* self, std::string reason) {
   auto& st = self->state;
   if (!st.down) {
     st.down = true;
+    st.close_lane();
     st.tuning.log.info("data link: " + reason);
     self->send(st.receiver, link_down_atom::value, st.tag, std::move(reason));
   }
@@ -1778,6 +1812,61 @@ bool send_writes(client_broker* self) {
   return true;
 }
 
+/// link_lane::write_now's work, on the owner's thread with the lane's lock held: the frame of a
+/// small `request` encoded and sent with one non-blocking send on our descriptor when the
+/// connection has nothing else to send (so nothing is overtaken). Whatever the socket does not
+/// take waits in `unsent`, and a frame the peer's window does not admit in the queue, for the
+/// broker, which a message wakes: only its thread may touch CAF's buffers.
+bool write_from_elsewhere(client_broker* self, envelope& request) {
+  auto& st = self->state;
+  if (st.down || st.lane_fd < 0 || !st.connection)
+    return false;
+  auto& c = *st.connection;
+  if (c.closing || !c.authenticated || c.tls || c.in_flight != 0 || !c.queue.empty() ||
+      !c.unsent.empty())
+    return false;
+  if (const auto* tensor = wire::tensor_of(request.msg))
+    if (tensor->data.size() > link_lane::direct_tensor_bytes ||
+        (c.tx_on && tensor->data.size() >= st.tuning.shm_threshold_bytes))
+      return false;
+  TROUPE_HOP(link_in);
+  // The keepalive is copied: a frame that cannot be encoded goes to the broker as it was, which
+  // tells the receiver why.
+  if (encode_into(c, request.msg, request.keepalive, st.tuning))
+    return false;
+  request.keepalive.reset();
+  TROUPE_HOP(link_queued);
+  if (c.queue.ready()) {
+    thread_local std::vector<char> staged;
+    staged.clear();
+    c.queue.append_to(staged, direct_write_bytes);
+    const auto sent = ::send(st.lane_fd, staged.data(), staged.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    const std::size_t taken = sent > 0 ? static_cast<std::size_t>(sent) : 0;
+    c.bytes_taken += taken;
+    if (taken < staged.size()) {
+      c.unsent.assign(staged.begin() + static_cast<std::ptrdiff_t>(taken), staged.end());
+      c.in_flight += c.unsent.size();
+    }
+  }
+  // A frame still waiting for the peer's credit goes when the credit arrives, which the broker
+  // reads; what is left to write needs the broker now.
+  if (!c.unsent.empty() || c.queue.ready())
+    caf::anon_send(caf::actor_cast<caf::actor>(self), released_atom::value, c.id);
+  return true;
+}
+
+/// Opens the lane (data_link_options::lane), once the handshake is done, without TLS: the
+/// owner's threads may write small frames from now on.
+void open_lane(client_broker* self) {
+  auto& st = self->state;
+  if (!st.lane || st.down || st.connection->tls || st.lane_fd >= 0)
+    return;
+  st.lane_fd = ::dup(static_cast<int>(st.connection->hdl.id()));
+  if (st.lane_fd < 0)
+    return;
+  st.lane->set_writer([self](envelope& request) { return write_from_elsewhere(self, request); });
+}
+
 /// A read of the size the frame receiver asked for completed: forward its frame, tell the
 /// receiver of a refusal, or go down. Returns the size of the next read; 0 once the link is down.
 std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
@@ -1798,8 +1887,11 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
                         "the framing or the link protocol: " + in.refused->message);
     return 0;
   }
-  if (!was_authenticated && c.authenticated && st.on_authenticated)
-    st.on_authenticated(link_authentication{c.session, std::nullopt});
+  if (!was_authenticated && c.authenticated) {
+    if (st.on_authenticated)
+      st.on_authenticated(link_authentication{c.session, std::nullopt});
+    open_lane(self);
+  }
   if (in.frame) {
     in.frame->connection = st.tag;
     TROUPE_HOP(client_to_worker);
@@ -1843,6 +1935,30 @@ void on_socket_read(client_broker* self, std::vector<char>& buffer) {
   send_writes(self);
 }
 
+/// The lane's lock, held by every handler of a link with a lane (link_lane): its owner's threads
+/// use the connection's sending state too.
+std::unique_lock<std::mutex> hold_lane(client_broker* self) {
+  auto& lane = self->state.lane;
+  return lane ? std::unique_lock<std::mutex>{lane->mutex()} : std::unique_lock<std::mutex>{};
+}
+
+/// An envelope from the owner: encoded and sent in order, or, when it cannot be encoded, a local
+/// error reply to the receiver.
+void take_request(client_broker* self, envelope& request) {
+  TROUPE_HOP(link_in);
+  auto& st = self->state;
+  if (st.down)
+    return;
+  auto& c = *st.connection;
+  if (auto why = encode_into(c, request.msg, std::move(request.keepalive), st.tuning)) {
+    st.tuning.log.info("data link: " + *why);
+    tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
+    return;
+  }
+  TROUPE_HOP(link_queued);
+  send_writes(self);
+}
+
 caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::actor receiver,
                              std::string peer, data_link_options options) {
   auto& st = self->state;
@@ -1851,12 +1967,14 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   st.receiver = std::move(receiver);
   st.peer = std::move(peer);
   st.on_authenticated = std::move(options.on_authenticated);
+  st.lane = std::move(options.lane);
   st.connection.emplace(1, hdl, false, "data link to " + st.peer, release_waker(self, 1),
                         std::make_shared<receive_buffer_pool>(st.tuning.max_cached_buffer_bytes),
                         st.tuning);
   // Nobody would read what arrives once the receiver is gone.
   self->monitor(st.receiver);
   self->set_down_handler([=](caf::down_msg& msg) {
+    auto held = hold_lane(self);
     if (msg.source == self->state.receiver)
       self->quit();
   });
@@ -1871,35 +1989,35 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   self->delayed_send(self, st.tuning.handshake_timeout, handshake_deadline_atom::value);
   return {
       [=](caf::io::new_data_msg& msg) {
+        auto held = hold_lane(self);
         if (!self->state.down)
           on_socket_read(self, msg.buf);
       },
       [=](const caf::io::data_transferred_msg& msg) {
+        auto held = hold_lane(self);
         auto& st = self->state;
         if (st.down)
           return;
         TROUPE_HOP(link_written);
-        st.connection->in_flight = msg.remaining;
+        st.connection->in_flight = msg.remaining + st.connection->unsent.size();
         send_writes(self);
       },
       [=](const caf::io::connection_closed_msg&) {
+        auto held = hold_lane(self);
         link_down(self, "data link to " + self->state.peer + " closed by the peer");
       },
       [=](envelope& request) {
-        TROUPE_HOP(link_in);
-        auto& st = self->state;
-        if (st.down)
-          return;
-        auto& c = *st.connection;
-        if (auto why = encode_into(c, request.msg, std::move(request.keepalive), st.tuning)) {
-          st.tuning.log.info("data link: " + *why);
-          tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
-          return;
-        }
-        TROUPE_HOP(link_queued);
-        send_writes(self);
+        auto held = hold_lane(self);
+        take_request(self, request);
+      },
+      [=](handed_atom, envelope& request) {
+        auto held = hold_lane(self);
+        if (self->state.lane)
+          self->state.lane->handled_one();
+        take_request(self, request);
       },
       [=](handshake_deadline_atom) {
+        auto held = hold_lane(self);
         auto& st = self->state;
         if (st.down || st.connection->authenticated)
           return;
@@ -1915,6 +2033,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
                             ")");
       },
       [=](released_atom, std::uint64_t) {
+        auto held = hold_lane(self);
         auto& st = self->state;
         if (st.down)
           return;
@@ -1922,8 +2041,12 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         send_writes(self);
       },
       [=](caf::get_atom) { return self->state.peer; },
-      [=](stats_atom) { return stats_of(*self->state.connection); },
+      [=](stats_atom) {
+        auto held = hold_lane(self);
+        return stats_of(*self->state.connection);
+      },
       [=](stop_atom) {
+        auto held = hold_lane(self);
         link_down(self, "data link to " + self->state.peer + " stopped by its owner");
       },
   };
@@ -1956,6 +2079,15 @@ std::optional<std::string> await_started(caf::actor_system& sys, const caf::acto
 }
 
 } // namespace
+
+bool link_lane::write_now(envelope& request) {
+  if (handed_.load(std::memory_order_relaxed) != 0)
+    return false;
+  std::lock_guard hold{mutex_};
+  // With the lock held the broker runs nothing, and it lowers handed_ under the lock: 0 here
+  // means every handed envelope is in the connection's queue (or gone with the link).
+  return writer_ && handed_.load(std::memory_order_relaxed) == 0 && writer_(request);
+}
 
 link_refusals process_link_refusals() noexcept {
   return {refused_frames.load(std::memory_order_relaxed),

@@ -92,10 +92,13 @@
 // (on_disconnect on the server, link_down_atom at the client's receiver). A peer that hangs with
 // its socket open is noticed by the request timeouts of the callers.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -385,6 +388,55 @@ std::string describe_tensor_bytes(const link_tensor_bytes& moved);
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
                                       std::uint16_t port, data_server_options options);
 
+/// A client link's sending side as the threads of its owner may use it, so that a small frame goes
+/// from the thread that made it straight to the socket, without a message to the broker and the
+/// wake-up of the middleman's I/O thread that it costs (docs/data-path.md, "Where a small
+/// request's time goes"). The broker keeps the connection's state under the lane's lock while it
+/// runs, and opens the lane once the link's handshake is done (never under TLS). Thread-safe.
+///
+/// Order: an owner that uses a lane hands the link every envelope either through write_now or as
+/// (handed_atom, envelope) after handing() (never plain), so that write_now, which writes only
+/// when every handed envelope has been taken and the connection holds nothing else to send, never
+/// overtakes an earlier frame.
+class link_lane {
+public:
+  link_lane() = default;
+  link_lane(const link_lane&) = delete;
+  link_lane& operator=(const link_lane&) = delete;
+
+  /// On any thread: encodes `request` and writes it to the socket now (one non-blocking send; what
+  /// the socket does not take the broker writes next, in order) when the lane is open, nothing
+  /// handed to the broker is still in its mailbox, the connection has nothing queued, waiting for
+  /// credit or in CAF's buffers, and the frame is small (its tensor below direct_write_bytes and
+  /// inline, not through the shared-memory arena). A frame the peer's window does not admit yet
+  /// waits in the connection's queue, as any other. Returns true when the link took the frame
+  /// (request.keepalive is then gone: dropped once the bytes are copied, or kept in the queue);
+  /// false, with `request` as it was, when it must be handed instead.
+  bool write_now(envelope& request);
+  /// Before sending (handed_atom, envelope) to the broker: counts it as handed.
+  void handing() noexcept { handed_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Tensors larger than this never go through write_now.
+  static constexpr std::size_t direct_tensor_bytes = std::size_t{64} << 10;
+
+  // The broker's side.
+
+  /// The lock the broker holds while it runs.
+  std::mutex& mutex() noexcept { return mutex_; }
+  /// With the lock held: write_now runs `writer` from now on (it returns whether it took the
+  /// frame), or, with null, nothing (the link is down).
+  void set_writer(std::function<bool(envelope&)> writer) { writer_ = std::move(writer); }
+  /// With the lock held: a handed envelope was taken into the connection's queue.
+  void handled_one() noexcept { handed_.fetch_sub(1, std::memory_order_relaxed); }
+
+private:
+  std::mutex mutex_;
+  std::function<bool(envelope&)> writer_;
+  /// Envelopes handed to the broker that it has not taken yet. Raised by the owner's threads,
+  /// lowered by the broker under the lock.
+  std::atomic<std::size_t> handed_{0};
+};
+
 /// How a client data link behaves.
 struct data_link_options {
   data_link_tuning tuning;
@@ -394,11 +446,15 @@ struct data_link_options {
   /// Told what the handshake established (the session key under tuning.key_exchange) once it is
   /// done, on the broker's thread, before the receiver gets any frame of the link. Optional.
   std::function<void(const link_authentication&)> on_authenticated{};
+  /// Shared with the link's owner, which may then write small frames from its own threads
+  /// (link_lane). Optional.
+  std::shared_ptr<link_lane> lane{};
 };
 
 /// Connects to a data server at host:port (blocks for the TCP handshake) and spawns the client
 /// broker, which accepts:
-///   (envelope)   encode and send it; frames go out in the order sent, never interleaved. A
+///   (envelope), (handed_atom, envelope) with options.lane (link_lane::handing)
+///                encode and send it; frames go out in the order sent, never interleaved. A
 ///                message that cannot be encoded (or exceeds max_frame_bytes) is not sent:
 ///                `receiver` gets (envelope{error_reply{request id, internal, why}}) instead;
 ///   (stop_atom)  close the connection (frames not yet handed to the socket are dropped);

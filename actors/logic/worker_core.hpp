@@ -218,6 +218,13 @@ public:
   /// when requests are still under way request_timeout from now.
   void on_finalize(completion<status> done);
 
+  /// Whether `op` would leave at once, whole and alone: a push, pull or pushpull of one key whose
+  /// tensor holds at most `max_bytes` and goes to one server, with credit, nothing queued for that
+  /// server, nothing of its ps-key waiting or queued, room in the server's window, the server not
+  /// held for recovery and the worker not failed. A caller's thread runs such a call itself
+  /// (actors/kv_worker.hpp, worker_lane); the rules are the same either way.
+  bool sends_at_once(const kv_operation& op, std::size_t max_bytes) const;
+
   /// Requests sent and not yet answered.
   std::size_t under_way() const noexcept { return parts_.size(); }
   /// Requests of ps-key `ps_key` held back for credit.
