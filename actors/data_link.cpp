@@ -156,9 +156,11 @@ struct link_connection {
   /// Bytes handed to CAF that the socket has not taken yet (CAF's own count, refreshed by every
   /// data_transferred_msg, plus what was appended since), and `unsent`.
   std::size_t in_flight = 0;
-  /// What a send from another thread (link_lane::write_now) left over: the broker appends it to
-  /// CAF's buffer before anything else (pump), as only the broker's thread may.
+  /// What a send from another thread (link_lane) left over: the broker appends it to CAF's buffer
+  /// before anything else (pump), as only the broker's thread may. While such a send is under way
+  /// (`sending_elsewhere`) the broker writes nothing.
   std::vector<char> unsent;
+  bool sending_elsewhere = false;
   /// The peer broke the framing or the link protocol: whatever else arrives is ignored, nothing
   /// more is queued, and the connection closes as soon as the admitted frames (the error_reply
   /// last) are in CAF's buffer, which CAF still sends.
@@ -441,6 +443,8 @@ std::optional<std::string> pump(caf::io::abstract_broker* self, link_connection&
                                 const data_link_tuning& tuning) {
   if (c.tls)
     return pump_sealed(self, c, tuning);
+  if (c.sending_elsewhere)
+    return std::nullopt; // its end wakes the broker
   if (!c.unsent.empty()) {
     auto& out = self->wr_buf(c.hdl);
     out.insert(out.end(), c.unsent.begin(), c.unsent.end());
@@ -1748,17 +1752,13 @@ struct client_state {
   ~client_state() {
     if (lane) {
       std::lock_guard hold{lane->mutex()};
-      close_lane();
+      lane->close();
     }
   }
-  /// With the lane's lock held: write_now takes nothing more, and our descriptor of the socket
-  /// goes.
+  /// With the lane's lock held: write_now takes nothing more.
   void close_lane() {
     if (lane)
-      lane->set_writer(nullptr);
-    if (lane_fd >= 0)
-      ::close(lane_fd);
-    lane_fd = -1;
+      lane->close();
   }
 
   data_link_tuning tuning;
@@ -1771,10 +1771,9 @@ struct client_state {
   std::function<void(const link_authentication&)> on_authenticated;
   std::optional<link_connection> connection;
   bool down = false;
-  /// data_link_options::lane, and the socket's descriptor duplicated for its writes from other
-  /// threads (CAF's own may be closed on the I/O thread at any time; ours only under the lock).
+  /// data_link_options::lane, once opened (open_lane).
   std::shared_ptr<link_lane> lane;
-  int lane_fd = -1;
+  bool lane_open = false;
 
   static inline const char* name = "troupe.data_link";
 };
@@ -1813,17 +1812,16 @@ bool send_writes(client_broker* self) {
 }
 
 /// link_lane::write_now's work, on the owner's thread with the lane's lock held: the frame of a
-/// small `request` encoded and sent with one non-blocking send on our descriptor when the
-/// connection has nothing else to send (so nothing is overtaken). Whatever the socket does not
-/// take waits in `unsent`, and a frame the peer's window does not admit in the queue, for the
-/// broker, which a message wakes: only its thread may touch CAF's buffers.
-bool write_from_elsewhere(client_broker* self, envelope& request) {
+/// small `request` encoded and staged for one non-blocking send (link_lane::send_staged) when the
+/// connection has nothing else to send, so that nothing overtakes it. A frame the peer's window
+/// does not admit waits in the queue, for the broker, which reads the credit.
+bool stage_from_elsewhere(client_broker* self, envelope& request, std::vector<char>& staged) {
   auto& st = self->state;
-  if (st.down || st.lane_fd < 0 || !st.connection)
+  if (st.down || !st.lane_open || !st.connection)
     return false;
   auto& c = *st.connection;
-  if (c.closing || !c.authenticated || c.tls || c.in_flight != 0 || !c.queue.empty() ||
-      !c.unsent.empty())
+  if (c.closing || !c.authenticated || c.tls || c.sending_elsewhere || c.in_flight != 0 ||
+      !c.queue.empty() || !c.unsent.empty())
     return false;
   if (const auto* tensor = wire::tensor_of(request.msg))
     if (tensor->data.size() > link_lane::direct_tensor_bytes ||
@@ -1836,35 +1834,50 @@ bool write_from_elsewhere(client_broker* self, envelope& request) {
     return false;
   request.keepalive.reset();
   TROUPE_HOP(link_queued);
+  staged.clear();
   if (c.queue.ready()) {
-    thread_local std::vector<char> staged;
-    staged.clear();
     c.queue.append_to(staged, direct_write_bytes);
-    const auto sent = ::send(st.lane_fd, staged.data(), staged.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    const std::size_t taken = sent > 0 ? static_cast<std::size_t>(sent) : 0;
-    c.bytes_taken += taken;
-    if (taken < staged.size()) {
-      c.unsent.assign(staged.begin() + static_cast<std::ptrdiff_t>(taken), staged.end());
-      c.in_flight += c.unsent.size();
-    }
+    c.sending_elsewhere = true;
   }
-  // A frame still waiting for the peer's credit goes when the credit arrives, which the broker
-  // reads; what is left to write needs the broker now.
-  if (!c.unsent.empty() || c.queue.ready())
-    caf::anon_send(caf::actor_cast<caf::actor>(self), released_atom::value, c.id);
   return true;
 }
 
+/// A send from another thread is done, with the lane's lock held: what the socket did not take
+/// goes to CAF's buffer first, then anything queued meanwhile, on the broker's thread.
+void finish_from_elsewhere(client_broker* self, std::span<const char> left, std::size_t taken) {
+  auto& st = self->state;
+  if (!st.connection)
+    return;
+  auto& c = *st.connection;
+  c.sending_elsewhere = false;
+  c.bytes_taken += taken;
+  if (!left.empty()) {
+    c.unsent.assign(left.begin(), left.end());
+    c.in_flight += c.unsent.size();
+  }
+  if (!st.down && (!c.unsent.empty() || c.queue.ready()))
+    caf::anon_send(caf::actor_cast<caf::actor>(self), released_atom::value, c.id);
+}
+
 /// Opens the lane (data_link_options::lane), once the handshake is done, without TLS: the
-/// owner's threads may write small frames from now on.
+/// owner's threads may write small frames from now on, on a duplicate of the socket's descriptor
+/// (CAF's own may be closed on the I/O thread at any time; the lane closes its own).
 void open_lane(client_broker* self) {
   auto& st = self->state;
-  if (!st.lane || st.down || st.connection->tls || st.lane_fd >= 0)
+  if (!st.lane || st.down || st.connection->tls || st.lane_open)
     return;
-  st.lane_fd = ::dup(static_cast<int>(st.connection->hdl.id()));
-  if (st.lane_fd < 0)
+  const int fd = ::dup(static_cast<int>(st.connection->hdl.id()));
+  if (fd < 0)
     return;
-  st.lane->set_writer([self](envelope& request) { return write_from_elsewhere(self, request); });
+  st.lane_open = true;
+  st.lane->open(
+      fd,
+      [self](envelope& request, std::vector<char>& staged) {
+        return stage_from_elsewhere(self, request, staged);
+      },
+      [self](std::span<const char> left, std::size_t taken) {
+        finish_from_elsewhere(self, left, taken);
+      });
 }
 
 /// A read of the size the frame receiver asked for completed: forward its frame, tell the
@@ -2080,13 +2093,71 @@ std::optional<std::string> await_started(caf::actor_system& sys, const caf::acto
 
 } // namespace
 
+namespace {
+/// The lanes this thread staged a send on (link_lane::write_now), for send_staged.
+thread_local std::vector<std::shared_ptr<link_lane>> staged_lanes;
+} // namespace
+
+link_lane::~link_lane() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
 bool link_lane::write_now(envelope& request) {
   if (handed_.load(std::memory_order_relaxed) != 0)
     return false;
   std::lock_guard hold{mutex_};
   // With the lock held the broker runs nothing, and it lowers handed_ under the lock: 0 here
   // means every handed envelope is in the connection's queue (or gone with the link).
-  return writer_ && handed_.load(std::memory_order_relaxed) == 0 && writer_(request);
+  if (!writer_ || sending_ || handed_.load(std::memory_order_relaxed) != 0 ||
+      !writer_(request, staged_))
+    return false;
+  if (!staged_.empty()) {
+    sending_ = true;
+    staged_lanes.push_back(shared_from_this());
+  }
+  return true;
+}
+
+void link_lane::send_staged() {
+  auto lanes = std::move(staged_lanes);
+  staged_lanes.clear();
+  for (auto& lane : lanes)
+    lane->send_now();
+}
+
+void link_lane::send_now() {
+  // While sending_, the broker neither writes on the connection nor touches fd_ or staged_.
+  const auto sent = ::send(fd_, staged_.data(), staged_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  const std::size_t taken = sent > 0 ? static_cast<std::size_t>(sent) : 0;
+  std::lock_guard hold{mutex_};
+  sending_ = false;
+  if (finish_)
+    finish_(std::span<const char>{staged_}.subspan(taken), taken);
+  staged_.clear();
+  if (close_after_send_) {
+    ::close(fd_);
+    fd_ = -1;
+    close_after_send_ = false;
+  }
+}
+
+void link_lane::open(int fd, std::function<bool(envelope&, std::vector<char>&)> writer,
+                     std::function<void(std::span<const char>, std::size_t)> finish) {
+  fd_ = fd;
+  writer_ = std::move(writer);
+  finish_ = std::move(finish);
+}
+
+void link_lane::close() noexcept {
+  writer_ = nullptr;
+  finish_ = nullptr;
+  if (sending_) {
+    close_after_send_ = true;
+  } else if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
 }
 
 link_refusals process_link_refusals() noexcept {

@@ -99,8 +99,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -398,21 +400,28 @@ result<data_server> spawn_data_server(caf::actor_system& sys, const std::string&
 /// (handed_atom, envelope) after handing() (never plain), so that write_now, which writes only
 /// when every handed envelope has been taken and the connection holds nothing else to send, never
 /// overtakes an earlier frame.
-class link_lane {
+class link_lane : public std::enable_shared_from_this<link_lane> {
 public:
   link_lane() = default;
+  ~link_lane();
   link_lane(const link_lane&) = delete;
   link_lane& operator=(const link_lane&) = delete;
 
-  /// On any thread: encodes `request` and writes it to the socket now (one non-blocking send; what
-  /// the socket does not take the broker writes next, in order) when the lane is open, nothing
-  /// handed to the broker is still in its mailbox, the connection has nothing queued, waiting for
-  /// credit or in CAF's buffers, and the frame is small (its tensor below direct_write_bytes and
-  /// inline, not through the shared-memory arena). A frame the peer's window does not admit yet
-  /// waits in the connection's queue, as any other. Returns true when the link took the frame
-  /// (request.keepalive is then gone: dropped once the bytes are copied, or kept in the queue);
-  /// false, with `request` as it was, when it must be handed instead.
+  /// On any thread: encodes `request` for one non-blocking send of its frame when the lane is
+  /// open, nothing handed to the broker is still in its mailbox, the connection has nothing
+  /// queued, waiting for credit, in CAF's buffers or being sent from another thread, and the
+  /// frame is small (its tensor at most direct_tensor_bytes and inline, not through the
+  /// shared-memory arena). The bytes are staged: the send itself happens in send_staged(), which
+  /// the same thread must call once it holds no lock of its own (a thread preempted inside the
+  /// send would otherwise hold up every thread waiting for that lock); meanwhile the broker writes
+  /// nothing on the connection, so nothing overtakes the frame. A frame the peer's window does not
+  /// admit yet waits in the connection's queue, as any other. Returns true when the link took the
+  /// frame (request.keepalive is then gone: dropped once the bytes are staged, or kept in the
+  /// queue); false, with `request` as it was, when it must be handed instead.
   bool write_now(envelope& request);
+  /// On the thread that called write_now: sends what it staged, then lets the broker write what
+  /// the socket did not take (and anything queued meanwhile). No lock may be held.
+  static void send_staged();
   /// Before sending (handed_atom, envelope) to the broker: counts it as handed.
   void handing() noexcept { handed_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -423,15 +432,31 @@ public:
 
   /// The lock the broker holds while it runs.
   std::mutex& mutex() noexcept { return mutex_; }
-  /// With the lock held: write_now runs `writer` from now on (it returns whether it took the
-  /// frame), or, with null, nothing (the link is down).
-  void set_writer(std::function<bool(envelope&)> writer) { writer_ = std::move(writer); }
-  /// With the lock held: a handed envelope was taken into the connection's queue.
+  /// With the lock held: write_now runs `writer` from now on, which stages a frame's bytes (it
+  /// returns whether it took the frame, and leaves the staging empty when nothing is to be sent),
+  /// and the staged bytes go out on `fd`, which the lane owns from now on; `finish` runs, with
+  /// the lock held, once a send is done, with the bytes the socket did not take.
+  void open(int fd, std::function<bool(envelope&, std::vector<char>& staged)> writer,
+            std::function<void(std::span<const char> left, std::size_t taken)> finish);
+  /// With the lock held: write_now takes nothing more and the descriptor is closed (after the
+  /// send in progress, if any).
+  void close() noexcept;
+  /// With the lock held: a handed envelope is being taken into the connection's queue.
   void handled_one() noexcept { handed_.fetch_sub(1, std::memory_order_relaxed); }
 
 private:
+  void send_now();
+
   std::mutex mutex_;
-  std::function<bool(envelope&)> writer_;
+  std::function<bool(envelope&, std::vector<char>&)> writer_;
+  std::function<void(std::span<const char>, std::size_t)> finish_;
+  /// Ours, a duplicate of the broker's socket: CAF may close its own on the I/O thread at any
+  /// time.
+  int fd_ = -1;
+  /// Bytes staged by write_now, sent by send_staged (the only user while `sending_`).
+  std::vector<char> staged_;
+  bool sending_ = false;
+  bool close_after_send_ = false;
   /// Envelopes handed to the broker that it has not taken yet. Raised by the owner's threads,
   /// lowered by the broker under the lock.
   std::atomic<std::size_t> handed_{0};

@@ -136,10 +136,13 @@ public:
         [this](handed_atom, kv_operation& op) {
           // Counted off before the call runs, under the lock throughout: a caller woken by its
           // completion finds the count at 0 and may run its next call itself.
-          std::lock_guard hold{lane_->mutex()};
-          lane_->handled_one();
-          guarded(
-              op.what, [&] { core_->on_call(op); }, &op.done);
+          {
+            std::lock_guard hold{lane_->mutex()};
+            lane_->handled_one();
+            guarded(
+                op.what, [&] { core_->on_call(op); }, &op.done);
+          }
+          link_lane::send_staged();
         },
         [this](envelope& reply) { serve("a server's reply", [&] { core_->on_reply(reply); }); },
         [this](link_down_atom, std::uint64_t tag, const std::string& why) {
@@ -273,12 +276,17 @@ public:
 
 private:
   /// A handler: guarded, with the lane's lock held (a caller's thread may run the core too).
+  /// Frames staged for the socket meanwhile (link_lane::write_now) are sent once the lock is
+  /// released.
   template <class Body>
   void serve(std::string_view what, Body&& body, completion<status>* call = nullptr) {
-    std::unique_lock<std::mutex> hold;
-    if (lane_)
-      hold = std::unique_lock<std::mutex>{lane_->mutex()};
-    guarded(what, std::forward<Body>(body), call);
+    {
+      std::unique_lock<std::mutex> hold;
+      if (lane_)
+        hold = std::unique_lock<std::mutex>{lane_->mutex()};
+      guarded(what, std::forward<Body>(body), call);
+    }
+    link_lane::send_staged();
   }
 
   /// Runs a use of the core so that nothing it throws escapes the actor: the call it served (if
@@ -363,10 +371,16 @@ worker_actor::behavior_type worker_behavior(typename worker_state<Base>::pointer
 
 void worker_lane::call(kv_operation op) {
   if (handed_.load(std::memory_order_relaxed) == 0) {
-    std::lock_guard hold{mutex_};
-    // With the lock held the actor runs nothing, and it lowers handed_ under the lock: 0 here
-    // means it has handled every call handed to it, so this one overtakes none.
-    if (runner_ && handed_.load(std::memory_order_relaxed) == 0 && runner_(op))
+    bool ran = false;
+    {
+      std::lock_guard hold{mutex_};
+      // With the lock held the actor runs nothing, and it lowers handed_ under the lock: 0 here
+      // means it has handled every call handed to it, so this one overtakes none.
+      ran = runner_ && handed_.load(std::memory_order_relaxed) == 0 && runner_(op);
+    }
+    // Its frame, staged for the socket, goes now that the worker's lock is free.
+    link_lane::send_staged();
+    if (ran)
       return;
   }
   handed_.fetch_add(1, std::memory_order_relaxed);
