@@ -66,7 +66,8 @@ public:
   /// With the lock held: call() offers each call to `runner` (true: it ran it), from now on;
   /// null: to nobody (the actor is gone).
   void set_runner(std::function<bool(kv_operation&)> runner) { runner_ = std::move(runner); }
-  /// With the lock held: a call handed by call() was handled.
+  /// With the lock held, before the actor runs a call handed by call(): it counts as handled
+  /// (the lock is held until it is).
   void handled_one() noexcept { handed_.fetch_sub(1, std::memory_order_relaxed); }
 
 private:
