@@ -4,6 +4,9 @@
 // Everything here runs on the middleman's I/O thread: CAF schedules brokers on the multiplexer,
 // so the socket callbacks (new_data_msg, data_transferred_msg) and the mailbox (envelopes from
 // shards or from the worker) are handled by one thread, and the connection state needs no lock.
+// The one exception is a client link with a link_lane (data_link.hpp): its owner's threads may
+// stage a small frame and send it on the lane's own descriptor, so that broker holds the lane's
+// lock in every handler, and writes nothing while such a send is under way (sending_elsewhere).
 //
 // Write pacing: the brokers turn on ack_writes, so CAF reports every write the socket took with
 // the bytes still in its buffers (data_transferred_msg::remaining). A connection hands CAF at

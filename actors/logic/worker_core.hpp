@@ -68,7 +68,8 @@
 // server went fail with errc::peer_lost. If the server is not back within server_rejoin +
 // request_timeout, everything fails as above.
 //
-// Threads: one thread at a time calls a worker_core (the actor's); only the copy jobs it hands to
+// Threads: one thread at a time calls a worker_core (the actor's, or a caller's under the lock it
+// shares with the actor: actors/kv_worker.hpp, worker_lane); only the copy jobs it hands to
 // output::copy_elsewhere run elsewhere, and they touch nothing but their request's reassembly and
 // the call's completion. Time is options.clock, so tests move it by hand.
 
