@@ -8,8 +8,14 @@
 // scheduler's port, carrying Cap'n Proto frames (at most max_control_frame_bytes each, no
 // shared memory); the agent actor (node_agent_actor of actors/protocols.hpp) is the link's
 // receiver. Processes of a job start in any order, so join() retries a scheduler that refuses
-// connections, with exponential backoff (50 ms doubling to 1 s), for at most
+// connections, with exponential backoff (50 ms doubling to 1 s, connect_backoff), for at most
 // agent_options::connect_timeout.
+//
+// Rules and plumbing: the agent's rules (its phases, admission, membership epochs, request and
+// barrier ids, which failures end the node, the deadlines) are agent_core's
+// (actors/logic/agent_core.hpp, which also declares agent_options), tested without CAF; the actor
+// around it holds the control link, the completions the blocking calls wait on and the
+// subscribers.
 //
 // The agent is an actor behind a plain class whose calls block the calling thread, each for a
 // bounded time, as MXNet's KVStore calls do; every wait goes through completion<T>
@@ -36,7 +42,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -45,57 +50,13 @@
 #include <caf/fwd.hpp>
 
 #include "actors/bridge.hpp"
-#include "actors/config/tls_credentials.hpp"
+#include "actors/logic/agent_core.hpp"
 #include "actors/protocols.hpp"
 #include "engine/error.hpp"
 #include "engine/log.hpp"
 #include "schema/messages.hpp"
 
 namespace troupe {
-
-/// How a node joins its job. Durations are wall-clock.
-struct agent_options {
-  /// The scheduler's address and port (DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT).
-  std::string scheduler_host = "127.0.0.1";
-  std::uint16_t scheduler_port = 0;
-  /// server or worker (DMLC_ROLE); a scheduler does not join.
-  wire::role role = wire::role::worker;
-  /// Must match the scheduler's job id and token (the token is proven in the control
-  /// connection's handshake and never sent).
-  std::string job_id;
-  std::string auth_token;
-  /// TLS on the control link (actors/config/tls_credentials.hpp): this node's credentials, whose
-  /// certificate must name `role`; the scheduler's must name the scheduler. Null: plaintext.
-  std::shared_ptr<const tls_credentials> tls;
-  /// Where this node's data port listens (servers: where workers connect), as peers should dial
-  /// it; listed in the membership table. data_port 0: the node accepts no data connections.
-  std::string host = "127.0.0.1";
-  std::uint16_t data_port = 0;
-  /// The rank to ask the scheduler for, or -1 to take the next one.
-  std::int32_t rank_hint = -1;
-  /// A server restarted from its checkpoint: it registers as the recovering server of exactly
-  /// rank_hint (Registration.recovering), which the scheduler admits only in that rank.
-  bool recovering = false;
-  /// A server: told the job secret its admission carries, on the agent's thread, as soon as it is
-  /// admitted (before join() returns): its data port checks its workers' node proofs against it.
-  /// Optional.
-  std::function<void(const job_secret&)> on_job_secret{};
-  /// How long join() keeps retrying a scheduler that refuses connections (timeouts.connect).
-  std::chrono::milliseconds connect_timeout{10'000};
-  /// Bound on all of join(): connecting, registering and receiving the membership table.
-  std::chrono::milliseconds startup_timeout{60'000};
-  /// How often the agent sends the scheduler a heartbeat frame and checks that the scheduler
-  /// still speaks; well below both sides' peer_timeout. This catches a frozen (SIGSTOPped)
-  /// scheduler whose socket stays open.
-  std::chrono::milliseconds heartbeat_interval{1'000};
-  /// The scheduler is declared lost when nothing (its heartbeats included) has come from it for
-  /// this long (timeouts.peer); must exceed the scheduler's heartbeat_interval. Distinct from a
-  /// request's timeout, which bounds one call.
-  std::chrono::milliseconds peer_timeout{10'000};
-  /// Where the agent logs (ps-lite's PS_VERBOSE levels: errors always, 1 admission and job
-  /// events, 2 every frame), renamed node_name(role, rank, host) once admitted. Default: silent.
-  logger log;
-};
 
 /// One server's or worker's membership in a job. Created by join(); thread-safe: any thread may
 /// call any member. Destroying it stops the agent actor and so closes the control link; the

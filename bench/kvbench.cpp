@@ -2,6 +2,7 @@
 //
 //   troupe-launch -n W -s S -- build/bench/kvbench [--sizes 4096,16777216,...] [--keys 1,100]
 //                 [--repeats 9] [--type dist_sync] [--ops push,pull,pushpull]
+//                 [--key-elements 3211264,4096,16777216,4096,40960,10]
 //
 // For each (total size, key count) every worker initialises `keys` float32 keys that together
 // hold `size` bytes, then times R repetitions of each of `--ops`: push of every key (all in
@@ -13,6 +14,12 @@
 // (meaningful when the job is alone on the machine: bench/machine_cpu.hpp). Between phases the
 // workers meet at a barrier so that every worker measures the same thing.
 //
+// --key-elements measures one set of keys of the given element counts instead of --sizes and
+// --keys (a model's parameters, e.g. mlp-wide's above), issued as gluon's Trainer issues a step's
+// reduction: one asynchronous request per key, the last key first (backward writes the last
+// layers' gradients first), priority -index, then a wait for all of them. Its JSON lines carry
+// "key_elements", the list.
+//
 // It starts with serve_if_node_role, so under a tracker that runs one program for every role
 // (DMLC_ROLE) it is the scheduler or a server too; the cluster flags (--quorum, --timeout, ...)
 // go to its store. A bad or missing value of the configuration the store reads exits 2 with one
@@ -22,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +62,7 @@ struct subject {
   std::size_t bytes;
   std::size_t keys;
   int workers;
+  std::vector<std::int64_t> key_elements; ///< --key-elements' list; empty otherwise
 };
 
 /// The JSON line of one operation: `seconds` of each repetition, `moved` payload bytes each,
@@ -69,6 +78,8 @@ void print_result(const subject& what, std::vector<double> seconds, double moved
   line["bytes"] = what.bytes;
   line["keys"] = what.keys;
   line["workers"] = what.workers;
+  if (!what.key_elements.empty())
+    line["key_elements"] = what.key_elements;
   line["repeats"] = repeats;
   line["median_ms"] = json_line::fixed(s.median * 1e3, 3);
   line["min_ms"] = json_line::fixed(s.fastest * 1e3, 3);
@@ -96,12 +107,18 @@ int main(int argc, char** argv) {
   int repeats = 9;
   std::string type = "dist_sync";
   std::vector<std::string> ops{"push", "pull", "pushpull"};
+  std::vector<std::int64_t> key_elements;
   app.add_option("--sizes", sizes, "total bytes per measurement")->delimiter(',');
   app.add_option("--ops", ops, "operations to time, in this order (push, pull, pushpull)")
       ->delimiter(',')
       ->check(CLI::IsMember({"push", "pull", "pushpull"}));
   app.add_option("--keys", key_counts, "number of keys the bytes are spread over")->delimiter(',');
   app.add_option("--repeats", repeats)->check(CLI::Range(1, 100000));
+  app.add_option("--key-elements", key_elements,
+                 "element counts of a set of keys issued one request per key, as the Trainer "
+                 "does (replaces --sizes and --keys)")
+      ->delimiter(',')
+      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
   app.add_option("--type", type);
   config_overrides cluster_flags;
   add_config_flags(app, cluster_flags);
@@ -120,55 +137,92 @@ int main(int argc, char** argv) {
   auto& kv = **created;
   std::int64_t next_key = 0;
 
-  for (auto keys : key_counts) {
-    for (auto size : sizes) {
-      auto elements = static_cast<std::int64_t>(size / sizeof(float) / keys);
-      if (elements == 0)
-        continue;
-      std::vector<kv_key> names;
-      std::vector<ndarray> values, outputs;
-      for (std::size_t k = 0; k < keys; ++k) {
-        names.push_back(next_key++);
-        values.push_back(ndarray::ones({elements}));
-        outputs.push_back(ndarray::zeros({elements}));
-      }
-      if (auto init = kv.init(names, values); !init)
-        return fail("init", init.error());
-      // Small payloads repeat more, so that their medians rest on enough samples.
-      int rounds = size * keys <= (64u << 10) ? std::max(repeats, 500) : repeats;
-      auto bytes = static_cast<double>(elements) * sizeof(float) * keys;
+  // Each measurement is a set of keys: the element count of each, and whether they go as the
+  // Trainer issues them (one request per key) rather than as one batch call.
+  std::vector<std::vector<std::int64_t>> key_sets;
+  if (!key_elements.empty())
+    key_sets.push_back(key_elements);
+  else
+    for (auto keys : key_counts)
+      for (auto size : sizes)
+        if (auto elements = static_cast<std::int64_t>(size / sizeof(float) / keys); elements > 0)
+          key_sets.emplace_back(keys, elements);
+  const bool per_key = !key_elements.empty();
 
-      auto measure = [&](const std::string& op, auto&& body) -> int {
-        if (auto met = kv.barrier(); !met)
-          return fail("barrier", met.error());
-        if (auto warm = body(); !warm)
-          return fail(op, warm.error());
-        std::vector<double> seconds;
-        const double busy_at_start = bench::machine_busy_seconds();
-        for (int r = 0; r < rounds; ++r) {
-          auto start = clock_type::now();
-          if (auto done = body(); !done)
-            return fail(op, done.error());
-          seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
-        }
-        const double busy_at_end = bench::machine_busy_seconds();
-        if (kv.rank() == 0)
-          print_result({type, op, static_cast<std::size_t>(bytes), keys, kv.num_workers()}, seconds,
-                       op == "pushpull" ? 2 * bytes : bytes,
-                       busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
-        return 0;
-      };
-      for (const auto& op : ops) {
-        int rc = 0;
-        if (op == "push")
-          rc = measure(op, [&] { return kv.push(names, values); });
-        else if (op == "pull")
-          rc = measure(op, [&] { return kv.pull(names, outputs); });
-        else
-          rc = measure(op, [&] { return kv.pushpull(names, values, outputs); });
-        if (rc != 0)
-          return rc;
+  for (const auto& key_set : key_sets) {
+    const std::size_t keys = key_set.size();
+    std::vector<kv_key> names;
+    std::vector<ndarray> values, outputs;
+    double bytes = 0;
+    for (auto elements : key_set) {
+      names.push_back(next_key++);
+      values.push_back(ndarray::ones({elements}));
+      outputs.push_back(ndarray::zeros({elements}));
+      bytes += static_cast<double>(elements) * sizeof(float);
+    }
+    if (auto init = kv.init(names, values); !init)
+      return fail("init", init.error());
+    // Small payloads repeat more, so that their medians rest on enough samples.
+    int rounds = bytes <= 64.0 * 1024 ? std::max(repeats, 500) : repeats;
+    // One request per key, the last key first with priority -index, then a wait for all.
+    auto each_key = [&](auto&& start) -> status {
+      std::vector<kv_request> requests;
+      for (std::size_t i = keys; i-- > 0;)
+        requests.push_back(start(i, -static_cast<int>(i)));
+      status outcome;
+      for (auto& request : requests)
+        if (auto done = request.wait(); !done && outcome)
+          outcome = done;
+      return outcome;
+    };
+
+    auto measure = [&](const std::string& op, auto&& body) -> int {
+      if (auto met = kv.barrier(); !met)
+        return fail("barrier", met.error());
+      if (auto warm = body(); !warm)
+        return fail(op, warm.error());
+      std::vector<double> seconds;
+      const double busy_at_start = bench::machine_busy_seconds();
+      for (int r = 0; r < rounds; ++r) {
+        auto start = clock_type::now();
+        if (auto done = body(); !done)
+          return fail(op, done.error());
+        seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
       }
+      const double busy_at_end = bench::machine_busy_seconds();
+      if (kv.rank() == 0)
+        print_result({type, op, static_cast<std::size_t>(bytes), keys, kv.num_workers(),
+                      per_key ? key_set : std::vector<std::int64_t>{}},
+                     seconds, op == "pushpull" ? 2 * bytes : bytes,
+                     busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
+      return 0;
+    };
+    for (const auto& op : ops) {
+      int rc = 0;
+      auto one = [](auto& list, std::size_t i) { return std::span{&list[i], 1}; };
+      if (op == "push")
+        rc = measure(op, [&] {
+          return per_key ? each_key([&](std::size_t i, int priority) {
+            return kv.push_async(one(names, i), one(values, i), priority);
+          })
+                         : kv.push(names, values);
+        });
+      else if (op == "pull")
+        rc = measure(op, [&] {
+          return per_key ? each_key([&](std::size_t i, int priority) {
+            return kv.pull_async(one(names, i), one(outputs, i), priority);
+          })
+                         : kv.pull(names, outputs);
+        });
+      else
+        rc = measure(op, [&] {
+          return per_key ? each_key([&](std::size_t i, int priority) {
+            return kv.pushpull_async(one(names, i), one(values, i), one(outputs, i), priority);
+          })
+                         : kv.pushpull(names, values, outputs);
+        });
+      if (rc != 0)
+        return rc;
     }
   }
   return 0;

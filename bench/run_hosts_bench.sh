@@ -16,7 +16,10 @@
 #   allreduce  4 worker hosts: one key of ALLREDUCE_BYTES (80 MiB) pushed, pulled and pushpulled
 #              by every worker (kvbench, W=4) with 4 servers on hosts of their own, and with a
 #              server on each worker host; beside gloo's all_reduce of the same bytes over the
-#              same 4 worker hosts (bench/gloo_allreduce.py, Debian's python3-torch).
+#              same 4 worker hosts (bench/gloo_allreduce.py, Debian's python3-torch). Then the
+#              pushpull alone (servers apart) for each data.slice_bytes of SLICES at the default
+#              window and each data.send_window_bytes of WINDOWS at the default slice (SLICES,
+#              WINDOWS: tc-style sizes as the flags take them, "0" = none; default: empty).
 #   train      the jobs of docs/scaling.md: train_mnist dist_sync over 4 worker hosts, servers on
 #              4 hosts of their own and on the worker hosts, beside PyTorch DDP/gloo over the
 #              same worker hosts (and Apache MXNet 1.9.1's dist_sync when MXNET_PYTHON names a
@@ -25,19 +28,35 @@
 #              (30) of a batch of 64 per worker, lr 0.1, PyTorch's initialisation, one thread
 #              per process; and each system's compute alone (one process, no network) for the
 #              same steps, the "one process" rows.
+#   step       mlp-wide's step against its parts (issue 24: step <= 1.15x max(compute, comm)):
+#              the compute-only step, train_mnist --kvstore local with the job's per-worker batch
+#              on one host alone and on the 4 worker hosts at once (what the job's 4 workers
+#              compute on this machine's shared cores); the communication-only step, kvbench
+#              pushpull of mlp-wide's keys with their shapes, one request per key in the
+#              Trainer's order and priorities (--key-elements), servers apart and beside
+#              workers; and the job itself (dist_sync) in both layouts.
 # EXTRA_TOML: more lines for the jobs' cluster file, e.g. EXTRA_TOML='[data]\nshm_arena_bytes = 0'.
 # RESULTS: keep the JSON lines in this file.
+# Every line carries "load1", the machine's 1-minute load average when it was written; the
+# training and step rows also "wall_s", "machine_cpu_s" (the whole machine's busy CPU-seconds
+# over the run, /proc/stat) and "job_cpu_s" (the CPU-seconds of the run's own processes), so that
+# what other work took from the cores stays visible beside each figure.
 # Output: one JSON line per measurement, each with "rate" and "part", then a table of ratios.
 # Needs root (network namespaces); exits 77 with the reason otherwise.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=$(cd "${1:-build}" && pwd)
 rates=${RATES:-1gbit 10gbit}
-parts=${PARTS:-calibrate link allreduce train}
+parts=${PARTS:-calibrate link allreduce train step}
 repeats=${REPEATS:-5}
 allreduce_bytes=${ALLREDUCE_BYTES:-83886080}
 models=${MODELS:-mlp-wide mlp}
 train_steps=${TRAIN_STEPS:-30}
+slices=${SLICES:-}
+windows=${WINDOWS:-}
+# mlp-wide's parameters (784-4096-4096-10) in gluon's order, the Trainer's key order: element
+# counts of weight and bias of each layer.
+mlp_wide_keys=3211264,4096,16777216,4096,40960,10
 cluster_script=$PWD/scripts/netns-cluster.sh
 mxnet_python=${MXNET_PYTHON:-}
 [ -n "$mxnet_python" ] || echo "run_hosts_bench: MXNET_PYTHON is not set: no MXNet rows" >&2
@@ -71,10 +90,34 @@ on() { # on HOST COMMAND...: COMMAND on host HOST
   ip netns exec "troupe-$name-$host" "$@"
 }
 # emit PART RATE [FIELDS]: stdin's JSON lines tagged with the part, the rate and FIELDS (more
-# "name":value pairs, comma-separated), into the log and stdout.
+# "name":value pairs, comma-separated) and the 1-minute load average as each line arrives
+# ("load1"), into the log and stdout.
 emit() {
   sed -e 's/^\[worker [0-9]*\] //' -e "s/^{/{\"part\":\"$1\",\"rate\":\"$2\",${3:+$3,}/" |
+    awk '/^\{.*\}$/ { getline load < "/proc/loadavg"; close("/proc/loadavg"); split(load, l, " ")
+                      sub(/\}$/, ",\"load1\":" l[1] "}") } { print; fflush() }' |
     tee -a "$log"
+}
+# busy_seconds: the CPU-seconds the whole machine has been busy since boot (/proc/stat's cpu line
+# less idle and iowait, as bench/machine_cpu.hpp reads it).
+busy_seconds() {
+  awk -v hz="$(getconf CLK_TCK)" '$1 == "cpu" { print ($2 + $3 + $4 + $7 + $8 + $9) / hz; exit }' /proc/stat
+}
+# costed COMMAND...: runs COMMAND (its stdout passes through) and then writes to $work/cost the
+# fields "wall_s", "machine_cpu_s" and "job_cpu_s" (the user and system time of COMMAND and the
+# descendants it waited for: every process of a job started by troupe-launch or by this script).
+costed() {
+  local busy_before busy_after wall user sys rc TIMEFORMAT='%R %U %S'
+  busy_before=$(busy_seconds)
+  { time "$@"; } 2> "$work/costed.err"
+  rc=$?
+  busy_after=$(busy_seconds)
+  head -n -1 "$work/costed.err" >&2
+  read -r wall user sys < <(tail -n 1 "$work/costed.err")
+  awk -v w="$wall" -v u="$user" -v s="$sys" -v b0="$busy_before" -v b1="$busy_after" 'BEGIN {
+    printf "\"wall_s\":%.2f,\"machine_cpu_s\":%.2f,\"job_cpu_s\":%.2f", w, b1 - b0, u + s }' \
+    > "$work/cost"
+  return "$rc"
 }
 # raw_stream RATE FROM TO SIZES: tcp_baseline from host FROM to host TO.
 raw_stream() {
@@ -152,6 +195,19 @@ part_allreduce() {
   launch "1 2 3 4" 4 4 -- "$build/bench/kvbench" --sizes "$allreduce_bytes" --keys 1 \
     --repeats "$repeats" | grep '"bench":"kvbench"' | emit allreduce "$rate" '"layout":"servers beside workers"'
   gloo "$rate" allreduce '"layout":"ring"' 1 2 3 4
+  # The pushpull alone for each slice size (at the default window), then each window (at the
+  # default slice size): which of them serves this rate best.
+  local size
+  for size in $slices; do
+    launch "5 6 7 8 1 2 3 4" 4 4 -- "$build/bench/kvbench" --sizes "$allreduce_bytes" --keys 1 \
+      --ops pushpull --repeats "$repeats" --slice-bytes "$size" | grep '"bench":"kvbench"' |
+      emit allreduce "$rate" "\"layout\":\"servers apart\",\"slice_bytes\":\"$size\""
+  done
+  for size in $windows; do
+    launch "5 6 7 8 1 2 3 4" 4 4 -- "$build/bench/kvbench" --sizes "$allreduce_bytes" --keys 1 \
+      --ops pushpull --repeats "$repeats" --send-window-bytes "$size" | grep '"bench":"kvbench"' |
+      emit allreduce "$rate" "\"layout\":\"servers apart\",\"send_window_bytes\":\"$size\""
+  done
 }
 
 # record SYSTEM LAYOUT WORKERS SERVERS MODEL STEPS: a run's final JSON line (stdin) as a train row:
@@ -175,6 +231,19 @@ print(json.dumps({"bench": "train", "system": system, "layout": layout, "model":
 ' "$@"
 }
 
+# ddp MODEL STEPS: PyTorch DDP/gloo, one rank on each worker host (1-4); rank r's output in
+# $work/ddp-r.out.
+ddp() {
+  local pids=() r
+  for r in 0 1 2 3; do
+    on $((r + 1)) timeout -k 10 900 /usr/bin/python3 bench/pytorch_ddp_mnist.py --rank "$r" \
+      --world 4 --master-addr "${addr[1]}" --master-port 29501 --ifname eth0 --model "$1" \
+      --epochs 1 --steps "$2" --batch-size 64 --lr 0.1 --threads 1 > "$work/ddp-$r.out" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r"; done
+}
+
 part_train() {
   local rate=$1 model steps=$train_steps
   up "$rate" 9
@@ -186,10 +255,12 @@ part_train() {
     on 0 "${troupe[@]}" --kvstore local | record troupe-local "one process" 1 0 "$model" "$steps" | emit train "$rate"
     on 0 /usr/bin/python3 bench/pytorch_mnist.py --model "$model" --epochs 1 --steps "$steps" \
       "${common[@]}" | record pytorch-local "one process" 1 0 "$model" "$steps" | emit train "$rate"
-    launch "5 6 7 8 1 2 3 4" 4 4 -- "${troupe[@]}" --kvstore dist_sync |
-      record troupe "servers apart" 4 4 "$model" "$steps" | emit train "$rate"
-    launch "1 2 3 4" 4 4 -- "${troupe[@]}" --kvstore dist_sync |
-      record troupe "servers beside workers" 4 4 "$model" "$steps" | emit train "$rate"
+    costed launch "5 6 7 8 1 2 3 4" 4 4 -- "${troupe[@]}" --kvstore dist_sync > "$work/job.out"
+    record troupe "servers apart" 4 4 "$model" "$steps" < "$work/job.out" |
+      emit train "$rate" "$(cat "$work/cost")"
+    costed launch "1 2 3 4" 4 4 -- "${troupe[@]}" --kvstore dist_sync > "$work/job.out"
+    record troupe "servers beside workers" 4 4 "$model" "$steps" < "$work/job.out" |
+      emit train "$rate" "$(cat "$work/cost")"
     # The small MLP's 0.8 MB first-layer weight lies below MXNet's bigarray bound, whole on one
     # server: the same job with the bound lowered so that it is split over all servers.
     if [ "$model" = mlp ]; then
@@ -200,17 +271,82 @@ part_train() {
         --kvstore dist_sync | record troupe "servers beside workers" 4 4 "$model" "$steps" |
         emit train "$rate" '"bigarray_bound":100000'
     fi
-    local pids=() r
-    for r in 0 1 2 3; do
-      on $((r + 1)) timeout -k 10 900 /usr/bin/python3 bench/pytorch_ddp_mnist.py --rank "$r" \
-        --world 4 --master-addr "${addr[1]}" --master-port 29501 --ifname eth0 --model "$model" \
-        --epochs 1 --steps "$steps" "${common[@]}" > "$work/ddp-$r.out" 2>&1 &
-      pids+=($!)
-    done
-    for r in "${pids[@]}"; do wait "$r"; done
-    record pytorch-ddp ring 4 0 "$model" "$steps" < "$work/ddp-0.out" | emit train "$rate"
+    costed ddp "$model" "$steps"
+    record pytorch-ddp ring 4 0 "$model" "$steps" < "$work/ddp-0.out" |
+      emit train "$rate" "$(cat "$work/cost")"
     [ -n "$mxnet_python" ] && part_train_mxnet "$rate" "$model" "$steps"
   done
+}
+
+# locals STEPS HOSTS...: train_mnist mlp-wide --kvstore local on each of HOSTS at once, STEPS
+# steps each; host h's output in $work/local-h.out.
+locals() {
+  local steps=$1 pids=() h
+  shift
+  for h in "$@"; do
+    on "$h" "$build/apps/train_mnist" --model mlp-wide --init torch --epochs 1 --max-batches "$steps" \
+      --quiet --batch-size 64 --lr 0.1 --threads 1 --kvstore local > "$work/local-$h.out" &
+    pids+=($!)
+  done
+  for h in "${pids[@]}"; do wait "$h"; done
+}
+
+# mlp-wide's step and its two parts, each measured alone (issue 24's target at 10 Gbit/s: the
+# job's step at most 1.15x the longer part). Step rows: "what" compute, communication or job,
+# "step_ms" one step of one worker.
+part_step() {
+  local rate=$1 steps=$train_steps layout hosts h
+  up "$rate" 9
+  local troupe=("$build/apps/train_mnist" --model mlp-wide --init torch --epochs 1
+    --max-batches "$steps" --quiet --batch-size 64 --lr 0.1 --threads 1)
+  # Compute alone: one process on one host, then one on each of the 4 worker hosts at once (the
+  # job's workers share this machine's cores in the same way). Step time from each process's
+  # samples/s (its own samples over its training loop).
+  for hosts in "1" "1 2 3 4"; do
+    read -r -a h <<<"$hosts"
+    costed locals "$steps" "${h[@]}"
+    cat "$work"/local-*.out | step_rows compute "one process on each of ${#h[@]} hosts" "${#h[@]}" |
+      emit step "$rate" "$(cat "$work/cost")"
+    rm -f "$work"/local-*.out
+  done
+  for layout in "servers apart" "servers beside workers"; do
+    hosts="1 2 3 4"
+    [ "$layout" = "servers apart" ] && hosts="5 6 7 8 1 2 3 4"
+    # Communication alone: the model's keys pushpulled as the Trainer issues them.
+    costed launch "$hosts" 4 4 -- "$build/bench/kvbench" --key-elements "$mlp_wide_keys" \
+      --ops pushpull --repeats "$steps" > "$work/job.out"
+    grep '"bench":"kvbench"' "$work/job.out" | step_rows communication "$layout" 4 |
+      emit step "$rate" "$(cat "$work/cost")"
+    costed launch "$hosts" 4 4 -- "${troupe[@]}" --kvstore dist_sync > "$work/job.out"
+    step_rows job "$layout" 4 < "$work/job.out" | emit step "$rate" "$(cat "$work/cost")"
+  done
+}
+
+# step_rows WHAT LAYOUT WORKERS: the step row of stdin's final lines (train_mnist's, one per
+# process for compute, the job's for job) or kvbench's pushpull line (communication).
+step_rows() {
+  /usr/bin/python3 -c '
+import json, statistics, sys
+what, layout, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lines = [json.loads(l[l.index("{"):]) for l in sys.stdin if "{" in l]
+row = {"bench": "step", "what": what, "layout": layout, "model": "mlp-wide", "workers": workers,
+       "batch": 64}
+if what == "communication":
+    pushpull = [l for l in lines if l.get("op") == "pushpull"]
+    if not pushpull:
+        sys.exit("run_hosts_bench: kvbench printed no pushpull line")
+    row["step_ms"] = pushpull[-1]["median_ms"]
+    row["kvbench_machine_cpu_s"] = pushpull[-1].get("machine_cpu_s")
+else:
+    final = [l for l in lines if "final_test_acc" in l]
+    if len(final) < (workers if what == "compute" else 1):
+        sys.exit(f"run_hosts_bench: {what} ({layout}) printed {len(final)} final lines")
+    # Compute: each process its own samples; the job: the samples of all its workers.
+    per_step = [64 * (1 if what == "compute" else workers) / f["samples_per_s"] for f in final]
+    row["step_ms"] = round(1e3 * statistics.median(per_step), 1)
+    row["test_acc"] = round(final[-1]["final_test_acc"], 2)
+print(json.dumps(row))
+' "$@"
 }
 
 # Apache MXNet 1.9.1's dist_sync in the layout "servers apart": the scheduler on host 0, servers
@@ -249,6 +385,7 @@ for rate in $rates; do
       calibrate) ;;
       allreduce) part_allreduce "$rate" ;;
       train) part_train "$rate" ;;
+      step) part_step "$rate" ;;
       *) echo "run_hosts_bench: unknown part $part" >&2; exit 2 ;;
     esac
   done

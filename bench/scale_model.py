@@ -204,6 +204,8 @@ def predictions(rows, m):
             points.append((f"link {rate} {op} {size // MIB} MiB W=1 S=1",
                            fn([size], 1, 1, rate, False), r["median_ms"] / 1e3))
         elif r["part"] == "allreduce" and rate in m.rate:
+            if r["bench"] == "kvbench" and ("slice_bytes" in r or "send_window_bytes" in r):
+                continue  # the sweep of data.slice_bytes / send_window_bytes: not a point of the model
             if r["bench"] == "kvbench":
                 beside = r["layout"] == "servers beside workers"
                 fn = {"push": m.ps_push, "pull": m.ps_pull, "pushpull": m.ps_pushpull}[r["op"]]

@@ -38,6 +38,7 @@
 #include "actors/protocols.hpp"
 #include "actors/scheduler.hpp"
 #include "schema/codec.hpp"
+#include "tests/poll.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/stderr_capture.hpp"
 #include "tests/tls_certs.hpp"
@@ -515,11 +516,9 @@ BOOST_FIXTURE_TEST_CASE(nodes_started_before_the_scheduler_join_once_it_listens,
     const auto text = log.text();
     return contains(text, "early server" + refused) && contains(text, "early worker" + refused);
   };
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!both_refused() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(5ms);
+  const bool refused_both = troupe::testing::poll_until(both_refused, 30s);
   log.restore();
-  BOOST_TEST_REQUIRE(both_refused(), log.text());
+  BOOST_TEST_REQUIRE(refused_both, log.text());
   start(1, 1, 10s, port);
   BOOST_TEST(scheduler->port() == port);
   const auto agents = admitted(pending);

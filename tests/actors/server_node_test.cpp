@@ -20,6 +20,7 @@
 
 #include "actors/server_node.hpp"
 #include "tests/actors/logic/shard_driver.hpp"
+#include "tests/poll.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -262,10 +263,8 @@ BOOST_AUTO_TEST_CASE(a_shard_that_dies_is_reported_and_a_normal_shutdown_is_not)
     const auto why = told.get();
     BOOST_TEST(why.find("shard 1 of this server failed") != std::string::npos, why);
   } // the node's own shutdown of the other two is no failure
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!handlers.expired() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);
-  BOOST_TEST_REQUIRE(handlers.expired(), "the shards' exit handlers did not run within 30 s");
+  BOOST_TEST_REQUIRE(troupe::testing::poll_until([&] { return handlers.expired(); }, 30s),
+                     "the shards' exit handlers did not run within 30 s");
   BOOST_TEST(reports.load() == 1);
 }
 

@@ -110,8 +110,9 @@ BOOST_AUTO_TEST_CASE(the_job_trace_holds_every_push_merge_update_and_pull_in_pro
     if (s.name == "update")
       keys.insert(s.key);
   }
-  // Three ps-keys: the small key, and the big one's two slices.
-  BOOST_TEST(keys.size() == 3u);
+  // 13 ps-keys: the small key, and the big one's 12 slices (split over the 2 servers, each half
+  // cut into 6 slices of at most data.slice_bytes, 512 KiB).
+  BOOST_TEST(keys.size() == 13u);
   for (auto key : keys) {
     for (std::uint64_t round = 0; round < rounds; ++round) {
       auto update = by.find(where{"update", key, round, -1});

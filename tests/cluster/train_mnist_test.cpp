@@ -234,7 +234,9 @@ BOOST_AUTO_TEST_CASE(dist_async_workers_with_a_staleness_bound_of_1_finish,
 // Overlap changes when each request is waited for, never a value. With device actors (the
 // default) the trainer starts each key as backward writes its gradient and leaves the pulls under
 // way when step() returns; with TROUPE_ENGINE_TYPE=naive it waits for every pull in step(). The
-// two jobs (2 workers, keys cut into slices of 64 KiB, momentum) save the same bytes.
+// two jobs (2 workers, keys cut into slices of 64 KiB, momentum) save the same bytes. Two workers,
+// because a server adds the pushes of a round in the order they arrive, and a sum of two floats
+// is the same in either order (of three it need not be).
 BOOST_AUTO_TEST_CASE(overlapped_steps_save_the_same_parameters_as_waiting_steps,
                      *boost::unit_test::precondition(fashion_mnist_present)) {
   temp_dir dir;

@@ -23,11 +23,12 @@ holds=$(grep -c "async checks hold for 3 keys over 20 rounds" "$out" || true)
 for host in 0 1 2; do
   [ "$(hosts_ssh_count $host)" -eq 2 ] || hosts_fail "$(hosts_ssh_count $host) nodes went to host $host, not 2"
 done
-# dist_async applies each push as it comes: 5 ps-keys (the 2x3 key whole, the two others in two
-# slices each), 4 workers x 20 pushes each.
+# dist_async applies each push as it comes: 25 ps-keys (the 2x3 key whole; the two others split
+# over the 2 servers, each half cut into 6 slices of at most data.slice_bytes, 512 KiB), 4 workers
+# x 20 pushes each.
 updates=$(grep -o "shards: [0-9]* updates" "$err" | awk '{s += $2} END {print s + 0}')
-[ "$updates" -eq $((5 * 4 * 20)) ] ||
-  hosts_fail "the servers applied $updates pushes, not 5 ps-keys x 4 workers x 20 = 400"
+[ "$updates" -eq $((25 * 4 * 20)) ] ||
+  hosts_fail "the servers applied $updates pushes, not 25 ps-keys x 4 workers x 20 = 2000"
 hosts_check_tcp "$err" 2 4
 hosts_check_nothing_runs
-echo "async_three_hosts_test: 400 pushes over 3 hosts, each applied once, tensors over TCP"
+echo "async_three_hosts_test: 2000 pushes over 3 hosts, each applied once, tensors over TCP"

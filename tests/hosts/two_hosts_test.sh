@@ -9,8 +9,8 @@
 # job trace of all four nodes is merged.
 #
 # Which way tensors went (docs/data-path.md, "Same host"): each server has one worker on its own
-# host and one on the other. The 1211x1211 key is split over both servers in two slices of
-# 2933040 bytes; over 3 rounds each worker pushes 8799120 bytes of them to each server. So each
+# host and one on the other. The 1211x1211 key is split over both servers, 2933040 bytes on each
+# (cut into 6 slices of at most data.slice_bytes); over 3 rounds each worker pushes 8799120 bytes of them to each server. So each
 # server's summary must show at least 8 MB in through shared memory (its own host's worker: same
 # network namespace) and at least 8 MB in through sockets (the other host's worker: another
 # network namespace, hence TCP, although both hosts share this machine's kernel).
@@ -40,7 +40,7 @@ trace = json.load(open(sys.argv[1]))
 nodes = trace["otherData"]["nodes"]
 assert nodes == ["server-0", "server-1", "worker-0", "worker-1"], nodes
 updates = sum(1 for e in trace["traceEvents"] if e["ph"] == "b" and e["name"] == "update")
-assert updates == 9, f"{updates} update spans, not 3 ps-keys x 3 rounds"
+assert updates == 39, f"{updates} update spans, not 13 ps-keys x 3 rounds"
 PY
 for s in 0 1; do
   line=$(grep "^\[server $s\].*tensor bytes: " "$err" || true)

@@ -74,7 +74,7 @@ def main():
         kv.init(-1, np.zeros(1, np.float32))
         raise AssertionError("init of key -1 did not raise")
     except troupe.Error as error:
-        assert "-1" in str(error) and ">= 0" in str(error), str(error)
+        assert "-1" in str(error) and "from 0 to 4294967295" in str(error), str(error)
 
     check_async_requests(kv, rank, workers)
 

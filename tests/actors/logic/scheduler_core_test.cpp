@@ -16,11 +16,13 @@
 
 #include "actors/logic/node_identity.hpp"
 #include "actors/logic/scheduler_core.hpp"
+#include "tests/actors/logic/test_digests.hpp"
 #include "tests/tls_certs.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
 using clock_type = scheduler_core::clock;
+using troupe::testing::digest_of;
 
 namespace {
 
@@ -47,12 +49,6 @@ struct scheduler_driver {
     options.drain_timeout = 5s;
   }
 
-  static wire::link_digest digest_of(std::uint64_t seed) {
-    wire::link_digest bytes{};
-    for (std::size_t i = 0; i < bytes.size(); ++i)
-      bytes[i] = static_cast<std::uint8_t>(seed * 31 + i);
-    return bytes;
-  }
   static session_key session_of(std::uint64_t connection) {
     return session_key{digest_of(connection)};
   }

@@ -456,6 +456,8 @@ BOOST_AUTO_TEST_CASE(a_small_urgent_push_overtakes_the_remaining_chunks_of_a_lar
   BOOST_TEST_REQUIRE(next != nullptr);
   BOOST_TEST(next->key != d->sent_of<wire::push>()[0].key);
   BOOST_TEST(next->tensor.data.size() == 16u);
+  // `next` points into d->sent, which the frames below may move.
+  const auto urgent_id = next->request_id;
   // Then the large push's chunks resume, in offset order, one per frame that leaves.
   for (std::size_t i = 1; d->sent.size() < 9; ++i)
     d->left(i);
@@ -465,7 +467,7 @@ BOOST_AUTO_TEST_CASE(a_small_urgent_push_overtakes_the_remaining_chunks_of_a_lar
     BOOST_TEST(all[i].first == large_id);
     BOOST_TEST(all[i].second == chunk * 4096);
   }
-  d->ack(next->request_id, 1);
+  d->ack(urgent_id, 1);
   d->ack(large_id, 1);
   BOOST_TEST(delivered_ok(urgent));
   BOOST_TEST(delivered_ok(slow));
