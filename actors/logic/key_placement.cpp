@@ -6,6 +6,7 @@ namespace troupe {
 
 std::vector<server_key_range> server_key_ranges(std::uint32_t num_servers) {
   std::vector<server_key_range> ranges;
+  ranges.reserve(num_servers);
   for (std::uint64_t i = 0; i < num_servers; ++i)
     ranges.push_back({max_key / num_servers * i, max_key / num_servers * (i + 1)});
   return ranges;
@@ -14,7 +15,10 @@ std::vector<server_key_range> server_key_ranges(std::uint32_t num_servers) {
 std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
                                  std::uint32_t num_servers, std::int64_t bigarray_bound,
                                  std::int64_t max_slice_elements) {
-  const auto ranges = server_key_ranges(num_servers);
+  // Server i's range begins at max_key / S * i (server_key_ranges), computed here rather than
+  // taken from that list: a call places every key it carries, and this path allocates nothing
+  // more than the slices it returns.
+  const std::uint64_t range_size = max_key / num_servers;
   const bool split = num_elements >= bigarray_bound;
   const std::uint32_t servers_used = split ? num_servers : 1;
   // MXNet multiplies in int: (key * 9973) % num_servers with key an int.
@@ -24,7 +28,7 @@ std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
     const std::int64_t cap = servers_used * max_slice_elements;
     per_server = (num_elements + cap - 1) / cap;
     // Every slot's ps-key must stay inside the server's range.
-    const auto room = (ranges[0].end - ranges[0].begin - max_sliced_key) / slot_stride;
+    const auto room = (range_size - max_sliced_key) / slot_stride;
     per_server = static_cast<std::int64_t>(
         std::min<std::uint64_t>(static_cast<std::uint64_t>(per_server), room));
   }
@@ -36,7 +40,7 @@ std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
     const auto server = split ? static_cast<std::uint32_t>(p % num_servers) : home;
     const auto slot = static_cast<std::uint64_t>(p / servers_used);
     slices.push_back(
-        {server, ranges[server].begin + key + slot * slot_stride,
+        {server, range_size * server + key + slot * slot_stride,
          static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p))),
          static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p + 1)))});
   }

@@ -16,12 +16,14 @@
 
 #include "actors/logic/agent_core.hpp"
 #include "actors/logic/node_identity.hpp"
+#include "tests/actors/logic/core_clock.hpp"
 #include "tests/actors/logic/test_digests.hpp"
 #include "tests/stderr_capture.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
 using clock_type = agent_core::clock;
+using troupe::testing::core_clock;
 using troupe::testing::digest_of;
 using troupe::testing::stderr_capture;
 
@@ -49,16 +51,13 @@ private:
 };
 
 /// An agent core and the scheduler's side of its control link, driven by hand.
-struct agent_driver {
+struct agent_driver : core_clock<agent_core::actions, clock_type> {
   agent_options options;
-  clock_type::time_point started = clock_type::time_point{} + 1h;
-  clock_type::time_point now = started;
+  clock_type::time_point started = now;
   std::optional<agent_core> core;
   /// The control link's session key, and the secret the admission seals.
   session_key session{digest_of(7)};
   wire::link_digest secret = digest_of(42);
-  /// The actions of the last call.
-  agent_core::actions last;
 
   explicit agent_driver(wire::role role = wire::role::worker) {
     options.role = role;
@@ -80,15 +79,11 @@ struct agent_driver {
     return last;
   }
 
-  const agent_core::actions& frame(wire::message msg, std::chrono::milliseconds after = 0ms) {
-    now += after;
-    last = core->on_frame(msg, now);
-    return last;
+  const agent_core::actions& frame(wire::message msg, std::chrono::milliseconds elapsed = 0ms) {
+    return after(elapsed, [&](auto at) { return core->on_frame(msg, at); });
   }
-  const agent_core::actions& tick(std::chrono::milliseconds after) {
-    now += after;
-    last = core->on_tick(now);
-    return last;
+  const agent_core::actions& tick(std::chrono::milliseconds elapsed) {
+    return after(elapsed, [&](auto at) { return core->on_tick(at); });
   }
   const agent_core::actions& close(const std::string& reason,
                                    std::optional<std::string> refusal = std::nullopt) {

@@ -16,12 +16,14 @@
 
 #include "actors/logic/node_identity.hpp"
 #include "actors/logic/scheduler_core.hpp"
+#include "tests/actors/logic/core_clock.hpp"
 #include "tests/actors/logic/test_digests.hpp"
 #include "tests/tls_certs.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
 using clock_type = scheduler_core::clock;
+using troupe::testing::core_clock;
 using troupe::testing::digest_of;
 
 namespace {
@@ -32,12 +34,9 @@ bool contains(const std::string& text, const std::string& part) {
 
 /// A scheduler core and the nodes' control connections, driven by hand. Connection c's session
 /// key is c's own bytes, so that a test can open what was sealed for it.
-struct scheduler_driver {
+struct scheduler_driver : core_clock<scheduler_core::actions, clock_type> {
   scheduler_options options;
-  clock_type::time_point now = clock_type::time_point{} + 1h;
   std::optional<scheduler_core> core;
-  /// The actions of the last call.
-  scheduler_core::actions last;
 
   scheduler_driver() {
     options.job_id = "job-a";
@@ -61,19 +60,15 @@ struct scheduler_driver {
 
   /// A frame from `connection`, `after` the last call.
   const scheduler_core::actions& frame(std::uint64_t connection, wire::message msg,
-                                       std::chrono::milliseconds after = 0ms) {
-    now += after;
-    last = core->on_frame(connection, msg, now);
-    return last;
+                                       std::chrono::milliseconds elapsed = 0ms) {
+    return after(elapsed, [&](auto at) { return core->on_frame(connection, msg, at); });
   }
   const scheduler_core::actions& close(std::uint64_t connection) {
     last = core->on_closed(connection, now);
     return last;
   }
-  const scheduler_core::actions& tick(std::chrono::milliseconds after) {
-    now += after;
-    last = core->on_tick(now);
-    return last;
+  const scheduler_core::actions& tick(std::chrono::milliseconds elapsed) {
+    return after(elapsed, [&](auto at) { return core->on_tick(at); });
   }
 
   static wire::registration registration(wire::role role, std::uint16_t port,
