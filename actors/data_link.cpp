@@ -1814,39 +1814,67 @@ bool send_writes(client_broker* self) {
   return true;
 }
 
-/// link_lane::write_now's work, on the owner's thread with the lane's lock held: the frame of a
-/// small `request` encoded and staged for one non-blocking send (link_lane::send_staged) when the
-/// connection has nothing else to send, so that nothing overtakes it. A frame the peer's window
-/// does not admit waits in the queue, for the broker, which reads the credit.
-bool stage_from_elsewhere(client_broker* self, envelope& request, std::vector<char>& staged) {
+/// link_lane's writer, on the owner's thread with the lane's lock held. when_idle (write_now):
+/// the frame of a small `request` encoded and staged for one non-blocking send
+/// (link_lane::send_staged) when the connection has nothing else to send, so that nothing
+/// overtakes it; false, and nothing done, otherwise. always (take): the frame is queued in any
+/// case, behind what the connection holds, and staged the same way when the connection is idle;
+/// when it is not, or the frame cannot be encoded, what the broker must hear of it (a wake-up, the
+/// receiver's error reply) is sent after the locks (link_lane::after_locks). Either way a frame
+/// the peer's window does not admit waits in the queue, for the broker, which reads the credit.
+bool stage_from_elsewhere(client_broker* self, envelope& request, std::vector<char>* staged,
+                          link_lane::write_mode mode) {
+  const bool always = mode == link_lane::write_mode::always;
   auto& st = self->state;
-  if (st.down || !st.lane_open || !st.connection)
+  if (st.down || !st.connection)
+    return always; // taken: dropped, as the broker drops what reaches a link that is down
+  if (!st.lane_open)
     return false;
   auto& c = *st.connection;
-  if (c.closing || !c.authenticated || c.tls || c.sending_elsewhere || c.in_flight != 0 ||
-      !c.queue.empty() || !c.unsent.empty())
+  const bool idle = staged != nullptr && !c.closing && c.authenticated && !c.tls &&
+                    !c.sending_elsewhere && c.in_flight == 0 && c.queue.empty() && c.unsent.empty();
+  const auto* tensor = wire::tensor_of(request.msg);
+  const bool small =
+      tensor == nullptr || (tensor->data.size() <= link_lane::direct_tensor_bytes &&
+                            !(c.tx_on && tensor->data.size() >= st.tuning.shm_threshold_bytes));
+  if (!always && !(idle && small))
     return false;
-  if (const auto* tensor = wire::tensor_of(request.msg))
-    if (tensor->data.size() > link_lane::direct_tensor_bytes ||
-        (c.tx_on && tensor->data.size() >= st.tuning.shm_threshold_bytes))
-      return false;
   TROUPE_HOP(link_in);
-  // The keepalive is copied: a frame that cannot be encoded goes to the broker as it was, which
-  // tells the receiver why.
-  if (encode_into(c, request.msg, request.keepalive, st.tuning))
-    return false;
+  // The keepalive is copied: a frame that write_now cannot encode goes to the broker as it was,
+  // which tells the receiver why.
+  if (auto why = encode_into(c, request.msg, request.keepalive, st.tuning)) {
+    if (!always)
+      return false;
+    st.tuning.log.info("data link: " + *why);
+    link_lane::after_locks([receiver = st.receiver,
+                            reply = std::make_shared<envelope>(
+                                failure_reply(request.msg, wire::error_code::internal, *why),
+                                nullptr, st.tag)] { caf::anon_send(receiver, std::move(*reply)); });
+    request.keepalive.reset();
+    return true;
+  }
   request.keepalive.reset();
   TROUPE_HOP(link_queued);
-  staged.clear();
-  if (c.queue.ready()) {
-    c.queue.append_to(staged, direct_write_bytes);
-    c.sending_elsewhere = true;
+  if (idle && small) {
+    staged->clear();
+    if (c.queue.ready()) {
+      c.queue.append_to(*staged, direct_write_bytes);
+      c.sending_elsewhere = true;
+    }
+    return true;
   }
+  // Busy, or the frame goes as the broker sends large ones: the broker writes it. A send from
+  // another thread under way wakes it when it ends (finish_from_elsewhere).
+  if (!c.sending_elsewhere)
+    link_lane::after_locks([broker = caf::actor_cast<caf::actor>(self), id = c.id] {
+      caf::anon_send(broker, released_atom::value, id);
+    });
   return true;
 }
 
 /// A send from another thread is done, with the lane's lock held: what the socket did not take
-/// goes to CAF's buffer first, then anything queued meanwhile, on the broker's thread.
+/// goes to CAF's buffer first, then anything queued meanwhile, on the broker's thread, which is
+/// woken once this thread holds the lock no more.
 void finish_from_elsewhere(client_broker* self, std::span<const char> left, std::size_t taken) {
   auto& st = self->state;
   if (!st.connection)
@@ -1859,7 +1887,9 @@ void finish_from_elsewhere(client_broker* self, std::span<const char> left, std:
     c.in_flight += c.unsent.size();
   }
   if (!st.down && (!c.unsent.empty() || c.queue.ready()))
-    caf::anon_send(caf::actor_cast<caf::actor>(self), released_atom::value, c.id);
+    link_lane::after_locks([broker = caf::actor_cast<caf::actor>(self), id = c.id] {
+      caf::anon_send(broker, released_atom::value, id);
+    });
 }
 
 /// Opens the lane (data_link_options::lane), once the handshake is done, without TLS: the
@@ -1875,8 +1905,8 @@ void open_lane(client_broker* self) {
   st.lane_open = true;
   st.lane->open(
       fd,
-      [self](envelope& request, std::vector<char>& staged) {
-        return stage_from_elsewhere(self, request, staged);
+      [self](envelope& request, std::vector<char>* staged, link_lane::write_mode mode) {
+        return stage_from_elsewhere(self, request, staged, mode);
       },
       [self](std::span<const char> left, std::size_t taken) {
         finish_from_elsewhere(self, left, taken);
@@ -2097,8 +2127,10 @@ std::optional<std::string> await_started(caf::actor_system& sys, const caf::acto
 } // namespace
 
 namespace {
-/// The lanes this thread staged a send on (link_lane::write_now), for send_staged.
+/// The lanes this thread staged a send on (link_lane::write_now, take), and the messages it left
+/// for after the locks (link_lane::after_locks), for send_staged.
 thread_local std::vector<std::shared_ptr<link_lane>> staged_lanes;
+thread_local std::vector<std::function<void()>> messages_after_locks;
 } // namespace
 
 link_lane::~link_lane() {
@@ -2113,7 +2145,7 @@ bool link_lane::write_now(envelope& request) {
   // With the lock held the broker runs nothing, and it lowers handed_ under the lock: 0 here
   // means every handed envelope is in the connection's queue (or gone with the link).
   if (!writer_ || sending_ || handed_.load(std::memory_order_relaxed) != 0 ||
-      !writer_(request, staged_))
+      !writer_(request, &staged_, write_mode::when_idle))
     return false;
   if (!staged_.empty()) {
     sending_ = true;
@@ -2122,11 +2154,40 @@ bool link_lane::write_now(envelope& request) {
   return true;
 }
 
+bool link_lane::takes_now() {
+  std::lock_guard hold{mutex_};
+  return writer_ && handed_.load(std::memory_order_relaxed) == 0;
+}
+
+void link_lane::take(envelope& request) {
+  std::lock_guard hold{mutex_};
+  // Closed since takes_now(): the link is down, and drops what it is sent.
+  if (!writer_)
+    return;
+  const bool staging = !sending_;
+  if (staging)
+    staged_.clear();
+  writer_(request, staging ? &staged_ : nullptr, write_mode::always);
+  if (staging && !staged_.empty()) {
+    sending_ = true;
+    staged_lanes.push_back(shared_from_this());
+  }
+}
+
+void link_lane::after_locks(std::function<void()> message) {
+  messages_after_locks.push_back(std::move(message));
+}
+
 void link_lane::send_staged() {
   auto lanes = std::move(staged_lanes);
   staged_lanes.clear();
   for (auto& lane : lanes)
     lane->send_now();
+  // Messages last: a wake-up of the broker finds the ends of the sends above.
+  auto messages = std::move(messages_after_locks);
+  messages_after_locks.clear();
+  for (auto& message : messages)
+    message();
 }
 
 void link_lane::send_now() {
@@ -2145,7 +2206,7 @@ void link_lane::send_now() {
   }
 }
 
-void link_lane::open(int fd, std::function<bool(envelope&, std::vector<char>&)> writer,
+void link_lane::open(int fd, writer_function writer,
                      std::function<void(std::span<const char>, std::size_t)> finish) {
   fd_ = fd;
   writer_ = std::move(writer);

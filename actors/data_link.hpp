@@ -396,10 +396,15 @@ result<data_server> spawn_data_server(caf::actor_system& sys, const std::string&
 /// request's time goes"). The broker keeps the connection's state under the lane's lock while it
 /// runs, and opens the lane once the link's handshake is done (never under TLS). Thread-safe.
 ///
-/// Order: an owner that uses a lane hands the link every envelope either through write_now or as
-/// (handed_atom, envelope) after handing() (never plain), so that write_now, which writes only
-/// when every handed envelope has been taken and the connection holds nothing else to send, never
-/// overtakes an earlier frame.
+/// Order: an owner that uses a lane hands the link every envelope through write_now or take, or
+/// as (handed_atom, envelope) after handing() (never plain), so that write_now and take, which
+/// write only when every handed envelope has been taken, never overtake an earlier frame.
+///
+/// Locks: the lane's lock is only ever taken alone or under the owner's one lock (the worker's,
+/// actors/kv_worker.hpp), and nothing that holds it blocks: the send on the socket happens after
+/// it is released (send_staged), and so does every message that a thread other than the I/O
+/// thread would send from here (a message to a broker may write to the multiplexer's pipe, whose
+/// write end blocks when the pipe is full).
 class link_lane : public std::enable_shared_from_this<link_lane> {
 public:
   link_lane() = default;
@@ -407,10 +412,10 @@ public:
   link_lane(const link_lane&) = delete;
   link_lane& operator=(const link_lane&) = delete;
 
-  /// On any thread: encodes `request` for one non-blocking send of its frame when the lane is
-  /// open, nothing handed to the broker is still in its mailbox, the connection has nothing
-  /// queued, waiting for credit, in CAF's buffers or being sent from another thread, and the
-  /// frame is small (its tensor at most direct_tensor_bytes and inline, not through the
+  /// On the owner's actor's thread: encodes `request` for one non-blocking send of its frame when
+  /// the lane is open, nothing handed to the broker is still in its mailbox, the connection has
+  /// nothing queued, waiting for credit, in CAF's buffers or being sent from another thread, and
+  /// the frame is small (its tensor at most direct_tensor_bytes and inline, not through the
   /// shared-memory arena). The bytes are staged: the send itself happens in send_staged(), which
   /// the same thread must call once it holds no lock of its own (a thread preempted inside the
   /// send would otherwise hold up every thread waiting for that lock); meanwhile the broker writes
@@ -419,8 +424,21 @@ public:
   /// frame (request.keepalive is then gone: dropped once the bytes are staged, or kept in the
   /// queue); false, with `request` as it was, when it must be handed instead.
   bool write_now(envelope& request);
-  /// On the thread that called write_now: sends what it staged, then lets the broker write what
-  /// the socket did not take (and anything queued meanwhile). No lock may be held.
+  /// Whether take() would take the owner's frames now: the lane is open and nothing handed to the
+  /// broker is still in its mailbox. With the owner's lock held, which every handing() and take()
+  /// needs too, the answer holds until that lock is released (the lane can only close meanwhile:
+  /// the link went down, and take() then drops the frame, as the broker would).
+  bool takes_now();
+  /// On any thread of the owner, holding the owner's lock, after takes_now() said yes: the frame
+  /// goes into the connection's queue behind whatever it holds, its bytes staged as write_now
+  /// stages them when the connection is idle; when it is not, the broker is woken (after the
+  /// locks, by send_staged) to write it. A frame that cannot be encoded is not sent: the link's
+  /// receiver gets the error reply the broker would send, after the locks too. Never sends a
+  /// message itself, so it never blocks.
+  void take(envelope& request);
+  /// On the thread that called write_now or take: sends what it staged, then lets the broker write
+  /// what the socket did not take (and anything queued meanwhile), and sends the messages those
+  /// calls left for after the locks. No lock may be held.
   static void send_staged();
   /// Before sending (handed_atom, envelope) to the broker: counts it as handed.
   void handing() noexcept { handed_.fetch_add(1, std::memory_order_relaxed); }
@@ -430,30 +448,43 @@ public:
 
   // The broker's side.
 
+  /// What the broker's writer does with a frame (open).
+  enum class write_mode {
+    /// write_now: take it only when its bytes can be staged for one send.
+    when_idle,
+    /// take: take it in any case, staging its bytes when the connection is idle and `staged` is
+    /// free (not null).
+    always,
+  };
+  using writer_function = std::function<bool(envelope&, std::vector<char>* staged, write_mode)>;
+
   /// The lock the broker holds while it runs.
   std::mutex& mutex() noexcept { return mutex_; }
-  /// With the lock held: write_now runs `writer` from now on, which stages a frame's bytes (it
-  /// returns whether it took the frame, and leaves the staging empty when nothing is to be sent),
-  /// and the staged bytes go out on `fd`, which the lane owns from now on; `finish` runs, with
-  /// the lock held, once a send is done, with the bytes the socket did not take.
-  void open(int fd, std::function<bool(envelope&, std::vector<char>& staged)> writer,
+  /// With the lock held: write_now and take run `writer` from now on, which stages a frame's
+  /// bytes (it returns whether it took the frame, and leaves the staging empty when nothing is to
+  /// be sent), and the staged bytes go out on `fd`, which the lane owns from now on; `finish` runs,
+  /// with the lock held, once a send is done, with the bytes the socket did not take.
+  void open(int fd, writer_function writer,
             std::function<void(std::span<const char> left, std::size_t taken)> finish);
-  /// With the lock held: write_now takes nothing more and the descriptor is closed (after the
-  /// send in progress, if any).
+  /// With the lock held: write_now and take take nothing more and the descriptor is closed (after
+  /// the send in progress, if any).
   void close() noexcept;
   /// With the lock held: a handed envelope is being taken into the connection's queue.
   void handled_one() noexcept { handed_.fetch_sub(1, std::memory_order_relaxed); }
+  /// With the lock held, on a thread other than the broker's: `message` runs once this thread
+  /// holds no lock (send_staged), e.g. a message to the broker, which may block.
+  static void after_locks(std::function<void()> message);
 
 private:
   void send_now();
 
   std::mutex mutex_;
-  std::function<bool(envelope&, std::vector<char>&)> writer_;
+  writer_function writer_;
   std::function<void(std::span<const char>, std::size_t)> finish_;
   /// Ours, a duplicate of the broker's socket: CAF may close its own on the I/O thread at any
   /// time.
   int fd_ = -1;
-  /// Bytes staged by write_now, sent by send_staged (the only user while `sending_`).
+  /// Bytes staged by write_now or take, sent by send_staged (the only user while `sending_`).
   std::vector<char> staged_;
   bool sending_ = false;
   bool close_after_send_ = false;

@@ -5,12 +5,15 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>
+#include <caf/io/abstract_broker.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/typed_broker.hpp>
 #include <caf/send.hpp>
@@ -32,6 +35,14 @@ reply_copier_actor::behavior_type reply_copier(int) {
     engine::on_behalf_of_lane_scope owned; // as the worker's handlers (guarded)
     job.run();
   }};
+}
+
+/// Whether `link` is a broker, which CAF 0.17 wakes for a message from another thread by writing
+/// to the multiplexer's pipe: that write blocks while the pipe is full, until the I/O thread reads
+/// it. An actor the scheduler runs is woken without it.
+bool is_broker(const link_actor& link) {
+  return dynamic_cast<caf::io::abstract_broker*>(caf::actor_cast<caf::abstract_actor*>(link)) !=
+         nullptr;
 }
 
 /// The receipts of frames that left while a worker ran its core on this thread (a frame written
@@ -182,9 +193,19 @@ public:
   }
 
   /// worker_lane's runner, on a caller's thread with the lane's lock held: runs `op` here when
-  /// the links are in and it would leave at once (worker_core::sends_at_once).
+  /// the links are in, it would leave at once (worker_core::sends_at_once_to) and its server's
+  /// link takes its frames from this thread without a message that may block (send): through the
+  /// link's lane when it has one that takes frames now (link_lane::takes_now), or as a message
+  /// to a link that is no broker (an in-process one). A relinked server's link, a broker without
+  /// a lane, gets its frames from the actor.
   bool run_here(kv_operation& op) {
-    if (!core_ || links_.empty() || !core_->sends_at_once(op, worker_lane::call_here_bytes))
+    if (!core_ || links_.empty())
+      return false;
+    const auto server = core_->sends_at_once_to(op, worker_lane::call_here_bytes);
+    if (!server || *server >= links_.size())
+      return false;
+    const auto& lane = link_lanes_[*server];
+    if (lane ? !lane->takes_now() : is_broker(links_[*server]))
       return false;
     on_caller_thread_ = true;
     guarded(
@@ -197,8 +218,8 @@ public:
 
   /// Straight to the socket when the server's link has a lane that takes the frame now
   /// (link_lane::write_now), else as a message to the link: handed through its lane (counted,
-  /// so that no later frame overtakes it), or plain. From a caller's thread, as a message
-  /// without a sender (the worker's own sends are for its thread).
+  /// so that no later frame overtakes it), or plain. On a caller's thread (run_here) always
+  /// through the lane (link_lane::take), which sends no message while the locks are held.
   void send(std::uint32_t server, envelope request, send_receipt receipt) override {
     if (receipt.bytes > 0) {
       // Aliased: the keepalive still points where it pointed.
@@ -209,20 +230,27 @@ public:
       request.keepalive = std::shared_ptr<const void>(std::move(holder), viewed);
     }
     const auto& lane = link_lanes_[server];
+    if (on_caller_thread_) {
+      // run_here checked the link of the one server a call it runs sends to.
+      if (lane) {
+        lane->take(request);
+        return;
+      }
+      if (is_broker(links_[server]))
+        throw std::logic_error("a call run on the caller's thread sent a frame to server " +
+                               std::to_string(server) + ", whose link is a broker without a lane");
+      // Not a broker: the scheduler runs it, and the message never waits for the I/O thread.
+      caf::anon_send(links_[server], std::move(request));
+      return;
+    }
     if (lane && lane->write_now(request))
       return;
     if (lane) {
       lane->handing();
-      if (on_caller_thread_)
-        caf::anon_send(links_[server], handed_atom::value, std::move(request));
-      else
-        self_->send(links_[server], handed_atom::value, std::move(request));
+      self_->send(links_[server], handed_atom::value, std::move(request));
       return;
     }
-    if (on_caller_thread_)
-      caf::anon_send(links_[server], std::move(request));
-    else
-      self_->send(links_[server], std::move(request));
+    self_->send(links_[server], std::move(request));
   }
 
   void copy_elsewhere(std::uint64_t id,

@@ -59,7 +59,16 @@ public:
 
   // The actor's side.
 
-  /// The lock the actor holds while it runs.
+  /// The lock the actor holds while it runs. Why it cannot deadlock: the actor runs on the
+  /// middleman's I/O thread, which must never wait long for it, and no holder ever blocks. A
+  /// message from another thread to a broker (this actor, a data link) may block: CAF 0.17's
+  /// multiplexer wakes a broker by writing to a pipe whose write end blocks when the pipe is
+  /// full, and only the I/O thread drains it. So a caller's thread holding this lock sends no
+  /// message to a broker: its call runs here only when its one frame goes into the link's lane
+  /// (link_lane::take, whose wake-ups of the broker wait for the locks' release, as do the socket
+  /// sends) or to a link the scheduler runs, and is otherwise handed to the actor after the lock
+  /// is released. The link lane's lock is taken under this one, or alone, never the other way
+  /// round, and its holders do not block either.
   std::mutex& mutex() noexcept { return mutex_; }
   /// Set once, before the lane is shared: where call() hands what it does not run.
   void set_actor(const worker_actor& actor);

@@ -225,6 +225,9 @@ public:
   /// held for recovery and the worker not failed. A caller's thread runs such a call itself
   /// (actors/kv_worker.hpp, worker_lane); the rules are the same either way.
   bool sends_at_once(const kv_operation& op, std::size_t max_bytes) const;
+  /// The same, with the server it would go to.
+  std::optional<std::uint32_t> sends_at_once_to(const kv_operation& op,
+                                                std::size_t max_bytes) const;
 
   /// Requests sent and not yet answered.
   std::size_t under_way() const noexcept { return parts_.size(); }

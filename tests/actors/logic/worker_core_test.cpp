@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -622,6 +623,31 @@ BOOST_AUTO_TEST_CASE(nothing_is_sent_at_once_by_a_failed_worker_or_to_a_server_h
   auto failed = driver_for(one_server());
   failed->core->fail_everything(error{errc::peer_lost, "gone"});
   BOOST_TEST(!failed->core->sends_at_once(push, small_bytes));
+}
+
+BOOST_AUTO_TEST_CASE(the_server_a_call_is_sent_at_once_to_is_the_one_its_frame_goes_to) {
+  auto options = one_server();
+  options.num_servers = 2;
+  auto d = driver_for(options);
+  auto value = ndarray::full({4}, 1.0);
+  std::set<std::uint32_t> servers;
+  for (std::int64_t key = 0; key < 8; ++key) {
+    const auto to =
+        d->core->sends_at_once_to(operation(kv_call::push, worker_driver::key(key, value)), 64);
+    BOOST_TEST_REQUIRE(to.has_value());
+    d->call(kv_call::push, {worker_driver::key(key, value)});
+    BOOST_TEST_REQUIRE(d->sent.size() == static_cast<std::size_t>(key + 1));
+    BOOST_TEST(d->sent.back().server == *to);
+    servers.insert(*to);
+  }
+  // The control: both servers were named, so the answer is not a constant.
+  BOOST_TEST(servers.size() == 2u);
+  // A key split over both servers goes at once to neither.
+  options.bigarray_bound = 2;
+  auto split = driver_for(options);
+  BOOST_TEST(
+      !split->core->sends_at_once_to(operation(kv_call::push, worker_driver::key(3, value)), 64)
+           .has_value());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
