@@ -2323,6 +2323,7 @@ wire::message no_handler_reply(const wire::message& request) {
 
 void tune_for_data_path(caf::actor_system_config& cfg) {
   cfg.set("work-stealing.moderate-poll-attempts", 0);
+  cfg.set("middleman.max-consecutive-reads", 2);
 }
 
 } // namespace troupe
