@@ -18,24 +18,23 @@
 // Without a GPU it prints {"bench":"gpu","skipped":"<why>"} and exits 0.
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/json_line.hpp"
+#include "kernel_timing.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/optimizer.hpp"
 
 namespace cuda = troupe::kernels::cuda;
 namespace json_line = troupe::json_line;
-using clock_type = std::chrono::steady_clock;
+using troupe::bench::median_seconds;
 
 namespace {
 
@@ -65,20 +64,6 @@ struct settings {
   std::size_t gemm_size = 8192;
 };
 
-/// Median seconds of `repeats` calls of `body`, after one untimed warm-up call.
-double median_seconds(int repeats, const std::function<void()>& body) {
-  body();
-  std::vector<double> seconds;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = clock_type::now();
-    body();
-    seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
-  }
-  std::sort(seconds.begin(), seconds.end());
-  const std::size_t middle = seconds.size() / 2;
-  return seconds.size() % 2 == 1 ? seconds[middle] : (seconds[middle - 1] + seconds[middle]) / 2;
-}
-
 json_line::object line_for(const settings& s, const char* kernel) {
   json_line::object line;
   line["bench"] = "gpu";
@@ -90,15 +75,8 @@ json_line::object line_for(const settings& s, const char* kernel) {
 /// Prints a bandwidth result and returns its GB/s; copy_gb_per_s <= 0: no ratio (the copy).
 double print_bandwidth(const settings& s, json_line::object line, double bytes, double median,
                        double copy_gb_per_s) {
-  const double gb_per_s = bytes / median / 1e9;
-  line["bytes"] = static_cast<std::uint64_t>(bytes);
-  line["repeats"] = s.repeats;
-  line["median_s"] = json_line::significant(median, 4);
-  line["gb_per_s"] = json_line::fixed(gb_per_s, 1);
-  if (copy_gb_per_s > 0)
-    line["ratio_to_copy"] = json_line::fixed(gb_per_s / copy_gb_per_s, 3);
-  json_line::print(line);
-  return gb_per_s;
+  return troupe::bench::print_bandwidth(std::move(line), bytes, median, s.repeats, copy_gb_per_s,
+                                        "ratio_to_copy");
 }
 
 void print_gemm(const settings& s, const char* kernel, double median) {

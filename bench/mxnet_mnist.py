@@ -56,8 +56,6 @@ serves inside `import mxnet` and exits when the workers are done; only workers t
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
@@ -65,12 +63,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mnist_data  # noqa: E402
+import mxnet_cluster  # noqa: E402
 
 MODELS = {"mlp": [784, 256, 10], "mlp-wide": [784, 4096, 4096, 10]}
-ROLE_ENV = [("role", "DMLC_ROLE"), ("root_uri", "DMLC_PS_ROOT_URI"),
-            ("root_port", "DMLC_PS_ROOT_PORT"), ("num_workers", "DMLC_NUM_WORKER"),
-            ("num_servers", "DMLC_NUM_SERVER"), ("node_host", "DMLC_NODE_HOST"),
-            ("interface", "DMLC_INTERFACE")]
 
 
 def parse_args():
@@ -88,86 +83,17 @@ def parse_args():
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP/OpenBLAS threads (MXNET_CPU_WORKER_NTHREADS stays 1)")
     parser.add_argument("--data-dir", default=mnist_data.DEFAULT_DATA_DIR)
-    roles = parser.add_argument_group("a process of a dist job (each sets its DMLC_* variable)")
-    roles.add_argument("--role", choices=["worker", "server", "scheduler"])
-    roles.add_argument("--root-uri", help="the scheduler's address")
-    roles.add_argument("--root-port", help="the scheduler's port")
-    roles.add_argument("--num-workers")
-    roles.add_argument("--num-servers")
-    roles.add_argument("--node-host", help="this process's address, which it binds")
-    roles.add_argument("--interface", help="this process's network interface")
-    launch = parser.add_argument_group("a whole dist job on 127.0.0.1")
-    launch.add_argument("--launch-local", action="store_true",
-                        help="start a scheduler, -s servers and -n workers on loopback")
-    launch.add_argument("-n", type=int, default=2, help="workers (--launch-local)")
-    launch.add_argument("-s", type=int, default=1, help="servers (--launch-local)")
-    launch.add_argument("--launch-timeout", type=float, default=600,
-                        help="seconds before --launch-local gives up on the job")
+    mxnet_cluster.add_arguments(parser)
     return parser.parse_args()
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_local(args):
-    """Starts this script as scheduler, servers and workers on loopback; returns the exit code,
-    the first failing process's, or 124 after --launch-timeout."""
-    if not args.kvstore.startswith("dist"):
-        sys.exit("--launch-local needs --kvstore dist_sync or dist_async")
-    port = str(free_port())
-    passed, skip = [], False
-    for arg in sys.argv[1:]:  # the training flags, without the launcher's own
-        if skip:
-            skip = False
-        elif arg in ("-n", "-s", "--launch-timeout"):
-            skip = True
-        elif arg != "--launch-local" and not arg.startswith(("-n=", "-s=", "--launch-timeout=")):
-            passed.append(arg)
-    procs = []
-    for role, count in (("scheduler", 1), ("server", args.s), ("worker", args.n)):
-        for _ in range(count):
-            env = dict(os.environ, DMLC_ROLE=role, DMLC_PS_ROOT_URI="127.0.0.1",
-                       DMLC_PS_ROOT_PORT=port, DMLC_NUM_SERVER=str(args.s),
-                       DMLC_NUM_WORKER=str(args.n), DMLC_NODE_HOST="127.0.0.1",
-                       DMLC_INTERFACE="lo")
-            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + passed,
-                                          env=env))
-    deadline = time.monotonic() + args.launch_timeout
-    code = 0
-    try:
-        pending = list(procs)
-        while pending and time.monotonic() < deadline:
-            for p in list(pending):
-                rc = p.poll()
-                if rc is None:
-                    continue
-                pending.remove(p)
-                if rc != 0 and code == 0:
-                    code = rc
-                    deadline = 0  # one process failed: stop the others
-            time.sleep(0.1)
-        if pending and code == 0:
-            print(f"mxnet_mnist: the job did not end within {args.launch_timeout} s",
-                  file=sys.stderr)
-            code = 124
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return code
 
 
 def main():
     args = parse_args()
     if args.launch_local:
-        sys.exit(launch_local(args))
-    for field, var in ROLE_ENV:
-        if getattr(args, field) is not None:
-            os.environ[var] = str(getattr(args, field))
+        if not args.kvstore.startswith("dist"):
+            sys.exit("--launch-local needs --kvstore dist_sync or dist_async")
+        sys.exit(mxnet_cluster.launch_local(__file__, args))
+    mxnet_cluster.apply_role(args)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")

@@ -2,6 +2,18 @@
 
 #include <cmath>
 
+// Each rule is built twice, for AVX2 and for baseline x86-64, and the loader binds the one this CPU
+// runs (GCC's target_clones, an ifunc). The rules that divide and take square roots (Adam, both
+// RMSProps, AdaGrad) are bound by those units at the baseline's 4 lanes, not by memory: 8 lanes
+// take Adam from about 0.5x to about 0.9x the bandwidth of `a += b` (bench/cpu_kernel_bench). The
+// bits are the same in both: each element's arithmetic is unchanged, and no multiply-add is fused
+// (kernels/CMakeLists.txt builds with -ffp-contract=off).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TROUPE_RULE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TROUPE_RULE_CLONES
+#endif
+
 namespace troupe::kernels::cpu {
 
 namespace {
@@ -34,13 +46,15 @@ inline float clip_weight(float w, float clip_weights) noexcept {
 
 } // namespace
 
-void test_update(float* weight, const float* grad, std::size_t n, float rescale_grad) noexcept {
+TROUPE_RULE_CLONES void test_update(float* weight, const float* grad, std::size_t n,
+                                    float rescale_grad) noexcept {
   for (std::size_t i = 0; i < n; ++i)
     weight[i] += rescale_grad * grad[i];
 }
 
-void sgd_update(float* weight, const float* grad, float* mom, std::size_t n, float lr,
-                float momentum, float wd, gradient_settings settings) noexcept {
+TROUPE_RULE_CLONES void sgd_update(float* weight, const float* grad, float* mom, std::size_t n,
+                                   float lr, float momentum, float wd,
+                                   gradient_settings settings) noexcept {
   if (momentum == 0.0f) {
     // MXNet's SGDKernel folds the decay into the weight's factor.
     const float decay = 1.0f - lr * wd;
@@ -54,8 +68,9 @@ void sgd_update(float* weight, const float* grad, float* mom, std::size_t n, flo
   }
 }
 
-void nag_update(float* weight, const float* grad, float* mom, std::size_t n, float lr,
-                float momentum, float wd, gradient_settings settings) noexcept {
+TROUPE_RULE_CLONES void nag_update(float* weight, const float* grad, float* mom, std::size_t n,
+                                   float lr, float momentum, float wd,
+                                   gradient_settings settings) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const float g = prepared(grad[i], settings) + wd * weight[i];
     mom[i] = momentum * mom[i] + g;
@@ -63,9 +78,9 @@ void nag_update(float* weight, const float* grad, float* mom, std::size_t n, flo
   }
 }
 
-void adam_update(float* weight, const float* grad, float* mean, float* var, std::size_t n, float lr,
-                 float beta1, float beta2, float epsilon, float wd,
-                 gradient_settings settings) noexcept {
+TROUPE_RULE_CLONES void adam_update(float* weight, const float* grad, float* mean, float* var,
+                                    std::size_t n, float lr, float beta1, float beta2,
+                                    float epsilon, float wd, gradient_settings settings) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const float g = prepared_with_decay(grad[i], weight[i], wd, settings);
     mean[i] = beta1 * mean[i] + (1.0f - beta1) * g;
@@ -74,9 +89,10 @@ void adam_update(float* weight, const float* grad, float* mean, float* var, std:
   }
 }
 
-void rmsprop_update(float* weight, const float* grad, float* mean_square, std::size_t n, float lr,
-                    float gamma1, float epsilon, float wd, float clip_weights,
-                    gradient_settings settings) noexcept {
+TROUPE_RULE_CLONES void rmsprop_update(float* weight, const float* grad, float* mean_square,
+                                       std::size_t n, float lr, float gamma1, float epsilon,
+                                       float wd, float clip_weights,
+                                       gradient_settings settings) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const float g = prepared_with_decay(grad[i], weight[i], wd, settings);
     mean_square[i] = (1.0f - gamma1) * g * g + gamma1 * mean_square[i];
@@ -85,10 +101,11 @@ void rmsprop_update(float* weight, const float* grad, float* mean_square, std::s
   }
 }
 
-void rmsprop_centered_update(float* weight, const float* grad, float* mean_square, float* mean_grad,
-                             float* delta, std::size_t n, float lr, float gamma1, float gamma2,
-                             float epsilon, float wd, float clip_weights,
-                             gradient_settings settings) noexcept {
+TROUPE_RULE_CLONES void rmsprop_centered_update(float* weight, const float* grad,
+                                                float* mean_square, float* mean_grad, float* delta,
+                                                std::size_t n, float lr, float gamma1, float gamma2,
+                                                float epsilon, float wd, float clip_weights,
+                                                gradient_settings settings) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const float g = prepared_with_decay(grad[i], weight[i], wd, settings);
     mean_square[i] = (1.0f - gamma1) * g * g + gamma1 * mean_square[i];
@@ -99,8 +116,9 @@ void rmsprop_centered_update(float* weight, const float* grad, float* mean_squar
   }
 }
 
-void adagrad_update(float* weight, const float* grad, float* history, std::size_t n, float lr,
-                    float epsilon, float wd, gradient_settings settings) noexcept {
+TROUPE_RULE_CLONES void adagrad_update(float* weight, const float* grad, float* history,
+                                       std::size_t n, float lr, float epsilon, float wd,
+                                       gradient_settings settings) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const float g = prepared(grad[i], settings);
     history[i] += g * g;

@@ -1,0 +1,48 @@
+#pragma once
+// What the kernel benchmarks (gpu_bench, cpu_kernel_bench) share: the timing rule, one untimed
+// warm-up call and then the median wall time of `repeats` calls (so that a page fault or a
+// descheduling in one call does not move the figure), and the fields of a bandwidth line.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/json_line.hpp"
+
+namespace troupe::bench {
+
+/// Median seconds of `repeats` calls of `body`, after one untimed warm-up call.
+inline double median_seconds(int repeats, const std::function<void()>& body) {
+  using clock_type = std::chrono::steady_clock;
+  body();
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = clock_type::now();
+    body();
+    seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const std::size_t middle = seconds.size() / 2;
+  return seconds.size() % 2 == 1 ? seconds[middle] : (seconds[middle - 1] + seconds[middle]) / 2;
+}
+
+/// Prints `line` with the bandwidth of `bytes` read and written in `median` seconds, and its ratio
+/// to `baseline_gb_per_s` as field `ratio_field` when that is positive (not for the baselines
+/// themselves); returns the GB/s.
+inline double print_bandwidth(json_line::object line, double bytes, double median, int repeats,
+                              double baseline_gb_per_s, const std::string& ratio_field) {
+  const double gb_per_s = bytes / median / 1e9;
+  line["bytes"] = static_cast<std::uint64_t>(bytes);
+  line["repeats"] = repeats;
+  line["median_s"] = json_line::significant(median, 4);
+  line["gb_per_s"] = json_line::fixed(gb_per_s, 2);
+  if (baseline_gb_per_s > 0)
+    line[ratio_field] = json_line::fixed(gb_per_s / baseline_gb_per_s, 3);
+  json_line::print(line);
+  return gb_per_s;
+}
+
+} // namespace troupe::bench
