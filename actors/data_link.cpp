@@ -4,6 +4,9 @@
 // Everything here runs on the middleman's I/O thread: CAF schedules brokers on the multiplexer,
 // so the socket callbacks (new_data_msg, data_transferred_msg) and the mailbox (envelopes from
 // shards or from the worker) are handled by one thread, and the connection state needs no lock.
+// The one exception is a client link with a link_lane (data_link.hpp): its owner's threads may
+// stage a small frame and send it on the lane's own descriptor, so that broker holds the lane's
+// lock in every handler, and writes nothing while such a send is under way (sending_elsewhere).
 //
 // Write pacing: the brokers turn on ack_writes, so CAF reports every write the socket took with
 // the bytes still in its buffers (data_transferred_msg::remaining). A connection hands CAF at
@@ -63,6 +66,7 @@
 #include <set>
 #include <string>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -153,8 +157,13 @@ struct link_connection {
   /// What we send, and the peer's window.
   frame_send_queue queue;
   /// Bytes handed to CAF that the socket has not taken yet (CAF's own count, refreshed by every
-  /// data_transferred_msg, plus what was appended since).
+  /// data_transferred_msg, plus what was appended since), and `unsent`.
   std::size_t in_flight = 0;
+  /// What a send from another thread (link_lane) left over: the broker appends it to CAF's buffer
+  /// before anything else (pump), as only the broker's thread may. While such a send is under way
+  /// (`sending_elsewhere`) the broker writes nothing.
+  std::vector<char> unsent;
+  bool sending_elsewhere = false;
   /// The peer broke the framing or the link protocol: whatever else arrives is ignored, nothing
   /// more is queued, and the connection closes as soon as the admitted frames (the error_reply
   /// last) are in CAF's buffer, which CAF still sends.
@@ -437,6 +446,14 @@ std::optional<std::string> pump(caf::io::abstract_broker* self, link_connection&
                                 const data_link_tuning& tuning) {
   if (c.tls)
     return pump_sealed(self, c, tuning);
+  if (c.sending_elsewhere)
+    return std::nullopt; // its end wakes the broker
+  if (!c.unsent.empty()) {
+    auto& out = self->wr_buf(c.hdl);
+    out.insert(out.end(), c.unsent.begin(), c.unsent.end());
+    c.unsent.clear();
+    self->flush(c.hdl);
+  }
   write_directly(self, c);
   while (c.queue.ready() && c.in_flight < tuning.max_bytes_in_flight) {
     const std::size_t budget =
@@ -1732,6 +1749,21 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
 // client
 
 struct client_state {
+  client_state() = default;
+  client_state(const client_state&) = delete;
+  client_state& operator=(const client_state&) = delete;
+  ~client_state() {
+    if (lane) {
+      std::lock_guard hold{lane->mutex()};
+      lane->close();
+    }
+  }
+  /// With the lane's lock held: write_now takes nothing more.
+  void close_lane() {
+    if (lane)
+      lane->close();
+  }
+
   data_link_tuning tuning;
   /// data_link_options::tag, carried by everything sent to the receiver.
   std::uint64_t tag = 0;
@@ -1742,6 +1774,9 @@ struct client_state {
   std::function<void(const link_authentication&)> on_authenticated;
   std::optional<link_connection> connection;
   bool down = false;
+  /// data_link_options::lane, once opened (open_lane).
+  std::shared_ptr<link_lane> lane;
+  bool lane_open = false;
 
   static inline const char* name = "troupe.data_link";
 };
@@ -1756,6 +1791,7 @@ void link_down(client_broker* self, std::string reason) {
   auto& st = self->state;
   if (!st.down) {
     st.down = true;
+    st.close_lane();
     st.tuning.log.info("data link: " + reason);
     self->send(st.receiver, link_down_atom::value, st.tag, std::move(reason));
   }
@@ -1778,6 +1814,105 @@ bool send_writes(client_broker* self) {
   return true;
 }
 
+/// link_lane's writer, on the owner's thread with the lane's lock held. when_idle (write_now):
+/// the frame of a small `request` encoded and staged for one non-blocking send
+/// (link_lane::send_staged) when the connection has nothing else to send, so that nothing
+/// overtakes it; false, and nothing done, otherwise. always (take): the frame is queued in any
+/// case, behind what the connection holds, and staged the same way when the connection is idle;
+/// when it is not, or the frame cannot be encoded, what the broker must hear of it (a wake-up, the
+/// receiver's error reply) is sent after the locks (link_lane::after_locks). Either way a frame
+/// the peer's window does not admit waits in the queue, for the broker, which reads the credit.
+bool stage_from_elsewhere(client_broker* self, envelope& request, std::vector<char>* staged,
+                          link_lane::write_mode mode) {
+  const bool always = mode == link_lane::write_mode::always;
+  auto& st = self->state;
+  if (st.down || !st.connection)
+    return always; // taken: dropped, as the broker drops what reaches a link that is down
+  if (!st.lane_open)
+    return false;
+  auto& c = *st.connection;
+  const bool idle = staged != nullptr && !c.closing && c.authenticated && !c.tls &&
+                    !c.sending_elsewhere && c.in_flight == 0 && c.queue.empty() && c.unsent.empty();
+  const auto* tensor = wire::tensor_of(request.msg);
+  const bool small =
+      tensor == nullptr || (tensor->data.size() <= link_lane::direct_tensor_bytes &&
+                            !(c.tx_on && tensor->data.size() >= st.tuning.shm_threshold_bytes));
+  if (!always && !(idle && small))
+    return false;
+  TROUPE_HOP(link_in);
+  // The keepalive is copied: a frame that write_now cannot encode goes to the broker as it was,
+  // which tells the receiver why.
+  if (auto why = encode_into(c, request.msg, request.keepalive, st.tuning)) {
+    if (!always)
+      return false;
+    st.tuning.log.info("data link: " + *why);
+    link_lane::after_locks([receiver = st.receiver,
+                            reply = std::make_shared<envelope>(
+                                failure_reply(request.msg, wire::error_code::internal, *why),
+                                nullptr, st.tag)] { caf::anon_send(receiver, std::move(*reply)); });
+    request.keepalive.reset();
+    return true;
+  }
+  request.keepalive.reset();
+  TROUPE_HOP(link_queued);
+  if (idle && small) {
+    staged->clear();
+    if (c.queue.ready()) {
+      c.queue.append_to(*staged, direct_write_bytes);
+      c.sending_elsewhere = true;
+    }
+    return true;
+  }
+  // Busy, or the frame goes as the broker sends large ones: the broker writes it. A send from
+  // another thread under way wakes it when it ends (finish_from_elsewhere).
+  if (!c.sending_elsewhere)
+    link_lane::after_locks([broker = caf::actor_cast<caf::actor>(self), id = c.id] {
+      caf::anon_send(broker, released_atom::value, id);
+    });
+  return true;
+}
+
+/// A send from another thread is done, with the lane's lock held: what the socket did not take
+/// goes to CAF's buffer first, then anything queued meanwhile, on the broker's thread, which is
+/// woken once this thread holds the lock no more.
+void finish_from_elsewhere(client_broker* self, std::span<const char> left, std::size_t taken) {
+  auto& st = self->state;
+  if (!st.connection)
+    return;
+  auto& c = *st.connection;
+  c.sending_elsewhere = false;
+  c.bytes_taken += taken;
+  if (!left.empty()) {
+    c.unsent.assign(left.begin(), left.end());
+    c.in_flight += c.unsent.size();
+  }
+  if (!st.down && (!c.unsent.empty() || c.queue.ready()))
+    link_lane::after_locks([broker = caf::actor_cast<caf::actor>(self), id = c.id] {
+      caf::anon_send(broker, released_atom::value, id);
+    });
+}
+
+/// Opens the lane (data_link_options::lane), once the handshake is done, without TLS: the
+/// owner's threads may write small frames from now on, on a duplicate of the socket's descriptor
+/// (CAF's own may be closed on the I/O thread at any time; the lane closes its own).
+void open_lane(client_broker* self) {
+  auto& st = self->state;
+  if (!st.lane || st.down || st.connection->tls || st.lane_open)
+    return;
+  const int fd = ::dup(static_cast<int>(st.connection->hdl.id()));
+  if (fd < 0)
+    return;
+  st.lane_open = true;
+  st.lane->open(
+      fd,
+      [self](envelope& request, std::vector<char>* staged, link_lane::write_mode mode) {
+        return stage_from_elsewhere(self, request, staged, mode);
+      },
+      [self](std::span<const char> left, std::size_t taken) {
+        finish_from_elsewhere(self, left, taken);
+      });
+}
+
 /// A read of the size the frame receiver asked for completed: forward its frame, tell the
 /// receiver of a refusal, or go down. Returns the size of the next read; 0 once the link is down.
 std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
@@ -1798,8 +1933,11 @@ std::size_t on_read(client_broker* self, std::vector<char>& buffer) {
                         "the framing or the link protocol: " + in.refused->message);
     return 0;
   }
-  if (!was_authenticated && c.authenticated && st.on_authenticated)
-    st.on_authenticated(link_authentication{c.session, std::nullopt});
+  if (!was_authenticated && c.authenticated) {
+    if (st.on_authenticated)
+      st.on_authenticated(link_authentication{c.session, std::nullopt});
+    open_lane(self);
+  }
   if (in.frame) {
     in.frame->connection = st.tag;
     TROUPE_HOP(client_to_worker);
@@ -1843,6 +1981,30 @@ void on_socket_read(client_broker* self, std::vector<char>& buffer) {
   send_writes(self);
 }
 
+/// The lane's lock, held by every handler of a link with a lane (link_lane): its owner's threads
+/// use the connection's sending state too.
+std::unique_lock<std::mutex> hold_lane(client_broker* self) {
+  auto& lane = self->state.lane;
+  return lane ? std::unique_lock<std::mutex>{lane->mutex()} : std::unique_lock<std::mutex>{};
+}
+
+/// An envelope from the owner: encoded and sent in order, or, when it cannot be encoded, a local
+/// error reply to the receiver.
+void take_request(client_broker* self, envelope& request) {
+  TROUPE_HOP(link_in);
+  auto& st = self->state;
+  if (st.down)
+    return;
+  auto& c = *st.connection;
+  if (auto why = encode_into(c, request.msg, std::move(request.keepalive), st.tuning)) {
+    st.tuning.log.info("data link: " + *why);
+    tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
+    return;
+  }
+  TROUPE_HOP(link_queued);
+  send_writes(self);
+}
+
 caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::actor receiver,
                              std::string peer, data_link_options options) {
   auto& st = self->state;
@@ -1851,12 +2013,14 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   st.receiver = std::move(receiver);
   st.peer = std::move(peer);
   st.on_authenticated = std::move(options.on_authenticated);
+  st.lane = std::move(options.lane);
   st.connection.emplace(1, hdl, false, "data link to " + st.peer, release_waker(self, 1),
                         std::make_shared<receive_buffer_pool>(st.tuning.max_cached_buffer_bytes),
                         st.tuning);
   // Nobody would read what arrives once the receiver is gone.
   self->monitor(st.receiver);
   self->set_down_handler([=](caf::down_msg& msg) {
+    auto held = hold_lane(self);
     if (msg.source == self->state.receiver)
       self->quit();
   });
@@ -1871,35 +2035,35 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   self->delayed_send(self, st.tuning.handshake_timeout, handshake_deadline_atom::value);
   return {
       [=](caf::io::new_data_msg& msg) {
+        auto held = hold_lane(self);
         if (!self->state.down)
           on_socket_read(self, msg.buf);
       },
       [=](const caf::io::data_transferred_msg& msg) {
+        auto held = hold_lane(self);
         auto& st = self->state;
         if (st.down)
           return;
         TROUPE_HOP(link_written);
-        st.connection->in_flight = msg.remaining;
+        st.connection->in_flight = msg.remaining + st.connection->unsent.size();
         send_writes(self);
       },
       [=](const caf::io::connection_closed_msg&) {
+        auto held = hold_lane(self);
         link_down(self, "data link to " + self->state.peer + " closed by the peer");
       },
       [=](envelope& request) {
-        TROUPE_HOP(link_in);
-        auto& st = self->state;
-        if (st.down)
-          return;
-        auto& c = *st.connection;
-        if (auto why = encode_into(c, request.msg, std::move(request.keepalive), st.tuning)) {
-          st.tuning.log.info("data link: " + *why);
-          tell_receiver(self, failure_reply(request.msg, wire::error_code::internal, *why));
-          return;
-        }
-        TROUPE_HOP(link_queued);
-        send_writes(self);
+        auto held = hold_lane(self);
+        take_request(self, request);
+      },
+      [=](handed_atom, envelope& request) {
+        auto held = hold_lane(self);
+        if (self->state.lane)
+          self->state.lane->handled_one();
+        take_request(self, request);
       },
       [=](handshake_deadline_atom) {
+        auto held = hold_lane(self);
         auto& st = self->state;
         if (st.down || st.connection->authenticated)
           return;
@@ -1915,6 +2079,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
                             ")");
       },
       [=](released_atom, std::uint64_t) {
+        auto held = hold_lane(self);
         auto& st = self->state;
         if (st.down)
           return;
@@ -1922,8 +2087,12 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
         send_writes(self);
       },
       [=](caf::get_atom) { return self->state.peer; },
-      [=](stats_atom) { return stats_of(*self->state.connection); },
+      [=](stats_atom) {
+        auto held = hold_lane(self);
+        return stats_of(*self->state.connection);
+      },
       [=](stop_atom) {
+        auto held = hold_lane(self);
         link_down(self, "data link to " + self->state.peer + " stopped by its owner");
       },
   };
@@ -1956,6 +2125,104 @@ std::optional<std::string> await_started(caf::actor_system& sys, const caf::acto
 }
 
 } // namespace
+
+namespace {
+/// The lanes this thread staged a send on (link_lane::write_now, take), and the messages it left
+/// for after the locks (link_lane::after_locks), for send_staged.
+thread_local std::vector<std::shared_ptr<link_lane>> staged_lanes;
+thread_local std::vector<std::function<void()>> messages_after_locks;
+} // namespace
+
+link_lane::~link_lane() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+bool link_lane::write_now(envelope& request) {
+  if (handed_.load(std::memory_order_relaxed) != 0)
+    return false;
+  std::lock_guard hold{mutex_};
+  // With the lock held the broker runs nothing, and it lowers handed_ under the lock: 0 here
+  // means every handed envelope is in the connection's queue (or gone with the link).
+  if (!writer_ || sending_ || handed_.load(std::memory_order_relaxed) != 0 ||
+      !writer_(request, &staged_, write_mode::when_idle))
+    return false;
+  if (!staged_.empty()) {
+    sending_ = true;
+    staged_lanes.push_back(shared_from_this());
+  }
+  return true;
+}
+
+bool link_lane::takes_now() {
+  std::lock_guard hold{mutex_};
+  return writer_ && handed_.load(std::memory_order_relaxed) == 0;
+}
+
+void link_lane::take(envelope& request) {
+  std::lock_guard hold{mutex_};
+  // Closed since takes_now(): the link is down, and drops what it is sent.
+  if (!writer_)
+    return;
+  const bool staging = !sending_;
+  if (staging)
+    staged_.clear();
+  writer_(request, staging ? &staged_ : nullptr, write_mode::always);
+  if (staging && !staged_.empty()) {
+    sending_ = true;
+    staged_lanes.push_back(shared_from_this());
+  }
+}
+
+void link_lane::after_locks(std::function<void()> message) {
+  messages_after_locks.push_back(std::move(message));
+}
+
+void link_lane::send_staged() {
+  auto lanes = std::move(staged_lanes);
+  staged_lanes.clear();
+  for (auto& lane : lanes)
+    lane->send_now();
+  // Messages last: a wake-up of the broker finds the ends of the sends above.
+  auto messages = std::move(messages_after_locks);
+  messages_after_locks.clear();
+  for (auto& message : messages)
+    message();
+}
+
+void link_lane::send_now() {
+  // While sending_, the broker neither writes on the connection nor touches fd_ or staged_.
+  const auto sent = ::send(fd_, staged_.data(), staged_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  const std::size_t taken = sent > 0 ? static_cast<std::size_t>(sent) : 0;
+  std::lock_guard hold{mutex_};
+  sending_ = false;
+  if (finish_)
+    finish_(std::span<const char>{staged_}.subspan(taken), taken);
+  staged_.clear();
+  if (close_after_send_) {
+    ::close(fd_);
+    fd_ = -1;
+    close_after_send_ = false;
+  }
+}
+
+void link_lane::open(int fd, writer_function writer,
+                     std::function<void(std::span<const char>, std::size_t)> finish) {
+  fd_ = fd;
+  writer_ = std::move(writer);
+  finish_ = std::move(finish);
+}
+
+void link_lane::close() noexcept {
+  writer_ = nullptr;
+  finish_ = nullptr;
+  if (sending_) {
+    close_after_send_ = true;
+  } else if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
 
 link_refusals process_link_refusals() noexcept {
   return {refused_frames.load(std::memory_order_relaxed),
@@ -2056,6 +2323,7 @@ wire::message no_handler_reply(const wire::message& request) {
 
 void tune_for_data_path(caf::actor_system_config& cfg) {
   cfg.set("work-stealing.moderate-poll-attempts", 0);
+  cfg.set("middleman.max-consecutive-reads", 2);
 }
 
 } // namespace troupe

@@ -92,12 +92,17 @@
 // (on_disconnect on the server, link_down_atom at the client's receiver). A peer that hangs with
 // its socket open is noticed by the request timeouts of the callers.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -385,6 +390,109 @@ std::string describe_tensor_bytes(const link_tensor_bytes& moved);
 result<data_server> spawn_data_server(caf::actor_system& sys, const std::string& bind_host,
                                       std::uint16_t port, data_server_options options);
 
+/// A client link's sending side as the threads of its owner may use it, so that a small frame goes
+/// from the thread that made it straight to the socket, without a message to the broker and the
+/// wake-up of the middleman's I/O thread that it costs (docs/data-path.md, "Where a small
+/// request's time goes"). The broker keeps the connection's state under the lane's lock while it
+/// runs, and opens the lane once the link's handshake is done (never under TLS). Thread-safe.
+///
+/// Order: an owner that uses a lane hands the link every envelope through write_now or take, or
+/// as (handed_atom, envelope) after handing() (never plain), so that write_now and take, which
+/// write only when every handed envelope has been taken, never overtake an earlier frame.
+///
+/// Locks: the lane's lock is only ever taken alone or under the owner's one lock (the worker's,
+/// actors/kv_worker.hpp), and nothing that holds it blocks: the send on the socket happens after
+/// it is released (send_staged), and so does every message that a thread other than the I/O
+/// thread would send from here (a message to a broker may write to the multiplexer's pipe, whose
+/// write end blocks when the pipe is full).
+class link_lane : public std::enable_shared_from_this<link_lane> {
+public:
+  link_lane() = default;
+  ~link_lane();
+  link_lane(const link_lane&) = delete;
+  link_lane& operator=(const link_lane&) = delete;
+
+  /// On the owner's actor's thread: encodes `request` for one non-blocking send of its frame when
+  /// the lane is open, nothing handed to the broker is still in its mailbox, the connection has
+  /// nothing queued, waiting for credit, in CAF's buffers or being sent from another thread, and
+  /// the frame is small (its tensor at most direct_tensor_bytes and inline, not through the
+  /// shared-memory arena). The bytes are staged: the send itself happens in send_staged(), which
+  /// the same thread must call once it holds no lock of its own (a thread preempted inside the
+  /// send would otherwise hold up every thread waiting for that lock); meanwhile the broker writes
+  /// nothing on the connection, so nothing overtakes the frame. A frame the peer's window does not
+  /// admit yet waits in the connection's queue, as any other. Returns true when the link took the
+  /// frame (request.keepalive is then gone: dropped once the bytes are staged, or kept in the
+  /// queue); false, with `request` as it was, when it must be handed instead.
+  bool write_now(envelope& request);
+  /// Whether take() would take the owner's frames now: the lane is open and nothing handed to the
+  /// broker is still in its mailbox. With the owner's lock held, which every handing() and take()
+  /// needs too, the answer holds until that lock is released (the lane can only close meanwhile:
+  /// the link went down, and take() then drops the frame, as the broker would).
+  bool takes_now();
+  /// On any thread of the owner, holding the owner's lock, after takes_now() said yes: the frame
+  /// goes into the connection's queue behind whatever it holds, its bytes staged as write_now
+  /// stages them when the connection is idle; when it is not, the broker is woken (after the
+  /// locks, by send_staged) to write it. A frame that cannot be encoded is not sent: the link's
+  /// receiver gets the error reply the broker would send, after the locks too. Never sends a
+  /// message itself, so it never blocks.
+  void take(envelope& request);
+  /// On the thread that called write_now or take: sends what it staged, then lets the broker write
+  /// what the socket did not take (and anything queued meanwhile), and sends the messages those
+  /// calls left for after the locks. No lock may be held.
+  static void send_staged();
+  /// Before sending (handed_atom, envelope) to the broker: counts it as handed.
+  void handing() noexcept { handed_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Tensors larger than this never go through write_now.
+  static constexpr std::size_t direct_tensor_bytes = std::size_t{64} << 10;
+
+  // The broker's side.
+
+  /// What the broker's writer does with a frame (open).
+  enum class write_mode {
+    /// write_now: take it only when its bytes can be staged for one send.
+    when_idle,
+    /// take: take it in any case, staging its bytes when the connection is idle and `staged` is
+    /// free (not null).
+    always,
+  };
+  using writer_function = std::function<bool(envelope&, std::vector<char>* staged, write_mode)>;
+
+  /// The lock the broker holds while it runs.
+  std::mutex& mutex() noexcept { return mutex_; }
+  /// With the lock held: write_now and take run `writer` from now on, which stages a frame's
+  /// bytes (it returns whether it took the frame, and leaves the staging empty when nothing is to
+  /// be sent), and the staged bytes go out on `fd`, which the lane owns from now on; `finish` runs,
+  /// with the lock held, once a send is done, with the bytes the socket did not take.
+  void open(int fd, writer_function writer,
+            std::function<void(std::span<const char> left, std::size_t taken)> finish);
+  /// With the lock held: write_now and take take nothing more and the descriptor is closed (after
+  /// the send in progress, if any).
+  void close() noexcept;
+  /// With the lock held: a handed envelope is being taken into the connection's queue.
+  void handled_one() noexcept { handed_.fetch_sub(1, std::memory_order_relaxed); }
+  /// With the lock held, on a thread other than the broker's: `message` runs once this thread
+  /// holds no lock (send_staged), e.g. a message to the broker, which may block.
+  static void after_locks(std::function<void()> message);
+
+private:
+  void send_now();
+
+  std::mutex mutex_;
+  writer_function writer_;
+  std::function<void(std::span<const char>, std::size_t)> finish_;
+  /// Ours, a duplicate of the broker's socket: CAF may close its own on the I/O thread at any
+  /// time.
+  int fd_ = -1;
+  /// Bytes staged by write_now or take, sent by send_staged (the only user while `sending_`).
+  std::vector<char> staged_;
+  bool sending_ = false;
+  bool close_after_send_ = false;
+  /// Envelopes handed to the broker that it has not taken yet. Raised by the owner's threads,
+  /// lowered by the broker under the lock.
+  std::atomic<std::size_t> handed_{0};
+};
+
 /// How a client data link behaves.
 struct data_link_options {
   data_link_tuning tuning;
@@ -394,11 +502,15 @@ struct data_link_options {
   /// Told what the handshake established (the session key under tuning.key_exchange) once it is
   /// done, on the broker's thread, before the receiver gets any frame of the link. Optional.
   std::function<void(const link_authentication&)> on_authenticated{};
+  /// Shared with the link's owner, which may then write small frames from its own threads
+  /// (link_lane). Optional.
+  std::shared_ptr<link_lane> lane{};
 };
 
 /// Connects to a data server at host:port (blocks for the TCP handshake) and spawns the client
 /// broker, which accepts:
-///   (envelope)   encode and send it; frames go out in the order sent, never interleaved. A
+///   (envelope), (handed_atom, envelope) with options.lane (link_lane::handing)
+///                encode and send it; frames go out in the order sent, never interleaved. A
 ///                message that cannot be encoded (or exceeds max_frame_bytes) is not sent:
 ///                `receiver` gets (envelope{error_reply{request id, internal, why}}) instead;
 ///   (stop_atom)  close the connection (frames not yet handed to the socket are dropped);
@@ -434,6 +546,10 @@ wire::message no_handler_reply(const wire::message& request);
 /// notice a request the broker hands them; without that phase they spin briefly and then wait
 /// on a condition variable that every enqueue signals. Measured (docs/data-path.md): a 4 KiB
 /// push round trip went from ~130 µs to ~33 µs. Has no effect under scheduler.policy=sharing.
+/// And middleman.max-consecutive-reads = 2: a socket's readiness is served by at most two reads,
+/// a frame's prefix and its body, instead of reading on (up to 50 times) until the socket says
+/// EAGAIN, a third system call per frame; more bytes waiting wake the level-triggered epoll again
+/// at once.
 void tune_for_data_path(caf::actor_system_config& cfg);
 
 } // namespace troupe

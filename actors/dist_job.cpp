@@ -645,6 +645,7 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
     server_links opened;
     for (const auto& server : servers) {
       data_link_options options{tuning, server.rank + 1};
+      options.lane = std::make_shared<link_lane>();
       auto link = connect_data_link(system, server.host, server.data_port, receiver, options);
       const std::string name =
           wire::describe(server) + " at " + server.host + ":" + std::to_string(server.data_port);
@@ -654,6 +655,7 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
         return error{link.error().code(), name + ": " + link.error().message()};
       }
       opened.links.push_back(caf::actor_cast<link_actor>(*link));
+      opened.lanes.push_back(std::move(options.lane));
       opened.names.push_back(name);
     }
     return opened;

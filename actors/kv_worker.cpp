@@ -3,13 +3,17 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>
+#include <caf/io/abstract_broker.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/typed_broker.hpp>
 #include <caf/send.hpp>
@@ -33,18 +37,40 @@ reply_copier_actor::behavior_type reply_copier(int) {
   }};
 }
 
+/// Whether `link` is a broker, which CAF 0.17 wakes for a message from another thread by writing
+/// to the multiplexer's pipe: that write blocks while the pipe is full, until the I/O thread reads
+/// it. An actor the scheduler runs is woken without it.
+bool is_broker(const link_actor& link) {
+  return dynamic_cast<caf::io::abstract_broker*>(caf::actor_cast<caf::abstract_actor*>(link)) !=
+         nullptr;
+}
+
+/// The receipts of frames that left while a worker ran its core on this thread (a frame written
+/// to the socket from there, link_lane::write_now): the worker settles them itself when the core
+/// returns, instead of hearing of each from a message.
+struct receipts_here {
+  const void* worker = nullptr;
+  std::vector<send_receipt> left;
+};
+thread_local receipts_here* settling = nullptr;
+
 /// An envelope's keepalive that tells the worker, once the last copy is gone (on whichever
-/// thread drops it: the link's once the frame is in CAF's write buffer or the shared-memory
-/// arena, the shard's in one process), that the frame has left its send window. It holds the
-/// keepalive it wraps, and only a weak reference to the worker, which a link must not keep alive.
+/// thread drops it: the link's once the frame is in CAF's write buffer, the socket or the
+/// shared-memory arena, the shard's in one process), that the frame has left its send window. It
+/// holds the keepalive it wraps, and only a weak reference to the worker, which a link must not
+/// keep alive.
 class receipt_on_release {
 public:
   receipt_on_release(std::shared_ptr<const void> inner, caf::weak_actor_ptr worker,
-                     send_receipt receipt)
-      : inner_(std::move(inner)), worker_(std::move(worker)), receipt_(receipt) {}
+                     const void* state, send_receipt receipt)
+      : inner_(std::move(inner)), worker_(std::move(worker)), state_(state), receipt_(receipt) {}
   receipt_on_release(const receipt_on_release&) = delete;
   receipt_on_release& operator=(const receipt_on_release&) = delete;
   ~receipt_on_release() {
+    if (settling != nullptr && settling->worker == state_) {
+      settling->left.push_back(receipt_);
+      return;
+    }
     if (auto worker = worker_.lock())
       caf::anon_send(caf::actor_cast<worker_actor>(std::move(worker)), receipt_);
   }
@@ -52,6 +78,7 @@ public:
 private:
   std::shared_ptr<const void> inner_;
   caf::weak_actor_ptr worker_;
+  const void* state_;
   send_receipt receipt_;
 };
 
@@ -80,57 +107,83 @@ public:
   worker_state() = default;
   worker_state(const worker_state&) = delete;
   worker_state& operator=(const worker_state&) = delete;
+  ~worker_state() {
+    if (lane_) {
+      std::lock_guard hold{lane_->mutex()};
+      lane_->set_runner(nullptr);
+    }
+  }
 
   worker_actor::behavior_type start(pointer self, kv_worker_options options) {
     self_ = self;
     options_ = std::move(options);
+    lane_ = options_.lane;
     worker_core_options rules = options_;
     rules.can_relink = options_.reconnect != nullptr;
     // This process's data links, as the servers' summaries count theirs.
     rules.summary_footer = [] { return describe_tensor_bytes(process_link_tensor_bytes()); };
     core_.emplace(std::move(rules), *this);
     copier_ = self->template spawn<caf::linked>(reply_copier, 0);
+    if (lane_) {
+      std::lock_guard hold{lane_->mutex()};
+      lane_->set_runner([this](kv_operation& op) { return run_here(op); });
+    }
     schedule_tick();
     return {
         [this](server_links& links) {
-          guarded("its links", [&] {
+          serve("its links", [&] {
             links_ = std::move(links.links);
+            link_lanes_ = std::move(links.lanes);
+            link_lanes_.resize(links_.size());
             links.names.resize(links_.size());
             core_->on_links(std::move(links.names));
           });
         },
-        [this](server_relink& relink) {
-          guarded("a server's new link", [&] { on_relink(relink); });
-        },
+        [this](server_relink& relink) { serve("a server's new link", [&] { on_relink(relink); }); },
         [this](kv_operation& op) {
-          guarded(
+          serve(
               op.what, [&] { core_->on_call(op); }, &op.done);
         },
-        [this](envelope& reply) { guarded("a server's reply", [&] { core_->on_reply(reply); }); },
+        [this](handed_atom, kv_operation& op) {
+          // Counted off before the call runs, under the lock throughout: a caller woken by its
+          // completion finds the count at 0 and may run its next call itself.
+          {
+            std::lock_guard hold{lane_->mutex()};
+            lane_->handled_one();
+            guarded(
+                op.what, [&] { core_->on_call(op); }, &op.done);
+          }
+          link_lane::send_staged();
+        },
+        [this](envelope& reply) { serve("a server's reply", [&] { core_->on_reply(reply); }); },
         [this](link_down_atom, std::uint64_t tag, const std::string& why) {
-          guarded("a link that went down", [&] { on_link_down(tag, why); });
+          serve("a link that went down", [&] { on_link_down(tag, why); });
         },
         [this](peer_lost_atom, const std::string& why) {
-          core_->fail_everything(error{errc::peer_lost, why});
+          serve("a lost peer", [&] { core_->fail_everything(error{errc::peer_lost, why}); });
         },
         [this](const wire::membership& table) {
-          guarded("a membership table", [&] { core_->on_membership(table); });
+          serve("a membership table", [&] { core_->on_membership(table); });
         },
         [this](stop_atom) {
-          core_->fail_everything(error{errc::peer_lost, "the scheduler ended the job"});
+          serve("the end of the job", [&] {
+            core_->fail_everything(error{errc::peer_lost, "the scheduler ended the job"});
+          });
         },
         [this](tick_atom) {
           if (self_->current_sender() != self_->ctrl())
             return;
           schedule_tick();
-          guarded("a tick", [&] { core_->on_tick(); });
+          serve("a tick", [&] { core_->on_tick(); });
         },
-        [this](finalize_atom, completion<status>& done) { core_->on_finalize(std::move(done)); },
+        [this](finalize_atom, completion<status>& done) {
+          serve("finalize", [&] { core_->on_finalize(std::move(done)); });
+        },
         [this](const send_receipt& receipt) {
-          guarded("a frame that left", [&] { core_->frame_left(receipt); });
+          serve("a frame that left", [&] { core_->frame_left(receipt); });
         },
         [this](copied_atom, std::uint64_t id, std::uint8_t how, std::string& problem) {
-          guarded("a copied reply", [&] {
+          serve("a copied reply", [&] {
             // Anything else is not a chunk_copy: ignored, as a copy of a request that is gone.
             if (how <= static_cast<std::uint8_t>(chunk_copy::failed))
               core_->on_copied(id, static_cast<chunk_copy>(how), problem);
@@ -139,15 +192,63 @@ public:
     };
   }
 
+  /// worker_lane's runner, on a caller's thread with the lane's lock held: runs `op` here when
+  /// the links are in, it would leave at once (worker_core::sends_at_once_to) and its server's
+  /// link takes its frames from this thread without a message that may block (send): through the
+  /// link's lane when it has one that takes frames now (link_lane::takes_now), or as a message
+  /// to a link that is no broker (an in-process one). A relinked server's link, a broker without
+  /// a lane, gets its frames from the actor.
+  bool run_here(kv_operation& op) {
+    if (!core_ || links_.empty())
+      return false;
+    const auto server = core_->sends_at_once_to(op, worker_lane::call_here_bytes);
+    if (!server || *server >= links_.size())
+      return false;
+    const auto& lane = link_lanes_[*server];
+    if (lane ? !lane->takes_now() : is_broker(links_[*server]))
+      return false;
+    on_caller_thread_ = true;
+    guarded(
+        op.what, [&] { core_->on_call(op); }, &op.done);
+    on_caller_thread_ = false;
+    return true;
+  }
+
   // --- what the core asks of the actor -----------------------------------------------------------
 
+  /// Straight to the socket when the server's link has a lane that takes the frame now
+  /// (link_lane::write_now), else as a message to the link: handed through its lane (counted,
+  /// so that no later frame overtakes it), or plain. On a caller's thread (run_here) always
+  /// through the lane (link_lane::take), which sends no message while the locks are held.
   void send(std::uint32_t server, envelope request, send_receipt receipt) override {
     if (receipt.bytes > 0) {
       // Aliased: the keepalive still points where it pointed.
       const void* viewed = request.keepalive.get();
       auto holder = std::make_shared<const receipt_on_release>(
-          std::move(request.keepalive), caf::actor_cast<caf::weak_actor_ptr>(self_), receipt);
+          std::move(request.keepalive), caf::actor_cast<caf::weak_actor_ptr>(self_),
+          static_cast<const void*>(this), receipt);
       request.keepalive = std::shared_ptr<const void>(std::move(holder), viewed);
+    }
+    const auto& lane = link_lanes_[server];
+    if (on_caller_thread_) {
+      // run_here checked the link of the one server a call it runs sends to.
+      if (lane) {
+        lane->take(request);
+        return;
+      }
+      if (is_broker(links_[server]))
+        throw std::logic_error("a call run on the caller's thread sent a frame to server " +
+                               std::to_string(server) + ", whose link is a broker without a lane");
+      // Not a broker: the scheduler runs it, and the message never waits for the I/O thread.
+      caf::anon_send(links_[server], std::move(request));
+      return;
+    }
+    if (lane && lane->write_now(request))
+      return;
+    if (lane) {
+      lane->handing();
+      self_->send(links_[server], handed_atom::value, std::move(request));
+      return;
     }
     self_->send(links_[server], std::move(request));
   }
@@ -202,17 +303,41 @@ public:
   }
 
 private:
-  /// Runs a handler so that nothing it throws escapes the actor: the call it served (if any)
-  /// fails naming what was being done.
+  /// A handler: guarded, with the lane's lock held (a caller's thread may run the core too).
+  /// Frames staged for the socket meanwhile (link_lane::write_now) are sent once the lock is
+  /// released.
+  template <class Body>
+  void serve(std::string_view what, Body&& body, completion<status>* call = nullptr) {
+    {
+      std::unique_lock<std::mutex> hold;
+      if (lane_)
+        hold = std::unique_lock<std::mutex>{lane_->mutex()};
+      guarded(what, std::forward<Body>(body), call);
+    }
+    link_lane::send_staged();
+  }
+
+  /// Runs a use of the core so that nothing it throws escapes the actor: the call it served (if
+  /// any) fails naming what was being done. Frames that left meanwhile from this thread (written
+  /// to the socket at once) are settled here, which may send more.
   template <class Body>
   void guarded(std::string_view what, Body&& body, completion<status>* call = nullptr) {
     // The caller waited for the engine's queued uses of a request's arrays before handing them
     // over, and a lane's task may be waiting for this request (actors/gluon/trainer.cpp).
     engine::on_behalf_of_lane_scope owned;
+    receipts_here here{static_cast<const void*>(this), {}};
+    auto* outer = std::exchange(settling, &here);
     const status outcome = status_of([&]() -> status {
       body();
+      while (!here.left.empty()) {
+        auto left = std::move(here.left);
+        here.left.clear();
+        for (const auto& receipt : left)
+          core_->frame_left(receipt);
+      }
       return ok();
     });
+    settling = outer;
     if (!outcome) {
       options_.log.error(std::string{what} + ": " + outcome.error().to_string());
       if (call)
@@ -241,6 +366,7 @@ private:
     case worker_core::relink_step::install:
       self_->send(links_[relink.server], stop_atom::value);
       links_[relink.server] = *relink.link;
+      link_lanes_[relink.server] = nullptr; // a relinked server's frames go as messages
       core_->server_back(relink.server, relink.name);
       return;
     }
@@ -254,6 +380,12 @@ private:
   /// its destructor, which ends every call still under way, runs while they exist.
   reply_copier_actor copier_;
   std::vector<link_actor> links_;
+  /// Per link, its lane (null: none).
+  std::vector<std::shared_ptr<link_lane>> link_lanes_;
+  /// Shared with the facade (kv_worker_options::lane); its lock guards everything here.
+  std::shared_ptr<worker_lane> lane_;
+  /// The core runs on a caller's thread (run_here).
+  bool on_caller_thread_ = false;
   std::optional<worker_core> core_;
 };
 
@@ -265,11 +397,44 @@ worker_actor::behavior_type worker_behavior(typename worker_state<Base>::pointer
 
 } // namespace
 
+void worker_lane::call(kv_operation op) {
+  if (handed_.load(std::memory_order_relaxed) == 0) {
+    bool ran = false;
+    {
+      std::lock_guard hold{mutex_};
+      // With the lock held the actor runs nothing, and it lowers handed_ under the lock: 0 here
+      // means it has handled every call handed to it, so this one overtakes none.
+      ran = runner_ && handed_.load(std::memory_order_relaxed) == 0 && runner_(op);
+    }
+    // Its frame, staged for the socket, goes now that the worker's lock is free.
+    link_lane::send_staged();
+    if (ran)
+      return;
+  }
+  handed_.fetch_add(1, std::memory_order_relaxed);
+  if (auto actor = caf::actor_cast<worker_actor>(actor_))
+    caf::anon_send(actor, handed_atom::value, std::move(op));
+  else
+    op.done.deliver(error{errc::peer_lost, op.what + ": the KVStore worker stopped"});
+}
+
+void worker_lane::set_actor(const worker_actor& actor) {
+  std::lock_guard hold{mutex_};
+  actor_ = actor.address();
+}
+
 worker_actor spawn_kv_worker(caf::actor_system& system, kv_worker_options options) {
+  if (!options.lane)
+    options.lane = std::make_shared<worker_lane>();
+  auto lane = options.lane;
+  worker_actor worker;
   if (system.has_middleman())
-    return system.middleman().spawn_broker(worker_behavior<worker_on_io_thread>,
-                                           std::move(options));
-  return system.spawn(worker_behavior<worker_on_scheduler>, std::move(options));
+    worker =
+        system.middleman().spawn_broker(worker_behavior<worker_on_io_thread>, std::move(options));
+  else
+    worker = system.spawn(worker_behavior<worker_on_scheduler>, std::move(options));
+  lane->set_actor(worker);
+  return worker;
 }
 
 } // namespace troupe

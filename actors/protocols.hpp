@@ -77,6 +77,9 @@ using link_actor = caf::typed_actor<
     /// Send this message: a client link to its server, a server broker on the envelope's
     /// connection.
     caf::reacts_to<envelope>,
+    /// The same, handed through a client link's lane (actors/data_link.hpp, link_lane), which
+    /// counts it until the link has taken it; a link without a lane takes it as (envelope).
+    caf::reacts_to<handed_atom, envelope>,
     /// Close (a server: the acceptor and every connection) and quit.
     caf::reacts_to<stop_atom>,
     /// "host:port": where a server listens, or the peer of a client link.
@@ -134,9 +137,14 @@ using server_control_actor = caf::typed_actor<
 
 // --- worker --------------------------------------------------------------------------------------
 
+class link_lane; // actors/data_link.hpp
+
 /// The links of a worker to the servers of its job, by server rank.
 struct server_links {
   std::vector<link_actor> links;
+  /// Per link, its lane when it has one (a data link opened with data_link_options::lane; null or
+  /// missing: none, every frame goes as a message).
+  std::vector<std::shared_ptr<link_lane>> lanes;
   /// How messages name each server: "server 1 (node 10) at 127.0.0.1:40123".
   std::vector<std::string> names;
 };
@@ -173,8 +181,9 @@ using device_actor = caf::typed_actor<caf::reacts_to<device_work>>;
 using worker_actor = caf::typed_actor<
     /// Its links, once they are open (sent once, right after the spawn).
     caf::reacts_to<server_links>,
-    /// A call from the blocking facade (dist_kvstore).
-    caf::reacts_to<kv_operation>,
+    /// A call from the blocking facade (dist_kvstore); handed: through its worker_lane, which
+    /// counts it until it is handled (actors/kv_worker.hpp).
+    caf::reacts_to<kv_operation>, caf::reacts_to<handed_atom, kv_operation>,
     /// A server that restarted from its checkpoint is linked again (or could not be).
     caf::reacts_to<server_relink>,
     /// A reply from the server linked under tag envelope.connection (its rank + 1).

@@ -98,14 +98,16 @@ bool is_for_every_shard(const wire::message& msg) {
 link_actor::behavior_type local_link_behavior(link_actor::pointer self,
                                               std::function<request_handler(const envelope&)> route,
                                               reply_sink reply_to) {
+  auto forward = [self, route = std::move(route), reply_to](envelope& request) {
+    if (auto target = route(request)) {
+      self->send(target, std::move(request), reply_to);
+      return;
+    }
+    self->send(reply_to, envelope{no_handler_reply(request.msg), nullptr, request.connection});
+  };
   return {
-      [self, route = std::move(route), reply_to](envelope& request) {
-        if (auto target = route(request)) {
-          self->send(target, std::move(request), reply_to);
-          return;
-        }
-        self->send(reply_to, envelope{no_handler_reply(request.msg), nullptr, request.connection});
-      },
+      forward,
+      [forward](handed_atom, envelope& request) { forward(request); },
       // A store closes its links at finalize, whichever kind they are.
       [self](stop_atom) { self->quit(); },
       [](caf::get_atom) { return std::string{"in-process"}; },

@@ -27,7 +27,7 @@ HOPS = [
 NUMBER = {name: i + 1 for i, name in enumerate(HOPS)}
 # What each step of the chain is, for the table.
 WHAT = {
-    "link_in": "caller thread -> worker actor -> link broker (pipe write, middleman wakes)",
+    "link_in": "caller thread: the worker's rules (or the actor's, woken through the pipe)",
     "link_queued": "link: encode the frame",
     "server_prefix": "send (loopback), server middleman wakes, reads 8 bytes",
     "server_body": "server reads the body",

@@ -97,6 +97,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.reconnect = s.reconnect_server;
   options.log = s.log;
   options.summary_log = s.summary_log;
+  options.lane = store->lane_;
   store->worker_ = spawn_kv_worker(system, options);
   auto links = s.connect_servers(caf::actor_cast<caf::actor>(store->worker_));
   if (!links) {
@@ -168,7 +169,7 @@ kv_request dist_kvstore::start(kv_operation op) {
   op.done = done;
   std::string what = op.what;
   TROUPE_HOP(caller_send);
-  caf::anon_send(worker_, std::move(op));
+  lane_->call(std::move(op));
   return kv_request{std::move(done), std::move(what), backstop(setup_.timeout)};
 }
 

@@ -31,6 +31,7 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/dist_job.hpp"
+#include "actors/kv_worker.hpp"
 #include "actors/kvstore/key_registry.hpp"
 #include "actors/kvstore/kvstore.hpp"
 #include "actors/protocols.hpp"
@@ -123,6 +124,8 @@ private:
   std::shared_ptr<void> owned_resources_; // first member: released last
   worker_setup setup_;
   worker_actor worker_;
+  /// How calls reach the worker: small ones run on the caller's thread (worker_lane).
+  std::shared_ptr<worker_lane> lane_ = std::make_shared<worker_lane>();
   std::vector<link_actor> links_; // closed at finalize
   key_registry keys_;
   std::unique_ptr<comm> comm_;

@@ -148,6 +148,42 @@ void worker_core::on_call(kv_operation& op) {
     call->end(ok());
 }
 
+bool worker_core::sends_at_once(const kv_operation& op, std::size_t max_bytes) const {
+  return sends_at_once_to(op, max_bytes).has_value();
+}
+
+std::optional<std::uint32_t> worker_core::sends_at_once_to(const kv_operation& op,
+                                                           std::size_t max_bytes) const {
+  if (failure_ || names_.size() != options_.num_servers || op.keys.size() != 1 ||
+      (op.call != kv_call::push && op.call != kv_call::pushpull && op.call != kv_call::pull))
+    return std::nullopt;
+  const auto& work = op.keys.front();
+  const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
+  if (static_cast<std::size_t>(elements) * size_of(work.type) > max_bytes)
+    return std::nullopt;
+  const auto max_slice_elements =
+      static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
+  const auto slices = place_key(static_cast<std::uint64_t>(work.index), elements,
+                                options_.num_servers, options_.bigarray_bound, max_slice_elements);
+  if (slices.size() != 1 || slices.front().server >= servers_.size())
+    return std::nullopt;
+  const auto& server = servers_[slices.front().server];
+  if (server.down || !server.ready.empty() ||
+      (options_.send_window_bytes != 0 && server.with_link >= options_.send_window_bytes))
+    return std::nullopt;
+  const std::uint32_t to = slices.front().server;
+  auto found = keys_.find(slices.front().ps_key);
+  if (found == keys_.end())
+    return to;
+  const auto& ps = found->second;
+  if (!ps.waiting.empty() || ps.head_ready)
+    return std::nullopt;
+  if (options_.sync && op.call != kv_call::pull &&
+      ps.next_round >= ps.completed + options_.max_rounds_ahead)
+    return std::nullopt;
+  return to;
+}
+
 std::shared_ptr<worker_core::part> worker_core::new_part(const std::shared_ptr<call_state>& call,
                                                          kv_call kind, std::uint32_t server,
                                                          std::string name) {

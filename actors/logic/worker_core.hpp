@@ -94,7 +94,8 @@
 // server went fail with errc::peer_lost. If the server is not back within server_rejoin +
 // request_timeout, everything fails as above.
 //
-// Threads: one thread at a time calls a worker_core (the actor's); only the copy jobs it hands to
+// Threads: one thread at a time calls a worker_core (the actor's, or a caller's under the lock it
+// shares with the actor: actors/kv_worker.hpp, worker_lane); only the copy jobs it hands to
 // output::copy_elsewhere run elsewhere, and they touch nothing but their request's reassembly and
 // the call's completion. Time is options.clock, so tests move it by hand.
 
@@ -248,6 +249,16 @@ public:
   /// `done` is delivered once nothing is under way (after the summary), or with errc::timeout
   /// when requests are still under way request_timeout from now.
   void on_finalize(completion<status> done);
+
+  /// Whether `op` would leave at once, whole and alone: a push, pull or pushpull of one key whose
+  /// tensor holds at most `max_bytes` and goes to one server, with credit, nothing queued for that
+  /// server, nothing of its ps-key waiting or queued, room in the server's window, the server not
+  /// held for recovery and the worker not failed. A caller's thread runs such a call itself
+  /// (actors/kv_worker.hpp, worker_lane); the rules are the same either way.
+  bool sends_at_once(const kv_operation& op, std::size_t max_bytes) const;
+  /// The same, with the server it would go to.
+  std::optional<std::uint32_t> sends_at_once_to(const kv_operation& op,
+                                                std::size_t max_bytes) const;
 
   /// Requests sent and not yet answered.
   std::size_t under_way() const noexcept { return parts_.size(); }

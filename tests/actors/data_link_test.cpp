@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <sys/mman.h>
@@ -48,6 +49,7 @@
 #include "actors/server_node.hpp"
 #include "schema/chunking.hpp"
 #include "tests/listening_socket.hpp"
+#include "tests/poll.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/shm_files.hpp"
 #include "tests/stderr_capture.hpp"
@@ -215,6 +217,22 @@ struct link_fixture {
     BOOST_TEST(assembly.complete());
     BOOST_TEST(std::memcmp(received.data(), values->data(), values->size() * sizeof(float)) == 0);
     return chunks.chunk_count();
+  }
+
+  /// The echoes of pushes 1 to `count`, push `id` carrying the first sizes[id % sizes.size()] of
+  /// `values`: all of them, in that order, unchanged.
+  static void expect_mixed_echoes_in_order(caf::scoped_actor& self,
+                                           const std::vector<float>& values,
+                                           std::span<const std::size_t> sizes,
+                                           std::uint64_t count) {
+    for (std::uint64_t id = 1; id <= count; ++id) {
+      auto reply = next_envelope(self);
+      BOOST_TEST_REQUIRE(reply.has_value());
+      const auto& push = std::get<wire::push>(reply->msg);
+      BOOST_TEST_REQUIRE(push.request_id == id);
+      BOOST_TEST_REQUIRE(
+          (push == make_push(id, std::span(values).first(sizes[id % sizes.size()]))));
+    }
   }
 
   /// The server's id of `link`'s connection: one tiny push echoed (the route records it).
@@ -698,13 +716,7 @@ BOOST_AUTO_TEST_CASE(many_frames_of_mixed_sizes_arrive_in_the_order_they_were_se
   constexpr std::uint64_t count = 400;
   for (std::uint64_t id = 1; id <= count; ++id)
     self->send(link, envelope{make_push(id, std::span(*values).first(sizes[id % 4])), values, 0});
-  for (std::uint64_t id = 1; id <= count; ++id) {
-    auto reply = next_envelope(self);
-    BOOST_TEST_REQUIRE(reply.has_value());
-    const auto& push = std::get<wire::push>(reply->msg);
-    BOOST_TEST_REQUIRE(push.request_id == id);
-    BOOST_TEST_REQUIRE((push == make_push(id, std::span(*values).first(sizes[id % 4]))));
-  }
+  expect_mixed_echoes_in_order(self, *values, sizes, count);
 }
 
 BOOST_AUTO_TEST_CASE(a_malformed_frame_gets_an_error_reply_and_the_server_keeps_serving) {
@@ -824,6 +836,100 @@ BOOST_AUTO_TEST_CASE(a_frame_above_the_cap_is_refused_locally_with_an_error_repl
   BOOST_TEST(error.request_id == 77u);
   BOOST_TEST((error.code == wire::error_code::internal));
   BOOST_TEST(error.message.find("max_frame_bytes") != std::string::npos);
+}
+
+/// A link whose owner writes through a lane (link_lane), once the lane is open.
+caf::actor connect_with_lane(link_fixture& f, std::uint16_t port, const caf::scoped_actor& receiver,
+                             const std::shared_ptr<link_lane>& lane,
+                             data_link_options options = {}) {
+  options.lane = lane;
+  auto link = f.connect(port, receiver, std::move(options));
+  BOOST_TEST_REQUIRE(troupe::testing::poll_until([&] { return lane->takes_now(); }, patience),
+                     "the lane never opened");
+  return link;
+}
+
+/// The owner's threads (two here, taking turns under one lock as the worker's threads do) write
+/// most frames through the lane, small and large, also while the connection is still busy with
+/// earlier ones, and hand the others to the broker as messages: the server sees them all, whole,
+/// in the order they were made.
+BOOST_AUTO_TEST_CASE(frames_taken_through_a_lane_from_two_threads_arrive_in_the_order_made) {
+  auto server = start_server();
+  caf::scoped_actor self{*sys};
+  auto lane = std::make_shared<link_lane>();
+  auto link = connect_with_lane(*this, server.port, self, lane);
+  auto values = ramp(std::size_t{1} << 18);
+  const std::size_t sizes[] = {2, 1025, 70001, std::size_t{1} << 18};
+  constexpr std::uint64_t count = 400;
+  std::mutex owner;
+  std::uint64_t next_id = 1;
+  std::size_t taken = 0;
+  std::size_t handed = 0;
+  auto make_frames = [&] {
+    for (;;) {
+      bool handed_one = false;
+      {
+        std::lock_guard hold{owner};
+        if (next_id > count)
+          break;
+        const auto id = next_id++;
+        envelope request{make_push(id, std::span(*values).first(sizes[id % 4])), values, 0};
+        // Every 25th frame is handed, and so is any made while a handed one is not yet in the
+        // connection's queue (takes_now says no).
+        if (id % 25 == 0 || !lane->takes_now()) {
+          lane->handing();
+          caf::anon_send(link, handed_atom::value, std::move(request));
+          ++handed;
+          handed_one = true;
+        } else {
+          lane->take(request);
+          ++taken;
+        }
+      }
+      link_lane::send_staged();
+      // Gives the broker the time a caller's next call would, so that the lane takes frames
+      // again after a handed one.
+      if (handed_one)
+        (void)troupe::testing::poll_until([&] { return lane->takes_now(); }, patience);
+    }
+  };
+  std::thread other{make_frames};
+  make_frames();
+  other.join();
+  // Both ways were taken (the control: the lane wrote frames, and messages came between them).
+  BOOST_TEST_MESSAGE(taken << " frames taken through the lane, " << handed << " handed");
+  BOOST_TEST(taken >= count / 2);
+  BOOST_TEST(handed >= count / 25);
+  expect_mixed_echoes_in_order(self, *values, sizes, count);
+}
+
+/// take() runs under its owner's lock, so it sends no message, which could block (a message to a
+/// broker may wait for the multiplexer's pipe, which only the I/O thread drains): a frame it
+/// cannot encode is answered with the broker's error reply only once its thread calls
+/// send_staged, holding no lock; and the link goes on serving.
+BOOST_AUTO_TEST_CASE(a_frame_a_lane_cannot_encode_is_refused_once_its_thread_holds_no_lock) {
+  auto server = start_server();
+  caf::scoped_actor self{*sys};
+  data_link_options options;
+  options.tuning.limits.max_frame_bytes = std::size_t{1} << 20;
+  auto lane = std::make_shared<link_lane>();
+  auto link = connect_with_lane(*this, server.port, self, lane, options);
+  auto values = ramp(std::size_t{1} << 19); // 2 MiB
+  envelope request{make_push(77, *values), values, 0};
+  lane->take(request);
+  // Nothing may come before send_staged: a reply now would be a message sent under the lock.
+  bool early = false;
+  self->receive([&](envelope&) { early = true; }, caf::after(200ms) >> [] {});
+  BOOST_TEST(!early);
+  link_lane::send_staged();
+  auto reply = next_envelope(self);
+  BOOST_TEST_REQUIRE(reply.has_value());
+  const auto* error = std::get_if<wire::error_reply>(&reply->msg);
+  BOOST_TEST_REQUIRE(error != nullptr);
+  BOOST_TEST(error->request_id == 77u);
+  BOOST_TEST((error->code == wire::error_code::internal));
+  BOOST_TEST(error->message.find("max_frame_bytes") != std::string::npos);
+  expect_round_trip(self, link, 78, ramp(1000, 0.5f));
 }
 
 BOOST_AUTO_TEST_CASE(a_client_sees_link_down_when_the_server_stops) {

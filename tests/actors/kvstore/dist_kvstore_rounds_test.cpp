@@ -56,14 +56,16 @@ caf::behavior valve(caf::event_based_actor* self, caf::actor worker) {
   };
 }
 
-/// A key's frame as a link saw it: which key, and where its chunk starts in the tensor.
+/// A key's frame as a link saw it: which key, where its chunk starts in the tensor, and whether
+/// it came without a sender (from a caller's thread, worker_lane, not from the worker actor).
 struct seen_frame {
   std::uint64_t key = 0;
   std::uint64_t offset = 0;
+  bool from_caller = false;
 };
 
-/// Frames a gate passed on, in order (written on the gate's thread, read by the test once the
-/// requests whose frames it wants have completed).
+/// Push frames as they reached a gate, in order (written on the gate's thread, read by the test
+/// under the lock).
 struct frame_log {
   std::mutex mutex;
   std::vector<seen_frame> frames;
@@ -78,15 +80,13 @@ caf::behavior request_gate(caf::event_based_actor* self, link_actor link,
   self->link_to(link);
   auto held = std::make_shared<std::vector<envelope>>();
   auto holding = std::make_shared<bool>(false);
-  auto pass = [self, link, log](envelope& request) {
-    if (const auto* push = std::get_if<wire::push>(&request.msg)) {
-      std::lock_guard lock{log->mutex};
-      log->frames.push_back({push->key, push->tensor.offset});
-    }
-    self->send(link, std::move(request));
-  };
+  auto pass = [self, link](envelope& request) { self->send(link, std::move(request)); };
   return {
       [=](envelope& request) {
+        if (const auto* push = std::get_if<wire::push>(&request.msg)) {
+          std::lock_guard lock{log->mutex};
+          log->frames.push_back({push->key, push->tensor.offset, !self->current_sender()});
+        }
         if (*holding)
           held->push_back(std::move(request));
         else
@@ -250,28 +250,40 @@ void check_quorum(const quorum_case& c) {
 
 } // namespace
 
-/// Through the whole worker and a real shard: a large push of low priority is under way, held at
-/// its link with a window's worth of chunks handed over, when a small push of higher priority is
-/// made; released, the link sees the small push before the large one's remaining chunks, or after
-/// them when both have the same priority (the control).
-std::vector<seen_frame> frames_of_a_large_push_then_a_small_one(int large_priority) {
-  constexpr std::size_t chunk = 64 << 10;
-  caf::actor gate;
-  auto log = std::make_shared<frame_log>();
+constexpr std::size_t gated_chunk_bytes = 64 << 10;
+
+/// dist_sync, one worker and one server, whose worker reaches the server through a request_gate
+/// (`gate`, noting push frames in `log`), chunks of gated_chunk_bytes and a window of two; key 9
+/// (8 chunks) and key 0 (4 floats) initialised to zeros.
+std::unique_ptr<in_process_job> gated_job(caf::actor& gate, const std::shared_ptr<frame_log>& log) {
   in_process_options options;
   options.shards = 1;
-  options.chunk_bytes = chunk;
-  options.send_window_bytes = 2 * chunk;
-  options.request_path = [&](caf::actor_system& system, std::uint32_t, std::uint32_t,
-                             const link_actor& link) {
+  options.chunk_bytes = gated_chunk_bytes;
+  options.send_window_bytes = 2 * gated_chunk_bytes;
+  options.request_path = [&gate, log](caf::actor_system& system, std::uint32_t, std::uint32_t,
+                                      const link_actor& link) {
     gate = system.spawn(request_gate, link, log);
     return caf::actor_cast<link_actor>(gate);
   };
   auto job = std::make_unique<in_process_job>("dist_sync", 1, 1, options);
   auto& kv = *job->workers[0];
-  const shape_vector large_shape{8 * chunk / sizeof(float)}; // 8 chunks
-  BOOST_TEST_REQUIRE(kv.init(9, ndarray::zeros(large_shape)).has_value());
+  BOOST_TEST_REQUIRE(
+      kv.init(9, ndarray::zeros({8 * gated_chunk_bytes / sizeof(float)})).has_value());
   BOOST_TEST_REQUIRE(kv.init(0, ndarray::zeros({4})).has_value());
+  return job;
+}
+
+/// Through the whole worker and a real shard: a large push of low priority is under way, held at
+/// its link with a window's worth of chunks handed over, when a small push of higher priority is
+/// made; released, the link sees the small push before the large one's remaining chunks, or after
+/// them when both have the same priority (the control).
+std::vector<seen_frame> frames_of_a_large_push_then_a_small_one(int large_priority) {
+  constexpr std::size_t chunk = gated_chunk_bytes;
+  caf::actor gate;
+  auto log = std::make_shared<frame_log>();
+  auto job = gated_job(gate, log);
+  auto& kv = *job->workers[0];
+  const shape_vector large_shape{8 * chunk / sizeof(float)}; // 8 chunks
 
   caf::anon_send(gate, hold_atom::value);
   const auto large = ndarray::ones(large_shape);
@@ -326,6 +338,64 @@ BOOST_AUTO_TEST_CASE(at_equal_priority_a_small_push_waits_behind_a_large_push_he
   const auto [position, large] = small_push_position(frames);
   BOOST_TEST_REQUIRE(large == 8u);
   BOOST_TEST(position == 8u);
+}
+
+/// A small call runs on the caller's thread only when nothing is queued for its server: made
+/// after the worker actor took a large push whose chunks wait at the link, it is not sent from the
+/// caller's thread and keeps its place behind them; on an idle link the same call is (the
+/// control: the caller's path is real).
+BOOST_AUTO_TEST_CASE(a_small_push_on_the_callers_thread_never_overtakes_queued_chunks) {
+  auto log = std::make_shared<frame_log>();
+  caf::actor gate;
+  auto job = gated_job(gate, log);
+  auto& kv = *job->workers[0];
+  const shape_vector large_shape{8 * gated_chunk_bytes / sizeof(float)}; // 8 chunks
+  const auto small = ndarray::ones({4});
+  std::vector<kv_key> small_key{std::int64_t{0}};
+
+  // The control: on an idle link a small push leaves from the caller's thread.
+  BOOST_TEST_REQUIRE(kv.push_async(small_key, std::span{&small, 1}, 0).wait().has_value());
+  {
+    std::lock_guard lock{log->mutex};
+    BOOST_TEST_REQUIRE(log->frames.size() == 1u);
+    BOOST_TEST(log->frames[0].from_caller);
+    log->frames.clear();
+  }
+
+  caf::anon_send(gate, hold_atom::value);
+  const auto large = ndarray::ones(large_shape);
+  std::vector<kv_key> large_key{std::int64_t{9}};
+  auto slow = kv.push_async(large_key, std::span{&large, 1}, 0);
+  // The worker took the large push (too large for the caller's thread): a window of its chunks
+  // reached the gate, the other six wait in the send queue.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{30};
+  for (;;) {
+    {
+      std::lock_guard lock{log->mutex};
+      if (log->frames.size() >= 2)
+        break;
+    }
+    BOOST_TEST_REQUIRE((std::chrono::steady_clock::now() < deadline),
+                       "the large push's first chunks never reached the link");
+    std::this_thread::sleep_for(std::chrono::milliseconds{1});
+  }
+  auto urgent = kv.push_async(small_key, std::span{&small, 1}, 0);
+  caf::anon_send(gate, release_atom::value);
+  BOOST_TEST_REQUIRE(urgent.wait().has_value());
+  BOOST_TEST_REQUIRE(slow.wait().has_value());
+  {
+    std::lock_guard lock{log->mutex};
+    const auto [position, chunks] = small_push_position(log->frames);
+    BOOST_TEST_REQUIRE(chunks == 8u);
+    BOOST_TEST_REQUIRE(log->frames.size() == 9u);
+    BOOST_TEST(position == 8u);
+    BOOST_TEST(!log->frames[position].from_caller);
+  }
+  // And the values are right: the small key has both rounds' pushes (no optimizer: the round's
+  // sum replaces the value).
+  auto out = ndarray::zeros({4});
+  BOOST_TEST_REQUIRE(kv.pull(0, out).has_value());
+  BOOST_TEST(all_equal(out, 1.0f));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -553,6 +554,100 @@ BOOST_AUTO_TEST_CASE(receipts_of_a_replaced_link_do_not_open_the_new_links_windo
   d->left(2);
   BOOST_TEST(d->sent.size() == 5u);
   BOOST_TEST(!pushed.ready());
+}
+
+/// The operation of one call, as the facade makes it, for sends_at_once.
+kv_operation operation(kv_call kind, kv_key_work key) {
+  kv_operation op;
+  op.call = kind;
+  op.keys.push_back(std::move(key));
+  return op;
+}
+
+constexpr std::size_t small_bytes = std::size_t{64} << 10;
+
+BOOST_AUTO_TEST_CASE(a_small_call_is_sent_at_once_only_while_nothing_is_queued_for_its_server) {
+  auto d = driver_for(windowed());
+  auto large = ndarray::full({8 * 1024}, 1.0); // 32 KiB: 8 chunks of 4 KiB
+  auto small = ndarray::full({4}, 2.0);
+  const auto small_push = operation(kv_call::push, worker_driver::key(0, small));
+  // The control: on an idle server a small push would leave at once.
+  BOOST_TEST(d->core->sends_at_once(small_push, small_bytes));
+  d->call(kv_call::push, {worker_driver::key(9, large)});
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u); // a window's worth; six chunks wait in the queue
+  BOOST_TEST(!d->core->sends_at_once(small_push, small_bytes));
+  // Run anyway, it keeps its place behind the queued chunks (equal priority, call order).
+  d->call(kv_call::push, {worker_driver::key(0, small)});
+  for (std::size_t i = 0; i < d->sent.size() && i < 16; ++i)
+    d->left(i);
+  BOOST_TEST_REQUIRE(d->sent.size() == 9u);
+  const auto* last = std::get_if<wire::push>(&d->sent.back().request.msg);
+  BOOST_TEST_REQUIRE(last != nullptr);
+  BOOST_TEST(last->tensor.data.size() == 16u); // the small push, after the large one's 8 chunks
+  // Everything has left: small calls go at once again; a large one never does.
+  BOOST_TEST(d->core->sends_at_once(small_push, small_bytes));
+  BOOST_TEST(
+      !d->core->sends_at_once(operation(kv_call::push, worker_driver::key(9, large)), 16 << 10));
+}
+
+BOOST_AUTO_TEST_CASE(a_small_call_behind_a_waiting_request_of_its_ps_key_is_not_sent_at_once) {
+  auto d = driver_for(one_server(1));
+  auto value = ndarray::full({4}, 1.0);
+  auto out = ndarray::zeros({4});
+  const auto pull = operation(kv_call::pull, worker_driver::pull_key(3, out));
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST(d->core->sends_at_once(pull, small_bytes)); // the control: the push went
+  // The second push has no credit (one round ahead at most): it waits, and so must the pull.
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST_REQUIRE(d->core->waiting_for_credit(d->sent_of<wire::push>()[0].key) == 1u);
+  BOOST_TEST(!d->core->sends_at_once(pull, small_bytes));
+  BOOST_TEST(
+      !d->core->sends_at_once(operation(kv_call::push, worker_driver::key(3, value)), small_bytes));
+  // Another key of the same server is not held up.
+  BOOST_TEST(
+      d->core->sends_at_once(operation(kv_call::push, worker_driver::key(4, value)), small_bytes));
+  d->ack(d->sent_of<wire::push>()[0].request_id, 1);
+  BOOST_TEST(d->core->sends_at_once(pull, small_bytes));
+}
+
+BOOST_AUTO_TEST_CASE(nothing_is_sent_at_once_by_a_failed_worker_or_to_a_server_held_for_recovery) {
+  auto options = one_server();
+  options.server_rejoin = 1000ms;
+  options.can_relink = true;
+  auto d = driver_for(options);
+  auto value = ndarray::full({4}, 1.0);
+  const auto push = operation(kv_call::push, worker_driver::key(3, value));
+  BOOST_TEST(d->core->sends_at_once(push, small_bytes));
+  d->core->on_link_down(1, "reset", true);
+  BOOST_TEST(!d->core->sends_at_once(push, small_bytes));
+  auto failed = driver_for(one_server());
+  failed->core->fail_everything(error{errc::peer_lost, "gone"});
+  BOOST_TEST(!failed->core->sends_at_once(push, small_bytes));
+}
+
+BOOST_AUTO_TEST_CASE(the_server_a_call_is_sent_at_once_to_is_the_one_its_frame_goes_to) {
+  auto options = one_server();
+  options.num_servers = 2;
+  auto d = driver_for(options);
+  auto value = ndarray::full({4}, 1.0);
+  std::set<std::uint32_t> servers;
+  for (std::int64_t key = 0; key < 8; ++key) {
+    const auto to =
+        d->core->sends_at_once_to(operation(kv_call::push, worker_driver::key(key, value)), 64);
+    BOOST_TEST_REQUIRE(to.has_value());
+    d->call(kv_call::push, {worker_driver::key(key, value)});
+    BOOST_TEST_REQUIRE(d->sent.size() == static_cast<std::size_t>(key + 1));
+    BOOST_TEST(d->sent.back().server == *to);
+    servers.insert(*to);
+  }
+  // The control: both servers were named, so the answer is not a constant.
+  BOOST_TEST(servers.size() == 2u);
+  // A key split over both servers goes at once to neither.
+  options.bigarray_bound = 2;
+  auto split = driver_for(options);
+  BOOST_TEST(
+      !split->core->sends_at_once_to(operation(kv_call::push, worker_driver::key(3, value)), 64)
+           .has_value());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
