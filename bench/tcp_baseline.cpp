@@ -2,7 +2,7 @@
 // troupe's data path is measured against (BENCHMARKS.md).
 //
 //   build/bench/tcp_baseline [--sizes 4096,16777216,134217728] [--repeats 9] [--port 0]
-//   build/bench/tcp_baseline --pingpong [--sizes 4096] [--repeats 2000]
+//   build/bench/tcp_baseline --pingpong [--sizes 4096] [--repeats 2000] [--spin-us 50]
 //   build/bench/tcp_baseline --serve-on ADDRESS [--port P] [--sizes ...]   (one side, two hosts)
 //   build/bench/tcp_baseline --connect ADDRESS --port P [--sizes ...] [--repeats 9]
 //
@@ -20,7 +20,11 @@
 // (bench/run_latency_bench.sh): the client sends `size` bytes in one send, the server, blocked in
 // recv, sends the same bytes back in one send, and the client's recv returns; no header or ack per
 // round trip (one header announces a run of them). Its lines are {"bench":"tcp_pingpong",...}
-// with the median round trip.
+// with the median round trip. With --spin-us N both ends poll the socket (non-blocking recv) for
+// up to N µs before they block, as troupe's caller polls its request before sleeping: on an idle
+// machine a blocked recv is woken from a deep sleep of its core and the plain round trip moves
+// between 14 and 50 µs from minute to minute, while polling readers stay awake (the line carries
+// "spin_us").
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -75,6 +79,24 @@ bool recv_all(int fd, char* data, std::size_t size) {
   return true;
 }
 
+/// recv_all that first polls with non-blocking reads for up to `spin` before it blocks.
+bool recv_all_polling(int fd, char* data, std::size_t size, std::chrono::microseconds spin) {
+  const auto give_up = std::chrono::steady_clock::now() + spin;
+  while (size > 0) {
+    auto got = ::recv(fd, data, std::min(size, io_chunk), MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (std::chrono::steady_clock::now() < give_up)
+        continue;
+      got = ::recv(fd, data, std::min(size, io_chunk), 0);
+    }
+    if (got <= 0)
+      return false;
+    data += got;
+    size -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
 void no_delay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -93,7 +115,7 @@ std::vector<char> prefaulted(std::size_t size) {
 /// each echoes `length` bytes.
 constexpr std::uint64_t pingpong_bit = std::uint64_t{1} << 63;
 
-void serve(int listener, std::size_t largest) {
+void serve(int listener, std::size_t largest, std::chrono::microseconds spin) {
   int fd = ::accept(listener, nullptr, nullptr);
   if (fd < 0)
     die("accept");
@@ -107,7 +129,7 @@ void serve(int listener, std::size_t largest) {
       if (length > largest || !recv_all(fd, reinterpret_cast<char*>(&count), sizeof count))
         break;
       for (std::uint64_t i = 0; i < count; ++i) {
-        if (!recv_all(fd, buffer.data(), length))
+        if (!recv_all_polling(fd, buffer.data(), length, spin))
           break;
         send_all(fd, buffer.data(), length);
       }
@@ -128,7 +150,7 @@ double median(std::vector<double> values) {
 /// The JSON line of one size: `seconds` of each measured round trip, `busy_seconds` the machine's
 /// CPU time over them (negative: unknown).
 void print_result(const char* bench, std::size_t size, const std::vector<double>& seconds,
-                  double busy_seconds) {
+                  double busy_seconds, int spin_us = -1) {
   namespace json_line = troupe::json_line;
   const double mid = median(seconds);
   const auto [fastest, slowest] = std::minmax_element(seconds.begin(), seconds.end());
@@ -142,12 +164,15 @@ void print_result(const char* bench, std::size_t size, const std::vector<double>
   line["median_rtt_us"] = json_line::fixed(mid * 1e6, 1);
   if (busy_seconds >= 0)
     line["machine_cpu_s"] = json_line::fixed(busy_seconds, 3);
+  if (spin_us >= 0)
+    line["spin_us"] = spin_us;
   json_line::print(line);
 }
 
 /// Times `rounds` calls of `trip` (after one that warms up) and prints them as `bench`'s line.
 template <class Trip>
-void time_round_trips(const char* bench, std::size_t size, int rounds, Trip&& trip) {
+void time_round_trips(const char* bench, std::size_t size, int rounds, Trip&& trip,
+                      int spin_us = -1) {
   std::vector<double> seconds;
   double busy_at_start = 0;
   for (int round = -1; round < rounds; ++round) {
@@ -161,7 +186,7 @@ void time_round_trips(const char* bench, std::size_t size, int rounds, Trip&& tr
   }
   const double busy_at_end = troupe::bench::machine_busy_seconds();
   print_result(bench, size, seconds,
-               busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
+               busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start, spin_us);
 }
 
 } // namespace
@@ -176,9 +201,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   app.add_option("--port", port, "port (0: the kernel picks one; required with --connect)");
   bool pingpong = false;
+  int spin_us = 0;
   app.add_flag("--pingpong", pingpong,
                "time plain round trips that echo `size` bytes (tcp_pingpong lines) instead of "
                "pushes acknowledged with 8 bytes");
+  app.add_option("--spin-us", spin_us,
+                 "--pingpong: both ends poll the socket this long before they block in recv")
+      ->check(CLI::Range(0, 1000000));
   std::string serve_on, connect_to;
   auto* serve_flag = app.add_option("--serve-on", serve_on,
                                     "only serve: listen on this IPv4 address, answer one client");
@@ -215,14 +244,14 @@ int main(int argc, char** argv) {
     if (!serve_on.empty()) {
       std::printf("{\"listening\":%u}\n", static_cast<unsigned>(ntohs(address.sin_port)));
       std::fflush(stdout);
-      serve(listener, largest);
+      serve(listener, largest, std::chrono::microseconds{spin_us});
       return 0;
     }
     server = ::fork();
     if (server < 0)
       die("fork");
     if (server == 0) {
-      serve(listener, largest);
+      serve(listener, largest, std::chrono::microseconds{spin_us});
       std::_Exit(0);
     }
     ::close(listener);
@@ -240,11 +269,14 @@ int main(int argc, char** argv) {
     if (pingpong) {
       const std::uint64_t run[2] = {size | pingpong_bit, static_cast<std::uint64_t>(rounds) + 1};
       send_all(fd, reinterpret_cast<const char*>(run), sizeof run);
-      time_round_trips("tcp_pingpong", size, rounds, [&] {
-        send_all(fd, payload.data(), size);
-        if (!recv_all(fd, echo.data(), size))
-          die("echo");
-      });
+      time_round_trips(
+          "tcp_pingpong", size, rounds,
+          [&] {
+            send_all(fd, payload.data(), size);
+            if (!recv_all_polling(fd, echo.data(), size, std::chrono::microseconds{spin_us}))
+              die("echo");
+          },
+          spin_us);
       continue;
     }
     time_round_trips("tcp_baseline", size, rounds, [&] {
