@@ -9,8 +9,10 @@
 #   MXNet        Apache MXNet 1.9.1's dist_sync KVStore (bench/mxnet_kvbench.py) when MXNET_PYTHON
 #                names a python that has it (python3 -m venv mx && mx/bin/pip install mxnet==1.9.1
 #                'numpy<1.24'); skipped with a message otherwise
-#   raw TCP      bench/tcp_baseline: a plain ping-pong echoing the size (below 64 KiB), else twice
-#                the size at the one-way stream's rate (a pushpull moves it both ways)
+#   raw TCP      bench/tcp_baseline: a ping-pong echoing the size (below 64 KiB) whose ends poll
+#                their sockets 50 µs before they block (--spin-us 50: an idle machine's blocking
+#                ping-pong swings between 14 and 50 µs, bench/run_latency_bench.sh), else twice the
+#                size at the one-way stream's rate (a pushpull moves it both ways)
 #   memcpy       bench/cpu_kernel_bench: twice the size at one core's memcpy rate, the floor of a
 #                same-host pushpull (one copy in, one out; from 1 MiB up)
 #   gloo         PyTorch's all_reduce over 2 processes (bench/gloo_allreduce.py, Debian's
@@ -63,7 +65,8 @@ have_torch=yes
 
 for size in $sizes; do
   if [ "$size" -lt 65536 ]; then
-    "$build/bench/tcp_baseline" --pingpong --sizes "$size" --repeats $((repeats * 100)) | tag raw-tcp
+    "$build/bench/tcp_baseline" --pingpong --spin-us 50 --sizes "$size" \
+      --repeats $((repeats * 100)) | tag raw-tcp
   else
     "$build/bench/tcp_baseline" --sizes "$size" --repeats "$repeats" | tag raw-tcp
   fi
