@@ -152,15 +152,22 @@ bool worker_core::sends_at_once(const kv_operation& op, std::size_t max_bytes) c
   return sends_at_once_to(op, max_bytes).has_value();
 }
 
+bool worker_core::small_enough_to_send_at_once(const kv_operation& op, std::size_t max_bytes) {
+  if (op.keys.size() != 1 ||
+      (op.call != kv_call::push && op.call != kv_call::pushpull && op.call != kv_call::pull))
+    return false;
+  const auto& work = op.keys.front();
+  const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
+  return static_cast<std::size_t>(elements) * size_of(work.type) <= max_bytes;
+}
+
 std::optional<std::uint32_t> worker_core::sends_at_once_to(const kv_operation& op,
                                                            std::size_t max_bytes) const {
-  if (failure_ || names_.size() != options_.num_servers || op.keys.size() != 1 ||
-      (op.call != kv_call::push && op.call != kv_call::pushpull && op.call != kv_call::pull))
+  if (failure_ || names_.size() != options_.num_servers ||
+      !small_enough_to_send_at_once(op, max_bytes))
     return std::nullopt;
   const auto& work = op.keys.front();
   const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
-  if (static_cast<std::size_t>(elements) * size_of(work.type) > max_bytes)
-    return std::nullopt;
   const auto max_slice_elements =
       static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
   const auto slices = place_key(static_cast<std::uint64_t>(work.index), elements,

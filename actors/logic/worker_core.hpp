@@ -259,6 +259,11 @@ public:
   /// The same, with the server it would go to.
   std::optional<std::uint32_t> sends_at_once_to(const kv_operation& op,
                                                 std::size_t max_bytes) const;
+  /// What sends_at_once asks of the call alone (one key of at most `max_bytes`, a push, pull or
+  /// pushpull), without the worker's state: a call that fails it never leaves at once, so a
+  /// caller learns so without taking the lock the worker's I/O thread may hold for a while (a
+  /// reply's copy into the caller's array).
+  static bool small_enough_to_send_at_once(const kv_operation& op, std::size_t max_bytes);
 
   /// Requests sent and not yet answered.
   std::size_t under_way() const noexcept { return parts_.size(); }
