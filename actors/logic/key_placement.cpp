@@ -39,10 +39,10 @@ std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
   for (std::int64_t p = 0; p < parts; ++p) {
     const auto server = split ? static_cast<std::uint32_t>(p % num_servers) : home;
     const auto slot = static_cast<std::uint64_t>(p / servers_used);
-    slices.push_back(
-        {server, range_size * server + key + slot * slot_stride,
-         static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p))),
-         static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p + 1)))});
+    slices.push_back({server, range_size * server + key + slot * slot_stride,
+                      static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p))),
+                      static_cast<std::int64_t>(std::round(per_part * static_cast<double>(p + 1))),
+                      slot});
   }
   slices.back().end = num_elements; // guard the last rounding
   return slices;

@@ -40,6 +40,9 @@ struct key_slice {
   std::uint64_t ps_key = 0;
   std::int64_t begin = 0;
   std::int64_t end = 0;
+  /// Its slot on its server (0 for the first slice there). Every server a key uses holds the
+  /// same number of slots, so slot > 0 anywhere means several slices on each.
+  std::uint64_t slot = 0;
   std::int64_t size() const noexcept { return end - begin; }
 };
 

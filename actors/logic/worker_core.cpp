@@ -221,10 +221,9 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
       static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
   auto slices = place_key(static_cast<std::uint64_t>(work.index), elements, options_.num_servers,
                           options_.bigarray_bound, max_slice_elements);
-  // Slice credit: the slices of this key on each server, a group of their own when several.
-  std::unordered_map<std::uint32_t, std::size_t> slices_on;
-  for (const auto& slice : slices)
-    ++slices_on[slice.server];
+  // Slice credit: the slices of this key on one server are a group of their own when there are
+  // several (every server the key uses holds as many: key_slice::slot).
+  const bool several_per_server = slices.back().slot > 0;
   std::shared_ptr<pull_target> target;
   if (kind == kv_call::pull || kind == kv_call::pushpull) {
     target = std::make_shared<pull_target>();
@@ -243,7 +242,7 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
     p->whole = slices.size() == 1;
     p->value = work.value;
     p->priority = priority;
-    p->sliced = slices_on[slice.server] > 1;
+    p->sliced = several_per_server;
     p->group = static_cast<std::uint64_t>(work.index) * options_.num_servers + slice.server;
     if (target) {
       auto bytes = element_bytes(target->buffer, slice.begin, slice.end);

@@ -368,17 +368,13 @@ BOOST_AUTO_TEST_CASE(a_small_push_on_the_callers_thread_never_overtakes_queued_c
   auto slow = kv.push_async(large_key, std::span{&large, 1}, 0);
   // The worker took the large push (too large for the caller's thread): a window of its chunks
   // reached the gate, the other six wait in the send queue.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{30};
-  for (;;) {
-    {
-      std::lock_guard lock{log->mutex};
-      if (log->frames.size() >= 2)
-        break;
-    }
-    BOOST_TEST_REQUIRE((std::chrono::steady_clock::now() < deadline),
-                       "the large push's first chunks never reached the link");
-    std::this_thread::sleep_for(std::chrono::milliseconds{1});
-  }
+  BOOST_TEST_REQUIRE(troupe::testing::poll_until(
+                         [&] {
+                           std::lock_guard lock{log->mutex};
+                           return log->frames.size() >= 2;
+                         },
+                         std::chrono::seconds{30}),
+                     "the large push's first chunks never reached the link");
   auto urgent = kv.push_async(small_key, std::span{&small, 1}, 0);
   caf::anon_send(gate, release_atom::value);
   BOOST_TEST_REQUIRE(urgent.wait().has_value());

@@ -128,14 +128,6 @@ struct agent_driver : core_clock<agent_core::actions, clock_type> {
   }
 
   template <class T>
-  std::vector<T> actions_of() const {
-    std::vector<T> found;
-    for (const auto& action : last)
-      if (const auto* typed = std::get_if<T>(&action))
-        found.push_back(*typed);
-    return found;
-  }
-  template <class T>
   std::size_t count() const {
     return actions_of<T>().size();
   }

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <utility>
+#include <variant>
+#include <vector>
 
 namespace troupe::testing {
 
@@ -14,6 +16,16 @@ struct core_clock {
   typename Clock::time_point now = typename Clock::time_point{} + std::chrono::hours{1};
   /// The actions of the last call.
   Actions last;
+
+  /// The last call's actions of kind T.
+  template <class T>
+  std::vector<T> actions_of() const {
+    std::vector<T> found;
+    for (const auto& action : last)
+      if (const auto* typed = std::get_if<T>(&action))
+        found.push_back(*typed);
+    return found;
+  }
 
   /// Moves the clock by `elapsed`, then calls `call(now)` and keeps its answer in `last`.
   template <class Call>

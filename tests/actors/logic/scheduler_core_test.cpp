@@ -139,16 +139,6 @@ struct scheduler_driver : core_clock<scheduler_core::actions, clock_type> {
     return n;
   }
 
-  /// The last call's actions of kind T.
-  template <class T>
-  std::vector<T> actions_of() const {
-    std::vector<T> found;
-    for (const auto& action : last)
-      if (const auto* typed = std::get_if<T>(&action))
-        found.push_back(*typed);
-    return found;
-  }
-
   /// The job's end, which must be the last call's last action.
   job_outcome ended() const {
     BOOST_TEST_REQUIRE(!last.empty());

@@ -714,11 +714,13 @@ BOOST_AUTO_TEST_CASE(a_closed_connection_takes_its_workers_unfinished_pushes_wit
   BOOST_TEST(names(job.error(blocked), "chunk at byte 0, expected byte 1024"));
   // Its connection closes: the worker's next push of the key starts afresh.
   job.shard->on_connection_closed(shard_driver::connection);
-  job.send_by(shard_driver::connection + 2, wire::push{51, key, 0, 0, whole(twos)}, twos.keepalive());
+  job.send_by(shard_driver::connection + 2, wire::push{51, key, 0, 0, whole(twos)},
+              twos.keepalive());
   BOOST_TEST(job.ack(51) != nullptr);
   BOOST_TEST(job.stored(key) == std::vector<float>(1024, 2.0f));
   // Another worker's pushes by another connection were never touched.
-  job.send_by(shard_driver::connection + 3, wire::push{52, key, 1, 0, whole(ones)}, ones.keepalive());
+  job.send_by(shard_driver::connection + 3, wire::push{52, key, 1, 0, whole(ones)},
+              ones.keepalive());
   BOOST_TEST(job.ack(52) != nullptr);
   BOOST_TEST(job.shard->completed_rounds(key) == 2u);
 }
