@@ -84,6 +84,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/config/local_address.hpp"
+#include "actors/io_spin.hpp"
 #include "actors/logic/data_link_framing.hpp"
 #include "actors/logic/hop_probe.hpp"
 #include "actors/logic/link_tls.hpp"
@@ -1647,6 +1648,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
       },
       [=](caf::io::new_data_msg& msg) {
         auto& st = self->state;
+        keep_multiplexer_polling(self->backend(), st.options.tuning.io_spin);
         auto i = st.connections.find(msg.handle);
         if (i == st.connections.end() || i->second.closing)
           return;
@@ -2035,6 +2037,7 @@ caf::behavior data_link_impl(client_broker* self, connection_handle hdl, caf::ac
   self->delayed_send(self, st.tuning.handshake_timeout, handshake_deadline_atom::value);
   return {
       [=](caf::io::new_data_msg& msg) {
+        keep_multiplexer_polling(self->backend(), self->state.tuning.io_spin);
         auto held = hold_lane(self);
         if (!self->state.down)
           on_socket_read(self, msg.buf);

@@ -169,6 +169,10 @@ struct data_link_tuning {
   /// From a connection's opening to its authenticated handshake (TLS included) at most this
   /// long; then it is closed (a listener frees the slot, a connector reports link_down).
   std::chrono::milliseconds handshake_timeout{10'000};
+  /// After each frame it receives, the broker's multiplexer polls its sockets for this long
+  /// before it sleeps in epoll_wait again (actors/io_spin.hpp): the next frame of a small round
+  /// trip is then found without a wake-up. Zero: CAF's blocking loop.
+  std::chrono::microseconds io_spin{50};
   /// Diagnostics, on the broker's thread: info for connections, the shared-memory set-up and
   /// refused frames; debug for dropped replies and ignored releases. Silent by default.
   logger log;

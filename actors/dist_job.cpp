@@ -85,6 +85,7 @@ data_link_tuning tuning_for(const cluster_config& config, link_tls tls) {
                                ? 0
                                : static_cast<std::size_t>(config.shm_arena_bytes);
   tuning.receive_window_bytes = static_cast<std::size_t>(config.link_window_bytes);
+  tuning.io_spin = std::chrono::microseconds{config.io_spin_us};
   tuning.secret = link_secret(config.auth_token);
   tuning.tls = std::move(tls);
   tuning.log = logger(node_name("node", std::nullopt, advertised_host(config)), config.verbose);

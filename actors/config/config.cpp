@@ -497,6 +497,13 @@ void add_data_fields(std::vector<field>& t) {
                 "one host: tensors of 64 KiB and more skip the socket. 0 turns it off."},
                bytes_setter(&cluster_config::shm_arena_bytes, 0),
                {}});
+  t.push_back({{"data", "io_spin_us", "", "--io-spin-us", "MICROSECONDS", "50",
+                "After each frame it receives, a node's network thread polls its sockets for "
+                "this long before it sleeps, so that the next frame of a small round trip is "
+                "found without a wake-up; it gives its core to any other ready thread between "
+                "polls. 0: it sleeps at once."},
+               integer_setter(&cluster_config::io_spin_us, 0, 10'000, "an integer from 0 to 10000"),
+               {}});
   t.push_back({{"data", "link_window_bytes", "", "--link-window-bytes", "BYTES", "\"64MiB\"",
                 "Receive window of every connection: bytes of frames a peer may have in flight "
                 "before the receiver releases some."},

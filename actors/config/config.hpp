@@ -151,6 +151,9 @@ struct cluster_config {
   /// Shared-memory arena per direction of a data connection whose ends share a host (tensors
   /// then skip the socket); 0 turns the fast path off.
   std::int64_t shm_arena_bytes = 64 * 1024 * 1024;
+  /// Microseconds a node's network thread polls its sockets after each received frame before
+  /// it sleeps (actors/io_spin.hpp); 0: it sleeps at once.
+  std::int64_t io_spin_us = 50;
   /// Receive window of every connection: a peer may have this many bytes of frames in flight
   /// before the receiver releases some (a single larger frame goes alone).
   std::int64_t link_window_bytes = 64 * 1024 * 1024;

@@ -242,6 +242,8 @@ std::vector<broken_config> table() {
      "a negative send window"},
     {p::kvbench_worker, g::config_flag, {"[data]\nslice_credit = -1\n"}, "data.slice_credit",
      "a negative slice credit"},
+    {p::server, g::config_env, {"[data]\nio_spin_us = 20000\n"}, "data.io_spin_us",
+     "a poll longer than 10 ms"},
     {p::kvbench_worker, g::config_flag, {"[tls]\nallow_shared_memory = \"yes\"\n"},
      "tls.allow_shared_memory", "a string where a boolean is expected"},
     {p::server, g::config_env, {"[observe]\ntrace = \"\"\n"}, "observe.trace",
