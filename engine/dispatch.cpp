@@ -345,6 +345,10 @@ bool runs_inline() noexcept {
   return on_lane || inline_requested;
 }
 
+bool runs_now() noexcept {
+  return !has_backend() || on_lane;
+}
+
 void add_addresses(std::vector<const ndarray*>& to, std::span<const ndarray> arrays) {
   for (const auto& array : arrays)
     to.push_back(&array);
@@ -360,7 +364,7 @@ void push(std::string_view operation, context ctx, std::span<const ndarray* cons
           std::span<const ndarray* const> writes, std::function<void()> work) {
   // Without a backend, or inside a lane's task (whose arrays are ready, and whose outcome the
   // task's own bookkeeping records): at once, nothing to wait for.
-  if (!has_backend() || on_lane) {
+  if (runs_now()) {
     work();
     return;
   }

@@ -100,6 +100,12 @@ private:
 /// the task's arrays are ready, without waiting).
 bool runs_inline() noexcept;
 
+/// True when push() would run work at once on this thread with nothing to wait for: no backend is
+/// installed (the naive engine), or the thread runs a lane's task. A caller may then run its work
+/// itself, without wrapping it for a queue (an update of a server shard, which allocates nothing
+/// once warm).
+bool runs_now() noexcept;
+
 /// The arrays a task reads and writes. Every array the work touches must be named (views count
 /// as their storage); arrays the work creates itself need not be.
 struct access {

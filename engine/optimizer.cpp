@@ -1,5 +1,6 @@
 #include "engine/optimizer.hpp"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -301,6 +302,44 @@ void update_on_gpu(const optimizer& opt, const ndarray& grad, ndarray& weight,
     target.copy_to(weight);
 }
 
+/// One update of `weight` from `grad` by `opt`, on the calling thread.
+void apply_update(const optimizer& opt, const ndarray& grad, ndarray& weight,
+                  std::vector<ndarray>& buffers, std::int64_t count) {
+  if (weight.ctx().is_gpu()) {
+    update_on_gpu(opt, grad, weight, buffers, count);
+    return;
+  }
+  // Updates run in float32; other dtypes are widened and rounded back once. (Arrays are referred
+  // to, not copied, when they need no conversion: a copy of an ndarray copies its shape.)
+  const bool widen = weight.dtype() != dtype::float32;
+  ndarray widened;
+  ndarray& weight32 = widen ? (widened = weight.as_type(dtype::float32)) : weight;
+  ndarray converted;
+  const bool convert = grad.dtype() != dtype::float32 || !grad.ctx().is_cpu();
+  if (convert)
+    converted = grad.ctx().is_cpu() ? grad.as_type(dtype::float32)
+                                    : grad.copy_to(context::cpu()).as_type(dtype::float32);
+  const ndarray& grad32 = convert ? converted : grad;
+  // Every optimizer has at most a few state buffers: their addresses stay on the stack.
+  constexpr std::size_t inline_states = 4;
+  std::array<float*, inline_states> few{};
+  std::vector<float*> many;
+  std::span<float* const> state;
+  if (buffers.size() <= inline_states) {
+    for (std::size_t i = 0; i < buffers.size(); ++i)
+      few[i] = buffers[i].data<float>();
+    state = std::span{few.data(), buffers.size()};
+  } else {
+    for (auto& buffer : buffers)
+      many.push_back(buffer.data<float>());
+    state = many;
+  }
+  opt.apply(weight32.data<float>(), grad32.data<float>(), state,
+            static_cast<std::size_t>(weight.size()), count);
+  if (widen)
+    weight32.copy_to(weight);
+}
+
 } // namespace
 
 updater::updater(std::unique_ptr<troupe::optimizer> opt) : optimizer_(std::move(opt)) {
@@ -334,6 +373,12 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
       buffer = buffer.copy_to(weight.ctx());
   ++entry.update_count;
 
+  // Nothing to queue (the naive engine, as on a server, or a lane's own thread): the update runs
+  // here, with nothing built for a queue, so a shard's steady rounds allocate nothing.
+  if (engine::runs_now()) {
+    apply_update(*optimizer_, grad, weight, entry.buffers, entry.update_count);
+    return;
+  }
   std::vector<const ndarray*> writes{&weight};
   engine::add_addresses(writes, entry.buffers);
   const ndarray* reads[] = {&grad};
@@ -345,29 +390,10 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
     opt = std::shared_ptr<const troupe::optimizer>(optimizer_.get(), [](const auto*) {});
     at_once.emplace();
   }
-  engine::push("update of weight " + std::to_string(index), weight.ctx(), reads, writes,
-               [opt = std::move(opt), grad, weight, buffers = entry.buffers,
-                count = entry.update_count]() mutable {
-                 if (weight.ctx().is_gpu()) {
-                   update_on_gpu(*opt, grad, weight, buffers, count);
-                   return;
-                 }
-                 // Updates run in float32; other dtypes are widened and rounded back once.
-                 bool widen = weight.dtype() != dtype::float32;
-                 ndarray weight32 = widen ? weight.as_type(dtype::float32) : weight;
-                 ndarray grad32 = grad;
-                 if (grad32.dtype() != dtype::float32 || !grad32.ctx().is_cpu())
-                   grad32 = grad.ctx().is_cpu()
-                                ? grad.as_type(dtype::float32)
-                                : grad.copy_to(context::cpu()).as_type(dtype::float32);
-                 std::vector<float*> state;
-                 for (auto& buffer : buffers)
-                   state.push_back(buffer.data<float>());
-                 opt->apply(weight32.data<float>(), grad32.data<float>(), state,
-                            static_cast<std::size_t>(weight.size()), count);
-                 if (widen)
-                   weight32.copy_to(weight);
-               });
+  engine::push(
+      "update of weight " + std::to_string(index), weight.ctx(), reads, writes,
+      [opt = std::move(opt), grad, weight, buffers = entry.buffers,
+       count = entry.update_count]() mutable { apply_update(*opt, grad, weight, buffers, count); });
 }
 
 void optimizer::apply_on_gpu(int device, kernels::cuda::weight_and_grad, std::span<float* const>,

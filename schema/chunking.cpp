@@ -63,8 +63,8 @@ reassembler::reassembler(std::span<std::byte> destination, std::size_t max_range
     throw std::invalid_argument("reassembler: max_ranges must be at least 1");
 }
 
-reassembler::reassembler(std::span<std::byte> destination, dtype type,
-                         std::vector<std::int64_t> shape, std::size_t max_ranges)
+reassembler::reassembler(std::span<std::byte> destination, dtype type, tensor_shape shape,
+                         std::size_t max_ranges)
     : reassembler(destination, max_ranges) {
   tensor_chunk whole{type, std::move(shape), destination.size(), 0, destination};
   if (auto error = validate_tensor(whole, local_limits()))

@@ -74,7 +74,7 @@ public:
   explicit reassembler(std::span<std::byte> destination, std::size_t max_ranges = 64);
   /// As above, with the dtype and shape every chunk must have (the key's declaration).
   /// Precondition: destination.size() == product(shape) * size_of(type) (std::invalid_argument).
-  reassembler(std::span<std::byte> destination, dtype type, std::vector<std::int64_t> shape,
+  reassembler(std::span<std::byte> destination, dtype type, tensor_shape shape,
               std::size_t max_ranges = 64);
 
   /// Copies chunk.data to destination[chunk.offset, ...). Returns true when the tensor is complete
@@ -89,12 +89,12 @@ public:
   std::span<std::byte> destination() const noexcept { return destination_; }
   /// The tensor's dtype and shape: given at construction or taken from the first chunk.
   std::optional<dtype> type() const noexcept { return type_; }
-  const std::vector<std::int64_t>& shape() const noexcept { return shape_; }
+  const tensor_shape& shape() const noexcept { return shape_; }
 
 private:
   std::span<std::byte> destination_;
   std::optional<dtype> type_;
-  std::vector<std::int64_t> shape_;
+  tensor_shape shape_;
   std::size_t max_ranges_;
   /// Disjoint received byte ranges, begin -> end, merged when adjacent.
   std::map<std::uint64_t, std::uint64_t> ranges_;

@@ -94,7 +94,7 @@ constexpr std::uint16_t reject_reason_count = 7;
 constexpr std::uint16_t error_code_count = 14;
 constexpr std::uint16_t consistency_count = 2;
 
-std::string shape_string(const std::vector<std::int64_t>& shape) {
+std::string shape_string(const tensor_shape& shape) {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (i)

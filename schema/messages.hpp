@@ -19,6 +19,8 @@
 #include <variant>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 namespace troupe::wire {
 
 /// troupe.capnp's protocolVersion: what this build speaks and puts into registration.
@@ -26,6 +28,13 @@ inline constexpr std::uint32_t protocol_version = 1;
 
 /// Most axes a tensor may have on the wire (decode_limits::max_rank defaults to it).
 inline constexpr std::size_t max_tensor_rank = 32;
+
+/// The extents of a tensor's axes. Up to four are held inline, so a steady data path's messages
+/// (whose tensors have a few axes) allocate nothing for their shapes, neither when a reply is made
+/// nor when a chunk of it is copied; more axes go to the heap. A small_vector from Boost (a header
+/// the project already has through Boost.Test) rather than one of our own. Its iterators are not
+/// C++20 contiguous iterators: make spans from data() and size().
+using tensor_shape = boost::container::small_vector<std::int64_t, 4>;
 
 /// Role of a node in a job (ps-lite's roles).
 enum class role : std::uint8_t { scheduler, server, worker };
@@ -62,7 +71,7 @@ struct shm_ref {
 struct tensor_chunk {
   dtype type = dtype::float32;
   /// Extent of each axis of the whole tensor (empty: a scalar).
-  std::vector<std::int64_t> shape;
+  tensor_shape shape;
   /// Bytes of the whole tensor.
   std::uint64_t total_bytes = 0;
   /// Byte offset of this chunk in the whole tensor.

@@ -59,6 +59,14 @@ public:
   template <class Ready>
   std::vector<waiting_pull> take(Ready&& ready) {
     std::vector<waiting_pull> taken;
+    take_into(std::forward<Ready>(ready), taken);
+    return taken;
+  }
+
+  /// As take, appending to `taken`: a caller that keeps one vector for it allocates nothing once
+  /// the vector has grown to the most pulls a round answers.
+  template <class Ready>
+  void take_into(Ready&& ready, std::vector<waiting_pull>& taken) {
     std::size_t kept = 0;
     for (std::size_t i = 0; i < pulls_.size(); ++i) {
       if (ready(std::as_const(pulls_[i]))) {
@@ -70,7 +78,6 @@ public:
       }
     }
     pulls_.erase(pulls_.begin() + static_cast<std::ptrdiff_t>(kept), pulls_.end());
-    return taken;
   }
 
   /// Drops the pulls whose expiry has passed at `now`; returns how many.

@@ -19,7 +19,7 @@ envelope error_envelope(std::uint64_t request_id, std::optional<std::uint64_t> k
   return envelope{wire::error_reply{request_id, key, code, std::move(message)}, nullptr, 0};
 }
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
+std::string shape_text(const wire::tensor_shape& shape) {
   return shape_to_string(shape_vector(shape.begin(), shape.end()));
 }
 
@@ -650,19 +650,24 @@ bool shard_core::within_staleness(std::uint64_t round, std::uint64_t slowest) co
 void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
   if (entry.pulls.empty())
     return;
-  std::vector<waiting_pull> ready;
+  // The shard's one vector for this, taken for the call (so a call nested in a reply would get
+  // an empty one of its own rather than share it) and given back with its capacity.
+  std::vector<waiting_pull> ready = std::move(ready_pulls_);
+  ready.clear();
   if (entry.async && policy_.max_staleness >= 0) {
     // The slowest worker is the same for every waiting pull: found once, not once per pull.
     const auto slowest = entry.async->slowest(live_);
-    ready = entry.pulls.take(
-        [&](const waiting_pull& pull) { return within_staleness(pull.round, slowest); });
+    entry.pulls.take_into(
+        [&](const waiting_pull& pull) { return within_staleness(pull.round, slowest); }, ready);
   } else {
-    ready =
-        entry.pulls.take([&](const waiting_pull& pull) { return pull_ready(entry, pull.round); });
+    entry.pulls.take_into([&](const waiting_pull& pull) { return pull_ready(entry, pull.round); },
+                          ready);
   }
   for (auto& pull : ready)
     send_value(key, entry, pull.request_id, pull.sender, pull.reply, pull.round,
                pull.traced_since_us);
+  ready.clear();
+  ready_pulls_ = std::move(ready);
 }
 
 void shard_core::trace_push_begins(key_entry& entry, std::uint32_t sender) {

@@ -376,6 +376,8 @@ private:
   };
   std::vector<waiting_save> waiting_saves_;
   static constexpr std::size_t max_waiting_saves = 16;
+  /// answer_pulls' list of the pulls it answers, kept for its capacity.
+  std::vector<waiting_pull> ready_pulls_;
 };
 
 } // namespace troupe

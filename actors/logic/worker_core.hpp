@@ -329,7 +329,7 @@ private:
     /// pull, pushpull: where `assembly` writes, so that a resent request starts it afresh.
     std::span<std::byte> out_bytes;
     wire::dtype out_type = wire::dtype::float32;
-    std::vector<std::int64_t> out_shape;
+    wire::tensor_shape out_shape;
     /// push, pushpull, pull: the round it was sent with.
     std::uint64_t round = 0;
     /// Sent again after its server restarted: with `round`, as Push.resent.

@@ -12,7 +12,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "schema/codec.hpp"
-#include "tests/schema/allocation_probe.hpp"
+#include "tests/allocation_probe.hpp"
 #include "tests/schema/sample_messages.hpp"
 
 using namespace troupe::wire;
@@ -343,7 +343,7 @@ BOOST_AUTO_TEST_CASE(a_tensor_whose_shape_disagrees_with_its_payload_is_rejected
        code::invalid_tensor},
       {"empty chunk of a non-empty tensor", {dtype::float32, {4}, 16, 0, {}}, code::invalid_tensor},
       {"33 axes",
-       {dtype::float32, std::vector<std::int64_t>(33, 1), 4, 0, bytes.first(4)},
+       {dtype::float32, tensor_shape(33, 1), 4, 0, bytes.first(4)},
        code::limit_exceeded},
       {"64 TiB tensor",
        {dtype::int64, {std::int64_t{1} << 43}, std::uint64_t{1} << 46, 0, bytes},

@@ -120,9 +120,10 @@ struct worker_driver : worker_core::output {
                    std::uint32_t server, std::vector<std::int64_t> shape = {}) {
     wire::tensor_chunk tensor;
     tensor.type = to_wire(value.dtype());
-    tensor.shape = shape.empty()
-                       ? std::vector<std::int64_t>(value.shape().begin(), value.shape().end())
-                       : shape;
+    if (shape.empty())
+      tensor.shape.assign(value.shape().begin(), value.shape().end());
+    else
+      tensor.shape.assign(shape.begin(), shape.end());
     tensor.total_bytes = value.nbytes();
     tensor.data = {static_cast<const std::byte*>(value.raw_data()), value.nbytes()};
     wire::chunker chunks{wire::pull_reply{pull.request_id, pull.key, pull.round + 1, tensor},

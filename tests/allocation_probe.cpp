@@ -1,7 +1,8 @@
 // Replaces operator new / delete for the whole test executable: they forward to malloc / free
-// (which AddressSanitizer still intercepts) and, while a probe is armed, keep the largest size.
+// (which AddressSanitizer still intercepts) and, while a probe is armed, keep the largest size
+// and the count.
 
-#include "tests/schema/allocation_probe.hpp"
+#include "tests/allocation_probe.hpp"
 
 #include <atomic>
 #include <cstdlib>
@@ -11,10 +12,12 @@ namespace {
 
 std::atomic<bool> armed{false};
 std::atomic<std::size_t> largest_seen{0};
+std::atomic<std::size_t> allocations{0};
 
 void record(std::size_t size) noexcept {
   if (!armed.load(std::memory_order_relaxed))
     return;
+  allocations.fetch_add(1, std::memory_order_relaxed);
   std::size_t seen = largest_seen.load(std::memory_order_relaxed);
   while (size > seen && !largest_seen.compare_exchange_weak(seen, size, std::memory_order_relaxed))
     ;
@@ -40,6 +43,7 @@ namespace troupe::test {
 
 allocation_probe::allocation_probe() noexcept {
   largest_seen.store(0);
+  allocations.store(0);
   armed.store(true);
 }
 
@@ -49,6 +53,10 @@ allocation_probe::~allocation_probe() {
 
 std::size_t allocation_probe::largest() const noexcept {
   return largest_seen.load();
+}
+
+std::size_t allocation_probe::count() const noexcept {
+  return allocations.load();
 }
 
 } // namespace troupe::test
