@@ -204,6 +204,17 @@ struct link_connection {
   std::unique_ptr<tls_session> tls;
   std::vector<char> plain;
   std::size_t read_bytes = 0;
+  /// Without TLS, small frames are read coalesced (feed_plain): the socket is read for whatever
+  /// has arrived, up to coalesced_read_bytes, and the frame receiver's reads are filled from it
+  /// into `plain`, of which plain_filled bytes have arrived. A large body is read exactly, straight
+  /// into the receiver's buffer (coalescing false). `unread`: what a coalesced read brought beyond
+  /// the point where the receiver stopped to wait for the budget (at most one read's bytes).
+  bool coalescing = false;
+  std::size_t plain_filled = 0;
+  std::vector<char> unread;
+  /// The last body announced was large: the next prefix is read exactly, so that a stream of
+  /// large frames is never read coalesced (which would copy their bodies).
+  bool last_body_large = false;
 
   /// A server's requests from this peer that wait, in order, while more than
   /// max_send_queue_bytes of replies wait for it (route_parked); each holds its frame, so the
@@ -531,6 +542,72 @@ void widen_reads(caf::io::abstract_broker* self, link_connection& c) {
     c.read_bytes = tls_read_bytes;
     self->configure_read(c.hdl, receive_policy::at_most(c.read_bytes));
   }
+}
+
+/// Without TLS, a read of the socket for small frames takes whatever has arrived, up to this:
+/// many frames per system call when they queue up (a worker's many small keys, a server's
+/// replies), instead of a prefix read and a body read per frame.
+constexpr std::size_t coalesced_read_bytes = std::size_t{64} << 10;
+/// A body (or the rest of one) of at least this many bytes is read by the socket whole, into the
+/// frame receiver's pooled buffer, without a copy.
+constexpr std::size_t exact_read_bytes = std::size_t{64} << 10;
+
+/// Feeds `bytes`, a coalesced read, to the frame receiver in exactly the reads it asks for
+/// (c.plain, filled across socket reads). `consume` hands a full read on and returns the size of
+/// the next, 0 to stop: the connection waits for the budget, is closing, or is gone, and `c`
+/// must not be touched then. Returns how many of `bytes` were fed and whether it stopped.
+template <class Consume>
+std::pair<std::size_t, bool> feed_plain(link_connection& c, std::span<const char> bytes,
+                                        Consume&& consume) {
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    const std::size_t take = std::min(bytes.size() - at, c.plain.size() - c.plain_filled);
+    std::memcpy(c.plain.data() + c.plain_filled, bytes.data() + at, take);
+    c.plain_filled += take;
+    at += take;
+    if (c.plain_filled < c.plain.size())
+      break;
+    c.plain_filled = 0;
+    const std::size_t next = consume(c.plain);
+    if (next == 0)
+      return {at, true};
+    c.plain.resize(next);
+  }
+  return {at, false};
+}
+
+/// Without TLS, once the frame receiver asked for `next` bytes (c.plain_filled of them in hand
+/// when coalescing): configures the socket's next read. A large body with nothing of it in hand
+/// is read exactly into the receiver's buffer, which goes to the scribe (`scribe_buffer`, the
+/// handler's new_data_msg::buf; null outside a read handler, where the scribe's buffer cannot be
+/// swapped: the body is then read exactly into the scribe's and copied). Everything else is read
+/// coalesced.
+void read_plain_next(caf::io::abstract_broker* self, link_connection& c,
+                     std::vector<char>* scribe_buffer, std::size_t next) {
+  const bool body = c.receiver.body_bytes() != 0;
+  if (body)
+    c.last_body_large = c.receiver.body_bytes() >= exact_read_bytes;
+  const std::size_t in_hand = c.coalescing ? c.plain_filled : 0;
+  const std::size_t missing = next - in_hand;
+  const bool exact = body ? missing >= exact_read_bytes : c.last_body_large;
+  if (exact && in_hand == 0 && (!c.coalescing || scribe_buffer != nullptr)) {
+    if (c.coalescing) {
+      std::swap(*scribe_buffer, c.plain);
+      c.coalescing = false;
+    }
+    self->configure_read(c.hdl, receive_policy::exactly(next));
+    return;
+  }
+  if (!c.coalescing) {
+    // The receiver's buffer for this read (the scribe's until now) becomes `plain`.
+    if (scribe_buffer != nullptr)
+      std::swap(*scribe_buffer, c.plain);
+    c.plain.resize(next);
+    c.plain_filled = 0;
+    c.coalescing = true;
+  }
+  self->configure_read(c.hdl, exact ? receive_policy::exactly(missing)
+                                    : receive_policy::at_most(coalesced_read_bytes));
 }
 
 // ================================================================================================
@@ -1308,10 +1385,26 @@ void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& 
   c.delivered += buffer.size();
   const connection_handle hdl = c.hdl;
   if (!c.tls) {
-    if (const std::size_t next = on_read(self, c, buffer))
-      self->configure_read(hdl, receive_policy::exactly(next));
-    else
-      stop_if_waiting(self, hdl);
+    if (!c.coalescing) {
+      if (const std::size_t next = on_read(self, c, buffer))
+        read_plain_next(self, c, &buffer, next);
+      else
+        stop_if_waiting(self, hdl);
+      return;
+    }
+    const std::span<const char> bytes{buffer.data(), buffer.size()};
+    auto [fed, stopped] =
+        feed_plain(c, bytes, [&](std::vector<char>& plain) { return on_read(self, c, plain); });
+    if (!stopped) {
+      read_plain_next(self, c, &buffer, c.plain.size());
+      return;
+    }
+    // The connection may be gone: looked up again. One waiting for the budget keeps the rest of
+    // this read for its resume.
+    auto i = self->state.connections.find(hdl);
+    if (i != self->state.connections.end() && i->second.receiver.waits_for_budget())
+      i->second.unread.assign(bytes.begin() + static_cast<std::ptrdiff_t>(fed), bytes.end());
+    stop_if_waiting(self, hdl);
     return;
   }
   const auto& options = self->state.options;
@@ -1393,9 +1486,30 @@ void resume_waiting(server_broker* self) {
     if (c.closing || !c.receiver.waits_for_budget())
       continue;
     const bool for_commitment = c.receiver.waits_for_commitment();
-    auto out = c.receiver.resume(c.tls ? &c.plain : nullptr);
+    auto out = c.receiver.resume(c.tls || c.coalescing ? &c.plain : nullptr);
     if (out.waits_for_budget && c.receiver.waits_for_commitment() == for_commitment) {
       kept.push_back(id);
+      continue;
+    }
+    if (!c.tls && c.coalescing) {
+      // The rest of the read it stopped in comes first, then the socket again.
+      const std::size_t next = on_outcome(self, c, std::move(out));
+      if (next == 0)
+        continue;
+      c.plain.resize(next);
+      c.plain_filled = 0;
+      std::vector<char> rest = std::move(c.unread);
+      c.unread.clear();
+      auto [fed, stopped] =
+          feed_plain(c, rest, [&](std::vector<char>& plain) { return on_read(self, c, plain); });
+      if (stopped) {
+        auto again = st.connections.find(hdl);
+        if (again != st.connections.end() && again->second.receiver.waits_for_budget())
+          again->second.unread.assign(rest.begin() + static_cast<std::ptrdiff_t>(fed), rest.end());
+        continue;
+      }
+      read_plain_next(self, c, nullptr, c.plain.size());
+      read_again(self, id);
       continue;
     }
     if (!c.tls) {
@@ -1513,6 +1627,7 @@ void check_frames(server_broker* self) {
     if (!progress)
       continue;
     const bool mid_frame = c.receiver.body_bytes() != 0 || (c.tls && c.tls->mid_record()) ||
+                           c.plain_filled != 0 || !c.unread.empty() ||
                            progress->bytes_received > c.delivered;
     if (!mid_frame) {
       c.clock.running = false;
@@ -1960,8 +2075,17 @@ void on_socket_read(client_broker* self, std::vector<char>& buffer) {
   auto& st = self->state;
   auto& c = *st.connection;
   if (!c.tls) {
-    if (const std::size_t next = on_read(self, buffer))
-      self->configure_read(c.hdl, receive_policy::exactly(next));
+    if (!c.coalescing) {
+      if (const std::size_t next = on_read(self, buffer))
+        read_plain_next(self, c, &buffer, next);
+      return;
+    }
+    // A worker's link has no receive budget: 0 means the link is down or closing.
+    auto [fed, stopped] =
+        feed_plain(c, std::span<const char>{buffer.data(), buffer.size()},
+                   [&](std::vector<char>& plain) { return on_read(self, plain); });
+    if (!stopped)
+      read_plain_next(self, c, &buffer, c.plain.size());
     return;
   }
   auto read = read_sealed(
@@ -2326,7 +2450,7 @@ wire::message no_handler_reply(const wire::message& request) {
 
 void tune_for_data_path(caf::actor_system_config& cfg) {
   cfg.set("work-stealing.moderate-poll-attempts", 0);
-  cfg.set("middleman.max-consecutive-reads", 2);
+  cfg.set("middleman.max-consecutive-reads", 1);
 }
 
 } // namespace troupe

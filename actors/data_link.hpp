@@ -550,10 +550,10 @@ wire::message no_handler_reply(const wire::message& request);
 /// notice a request the broker hands them; without that phase they spin briefly and then wait
 /// on a condition variable that every enqueue signals. Measured (docs/data-path.md): a 4 KiB
 /// push round trip went from ~130 µs to ~33 µs. Has no effect under scheduler.policy=sharing.
-/// And middleman.max-consecutive-reads = 2: a socket's readiness is served by at most two reads,
-/// a frame's prefix and its body, instead of reading on (up to 50 times) until the socket says
-/// EAGAIN, a third system call per frame; more bytes waiting wake the level-triggered epoll again
-/// at once.
+/// And middleman.max-consecutive-reads = 1: a socket's readiness is served by one read. Small
+/// frames are read coalesced (whatever has arrived, many frames per read) and a large body by
+/// reads of what remains of it, so a second read per readiness would mostly return EAGAIN; more
+/// bytes waiting wake the level-triggered epoll again at once.
 void tune_for_data_path(caf::actor_system_config& cfg);
 
 } // namespace troupe
