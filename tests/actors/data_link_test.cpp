@@ -719,6 +719,64 @@ BOOST_AUTO_TEST_CASE(many_frames_of_mixed_sizes_arrive_in_the_order_they_were_se
   expect_mixed_echoes_in_order(self, *values, sizes, count);
 }
 
+BOOST_AUTO_TEST_CASE(frames_sent_together_or_cut_anywhere_are_each_read_once_in_order) {
+  // Small frames are read coalesced (whatever has arrived, cut into frames), large bodies
+  // exactly: twenty frames in one write, a frame cut inside its prefix and inside its body, a
+  // large frame whose start shares a write with a small one, and one sent byte by byte.
+  auto server = start_server();
+  raw_peer peer(server.port);
+  BOOST_TEST_REQUIRE(peer.connected);
+  BOOST_TEST_REQUIRE(peer.handshake().has_value());
+  auto values = ramp(std::size_t{1} << 16); // 256 KiB of floats
+  auto frame_of = [&](std::uint64_t id, std::size_t floats) {
+    return wire::encode(make_push(id, std::span(*values).first(floats))).flatten();
+  };
+  auto expect_echo = [&](std::uint64_t id, std::size_t floats) {
+    auto echoed = peer.receive_reply();
+    BOOST_TEST_REQUIRE(echoed.has_value(), "no echo of frame " << id);
+    const auto* push = std::get_if<wire::push>(&*echoed);
+    BOOST_TEST_REQUIRE(push != nullptr);
+    BOOST_TEST((*push == make_push(id, std::span(*values).first(floats))));
+  };
+  auto append = [](std::vector<std::byte>& to, std::span<const std::byte> bytes) {
+    to.insert(to.end(), bytes.begin(), bytes.end());
+  };
+
+  std::vector<std::byte> together;
+  for (std::uint64_t id = 1; id <= 20; ++id)
+    append(together, frame_of(id, 10 * id));
+  const auto cut = frame_of(21, 300);
+  append(together, std::span(cut).first(5)); // inside its prefix
+  BOOST_TEST_REQUIRE(peer.send(together));
+  for (std::uint64_t id = 1; id <= 20; ++id)
+    expect_echo(id, 10 * id);
+  BOOST_TEST_REQUIRE(peer.send(std::span(cut).subspan(5, 100))); // inside its body
+  BOOST_TEST_REQUIRE(peer.send(std::span(cut).subspan(105)));
+  expect_echo(21, 300);
+
+  // A large body whose first bytes come with a small frame, then more small frames after it.
+  std::vector<std::byte> mixed;
+  append(mixed, frame_of(22, 7));
+  const auto large = frame_of(23, std::size_t{1} << 16);
+  append(mixed, std::span(large).first(1000));
+  BOOST_TEST_REQUIRE(peer.send(mixed));
+  std::vector<std::byte> rest;
+  append(rest, std::span(large).subspan(1000));
+  append(rest, frame_of(24, 3));
+  append(rest, frame_of(25, 5000));
+  BOOST_TEST_REQUIRE(peer.send(rest));
+  expect_echo(22, 7);
+  expect_echo(23, std::size_t{1} << 16);
+  expect_echo(24, 3);
+  expect_echo(25, 5000);
+
+  // Byte by byte.
+  const auto slow = frame_of(26, 40);
+  for (std::size_t at = 0; at < slow.size(); ++at)
+    BOOST_TEST_REQUIRE(peer.send(std::span(slow).subspan(at, 1)));
+  expect_echo(26, 40);
+}
+
 BOOST_AUTO_TEST_CASE(a_malformed_frame_gets_an_error_reply_and_the_server_keeps_serving) {
   auto server = start_server();
   caf::scoped_actor self{*sys};
