@@ -109,6 +109,8 @@ using released_atom = caf::atom_constant<caf::atom("released")>;
 /// To a server broker, from whichever thread released bytes of its receive budget after a frame
 /// had to wait for it: let waiting connections read on.
 using budget_atom = caf::atom_constant<caf::atom("budget")>;
+/// A server broker's own message: write the replies it held back (defer_writes).
+using flush_writes_atom = caf::atom_constant<caf::atom("flushwr")>;
 /// To a server broker, posted from itself through the multiplexer: connection (uint64 id) got the
 /// budget it waited for, start reading its socket again (read_again).
 using read_again_atom = caf::atom_constant<caf::atom("readagain")>;
@@ -210,6 +212,8 @@ struct link_connection {
   /// into the receiver's buffer (coalescing false). `unread`: what a coalesced read brought beyond
   /// the point where the receiver stopped to wait for the budget (at most one read's bytes).
   bool coalescing = false;
+  /// A server's connection is in server_state::deferred_writes.
+  bool writes_deferred = false;
   std::size_t plain_filled = 0;
   std::vector<char> unread;
   /// The last body announced was large: the next prefix is read exactly, so that a stream of
@@ -1080,6 +1084,10 @@ struct server_state {
   /// whose next frame waits for it, first come first served.
   std::shared_ptr<receive_budget> budget;
   std::deque<std::uint64_t> waiting_for_budget;
+  /// Connections whose replies wait to be written with the next ones (defer_writes), and
+  /// whether the broker's flush_writes_atom to itself is on its way.
+  std::vector<std::uint64_t> deferred_writes;
+  bool flush_posted = false;
   std::uint64_t next_id = 1;
   /// "host:port" bound, the answer to (get_atom).
   std::string endpoint;
@@ -1197,6 +1205,37 @@ bool serve_writes(server_broker* self, link_connection& c) {
     return false;
   }
   return true;
+}
+
+/// A reply was queued while more messages wait for the broker (the replies to a read of many
+/// small requests): it is written with the replies after it, in one send, by the last of them or
+/// by the flush_writes_atom the broker sends itself, which comes after every message waiting now.
+void defer_writes(server_broker* self, link_connection& c) {
+  auto& st = self->state;
+  if (!c.writes_deferred) {
+    c.writes_deferred = true;
+    st.deferred_writes.push_back(c.id);
+  }
+  if (!st.flush_posted) {
+    st.flush_posted = true;
+    self->send(self, flush_writes_atom::value);
+  }
+}
+
+/// Writes what defer_writes held back.
+void flush_deferred(server_broker* self) {
+  auto& st = self->state;
+  auto ids = std::move(st.deferred_writes);
+  st.deferred_writes.clear();
+  for (const std::uint64_t id : ids) {
+    auto h = st.handles.find(id);
+    if (h == st.handles.end())
+      continue;
+    auto& c = st.connections.at(h->second);
+    c.writes_deferred = false;
+    if (!c.closing)
+      serve_writes(self, c);
+  }
 }
 
 /// Bytes of frames that wait for the peer: queued, and handed to CAF but not taken by the socket.
@@ -1805,7 +1844,17 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
                       st.options.tuning);
         }
         TROUPE_HOP(server_queued);
+        if (!self->mailbox().empty()) {
+          defer_writes(self, *c);
+          return;
+        }
         serve_writes(self, *c);
+        if (!st.deferred_writes.empty())
+          flush_deferred(self);
+      },
+      [=](flush_writes_atom) {
+        self->state.flush_posted = false;
+        flush_deferred(self);
       },
       [=](released_atom, std::uint64_t id) {
         auto& st = self->state;
@@ -1850,6 +1899,8 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         return stats;
       },
       [=](stop_atom) {
+        // Replies held back for a burst were sent before the stop: they go first.
+        flush_deferred(self);
         auto& st = self->state;
         std::vector<connection_handle> open;
         for (const auto& entry : st.connections)
