@@ -1413,6 +1413,23 @@ void stop_if_waiting(server_broker* self, connection_handle hdl);
 void finish_sealed_read(server_broker* self, connection_handle hdl, const sealed_read& read,
                         bool in_read_handler);
 
+/// Feeds `bytes`, a coalesced read or the rest of one kept for a resume, to connection `c`'s frame
+/// receiver (feed_plain). True when all of it went; false when the receiver stopped: the
+/// connection is closing or gone, or it waits for the budget and keeps in `unread` what was not
+/// fed, for its resume (`bytes` must not view `unread`).
+bool feed_coalesced(server_broker* self, link_connection& c, std::span<const char> bytes) {
+  const connection_handle hdl = c.hdl;
+  auto [fed, stopped] =
+      feed_plain(c, bytes, [&](std::vector<char>& plain) { return on_read(self, c, plain); });
+  if (!stopped)
+    return true;
+  // The connection may be gone: looked up again.
+  auto i = self->state.connections.find(hdl);
+  if (i != self->state.connections.end() && i->second.receiver.waits_for_budget())
+    i->second.unread.assign(bytes.begin() + static_cast<std::ptrdiff_t>(fed), bytes.end());
+  return false;
+}
+
 /// Bytes arrived on connection `c`: without TLS exactly the read the frame receiver asked for;
 /// under TLS ciphertext, handled by read_sealed. A failed TLS session closes the connection after
 /// its alert.
@@ -1431,19 +1448,10 @@ void on_socket_read(server_broker* self, link_connection& c, std::vector<char>& 
         stop_if_waiting(self, hdl);
       return;
     }
-    const std::span<const char> bytes{buffer.data(), buffer.size()};
-    auto [fed, stopped] =
-        feed_plain(c, bytes, [&](std::vector<char>& plain) { return on_read(self, c, plain); });
-    if (!stopped) {
+    if (feed_coalesced(self, c, {buffer.data(), buffer.size()}))
       read_plain_next(self, c, &buffer, c.plain.size());
-      return;
-    }
-    // The connection may be gone: looked up again. One waiting for the budget keeps the rest of
-    // this read for its resume.
-    auto i = self->state.connections.find(hdl);
-    if (i != self->state.connections.end() && i->second.receiver.waits_for_budget())
-      i->second.unread.assign(bytes.begin() + static_cast<std::ptrdiff_t>(fed), bytes.end());
-    stop_if_waiting(self, hdl);
+    else
+      stop_if_waiting(self, hdl);
     return;
   }
   const auto& options = self->state.options;
@@ -1539,14 +1547,8 @@ void resume_waiting(server_broker* self) {
       c.plain_filled = 0;
       std::vector<char> rest = std::move(c.unread);
       c.unread.clear();
-      auto [fed, stopped] =
-          feed_plain(c, rest, [&](std::vector<char>& plain) { return on_read(self, c, plain); });
-      if (stopped) {
-        auto again = st.connections.find(hdl);
-        if (again != st.connections.end() && again->second.receiver.waits_for_budget())
-          again->second.unread.assign(rest.begin() + static_cast<std::ptrdiff_t>(fed), rest.end());
+      if (!feed_coalesced(self, c, rest))
         continue;
-      }
       read_plain_next(self, c, nullptr, c.plain.size());
       read_again(self, id);
       continue;

@@ -142,6 +142,15 @@ worker_core_options one_server(std::uint32_t max_rounds_ahead = 2) {
   return options;
 }
 
+/// `options` for a worker whose servers may restart from their checkpoints: a lost server's
+/// requests wait up to `rejoin` for it, and the worker links to it again.
+worker_core_options with_restarts(worker_core_options options,
+                                  std::chrono::milliseconds rejoin = 5000ms) {
+  options.server_rejoin = rejoin;
+  options.can_relink = true;
+  return options;
+}
+
 std::unique_ptr<worker_driver> driver_for(worker_core_options options) {
   return std::make_unique<worker_driver>(std::move(options));
 }
@@ -314,10 +323,7 @@ BOOST_AUTO_TEST_CASE(an_overdue_request_times_out_and_fails_the_requests_of_its_
 }
 
 BOOST_AUTO_TEST_CASE(after_a_restart_kept_pushes_go_again_in_round_order_marked_resent) {
-  auto options = one_server(4);
-  options.server_rejoin = 5000ms;
-  options.can_relink = true;
-  auto d = driver_for(options);
+  auto d = driver_for(with_restarts(one_server(4)));
   auto value = ndarray::full({2}, 1.0);
   auto acked = d->call(kv_call::push, {worker_driver::key(0, value)});
   auto unanswered = d->call(kv_call::push, {worker_driver::key(0, value)});
@@ -534,10 +540,7 @@ BOOST_AUTO_TEST_CASE(a_keyless_request_leaves_after_everything_queued_before_it)
 }
 
 BOOST_AUTO_TEST_CASE(receipts_of_a_replaced_link_do_not_open_the_new_links_window) {
-  auto options = windowed();
-  options.server_rejoin = 5000ms;
-  options.can_relink = true;
-  auto d = driver_for(options);
+  auto d = driver_for(with_restarts(windowed()));
   auto large = ndarray::full({8 * 1024}, 1.0);
   auto pushed = d->call(kv_call::push, {worker_driver::key(9, large)});
   BOOST_TEST_REQUIRE(d->sent.size() == 2u);
@@ -612,10 +615,7 @@ BOOST_AUTO_TEST_CASE(a_small_call_behind_a_waiting_request_of_its_ps_key_is_not_
 }
 
 BOOST_AUTO_TEST_CASE(nothing_is_sent_at_once_by_a_failed_worker_or_to_a_server_held_for_recovery) {
-  auto options = one_server();
-  options.server_rejoin = 1000ms;
-  options.can_relink = true;
-  auto d = driver_for(options);
+  auto d = driver_for(with_restarts(one_server(), 1000ms));
   auto value = ndarray::full({4}, 1.0);
   const auto push = operation(kv_call::push, worker_driver::key(3, value));
   BOOST_TEST(d->core->sends_at_once(push, small_bytes));
@@ -664,6 +664,19 @@ worker_core_options sliced(std::uint32_t credit) {
   return options;
 }
 
+/// A worker of sliced(credit) and the tensors these tests call with: 32 floats of 1 pushed, 32
+/// zeros pulled into.
+struct sliced_job {
+  explicit sliced_job(std::uint32_t credit) : d(driver_for(sliced(credit))) {}
+  /// A pushpull of `key` (8 slices) from `value` into `out`.
+  completion<status> pushpull(std::int64_t key = 3) {
+    return d->call(kv_call::pushpull, {worker_driver::key(key, value, {out})});
+  }
+  std::unique_ptr<worker_driver> d;
+  ndarray value = ndarray::full({32}, 1.0);
+  ndarray out = ndarray::zeros({32});
+};
+
 /// The slot (slice index) of ps-key `ps_key` of key `key` on the only server.
 std::uint64_t slot_of(std::uint64_t ps_key, std::uint64_t key) {
   return (ps_key - key) / slot_stride;
@@ -684,15 +697,25 @@ void answer_pushpull(worker_driver& d, const wire::pushpull& pp, float value) {
                 ndarray::full({4}, value), 1024, 0);
 }
 
+/// A worker of `options` pushes key 3 (8 slices) once: every slice leaves at once, taking no
+/// slice credit.
+void expect_every_slice_pushed_without_credit(worker_core_options options) {
+  auto d = driver_for(std::move(options));
+  auto value = ndarray::full({32}, 1.0);
+  d->call(kv_call::push, {worker_driver::key(3, value)});
+  BOOST_TEST(d->sent_of<wire::push>().size() == 8u);
+  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_SUITE(worker_slice_credit)
 
 BOOST_AUTO_TEST_CASE(a_keys_next_slice_is_pushed_only_once_an_earlier_slices_round_has_closed) {
-  auto d = driver_for(sliced(3));
-  auto value = ndarray::full({32}, 1.0);
-  auto out = ndarray::zeros({32});
-  auto done = d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  sliced_job job{3};
+  auto& d = job.d;
+  auto& out = job.out;
+  auto done = job.pushpull();
   // Three of the eight slices leave; the others wait for the rounds of the first to close.
   BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1, 2}));
   BOOST_TEST(d->core->slice_credits_taken(3, 0) == 3u);
@@ -715,10 +738,9 @@ BOOST_AUTO_TEST_CASE(a_keys_next_slice_is_pushed_only_once_an_earlier_slices_rou
 BOOST_AUTO_TEST_CASE(without_slice_credit_every_slice_of_a_key_is_pushed_at_once) {
   // The control case of the test above: the same call with slice_credit 0 (today's default)
   // sends all eight slices before any answer, so the holding back there is the credit's doing.
-  auto d = driver_for(sliced(0));
-  auto value = ndarray::full({32}, 1.0);
-  auto out = ndarray::zeros({32});
-  d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  sliced_job job{0};
+  auto& d = job.d;
+  job.pushpull();
   BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
 }
 
@@ -751,11 +773,10 @@ BOOST_AUTO_TEST_CASE(slice_credit_goes_in_call_order_then_slice_order_across_cal
 }
 
 BOOST_AUTO_TEST_CASE(a_pull_behind_a_push_waiting_for_slice_credit_keeps_its_place) {
-  auto d = driver_for(sliced(1));
-  auto value = ndarray::full({32}, 1.0);
-  auto out = ndarray::zeros({32});
-  d->call(kv_call::push, {worker_driver::key(3, value)});
-  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(3, out)});
+  sliced_job job{1};
+  auto& d = job.d;
+  d->call(kv_call::push, {worker_driver::key(3, job.value)});
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(3, job.out)});
   // Slice 0's push left; the pulls of slices 1-7 wait behind their pushes (the pull must see
   // them), and slice 0's pull follows its push at once.
   BOOST_TEST(d->sent_of<wire::push>().size() == 1u);
@@ -800,10 +821,9 @@ BOOST_AUTO_TEST_CASE(a_pushpull_dropped_after_its_round_closed_without_it_gives_
   // A straggler under a quorum: its push of slice 0 came after the round closed with the other
   // workers. The server answers at once with the closed round's value (dropped); the credit goes
   // to slice 1.
-  auto d = driver_for(sliced(1));
-  auto value = ndarray::full({32}, 1.0);
-  auto out = ndarray::zeros({32});
-  d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  sliced_job job{1};
+  auto& d = job.d;
+  job.pushpull();
   auto sent = d->sent_of<wire::pushpull>();
   BOOST_TEST_REQUIRE(sent.size() == 1u);
   // The value of round 2: the server is two rounds ahead of this worker's push of round 0.
@@ -814,11 +834,10 @@ BOOST_AUTO_TEST_CASE(a_pushpull_dropped_after_its_round_closed_without_it_gives_
 }
 
 BOOST_AUTO_TEST_CASE(a_cancelled_call_gives_its_slice_credit_back_and_its_waiting_slices_stay) {
-  auto d = driver_for(sliced(2));
-  auto value = ndarray::full({32}, 1.0);
-  auto out = ndarray::zeros({32});
-  auto cancelled = d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
-  auto later = d->call(kv_call::pushpull, {worker_driver::key(5, value, {out})});
+  sliced_job job{2};
+  auto& d = job.d;
+  auto cancelled = job.pushpull();
+  auto later = job.pushpull(5);
   BOOST_TEST(pushpull_slots(*d, 3) == (std::vector<std::uint64_t>{0, 1}));
   cancelled.cancel();
   d->core->on_tick();
@@ -826,7 +845,7 @@ BOOST_AUTO_TEST_CASE(a_cancelled_call_gives_its_slice_credit_back_and_its_waitin
   BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
   BOOST_TEST(d->sent_of<wire::pushpull>().size() == 4u); // key 5's first two, its own group
   // A new call of key 3 gets the credits.
-  auto again = d->call(kv_call::pushpull, {worker_driver::key(3, value, {out})});
+  auto again = job.pushpull();
   BOOST_TEST(d->core->slice_credits_taken(3, 0) == 2u);
   BOOST_TEST(!again.ready());
   BOOST_TEST(!later.ready());
@@ -835,22 +854,14 @@ BOOST_AUTO_TEST_CASE(a_cancelled_call_gives_its_slice_credit_back_and_its_waitin
 BOOST_AUTO_TEST_CASE(dist_async_takes_no_slice_credit) {
   auto options = sliced(2);
   options.sync = false;
-  auto d = driver_for(options);
-  auto value = ndarray::full({32}, 1.0);
-  d->call(kv_call::push, {worker_driver::key(3, value)});
-  BOOST_TEST(d->sent_of<wire::push>().size() == 8u);
-  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+  expect_every_slice_pushed_without_credit(options);
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_alone_in_its_job_takes_no_slice_credit) {
   // Nobody to keep in step with: the credit would only leave its links idle.
   auto options = sliced(2);
   options.num_workers = 1;
-  auto d = driver_for(options);
-  auto value = ndarray::full({32}, 1.0);
-  d->call(kv_call::push, {worker_driver::key(3, value)});
-  BOOST_TEST(d->sent_of<wire::push>().size() == 8u);
-  BOOST_TEST(d->core->slice_credits_taken(3, 0) == 0u);
+  expect_every_slice_pushed_without_credit(options);
 }
 
 BOOST_AUTO_TEST_CASE(a_key_of_one_slice_per_server_takes_no_slice_credit) {
@@ -864,10 +875,7 @@ BOOST_AUTO_TEST_CASE(a_key_of_one_slice_per_server_takes_no_slice_credit) {
 }
 
 BOOST_AUTO_TEST_CASE(after_a_restart_pushes_under_way_go_again_holding_their_slice_credit) {
-  auto options = sliced(2);
-  options.server_rejoin = 5000ms;
-  options.can_relink = true;
-  auto d = driver_for(options);
+  auto d = driver_for(with_restarts(sliced(2)));
   auto value = ndarray::full({32}, 1.0);
   auto pushed = d->call(kv_call::push, {worker_driver::key(3, value)});
   BOOST_TEST_REQUIRE(d->sent_of<wire::push>().size() == 2u);
