@@ -15,6 +15,7 @@ packages=(
   openssl                        # the openssl command: scripts/make-tls-certs.sh, the TLS tests
   capnproto libcapnp-dev         # wire protocol
   libfmt-dev libboost-test-dev
+  libboost-dev                   # Boost's headers: wire::tensor_shape (a container::small_vector)
   libopenblas-dev                # CPU GEMM
   zlib1g-dev                     # gzip for the IDX data files
   libcli11-dev                   # command-line flags of the apps
