@@ -243,11 +243,21 @@ namespace {
 // piece); an underestimate only costs an extra segment.
 struct size_estimate {
   std::size_t words = 16;
+  /// A batch's tensors are copied into the frame whatever their size.
+  bool all_inline = false;
   void text(const std::string& s) { words += s.size() / 8 + 2; }
   void tensor(const tensor_chunk& t) {
     words += 8 + t.shape.size();
-    if (!t.shm && t.data.size() < reference_threshold)
+    if (!t.shm && (all_inline || t.data.size() < reference_threshold))
       words += t.data.size() / 8 + 1;
+  }
+  void operator()(const batch& m) {
+    for (const auto& one : m.messages) {
+      // A list element is a Message struct: its union tag and one pointer.
+      size_estimate item{4, true};
+      std::visit(item, one);
+      words += item.words;
+    }
   }
   void operator()(const registration& m) {
     text(m.job_id);
@@ -311,7 +321,18 @@ capnp::Data::Reader digest_of(const link_digest& digest) {
 
 class writer {
 public:
-  writer(ws::Message::Builder root, encoded_frame::state& st) : root_(root), st_(st) {}
+  /// `all_inline`: tensors are copied into the frame whatever their size (a batch's).
+  writer(ws::Message::Builder root, encoded_frame::state& st, bool all_inline = false)
+      : root_(root), st_(st), all_inline_(all_inline) {}
+
+  void operator()(const batch& m) {
+    if (m.messages.size() > max_batch_messages)
+      throw std::invalid_argument("encode: a batch of " + std::to_string(m.messages.size()) +
+                                  " messages exceeds " + std::to_string(max_batch_messages));
+    auto list = root_.initBatch(list_size(m.messages.size()));
+    for (unsigned i = 0; i < m.messages.size(); ++i)
+      std::visit(writer{list[i], st_, true}, m.messages[i]);
+  }
 
   void operator()(const registration& m) {
     auto b = root_.initRegistration();
@@ -583,7 +604,7 @@ private:
     }
     const auto* bytes = reinterpret_cast<const kj::byte*>(t.data.data());
     const bool aligned = reinterpret_cast<std::uintptr_t>(bytes) % 8 == 0;
-    if (t.data.size() >= reference_threshold && aligned) {
+    if (t.data.size() >= reference_threshold && aligned && !all_inline_) {
       // The payload becomes a segment of its own that views the caller's memory (Cap'n Proto's
       // referenceExternalData: no copy; docs/data-path.md, "Framing").
       b.adoptData(st_.builder.getOrphanage().referenceExternalData(
@@ -599,6 +620,7 @@ private:
 
   ws::Message::Builder root_;
   encoded_frame::state& st_;
+  bool all_inline_ = false;
 };
 
 // Lays out prefix, segment table and segments as pieces. A referenced payload's segment is
@@ -738,6 +760,8 @@ public:
                        optional_digest(r.hasKeyShare(), r.getKeyShare(), "link auth key share"),
                        optional_digest(r.hasNodeProof(), r.getNodeProof(), "link auth node proof")};
     }
+    case ws::Message::BATCH:
+      return read_batch(root.getBatch());
     }
     fail(decode_error::code::unknown_message,
          "message kind " + std::to_string(static_cast<unsigned>(root.which())) +
@@ -745,6 +769,40 @@ public:
   }
 
 private:
+  batch read_batch(capnp::List<ws::Message>::Reader list) {
+    if (list.size() == 0)
+      fail(decode_error::code::missing_field, "an empty batch");
+    if (list.size() > max_batch_messages)
+      fail(decode_error::code::limit_exceeded, "a batch of " + std::to_string(list.size()) +
+                                                   " messages, above " +
+                                                   std::to_string(max_batch_messages));
+    check_list(list.size(), "batch");
+    batch m;
+    m.messages.reserve(list.size());
+    for (auto element : list) {
+      if (element.which() == ws::Message::BATCH)
+        fail(decode_error::code::invalid_value, "a batch inside a batch");
+      auto one = read(element);
+      const std::string_view kind = kind_name(one);
+      if (const auto* tensor = tensor_of(one)) {
+        if (tensor->shm)
+          fail(decode_error::code::invalid_tensor,
+               "a " + std::string(kind) + " in a batch references the shared-memory arena");
+        if (tensor->offset != 0 || tensor->data.size() != tensor->total_bytes)
+          fail(decode_error::code::invalid_tensor,
+               "a " + std::string(kind) + " in a batch carries a chunk of " +
+                   std::to_string(tensor->data.size()) + " bytes at offset " +
+                   std::to_string(tensor->offset) + " of a tensor of " +
+                   std::to_string(tensor->total_bytes) + ", not the whole tensor");
+      }
+      auto fused = to_batched(std::move(one));
+      if (!fused)
+        fail(decode_error::code::invalid_value, "a " + std::string(kind) + " in a batch");
+      m.messages.push_back(std::move(*fused));
+    }
+    return m;
+  }
+
   // Text that must be present; `non_empty` also refuses "".
   std::string required_text(bool present, capnp::Text::Reader text, const char* field,
                             bool non_empty = true) {

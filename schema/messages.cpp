@@ -88,7 +88,8 @@ std::string_view kind_name(const message& msg) noexcept {
                                                "arena_release",
                                                "sync_settings",
                                                "link_credit",
-                                               "link_auth"};
+                                               "link_auth",
+                                               "batch"};
   static_assert(std::size(names) == std::variant_size_v<message>);
   if (msg.valueless_by_exception())
     return "valueless";
@@ -143,6 +144,29 @@ std::optional<std::uint64_t> key_of(const message& msg) noexcept {
       [](const auto& m) -> std::optional<std::uint64_t> {
         if constexpr (requires { m.key; })
           return m.key;
+        else
+          return std::nullopt;
+      },
+      msg);
+}
+
+message unbatched(batched&& one) {
+  return std::visit([](auto& m) -> message { return std::move(m); }, one);
+}
+
+namespace {
+template <class T, class... Alternatives>
+constexpr bool alternative_of(const std::variant<Alternatives...>*) {
+  return (std::is_same_v<T, Alternatives> || ...);
+}
+} // namespace
+
+std::optional<batched> to_batched(message&& msg) {
+  return std::visit(
+      [](auto& m) -> std::optional<batched> {
+        if constexpr (alternative_of<std::remove_cvref_t<decltype(m)>>(
+                          static_cast<const batched*>(nullptr)))
+          return batched{std::move(m)};
         else
           return std::nullopt;
       },

@@ -430,12 +430,32 @@ struct arena_release {
   friend bool operator==(const arena_release&, const arena_release&) = default;
 };
 
+/// A message that may travel fused with others in a batch: a worker's keyed requests and a
+/// server's answers to them.
+using batched = std::variant<push, pull_request, pushpull, ack, pull_reply, error_reply>;
+
+/// Most messages in one batch.
+inline constexpr std::size_t max_batch_messages = std::size_t{1} << 16;
+
+/// Several small messages to one peer in one frame (troupe.capnp Message.batch), each handled as
+/// if it had come alone, in order. A batch's tensors are whole and inline.
+struct batch {
+  std::vector<batched> messages;
+  friend bool operator==(const batch&, const batch&) = default;
+};
+
 /// Any frame's content. The alternatives' order is not the wire order (the codec maps them).
 using message =
     std::variant<registration, admission, membership, init, push, pull_request, pull_reply,
                  pushpull, ack, barrier, barrier_release, set_optimizer, set_gradient_compression,
                  command, heartbeat, error_reply, link_hello, arena_offer, arena_accept,
-                 arena_release, sync_settings, link_credit, link_auth>;
+                 arena_release, sync_settings, link_credit, link_auth, batch>;
+
+/// A batched message as a message of its own (moved out).
+message unbatched(batched&& one);
+/// Whether `msg` may travel in a batch (a push, pull_request, pushpull, ack, pull_reply or
+/// error_reply), and then it, moved out.
+std::optional<batched> to_batched(message&& msg);
 
 /// True for the frames a connection handles itself (link_hello, link_auth, arena_*,
 /// link_credit): never

@@ -669,5 +669,12 @@ struct Message {
     # Either end of a connection.
     linkAuth @23 :LinkAuth;
     # Listener -> connector, after the connector's LinkHello.
+    batch @24 :List(Message);
+    # Several small keyed messages fused in one frame (a worker's requests to one server, or a
+    # server's replies to one worker: docs/data-path.md, "Fusion"). Each element is handled
+    # exactly as if it had come alone in its own frame, in list order, at the batch's place in
+    # the stream; none is a Batch. A worker's batch holds only Push, PullRequest and PushPull;
+    # a server's only Ack, PullReply and Error. A tensor in a batch is whole (one chunk) and
+    # inline (never Tensor.shm). At most 65,536 elements.
   }
 }

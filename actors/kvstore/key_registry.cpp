@@ -1,6 +1,7 @@
 #include "actors/kvstore/key_registry.hpp"
 
-#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace troupe {
 namespace {
@@ -19,6 +20,9 @@ status key_registry::check_new(std::span<const kv_key> keys,
   if (keys.empty())
     return error{errc::empty_list, "init with an empty list of keys"};
   auto kind = kind_;
+  // A hash of the batch's keys, not a scan of those before: inits of 10,000 keys are common.
+  std::unordered_set<std::string> seen;
+  seen.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto this_kind = kind_of(keys[i]);
     if (kind != key_kind::none && this_kind != kind)
@@ -28,10 +32,9 @@ status key_registry::check_new(std::span<const kv_key> keys,
     if (find(keys[i], "init").has_value())
       return error{errc::already_initialized,
                    "init of key " + to_string(keys[i]) + ", which is already initialised"};
-    for (std::size_t j = 0; j < i; ++j)
-      if (keys[j] == keys[i])
-        return error{errc::already_initialized,
-                     "init lists key " + to_string(keys[i]) + " more than once"};
+    if (!seen.insert(to_string(keys[i])).second)
+      return error{errc::already_initialized,
+                   "init lists key " + to_string(keys[i]) + " more than once"};
     if (values[i].is_none())
       return error{errc::invalid_argument,
                    "init of key " + to_string(keys[i]) + " with an empty handle"};
@@ -100,19 +103,21 @@ result<std::vector<key_group>> key_registry::group(std::span<const kv_key> keys,
   if (keys.empty())
     return error{errc::empty_list, std::string{operation} + " with an empty list"};
   std::vector<key_group> groups;
+  groups.reserve(keys.size());
+  // Which group a declaration went to: a call of 10,000 keys must not scan the groups per key.
+  std::unordered_map<const key_declaration*, std::size_t> group_of;
+  group_of.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto declared = find(keys[i], operation);
     if (!declared)
       return declared.error();
     if (auto like = check_like(**declared, arrays[i], operation, role); !like)
       return like.error();
-    auto same = std::find_if(groups.begin(), groups.end(), [&](const key_group& candidate) {
-      return candidate.declaration == *declared;
-    });
-    if (same == groups.end())
+    auto [slot, fresh] = group_of.try_emplace(*declared, groups.size());
+    if (fresh)
       groups.push_back({*declared, {i}});
     else
-      same->positions.push_back(i);
+      groups[slot->second].positions.push_back(i);
   }
   return groups;
 }

@@ -286,6 +286,25 @@ BOOST_AUTO_TEST_CASE(every_alternative_of_message_round_trips_equal) {
   BOOST_TEST(kinds.size() == std::variant_size_v<message>);
 }
 
+BOOST_AUTO_TEST_CASE(a_batch_copies_its_tensors_into_the_frame_whatever_their_size) {
+  // Above the size that a lone message references instead of copying.
+  pattern_buffer payload(64 << 10);
+  const batch sent{{push{1, 2, 3, 4, float_tensor(payload.bytes(), 128, 128)},
+                    pushpull{5, 6, 3, 7, float_tensor(payload.bytes(), 128, 128)}}};
+  auto frame = encode(sent);
+  for (auto piece : frame.pieces())
+    BOOST_TEST(!(piece.data() >= payload.bytes().data() &&
+                 piece.data() < payload.bytes().data() + payload.bytes().size()));
+  round_trip rt(sent);
+  BOOST_TEST((rt.decoded->msg == message{sent}));
+  const auto& decoded = rt.as<batch>();
+  BOOST_TEST_REQUIRE(decoded.messages.size() == 2u);
+  BOOST_TEST(std::get<pushpull>(decoded.messages[1]).round == 7u);
+  BOOST_TEST((unbatched(batched{ack{3}}) == message{ack{3}}));
+  BOOST_TEST(!to_batched(heartbeat{}).has_value());
+  BOOST_TEST(to_batched(pull_request{9}).has_value());
+}
+
 BOOST_AUTO_TEST_CASE(the_frame_starts_with_its_body_length_in_little_endian) {
   auto frame = encode(ack{1}).flatten();
   BOOST_TEST_REQUIRE(frame.size() >= 16u);

@@ -382,8 +382,8 @@ BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
 BOOST_AUTO_TEST_CASE(an_unknown_or_unset_message_kind_is_rejected) {
   auto frame = frame_of(heartbeat{1, 2, 3});
   BOOST_TEST_REQUIRE(get_u16(frame, discriminant_offset) == 15); // Message.heartbeat @15
-  // 17-20, 22 and 23: the links' control frames; 21: sync settings.
-  for (std::uint16_t kind : {0, 24, 999, 0xffff}) {
+  // 17-20, 22 and 23: the links' control frames; 21: sync settings; 24: a batch.
+  for (std::uint16_t kind : {0, 25, 999, 0xffff}) {
     auto patched = frame;
     put_u16(patched, discriminant_offset, kind);
     auto r = rejection(patched);
@@ -504,6 +504,51 @@ BOOST_AUTO_TEST_CASE(a_list_of_empty_structs_claiming_huge_length_is_rejected) {
   auto r = decode_body(as_bytes(s.body()), unlimited_lists);
   BOOST_TEST((kind_of(r) == code::malformed_message), r.error().message);
   BOOST_TEST(probe.largest() < 4096u);
+}
+
+BOOST_AUTO_TEST_CASE(a_batch_holds_only_whole_inline_requests_or_answers_and_no_batch) {
+  pattern_buffer payload(256);
+  const auto tensor = troupe::test::float_tensor(payload.bytes(), 2, 32);
+  // Empty.
+  BOOST_TEST((kind_of(rejection(frame_of(batch{}))) == code::missing_field));
+  // More elements than the receiver takes in a list.
+  batch many;
+  for (std::uint64_t i = 0; i < 10; ++i)
+    many.messages.push_back(ack{i});
+  decode_limits five;
+  five.max_list_elements = 5;
+  BOOST_TEST((kind_of(rejection(frame_of(many), five)) == code::limit_exceeded));
+  BOOST_TEST(decodes(frame_of(many)));
+  // A chunk of a tensor, not all of it.
+  auto chunk = tensor;
+  chunk.shape = {4, 32};
+  chunk.total_bytes = 2 * tensor.data.size();
+  chunk.offset = tensor.data.size();
+  auto r = rejection(frame_of(batch{{push{1, 2, 0, 0, chunk}}}));
+  BOOST_TEST((kind_of(r) == code::invalid_tensor), r->message);
+  BOOST_TEST(r->message.find("not the whole tensor") != std::string::npos, r->message);
+  // A reference into the arena, even one the receiver has mapped.
+  std::vector<std::uint64_t> arena_words(64);
+  const auto arena = std::as_bytes(std::span(arena_words));
+  auto shared = tensor;
+  shared.shm = shm_ref{0, tensor.data.size()};
+  auto in_arena = frame_of(batch{{pushpull{1, 2, 0, 0, shared}}});
+  auto refused = decode(in_arena, {}, arena);
+  BOOST_TEST((kind_of(refused) == code::invalid_tensor), refused.error().message);
+  BOOST_TEST(refused.error().message.find("shared-memory") != std::string::npos);
+  // Another kind relabelled into a batch: an ack's struct read as a heartbeat.
+  auto relabelled = frame_of(batch{{ack{1, 2}}});
+  // After the root struct (its union tag, then the batch's list pointer) comes the list's tag
+  // word; the element's union tag is the first 16 bits of its data word.
+  const std::size_t element_tag = discriminant_offset + 24;
+  BOOST_TEST_REQUIRE(get_u16(relabelled, element_tag) == 9); // Message.ack @9
+  put_u16(relabelled, element_tag, 15);                      // Message.heartbeat @15
+  r = rejection(relabelled);
+  BOOST_TEST((kind_of(r) == code::invalid_value), r->message);
+  BOOST_TEST(r->message == "a heartbeat in a batch", r->message);
+  // A batch inside a batch.
+  put_u16(relabelled, element_tag, 24);
+  BOOST_TEST(!decodes(relabelled));
 }
 
 BOOST_AUTO_TEST_CASE(decode_errors_have_names_for_logs) {

@@ -100,6 +100,13 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(link_auth{proof});
   out.push_back(link_auth{proof, nonce, std::nullopt});
   out.push_back(link_auth{proof, std::nullopt, nonce});
+  // A worker's requests and a server's answers, fused.
+  out.push_back(
+      batch{{push{113, 6, 2, 18, float_tensor(payload, 2, n / 8)}, pull_request{114, 8, 2, 3, 0},
+             pushpull{115, 9, 2, 4, float_tensor(payload, n / 4, 1), 5'000, true}}});
+  out.push_back(
+      batch{{ack{113, 19, false, 7}, pull_reply{114, 8, 3, float_tensor(payload, 2, n / 8), 2},
+             error_reply{115, 9, error_code::shape_mismatch, "pushpull of key 9"}}});
   return out;
 }
 
