@@ -214,6 +214,12 @@ struct link_connection {
   bool coalescing = false;
   /// A server's connection is in server_state::deferred_writes.
   bool writes_deferred = false;
+  /// A server's replies held to travel fused in one batch frame (queue_reply_envelope), what
+  /// their tensors view, and those tensors' bytes. Sealed into the queue before anything else is
+  /// queued (encode_into, queue_unmetered), so the order of frames is kept.
+  wire::batch fusing;
+  std::vector<std::shared_ptr<const void>> fusing_keepalive;
+  std::size_t fusing_bytes = 0;
   std::size_t plain_filled = 0;
   std::vector<char> unread;
   /// The last body announced was large: the next prefix is read exactly, so that a stream of
@@ -306,8 +312,22 @@ struct link_violation {
   bool refusal = false;
 };
 
-/// The reply a request gets when it cannot be handled or answered at all.
+/// The reply a request gets when it cannot be handled or answered at all; a batch's messages get
+/// one each, in a batch.
 wire::message failure_reply(const wire::message& request, wire::error_code code, std::string why) {
+  if (const auto* fused = std::get_if<wire::batch>(&request)) {
+    wire::batch replies;
+    for (const auto& one : fused->messages)
+      replies.messages.push_back(std::visit(
+          [&](const auto& m) -> wire::batched {
+            std::optional<std::uint64_t> key;
+            if constexpr (requires { m.key; })
+              key = m.key;
+            return wire::error_reply{m.request_id, key, code, why};
+          },
+          one));
+    return replies;
+  }
   return wire::error_reply{wire::request_id_of(request), wire::key_of(request), code,
                            std::move(why)};
 }
@@ -317,9 +337,12 @@ wire::message failure_reply(const wire::message& request, wire::error_code code,
 /// with an accepted arena, a tensor payload of at least shm_threshold_bytes is copied into a
 /// region of the arena (instead of into CAF's write buffer later) and the frame references it;
 /// when the ring has no room it goes inline, as without an arena.
+void seal_fused(link_connection& c, const data_link_tuning& tuning);
+
 std::optional<std::string> encode_into(link_connection& c, wire::message& msg,
                                        std::shared_ptr<const void> keepalive,
                                        const data_link_tuning& tuning) {
+  seal_fused(c, tuning);
   std::optional<std::size_t> region;
   if (auto* tensor = wire::tensor_of(msg)) {
     // A received tensor forwarded as it is (an echo) references the peer's arena, not ours.
@@ -365,9 +388,45 @@ void queue_reply(link_connection& c, wire::message reply, const data_link_tuning
     tuning.log.info("data link: dropping a " + std::string(wire::kind_name(reply)) + ": " + *why);
 }
 
+/// Whether a reply may wait in link_connection::fusing: an ack, an error, or the whole value of a
+/// small key (fuse_item_bytes), which then travels inline.
+bool fusable_reply(const wire::message& reply, const data_link_tuning& tuning) {
+  if (tuning.fuse_frame_bytes == 0)
+    return false;
+  if (std::holds_alternative<wire::ack>(reply) || std::holds_alternative<wire::error_reply>(reply))
+    return true;
+  const auto* value = std::get_if<wire::pull_reply>(&reply);
+  return value != nullptr && value->tensor.offset == 0 &&
+         value->tensor.data.size() == value->tensor.total_bytes &&
+         value->tensor.data.size() <= tuning.fuse_item_bytes;
+}
+
+/// Queues the replies held in c.fusing: one batch frame, or the reply alone when it is one.
+void seal_fused(link_connection& c, const data_link_tuning& tuning) {
+  if (c.fusing.messages.empty())
+    return;
+  wire::message fused;
+  if (c.fusing.messages.size() == 1)
+    fused = wire::unbatched(std::move(c.fusing.messages.front()));
+  else
+    fused = std::move(c.fusing);
+  c.fusing = {};
+  c.fusing_bytes = 0;
+  // A batch's tensors are copied into its frame: what they view may go once it is encoded.
+  auto keepalive = std::move(c.fusing_keepalive);
+  c.fusing_keepalive = {};
+  auto why = encode_into(c, fused, keepalive.size() == 1 ? keepalive.front() : nullptr, tuning);
+  if (!why)
+    return;
+  // Every request answered here waits for its answer: each is told why none comes.
+  tuning.log.info("data server: " + *why);
+  queue_reply(c, failure_reply(fused, wire::error_code::internal, *why), tuning);
+}
+
 /// Queues a frame that needs no credit: link control, or the last error reply of a connection
 /// that closes. It goes ahead of the frames waiting for credit.
 void queue_unmetered(link_connection& c, const wire::message& msg, const data_link_tuning& tuning) {
+  seal_fused(c, tuning);
   try {
     c.queue.push_unmetered(wire::encode(msg));
   } catch (const std::exception& e) {
@@ -1233,14 +1292,59 @@ void flush_deferred(server_broker* self) {
       continue;
     auto& c = st.connections.at(h->second);
     c.writes_deferred = false;
-    if (!c.closing)
+    if (!c.closing) {
+      seal_fused(c, st.options.tuning);
       serve_writes(self, c);
+    }
   }
 }
 
 /// Bytes of frames that wait for the peer: queued, and handed to CAF but not taken by the socket.
 std::size_t queued_for_peer(const link_connection& c) {
   return c.queue.queued_bytes() + c.in_flight;
+}
+
+/// Queues a reply on its connection (reply.connection), and writes it unless more replies are
+/// coming: `reading` (made while a read is handled, which writes what it made when it ends) or
+/// messages waiting in the mailbox (defer_writes).
+void queue_reply_envelope(server_broker* self, envelope& reply, bool reading) {
+  auto& st = self->state;
+  auto h = st.handles.find(reply.connection);
+  auto* c = h == st.handles.end() ? nullptr : &st.connections.at(h->second);
+  if (c == nullptr || c->closing) {
+    st.options.tuning.log.debug([&] {
+      return "data server: dropping a " + std::string(wire::kind_name(reply.msg)) +
+             " for connection " + std::to_string(reply.connection) + ", which is closed";
+    });
+    return;
+  }
+  const auto& tuning = st.options.tuning;
+  if ((reading || !self->mailbox().empty()) && fusable_reply(reply.msg, tuning)) {
+    // More replies come with it: they leave together, in one frame, when it is written.
+    const auto* tensor = wire::tensor_of(reply.msg);
+    const std::size_t bytes = tensor == nullptr ? 0 : tensor->data.size();
+    if (c->fusing_bytes + bytes > tuning.fuse_frame_bytes ||
+        c->fusing.messages.size() == wire::max_batch_messages)
+      seal_fused(*c, tuning);
+    c->fusing.messages.push_back(*wire::to_batched(std::move(reply.msg)));
+    c->fusing_keepalive.push_back(std::move(reply.keepalive));
+    c->fusing_bytes += bytes;
+    defer_writes(self, *c);
+    return;
+  }
+  if (auto why = encode_into(*c, reply.msg, std::move(reply.keepalive), st.options.tuning)) {
+    // The peer waits for an answer to this request id: tell it why none comes.
+    st.options.tuning.log.info("data server: " + *why);
+    queue_reply(*c, failure_reply(reply.msg, wire::error_code::internal, *why), st.options.tuning);
+  }
+  TROUPE_HOP(server_queued);
+  if (reading || !self->mailbox().empty()) {
+    defer_writes(self, *c);
+    return;
+  }
+  serve_writes(self, *c);
+  if (!st.deferred_writes.empty())
+    flush_deferred(self);
 }
 
 /// Hands a request to the actor options.route picks (or answers it at once).
@@ -1328,6 +1432,15 @@ void route_parked(server_broker* self, link_connection& c) {
 
 void route_request(server_broker* self, link_connection& c, envelope&& request) {
   auto& st = self->state;
+  if (auto* fused = std::get_if<wire::batch>(&request.msg)) {
+    // Each as if it had come in a frame of its own, in order.
+    for (auto& one : fused->messages) {
+      route_request(
+          self, c,
+          envelope{wire::unbatched(std::move(one)), request.keepalive, request.connection});
+    }
+    return;
+  }
   if (c.proven && st.options.authorize)
     if (auto refusal = st.options.authorize(request.msg, *c.proven)) {
       st.options.tuning.log.info(c.who + " (" + wire::describe(*c.proven) + "): refused a " +
@@ -1339,9 +1452,24 @@ void route_request(server_broker* self, link_connection& c, envelope&& request) 
   TROUPE_HOP(server_to_shard);
   request_handler target;
   try {
-    if (st.options.take_request &&
-        st.options.take_request(request, caf::actor_cast<reply_sink>(self)))
-      return;
+    if (st.options.take_request) {
+      const auto sink = caf::actor_cast<reply_sink>(self);
+      reply_collector here{caf::actor_cast<caf::abstract_actor*>(sink), {}};
+      auto* outer = std::exchange(reply_collector::current(), &here);
+      bool taken = false;
+      try {
+        taken = st.options.take_request(request, sink);
+      } catch (...) {
+        reply_collector::current() = outer;
+        throw;
+      }
+      reply_collector::current() = outer;
+      // The connection being read writes them with the replies to the rest of its read.
+      for (auto& reply : here.replies)
+        queue_reply_envelope(self, reply, true);
+      if (taken)
+        return;
+    }
     target = st.options.route(request);
   } catch (const std::exception& e) {
     queue_reply(c,
@@ -1809,6 +1937,10 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         if (i == st.connections.end() || i->second.closing)
           return;
         on_socket_read(self, i->second, msg.buf);
+        // The replies made while reading (answered on this thread) go in one write per
+        // connection, unless more messages wait: then the flush defer_writes posted does it.
+        if (!st.deferred_writes.empty() && self->mailbox().empty())
+          flush_deferred(self);
       },
       [=](const caf::io::data_transferred_msg& msg) {
         auto& st = self->state;
@@ -1829,30 +1961,7 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
       },
       [=](envelope& reply) {
         TROUPE_HOP(server_reply_in);
-        auto& st = self->state;
-        auto h = st.handles.find(reply.connection);
-        auto* c = h == st.handles.end() ? nullptr : &st.connections.at(h->second);
-        if (c == nullptr || c->closing) {
-          st.options.tuning.log.debug([&] {
-            return "data server: dropping a " + std::string(wire::kind_name(reply.msg)) +
-                   " for connection " + std::to_string(reply.connection) + ", which is closed";
-          });
-          return;
-        }
-        if (auto why = encode_into(*c, reply.msg, std::move(reply.keepalive), st.options.tuning)) {
-          // The peer waits for an answer to this request id: tell it why none comes.
-          st.options.tuning.log.info("data server: " + *why);
-          queue_reply(*c, failure_reply(reply.msg, wire::error_code::internal, *why),
-                      st.options.tuning);
-        }
-        TROUPE_HOP(server_queued);
-        if (!self->mailbox().empty()) {
-          defer_writes(self, *c);
-          return;
-        }
-        serve_writes(self, *c);
-        if (!st.deferred_writes.empty())
-          flush_deferred(self);
+        queue_reply_envelope(self, reply, false);
       },
       [=](flush_writes_atom) {
         self->state.flush_posted = false;

@@ -173,6 +173,12 @@ struct data_link_tuning {
   /// before it sleeps in epoll_wait again (actors/io_spin.hpp): the next frame of a small round
   /// trip is then found without a wake-up. Zero: CAF's blocking loop.
   std::chrono::microseconds io_spin{50};
+  /// Fusion (docs/data-path.md, "Fusion"): a server's replies made together (the answers to one
+  /// read, or to messages waiting in its mailbox) travel in one batch frame of at most
+  /// fuse_frame_bytes of tensor, each carrying at most fuse_item_bytes. Nothing waits to be
+  /// fused: only what is ready together goes together. fuse_frame_bytes 0: no fusion.
+  std::size_t fuse_item_bytes = default_fuse_item_bytes;
+  std::size_t fuse_frame_bytes = default_fuse_frame_bytes;
   /// Diagnostics, on the broker's thread: info for connections, the shared-memory set-up and
   /// refused frames; debug for dropped replies and ignored releases. Silent by default.
   logger log;

@@ -86,6 +86,8 @@ data_link_tuning tuning_for(const cluster_config& config, link_tls tls) {
                                : static_cast<std::size_t>(config.shm_arena_bytes);
   tuning.receive_window_bytes = static_cast<std::size_t>(config.link_window_bytes);
   tuning.io_spin = std::chrono::microseconds{config.io_spin_us};
+  tuning.fuse_item_bytes = static_cast<std::size_t>(config.fuse_item_bytes);
+  tuning.fuse_frame_bytes = static_cast<std::size_t>(config.fuse_frame_bytes);
   tuning.secret = link_secret(config.auth_token);
   tuning.tls = std::move(tls);
   tuning.log = logger(node_name("node", std::nullopt, advertised_host(config)), config.verbose);
@@ -633,6 +635,8 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.slice_bytes = static_cast<std::size_t>(config.slice_bytes);
   setup.send_window_bytes = static_cast<std::size_t>(config.send_window_bytes);
   setup.slice_credit = static_cast<std::uint32_t>(config.slice_credit);
+  setup.fuse_item_bytes = static_cast<std::size_t>(config.fuse_item_bytes);
+  setup.fuse_frame_bytes = static_cast<std::size_t>(config.fuse_frame_bytes);
   setup.timeout = config.request_timeout;
   setup.quorum = static_cast<std::uint32_t>(config.quorum.value_or(0));
   setup.rescale_quorum = config.rescale_quorum;

@@ -123,6 +123,9 @@ struct worker_setup {
   /// data.slice_credit: pushes of one key's slices on one server awaiting answers at once; 0: no
   /// bound.
   std::uint32_t slice_credit = default_slice_credit;
+  /// data.fuse_item_bytes, data.fuse_frame_bytes (worker_core_options).
+  std::size_t fuse_item_bytes = default_fuse_item_bytes;
+  std::size_t fuse_frame_bytes = default_fuse_frame_bytes;
   /// A request not answered this long after it was sent fails with errc::timeout.
   std::chrono::milliseconds timeout{30'000};
 

@@ -65,6 +65,31 @@ using handed_atom = caf::atom_constant<caf::atom("handed")>;
 /// on connection envelope.connection) or, in one process, the worker that sent the request.
 using reply_sink = caf::typed_actor<caf::reacts_to<envelope>>;
 
+/// The replies made on a data server broker's own thread while it hands a request on
+/// (data_server_options::take_request answering it there, shard_lane::take): the broker queues
+/// them when the hand-over returns, instead of each coming back as a message to itself (a
+/// mailbox element per small reply). Whoever replies to a reply_sink checks for it
+/// (collect_here); a reply made on another thread, or for another sink, is sent as before.
+struct reply_collector {
+  /// The broker whose replies are collected.
+  const void* sink = nullptr;
+  std::vector<envelope> replies;
+
+  /// This thread's collector, or null.
+  static reply_collector*& current() noexcept {
+    thread_local reply_collector* here = nullptr;
+    return here;
+  }
+  /// Keeps `reply` when this thread collects for `sink`; false: send it.
+  static bool collect_here(const void* sink, envelope& reply) {
+    auto* here = current();
+    if (here == nullptr || here->sink != sink)
+      return false;
+    here->replies.push_back(std::move(reply));
+    return true;
+  }
+};
+
 /// A link, either end: a data link broker (actors/data_link.hpp) or, within one process, a local
 /// link (actors/server_node.hpp), so that a worker cannot tell which it holds.
 ///

@@ -98,12 +98,22 @@ bool is_for_every_shard(const wire::message& msg) {
 link_actor::behavior_type local_link_behavior(link_actor::pointer self,
                                               std::function<request_handler(const envelope&)> route,
                                               reply_sink reply_to) {
-  auto forward = [self, route = std::move(route), reply_to](envelope& request) {
+  auto forward_one = [self, route = std::move(route), reply_to](envelope& request) {
     if (auto target = route(request)) {
       self->send(target, std::move(request), reply_to);
       return;
     }
     self->send(reply_to, envelope{no_handler_reply(request.msg), nullptr, request.connection});
+  };
+  // A batch's messages each as if they had come alone, in order, as a data server takes them.
+  auto forward = [forward_one](envelope& request) {
+    auto* fused = std::get_if<wire::batch>(&request.msg);
+    if (fused == nullptr)
+      return forward_one(request);
+    for (auto& one : fused->messages) {
+      envelope each{wire::unbatched(std::move(one)), request.keepalive, request.connection};
+      forward_one(each);
+    }
   };
   return {
       forward,

@@ -14,13 +14,14 @@
 namespace troupe {
 namespace {
 
-/// Where a shard's replies go, from whichever thread answers: to the sink as a message. From the
-/// data server broker's own thread (a request answered in shard_lane::take) that message is
-/// posted within the multiplexer, with no wake-up; from a scheduler thread it wakes the broker.
+/// Where a shard's replies go, from whichever thread answers: on the data server broker's own
+/// thread, while it hands a request to shard_lane::take, into its reply_collector; elsewhere (the
+/// shard's actor on a scheduler thread) to the sink as a message, which wakes the broker.
 reply_function replies_to(const reply_sink& sink) {
   return [sink](envelope out) {
     TROUPE_HOP(shard_out);
-    caf::anon_send(sink, std::move(out));
+    if (!reply_collector::collect_here(caf::actor_cast<caf::abstract_actor*>(sink), out))
+      caf::anon_send(sink, std::move(out));
   };
 }
 

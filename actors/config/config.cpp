@@ -504,6 +504,19 @@ void add_data_fields(std::vector<field>& t) {
                 "polls. 0: it sleeps at once."},
                integer_setter(&cluster_config::io_spin_us, 0, 10'000, "an integer from 0 to 10000"),
                {}});
+  t.push_back({{"data", "fuse_item_bytes", "", "--fuse-item-bytes", "BYTES", "\"16KiB\"",
+                "Requests whose tensor holds at most this many bytes (a worker's push, pull and "
+                "pushpull, a server's answers) travel fused with others ready at the same time, "
+                "in one frame: see data.fuse_frame_bytes."},
+               bytes_setter(&cluster_config::fuse_item_bytes, 0),
+               {}});
+  t.push_back({{"data", "fuse_frame_bytes", "", "--fuse-frame-bytes", "BYTES", "\"256KiB\"",
+                "Most bytes of tensor in one fused frame. Small requests to one server that are "
+                "ready together (the keys of one call, what waits for the send window, a server's "
+                "answers to one read) leave in one frame; none waits to be fused. 0: every "
+                "request in a frame of its own."},
+               bytes_setter(&cluster_config::fuse_frame_bytes, 0),
+               {}});
   t.push_back({{"data", "link_window_bytes", "", "--link-window-bytes", "BYTES", "\"64MiB\"",
                 "Receive window of every connection: bytes of frames a peer may have in flight "
                 "before the receiver releases some."},

@@ -154,6 +154,11 @@ struct cluster_config {
   /// Microseconds a node's network thread polls its sockets after each received frame before
   /// it sleeps (actors/io_spin.hpp); 0: it sleeps at once.
   std::int64_t io_spin_us = 50;
+  /// Fusion: requests to one server (and a server's answers to one worker) that are ready
+  /// together travel in one frame of at most fuse_frame_bytes of tensor, each of at most
+  /// fuse_item_bytes (docs/data-path.md, "Fusion"); fuse_frame_bytes 0: no fusion.
+  std::int64_t fuse_item_bytes = 16 * 1024;
+  std::int64_t fuse_frame_bytes = 256 * 1024;
   /// Receive window of every connection: a peer may have this many bytes of frames in flight
   /// before the receiver releases some (a single larger frame goes alone).
   std::int64_t link_window_bytes = 64 * 1024 * 1024;

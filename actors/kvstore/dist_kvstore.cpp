@@ -91,6 +91,8 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.slice_bytes = s.slice_bytes;
   options.send_window_bytes = s.send_window_bytes;
   options.slice_credit = s.slice_credit;
+  options.fuse_item_bytes = s.fuse_item_bytes;
+  options.fuse_frame_bytes = s.fuse_frame_bytes;
   options.request_timeout = s.timeout;
   options.max_rounds_ahead = s.max_rounds_ahead;
   options.server_rejoin = s.server_rejoin;

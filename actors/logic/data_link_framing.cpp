@@ -603,16 +603,17 @@ receive_outcome frame_receiver::deliver(std::shared_ptr<const std::vector<char>>
     // The bytes are in the peer's arena (decode checked the bounds); the frame buffer goes back
     // to the pool right here, and the region goes back to the peer with the last envelope copy.
     env.keepalive = arena_->hold(tensor->shm->offset);
-  } else if (tensor != nullptr) {
-    // operator new aligns vectors to 16 bytes, so decode reads in place and the tensor views the
-    // frame buffer; were it ever copied, the aligned copy lives in the decoded_message instead.
+  } else if (tensor != nullptr || std::holds_alternative<wire::batch>(env.msg)) {
+    // (A batch's tensors view it too.) operator new aligns vectors to 16 bytes, so decode reads in
+    // place and the tensor views the frame buffer; were it ever copied, the aligned copy lives in
+    // the decoded_message instead.
     if (decoded->copied())
       env.keepalive = std::make_shared<wire::decoded_message>(std::move(*decoded));
     else
       env.keepalive = std::move(owner);
   }
-  // Without a tensor nothing views the buffer: `owner` returns it to the pool right here. Link
-  // control is handled by the broker at once and needs no credit.
+  // Without a tensor (nor a batch) nothing views the buffer: `owner` returns it to the pool right
+  // here. Link control is handled by the broker at once and needs no credit.
   auto no_memory_to_hold = [frame_bytes] {
     return receive_outcome{wire::frame_prefix_bytes, std::nullopt,
                            wire::decode_error{wire::decode_error::code::limit_exceeded,

@@ -72,6 +72,13 @@ inline constexpr std::size_t default_send_window_bytes = std::size_t{4} << 20;
 /// measurements.
 inline constexpr std::uint32_t default_slice_credit = 4;
 
+/// data.fuse_item_bytes and data.fuse_frame_bytes (worker_core_options, data_link_tuning): small
+/// keyed requests to one server, and a server's answers to one worker, that are ready together
+/// travel in one batch frame (wire::batch) of at most fuse_frame_bytes of tensor, each carrying
+/// at most fuse_item_bytes. docs/data-path.md ("Fusion") has the measurements.
+inline constexpr std::size_t default_fuse_item_bytes = std::size_t{16} << 10;
+inline constexpr std::size_t default_fuse_frame_bytes = std::size_t{256} << 10;
+
 /// A frame the worker handed to the link of `server` that counts against that server's send
 /// window (worker_core_options::send_window_bytes): `bytes` of tensor. Whoever runs the worker
 /// gives it back (worker_core::frame_left) once the link has let go of the frame, i.e. the last

@@ -140,8 +140,24 @@ void worker_core::on_call(kv_operation& op) {
   case kv_call::push:
   case kv_call::pushpull:
   case kv_call::pull:
-    for (auto& work : op.keys)
-      add_key(call, op.call, work, op.priority);
+    if (op.keys.size() > 1 && options_.fuse_frame_bytes > 0) {
+      // The keys' requests gather in the send queues, to leave fused (pump).
+      gathering_ = true;
+      try {
+        for (auto& work : op.keys)
+          add_key(call, op.call, work, op.priority);
+      } catch (...) {
+        gathering_ = false;
+        throw;
+      }
+      gathering_ = false;
+      for (std::uint32_t server = 0; server < servers_.size(); ++server)
+        if (servers_[server].gathered > 0)
+          pump(server);
+    } else {
+      for (auto& work : op.keys)
+        add_key(call, op.call, work, op.priority);
+    }
     break;
   }
   if (call->remaining == 0)
@@ -458,6 +474,16 @@ void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request,
     ps->head_ready = true;
     server.ready.emplace(o.order, std::move(o));
   }
+  if (gathering_) {
+    // Gathered until a fused frame's worth is ready (or the call has been taken: on_call); a
+    // pull counts as if it carried its value.
+    server.gathered += std::max(p->out_bytes.size(),
+                                p->value.is_none() ? 0
+                                                   : static_cast<std::size_t>(p->slice.size()) *
+                                                         size_of(p->value.dtype()));
+    if (server.gathered < options_.fuse_frame_bytes)
+      return;
+  }
   pump(p->server);
 }
 
@@ -465,33 +491,90 @@ void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request,
 /// window has room; a frame larger than the window goes when nothing else is with the link.
 void worker_core::pump(std::uint32_t server) {
   auto& state = servers_[server];
+  state.gathered = 0;
   const auto window = options_.send_window_bytes;
+  auto window_open = [&](std::uint64_t more) {
+    return window == 0 || state.with_link + more < window;
+  };
   // A server being recovered: its requests wait, and are queued afresh once it is back.
-  while (!state.down && !state.ready.empty() && (window == 0 || state.with_link < window)) {
+  while (!state.down && !state.ready.empty() && window_open(0)) {
     auto head = state.ready.begin();
     auto& o = head->second;
+    if (fusable(o)) {
+      // The small requests at the head of the queue, in its order, in one frame.
+      wire::batch fused;
+      auto keepalives = std::make_shared<std::vector<std::shared_ptr<const void>>>();
+      std::uint64_t bytes = 0;
+      do {
+        auto& one = head->second;
+        auto msg = one.frames->chunk(0);
+        bytes += wire::tensor_of(msg) == nullptr ? 0 : wire::tensor_of(msg)->data.size();
+        fused.messages.push_back(*wire::to_batched(std::move(msg)));
+        if (one.keepalive)
+          keepalives->push_back(one.keepalive);
+        ++one.next;
+        took_frame(state, head);
+        head = state.ready.begin();
+      } while (head != state.ready.end() && fusable(head->second) &&
+               fused.messages.size() < wire::max_batch_messages &&
+               bytes + tensor_bytes(head->second) <= options_.fuse_frame_bytes &&
+               window_open(bytes));
+      envelope frame{fused.messages.size() == 1 ? wire::unbatched(std::move(fused.messages[0]))
+                                                : wire::message{std::move(fused)},
+                     nullptr, server + 1};
+      if (!keepalives->empty())
+        frame.keepalive = std::move(keepalives);
+      const send_receipt receipt{server, state.link, bytes};
+      state.with_link += receipt.bytes;
+      out_.send(server, std::move(frame), receipt);
+      continue;
+    }
     envelope frame{o.frames->chunk(o.next), o.keepalive, server + 1};
     ++o.next;
     const auto* tensor = wire::tensor_of(frame.msg);
     const send_receipt receipt{server, state.link, tensor == nullptr ? 0 : tensor->data.size()};
-    if (o.next == o.frames->chunk_count()) {
-      const bool keyed = o.p->kind != kv_call::every_server;
-      const auto ps_key = o.p->slice.ps_key;
-      state.ready.erase(head);
-      if (keyed) {
-        // The key's next request becomes ready, in its own place.
-        auto& ps = keys_[ps_key];
-        if (ps.queued.empty()) {
-          ps.head_ready = false;
-        } else {
-          auto next = std::move(ps.queued.front());
-          ps.queued.pop_front();
-          state.ready.emplace(next.order, std::move(next));
-        }
-      }
-    }
+    took_frame(state, head);
     state.with_link += receipt.bytes;
     out_.send(server, std::move(frame), receipt);
+  }
+}
+
+/// A request that may leave fused (see "Fusion"): a push, pull or pushpull in one frame, none of
+/// it sent yet, whose tensor holds at most fuse_item_bytes.
+bool worker_core::fusable(const outgoing& o) const {
+  if (options_.fuse_frame_bytes == 0 || o.next != 0 || o.frames->chunk_count() != 1)
+    return false;
+  const auto kind = o.p->kind;
+  if (kind != kv_call::push && kind != kv_call::pull && kind != kv_call::pushpull)
+    return false;
+  return tensor_bytes(o) <= options_.fuse_item_bytes;
+}
+
+/// Bytes of tensor a request sends (its slice of the value; none for a pull).
+std::size_t worker_core::tensor_bytes(const outgoing& o) {
+  return o.p->value.is_none()
+             ? 0
+             : static_cast<std::size_t>(o.p->slice.size()) * size_of(o.p->value.dtype());
+}
+
+/// The frame of `head` that was just taken (o.next advanced): when it was the request's last, the
+/// request leaves the queue and its key's next request becomes ready, in its own place.
+void worker_core::took_frame(server_state& state, std::map<send_order, outgoing>::iterator head) {
+  auto& o = head->second;
+  if (o.next != o.frames->chunk_count())
+    return;
+  const bool keyed = o.p->kind != kv_call::every_server;
+  const auto ps_key = o.p->slice.ps_key;
+  state.ready.erase(head);
+  if (!keyed)
+    return;
+  auto& ps = keys_[ps_key];
+  if (ps.queued.empty()) {
+    ps.head_ready = false;
+  } else {
+    auto next = std::move(ps.queued.front());
+    ps.queued.pop_front();
+    state.ready.emplace(next.order, std::move(next));
   }
 }
 
@@ -577,6 +660,14 @@ void worker_core::log_summary() const {
 // --------------------------------------------------------------------------------------
 
 void worker_core::on_reply(envelope& reply) {
+  if (auto* fused = std::get_if<wire::batch>(&reply.msg)) {
+    // Each answer as if it had come alone, in order.
+    for (auto& one : fused->messages) {
+      envelope each{wire::unbatched(std::move(one)), reply.keepalive, reply.connection};
+      on_reply(each);
+    }
+    return;
+  }
   const auto id = wire::request_id_of(reply.msg);
   auto found = parts_.find(id);
   if (found == parts_.end()) {

@@ -60,6 +60,14 @@
 // none. Pulls, inits, a key that is one ps-key per server, dist_async and a job of one worker
 // (nobody to keep in step with) take none.
 //
+// Fusion. Small requests (a push, pull or pushpull whose tensor holds at most fuse_item_bytes, in
+// one frame) that are ready together leave in one batch frame (wire::batch), in the order the
+// queue would have sent them one by one; the server handles them in that order, as if each had
+// come alone, and answers those it answers together in one batch too. So nothing of the rules
+// changes, only the frames. Nothing waits to be fused: while a call of many keys is taken, its
+// requests gather in the send queue and leave once fuse_frame_bytes of them are ready, and the
+// rest when the call has been taken (a window that is full gathers them the same way).
+//
 // Only the head of a ps-key is ready: a key's requests leave in call order whatever their
 // priorities, one after the other, so a pull after a push still sees the push. A keyless request
 // (every_server) leaves after everything queued before it and before everything queued after.
@@ -155,6 +163,11 @@ struct worker_core_options {
   /// waits in the send queue, where priority orders it. A frame larger than the window goes
   /// alone. 0: no bound (every frame is handed over at once, in queue order).
   std::size_t send_window_bytes = default_send_window_bytes;
+  /// Fusion (see "The send queue"): requests whose tensor holds at most fuse_item_bytes leave
+  /// together in one batch frame of at most fuse_frame_bytes of tensor when they are ready
+  /// together. fuse_frame_bytes 0: each in a frame of its own.
+  std::size_t fuse_item_bytes = default_fuse_item_bytes;
+  std::size_t fuse_frame_bytes = default_fuse_frame_bytes;
   /// dist_sync: pushes of one key's slices on one server whose answers may be outstanding at
   /// once (see "Slice credit"). 0: no bound.
   std::uint32_t slice_credit = default_slice_credit;
@@ -430,6 +443,8 @@ private:
     /// Bytes of tensor with the current link (send_receipt), and which link that is.
     std::uint64_t with_link = 0;
     std::uint64_t link = 0;
+    /// Bytes of tensor queued while a call is being taken (gathering_), not pumped yet.
+    std::size_t gathered = 0;
   };
 
   worker_clock::time_point now() const;
@@ -452,6 +467,9 @@ private:
   void sent(std::uint64_t id, const std::shared_ptr<part>& p);
   void enqueue(const std::shared_ptr<part>& p, wire::message request, ps_key_state* ps);
   void pump(std::uint32_t server);
+  bool fusable(const outgoing& o) const;
+  static std::size_t tensor_bytes(const outgoing& o);
+  void took_frame(server_state& state, std::map<send_order, outgoing>::iterator head);
   void drop_send_queue(std::uint32_t server);
   void note_answered(const part& p);
   void log_summary() const;
@@ -478,6 +496,8 @@ private:
   std::unordered_map<std::uint64_t, slice_group> slice_groups_;
   /// resend() is putting a restarted server's requests in order again: no turn advances.
   bool turns_held_ = false;
+  /// on_call is taking a call of several keys: requests gather in the send queue (fusion).
+  bool gathering_ = false;
   std::uint64_t next_request_id_ = 1;
   std::uint64_t dropped_pushes_ = 0;
   /// For the summary: per server, and the answer times per kind of request.

@@ -377,6 +377,26 @@ BOOST_AUTO_TEST_CASE(a_frame_without_a_tensor_gives_its_buffer_back_at_once) {
   BOOST_TEST(pool->stats().cached_buffers == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(a_batch_keeps_its_buffer_while_its_tensors_are_in_use) {
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
+  frame_receiver receiver(pool, {});
+  std::vector<char> scribe_buffer;
+  auto values = ramp(1024);
+  const wire::batch sent{{make_push(3, *values), wire::pull_request{8, 4}, make_push(5, *values)}};
+  auto out = feed(receiver, scribe_buffer, wire::encode(sent).flatten());
+  BOOST_TEST_REQUIRE(out.frame.has_value());
+  // The buffer stays with the envelope, which its tensors view: it is not back in the pool, where
+  // the next frame would overwrite them.
+  BOOST_TEST_REQUIRE(out.frame->keepalive != nullptr);
+  BOOST_TEST(pool->stats().cached_buffers == 0u);
+  auto next = wire::encode(make_push(7, *ramp(1024, 100.0f))).flatten();
+  auto other = feed(receiver, scribe_buffer, next);
+  BOOST_TEST_REQUIRE(other.frame.has_value());
+  BOOST_TEST((out.frame->msg == wire::message{sent}));
+  out.frame.reset();
+  BOOST_TEST(pool->stats().cached_buffers == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(an_oversized_prefix_is_fatal_before_anything_is_allocated) {
   auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
   wire::decode_limits limits;
@@ -703,6 +723,57 @@ BOOST_AUTO_TEST_CASE(small_and_large_tensors_round_trip_byte_identical) {
   // 64 MiB in 16 MiB chunks: each chunk is a frame, reassembled at the receiver.
   BOOST_TEST(expect_chunked_round_trip(self, link, 2, ramp(std::size_t{16} << 20, 1.0f),
                                        std::size_t{16} << 20) == 4u);
+}
+
+BOOST_AUTO_TEST_CASE(a_batch_is_taken_message_by_message_and_answers_made_together_go_fused) {
+  for (const bool fusing : {true, false}) {
+    // Pushes answered on the server broker's thread as they are taken, as a shard lane does.
+    auto taken = std::make_shared<std::vector<std::uint64_t>>();
+    auto taken_lock = std::make_shared<std::mutex>();
+    data_server_options options;
+    if (!fusing)
+      options.tuning.fuse_frame_bytes = 0;
+    options.take_request = [taken, taken_lock](envelope& request, const reply_sink& sink) {
+      const auto* push = std::get_if<wire::push>(&request.msg);
+      if (push == nullptr)
+        return false;
+      {
+        std::lock_guard hold{*taken_lock};
+        taken->push_back(push->request_id);
+      }
+      envelope answer{wire::ack{push->request_id, 7}, nullptr, request.connection};
+      if (!reply_collector::collect_here(caf::actor_cast<caf::abstract_actor*>(sink), answer))
+        caf::anon_send(sink, std::move(answer));
+      return true;
+    };
+    auto server = start_server(std::move(options));
+    caf::scoped_actor self{*sys};
+    auto link = connect(server.port, self);
+    auto values = ramp(256);
+    wire::batch requests;
+    for (std::uint64_t id = 1; id <= 5; ++id)
+      requests.messages.push_back(make_push(id, *values));
+    self->send(link, envelope{requests, values, 0});
+    std::vector<std::uint64_t> answered;
+    std::size_t frames = 0;
+    while (answered.size() < 5) {
+      auto reply = next_envelope(self);
+      BOOST_TEST_REQUIRE(reply.has_value());
+      ++frames;
+      if (const auto* fused = std::get_if<wire::batch>(&reply->msg)) {
+        for (const auto& one : fused->messages)
+          answered.push_back(std::get<wire::ack>(one).request_id);
+      } else {
+        answered.push_back(std::get<wire::ack>(reply->msg).request_id);
+      }
+    }
+    const std::vector<std::uint64_t> in_order{1, 2, 3, 4, 5};
+    BOOST_TEST(answered == in_order);
+    // Made while one read was handled: one frame, unless fusion is off.
+    BOOST_TEST(frames == (fusing ? 1u : 5u));
+    std::lock_guard hold{*taken_lock};
+    BOOST_TEST(*taken == in_order);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(many_frames_of_mixed_sizes_arrive_in_the_order_they_were_sent) {

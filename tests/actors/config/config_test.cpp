@@ -127,6 +127,8 @@ BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values
   BOOST_TEST(cfg.slice_credit == 4);
   BOOST_TEST(cfg.shm_arena_bytes == 64 * 1024 * 1024);
   BOOST_TEST(cfg.io_spin_us == 50);
+  BOOST_TEST(cfg.fuse_item_bytes == 16 * 1024);
+  BOOST_TEST(cfg.fuse_frame_bytes == 256 * 1024);
 }
 
 BOOST_AUTO_TEST_CASE(the_sample_file_loads_to_exactly_the_defaults) {
@@ -466,6 +468,10 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "0",
                             "--io-spin-us",
                             "7",
+                            "--fuse-item-bytes",
+                            "4KiB",
+                            "--fuse-frame-bytes",
+                            "0",
                             "--rank-hint",
                             "2",
                             "--link-window-bytes",
@@ -539,6 +545,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST(cfg.slice_credit == 6);
   BOOST_TEST(cfg.shm_arena_bytes == 0);
   BOOST_TEST(cfg.io_spin_us == 7);
+  BOOST_TEST(cfg.fuse_item_bytes == 4 * 1024);
+  BOOST_TEST(cfg.fuse_frame_bytes == 0);
   BOOST_TEST(cfg.rank_hint == 2);
   BOOST_TEST(cfg.peer_timeout == 20s);
   BOOST_TEST(cfg.link_window_bytes == 1024 * 1024);

@@ -903,3 +903,127 @@ BOOST_AUTO_TEST_CASE(after_a_restart_pushes_under_way_go_again_holding_their_sli
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+/// The messages of frame `index` sent: a batch's, or the frame's own.
+std::vector<wire::message> messages_of(const worker_driver& d, std::size_t index) {
+  const auto& msg = d.sent.at(index).request.msg;
+  std::vector<wire::message> out;
+  if (const auto* fused = std::get_if<wire::batch>(&msg)) {
+    for (auto one : fused->messages)
+      out.push_back(wire::unbatched(std::move(one)));
+  } else {
+    out.push_back(msg);
+  }
+  return out;
+}
+
+std::vector<kv_key_work> small_keys(std::int64_t first, std::int64_t count, std::int64_t elements,
+                                    std::vector<ndarray>* outputs = nullptr) {
+  std::vector<kv_key_work> keys;
+  for (std::int64_t k = first; k < first + count; ++k) {
+    auto value = ndarray::full({elements}, static_cast<double>(k));
+    if (outputs == nullptr) {
+      keys.push_back(worker_driver::key(k, value));
+    } else {
+      outputs->push_back(ndarray::zeros({elements}));
+      keys.push_back(worker_driver::key(k, value, {outputs->back()}));
+    }
+  }
+  return keys;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(worker_fusion)
+
+BOOST_AUTO_TEST_CASE(the_keys_of_one_call_leave_in_one_frame_and_each_answer_completes_its_key) {
+  auto d = driver_for(one_server());
+  std::vector<ndarray> outputs;
+  auto done = d->call(kv_call::pushpull, small_keys(0, 5, 4, &outputs));
+  // One frame: a batch of the five pushpulls in call order, its receipt counting their tensors.
+  BOOST_TEST_REQUIRE(d->sent.size() == 1u);
+  BOOST_TEST_REQUIRE(std::holds_alternative<wire::batch>(d->sent[0].request.msg));
+  BOOST_TEST(d->sent[0].receipt.bytes == 5 * 16u);
+  const auto requests = messages_of(*d, 0);
+  BOOST_TEST_REQUIRE(requests.size() == 5u);
+  wire::batch answers;
+  for (std::size_t k = 0; k < requests.size(); ++k) {
+    const auto& request = std::get<wire::pushpull>(requests[k]);
+    BOOST_TEST(request.key == k);
+    BOOST_TEST(request.round == 0u);
+    BOOST_TEST(request.tensor.data.size() == 16u);
+    // The server answers in one batch too, in another order: each answer finds its request.
+    answers.messages.insert(answers.messages.begin(),
+                            wire::pull_reply{request.request_id, request.key, 1, request.tensor});
+  }
+  BOOST_TEST(!done.ready());
+  d->reply(std::move(answers));
+  BOOST_TEST(delivered_ok(done));
+  for (std::size_t k = 0; k < outputs.size(); ++k)
+    BOOST_TEST(floats(outputs[k]) == std::vector<float>(4, static_cast<float>(k)),
+               boost::test_tools::per_element());
+  // The answers counted as credit, as alone: the next round of every key leaves at once.
+  d->call(kv_call::push, small_keys(0, 5, 4));
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u);
+  for (const auto& next : messages_of(*d, 1))
+    BOOST_TEST(std::get<wire::push>(next).round == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_fused_frame_holds_at_most_its_bound_and_a_large_request_goes_alone) {
+  auto options = one_server();
+  options.fuse_item_bytes = 64;
+  options.fuse_frame_bytes = 3 * 16;
+  auto d = driver_for(options);
+  auto keys = small_keys(0, 4, 4);   // 16 bytes each
+  auto large = small_keys(4, 1, 32); // 128 bytes: above fuse_item_bytes
+  auto more = small_keys(5, 2, 4);
+  keys.insert(keys.end(), large.begin(), large.end());
+  keys.insert(keys.end(), more.begin(), more.end());
+  auto done = d->call(kv_call::push, std::move(keys));
+  // Frames in call order: keys 0-2 (the bound), 3 alone (the large one follows), 4, then 5-6.
+  std::vector<std::vector<std::uint64_t>> frames;
+  for (std::size_t f = 0; f < d->sent.size(); ++f) {
+    std::vector<std::uint64_t> keys_of_frame;
+    for (const auto& m : messages_of(*d, f))
+      keys_of_frame.push_back(std::get<wire::push>(m).key);
+    frames.push_back(keys_of_frame);
+  }
+  const std::vector<std::vector<std::uint64_t>> expected{{0, 1, 2}, {3}, {4}, {5, 6}};
+  BOOST_TEST(frames == expected);
+  BOOST_TEST(std::holds_alternative<wire::push>(d->sent[1].request.msg)); // one: no batch
+  for (const auto& push : d->sent_of<wire::push>())
+    d->ack(push.request_id, 1);
+  for (const auto& fused : d->sent_of<wire::batch>())
+    for (const auto& one : fused.messages)
+      d->ack(std::get<wire::push>(one).request_id, 1);
+  BOOST_TEST(delivered_ok(done));
+}
+
+BOOST_AUTO_TEST_CASE(without_fusion_every_request_has_a_frame_of_its_own) {
+  auto options = one_server();
+  options.fuse_frame_bytes = 0;
+  auto d = driver_for(options);
+  d->call(kv_call::push, small_keys(0, 5, 4));
+  BOOST_TEST(d->sent.size() == 5u);
+  BOOST_TEST(d->sent_of<wire::push>().size() == 5u);
+}
+
+BOOST_AUTO_TEST_CASE(each_server_gets_its_own_keys_fused) {
+  auto options = one_server();
+  options.num_servers = 2;
+  auto d = driver_for(options);
+  d->call(kv_call::push, small_keys(0, 6, 4));
+  // Each frame holds the keys of one server, and every key leaves once.
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u);
+  std::set<std::uint64_t> seen;
+  for (std::size_t f = 0; f < 2; ++f)
+    for (const auto& m : messages_of(*d, f)) {
+      BOOST_TEST(seen.insert(std::get<wire::push>(m).key).second);
+    }
+  BOOST_TEST(seen.size() == 6u);
+  BOOST_TEST(d->sent[0].server != d->sent[1].server);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
