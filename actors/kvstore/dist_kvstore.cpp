@@ -195,19 +195,24 @@ result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const 
     output_groups = std::move(*grouped);
   }
   auto built = status_of([&]() -> status {
+    op.keys.reserve(groups->size());
     for (std::size_t g = 0; g < groups->size(); ++g) {
       const auto& group = (*groups)[g];
       const auto& declared = *group.declaration;
       auto work = work_for(declared);
       if (pushes) {
-        std::vector<ndarray> list;
-        for (auto position : group.positions)
-          list.push_back(values[position]);
         // One host value goes out as it is (the caller leaves it alone until the request
         // completes, as kv_request says); a list is summed first, on the host or the devices.
-        ndarray merged = list.size() == 1 && list[0].ctx().is_cpu()
-                             ? list[0]
-                             : comm_->reduce(declared.index, list);
+        const auto& first = values[group.positions.front()];
+        ndarray merged;
+        if (group.positions.size() == 1 && first.ctx().is_cpu()) {
+          merged = first;
+        } else {
+          std::vector<ndarray> list;
+          for (auto position : group.positions)
+            list.push_back(values[position]);
+          merged = comm_->reduce(declared.index, list);
+        }
         work.value = merged.ctx().is_cpu() ? merged : merged.copy_to(context::cpu());
         // The worker actor reads the bytes on its own thread, which must not wait for queued
         // work (engine/dispatch.hpp): the wait is here, on the caller's.

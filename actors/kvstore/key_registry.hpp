@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "actors/kvstore/kvstore.hpp"
 
 namespace troupe {
@@ -27,7 +29,8 @@ struct key_declaration {
 /// The values of a batch call grouped by key: positions into the call's lists, in order.
 struct key_group {
   const key_declaration* declaration;
-  std::vector<std::size_t> positions;
+  /// Held inline: a key appears once in most calls, and a call may name 10,000 keys.
+  boost::container::small_vector<std::size_t, 1> positions;
 };
 
 class key_registry {

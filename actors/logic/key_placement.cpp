@@ -12,9 +12,8 @@ std::vector<server_key_range> server_key_ranges(std::uint32_t num_servers) {
   return ranges;
 }
 
-std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
-                                 std::uint32_t num_servers, std::int64_t bigarray_bound,
-                                 std::int64_t max_slice_elements) {
+key_slices place_key(std::uint64_t key, std::int64_t num_elements, std::uint32_t num_servers,
+                     std::int64_t bigarray_bound, std::int64_t max_slice_elements) {
   // Server i's range begins at max_key / S * i (server_key_ranges), computed here rather than
   // taken from that list: a call places every key it carries, and this path allocates nothing
   // more than the slices it returns.
@@ -33,7 +32,7 @@ std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
         std::min<std::uint64_t>(static_cast<std::uint64_t>(per_server), room));
   }
   const std::int64_t parts = servers_used * per_server;
-  std::vector<key_slice> slices;
+  key_slices slices;
   slices.reserve(static_cast<std::size_t>(parts));
   const auto per_part = static_cast<double>(num_elements) / static_cast<double>(parts);
   for (std::int64_t p = 0; p < parts; ++p) {

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 namespace troupe {
 
 /// ps-lite's kMaxKey: the key space is [0, max_key).
@@ -52,13 +54,15 @@ inline constexpr std::uint64_t max_sliced_key = std::uint64_t{1} << 32;
 /// The distance between the ps-keys of neighbouring slots of one key on one server.
 inline constexpr std::uint64_t slot_stride = (std::uint64_t{1} << 32) + 1;
 
+/// A key's slices: held inline for the usual key of one slice (a call may place 10,000 keys).
+using key_slices = boost::container::small_vector<key_slice, 1>;
+
 /// The slices of `key` with `num_elements` elements, in element order; they cover
 /// [0, num_elements) without gaps. `max_slice_elements` (0: no limit) caps a slice's size, except
 /// where the key space of a server has no room for more slots (then slices grow). Preconditions:
 /// num_servers > 0, key < max_sliced_key.
-std::vector<key_slice> place_key(std::uint64_t key, std::int64_t num_elements,
-                                 std::uint32_t num_servers, std::int64_t bigarray_bound,
-                                 std::int64_t max_slice_elements = 0);
+key_slices place_key(std::uint64_t key, std::int64_t num_elements, std::uint32_t num_servers,
+                     std::int64_t bigarray_bound, std::int64_t max_slice_elements = 0);
 
 /// The shard of a server that owns `ps_key`.
 inline std::uint32_t shard_of(std::uint64_t ps_key, std::uint32_t shards_per_server) {

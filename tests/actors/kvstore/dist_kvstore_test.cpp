@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <future>
 #include <set>
+#include <span>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -109,7 +110,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(key_slices)
 
 /// The slices cover [0, elements) in order, none larger than `cap`, and no two share a ps-key.
-void check_cover(const std::vector<key_slice>& slices, std::int64_t elements, std::int64_t cap) {
+void check_cover(const troupe::key_slices& slices, std::int64_t elements, std::int64_t cap) {
   std::int64_t covered = 0;
   std::set<std::uint64_t> ps_keys;
   for (const auto& slice : slices) {
