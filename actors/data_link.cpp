@@ -1147,6 +1147,9 @@ struct server_state {
   /// whether the broker's flush_writes_atom to itself is on its way.
   std::vector<std::uint64_t> deferred_writes;
   bool flush_posted = false;
+  /// A socket read is being handled: it writes what it deferred when it ends, so no flush is
+  /// posted for it (a message dispatched after every small request's reply).
+  bool in_read = false;
   std::uint64_t next_id = 1;
   /// "host:port" bound, the answer to (get_atom).
   std::string endpoint;
@@ -1275,7 +1278,7 @@ void defer_writes(server_broker* self, link_connection& c) {
     c.writes_deferred = true;
     st.deferred_writes.push_back(c.id);
   }
-  if (!st.flush_posted) {
+  if (!st.flush_posted && !st.in_read) {
     st.flush_posted = true;
     self->send(self, flush_writes_atom::value);
   }
@@ -1936,10 +1939,16 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         auto i = st.connections.find(msg.handle);
         if (i == st.connections.end() || i->second.closing)
           return;
-        on_socket_read(self, i->second, msg.buf);
+        {
+          // Reset however the read ends: a flag left set would post no flush again.
+          std::unique_ptr<bool, void (*)(bool*)> reading(&st.in_read,
+                                                         [](bool* flag) { *flag = false; });
+          st.in_read = true;
+          on_socket_read(self, i->second, msg.buf);
+        }
         // The replies made while reading (answered on this thread) go in one write per
-        // connection, unless more messages wait: then the flush defer_writes posted does it.
-        if (!st.deferred_writes.empty() && self->mailbox().empty())
+        // connection.
+        if (!st.deferred_writes.empty())
           flush_deferred(self);
       },
       [=](const caf::io::data_transferred_msg& msg) {

@@ -140,20 +140,17 @@ void worker_core::on_call(kv_operation& op) {
   case kv_call::push:
   case kv_call::pushpull:
   case kv_call::pull:
-    if (op.keys.size() > 1 && options_.fuse_frame_bytes > 0) {
+    if (op.keys.size() > 1) {
       // The keys' requests gather in the send queues, to leave fused (pump).
-      gathering_ = true;
+      begin_gathering();
       try {
         for (auto& work : op.keys)
           add_key(call, op.call, work, op.priority);
       } catch (...) {
-        gathering_ = false;
+        end_gathering();
         throw;
       }
-      gathering_ = false;
-      for (std::uint32_t server = 0; server < servers_.size(); ++server)
-        if (servers_[server].gathered > 0)
-          pump(server);
+      end_gathering();
     } else {
       for (auto& work : op.keys)
         add_key(call, op.call, work, op.priority);
@@ -162,6 +159,14 @@ void worker_core::on_call(kv_operation& op) {
   }
   if (call->remaining == 0)
     call->end(ok());
+}
+
+void worker_core::end_gathering() {
+  if (gathering_ == 0 || --gathering_ > 0)
+    return;
+  for (std::uint32_t server = 0; server < servers_.size(); ++server)
+    if (servers_[server].gathered > 0)
+      pump(server);
 }
 
 bool worker_core::sends_at_once(const kv_operation& op, std::size_t max_bytes) const {
@@ -474,13 +479,15 @@ void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request,
     ps->head_ready = true;
     server.ready.emplace(o.order, std::move(o));
   }
-  if (gathering_) {
+  if (gathering_ > 0 && options_.fuse_frame_bytes > 0) {
     // Gathered until a fused frame's worth is ready (or the call has been taken: on_call); a
     // pull counts as if it carried its value.
-    server.gathered += std::max(p->out_bytes.size(),
-                                p->value.is_none() ? 0
-                                                   : static_cast<std::size_t>(p->slice.size()) *
-                                                         size_of(p->value.dtype()));
+    // At least 1: a request without a tensor (a command) must be pumped too.
+    server.gathered +=
+        std::max<std::size_t>({1, p->out_bytes.size(),
+                               p->value.is_none() ? 0
+                                                  : static_cast<std::size_t>(p->slice.size()) *
+                                                        size_of(p->value.dtype())});
     if (server.gathered < options_.fuse_frame_bytes)
       return;
   }

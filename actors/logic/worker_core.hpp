@@ -223,6 +223,11 @@ public:
   void on_links(std::vector<std::string> names);
   /// A call from the facade; its outcome goes to op.done.
   void on_call(kv_operation& op);
+  /// Between these, the requests of the calls taken gather in the send queues, to leave fused
+  /// (see "Fusion") once a fused frame's worth is ready for a server, or at end_gathering. Calls
+  /// handed to the actor together are taken so. They nest.
+  void begin_gathering() noexcept { ++gathering_; }
+  void end_gathering();
   /// A reply from the server linked under tag reply.connection.
   void on_reply(envelope& reply);
   /// A frame handed over with this receipt has left: its bytes no longer count against its
@@ -496,8 +501,9 @@ private:
   std::unordered_map<std::uint64_t, slice_group> slice_groups_;
   /// resend() is putting a restarted server's requests in order again: no turn advances.
   bool turns_held_ = false;
-  /// on_call is taking a call of several keys: requests gather in the send queue (fusion).
-  bool gathering_ = false;
+  /// Calls are being taken (begin_gathering, a call of several keys): requests gather in the send
+  /// queues (fusion); the depth of the nesting.
+  std::uint32_t gathering_ = 0;
   std::uint64_t next_request_id_ = 1;
   std::uint64_t dropped_pushes_ = 0;
   /// For the summary: per server, and the answer times per kind of request.
