@@ -171,8 +171,9 @@ struct data_link_tuning {
   std::chrono::milliseconds handshake_timeout{10'000};
   /// After each frame it receives, the broker's multiplexer polls its sockets for this long
   /// before it sleeps in epoll_wait again (actors/io_spin.hpp): the next frame of a small round
-  /// trip is then found without a wake-up. Zero: CAF's blocking loop.
-  std::chrono::microseconds io_spin{50};
+  /// trip is then found without a wake-up. Zero (the default: on a loaded machine a polling
+  /// thread waits behind the threads that compute; docs/data-path.md): CAF's blocking loop.
+  std::chrono::microseconds io_spin{0};
   /// Fusion (docs/data-path.md, "Fusion"): a server's replies made together (the answers to one
   /// read, or to messages waiting in its mailbox) travel in one batch frame of at most
   /// fuse_frame_bytes of tensor, each carrying at most fuse_item_bytes. Nothing waits to be

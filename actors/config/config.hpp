@@ -153,7 +153,7 @@ struct cluster_config {
   std::int64_t shm_arena_bytes = 64 * 1024 * 1024;
   /// Microseconds a node's network thread polls its sockets after each received frame before
   /// it sleeps (actors/io_spin.hpp); 0: it sleeps at once.
-  std::int64_t io_spin_us = 50;
+  std::int64_t io_spin_us = 0;
   /// Fusion: requests to one server (and a server's answers to one worker) that are ready
   /// together travel in one frame of at most fuse_frame_bytes of tensor, each of at most
   /// fuse_item_bytes (docs/data-path.md, "Fusion"); fuse_frame_bytes 0: no fusion.

@@ -126,7 +126,7 @@ BOOST_AUTO_TEST_CASE(defaults_are_loopback_and_mxnet_values_and_leave_job_values
   BOOST_TEST(cfg.send_window_bytes == 4 * 1024 * 1024);
   BOOST_TEST(cfg.slice_credit == 4);
   BOOST_TEST(cfg.shm_arena_bytes == 64 * 1024 * 1024);
-  BOOST_TEST(cfg.io_spin_us == 50);
+  BOOST_TEST(cfg.io_spin_us == 0);
   BOOST_TEST(cfg.fuse_item_bytes == 16 * 1024);
   BOOST_TEST(cfg.fuse_frame_bytes == 256 * 1024);
 }
