@@ -725,6 +725,21 @@ BOOST_AUTO_TEST_CASE(small_and_large_tensors_round_trip_byte_identical) {
                                        std::size_t{16} << 20) == 4u);
 }
 
+BOOST_AUTO_TEST_CASE(both_ends_polling_after_each_frame_serve_round_trips_as_without) {
+  // data.io_spin_us above 0 (its default is 0): the multiplexers keep polling after each frame.
+  data_server_options server_options;
+  server_options.tuning.io_spin = std::chrono::microseconds{50};
+  auto server = start_server(std::move(server_options));
+  caf::scoped_actor self{*sys};
+  data_link_options link_options;
+  link_options.tuning.io_spin = std::chrono::microseconds{50};
+  auto link = connect(server.port, self, std::move(link_options));
+  for (std::uint64_t id = 1; id <= 50; ++id)
+    expect_round_trip(self, link, id, ramp(1024, static_cast<float>(id)));
+  BOOST_TEST(expect_chunked_round_trip(self, link, 99, ramp(std::size_t{1} << 20, 3.0f),
+                                       std::size_t{1} << 20) == 4u);
+}
+
 BOOST_AUTO_TEST_CASE(a_batch_is_taken_message_by_message_and_answers_made_together_go_fused) {
   for (const bool fusing : {true, false}) {
     // Pushes answered on the server broker's thread as they are taken, as a shard lane does.
