@@ -1322,7 +1322,8 @@ void queue_reply_envelope(server_broker* self, envelope& reply, bool reading) {
     return;
   }
   const auto& tuning = st.options.tuning;
-  if ((reading || !self->mailbox().empty()) && fusable_reply(reply.msg, tuning)) {
+  const bool more_coming = reading || !self->mailbox().empty();
+  if (more_coming && fusable_reply(reply.msg, tuning)) {
     // More replies come with it: they leave together, in one frame, when it is written.
     const auto* tensor = wire::tensor_of(reply.msg);
     const std::size_t bytes = tensor == nullptr ? 0 : tensor->data.size();
@@ -1341,7 +1342,7 @@ void queue_reply_envelope(server_broker* self, envelope& reply, bool reading) {
     queue_reply(*c, failure_reply(reply.msg, wire::error_code::internal, *why), st.options.tuning);
   }
   TROUPE_HOP(server_queued);
-  if (reading || !self->mailbox().empty()) {
+  if (more_coming) {
     defer_writes(self, *c);
     return;
   }
@@ -1458,15 +1459,11 @@ void route_request(server_broker* self, link_connection& c, envelope&& request) 
     if (st.options.take_request) {
       const auto sink = caf::actor_cast<reply_sink>(self);
       reply_collector here{caf::actor_cast<caf::abstract_actor*>(sink), {}};
-      auto* outer = std::exchange(reply_collector::current(), &here);
       bool taken = false;
-      try {
+      {
+        const reply_collector::scope collecting{here};
         taken = st.options.take_request(request, sink);
-      } catch (...) {
-        reply_collector::current() = outer;
-        throw;
       }
-      reply_collector::current() = outer;
       // The connection being read writes them with the replies to the rest of its read.
       for (auto& reply : here.replies)
         queue_reply_envelope(self, reply, true);
@@ -1939,13 +1936,10 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         auto i = st.connections.find(msg.handle);
         if (i == st.connections.end() || i->second.closing)
           return;
-        {
-          // Reset however the read ends: a flag left set would post no flush again.
-          std::unique_ptr<bool, void (*)(bool*)> reading(&st.in_read,
-                                                         [](bool* flag) { *flag = false; });
-          st.in_read = true;
-          on_socket_read(self, i->second, msg.buf);
-        }
+        // (An exception out of a handler ends the broker: the flag needs no guard.)
+        st.in_read = true;
+        on_socket_read(self, i->second, msg.buf);
+        st.in_read = false;
         // The replies made while reading (answered on this thread) go in one write per
         // connection.
         if (!st.deferred_writes.empty())

@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <caf/allowed_unsafe_message_type.hpp>
@@ -80,6 +81,18 @@ struct reply_collector {
     thread_local reply_collector* here = nullptr;
     return here;
   }
+  /// Makes `collector` this thread's for as long as it lives, then puts back the one before.
+  class scope {
+  public:
+    explicit scope(reply_collector& collector) : outer_(std::exchange(current(), &collector)) {}
+    ~scope() { current() = outer_; }
+    scope(const scope&) = delete;
+    scope& operator=(const scope&) = delete;
+
+  private:
+    reply_collector* outer_;
+  };
+
   /// Keeps `reply` when this thread collects for `sink`; false: send it.
   static bool collect_here(const void* sink, envelope& reply) {
     auto* here = current();

@@ -21,7 +21,7 @@ status key_registry::check_new(std::span<const kv_key> keys,
     return error{errc::empty_list, "init with an empty list of keys"};
   auto kind = kind_;
   // A hash of the batch's keys, not a scan of those before: inits of 10,000 keys are common.
-  std::unordered_set<std::string> seen;
+  std::unordered_set<kv_key> seen;
   seen.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto this_kind = kind_of(keys[i]);
@@ -32,7 +32,7 @@ status key_registry::check_new(std::span<const kv_key> keys,
     if (find(keys[i], "init").has_value())
       return error{errc::already_initialized,
                    "init of key " + to_string(keys[i]) + ", which is already initialised"};
-    if (!seen.insert(to_string(keys[i])).second)
+    if (!seen.insert(keys[i]).second)
       return error{errc::already_initialized,
                    "init lists key " + to_string(keys[i]) + " more than once"};
     if (values[i].is_none())

@@ -934,6 +934,13 @@ std::vector<kv_key_work> small_keys(std::int64_t first, std::int64_t count, std:
   return keys;
 }
 
+/// A worker of `options` just called to push keys 0 to count - 1, of 4 floats each.
+std::unique_ptr<worker_driver> after_small_pushes(worker_core_options options, std::int64_t count) {
+  auto d = driver_for(std::move(options));
+  d->call(kv_call::push, small_keys(0, count, 4));
+  return d;
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_SUITE(worker_fusion)
@@ -1004,8 +1011,7 @@ BOOST_AUTO_TEST_CASE(a_fused_frame_holds_at_most_its_bound_and_a_large_request_g
 BOOST_AUTO_TEST_CASE(without_fusion_every_request_has_a_frame_of_its_own) {
   auto options = one_server();
   options.fuse_frame_bytes = 0;
-  auto d = driver_for(options);
-  d->call(kv_call::push, small_keys(0, 5, 4));
+  auto d = after_small_pushes(options, 5);
   BOOST_TEST(d->sent.size() == 5u);
   BOOST_TEST(d->sent_of<wire::push>().size() == 5u);
 }
@@ -1013,8 +1019,7 @@ BOOST_AUTO_TEST_CASE(without_fusion_every_request_has_a_frame_of_its_own) {
 BOOST_AUTO_TEST_CASE(each_server_gets_its_own_keys_fused) {
   auto options = one_server();
   options.num_servers = 2;
-  auto d = driver_for(options);
-  d->call(kv_call::push, small_keys(0, 6, 4));
+  auto d = after_small_pushes(options, 6);
   // Each frame holds the keys of one server, and every key leaves once.
   BOOST_TEST_REQUIRE(d->sent.size() == 2u);
   std::set<std::uint64_t> seen;
