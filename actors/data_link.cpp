@@ -290,6 +290,20 @@ std::atomic<std::uint64_t> shm_tensor_bytes_received{0};
 
 /// Counts a tensor payload of a frame queued (`sent`) or handed on, by the way it travels.
 void count_tensor_bytes(const wire::message& msg, bool sent) {
+  if (const auto* fused = std::get_if<wire::batch>(&msg)) {
+    // Fused tensors travel inline, through the socket.
+    std::uint64_t bytes = 0;
+    for (const auto& one : fused->messages)
+      std::visit(
+          [&](const auto& m) {
+            if constexpr (requires { m.tensor; })
+              bytes += m.tensor.data.size();
+          },
+          one);
+    (sent ? socket_tensor_bytes_sent : socket_tensor_bytes_received)
+        .fetch_add(bytes, std::memory_order_relaxed);
+    return;
+  }
   const auto* tensor = wire::tensor_of(msg);
   if (tensor == nullptr || tensor->data.empty())
     return;

@@ -768,6 +768,7 @@ BOOST_AUTO_TEST_CASE(a_batch_is_taken_message_by_message_and_answers_made_togeth
     wire::batch requests;
     for (std::uint64_t id = 1; id <= 5; ++id)
       requests.messages.push_back(make_push(id, *values));
+    const auto before = process_link_tensor_bytes();
     self->send(link, envelope{requests, values, 0});
     std::vector<std::uint64_t> answered;
     std::size_t frames = 0;
@@ -786,6 +787,10 @@ BOOST_AUTO_TEST_CASE(a_batch_is_taken_message_by_message_and_answers_made_togeth
     BOOST_TEST(answered == in_order);
     // Made while one read was handled: one frame, unless fusion is off.
     BOOST_TEST(frames == (fusing ? 1u : 5u));
+    // The fused tensors are counted as socket traffic (both ends are in this process).
+    const auto after = process_link_tensor_bytes();
+    BOOST_TEST(after.socket_sent - before.socket_sent >= 5 * 256 * sizeof(float));
+    BOOST_TEST(after.socket_received - before.socket_received >= 5 * 256 * sizeof(float));
     std::lock_guard hold{*taken_lock};
     BOOST_TEST(*taken == in_order);
   }
