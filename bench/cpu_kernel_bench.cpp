@@ -14,17 +14,25 @@
 //              NAG 5 x n x 4, Adam 7 x n x 4, RMSProp and AdaGrad 5 x n x 4, centered RMSProp
 //              9 x n x 4; float16 kernels count 2 bytes per element
 //   gb_per_s   bytes / median_s / 1e9
-//   ratio_to_add   gb_per_s / a += b's gb_per_s: how close a kernel comes to the single-core
-//              bandwidth of the plainest in-place kernel
+//   ratio_to_add   the kernel's GB/s over a += b's, median over --repeats pairs (each timed call
+//              of the kernel right after one of a += b): how close a kernel comes to the
+//              single-core bandwidth of the plainest in-place kernel
 // so a kernel bound by memory, as every one of these should be, is near 1.
+//
+// Buffers are --spacing-kib KiB longer than they need to be (default 64), so that consecutive
+// buffers do not start a power of two apart: on this project's EPYC VM, streams exactly 64 MiB
+// apart (what consecutive 64 MiB allocations get) run centered RMSProp at half speed, while 64 KiB
+// more restores it (BENCHMARKS.md); --spacing-kib 0 measures that placement.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +51,8 @@ namespace {
 
 struct settings {
   std::size_t megabytes = 64;
+  /// Unused bytes after each buffer, in KiB (see the file comment).
+  std::size_t spacing_kib = 64;
   int repeats = 9;
   /// Kernels to time by name (empty: all); `a += b` is timed whenever a ratio needs it.
   std::vector<std::string> kernels;
@@ -52,13 +62,14 @@ struct settings {
   }
 };
 
-/// `count` buffers of n elements, each filled with its own value (first touch happens here, not
-/// in the timed calls).
+/// `count` buffers of n elements (plus the spacing), each filled with its own value (first touch
+/// happens here, not in the timed calls).
 template <class T>
-std::vector<std::vector<T>> buffers(std::size_t count, std::size_t n, T first) {
+std::vector<std::vector<T>> buffers(const settings& s, std::size_t count, std::size_t n, T first) {
+  const std::size_t spacing = (s.spacing_kib << 10) / sizeof(T);
   std::vector<std::vector<T>> out;
   for (std::size_t k = 0; k < count; ++k)
-    out.emplace_back(n, static_cast<T>(first + static_cast<T>(k)));
+    out.emplace_back(n + spacing, static_cast<T>(first + static_cast<T>(k)));
   return out;
 }
 
@@ -66,9 +77,40 @@ std::vector<std::vector<T>> buffers(std::size_t count, std::size_t n, T first) {
 double print_bandwidth(const settings& s, const std::string& kernel, double bytes, double median,
                        double add_gb_per_s, json_line::object line = {}) {
   line["bench"] = "cpu_kernel";
+  line["spacing_kib"] = s.spacing_kib;
   line["kernel"] = kernel;
   return troupe::bench::print_bandwidth(std::move(line), bytes, median, s.repeats, add_gb_per_s,
                                         "ratio_to_add");
+}
+
+/// A kernel timed beside a += b: each timed call of the kernel follows one of a += b, so that a
+/// change of the machine's bandwidth during the run (other processes, the VM's neighbours) moves
+/// both sides of a ratio alike.
+struct beside_add_times {
+  double median_s = 0;
+  /// Median over the pairs of the kernel's GB/s over a += b's.
+  double ratio = 0;
+};
+
+beside_add_times time_beside(int repeats, const std::function<void()>& add, double add_bytes,
+                             const std::function<void()>& kernel, double kernel_bytes) {
+  using clock_type = std::chrono::steady_clock;
+  const auto seconds_of = [](const std::function<void()>& call) {
+    const auto start = clock_type::now();
+    call();
+    return std::chrono::duration<double>(clock_type::now() - start).count();
+  };
+  add();
+  kernel();
+  std::vector<double> kernel_seconds, ratios;
+  for (int r = 0; r < repeats; ++r) {
+    const double add_s = seconds_of(add);
+    const double kernel_s = seconds_of(kernel);
+    kernel_seconds.push_back(kernel_s);
+    ratios.push_back((kernel_bytes / kernel_s) / (add_bytes / add_s));
+  }
+  return {troupe::bench::median(std::move(kernel_seconds)),
+          troupe::bench::median(std::move(ratios))};
 }
 
 void run(const settings& s) {
@@ -77,7 +119,7 @@ void run(const settings& s) {
   const double per_buffer = static_cast<double>(bytes);
 
   if (s.wants("memcpy")) {
-    auto b = buffers<float>(2, n, 1.0f);
+    auto b = buffers<float>(s, 2, n, 1.0f);
     print_bandwidth(
         s, "memcpy", 2 * per_buffer,
         median_seconds(s.repeats, [&] { std::memcpy(b[0].data(), b[1].data(), bytes); }), 0);
@@ -85,49 +127,53 @@ void run(const settings& s) {
   const bool only_memcpy = s.kernels.size() == 1 && s.kernels[0] == "memcpy";
   if (only_memcpy)
     return;
-  double add = 0;
-  {
-    auto b = buffers<float>(2, n, 0.0f);
-    add = print_bandwidth(
-        s, "a += b", 3 * per_buffer,
-        median_seconds(s.repeats, [&] { cpu::add(b[0].data(), b[1].data(), b[0].data(), n); }), 0);
-  }
+  auto add_buffers = buffers<float>(s, 2, n, 0.0f);
+  const std::function<void()> add = [&] {
+    cpu::add(add_buffers[0].data(), add_buffers[1].data(), add_buffers[0].data(), n);
+  };
+  print_bandwidth(s, "a += b", 3 * per_buffer, median_seconds(s.repeats, add), 0);
+  const auto beside_add = [&](const std::string& kernel, double kernel_bytes,
+                              const std::function<void()>& call, json_line::object line = {}) {
+    const auto times = time_beside(s.repeats, add, 3 * per_buffer, call, kernel_bytes);
+    line["ratio_to_add"] = json_line::fixed(times.ratio, 3);
+    print_bandwidth(s, kernel, kernel_bytes, times.median_s, 0, std::move(line));
+  };
   for (std::size_t count : {2u, 8u}) {
     if (!s.wants("sum_n"))
       break;
-    auto b = buffers<float>(count + 1, n, 1.0f);
+    auto b = buffers<float>(s, count + 1, n, 1.0f);
     std::vector<const float*> inputs;
     for (std::size_t k = 0; k < count; ++k)
       inputs.push_back(b[k].data());
     json_line::object line;
     line["inputs"] = count;
-    print_bandwidth(
-        s, "sum_n", static_cast<double>(count + 1) * per_buffer,
-        median_seconds(s.repeats, [&] { cpu::sum_n(inputs.data(), count, b[count].data(), n); }),
-        add, line);
+    beside_add(
+        "sum_n", static_cast<double>(count + 1) * per_buffer,
+        [&] { cpu::sum_n(inputs.data(), count, b[count].data(), n); }, line);
   }
   if (s.wants("sum_n_half")) {
-    std::vector<std::vector<cpu::half_bits>> b(
-        3, std::vector<cpu::half_bits>(halves, cpu::float_to_half(0.25f)));
+    const auto quarter = cpu::float_to_half(0.25f);
+    auto b = buffers<cpu::half_bits>(s, 3, halves, quarter);
+    for (auto& buffer : b)
+      std::fill(buffer.begin(), buffer.end(), quarter);
     const cpu::half_bits* inputs[] = {b[0].data(), b[1].data()};
     json_line::object line;
     line["inputs"] = 2;
-    print_bandwidth(
-        s, "sum_n_half", 3.0 * static_cast<double>(halves * sizeof(cpu::half_bits)),
-        median_seconds(s.repeats, [&] { cpu::sum_n_half(inputs, 2, b[2].data(), halves); }), add,
-        line);
+    beside_add(
+        "sum_n_half", 3.0 * static_cast<double>(halves * sizeof(cpu::half_bits)),
+        [&] { cpu::sum_n_half(inputs, 2, b[2].data(), halves); }, line);
   }
 
   // The rules, each on weight, gradient and its state buffers; the values stay finite over the
   // calls (small steps from 0.5).
-  auto b = buffers<float>(6, n, 0.5f);
+  auto b = buffers<float>(s, 6, n, 0.5f);
   float *weight = b[0].data(), *s1 = b[2].data(), *s2 = b[3].data(), *s3 = b[4].data();
   const float* grad = b[1].data();
   const cpu::gradient_settings gradient{};
   const auto rule = [&](const std::string& name, int buffers_touched, auto&& call) {
     if (!s.wants(name))
       return;
-    print_bandwidth(s, name, buffers_touched * per_buffer, median_seconds(s.repeats, call), add);
+    beside_add(name, buffers_touched * per_buffer, call);
   };
   rule("test", 3, [&] { cpu::test_update(weight, grad, n, 1e-6f); });
   rule("sgd", 3, [&] { cpu::sgd_update(weight, grad, nullptr, n, 1e-6f, 0.0f, 1e-4f, gradient); });
@@ -154,6 +200,8 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe CPU kernel benchmark: a shard's sum and optimizer rules against a += b"};
   settings s;
   app.add_option("--megabytes", s.megabytes, "MiB per buffer")->check(CLI::Range(1, 16384));
+  app.add_option("--spacing-kib", s.spacing_kib, "unused KiB after each buffer (0: none)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--repeats", s.repeats, "timed calls per measurement (median)")
       ->check(CLI::Range(1, 100000));
   app.add_option("--kernels", s.kernels,

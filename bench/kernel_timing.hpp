@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/json_line.hpp"
@@ -15,6 +16,15 @@
 namespace troupe::bench {
 
 /// Median seconds of `repeats` calls of `body`, after one untimed warm-up call.
+/// The median of `values` (the mean of the middle two when their count is even); 0 when empty.
+inline double median(std::vector<double> values) {
+  if (values.empty())
+    return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
 inline double median_seconds(int repeats, const std::function<void()>& body) {
   using clock_type = std::chrono::steady_clock;
   body();
@@ -24,9 +34,7 @@ inline double median_seconds(int repeats, const std::function<void()>& body) {
     body();
     seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
   }
-  std::sort(seconds.begin(), seconds.end());
-  const std::size_t middle = seconds.size() / 2;
-  return seconds.size() % 2 == 1 ? seconds[middle] : (seconds[middle - 1] + seconds[middle]) / 2;
+  return median(std::move(seconds));
 }
 
 /// Prints `line` with the bandwidth of `bytes` read and written in `median` seconds, and its ratio

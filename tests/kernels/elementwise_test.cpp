@@ -141,7 +141,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fill_writes_the_value_everywhere_on_every_size, T,
 BOOST_AUTO_TEST_CASE_TEMPLATE(sum_n_adds_inputs_left_to_right_on_every_size_and_count, T,
                               element_types) {
   for (std::size_t n : sizes) {
-    for (std::size_t count : {0u, 1u, 2u, 3u, 4u, 9u}) {
+    for (std::size_t count : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 16u, 19u}) {
       auto rng = rng_for(17 + count, n);
       std::vector<std::vector<T>> inputs;
       std::vector<const T*> pointers;
