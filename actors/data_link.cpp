@@ -291,17 +291,18 @@ std::atomic<std::uint64_t> shm_tensor_bytes_received{0};
 /// Counts a tensor payload of a frame queued (`sent`) or handed on, by the way it travels.
 void count_tensor_bytes(const wire::message& msg, bool sent) {
   if (const auto* fused = std::get_if<wire::batch>(&msg)) {
-    // Fused tensors travel inline, through the socket.
-    std::uint64_t bytes = 0;
+    std::uint64_t socket_bytes = 0, shm_bytes = 0;
     for (const auto& one : fused->messages)
       std::visit(
           [&](const auto& m) {
             if constexpr (requires { m.tensor; })
-              bytes += m.tensor.data.size();
+              (m.tensor.shm ? shm_bytes : socket_bytes) += m.tensor.data.size();
           },
           one);
     (sent ? socket_tensor_bytes_sent : socket_tensor_bytes_received)
-        .fetch_add(bytes, std::memory_order_relaxed);
+        .fetch_add(socket_bytes, std::memory_order_relaxed);
+    (sent ? shm_tensor_bytes_sent : shm_tensor_bytes_received)
+        .fetch_add(shm_bytes, std::memory_order_relaxed);
     return;
   }
   const auto* tensor = wire::tensor_of(msg);
@@ -349,9 +350,55 @@ wire::message failure_reply(const wire::message& request, wire::error_code code,
 /// Encodes `msg` for the wire, or says why it cannot go: encode refused it, or it is bigger than
 /// the peer accepts (our own limit: both ends of a job use one configuration). On a connection
 /// with an accepted arena, a tensor payload of at least shm_threshold_bytes is copied into a
-/// region of the arena (instead of into CAF's write buffer later) and the frame references it;
-/// when the ring has no room it goes inline, as without an arena.
+/// region of the arena (instead of into CAF's write buffer later) and the frame references it,
+/// and so are the tensors of a batch that hold that much together (batch_into_arena); when the
+/// ring has no room they go inline, as without an arena.
 void seal_fused(link_connection& c, const data_link_tuning& tuning);
+
+/// Copies the tensors of batch `fused` into one region of the arena when they hold at least
+/// shm_threshold_bytes together, each at a 64-byte boundary and the first at the region's start:
+/// the receiver holds that offset for the whole batch and releases it when the last of the
+/// batch's messages is done (data_link_framing.cpp, frame_receiver::deliver). Returns the
+/// region, or nothing when the batch stays inline (no arena, too little, no room).
+std::optional<std::size_t> batch_into_arena(link_connection& c, wire::batch& fused,
+                                            const data_link_tuning& tuning) {
+  constexpr std::size_t boundary = 64;
+  const auto padded = [](std::size_t bytes) {
+    return (bytes + boundary - 1) / boundary * boundary;
+  };
+  const auto each_tensor = [&](auto&& act) {
+    for (auto& one : fused.messages)
+      std::visit(
+          [&](auto& m) {
+            if constexpr (requires { m.tensor; })
+              act(m.tensor);
+          },
+          one);
+  };
+  std::size_t total = 0;
+  each_tensor([&](wire::tensor_chunk& t) {
+    t.shm.reset(); // an echo of a received tensor references the peer's arena, not ours
+    total += padded(t.data.size());
+  });
+  if (!c.tx_on || total < tuning.shm_threshold_bytes || total >= tuning.limits.max_frame_bytes)
+    return std::nullopt;
+  const auto region = c.tx->allocate(total);
+  if (!region)
+    return std::nullopt;
+  auto arena = c.tx->bytes();
+  std::size_t at = *region;
+  each_tensor([&](wire::tensor_chunk& t) {
+    const std::size_t size = t.data.size();
+    if (size == 0)
+      return; // a tensor of no bytes stays inline (Tensor.shm with 0 bytes means none)
+    auto into = arena.subspan(at, size);
+    std::memcpy(into.data(), t.data.data(), size);
+    t.shm = wire::shm_ref{at, size};
+    t.data = into;
+    at += padded(size);
+  });
+  return region;
+}
 
 std::optional<std::string> encode_into(link_connection& c, wire::message& msg,
                                        std::shared_ptr<const void> keepalive,
@@ -373,6 +420,10 @@ std::optional<std::string> encode_into(link_connection& c, wire::message& msg,
       tensor->data = into;
       keepalive.reset(); // the caller's memory is not read again
     }
+  } else if (auto* fused = std::get_if<wire::batch>(&msg)) {
+    region = batch_into_arena(c, *fused, tuning);
+    if (region)
+      keepalive.reset();
   }
   auto give_back = [&] {
     if (region)

@@ -1,9 +1,9 @@
 // Conversion between troupe::wire structs and Cap'n Proto frames (format in troupe.capnp).
 //
 // Decoding distrusts every byte: sizes and the segment table are checked before Cap'n Proto sees
-// the buffer, the reader's traversal limit is the frame's own word count (so a frame cannot make
-// the reader walk more than it sent, and a large tensor chunk is not cut off by the 64 MiB
-// default), every pointer is followed once (a second read would count twice against that limit),
+// the buffer, the reader's traversal limit is twice the frame's own word count (so a frame cannot
+// make the reader walk much more than it sent, and a large tensor chunk is not cut off by the
+// 64 MiB default), every pointer is followed once (a second read would count twice against it),
 // and all failures, Cap'n Proto's kj::Exception included, end as a decode_error value.
 
 #include "schema/codec.hpp"
@@ -336,8 +336,10 @@ struct size_estimate {
   }
   void operator()(const batch& m) {
     for (const auto& one : m.messages) {
-      // A list element is a Message struct: its union tag and one pointer.
-      size_estimate item{4, true};
+      // A list element is a Message struct (its union tag and one pointer), and the request or
+      // answer it points to: its fields and the pointer to its tensor. Fewer words than that put
+      // a batch of small values referenced in the arena in two segments.
+      size_estimate item{8, true};
       std::visit(item, one);
       words += item.words;
     }
@@ -868,9 +870,7 @@ private:
       auto one = read(element);
       const std::string_view kind = kind_name(one);
       if (const auto* tensor = tensor_of(one)) {
-        if (tensor->shm)
-          fail(decode_error::code::invalid_tensor,
-               "a " + std::string(kind) + " in a batch references the shared-memory arena");
+        // A reference into the arena was resolved and bounds-checked by read(), as alone.
         if (tensor->offset != 0 || tensor->data.size() != tensor->total_bytes)
           fail(decode_error::code::invalid_tensor,
                "a " + std::string(kind) + " in a batch carries a chunk of " +
@@ -1204,7 +1204,7 @@ private:
                  {},
                  std::nullopt};
     m.nonce = digest(r.hasNonce(), r.getNonce(), "link hello nonce");
-    // Each field is read once: the traversal limit is the frame's own size.
+    // Each field is read once: the traversal limit is bounded by the frame's own size.
     if (r.hasProof())
       if (auto proof = r.getProof(); proof.size() != 0)
         m.proof = digest(true, proof, "link hello proof");
@@ -1321,7 +1321,10 @@ result<decoded_message> decode_checked(std::span<const std::byte> body, const de
   }
 
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = words;
+  // Twice the frame and a little: Cap'n Proto charges a few words more than a segment holds when
+  // pointers cross segments (a batch of 40 small values in two segments, 610 words of segments,
+  // needed 613-616), and a tight limit refused such frames.
+  options.traversalLimitInWords = 2 * words + 64;
   options.nestingLimit = nesting_limit;
   capnp::FlatArrayMessageReader frame(kj::arrayPtr(static_cast<const capnp::word*>(at), words),
                                       options);

@@ -674,7 +674,9 @@ struct Message {
     # server's replies to one worker: docs/data-path.md, "Fusion"). Each element is handled
     # exactly as if it had come alone in its own frame, in list order, at the batch's place in
     # the stream; none is a Batch. A worker's batch holds only Push, PullRequest and PushPull;
-    # a server's only Ack, PullReply and Error. A tensor in a batch is whole (one chunk) and
-    # inline (never Tensor.shm). At most 65,536 elements.
+    # a server's only Ack, PullReply and Error. A tensor in a batch is whole (one chunk). The
+    # tensors of a batch in the sender's arena (Tensor.shm) share one region, which starts at the
+    # first of them: the receiver releases that offset once, for the whole batch. At most 65,536
+    # elements.
   }
 }

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <limits>
 #include <new>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <variant>
 
 namespace troupe {
 
@@ -579,6 +581,35 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
   return deliver(pool_->keep(std::move(body)), frame_bytes);
 }
 
+namespace {
+
+/// What a batch with tensors in the peer's arena keeps: the region's hold and the frame.
+struct batch_holds {
+  std::shared_ptr<const void> region;
+  std::shared_ptr<const void> frame;
+  batch_holds(std::shared_ptr<const void> region_hold, std::shared_ptr<const void> frame_hold)
+      : region(std::move(region_hold)), frame(std::move(frame_hold)) {}
+};
+
+/// The arena offset of the first tensor of `fused` that lies in the arena, if any.
+std::optional<std::uint64_t> first_arena_offset(const wire::batch& fused) {
+  for (const auto& one : fused.messages) {
+    std::optional<std::uint64_t> offset;
+    std::visit(
+        [&](const auto& m) {
+          if constexpr (requires { m.tensor; })
+            if (m.tensor.shm)
+              offset = m.tensor.shm->offset;
+        },
+        one);
+    if (offset)
+      return offset;
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
 receive_outcome frame_receiver::deliver(std::shared_ptr<const std::vector<char>> owner,
                                         std::uint64_t frame_bytes) {
   // The frame's reservations: released when this returns, unless the envelope takes them along.
@@ -599,11 +630,20 @@ receive_outcome frame_receiver::deliver(std::shared_ptr<const std::vector<char>>
   }
   envelope env;
   env.msg = std::move(decoded->msg);
+  const auto* fused = std::get_if<wire::batch>(&env.msg);
+  const auto batch_region = fused != nullptr ? first_arena_offset(*fused) : std::nullopt;
   if (const auto* tensor = wire::tensor_of(env.msg); tensor != nullptr && tensor->shm) {
     // The bytes are in the peer's arena (decode checked the bounds); the frame buffer goes back
     // to the pool right here, and the region goes back to the peer with the last envelope copy.
     env.keepalive = arena_->hold(tensor->shm->offset);
-  } else if (tensor != nullptr || std::holds_alternative<wire::batch>(env.msg)) {
+  } else if (batch_region) {
+    // A batch's tensors in the arena share one region, which starts at the first of them
+    // (data_link.cpp, batch_into_arena): one hold for all, and the frame for any inline one.
+    std::shared_ptr<const void> frame =
+        decoded->copied() ? std::make_shared<wire::decoded_message>(std::move(*decoded))
+                          : std::shared_ptr<const void>(std::move(owner));
+    env.keepalive = std::make_shared<batch_holds>(arena_->hold(*batch_region), std::move(frame));
+  } else if (tensor != nullptr || fused != nullptr) {
     // (A batch's tensors view it too.) operator new aligns vectors to 16 bytes, so decode reads in
     // place and the tensor views the frame buffer; were it ever copied, the aligned copy lives in
     // the decoded_message instead.

@@ -141,6 +141,12 @@ void shm_send_arena::unlink() noexcept {
   }
 }
 
+namespace {
+/// How many times the new region and the bytes in flight the free start of the arena must hold
+/// before a region goes there while the end still has room (shm_send_arena::allocate).
+constexpr std::size_t early_wrap_room = 4;
+} // namespace
+
 std::optional<std::size_t> shm_send_arena::allocate(std::size_t bytes) {
   if (bytes == 0 || bytes > size_)
     return std::nullopt;
@@ -159,11 +165,19 @@ std::optional<std::size_t> shm_send_arena::allocate(std::size_t bytes) {
       if (need > front - back_end)
         return std::nullopt;
       at = back_end;
-    } else if (need <= front) {
-      // In use: [front, back_end). The start is free: wrap early to keep few pages in use.
+    } else if (early_wrap_room * (need + (back_end - front)) <= front) {
+      // In use: [front, back_end). The free start holds several times this region and what is
+      // in flight: wrap early, to keep few pages in use (and warm).
       at = 0;
     } else if (need <= size_ - back_end) {
+      // Wrapping now would leave only [0, front) for everything sent until the front region is
+      // released. Wrapping whenever the start had room for the region (as before) left room for a
+      // region or two when a few were in flight, and the rest went inline while most of the
+      // arena stood free: a simulation of 80 KiB regions with up to 6 in flight, released in
+      // order, failed 19 % of allocations so, none with the start holding 4 times as much.
       at = back_end;
+    } else if (need <= front) {
+      at = 0;
     } else {
       return std::nullopt;
     }

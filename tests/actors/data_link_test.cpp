@@ -740,6 +740,15 @@ BOOST_AUTO_TEST_CASE(both_ends_polling_after_each_frame_serve_round_trips_as_wit
                                        std::size_t{1} << 20) == 4u);
 }
 
+/// Acks `request` as a shard lane answers on the server broker's thread: collected there when a
+/// collector is in place, else sent.
+void ack_on_this_thread(const envelope& request, std::uint64_t request_id, std::uint64_t round,
+                        const reply_sink& sink) {
+  envelope answer{wire::ack{request_id, round}, nullptr, request.connection};
+  if (!reply_collector::collect_here(caf::actor_cast<caf::abstract_actor*>(sink), answer))
+    caf::anon_send(sink, std::move(answer));
+}
+
 BOOST_AUTO_TEST_CASE(a_batch_is_taken_message_by_message_and_answers_made_together_go_fused) {
   for (const bool fusing : {true, false}) {
     // Pushes answered on the server broker's thread as they are taken, as a shard lane does.
@@ -756,9 +765,7 @@ BOOST_AUTO_TEST_CASE(a_batch_is_taken_message_by_message_and_answers_made_togeth
         std::lock_guard hold{*taken_lock};
         taken->push_back(push->request_id);
       }
-      envelope answer{wire::ack{push->request_id, 7}, nullptr, request.connection};
-      if (!reply_collector::collect_here(caf::actor_cast<caf::abstract_actor*>(sink), answer))
-        caf::anon_send(sink, std::move(answer));
+      ack_on_this_thread(request, push->request_id, 7, sink);
       return true;
     };
     auto server = start_server(std::move(options));
@@ -794,6 +801,68 @@ BOOST_AUTO_TEST_CASE(a_batch_is_taken_message_by_message_and_answers_made_togeth
     std::lock_guard hold{*taken_lock};
     BOOST_TEST(*taken == in_order);
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_batch_of_small_tensors_goes_through_the_arena_and_its_region_comes_back) {
+  // 20 pushes of 4 KiB fused: 80 KiB together, above shm_threshold_bytes, so one region of the
+  // client's arena holds them and the frame only references it. 1,000 such batches are 80 MB, more
+  // than the 64 MiB arena: every one goes through it only if each region is released once the
+  // server is done with the batch.
+  auto checked = std::make_shared<std::atomic<std::uint64_t>>(0);
+  auto wrong = std::make_shared<std::atomic<std::uint64_t>>(0);
+  auto values = ramp(1024);
+  data_server_options options;
+  options.take_request = [checked, wrong, values](envelope& request, const reply_sink& sink) {
+    const auto* push = std::get_if<wire::push>(&request.msg);
+    if (push == nullptr)
+      return false;
+    const bool same =
+        push->tensor.shm.has_value() &&
+        push->tensor.data.size() == values->size() * sizeof(float) &&
+        std::memcmp(push->tensor.data.data(), values->data(), push->tensor.data.size()) == 0;
+    // await_connection's push (id 0) is neither: it came before the arena was on.
+    if (push->request_id != 0)
+      (same ? *checked : *wrong) += 1;
+    ack_on_this_thread(request, push->request_id, 1, sink);
+    return true;
+  };
+  auto server = start_server(std::move(options));
+  caf::scoped_actor self{*sys};
+  auto link = connect(server.port, self);
+  // What is sent before the server has accepted the arena goes inline.
+  await_connection(self, link);
+  auto sending = [](const data_link_stats& s) { return s.shm_send; };
+  BOOST_TEST_REQUIRE(sending(await_stats([&] { return stats_of(link); }, sending)));
+  constexpr std::uint64_t batches = 1000, per_batch = 20;
+  const std::uint64_t batch_bytes = per_batch * values->size() * sizeof(float);
+  const auto before = process_link_tensor_bytes();
+  std::uint64_t answered = 0, id = 0;
+  const auto answers_until = [&](std::uint64_t most_unanswered) {
+    while (id - answered > most_unanswered) {
+      auto reply = next_envelope(self);
+      BOOST_TEST_REQUIRE(reply.has_value());
+      if (const auto* fused = std::get_if<wire::batch>(&reply->msg))
+        answered += fused->messages.size();
+      else
+        answered += std::holds_alternative<wire::ack>(reply->msg) ? 1 : 0;
+    }
+  };
+  for (std::uint64_t b = 0; b < batches; ++b) {
+    wire::batch requests;
+    for (std::uint64_t i = 0; i < per_batch; ++i)
+      requests.messages.push_back(make_push(++id, *values));
+    self->send(link, envelope{requests, values, 0});
+    // A few batches in flight at a time: the arena, not the window, is what is tested.
+    answers_until(4 * per_batch);
+  }
+  answers_until(0);
+  BOOST_TEST(checked->load() == batches * per_batch);
+  BOOST_TEST(wrong->load() == 0u);
+  const auto after = process_link_tensor_bytes();
+  // (The counters are the process's: a stray frame of another link could only add to them.)
+  BOOST_TEST(after.shm_sent - before.shm_sent >= batches * batch_bytes);
+  BOOST_TEST(after.shm_received - before.shm_received >= batches * batch_bytes);
+  BOOST_TEST(after.socket_sent - before.socket_sent < batch_bytes); // no batch went inline
 }
 
 BOOST_AUTO_TEST_CASE(many_frames_of_mixed_sizes_arrive_in_the_order_they_were_sent) {
@@ -1900,7 +1969,8 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(shm_arena_alone)
 
-BOOST_AUTO_TEST_CASE(the_ring_reclaims_only_the_released_prefix_and_wraps_early) {
+BOOST_AUTO_TEST_CASE(
+    the_ring_reclaims_only_the_released_prefix_and_wraps_early_when_the_start_has_room) {
   auto created = shm_send_arena::create(std::size_t{1} << 20);
   BOOST_TEST_REQUIRE(created.has_value());
   auto& ring = **created;
@@ -1928,6 +1998,17 @@ BOOST_AUTO_TEST_CASE(the_ring_reclaims_only_the_released_prefix_and_wraps_early)
   BOOST_TEST(ring.outstanding() == 0u);
   BOOST_TEST((ring.allocate(std::size_t{1} << 20) == std::optional<std::size_t>{0}));
   BOOST_TEST(!ring.allocate((std::size_t{1} << 20) + 1).has_value());
+  BOOST_TEST(ring.release(0));
+  // Many small regions in flight and the first one back: the end of the arena is used before the
+  // start, whose room would hold only one of them (wrapping there refused the next ones).
+  constexpr std::size_t small = 64 * 1024;
+  for (std::size_t i = 0; i < 4; ++i)
+    BOOST_TEST((ring.allocate(small) == std::optional<std::size_t>{i * small}));
+  BOOST_TEST(ring.release(0));
+  for (std::size_t i = 4; i < 16; ++i)
+    BOOST_TEST((ring.allocate(small) == std::optional<std::size_t>{i * small}), i);
+  BOOST_TEST((ring.allocate(small) == std::optional<std::size_t>{0})); // the end is reached
+  BOOST_TEST(!ring.allocate(small).has_value());
   ring.unlink();
   BOOST_TEST(!std::filesystem::exists(ring.name()));
 }

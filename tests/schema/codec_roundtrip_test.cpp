@@ -305,6 +305,33 @@ BOOST_AUTO_TEST_CASE(a_batch_copies_its_tensors_into_the_frame_whatever_their_si
   BOOST_TEST(to_batched(pull_request{9}).has_value());
 }
 
+BOOST_AUTO_TEST_CASE(a_batch_of_values_in_the_arena_is_one_segment_and_decodes) {
+  // A server's answers to 40 pulls of 4 KiB through the shared-memory arena: the frame holds only
+  // the references. Its first segment once came out too small, and the second segment's far
+  // pointers cost Cap'n Proto's reader more than the frame's own word count, which the traversal
+  // limit then was: the frame was refused.
+  std::vector<std::uint64_t> arena_words(40 * 512);
+  const auto arena = std::as_bytes(std::span(arena_words));
+  batch sent;
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    auto tensor = float_tensor(arena.subspan(i * 4096, 4096), 1, 1024);
+    tensor.shape = {1024};
+    tensor.shm = shm_ref{i * 4096, 4096};
+    sent.messages.push_back(pull_reply{i, 1000 + i, 3, tensor});
+  }
+  auto frame = encode(sent).flatten();
+  std::uint32_t segments_less_one = 0;
+  std::memcpy(&segments_less_one, frame.data() + frame_prefix_bytes, sizeof segments_less_one);
+  BOOST_TEST(segments_less_one == 0u);
+  auto result = decode(frame, {}, arena);
+  BOOST_TEST_REQUIRE(result.has_value());
+  const auto& items = std::get<batch>(result->msg).messages;
+  BOOST_TEST_REQUIRE(items.size() == 40u);
+  const auto& last = std::get<pull_reply>(items.back()).tensor;
+  BOOST_TEST(last.data.data() == arena.data() + 39 * 4096);
+  BOOST_TEST(last.data.size() == 4096u);
+}
+
 BOOST_AUTO_TEST_CASE(the_frame_starts_with_its_body_length_in_little_endian) {
   auto frame = encode(ack{1}).flatten();
   BOOST_TEST_REQUIRE(frame.size() >= 16u);

@@ -506,7 +506,7 @@ BOOST_AUTO_TEST_CASE(a_list_of_empty_structs_claiming_huge_length_is_rejected) {
   BOOST_TEST(probe.largest() < 4096u);
 }
 
-BOOST_AUTO_TEST_CASE(a_batch_holds_only_whole_inline_requests_or_answers_and_no_batch) {
+BOOST_AUTO_TEST_CASE(a_batch_holds_only_whole_requests_or_answers_and_no_batch) {
   pattern_buffer payload(256);
   const auto tensor = troupe::test::float_tensor(payload.bytes(), 2, 32);
   // Empty.
@@ -527,15 +527,27 @@ BOOST_AUTO_TEST_CASE(a_batch_holds_only_whole_inline_requests_or_answers_and_no_
   auto r = rejection(frame_of(batch{{push{1, 2, 0, 0, chunk}}}));
   BOOST_TEST((kind_of(r) == code::invalid_tensor), r->message);
   BOOST_TEST(r->message.find("not the whole tensor") != std::string::npos, r->message);
-  // A reference into the arena, even one the receiver has mapped.
+  // A reference into the arena: resolved against a mapped arena as a message alone is, bounds
+  // checked, and refused on a connection without one.
   std::vector<std::uint64_t> arena_words(64);
   const auto arena = std::as_bytes(std::span(arena_words));
   auto shared = tensor;
-  shared.shm = shm_ref{0, tensor.data.size()};
-  auto in_arena = frame_of(batch{{pushpull{1, 2, 0, 0, shared}}});
-  auto refused = decode(in_arena, {}, arena);
-  BOOST_TEST((kind_of(refused) == code::invalid_tensor), refused.error().message);
-  BOOST_TEST(refused.error().message.find("shared-memory") != std::string::npos);
+  shared.shm = shm_ref{64, tensor.data.size()};
+  auto in_arena = frame_of(batch{{ack{3}, pushpull{1, 2, 0, 0, shared}}});
+  auto taken = decode(in_arena, {}, arena);
+  BOOST_TEST_REQUIRE(taken.has_value());
+  const auto& items = std::get<batch>(taken->msg).messages;
+  BOOST_TEST_REQUIRE(items.size() == 2u);
+  const auto& viewed = std::get<pushpull>(items[1]).tensor;
+  BOOST_TEST(viewed.data.data() == arena.data() + 64);
+  BOOST_TEST(viewed.data.size() == tensor.data.size());
+  auto no_arena = decode(in_arena);
+  BOOST_TEST((kind_of(no_arena) == code::invalid_tensor), no_arena.error().message);
+  BOOST_TEST(no_arena.error().message.find("no arena") != std::string::npos,
+             no_arena.error().message);
+  shared.shm = shm_ref{arena.size() - 8, tensor.data.size()};
+  auto outside = decode(frame_of(batch{{pushpull{1, 2, 0, 0, shared}}}), {}, arena);
+  BOOST_TEST((kind_of(outside) == code::invalid_tensor), outside.error().message);
   // Another kind relabelled into a batch: an ack's struct read as a heartbeat.
   auto relabelled = frame_of(batch{{ack{1, 2}}});
   // After the root struct (its union tag, then the batch's list pointer) comes the list's tag
