@@ -438,7 +438,8 @@ using batched = std::variant<push, pull_request, pushpull, ack, pull_reply, erro
 inline constexpr std::size_t max_batch_messages = std::size_t{1} << 16;
 
 /// Several small messages to one peer in one frame (troupe.capnp Message.batch), each handled as
-/// if it had come alone, in order. A batch's tensors are whole and inline.
+/// if it had come alone, in order. A batch's tensors are whole; inline, or in one region of the
+/// sender's arena that starts at the first of them (the data link's choice).
 struct batch {
   std::vector<batched> messages;
   friend bool operator==(const batch&, const batch&) = default;
