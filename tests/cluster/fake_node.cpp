@@ -103,15 +103,15 @@ int main(int argc, char** argv) {
     args += std::string(i > 1 ? "|" : "") + argv[i];
   std::error_code ec;
   const std::string cwd = std::filesystem::current_path(ec).string();
-  std::printf("fake node role=%s index=%d quorum=%s token=%s hint=%s cwd=%s host=%s root=%s:%s "
-              "workers=%s servers=%s config=%s echo=%s args=%s\n",
+  std::printf("fake node role=%s index=%d quorum=%s token=%s malloc=%s hint=%s cwd=%s host=%s "
+              "root=%s:%s workers=%s servers=%s config=%s echo=%s args=%s\n",
               role.c_str(), index, env_or("TROUPE_QUORUM", "-").c_str(),
-              env_or("TROUPE_JOB_TOKEN", "-").c_str(), env_or("TROUPE_RANK_HINT", "-").c_str(),
-              cwd.c_str(), env_or("DMLC_NODE_HOST", "-").c_str(),
-              env_or("DMLC_PS_ROOT_URI", "-").c_str(), env_or("DMLC_PS_ROOT_PORT", "-").c_str(),
-              env_or("DMLC_NUM_WORKER", "-").c_str(), env_or("DMLC_NUM_SERVER", "-").c_str(),
-              env_or("TROUPE_CONFIG", "-").c_str(), env_or("FAKE_NODE_ECHO", "-").c_str(),
-              args.c_str());
+              env_or("TROUPE_JOB_TOKEN", "-").c_str(), env_or("GLIBC_TUNABLES", "-").c_str(),
+              env_or("TROUPE_RANK_HINT", "-").c_str(), cwd.c_str(),
+              env_or("DMLC_NODE_HOST", "-").c_str(), env_or("DMLC_PS_ROOT_URI", "-").c_str(),
+              env_or("DMLC_PS_ROOT_PORT", "-").c_str(), env_or("DMLC_NUM_WORKER", "-").c_str(),
+              env_or("DMLC_NUM_SERVER", "-").c_str(), env_or("TROUPE_CONFIG", "-").c_str(),
+              env_or("FAKE_NODE_ECHO", "-").c_str(), args.c_str());
   std::fprintf(stderr, "fake node stderr role=%s\n", role.c_str());
   std::fflush(stdout);
 

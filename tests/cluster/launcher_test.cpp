@@ -709,6 +709,31 @@ BOOST_AUTO_TEST_CASE(the_config_file_port_and_env_pairs_reach_every_node) {
   BOOST_TEST(nodes == 4);
 }
 
+BOOST_AUTO_TEST_CASE(local_nodes_start_without_glibc_fastbins_unless_the_environment_says) {
+  // node_malloc_tuning in apps/troupe_launch.cpp; the launcher's own GLIBC_TUNABLES wins, even
+  // an empty one.
+  for (const auto& [set, expected] :
+       std::vector<std::pair<std::optional<std::string>, std::string>>{
+           {std::nullopt, " malloc=glibc.malloc.mxfast=0 "},
+           {"glibc.malloc.tcache_count=3", " malloc=glibc.malloc.tcache_count=3 "},
+           {"", " malloc= "}}) {
+    temp_dir dir;
+    std::map<std::string, std::string> env{{"FAKE_NODE_DIR", dir.path().string()}};
+    if (set)
+      env["GLIBC_TUNABLES"] = *set;
+    auto r = run_launch(with_command(job_args(1, 1)), env);
+    BOOST_TEST_REQUIRE(!r.timed_out);
+    BOOST_TEST(r.exit_code == 0, r.err);
+    int nodes = 0;
+    for (const auto& line : lines_of(r.out))
+      if (line.find("fake node role=") != std::string::npos) {
+        ++nodes;
+        BOOST_TEST(line.find(expected) != std::string::npos, line);
+      }
+    BOOST_TEST(nodes == 3);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(env_pairs_that_are_malformed_or_set_launcher_variables_exit_2) {
   temp_dir dir;
   const std::map<std::string, std::string> why{

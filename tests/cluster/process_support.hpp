@@ -71,7 +71,7 @@ public:
       // The launcher's result must not depend on the environment the tests run in.
       if (!env.count(name) && !name.starts_with("DMLC_") && !name.starts_with("TROUPE_") &&
           !name.starts_with("FAKE_NODE_") && !name.starts_with("SLURM") && name != "PORT" &&
-          name != "PS_VERBOSE")
+          name != "PS_VERBOSE" && name != "GLIBC_TUNABLES")
         env_s.push_back(entry);
     }
     for (const auto& [k, v] : env)
