@@ -683,6 +683,17 @@ BOOST_AUTO_TEST_CASE(a_scheduler_port_in_use_exits_2_before_starting_anything) {
   BOOST_TEST(recorded_pids(dir.path()).empty());
 }
 
+/// How many fake nodes printed their line in `out`; each line is checked to hold `expected`.
+int fake_nodes_saying(const std::string& out, const std::string& expected) {
+  int nodes = 0;
+  for (const auto& line : lines_of(out))
+    if (line.find("fake node role=") != std::string::npos) {
+      ++nodes;
+      BOOST_TEST(line.find(expected) != std::string::npos, line);
+    }
+  return nodes;
+}
+
 BOOST_AUTO_TEST_CASE(the_config_file_port_and_env_pairs_reach_every_node) {
   temp_dir dir;
   int port = 0;
@@ -700,13 +711,7 @@ BOOST_AUTO_TEST_CASE(the_config_file_port_and_env_pairs_reach_every_node) {
   const std::string expected = "root=127.0.0.1:" + std::to_string(port) +
                                " workers=2 servers=1 config=" + fs::absolute(config).string() +
                                " echo=hello world ";
-  int nodes = 0;
-  for (const auto& line : lines_of(r.out))
-    if (line.find("fake node role=") != std::string::npos) {
-      ++nodes;
-      BOOST_TEST(line.find(expected) != std::string::npos, line);
-    }
-  BOOST_TEST(nodes == 4);
+  BOOST_TEST(fake_nodes_saying(r.out, expected) == 4);
 }
 
 BOOST_AUTO_TEST_CASE(local_nodes_start_without_glibc_fastbins_unless_the_environment_says) {
@@ -724,13 +729,7 @@ BOOST_AUTO_TEST_CASE(local_nodes_start_without_glibc_fastbins_unless_the_environ
     auto r = run_launch(with_command(job_args(1, 1)), env);
     BOOST_TEST_REQUIRE(!r.timed_out);
     BOOST_TEST(r.exit_code == 0, r.err);
-    int nodes = 0;
-    for (const auto& line : lines_of(r.out))
-      if (line.find("fake node role=") != std::string::npos) {
-        ++nodes;
-        BOOST_TEST(line.find(expected) != std::string::npos, line);
-      }
-    BOOST_TEST(nodes == 3);
+    BOOST_TEST(fake_nodes_saying(r.out, expected) == 3);
   }
 }
 
