@@ -87,7 +87,8 @@ public:
 
   /// A region of `bytes` bytes (> 0) at a 64-byte-aligned offset, or nullopt when the ring has no
   /// contiguous room (the caller sends inline). Regions are handed out in ring order; when the
-  /// beginning of the arena is free, a new region goes there, so the pages in use stay few.
+  /// free beginning of the arena holds four times the region and what is in flight, a new region
+  /// goes there, so the pages in use stay few; otherwise the end is used first.
   std::optional<std::size_t> allocate(std::size_t bytes);
   /// Marks the region at `offset` released and reclaims the released prefix of the ring. False
   /// (and nothing changes) when no outstanding region starts at `offset`.
