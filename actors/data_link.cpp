@@ -293,12 +293,8 @@ void count_tensor_bytes(const wire::message& msg, bool sent) {
   if (const auto* fused = std::get_if<wire::batch>(&msg)) {
     std::uint64_t socket_bytes = 0, shm_bytes = 0;
     for (const auto& one : fused->messages)
-      std::visit(
-          [&](const auto& m) {
-            if constexpr (requires { m.tensor; })
-              (m.tensor.shm ? shm_bytes : socket_bytes) += m.tensor.data.size();
-          },
-          one);
+      if (const auto* t = wire::tensor_of(one))
+        (t->shm ? shm_bytes : socket_bytes) += t->data.size();
     (sent ? socket_tensor_bytes_sent : socket_tensor_bytes_received)
         .fetch_add(socket_bytes, std::memory_order_relaxed);
     (sent ? shm_tensor_bytes_sent : shm_tensor_bytes_received)
@@ -366,20 +362,12 @@ std::optional<std::size_t> batch_into_arena(link_connection& c, wire::batch& fus
   const auto padded = [](std::size_t bytes) {
     return (bytes + boundary - 1) / boundary * boundary;
   };
-  const auto each_tensor = [&](auto&& act) {
-    for (auto& one : fused.messages)
-      std::visit(
-          [&](auto& m) {
-            if constexpr (requires { m.tensor; })
-              act(m.tensor);
-          },
-          one);
-  };
   std::size_t total = 0;
-  each_tensor([&](wire::tensor_chunk& t) {
-    t.shm.reset(); // an echo of a received tensor references the peer's arena, not ours
-    total += padded(t.data.size());
-  });
+  for (auto& one : fused.messages)
+    if (auto* t = wire::tensor_of(one)) {
+      t->shm.reset(); // an echo of a received tensor references the peer's arena, not ours
+      total += padded(t->data.size());
+    }
   if (!c.tx_on || total < tuning.shm_threshold_bytes || total >= tuning.limits.max_frame_bytes)
     return std::nullopt;
   const auto region = c.tx->allocate(total);
@@ -387,16 +375,18 @@ std::optional<std::size_t> batch_into_arena(link_connection& c, wire::batch& fus
     return std::nullopt;
   auto arena = c.tx->bytes();
   std::size_t at = *region;
-  each_tensor([&](wire::tensor_chunk& t) {
-    const std::size_t size = t.data.size();
-    if (size == 0)
-      return; // a tensor of no bytes stays inline (Tensor.shm with 0 bytes means none)
+  for (auto& one : fused.messages) {
+    auto* t = wire::tensor_of(one);
+    // A tensor of no bytes stays inline (Tensor.shm with 0 bytes means none).
+    if (t == nullptr || t->data.empty())
+      continue;
+    const std::size_t size = t->data.size();
     auto into = arena.subspan(at, size);
-    std::memcpy(into.data(), t.data.data(), size);
-    t.shm = wire::shm_ref{at, size};
-    t.data = into;
+    std::memcpy(into.data(), t->data.data(), size);
+    t->shm = wire::shm_ref{at, size};
+    t->data = into;
     at += padded(size);
-  });
+  }
   return region;
 }
 

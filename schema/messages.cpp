@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 namespace troupe::wire {
 
@@ -102,7 +103,9 @@ bool is_link_control(const message& msg) noexcept {
          std::holds_alternative<link_credit>(msg) || std::holds_alternative<link_auth>(msg);
 }
 
-const tensor_chunk* tensor_of(const message& msg) noexcept {
+namespace {
+template <class Variant>
+const tensor_chunk* tensor_in(const Variant& msg) noexcept {
   return std::visit(
       [](const auto& m) -> const tensor_chunk* {
         if constexpr (requires { m.tensor; })
@@ -112,9 +115,22 @@ const tensor_chunk* tensor_of(const message& msg) noexcept {
       },
       msg);
 }
+} // namespace
+
+const tensor_chunk* tensor_of(const message& msg) noexcept {
+  return tensor_in(msg);
+}
 
 tensor_chunk* tensor_of(message& msg) noexcept {
-  return const_cast<tensor_chunk*>(tensor_of(static_cast<const message&>(msg)));
+  return const_cast<tensor_chunk*>(tensor_in(std::as_const(msg)));
+}
+
+const tensor_chunk* tensor_of(const batched& msg) noexcept {
+  return tensor_in(msg);
+}
+
+tensor_chunk* tensor_of(batched& msg) noexcept {
+  return const_cast<tensor_chunk*>(tensor_in(std::as_const(msg)));
 }
 
 std::uint64_t request_id_of(const message& msg) noexcept {

@@ -477,5 +477,8 @@ std::optional<std::uint64_t> key_of(const message& msg) noexcept;
 /// The tensor a message carries (init, push, pushpull, pull_reply), or nullptr.
 const tensor_chunk* tensor_of(const message& msg) noexcept;
 tensor_chunk* tensor_of(message& msg) noexcept;
+/// The same for a message of a batch.
+const tensor_chunk* tensor_of(const batched& msg) noexcept;
+tensor_chunk* tensor_of(batched& msg) noexcept;
 
 } // namespace troupe::wire

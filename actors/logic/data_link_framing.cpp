@@ -593,18 +593,9 @@ struct batch_holds {
 
 /// The arena offset of the first tensor of `fused` that lies in the arena, if any.
 std::optional<std::uint64_t> first_arena_offset(const wire::batch& fused) {
-  for (const auto& one : fused.messages) {
-    std::optional<std::uint64_t> offset;
-    std::visit(
-        [&](const auto& m) {
-          if constexpr (requires { m.tensor; })
-            if (m.tensor.shm)
-              offset = m.tensor.shm->offset;
-        },
-        one);
-    if (offset)
-      return offset;
-  }
+  for (const auto& one : fused.messages)
+    if (const auto* t = wire::tensor_of(one); t != nullptr && t->shm)
+      return t->shm->offset;
   return std::nullopt;
 }
 

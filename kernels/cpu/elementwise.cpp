@@ -1,6 +1,8 @@
 #include "kernels/cpu/elementwise.hpp"
 
 #include <algorithm>
+#include <array>
+#include <utility>
 
 namespace troupe::kernels::cpu {
 
@@ -82,27 +84,13 @@ void accumulate(const T* const* in, T* o, std::size_t len, bool first) noexcept 
   }
 }
 
-template <class T>
-void accumulate_group(const T* const* in, std::size_t group, T* o, std::size_t len,
-                      bool first) noexcept {
-  switch (group) {
-  case 1:
-    return accumulate<1>(in, o, len, first);
-  case 2:
-    return accumulate<2>(in, o, len, first);
-  case 3:
-    return accumulate<3>(in, o, len, first);
-  case 4:
-    return accumulate<4>(in, o, len, first);
-  case 5:
-    return accumulate<5>(in, o, len, first);
-  case 6:
-    return accumulate<6>(in, o, len, first);
-  case 7:
-    return accumulate<7>(in, o, len, first);
-  default:
-    return accumulate<8>(in, o, len, first);
-  }
+/// Most inputs one pass of sum_n adds.
+constexpr std::size_t most_per_pass = 8;
+
+/// accumulate<1> ... accumulate<most_per_pass>, indexed by group size - 1.
+template <class T, std::size_t... less_one>
+constexpr auto accumulators(std::index_sequence<less_one...>) {
+  return std::array{&accumulate<less_one + 1, T>...};
 }
 
 } // namespace
@@ -121,7 +109,8 @@ void sum_n(const T* const* inputs, std::size_t count, T* out, std::size_t n) noe
   // Up to 8 inputs per pass; with more, block by block so that the partial sums stay in L1/L2
   // between passes. The adds run in input order, so the result is the same left-to-right sum as
   // a scalar loop, bit for bit. inputs[0] may alias out, so it is read only by the first pass.
-  constexpr std::size_t most_per_pass = 8;
+  static constexpr auto accumulate_group =
+      accumulators<T>(std::make_index_sequence<most_per_pass>{});
   const std::size_t block = count <= most_per_pass ? n : 4096;
   for (std::size_t begin = 0; begin < n; begin += block) {
     const std::size_t len = std::min(block, n - begin);
@@ -130,7 +119,7 @@ void sum_n(const T* const* inputs, std::size_t count, T* out, std::size_t n) noe
       const std::size_t group = std::min(most_per_pass, count - k);
       for (std::size_t j = 0; j < group; ++j)
         in[j] = inputs[k + j] + begin;
-      accumulate_group(in, group, out + begin, len, k == 0);
+      accumulate_group[group - 1](in, out + begin, len, k == 0);
     }
   }
 }
