@@ -102,7 +102,12 @@ result<bool> reassembler::add(const tensor_chunk& chunk) {
     return decode_error{c::chunk_overlap, "chunk at offset " + std::to_string(chunk.offset) +
                                               " after the tensor was complete"};
 
-  if (size != 0) {
+  if (size == total && received_ == 0) {
+    // The whole tensor in one chunk (every small reply): no range to keep, and no map node to
+    // allocate for it.
+    std::memcpy(destination_.data(), chunk.data.data(), size);
+    received_ = size;
+  } else if (size != 0) {
     const std::uint64_t begin = chunk.offset;
     const std::uint64_t end = begin + size;
     auto next = ranges_.upper_bound(begin);

@@ -115,8 +115,14 @@ void worker_core::on_links(std::vector<std::string> names) {
 }
 
 void worker_core::on_call(kv_operation& op) {
-  auto call = std::make_shared<call_state>();
-  call->done = op.done;
+  std::shared_ptr<call_state> call;
+  if (spare_calls_.empty()) {
+    call = std::make_shared<call_state>(op.done);
+  } else {
+    call = std::move(spare_calls_.back());
+    spare_calls_.pop_back();
+    call->done = op.done;
+  }
   if (failure_) {
     call->end(error{failure_->code(), op.what + ": " + failure_->message()});
     return;
@@ -215,7 +221,13 @@ std::optional<std::uint32_t> worker_core::sends_at_once_to(const kv_operation& o
 std::shared_ptr<worker_core::part> worker_core::new_part(const std::shared_ptr<call_state>& call,
                                                          kv_call kind, std::uint32_t server,
                                                          std::string name) {
-  auto p = std::make_shared<part>();
+  std::shared_ptr<part> p;
+  if (spare_parts_.empty()) {
+    p = std::make_shared<part>();
+  } else {
+    p = std::move(spare_parts_.back());
+    spare_parts_.pop_back();
+  }
   p->call = call;
   p->kind = kind;
   p->server = server;
@@ -247,11 +259,16 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
   const bool several_per_server = slices.back().slot > 0;
   std::shared_ptr<pull_target> target;
   if (kind == kv_call::pull || kind == kv_call::pushpull) {
-    target = std::make_shared<pull_target>();
+    if (spare_targets_.empty()) {
+      target = std::make_shared<pull_target>();
+    } else {
+      target = std::move(spare_targets_.back());
+      spare_targets_.pop_back();
+    }
     target->slices_left = slices.size();
     const bool direct = work.outputs.size() == 1 && work.outputs[0].ctx().is_cpu();
     if (direct) {
-      target->buffer = work.outputs[0];
+      target->buffer = std::move(work.outputs[0]);
     } else {
       target->buffer = ndarray::empty(work.shape, context::cpu(), work.type);
       target->copies = work.outputs;
@@ -261,17 +278,23 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
     auto p = new_part(call, kind, slice.server, work.name);
     p->slice = slice;
     p->whole = slices.size() == 1;
-    p->value = work.value;
+    // The last slice takes the caller's handle: copying an ndarray allocates its shape.
+    if (&slice == &slices.back())
+      p->value = std::move(work.value);
+    else
+      p->value = work.value;
     p->priority = priority;
     p->sliced = several_per_server;
     p->group = static_cast<std::uint64_t>(work.index) * options_.num_servers + slice.server;
     if (target) {
       auto bytes = element_bytes(target->buffer, slice.begin, slice.end);
-      auto shape = p->whole ? work.shape : shape_vector{slice.size()};
       p->copy_off_thread = bytes.size() >= copy_off_thread_bytes;
       p->out_bytes = bytes;
       p->out_type = to_wire(work.type);
-      p->out_shape.assign(shape.begin(), shape.end());
+      if (p->whole)
+        p->out_shape.assign(work.shape.begin(), work.shape.end());
+      else
+        p->out_shape.assign(1, slice.size());
       p->assembly.emplace(bytes, p->out_type, p->out_shape);
       p->target = target;
     }
@@ -454,7 +477,66 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
 void worker_core::sent(std::uint64_t id, const std::shared_ptr<part>& p) {
   p->sent_at = now();
   p->traced_since_us = trace_start_time();
-  parts_.emplace(id, p);
+  remember(id, p);
+}
+
+/// Request `id` is under way as `p`.
+void worker_core::remember(std::uint64_t id, const std::shared_ptr<part>& p) {
+  if (spare_part_nodes_.empty()) {
+    parts_.emplace(id, p);
+    return;
+  }
+  auto node = std::move(spare_part_nodes_.back());
+  spare_part_nodes_.pop_back();
+  node.key() = id;
+  node.mapped() = p;
+  parts_.insert(std::move(node));
+}
+
+/// Request `id` is no longer under way (answered, failed or dropped).
+void worker_core::forget(std::uint64_t id) {
+  auto node = parts_.extract(id);
+  if (node.empty())
+    return;
+  node.mapped().reset();
+  if (spare_part_nodes_.size() < max_spares)
+    spare_part_nodes_.push_back(std::move(node));
+}
+
+/// `p` was answered and nothing else holds it (no copy job, no queue): it and its pull target
+/// serve the next requests.
+void worker_core::recycle(std::shared_ptr<part> p) {
+  if (p.use_count() != 1 || spare_parts_.size() >= max_spares)
+    return;
+  if (p->target && p->target.use_count() == 1 && spare_targets_.size() < max_spares) {
+    auto target = std::move(p->target);
+    target->buffer = ndarray{};
+    target->copies.clear();
+    target->slices_left = 0;
+    spare_targets_.push_back(std::move(target));
+  }
+  if (p->call.use_count() == 1 && spare_calls_.size() < max_spares) {
+    auto call = std::move(p->call);
+    call->done = idle_completion_;
+    call->remaining = 0;
+    call->ended = false;
+    spare_calls_.push_back(std::move(call));
+  }
+  *p = part{};
+  spare_parts_.push_back(std::move(p));
+}
+
+/// Puts `o` among the ready requests of `state`.
+void worker_core::make_ready(server_state& state, outgoing o) {
+  if (spare_queue_nodes_.empty()) {
+    state.ready.emplace(o.order, std::move(o));
+    return;
+  }
+  auto node = std::move(spare_queue_nodes_.back());
+  spare_queue_nodes_.pop_back();
+  node.key() = o.order;
+  node.mapped() = std::move(o);
+  state.ready.insert(std::move(node));
 }
 
 // --- the send queue
@@ -472,12 +554,12 @@ void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request,
   if (ps == nullptr) {
     // Everything queued after a keyless request leaves after it.
     ++server.epoch;
-    server.ready.emplace(o.order, std::move(o));
+    make_ready(server, std::move(o));
   } else if (ps->head_ready) {
     ps->queued.push_back(std::move(o));
   } else {
     ps->head_ready = true;
-    server.ready.emplace(o.order, std::move(o));
+    make_ready(server, std::move(o));
   }
   if (gathering_ > 0 && options_.fuse_frame_bytes > 0) {
     // Gathered until a fused frame's worth is ready (or the call has been taken: on_call); a
@@ -507,10 +589,17 @@ void worker_core::pump(std::uint32_t server) {
   while (!state.down && !state.ready.empty() && window_open(0)) {
     auto head = state.ready.begin();
     auto& o = head->second;
-    if (fusable(o)) {
+    if (fuses_with_next(state, head)) {
       // The small requests at the head of the queue, in its order, in one frame.
+      // Room for as many requests as the head's size suggests the frame takes: one allocation
+      // each, not one per doubling (a guess: requests of other sizes may grow them).
+      const auto most =
+          std::min({state.ready.size(), wire::max_batch_messages,
+                    options_.fuse_frame_bytes / std::max<std::size_t>(tensor_bytes(o), 64)});
       wire::batch fused;
+      fused.messages.reserve(most);
       auto keepalives = std::make_shared<std::vector<std::shared_ptr<const void>>>();
+      keepalives->reserve(most);
       std::uint64_t bytes = 0;
       do {
         auto& one = head->second;
@@ -526,9 +615,7 @@ void worker_core::pump(std::uint32_t server) {
                fused.messages.size() < wire::max_batch_messages &&
                bytes + tensor_bytes(head->second) <= options_.fuse_frame_bytes &&
                window_open(bytes));
-      envelope frame{fused.messages.size() == 1 ? wire::unbatched(std::move(fused.messages[0]))
-                                                : wire::message{std::move(fused)},
-                     nullptr, server + 1};
+      envelope frame{wire::message{std::move(fused)}, nullptr, server + 1};
       if (!keepalives->empty())
         frame.keepalive = std::move(keepalives);
       const send_receipt receipt{server, state.link, bytes};
@@ -557,6 +644,19 @@ bool worker_core::fusable(const outgoing& o) const {
   return tensor_bytes(o) <= options_.fuse_item_bytes;
 }
 
+/// Whether the request at `head` leaves fused with the one after it (else alone, as it is).
+bool worker_core::fuses_with_next(const server_state& state, send_queue::iterator head) const {
+  if (!fusable(head->second))
+    return false;
+  auto second = std::next(head);
+  if (second == state.ready.end() || !fusable(second->second))
+    return false;
+  const auto first_bytes = tensor_bytes(head->second);
+  const auto window = options_.send_window_bytes;
+  return first_bytes + tensor_bytes(second->second) <= options_.fuse_frame_bytes &&
+         (window == 0 || state.with_link + first_bytes < window);
+}
+
 /// Bytes of tensor a request sends (its slice of the value; none for a pull).
 std::size_t worker_core::tensor_bytes(const outgoing& o) {
   return o.p->value.is_none()
@@ -566,13 +666,16 @@ std::size_t worker_core::tensor_bytes(const outgoing& o) {
 
 /// The frame of `head` that was just taken (o.next advanced): when it was the request's last, the
 /// request leaves the queue and its key's next request becomes ready, in its own place.
-void worker_core::took_frame(server_state& state, std::map<send_order, outgoing>::iterator head) {
+void worker_core::took_frame(server_state& state, send_queue::iterator head) {
   auto& o = head->second;
   if (o.next != o.frames->chunk_count())
     return;
   const bool keyed = o.p->kind != kv_call::every_server;
   const auto ps_key = o.p->slice.ps_key;
-  state.ready.erase(head);
+  auto node = state.ready.extract(head);
+  node.mapped() = outgoing{};
+  if (spare_queue_nodes_.size() < max_spares)
+    spare_queue_nodes_.push_back(std::move(node));
   if (!keyed)
     return;
   auto& ps = keys_[ps_key];
@@ -581,7 +684,7 @@ void worker_core::took_frame(server_state& state, std::map<send_order, outgoing>
   } else {
     auto next = std::move(ps.queued.front());
     ps.queued.pop_front();
-    state.ready.emplace(next.order, std::move(next));
+    make_ready(state, std::move(next));
   }
 }
 
@@ -702,6 +805,7 @@ void worker_core::on_reply(envelope& reply) {
            error{errc::malformed_message, what_of(*p) + ": unexpected " +
                                               std::string{wire::kind_name(reply.msg)} + " reply"});
   }
+  recycle(std::move(p));
 }
 
 /// What an answer says of the server's rounds of a key: more credit. A push dropped because
@@ -785,7 +889,7 @@ void worker_core::on_chunk_copied(std::uint64_t id, const std::shared_ptr<part>&
     return;
   case chunk_copy::cancelled:
     give_back_slice_credit(*p);
-    parts_.erase(id);
+    forget(id);
     return;
   case chunk_copy::failed:
     finish(id, p, error{errc::malformed_message, what_of(*p) + ": " + problem});
@@ -809,7 +913,7 @@ void worker_core::on_chunk_copied(std::uint64_t id, const std::shared_ptr<part>&
 void worker_core::finish(std::uint64_t id, const std::shared_ptr<part>& p, status outcome) {
   if (outcome)
     note_answered(*p);
-  parts_.erase(id);
+  forget(id);
   auto& call = *p->call;
   if (!outcome)
     call.end(std::move(outcome));

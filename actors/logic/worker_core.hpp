@@ -297,6 +297,9 @@ public:
 private:
   /// A call under way: how many of its requests are still expected, and how it ends.
   struct call_state {
+    call_state() = default;
+    explicit call_state(completion<status> outcome) : done(std::move(outcome)) {}
+
     completion<status> done;
     std::size_t remaining = 0;
     bool ended = false;
@@ -390,6 +393,9 @@ private:
     send_order order;
   };
 
+  /// A server's ready requests, by send_order.
+  using send_queue = std::map<send_order, outgoing>;
+
   /// A copy of a push this worker sent, kept until its round is durable at the server.
   struct kept_push {
     std::uint64_t round = 0;
@@ -442,7 +448,7 @@ private:
     bool relinking = false;
     /// The send queue: the requests that may go next, by send_order (the head of each ps-key
     /// with requests queued, and keyless requests).
-    std::map<send_order, outgoing> ready;
+    send_queue ready;
     std::uint64_t next_sequence = 0;
     std::uint64_t epoch = 0;
     /// Bytes of tensor with the current link (send_receipt), and which link that is.
@@ -473,8 +479,9 @@ private:
   void enqueue(const std::shared_ptr<part>& p, wire::message request, ps_key_state* ps);
   void pump(std::uint32_t server);
   bool fusable(const outgoing& o) const;
+  bool fuses_with_next(const server_state& state, send_queue::iterator head) const;
   static std::size_t tensor_bytes(const outgoing& o);
-  void took_frame(server_state& state, std::map<send_order, outgoing>::iterator head);
+  void took_frame(server_state& state, send_queue::iterator head);
   void drop_send_queue(std::uint32_t server);
   void note_answered(const part& p);
   void log_summary() const;
@@ -490,12 +497,17 @@ private:
   std::pair<std::size_t, std::size_t> resend(std::uint32_t server);
   void fail_waiting(std::uint64_t ps_key, const error& why);
   void maybe_finalized();
+  void remember(std::uint64_t id, const std::shared_ptr<part>& p);
+  void forget(std::uint64_t id);
+  void recycle(std::shared_ptr<part> p);
+  void make_ready(server_state& state, outgoing o);
 
   worker_core_options options_;
   output& out_;
   std::vector<std::string> names_;
   std::vector<server_state> servers_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<part>> parts_;
+  using part_map = std::unordered_map<std::uint64_t, std::shared_ptr<part>>;
+  part_map parts_;
   std::unordered_map<std::uint64_t, ps_key_state> keys_;
   /// Slice credit, by group (part::group).
   std::unordered_map<std::uint64_t, slice_group> slice_groups_;
@@ -517,6 +529,19 @@ private:
   std::optional<error> failure_;
   std::optional<completion<status>> finalizing_;
   worker_clock::time_point finalize_deadline_;
+  /// What answered requests leave behind, kept for the next ones (at most max_spares of each):
+  /// a call of 10,000 small keys allocated a part, a pull target, a node of parts_ and one of a
+  /// send queue per key, and freeing them cost the worker's thread as much as the copies did
+  /// (docs/data-path.md, "Per-key work").
+  static constexpr std::size_t max_spares = std::size_t{1} << 16;
+  std::vector<std::shared_ptr<call_state>> spare_calls_;
+  std::vector<std::shared_ptr<part>> spare_parts_;
+  std::vector<std::shared_ptr<pull_target>> spare_targets_;
+  std::vector<part_map::node_type> spare_part_nodes_;
+  std::vector<send_queue::node_type> spare_queue_nodes_;
+  /// What a spare call's completion is set to, so that it keeps no caller's alive (a fresh
+  /// completion would allocate).
+  completion<status> idle_completion_;
 };
 
 } // namespace troupe
