@@ -213,7 +213,7 @@ result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const 
             list.push_back(values[position]);
           merged = comm_->reduce(declared.index, list);
         }
-        work.value = merged.ctx().is_cpu() ? merged : merged.copy_to(context::cpu());
+        work.value = merged.ctx().is_cpu() ? std::move(merged) : merged.copy_to(context::cpu());
         // The worker actor reads the bytes on its own thread, which must not wait for queued
         // work (engine/dispatch.hpp): the wait is here, on the caller's.
         work.value.wait_to_read();

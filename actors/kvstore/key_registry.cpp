@@ -1,5 +1,6 @@
 #include "actors/kvstore/key_registry.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -76,16 +77,19 @@ result<const key_declaration*> key_registry::find(const kv_key& key,
 
 status key_registry::check_like(const key_declaration& declared, const ndarray& given,
                                 std::string_view operation, std::string_view role) {
-  auto prefix = std::string{operation} + " of key " + to_string(declared.key) + ": ";
+  // Built only for an error: a call of 10,000 keys that pass costs no string.
+  auto prefix = [&] {
+    return std::string{operation} + " of key " + to_string(declared.key) + ": ";
+  };
   if (given.is_none())
     return error{errc::invalid_argument,
-                 prefix + "the " + std::string{role} + " is an empty handle"};
+                 prefix() + "the " + std::string{role} + " is an empty handle"};
   if (given.shape() != declared.shape)
-    return error{errc::shape_mismatch, prefix + std::string{role} + " has shape " +
+    return error{errc::shape_mismatch, prefix() + std::string{role} + " has shape " +
                                            shape_to_string(given.shape()) + ", init declared " +
                                            shape_to_string(declared.shape)};
   if (given.dtype() != declared.type)
-    return error{errc::dtype_mismatch, prefix + std::string{role} + " has dtype " +
+    return error{errc::dtype_mismatch, prefix() + std::string{role} + " has dtype " +
                                            std::string{to_string(given.dtype())} +
                                            ", init declared " +
                                            std::string{to_string(declared.type)}};
@@ -104,22 +108,37 @@ result<std::vector<key_group>> key_registry::group(std::span<const kv_key> keys,
     return error{errc::empty_list, std::string{operation} + " with an empty list"};
   std::vector<key_group> groups;
   groups.reserve(keys.size());
-  // Which group a declaration went to: a call of 10,000 keys must not scan the groups per key.
-  std::unordered_map<const key_declaration*, std::size_t> group_of;
-  group_of.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto declared = find(keys[i], operation);
     if (!declared)
       return declared.error();
     if (auto like = check_like(**declared, arrays[i], operation, role); !like)
       return like.error();
-    auto [slot, fresh] = group_of.try_emplace(*declared, groups.size());
-    if (fresh)
-      groups.push_back({*declared, {i}});
-    else
-      groups[slot->second].positions.push_back(i);
+    groups.push_back({*declared, {i}});
   }
-  return groups;
+  if (groups.size() < 2)
+    return groups;
+  // Most calls name each key once: sorted pointers show it without a node per key, which a hash
+  // of 10,000 keys allocated.
+  std::vector<const key_declaration*> named;
+  named.reserve(groups.size());
+  for (const auto& group : groups)
+    named.push_back(group.declaration);
+  std::sort(named.begin(), named.end());
+  if (std::adjacent_find(named.begin(), named.end()) == named.end())
+    return groups;
+  // A key named again joins its first group, in the order the call lists them.
+  std::vector<key_group> merged;
+  std::unordered_map<const key_declaration*, std::size_t> group_of;
+  group_of.reserve(groups.size());
+  for (auto& group : groups) {
+    auto [slot, fresh] = group_of.try_emplace(group.declaration, merged.size());
+    if (fresh)
+      merged.push_back(std::move(group));
+    else
+      merged[slot->second].positions.push_back(group.positions.front());
+  }
+  return merged;
 }
 
 } // namespace troupe

@@ -194,7 +194,15 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
       return;
     }
     try {
-      found = keys_.emplace(msg.key, begin_init(tensor, reply.connection)).first;
+      // Its index entry first: a key in keys_ is always in index_.
+      auto& indexed = index_[msg.key];
+      try {
+        found = keys_.emplace(msg.key, begin_init(tensor, reply.connection)).first;
+      } catch (...) {
+        index_.erase(msg.key);
+        throw;
+      }
+      indexed = &found->second;
     } catch (...) {
       release_store(tensor.total_bytes);
       throw;
@@ -258,6 +266,8 @@ shard_core::key_entry shard_core::begin_init(const wire::tensor_chunk& first,
 void shard_core::forget_init(std::map<std::uint64_t, key_entry>::iterator entry) noexcept {
   release_store(entry->second.init_assembly->destination().size());
   unfinished_inits_.erase(entry->first);
+  index_.erase(entry->first);
+  last_found_ = nullptr;
   keys_.erase(entry); // the last handle of its memory
 }
 
@@ -336,15 +346,26 @@ void shard_core::release_store(std::uint64_t bytes) noexcept {
     options_.store_bytes->fetch_sub(bytes, std::memory_order_relaxed);
 }
 
+shard_core::key_entry* shard_core::find_key(std::uint64_t key) const noexcept {
+  if (last_found_ != nullptr && last_found_key_ == key)
+    return last_found_;
+  auto found = index_.find(key);
+  if (found == index_.end())
+    return nullptr;
+  last_found_ = found->second;
+  last_found_key_ = key;
+  return last_found_;
+}
+
 shard_core::key_entry* shard_core::usable_key(std::uint64_t key, std::uint64_t request_id,
                                               const char* what, const reply_route& reply) {
-  auto found = keys_.find(key);
-  if (found == keys_.end() || !found->second.initialized()) {
+  auto* entry = find_key(key);
+  if (entry == nullptr || !entry->initialized()) {
     refuse(reply, request_id, key, wire::error_code::unknown_key,
            std::string{what} + " of key " + std::to_string(key) + ", which was never initialised");
     return nullptr;
   }
-  return &found->second;
+  return entry;
 }
 
 // --- pushes --------------------------------------------------------------------------------------
@@ -416,7 +437,7 @@ void shard_core::on_sync_push(key_entry& entry, const push_request& push, const 
     deferred_answer answer;
     if (chunk.offset == 0)
       answer = [this, push, reply](const push_outcome& how) {
-        answer_push(keys_.at(push.key), push, how, reply);
+        answer_push(*find_key(push.key), push, how, reply);
       };
     outcome = round.defer(chunk, std::move(answer));
   } else {
@@ -1113,7 +1134,8 @@ status shard_core::restore(const shard_snapshot& saved) {
       entry.durable_pushes = key.applied_per_worker;
     }
     entry.durable = key.completed;
-    keys_.emplace(key.ps_key, std::move(entry));
+    auto& indexed = index_[key.ps_key];
+    indexed = &keys_.emplace(key.ps_key, std::move(entry)).first->second;
   }
   updater_ = std::move(restored_updater);
   checkpointed_progress_ = slowest_key();
@@ -1146,8 +1168,8 @@ ndarray shard_core::value(std::uint64_t ps_key) const {
 }
 
 std::uint64_t shard_core::value_bytes(std::uint64_t ps_key) const noexcept {
-  auto found = keys_.find(ps_key);
-  return found == keys_.end() ? 0 : found->second.stored.nbytes();
+  const auto* entry = find_key(ps_key);
+  return entry == nullptr ? 0 : entry->stored.nbytes();
 }
 
 } // namespace troupe
