@@ -20,8 +20,11 @@ namespace gpu_rules = kernels::cuda;
 /// MXNet 1.x's defaults per optimizer; a parameter not listed here is rejected by name.
 /// clip_gradient and clip_weights use -1 for MXNet's None (disabled).
 optimizer_params defaults_for(std::string_view name) {
-  optimizer_params common{
-      {"learning_rate", 0.01}, {"wd", 0.0}, {"rescale_grad", 1.0}, {"clip_gradient", -1.0}};
+  optimizer_params common{{"learning_rate", 0.01},
+                          {"wd", 0.0},
+                          {"rescale_grad", 1.0},
+                          {"clip_gradient", -1.0},
+                          {"multi_precision", 0.0}};
   auto with = [&](std::initializer_list<optimizer_params::value_type> extra) {
     auto params = common;
     for (auto& [key, value] : extra)
@@ -242,9 +245,17 @@ result<std::unique_ptr<optimizer>> optimizer::create(std::string_view name,
                                                std::to_string(slot->second)};
     return ok();
   };
-  for (auto check :
-       {positive("epsilon"), in_unit_interval("momentum"), in_unit_interval("beta1"),
-        in_unit_interval("beta2"), in_unit_interval("gamma1"), in_unit_interval("gamma2")})
+  auto flag = [&](std::string_view key) -> status {
+    auto slot = effective.find(key);
+    if (slot != effective.end() && slot->second != 0.0 && slot->second != 1.0)
+      return error{errc::invalid_argument, "optimizer " + std::string{name} + " parameter " +
+                                               std::string{key} + " must be 0 or 1 (false or " +
+                                               "true), got " + std::to_string(slot->second)};
+    return ok();
+  };
+  for (auto check : {positive("epsilon"), in_unit_interval("momentum"), in_unit_interval("beta1"),
+                     in_unit_interval("beta2"), in_unit_interval("gamma1"),
+                     in_unit_interval("gamma2"), flag("multi_precision")})
     if (!check)
       return check.error();
 
@@ -283,7 +294,7 @@ namespace {
 /// gradient brought to the weight's device and dtype first), any other dtype through a float32
 /// copy on the device that is rounded back once.
 void update_on_gpu(const optimizer& opt, const ndarray& grad, ndarray& weight,
-                   std::vector<ndarray>& buffers, std::int64_t count) {
+                   std::vector<ndarray>& buffers, std::int64_t count, bool master) {
   const context ctx = weight.ctx();
   const bool direct = weight.dtype() == dtype::float32 || weight.dtype() == dtype::float16;
   ndarray target = direct ? weight : weight.as_type(dtype::float32);
@@ -291,29 +302,40 @@ void update_on_gpu(const optimizer& opt, const ndarray& grad, ndarray& weight,
   if (grad_here.dtype() != target.dtype())
     grad_here = grad_here.as_type(target.dtype());
   std::vector<float*> state;
-  for (auto& buffer : buffers)
-    state.push_back(static_cast<float*>(buffer.raw_data()));
+  for (std::size_t i = 0; i < opt.state_count(); ++i)
+    state.push_back(static_cast<float*>(buffers[i].raw_data()));
   const kernels::cuda::weight_and_grad buffers_of{
       target.raw_data(), std::as_const(grad_here).raw_data(),
       target.dtype() == dtype::float16 ? kernels::cuda::element_type::float16
-                                       : kernels::cuda::element_type::float32};
+                                       : kernels::cuda::element_type::float32,
+      master ? static_cast<float*>(buffers.back().raw_data()) : nullptr};
   opt.apply_on_gpu(ctx.id, buffers_of, state, static_cast<std::size_t>(weight.size()), count);
   if (!direct)
     target.copy_to(weight);
 }
 
+/// Whether `opt` keeps a float32 master copy of `weight` (MXNet's multi_precision): the last of
+/// its state buffers, after the optimizer's own.
+bool keeps_master(const optimizer& opt, const ndarray& weight) {
+  return opt.multi_precision() && weight.dtype() == dtype::float16;
+}
+
 /// One update of `weight` from `grad` by `opt`, on the calling thread.
 void apply_update(const optimizer& opt, const ndarray& grad, ndarray& weight,
                   std::vector<ndarray>& buffers, std::int64_t count) {
+  const bool master = keeps_master(opt, weight);
   if (weight.ctx().is_gpu()) {
-    update_on_gpu(opt, grad, weight, buffers, count);
+    update_on_gpu(opt, grad, weight, buffers, count, master);
     return;
   }
-  // Updates run in float32; other dtypes are widened and rounded back once. (Arrays are referred
+  // Updates run in float32; other dtypes are widened and rounded back once, or (multi_precision)
+  // update the float32 master copy, which is then rounded into the weight. (Arrays are referred
   // to, not copied, when they need no conversion: a copy of an ndarray copies its shape.)
   const bool widen = weight.dtype() != dtype::float32;
   ndarray widened;
-  ndarray& weight32 = widen ? (widened = weight.as_type(dtype::float32)) : weight;
+  ndarray& weight32 = master  ? buffers.back()
+                      : widen ? (widened = weight.as_type(dtype::float32))
+                              : weight;
   ndarray converted;
   const bool convert = grad.dtype() != dtype::float32 || !grad.ctx().is_cpu();
   if (convert)
@@ -325,13 +347,14 @@ void apply_update(const optimizer& opt, const ndarray& grad, ndarray& weight,
   std::array<float*, inline_states> few{};
   std::vector<float*> many;
   std::span<float* const> state;
-  if (buffers.size() <= inline_states) {
-    for (std::size_t i = 0; i < buffers.size(); ++i)
+  const auto states = opt.state_count();
+  if (states <= inline_states) {
+    for (std::size_t i = 0; i < states; ++i)
       few[i] = buffers[i].data<float>();
-    state = std::span{few.data(), buffers.size()};
+    state = std::span{few.data(), states};
   } else {
-    for (auto& buffer : buffers)
-      many.push_back(buffer.data<float>());
+    for (std::size_t i = 0; i < states; ++i)
+      many.push_back(buffers[i].data<float>());
     state = many;
   }
   opt.apply(weight32.data<float>(), grad32.data<float>(), state,
@@ -354,10 +377,14 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
                                               " does not match weight shape " +
                                               shape_to_string(weight.shape()));
   auto& entry = states_[index];
-  if (entry.buffers.size() != optimizer_->state_count()) {
+  const bool master = keeps_master(*optimizer_, weight);
+  if (entry.buffers.size() != optimizer_->state_count() + (master ? 1 : 0)) {
     entry.buffers.clear();
     for (std::size_t i = 0; i < optimizer_->state_count(); ++i)
       entry.buffers.push_back(ndarray::zeros(weight.shape(), weight.ctx(), dtype::float32));
+    // MXNet's create_state_multi_precision: the master copy starts as the weight, widened.
+    if (master)
+      entry.buffers.push_back(weight.as_type(dtype::float32));
   }
   // Loaded states (load_states) were saved for some weight: one of another shape would be read
   // past its end, so it is refused before anything changes; one on another device moves here.
@@ -503,11 +530,14 @@ status updater::load_states(
     auto buffers = in.u64("state buffer count");
     if (!buffers)
       return buffers.error();
-    if (*buffers != target.state_count())
-      return error{errc::corrupt_data, "weight " + std::to_string(*index) + " has " +
-                                           std::to_string(*buffers) + " state buffers, optimizer " +
-                                           target.name() + " keeps " +
-                                           std::to_string(target.state_count())};
+    // With multi_precision, a float16 weight's master copy follows the optimizer's states.
+    const bool with_master = target.multi_precision() && *buffers == target.state_count() + 1;
+    if (*buffers != target.state_count() && !with_master)
+      return error{errc::corrupt_data,
+                   "weight " + std::to_string(*index) + " has " + std::to_string(*buffers) +
+                       " state buffers, optimizer " + target.name() + " keeps " +
+                       std::to_string(target.state_count()) +
+                       (target.multi_precision() ? " (and a float16 weight's master copy)" : "")};
     weight_state entry;
     entry.update_count = *updates;
     for (std::uint64_t b = 0; b < *buffers; ++b) {

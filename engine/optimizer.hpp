@@ -4,9 +4,13 @@
 // python/mxnet/optimizer/optimizer.py (Optimizer, Updater) does.
 //
 // Weights and gradients of any dtype are updated in float32: a float16 weight is widened, updated
-// and rounded back, as MXNet does without multi_precision. A weight on a gpu(i) is updated there by
-// the CUDA rules (kernels/cuda/optimizer.hpp), float16 in place and any other non-float32 dtype
-// through a float32 copy on the device.
+// and rounded back, as MXNet does without multi_precision. With multi_precision (every
+// optimizer's parameter, 0 by default as in MXNet), the updater keeps a float32 master copy of
+// each float16 weight among its states (made from the weight at its first update, saved and
+// loaded with the others): the rule updates the master copy and the weight is the master rounded
+// to float16 (MXNet's create_state_multi_precision / update_multi_precision). A weight on a gpu(i)
+// is updated there by the CUDA rules (kernels/cuda/optimizer.hpp), float16 in place and any other
+// non-float32 dtype through a float32 copy on the device.
 
 #include <cstddef>
 #include <cstdint>
@@ -25,8 +29,8 @@
 
 namespace troupe {
 
-/// Hyper-parameters by MXNet's names: learning_rate, wd, rescale_grad, clip_gradient, momentum,
-/// beta1, beta2, epsilon, gamma1, gamma2, centered, clip_weights.
+/// Hyper-parameters by MXNet's names: learning_rate, wd, rescale_grad, clip_gradient,
+/// multi_precision, momentum, beta1, beta2, epsilon, gamma1, gamma2, centered, clip_weights.
 using optimizer_params = std::map<std::string, double, std::less<>>;
 
 class optimizer {
@@ -47,8 +51,15 @@ public:
   void set_learning_rate(double learning_rate) { params_["learning_rate"] = learning_rate; }
   double rescale_grad() const { return param("rescale_grad"); }
   void set_rescale_grad(double rescale_grad) { params_["rescale_grad"] = rescale_grad; }
+  /// float16 weights are updated through a float32 master copy (see the top of this file). An
+  /// optimizer of the caller's own, without the parameter, has none.
+  bool multi_precision() const {
+    auto slot = params_.find("multi_precision");
+    return slot != params_.end() && slot->second != 0.0;
+  }
 
-  /// Number of float32 state buffers a weight needs (momentum, Adam's mean and variance...).
+  /// Number of float32 state buffers a weight needs (momentum, Adam's mean and variance...); a
+  /// float16 weight under multi_precision has its master copy besides.
   virtual std::size_t state_count() const noexcept = 0;
   /// One update of `weight` by `grad` (float32 buffers of n elements, on the host) with its
   /// state buffers; `update_count` is how many updates this weight has had, this one included

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/test/unit_test.hpp>
@@ -102,6 +103,97 @@ BOOST_AUTO_TEST_CASE(a_float16_weight_is_updated_in_float32_and_rounded_back) {
   update(0, ndarray::full({4}, 2.0, context::cpu(), dtype::float16), weight);
   BOOST_TEST(weight.dtype() == dtype::float16);
   BOOST_TEST(weight.to_vector<float>() == std::vector<float>(4, 2.0f));
+}
+
+BOOST_AUTO_TEST_CASE(multi_precision_is_a_flag_of_every_optimizer) {
+  for (std::string name : {"test", "sgd", "nag", "adam", "rmsprop", "adagrad"}) {
+    auto created = optimizer::create(name, {{"multi_precision", 1}});
+    BOOST_TEST_REQUIRE(created.has_value(), name);
+    BOOST_TEST((*created)->multi_precision(), name);
+    BOOST_TEST(!optimizer::create(name).value()->multi_precision(), name); // MXNet's default
+  }
+  auto bad = optimizer::create("adam", {{"multi_precision", 0.5}});
+  BOOST_TEST_REQUIRE(!bad.has_value());
+  BOOST_TEST(bad.error().message().find("multi_precision") != std::string::npos,
+             bad.error().message());
+}
+
+namespace {
+
+/// Trains a float16 weight with optimizer `name` and multi_precision for `steps`, a float32
+/// weight of the same start with the same optimizer on the same gradients widened, and the
+/// float16 weight again without multi_precision; the values of the first, of the second rounded
+/// to float16, and of the third.
+struct trained {
+  std::vector<float> mixed, reference_rounded, plain;
+};
+trained train_half_and_single(const std::string& name, optimizer_params params, int steps) {
+  constexpr std::int64_t n = 64;
+  auto with_master = params;
+  with_master["multi_precision"] = 1;
+  updater mixed{optimizer::create(name, with_master).value()};
+  updater reference{optimizer::create(name, with_master).value()};
+  updater plain{optimizer::create(name, params).value()};
+  auto weight16 = ndarray::random_normal(0, 1, {n}, 99).as_type(dtype::float16);
+  auto weight32 = weight16.as_type(dtype::float32);
+  auto plain16 = weight16.copy();
+  for (int step = 0; step < steps; ++step) {
+    auto grad16 =
+        ndarray::random_normal(0, 1, {n}, static_cast<std::uint64_t>(step)).as_type(dtype::float16);
+    mixed(3, grad16, weight16);
+    reference(3, grad16.as_type(dtype::float32), weight32);
+    plain(3, grad16, plain16);
+  }
+  return {weight16.to_vector<float>(), weight32.as_type(dtype::float16).to_vector<float>(),
+          plain16.to_vector<float>()};
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(multi_precision_trains_a_float16_weight_as_float32_rounded_bit_for_bit) {
+  const std::vector<std::pair<std::string, optimizer_params>> settings{
+      {"test", {{"rescale_grad", 0.001}}},
+      {"sgd", {{"learning_rate", 0.001}, {"momentum", 0.9}, {"wd", 0.001}}},
+      {"nag", {{"learning_rate", 0.001}, {"momentum", 0.9}}},
+      {"adam", {{"learning_rate", 0.0005}}},
+      {"rmsprop", {{"learning_rate", 0.0005}, {"centered", 1}}},
+      {"adagrad", {{"learning_rate", 0.002}}}};
+  for (const auto& [name, params] : settings) {
+    auto result = train_half_and_single(name, params, 40);
+    // The float16 weight is the float32 master rounded, step after step: what a float32 weight
+    // trained on the same gradients rounds to.
+    BOOST_TEST((result.mixed == result.reference_rounded), name);
+    // Without the master copy, updates below float16's resolution are lost each step.
+    BOOST_TEST((result.plain != result.reference_rounded), name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_master_copy_is_saved_and_loaded_with_the_states) {
+  optimizer_params params{{"learning_rate", 0.001}, {"momentum", 0.9}, {"multi_precision", 1}};
+  updater original{optimizer::create("sgd", params).value()};
+  auto weight = ndarray::random_normal(0, 1, {32}, 7).as_type(dtype::float16);
+  auto grad = [](int step) {
+    return ndarray::random_normal(0, 1, {32}, 100 + static_cast<std::uint64_t>(step))
+        .as_type(dtype::float16);
+  };
+  for (int step = 0; step < 5; ++step)
+    original(1, grad(step), weight);
+  updater restored{optimizer::create("sgd").value()};
+  BOOST_TEST_REQUIRE(restored.load_states(original.save_states(true)).has_value());
+  BOOST_TEST(restored.optimizer().multi_precision());
+  auto again = weight.copy();
+  for (int step = 5; step < 10; ++step) {
+    original(1, grad(step), weight);
+    restored(1, grad(step), again);
+  }
+  BOOST_TEST((again.to_vector<float>() == weight.to_vector<float>()));
+  // A states file whose weight lacks the master copy its optimizer would keep is refused only if
+  // the count fits neither: the optimizer's states alone stay loadable (a float32 weight).
+  updater single{optimizer::create("sgd", params).value()};
+  auto weight32 = ndarray::ones({4});
+  single(0, ndarray::ones({4}), weight32);
+  updater loads{optimizer::create("sgd", params).value()};
+  BOOST_TEST(loads.load_states(single.save_states()).has_value());
 }
 
 BOOST_AUTO_TEST_CASE(an_update_with_a_gradient_of_another_shape_throws_naming_both) {

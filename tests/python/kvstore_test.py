@@ -89,6 +89,21 @@ class NumpyArrays(unittest.TestCase):
         self.kv.pushpull(0, grad)  # without out: the new value is written into the pushed array
         np.testing.assert_allclose(grad, np.full(4, 0.75 - 0.25))
 
+    def test_multi_precision_keeps_a_float32_master_of_a_float16_key(self):
+        # Each push moves the weight by 2e-4, below float16's step at 1 (about 1e-3): without a
+        # float32 master copy every update would round back to 1.
+        self.kv.init(0, np.ones(4, np.float16))
+        self.kv.set_optimizer("test", rescale_grad=2, multi_precision=True)
+        grad = np.full(4, 1e-4, np.float16)
+        master = np.ones(4, np.float32)
+        for _ in range(10):
+            self.kv.push(0, grad)
+            master += np.float32(2) * grad.astype(np.float32)
+        out = np.empty(4, np.float16)
+        self.kv.pull(0, out=out)
+        np.testing.assert_array_equal(out, master.astype(np.float16))
+        self.assertGreater(out[0], 1)
+
     def test_set_optimizer_takes_a_dict_as_mxnet_passes_params(self):
         self.kv.init(0, np.ones(2, np.float32))
         self.kv.set_optimizer("sgd", {"learning_rate": 1.0})
