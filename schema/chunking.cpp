@@ -102,7 +102,7 @@ result<bool> reassembler::add(const tensor_chunk& chunk) {
     return decode_error{c::chunk_overlap, "chunk at offset " + std::to_string(chunk.offset) +
                                               " after the tensor was complete"};
 
-  if (size == total && received_ == 0) {
+  if (size != 0 && size == total && received_ == 0) {
     // The whole tensor in one chunk (every small reply): no range to keep, and no map node to
     // allocate for it.
     std::memcpy(destination_.data(), chunk.data.data(), size);
