@@ -236,10 +236,11 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   entry.init_progress = now();
   if (!*added)
     return;
-  if (policy_.mode == consistency::sync)
+  if (policy_.mode == consistency::sync) {
     entry.sync.emplace(entry.stored, sync_round_options{msg.key, options_.num_workers,
                                                         policy_.quorum, policy_.max_rounds_ahead});
-  else
+    entry.sync->merge_in_float32(multi_precision());
+  } else
     entry.async.emplace(msg.key, entry.stored, options_.num_workers);
   entry.init_assembly.reset();
   unfinished_inits_.erase(msg.key);
@@ -344,6 +345,10 @@ std::optional<std::string> shard_core::reserve_store(std::uint64_t bytes) {
 void shard_core::release_store(std::uint64_t bytes) noexcept {
   if (options_.store_bytes)
     options_.store_bytes->fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+bool shard_core::multi_precision() const noexcept {
+  return updater_ && updater_->optimizer().multi_precision();
 }
 
 shard_core::key_entry* shard_core::find_key(std::uint64_t key) const noexcept {
@@ -614,7 +619,10 @@ std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry
       (*updater_)(static_cast<std::int64_t>(key), received, entry.stored);
     } else {
       // Replace: the received buffer becomes the value; the old value's buffer is reused for the
-      // next push unless a reply still reads it (make_writable checks).
+      // next push unless a reply still reads it (make_writable checks). A float32 sum of float16
+      // pushes (an optimizer with multi_precision, replaced since) is rounded into a fresh value.
+      if (received.dtype() != entry.stored.dtype())
+        received = received.as_type(entry.stored.dtype());
       std::swap(entry.stored, received);
       entry.on_device = ndarray{}; // a later update starts from the replaced value
     }
@@ -800,6 +808,11 @@ void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_ro
     return;
   }
   updater_ = std::make_unique<updater>(std::move(*created));
+  // Under multi_precision the rounds of float16 keys sum in float32 from their next round, as
+  // MXNet's server does (kSetMultiPrecision), so that the update sees the exact sum.
+  for (auto& [key, entry] : keys_)
+    if (entry.sync)
+      entry.sync->merge_in_float32(multi_precision());
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
 }
 
@@ -1138,6 +1151,9 @@ status shard_core::restore(const shard_snapshot& saved) {
     indexed = &keys_.emplace(key.ps_key, std::move(entry)).first->second;
   }
   updater_ = std::move(restored_updater);
+  for (auto& [key, entry] : keys_)
+    if (entry.sync)
+      entry.sync->merge_in_float32(multi_precision());
   checkpointed_progress_ = slowest_key();
   options_.log.info("restored " + std::to_string(keys_.size()) + " keys at round " +
                     std::to_string(checkpointed_progress_) + " (" +

@@ -39,9 +39,19 @@ void accumulate(std::byte* dst, const std::byte* src, std::size_t bytes, wire::d
   }
 }
 
+namespace {
+
+value_layout in_float32(value_layout layout) {
+  layout.bytes = layout.bytes / size_of(layout.type) * sizeof(float);
+  layout.type = dtype::float32;
+  return layout;
+}
+
+} // namespace
+
 sync_round::sync_round(const ndarray& like, sync_round_options options)
-    : options_(options), layout_(like), wire_type_(to_wire(like.dtype())),
-      workers_(options.num_workers) {}
+    : options_(options), layout_(like), wide_layout_(in_float32(layout_)),
+      wire_type_(to_wire(like.dtype())), workers_(options.num_workers) {}
 
 bool sync_round::collecting() const noexcept {
   return done_ > 0 || std::any_of(workers_.begin(), workers_.end(),
@@ -60,6 +70,9 @@ chunk_outcome sync_round::add_current(const push_chunk& chunk) {
     return refuse(wire::error_code::invalid_argument, chunk, "the worker pushed this round twice");
   if (auto checked = check(chunk, worker.bytes); checked.refused())
     return checked;
+  if ((widen_ || widened()) && (chunk.offset % 2 != 0 || chunk.data.size() % 2 != 0))
+    return refuse(wire::error_code::invalid_argument, chunk,
+                  "a chunk of a float16 tensor must hold whole elements");
   bool whole = chunk.offset == 0 && chunk.data.size() == layout_.bytes;
   if (streaming()) {
     stream(chunk.offset, chunk.data);
@@ -125,14 +138,44 @@ chunk_outcome sync_round::defer(const push_chunk& chunk, deferred_answer answer)
 
 void sync_round::open_merge() {
   if (!merge_open_) {
-    make_writable(merge_, layout_);
+    make_writable(merge_, widen_ ? wide_layout_ : layout_);
     merge_open_ = true;
+  }
+}
+
+void sync_round::widen_into(std::uint64_t offset, std::span<const std::byte> data, bool first) {
+  using half = kernels::cpu::half_bits;
+  auto* out = reinterpret_cast<float*>(bytes_of(merge_)) + offset / sizeof(half);
+  const auto* in = reinterpret_cast<const half*>(data.data());
+  const std::size_t n = data.size() / sizeof(half);
+  if (first) {
+    kernels::cpu::half_to_float(in, out, n);
+    return;
+  }
+  // Widened a block at a time into the stack, then added: no buffer of the key's size.
+  constexpr std::size_t block = 1024;
+  float widened[block];
+  for (std::size_t i = 0; i < n; i += block) {
+    const auto count = std::min(block, n - i);
+    kernels::cpu::half_to_float(in + i, widened, count);
+    kernels::cpu::add(out + i, widened, out + i, count);
   }
 }
 
 void sync_round::stream(std::uint64_t offset, std::span<const std::byte> data) {
   open_merge();
   auto end = offset + data.size();
+  if (widened()) {
+    // As below, in float32: [offset, filled) is added, [filled, end) copied (widened).
+    auto added_end = std::min(end, merge_filled_);
+    if (added_end > offset)
+      widen_into(offset, data.first(added_end - offset), false);
+    auto copy_begin = std::max(offset, merge_filled_);
+    if (end > copy_begin)
+      widen_into(copy_begin, data.subspan(copy_begin - offset), true);
+    merge_filled_ = std::max(merge_filled_, end);
+    return;
+  }
   // [offset, filled) already holds other workers' bytes: add; [filled, end) is new: copy.
   auto added_end = std::min(end, merge_filled_);
   if (added_end > offset)
@@ -148,6 +191,10 @@ void sync_round::contribute(std::span<const std::byte> whole) {
   open_merge();
   if (whole.empty())
     return;
+  if (widened()) {
+    widen_into(0, whole, done_ == 0);
+    return;
+  }
   if (done_ == 0)
     std::memcpy(bytes_of(merge_), whole.data(), whole.size());
   else
@@ -155,7 +202,7 @@ void sync_round::contribute(std::span<const std::byte> whole) {
 }
 
 void sync_round::contribute_staged(worker_state& worker) {
-  if (done_ == 0) {
+  if (done_ == 0 && !widen_) {
     // The first push of the round becomes the sum: no copy. The merge buffer it replaces serves
     // as this worker's staging next time (make_writable checks nobody reads it).
     std::swap(merge_, worker.staging);

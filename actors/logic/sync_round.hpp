@@ -32,9 +32,10 @@
 //    push is whole (never applied to a later round); with K == N it cannot be honest and is
 //    refused as stale_round.
 //
-// Memory per key, bounded by N and M whatever the workers send: the merge buffer, at most one
-// staging buffer per worker (K < N) and at most M deferred buffers per worker, each the key's
-// size; counters per worker.
+// Memory per key, bounded by N and M whatever the workers send: the merge buffer (twice the key's
+// size for a float16 key summed in float32, merge_in_float32), at most one staging buffer per
+// worker (K < N) and at most M deferred buffers per worker, each the key's size; counters per
+// worker.
 
 #include <cstdint>
 #include <deque>
@@ -106,6 +107,10 @@ public:
   /// K workers have pushed every byte: the shard must apply sum() and call close() before
   /// anything else.
   bool quorum_reached() const noexcept { return done_ >= options_.quorum; }
+  /// float16 pushes are summed into a float32 buffer from the next round that opens (the servers'
+  /// rule under multi_precision, as MXNet's server sums them: sum() is then float32); off, in the
+  /// key's dtype. No effect on other dtypes.
+  void merge_in_float32(bool on) noexcept { widen_ = on && wire_type_ == wire::dtype::float16; }
   /// The sum of the round's K pushes (precondition: quorum_reached()). The shard may scale it,
   /// update with it, or swap it into the key's value (the round then reuses the old value's
   /// buffer unless something still reads it).
@@ -166,9 +171,18 @@ private:
   /// The buffer for writing the sum into, allocated (or reused) when the round's first bytes come.
   void open_merge();
 
+  /// The merge of this round is float32 over float16 pushes.
+  bool widened() const noexcept { return merge_open_ && merge_.dtype() != layout_.type; }
+  /// Adds (or, `first`, copies) the float16 values of `data` into the float32 merge buffer from
+  /// the element at byte `offset` of the pushed tensor.
+  void widen_into(std::uint64_t offset, std::span<const std::byte> data, bool first);
+
   sync_round_options options_;
   value_layout layout_;
+  /// layout_ in float32: the merge buffer's when widen_.
+  value_layout wide_layout_;
   wire::dtype wire_type_;
+  bool widen_ = false;
   std::uint64_t completed_ = 0;
   std::uint64_t dropped_ = 0;
   ndarray merge_;

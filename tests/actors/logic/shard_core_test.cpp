@@ -8,7 +8,9 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
+#include <string>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <vector>
@@ -476,6 +478,72 @@ BOOST_AUTO_TEST_CASE(inits_beyond_the_servers_key_budget_are_refused_and_shards_
   third.send(wire::init{4, 4, huge});
   BOOST_TEST(names(third.error(4), "data.max_store_bytes"));
   BOOST_TEST(options.store_bytes->load() == 400u);
+}
+
+namespace {
+
+/// Rounds of pushes of one key: round r, worker w pushes the value pushes[r][w] in every element
+/// (a missing worker pushes nothing).
+using round_values = std::vector<std::vector<std::optional<double>>>;
+
+/// Trains `key` of `type` through a shard of `workers` with `policy` and the test optimizer
+/// (multi_precision as given), pushes cut in chunks of `chunk_bytes`; returns the stored values.
+std::vector<float> train_rounds(dtype type, bool multi_precision, std::uint32_t workers,
+                                sync_policy policy, const round_values& pushes,
+                                std::size_t chunk_bytes) {
+  shard_driver job{workers, policy};
+  job.send(wire::set_optimizer{1, "test", {{"multi_precision", multi_precision ? 1.0 : 0.0}}});
+  BOOST_TEST_REQUIRE(job.ack(1) != nullptr);
+  BOOST_TEST_REQUIRE(job.init(key, ndarray::ones({16}, context::cpu(), type)));
+  std::vector<ndarray> held; // the pushed values stay alive while their frames view them
+  for (std::uint64_t round = 0; round < pushes.size(); ++round)
+    for (std::uint32_t worker = 0; worker < pushes[round].size(); ++worker) {
+      if (!pushes[round][worker])
+        continue;
+      held.push_back(ndarray::full({16}, *pushes[round][worker], context::cpu(), type));
+      for (auto& chunk :
+           shard_driver::push_chunks(job.next_id++, key, worker, round, held.back(), chunk_bytes))
+        job.send(std::move(chunk), held.back());
+    }
+  BOOST_TEST(job.shard->completed_rounds(key) == pushes.size());
+  return job.shard->value(key).as_type(dtype::float32).to_vector<float>();
+}
+
+/// `values` rounded to float16 and back.
+std::vector<float> rounded_to_half(const std::vector<float>& values) {
+  return ndarray::from_values(values, {static_cast<std::int64_t>(values.size())})
+      .as_type(dtype::float16)
+      .as_type(dtype::float32)
+      .to_vector<float>();
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(under_multi_precision_a_round_of_float16_pushes_is_summed_in_float32) {
+  // 1024 + 0.5 and -1024 + 0.25 are exact in float32 and not in float16: with the sum rounded to
+  // float16 first, the key would end at 4.125, not 4.875.
+  const round_values two{{1024, 0.5}, {-1024, 0.25}, {3, 0.125}};
+  const round_values two_of_three{
+      {1024, 0.5, std::nullopt}, {0.25, std::nullopt, -1024}, {std::nullopt, 3, 0.125}};
+  struct setting {
+    std::string what;
+    std::uint32_t workers;
+    sync_policy policy;
+    const round_values* pushes;
+    std::size_t chunk_bytes;
+  };
+  for (const auto& [what, workers, policy, pushes, chunk_bytes] :
+       std::vector<setting>{{"all workers, whole pushes", 2, {}, &two, 1 << 20},
+                            {"all workers, chunks of 8 bytes", 2, {}, &two, 8},
+                            {"a quorum of 2 of 3", 3, quorum_of(2), &two_of_three, 1 << 20},
+                            {"a quorum of 2 of 3, chunks", 3, quorum_of(2), &two_of_three, 8}}) {
+    auto reference = train_rounds(dtype::float32, false, workers, policy, *pushes, chunk_bytes);
+    BOOST_TEST((reference == std::vector<float>(16, 4.875f)), what);
+    auto mixed = train_rounds(dtype::float16, true, workers, policy, *pushes, chunk_bytes);
+    BOOST_TEST((mixed == rounded_to_half(reference)), what);
+    auto plain = train_rounds(dtype::float16, false, workers, policy, *pushes, chunk_bytes);
+    BOOST_TEST((plain != rounded_to_half(reference)), what);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
