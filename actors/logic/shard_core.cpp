@@ -351,6 +351,14 @@ bool shard_core::multi_precision() const noexcept {
   return updater_ && updater_->optimizer().multi_precision();
 }
 
+/// Under multi_precision the rounds of float16 keys sum in float32 from their next round, as
+/// MXNet's server does (kSetMultiPrecision), so that the update sees the exact sum.
+void shard_core::sum_in_optimizer_precision() noexcept {
+  for (auto& [key, entry] : keys_)
+    if (entry.sync)
+      entry.sync->merge_in_float32(multi_precision());
+}
+
 shard_core::key_entry* shard_core::find_key(std::uint64_t key) const noexcept {
   if (last_found_ != nullptr && last_found_key_ == key)
     return last_found_;
@@ -808,11 +816,7 @@ void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_ro
     return;
   }
   updater_ = std::make_unique<updater>(std::move(*created));
-  // Under multi_precision the rounds of float16 keys sum in float32 from their next round, as
-  // MXNet's server does (kSetMultiPrecision), so that the update sees the exact sum.
-  for (auto& [key, entry] : keys_)
-    if (entry.sync)
-      entry.sync->merge_in_float32(multi_precision());
+  sum_in_optimizer_precision();
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
 }
 
@@ -1151,9 +1155,7 @@ status shard_core::restore(const shard_snapshot& saved) {
     indexed = &keys_.emplace(key.ps_key, std::move(entry)).first->second;
   }
   updater_ = std::move(restored_updater);
-  for (auto& [key, entry] : keys_)
-    if (entry.sync)
-      entry.sync->merge_in_float32(multi_precision());
+  sum_in_optimizer_precision();
   checkpointed_progress_ = slowest_key();
   options_.log.info("restored " + std::to_string(keys_.size()) + " keys at round " +
                     std::to_string(checkpointed_progress_) + " (" +

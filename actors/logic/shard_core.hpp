@@ -295,6 +295,7 @@ private:
   key_entry* find_key(std::uint64_t key) const noexcept;
   /// The optimizer keeps float32 master copies of float16 values (optimizer::multi_precision).
   bool multi_precision() const noexcept;
+  void sum_in_optimizer_precision() noexcept;
   key_entry* usable_key(std::uint64_t key, std::uint64_t request_id, const char* what,
                         const reply_route& reply);
   void on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,

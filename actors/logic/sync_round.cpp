@@ -162,43 +162,32 @@ void sync_round::widen_into(std::uint64_t offset, std::span<const std::byte> dat
   }
 }
 
+void sync_round::merge_bytes(std::uint64_t offset, std::span<const std::byte> data, bool first) {
+  if (widened())
+    widen_into(offset, data, first);
+  else if (first)
+    std::memcpy(bytes_of(merge_) + offset, data.data(), data.size());
+  else
+    accumulate(bytes_of(merge_) + offset, data.data(), data.size(), wire_type_);
+}
+
 void sync_round::stream(std::uint64_t offset, std::span<const std::byte> data) {
   open_merge();
   auto end = offset + data.size();
-  if (widened()) {
-    // As below, in float32: [offset, filled) is added, [filled, end) copied (widened).
-    auto added_end = std::min(end, merge_filled_);
-    if (added_end > offset)
-      widen_into(offset, data.first(added_end - offset), false);
-    auto copy_begin = std::max(offset, merge_filled_);
-    if (end > copy_begin)
-      widen_into(copy_begin, data.subspan(copy_begin - offset), true);
-    merge_filled_ = std::max(merge_filled_, end);
-    return;
-  }
   // [offset, filled) already holds other workers' bytes: add; [filled, end) is new: copy.
   auto added_end = std::min(end, merge_filled_);
   if (added_end > offset)
-    accumulate(bytes_of(merge_) + offset, data.data(), added_end - offset, wire_type_);
+    merge_bytes(offset, data.first(added_end - offset), false);
   auto copy_begin = std::max(offset, merge_filled_);
   if (end > copy_begin)
-    std::memcpy(bytes_of(merge_) + copy_begin, data.data() + (copy_begin - offset),
-                end - copy_begin);
+    merge_bytes(copy_begin, data.subspan(copy_begin - offset), true);
   merge_filled_ = std::max(merge_filled_, end);
 }
 
 void sync_round::contribute(std::span<const std::byte> whole) {
   open_merge();
-  if (whole.empty())
-    return;
-  if (widened()) {
-    widen_into(0, whole, done_ == 0);
-    return;
-  }
-  if (done_ == 0)
-    std::memcpy(bytes_of(merge_), whole.data(), whole.size());
-  else
-    accumulate(bytes_of(merge_), whole.data(), whole.size(), wire_type_);
+  if (!whole.empty())
+    merge_bytes(0, whole, done_ == 0);
 }
 
 void sync_round::contribute_staged(worker_state& worker) {

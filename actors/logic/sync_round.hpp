@@ -176,6 +176,9 @@ private:
   /// Adds (or, `first`, copies) the float16 values of `data` into the float32 merge buffer from
   /// the element at byte `offset` of the pushed tensor.
   void widen_into(std::uint64_t offset, std::span<const std::byte> data, bool first);
+  /// Copies (`first`) or adds the pushed bytes `data` at byte `offset` of the pushed tensor into
+  /// the merge buffer, in its dtype.
+  void merge_bytes(std::uint64_t offset, std::span<const std::byte> data, bool first);
 
   sync_round_options options_;
   value_layout layout_;

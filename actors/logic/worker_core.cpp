@@ -66,6 +66,16 @@ const char* verb(kv_call call) {
   return "request";
 }
 
+/// The last of `spares`, taken out of it; null when there is none.
+template <class T>
+std::shared_ptr<T> take_spare(std::vector<std::shared_ptr<T>>& spares) noexcept {
+  if (spares.empty())
+    return nullptr;
+  auto spare = std::move(spares.back());
+  spares.pop_back();
+  return spare;
+}
+
 enum class answer_kind : std::size_t { push, pull, pushpull };
 constexpr std::array<const char*, 3> kind_names{"push", "pull", "pushpull"};
 
@@ -115,14 +125,11 @@ void worker_core::on_links(std::vector<std::string> names) {
 }
 
 void worker_core::on_call(kv_operation& op) {
-  std::shared_ptr<call_state> call;
-  if (spare_calls_.empty()) {
-    call = std::make_shared<call_state>(op.done);
-  } else {
-    call = std::move(spare_calls_.back());
-    spare_calls_.pop_back();
+  auto call = take_spare(spare_calls_);
+  if (call)
     call->done = op.done;
-  }
+  else
+    call = std::make_shared<call_state>(op.done);
   if (failure_) {
     call->end(error{failure_->code(), op.what + ": " + failure_->message()});
     return;
@@ -221,13 +228,9 @@ std::optional<std::uint32_t> worker_core::sends_at_once_to(const kv_operation& o
 std::shared_ptr<worker_core::part> worker_core::new_part(const std::shared_ptr<call_state>& call,
                                                          kv_call kind, std::uint32_t server,
                                                          std::string name) {
-  std::shared_ptr<part> p;
-  if (spare_parts_.empty()) {
+  auto p = take_spare(spare_parts_);
+  if (!p)
     p = std::make_shared<part>();
-  } else {
-    p = std::move(spare_parts_.back());
-    spare_parts_.pop_back();
-  }
   p->call = call;
   p->kind = kind;
   p->server = server;
@@ -259,12 +262,9 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
   const bool several_per_server = slices.back().slot > 0;
   std::shared_ptr<pull_target> target;
   if (kind == kv_call::pull || kind == kv_call::pushpull) {
-    if (spare_targets_.empty()) {
+    target = take_spare(spare_targets_);
+    if (!target)
       target = std::make_shared<pull_target>();
-    } else {
-      target = std::move(spare_targets_.back());
-      spare_targets_.pop_back();
-    }
     target->slices_left = slices.size();
     const bool direct = work.outputs.size() == 1 && work.outputs[0].ctx().is_cpu();
     if (direct) {
