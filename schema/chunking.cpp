@@ -28,16 +28,25 @@ chunker::chunker(message whole, std::size_t chunk_bytes)
   const tensor_chunk* tensor = tensor_of(whole_);
   if (tensor == nullptr)
     return;
-  if (tensor->offset != 0 || tensor->data.size() != tensor->total_bytes)
+  if (tensor->offset != 0 || tensor->dense_bytes() != tensor->total_bytes)
     throw std::invalid_argument("chunker: the " + std::string(kind_name(whole_)) +
                                 " tensor is not whole (offset " + std::to_string(tensor->offset) +
-                                ", " + std::to_string(tensor->data.size()) + " of " +
+                                ", " + std::to_string(tensor->dense_bytes()) + " of " +
                                 std::to_string(tensor->total_bytes) + " bytes)");
   if (auto error = validate_tensor(*tensor, local_limits()))
     throw std::invalid_argument("chunker: " + error->message);
   if (!tensor->data.empty())
     count_ = (tensor->data.size() - 1) / chunk_bytes_ + 1;
 }
+
+namespace {
+
+/// Elements one packed word holds.
+std::uint64_t elements_per_word(compression_type type) {
+  return type == compression_type::two_bit ? 16 : 32;
+}
+
+} // namespace
 
 message chunker::chunk(std::size_t index) const {
   if (index >= count_)
@@ -47,8 +56,18 @@ message chunker::chunk(std::size_t index) const {
   if (tensor_chunk* tensor = tensor_of(part)) {
     const std::size_t offset = index * chunk_bytes_;
     const std::size_t size = std::min(chunk_bytes_, tensor->data.size() - offset);
-    tensor->offset = offset;
     tensor->data = tensor->data.subspan(offset, size);
+    if (tensor->compression.type == compression_type::none) {
+      tensor->offset = offset;
+    } else {
+      // Packed: chunks of whole words (chunk_bytes_ is a multiple of 8), each covering the
+      // elements its words hold.
+      const auto per_byte = elements_per_word(tensor->compression.type) / 4;
+      const std::uint64_t first = offset * per_byte;
+      tensor->offset = first * size_of(tensor->type);
+      tensor->compression.elements =
+          std::min<std::uint64_t>(size * per_byte, tensor->compression.elements - first);
+    }
   }
   return part;
 }
@@ -93,6 +112,11 @@ result<bool> reassembler::add(const tensor_chunk& chunk) {
                             ") outside the tensor of " + std::to_string(total) + " bytes"};
   if (auto error = validate_tensor(chunk, local_limits()))
     return std::move(*error);
+  if (chunk.compression.type != compression_type::none)
+    return decode_error{c::invalid_tensor,
+                        std::string{to_string(chunk.compression.type)} +
+                            " compressed chunk where a dense value is expected (only pushes are "
+                            "compressed)"};
   if (type_ && (*type_ != chunk.type || shape_ != chunk.shape))
     return decode_error{c::chunk_mismatch,
                         "chunk of " + std::string(to_string(chunk.type)) +

@@ -35,14 +35,16 @@ constexpr bool valid_chunk_bytes(std::size_t chunk_bytes) noexcept {
 /// Splits a message carrying a whole tensor (init, push, pushpull, pull_reply) into messages of
 /// one chunk each: the same fields, the same dtype, shape and total_bytes, and consecutive
 /// [offset, offset + size) slices of the payload, every one chunk_bytes long except the last.
-/// A message without a tensor, or with an empty one, is a single chunk: itself.
+/// A message without a tensor, or with an empty one, is a single chunk: itself. A packed tensor
+/// (tensor_chunk::compression) is split the same way by its packed bytes, each chunk whole words
+/// that cover the elements they hold (offset and compression.elements say which).
 ///
 /// The chunker copies the message's fields but not the payload: the tensor's memory must stay
 /// alive and unchanged until every chunk message and frame made from it is gone.
 class chunker {
 public:
   /// Preconditions (std::invalid_argument otherwise): valid_chunk_bytes(chunk_bytes); the tensor
-  /// is whole (offset 0, data.size() == total_bytes) and consistent (validate_tensor).
+  /// is whole (offset 0, dense_bytes() == total_bytes) and consistent (validate_tensor).
   explicit chunker(message whole, std::size_t chunk_bytes = default_chunk_bytes);
 
   /// At least 1.

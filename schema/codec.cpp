@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -142,6 +143,48 @@ std::string_view to_string(decode_error::code kind) noexcept {
   return "unknown decode_error code";
 }
 
+namespace {
+
+/// validate_tensor's rules for a packed chunk (troupe.capnp Tensor.compression), once the dense
+/// tensor's declaration has passed.
+std::optional<decode_error> validate_packed(const tensor_chunk& chunk, std::size_t element) {
+  using c = decode_error::code;
+  auto error = [](c kind, std::string msg) { return decode_error{kind, std::move(msg)}; };
+  const auto& packing = chunk.compression;
+  const std::string what = std::string{to_string(packing.type)} + " compressed chunk";
+  if (chunk.type != dtype::float32 && chunk.type != dtype::float16)
+    return error(c::invalid_tensor, what + " of a " + std::string{to_string(chunk.type)} +
+                                        " tensor: only float32 and float16 tensors are compressed");
+  const float threshold = packing.threshold;
+  if (!std::isfinite(threshold) || threshold < 0 ||
+      (packing.type == compression_type::two_bit && threshold == 0))
+    return error(c::invalid_value,
+                 what + " with threshold " + std::to_string(threshold) +
+                     (packing.type == compression_type::two_bit ? " (must be finite and > 0)"
+                                                                : " (must be finite and >= 0)"));
+  if (chunk.offset % element != 0)
+    return error(c::invalid_tensor, what + " at offset " + std::to_string(chunk.offset) +
+                                        " splits an element of " + std::to_string(element) +
+                                        " bytes");
+  const std::uint64_t room =
+      chunk.offset > chunk.total_bytes ? 0 : (chunk.total_bytes - chunk.offset) / element;
+  if (chunk.offset > chunk.total_bytes || packing.elements > room)
+    return error(c::invalid_tensor, what + " of " + std::to_string(packing.elements) +
+                                        " elements at offset " + std::to_string(chunk.offset) +
+                                        " lies outside the tensor of " +
+                                        std::to_string(chunk.total_bytes) + " bytes");
+  if (packing.elements == 0 && chunk.total_bytes != 0)
+    return error(c::invalid_tensor, what + " of no elements of a non-empty tensor");
+  const auto expected = packed_bytes(packing.type, packing.elements);
+  if (chunk.data.size() != expected)
+    return error(c::invalid_tensor, what + " of " + std::to_string(packing.elements) +
+                                        " elements has " + std::to_string(chunk.data.size()) +
+                                        " bytes; packed they are " + std::to_string(expected));
+  return std::nullopt;
+}
+
+} // namespace
+
 std::optional<decode_error> validate_tensor(const tensor_chunk& chunk,
                                             const decode_limits& limits) {
   using c = decode_error::code;
@@ -177,6 +220,8 @@ std::optional<decode_error> validate_tensor(const tensor_chunk& chunk,
   if (chunk.total_bytes > limits.max_tensor_bytes)
     return error(c::limit_exceeded, "tensor of " + std::to_string(chunk.total_bytes) +
                                         " bytes, limit " + std::to_string(limits.max_tensor_bytes));
+  if (chunk.compression.type != compression_type::none)
+    return validate_packed(chunk, element);
   const std::uint64_t size = chunk.data.size();
   if (chunk.offset % element != 0 || size % element != 0)
     return error(c::invalid_tensor, "chunk at offset " + std::to_string(chunk.offset) + " of " +
@@ -330,7 +375,7 @@ struct size_estimate {
   bool all_inline = false;
   void text(const std::string& s) { words += s.size() / 8 + 2; }
   void tensor(const tensor_chunk& t) {
-    words += 8 + t.shape.size();
+    words += 9 + t.shape.size();
     if (!t.shm && (all_inline || t.data.size() < reference_threshold))
       words += t.data.size() / 8 + 1;
   }
@@ -678,6 +723,12 @@ private:
       shape.set(i, t.shape[i]);
     b.setTotalBytes(t.total_bytes);
     b.setOffset(t.offset);
+    if (t.compression.type != compression_type::none) {
+      auto packing = b.initCompression();
+      packing.setType(static_cast<ws::Compression>(t.compression.type));
+      packing.setThreshold(t.compression.threshold);
+      packing.setElements(t.compression.elements);
+    }
     if (t.shm) {
       // The bytes are in the sender's shared-memory arena already; the frame only says where.
       if (t.shm->bytes == 0)
@@ -912,7 +963,9 @@ private:
                                                    std::to_string(limits_.max_list_elements));
   }
 
-  tensor_chunk read_tensor(bool present, ws::Tensor::Reader t, const char* field) {
+  /// `packable`: the message may carry a packed tensor (push, pushpull).
+  tensor_chunk read_tensor(bool present, ws::Tensor::Reader t, const char* field,
+                           bool packable = false) {
     if (!present)
       fail(decode_error::code::missing_field, std::string(field) + " is missing");
     tensor_chunk c;
@@ -927,6 +980,18 @@ private:
       c.shape.push_back(extent);
     c.total_bytes = t.getTotalBytes();
     c.offset = t.getOffset();
+    auto packing = t.getCompression();
+    const auto packing_type = static_cast<std::uint16_t>(packing.getType());
+    if (packing_type > static_cast<std::uint16_t>(compression_type::one_bit))
+      fail(decode_error::code::invalid_enum, "tensor compression type: value " +
+                                                 std::to_string(packing_type) +
+                                                 " is not in the enumeration");
+    c.compression = {static_cast<compression_type>(packing_type), packing.getThreshold(),
+                     packing.getElements()};
+    if (c.compression.type != compression_type::none && !packable)
+      fail(decode_error::code::invalid_tensor,
+           std::string(field) + " is " + std::string{to_string(c.compression.type)} +
+               " compressed; only push and pushpull tensors are");
     auto data = t.getData();
     c.data =
         std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.begin()), data.size());
@@ -1068,7 +1133,7 @@ private:
     m.sender_rank = r.getSenderRank();
     m.round = r.getRound();
     m.resent = r.getResent();
-    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "push tensor");
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "push tensor", true);
     return m;
   }
 
@@ -1093,7 +1158,7 @@ private:
     m.key = r.getKey();
     m.sender_rank = r.getSenderRank();
     m.round = r.getRound();
-    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pushpull tensor");
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pushpull tensor", true);
     m.timeout_ms = r.getTimeoutMs();
     m.resent = r.getResent();
     return m;

@@ -63,7 +63,26 @@ std::string describe(const node_info& node) {
 
 bool operator==(const tensor_chunk& a, const tensor_chunk& b) noexcept {
   return a.type == b.type && a.shape == b.shape && a.total_bytes == b.total_bytes &&
-         a.offset == b.offset && std::ranges::equal(a.data, b.data);
+         a.offset == b.offset && std::ranges::equal(a.data, b.data) &&
+         a.compression == b.compression;
+}
+
+std::uint64_t tensor_chunk::dense_bytes() const noexcept {
+  if (compression.type == compression_type::none)
+    return data.size();
+  return compression.elements * size_of(type);
+}
+
+std::string_view to_string(compression_type type) noexcept {
+  switch (type) {
+  case compression_type::none:
+    return "none";
+  case compression_type::two_bit:
+    return "2bit";
+  case compression_type::one_bit:
+    return "1bit";
+  }
+  return "unknown compression";
 }
 
 std::string_view kind_name(const message& msg) noexcept {

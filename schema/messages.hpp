@@ -64,10 +64,39 @@ struct shm_ref {
   friend bool operator==(const shm_ref&, const shm_ref&) = default;
 };
 
+/// How a chunk's bytes are packed (troupe.capnp Tensor.compression): none (the dense bytes), or
+/// MXNet's 2bit and 1bit gradient compression.
+enum class compression_type : std::uint8_t { none = 0, two_bit = 1, one_bit = 2 };
+std::string_view to_string(compression_type type) noexcept;
+
+/// Bytes of `elements` elements packed by `type` (whole 32-bit words of 16 or 32 elements); for
+/// none, 0 (the dense size depends on the dtype).
+constexpr std::uint64_t packed_bytes(compression_type type, std::uint64_t elements) noexcept {
+  switch (type) {
+  case compression_type::two_bit:
+    return (elements + 15) / 16 * 4;
+  case compression_type::one_bit:
+    return (elements + 31) / 32 * 4;
+  case compression_type::none:
+    break;
+  }
+  return 0;
+}
+
+/// A packed chunk: the rule and threshold it was packed with, and the elements it covers.
+struct tensor_compression {
+  compression_type type = compression_type::none;
+  float threshold = 0;
+  std::uint64_t elements = 0;
+  friend bool operator==(const tensor_compression&, const tensor_compression&) = default;
+};
+
 /// One chunk of a dense row-major tensor; a whole tensor is the chunk with offset 0 and
 /// data.size() == total_bytes. Invariants checked by decode (and by chunker on its input):
 /// total_bytes == product(shape) * size_of(type); offset and data.size() are multiples of
 /// size_of(type); offset + data.size() <= total_bytes; data is empty only if total_bytes is 0.
+/// A packed chunk (compression.type != none) covers compression.elements elements from offset
+/// instead, and data is their packed_bytes (validate_tensor has the rules).
 struct tensor_chunk {
   dtype type = dtype::float32;
   /// Extent of each axis of the whole tensor (empty: a scalar).
@@ -82,6 +111,12 @@ struct tensor_chunk {
   /// writes this reference (data is not copied), and decode sets it and points data into the
   /// arena it was given. Only the data link sets it for sending. Not part of ==.
   std::optional<shm_ref> shm = std::nullopt;
+  /// Gradient compression; none: data is the chunk's dense bytes.
+  tensor_compression compression = {};
+
+  /// The bytes of the dense tensor this chunk covers: data.size(), or for a packed chunk
+  /// compression.elements * size_of(type).
+  std::uint64_t dense_bytes() const noexcept;
 
   /// Compares the payload bytes, not their addresses: a decoded chunk equals the one encoded.
   friend bool operator==(const tensor_chunk& a, const tensor_chunk& b) noexcept;

@@ -94,6 +94,30 @@ struct Tensor {
     offset @5 :UInt64;
     bytes @6 :UInt64;
   }
+  compression :group {
+    # Gradient compression (an extension of version 1; docs/protocol.md, "Compressed pushes"):
+    # when `type` is not `none`, the chunk covers `elements` elements from byte `offset` of the
+    # dense tensor, and `data` (or the arena's bytes) holds them packed, whole 32-bit words of 16
+    # (twoBit) or 32 (oneBit) elements, MXNet's bit order: element i of the chunk in byte i / 4
+    # at bits 7-6 for i % 4 == 0 down to bits 1-0 (11 = +threshold, 10 = -threshold, 00 and 01 =
+    # 0), or in byte i / 8 at bit 7 - i % 8 (1 = +1, 0 = -1). Only float32 and float16 tensors,
+    # only in Push and PushPull; offset + elements * size(dtype) <= totalBytes, data is exactly
+    # the packed size, elements > 0 unless totalBytes is 0, and the threshold is finite (> 0 for
+    # twoBit, >= 0 for oneBit). Each chunk names its own rule, so a server needs no state to
+    # read it; SetGradientCompression, sent by worker 0 before it compresses, makes a server
+    # without this extension refuse the setting instead of misreading the packed bytes.
+    type @7 :Compression;
+    threshold @8 :Float32;
+    elements @9 :UInt64;
+  }
+}
+
+enum Compression {
+  # Unlike the other enums, 0 is a value: an optional field, and a sender that did not set it
+  # sends dense bytes.
+  none @0;
+  twoBit @1;
+  oneBit @2;
 }
 
 struct Registration {
@@ -378,15 +402,17 @@ struct SetOptimizer {
 }
 
 struct SetGradientCompression {
-  # Worker -> every server: how pushed gradients are compressed (MXNet's
-  # set_gradient_compression). Not implemented: no troupe worker sends it, and a server answers
-  # it with Error unsupported.
+  # Worker (rank 0) -> every server: pushes are compressed from now on (MXNet's
+  # set_gradient_compression, kSetGradientCompression). Answered by Ack once the server has
+  # checked the setting; Error invalidArgument for an unknown type or a threshold the type does
+  # not take. The rule travels in every compressed Tensor too (Tensor.compression), so a server
+  # keeps nothing of it.
   requestId @0 :UInt64;
   # Echoed by the Ack or Error.
   type @1 :Text;
-  # MXNet's compression type: "2bit", or "none"; non-empty.
+  # "2bit", "1bit" or "none"; non-empty.
   threshold @2 :Float64;
-  # Quantisation threshold of "2bit" (MXNet's default 0.5); ignored by "none".
+  # Finite; > 0 for "2bit" (MXNet's default 0.5), >= 0 for "1bit"; ignored by "none".
 }
 
 struct Command {

@@ -154,6 +154,8 @@ void shard_core::dispatch(envelope& request, const reply_route& reply) {
     on_set_optimizer(*optimizer, reply);
   } else if (auto* settings = std::get_if<wire::sync_settings>(&msg)) {
     on_sync_settings(*settings, reply);
+  } else if (auto* compression = std::get_if<wire::set_gradient_compression>(&msg)) {
+    on_set_gradient_compression(*compression, reply);
   } else if (auto* command = std::get_if<wire::command>(&msg)) {
     on_command(*command, reply);
   } else {
@@ -173,6 +175,12 @@ void shard_core::refuse(const reply_route& reply, std::uint64_t request_id,
 void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   auto& tensor = msg.tensor;
   auto name = [&] { return "init of key " + std::to_string(msg.key); };
+  if (tensor.compression.type != wire::compression_type::none) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           name() + ": " + std::string{wire::to_string(tensor.compression.type)} +
+               " compressed; an init carries the value itself");
+    return;
+  }
   auto found = keys_.find(msg.key);
   if (found != keys_.end() && found->second.initialized()) {
     refuse(reply, msg.request_id, msg.key, wire::error_code::already_initialized,
@@ -423,6 +431,24 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
   }
   sender_connection_[push.sender] = reply.connection;
   push_chunk chunk{push.request_id, push.sender, push.round, tensor.offset, tensor.data};
+  if (tensor.compression.type != wire::compression_type::none) {
+    // The declaration is the key's; the packing is checked against it here as well as by the
+    // codec, for in-process links: the dense chunk then lies inside the key's value, so the
+    // buffer stays within the key's size.
+    wire::decode_limits limits;
+    limits.max_tensor_bytes = std::numeric_limits<std::uint64_t>::max();
+    if (auto invalid = wire::validate_tensor(tensor, limits)) {
+      refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
+             name() + ": " + invalid->message);
+      return;
+    }
+    const auto dense = static_cast<std::size_t>(tensor.dense_bytes());
+    if (unpacked_.size() < dense)
+      unpacked_.resize(dense);
+    dequantize(from_wire(tensor.compression), entry->stored.dtype(), tensor.data.data(),
+               unpacked_.data(), static_cast<std::size_t>(tensor.compression.elements));
+    chunk.data = std::span<const std::byte>(unpacked_.data(), dense);
+  }
   entry->traffic.push_bytes += tensor.data.size();
   if (tensor.offset == 0) {
     ++entry->traffic.pushes;
@@ -817,6 +843,19 @@ void shard_core::on_set_optimizer(const wire::set_optimizer& msg, const reply_ro
   }
   updater_ = std::make_unique<updater>(std::move(*created));
   sum_in_optimizer_precision();
+  reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+void shard_core::on_set_gradient_compression(const wire::set_gradient_compression& msg,
+                                             const reply_route& reply) {
+  // Every compressed chunk names its rule (troupe.capnp Tensor.compression), so a valid setting
+  // changes nothing here: the ack tells the worker this server reads compressed pushes.
+  auto rule = gradient_compression::make(msg.type, msg.threshold);
+  if (!rule) {
+    refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument,
+           rule.error().message());
+    return;
+  }
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
 }
 

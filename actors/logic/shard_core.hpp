@@ -337,6 +337,8 @@ private:
   shard_clock::time_point expiry(shard_clock::time_point arrival, std::uint32_t timeout_ms) const;
   void on_set_optimizer(const wire::set_optimizer& msg, const reply_route& reply);
   void on_sync_settings(const wire::sync_settings& msg, const reply_route& reply);
+  void on_set_gradient_compression(const wire::set_gradient_compression& msg,
+                                   const reply_route& reply);
   void set_policy(const sync_policy& wanted, std::uint64_t request_id, const reply_route& reply);
   void on_command(const wire::command& msg, const reply_route& reply);
   /// save_optimizer_states / load_optimizer_states on this shard's file.
@@ -365,6 +367,9 @@ private:
   mutable key_entry* last_found_ = nullptr;
   mutable std::uint64_t last_found_key_ = 0;
   std::unique_ptr<updater> updater_;
+  /// The dense values of the compressed push chunk being taken (a push's data is read only while
+  /// it is taken), grown to the largest chunk and kept.
+  std::vector<std::byte> unpacked_;
   /// live_[w]: worker w counts for bounded staleness.
   std::vector<bool> live_;
   /// sender_connection_[w]: the connection worker w's last push chunk came by (0: in-process).

@@ -2,6 +2,12 @@
 
 namespace troupe {
 
+static_assert(static_cast<int>(compression_type::none) ==
+              static_cast<int>(wire::compression_type::none));
+static_assert(static_cast<int>(compression_type::two_bit) ==
+              static_cast<int>(wire::compression_type::two_bit));
+static_assert(static_cast<int>(compression_type::one_bit) ==
+              static_cast<int>(wire::compression_type::one_bit));
 static_assert(static_cast<int>(dtype::float32) == static_cast<int>(wire::dtype::float32));
 static_assert(static_cast<int>(dtype::float16) == static_cast<int>(wire::dtype::float16));
 static_assert(static_cast<int>(dtype::int32) == static_cast<int>(wire::dtype::int32));

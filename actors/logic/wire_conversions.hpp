@@ -8,6 +8,7 @@
 #include "actors/config/config.hpp"
 #include "engine/dtype.hpp"
 #include "engine/error.hpp"
+#include "engine/gradient_compression.hpp"
 #include "schema/messages.hpp"
 
 namespace troupe {
@@ -18,6 +19,14 @@ constexpr wire::dtype to_wire(dtype type) noexcept {
 }
 constexpr dtype from_wire(wire::dtype type) noexcept {
   return static_cast<dtype>(type);
+}
+
+/// Gradient compression: a packed chunk's rule (the same numbering, checked), and the rule back.
+constexpr wire::compression_type to_wire(compression_type type) noexcept {
+  return static_cast<wire::compression_type>(type);
+}
+constexpr gradient_compression from_wire(const wire::tensor_compression& packing) noexcept {
+  return gradient_compression{static_cast<compression_type>(packing.type), packing.threshold};
 }
 
 /// Roles: config's node_role and the wire's role have the same members (checked).

@@ -28,6 +28,14 @@ tensor_chunk float_vector(std::span<const std::byte> payload) {
       dtype::float32, {static_cast<std::int64_t>(payload.size() / 4)}, payload.size(), 0, payload};
 }
 
+// A chunk survives its frame unchanged.
+void round_trip_check(const tensor_chunk& chunk) {
+  const auto frame = encode(push{1, 3, 0, 5, chunk}).flatten();
+  auto decoded = decode(frame);
+  BOOST_TEST_REQUIRE(decoded.has_value());
+  BOOST_TEST((std::get<push>(decoded->msg).tensor == chunk));
+}
+
 // The tensor of a decoded chunk frame.
 const tensor_chunk& tensor_in(const decoded_message& d) {
   const tensor_chunk* t = tensor_of(d.msg);
@@ -109,6 +117,49 @@ BOOST_AUTO_TEST_CASE(chunks_cover_the_tensor_in_order_with_a_short_last_chunk) {
   }
   BOOST_TEST(expected_offset == 4000u);
   BOOST_CHECK_THROW(split.chunk(8), std::out_of_range);
+}
+
+BOOST_AUTO_TEST_CASE(a_packed_tensor_is_chunked_in_whole_words_that_name_their_elements) {
+  // 100 float32 elements packed 2bit: 7 words (28 bytes); chunks of 8 bytes hold 32 elements.
+  pattern_buffer payload(32);
+  const push whole{1, 3, 0, 5,
+                   tensor_chunk{dtype::float32,
+                                {100},
+                                400,
+                                0,
+                                payload.bytes().first(28),
+                                std::nullopt,
+                                tensor_compression{compression_type::two_bit, 0.5f, 100}}};
+  chunker split(whole, 8);
+  BOOST_TEST_REQUIRE(split.chunk_count() == 4u);
+  const std::uint64_t elements[] = {32, 32, 32, 4};
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto part = std::get<push>(split.chunk(i)).tensor;
+    BOOST_TEST(part.offset == i * 32 * 4);
+    BOOST_TEST(part.compression.elements == elements[i]);
+    BOOST_TEST(part.data.size() == (i < 3 ? 8u : 4u));
+    BOOST_TEST(part.data.data() == payload.bytes().data() + i * 8);
+    BOOST_TEST(!validate_tensor(part).has_value());
+    round_trip_check(part);
+  }
+  // 1bit: 32 elements a word, so 8 bytes hold 64.
+  const push one_bit{1, 3, 0, 5,
+                     tensor_chunk{dtype::float16,
+                                  {100},
+                                  200,
+                                  0,
+                                  payload.bytes().first(16),
+                                  std::nullopt,
+                                  tensor_compression{compression_type::one_bit, 0.5f, 100}}};
+  chunker halves(one_bit, 8);
+  BOOST_TEST_REQUIRE(halves.chunk_count() == 2u);
+  BOOST_TEST(std::get<push>(halves.chunk(1)).tensor.offset == 128u);
+  BOOST_TEST(std::get<push>(halves.chunk(1)).tensor.compression.elements == 36u);
+  // A packed chunk is not a value: a reassembler refuses it and writes nothing.
+  std::vector<std::byte> out(400, std::byte{0x11});
+  reassembler assembly(out);
+  BOOST_TEST(!assembly.add(std::get<push>(split.chunk(0)).tensor).has_value());
+  BOOST_TEST((out[0] == std::byte{0x11}));
 }
 
 BOOST_AUTO_TEST_CASE(chunks_arriving_in_any_order_reassemble) {

@@ -161,6 +161,32 @@ BOOST_AUTO_TEST_CASE(every_dtype_and_a_scalar_shape_round_trip) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_compressed_push_and_pushpull_round_trip_their_packing) {
+  pattern_buffer payload(12);
+  // 40 float32 elements from element 16 of a (64) tensor, 2bit: 3 words.
+  const tensor_chunk t{dtype::float32,
+                       {64},
+                       256,
+                       64,
+                       payload.bytes(),
+                       std::nullopt,
+                       tensor_compression{compression_type::two_bit, 0.25f, 40}};
+  round_trip p(push{1, 2, 3, 4, t});
+  BOOST_TEST((p.as<push>().tensor == t));
+  BOOST_TEST(p.as<push>().tensor.dense_bytes() == 160u);
+  round_trip pp(pushpull{5, 6, 7, 8, t});
+  BOOST_TEST((pp.as<pushpull>().tensor == t));
+  const tensor_chunk one_bit{dtype::float16,
+                             {2, 32},
+                             128,
+                             0,
+                             payload.bytes().first(8),
+                             std::nullopt,
+                             tensor_compression{compression_type::one_bit, 0.0f, 64}};
+  round_trip o(push{1, 2, 3, 4, one_bit});
+  BOOST_TEST((o.as<push>().tensor == one_bit));
+}
+
 BOOST_AUTO_TEST_CASE(a_chunk_in_the_middle_of_a_tensor_round_trips_its_offset) {
   pattern_buffer payload(40);
   tensor_chunk t{dtype::float64, {100}, 800, 160, payload.bytes()};

@@ -360,6 +360,72 @@ BOOST_AUTO_TEST_CASE(a_tensor_whose_shape_disagrees_with_its_payload_is_rejected
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_packed_tensor_that_does_not_fit_its_declaration_is_rejected) {
+  pattern_buffer payload(64);
+  const auto bytes = payload.bytes();
+  auto packed = [&](dtype type, std::uint64_t total, std::uint64_t offset, std::size_t size,
+                    compression_type how, float threshold, std::uint64_t elements) {
+    return tensor_chunk{type,
+                        {static_cast<std::int64_t>(total / size_of(type))},
+                        total,
+                        offset,
+                        bytes.first(size),
+                        std::nullopt,
+                        tensor_compression{how, threshold, elements}};
+  };
+  using ct = compression_type;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct bad {
+    const char* what;
+    tensor_chunk tensor;
+    code expected;
+  };
+  const std::vector<bad> cases = {
+      {"packed length short of the elements",
+       packed(dtype::float32, 400, 0, 4, ct::two_bit, 0.5f, 17), code::invalid_tensor},
+      {"packed length beyond the elements",
+       packed(dtype::float32, 400, 0, 12, ct::two_bit, 0.5f, 17), code::invalid_tensor},
+      {"elements past the end", packed(dtype::float32, 64, 32, 4, ct::one_bit, 0.5f, 9),
+       code::invalid_tensor},
+      {"elements overflowing 64 bits in bytes",
+       packed(dtype::float32, 64, 0, 4, ct::two_bit, 0.5f, std::uint64_t{1} << 62),
+       code::invalid_tensor},
+      {"offset beyond the tensor", packed(dtype::float32, 64, 128, 4, ct::two_bit, 0.5f, 1),
+       code::invalid_tensor},
+      {"offset splitting an element", packed(dtype::float32, 64, 2, 4, ct::two_bit, 0.5f, 1),
+       code::invalid_tensor},
+      {"no elements of a non-empty tensor", packed(dtype::float32, 64, 0, 0, ct::two_bit, 0.5f, 0),
+       code::invalid_tensor},
+      {"a float64 tensor", packed(dtype::float64, 64, 0, 4, ct::two_bit, 0.5f, 8),
+       code::invalid_tensor},
+      {"an int32 tensor", packed(dtype::int32, 64, 0, 4, ct::one_bit, 0.5f, 16),
+       code::invalid_tensor},
+      {"a 2bit threshold of 0", packed(dtype::float32, 64, 0, 4, ct::two_bit, 0.0f, 16),
+       code::invalid_value},
+      {"a negative threshold", packed(dtype::float32, 64, 0, 4, ct::one_bit, -0.5f, 16),
+       code::invalid_value},
+      {"a threshold that is not a number", packed(dtype::float32, 64, 0, 4, ct::two_bit, nan, 16),
+       code::invalid_value},
+      {"a compression type outside the enumeration",
+       packed(dtype::float32, 64, 0, 4, static_cast<ct>(3), 0.5f, 16), code::invalid_enum},
+  };
+  for (const auto& c : cases) {
+    for (const message& msg :
+         {message{push{1, 2, 3, 4, c.tensor}}, message{pushpull{1, 2, 3, 4, c.tensor}}}) {
+      auto r = rejection(frame_of(msg));
+      BOOST_TEST((kind_of(r) == c.expected), kind_name(msg)
+                                                 << ", " << c.what << ": " << r->message);
+    }
+  }
+  // A valid packed tensor anywhere but a push or pushpull.
+  const auto fine = packed(dtype::float32, 64, 0, 4, ct::two_bit, 0.5f, 16);
+  BOOST_TEST(decodes(frame_of(push{1, 2, 3, 4, fine})));
+  for (const message& msg : {message{init{1, 2, fine}}, message{pull_reply{1, 2, 3, fine}}}) {
+    auto r = rejection(frame_of(msg));
+    BOOST_TEST((kind_of(r) == code::invalid_tensor), kind_name(msg) << ": " << r->message);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
   pattern_buffer payload(16);
   tensor_chunk t{static_cast<dtype>(17), {4}, 16, 0, payload.bytes()};

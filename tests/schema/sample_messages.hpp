@@ -64,6 +64,16 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
                             key_range{5000, ~std::uint64_t{0}, 1, 0}}});
   out.push_back(init{103, 5, tensor_chunk{dtype::int64, {n / 8}, payload.size(), 0, payload}});
   out.push_back(push{104, 6, 2, 17, float_tensor(payload, 2, n / 8)});
+  // The same push 2bit compressed: payload's words pack 4 elements per byte.
+  out.push_back(
+      push{104, 6, 2, 18,
+           tensor_chunk{dtype::float32,
+                        {n * 4},
+                        payload.size() * 16,
+                        0,
+                        payload,
+                        std::nullopt,
+                        tensor_compression{compression_type::two_bit, 0.5f, payload.size() * 4}}});
   out.push_back(pull_request{105, 6, 2, 17, 30'000});
   out.push_back(
       pull_reply{105, 6, 17, tensor_chunk{dtype::float16, {n / 2}, payload.size(), 0, payload}});

@@ -17,6 +17,9 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "actors/logic/wire_conversions.hpp"
+#include "engine/gradient_compression.hpp"
+#include "schema/chunking.hpp"
 #include "tests/actors/logic/shard_driver.hpp"
 #include "tests/engine/engine_test_support.hpp"
 
@@ -544,6 +547,124 @@ BOOST_AUTO_TEST_CASE(under_multi_precision_a_round_of_float16_pushes_is_summed_i
     auto plain = train_rounds(dtype::float16, false, workers, policy, *pushes, chunk_bytes);
     BOOST_TEST((plain != rounded_to_half(reference)), what);
   }
+}
+
+namespace {
+
+/// A push of `value` quantized by `rule` with `residual`, whole: the packed bytes, kept alive by
+/// the returned array.
+struct packed_push {
+  std::vector<std::byte> packed;
+  std::vector<float> dense; // what the packed bytes stand for
+  wire::tensor_chunk tensor(const ndarray& like, const gradient_compression& rule) const {
+    wire::tensor_chunk t;
+    t.type = to_wire(like.dtype());
+    t.shape.assign(like.shape().begin(), like.shape().end());
+    t.total_bytes = like.nbytes();
+    t.data = packed;
+    t.compression = {to_wire(rule.type), rule.threshold, static_cast<std::uint64_t>(like.size())};
+    return t;
+  }
+};
+
+packed_push pack(const gradient_compression& rule, const ndarray& value,
+                 std::vector<float>& residual) {
+  packed_push out;
+  const auto n = static_cast<std::size_t>(value.size());
+  out.packed.resize(packed_bytes(rule.type, n));
+  quantize(rule, value.dtype(), value.raw_data(), residual.data(), out.packed.data(), n);
+  auto dense = ndarray::zeros(value.shape(), context::cpu(), value.dtype());
+  dequantize(rule, value.dtype(), out.packed.data(), dense.raw_data(), n);
+  out.dense = dense.as_type(dtype::float32).to_vector<float>();
+  return out;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(compressed_pushes_are_summed_as_the_values_they_stand_for) {
+  // 40 elements (not a whole number of words) per push, 2 workers, 3 rounds: the stored value
+  // after each round is the sum of what each worker's packed push stands for, whole or in chunks
+  // of one word, in float32 and float16, for both rules.
+  for (const auto type : {dtype::float32, dtype::float16})
+    for (const auto& rule : {gradient_compression::make("2bit", 0.25).value(),
+                             gradient_compression::make("1bit", 0.0).value()})
+      for (const std::size_t chunk_bytes : {std::size_t{4} << 10, std::size_t{8}}) {
+        BOOST_TEST_CONTEXT(to_string(type)
+                           << ", " << rule.describe() << ", chunks of " << chunk_bytes) {
+          shard_driver job{2};
+          BOOST_TEST_REQUIRE(job.init(key, ndarray::zeros({5, 8}, context::cpu(), type)));
+          std::vector<std::vector<float>> residual(2, std::vector<float>(40, 0.0f));
+          std::vector<packed_push> held;
+          held.reserve(6);
+          for (std::uint64_t round = 0; round < 3; ++round) {
+            std::vector<float> expected(40, 0.0f);
+            for (std::uint32_t worker = 0; worker < 2; ++worker) {
+              std::vector<float> gradient(40);
+              for (std::size_t i = 0; i < 40; ++i)
+                gradient[i] =
+                    0.1f * static_cast<float>((i * 7 + worker * 3 + round * 5) % 13) - 0.6f;
+              const auto value = ndarray::from_values(gradient, {5, 8}).as_type(type);
+              held.push_back(pack(rule, value, residual[worker]));
+              for (std::size_t i = 0; i < 40; ++i)
+                expected[i] += held.back().dense[i];
+              wire::chunker chunks{
+                  wire::push{job.next_id++, key, worker, round, held.back().tensor(value, rule)},
+                  chunk_bytes};
+              for (std::size_t c = 0; c < chunks.chunk_count(); ++c)
+                job.send(chunks.chunk(c));
+            }
+            BOOST_TEST_REQUIRE(job.shard->completed_rounds(key) == round + 1);
+            const auto stored = job.shard->value(key).as_type(dtype::float32).to_vector<float>();
+            const auto want = ndarray::from_values(expected, {5, 8})
+                                  .as_type(type)
+                                  .as_type(dtype::float32)
+                                  .to_vector<float>();
+            BOOST_TEST(stored == want, boost::test_tools::per_element());
+          }
+          for (const auto& reply : job.replies)
+            BOOST_TEST(!std::holds_alternative<wire::error_reply>(reply.msg));
+        }
+      }
+}
+
+BOOST_AUTO_TEST_CASE(a_compressed_push_that_does_not_fit_its_key_is_refused_and_changes_nothing) {
+  shard_driver job{1};
+  BOOST_TEST_REQUIRE(job.init(key, ndarray::ones({40})));
+  BOOST_TEST_REQUIRE(job.init(key + 1, ndarray::ones({40}, context::cpu(), dtype::int32)));
+  std::vector<std::byte> packed(12);
+  auto tensor_of = [&](dtype type, std::uint64_t elements, std::size_t bytes, float threshold) {
+    wire::tensor_chunk t;
+    t.type = to_wire(type);
+    t.shape = {40};
+    t.total_bytes = 40 * size_of(type);
+    t.data = std::span<const std::byte>(packed).first(bytes);
+    t.compression = {wire::compression_type::two_bit, threshold, elements};
+    return t;
+  };
+  struct bad {
+    const char* what;
+    std::uint64_t key;
+    wire::tensor_chunk tensor;
+  };
+  for (const auto& [what, target, tensor] : std::vector<bad>{
+           {"more elements than the key holds", key, tensor_of(dtype::float32, 41, 12, 0.5f)},
+           {"a packed length that is not the elements'", key,
+            tensor_of(dtype::float32, 40, 8, 0.5f)},
+           {"a threshold of 0", key, tensor_of(dtype::float32, 40, 12, 0.0f)},
+           {"an int32 key", key + 1, tensor_of(dtype::int32, 40, 12, 0.5f)}}) {
+    const auto id = job.next_id++;
+    job.send(wire::push{id, target, 0, 0, tensor});
+    const auto* refused = job.error(id);
+    BOOST_TEST_REQUIRE(refused != nullptr, what);
+    BOOST_TEST(refused->message.find("key " + std::to_string(target)) != std::string::npos,
+               what << ": " << refused->message);
+  }
+  BOOST_TEST(job.stored(key) == std::vector<float>(40, 1.0f), boost::test_tools::per_element());
+  BOOST_TEST(job.shard->completed_rounds(key) == 0u);
+  // A compressed init is refused too: an init carries the value itself.
+  const auto id = job.next_id++;
+  job.send(wire::init{id, key + 2, tensor_of(dtype::float32, 40, 12, 0.5f)});
+  BOOST_TEST_REQUIRE(job.error(id) != nullptr);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
