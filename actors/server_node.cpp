@@ -91,6 +91,7 @@ std::uint32_t shard_for(const wire::message& keyed, std::size_t shards) {
 /// The keyless requests a server takes, which the control actor fans out to every shard.
 bool is_for_every_shard(const wire::message& msg) {
   return std::holds_alternative<wire::set_optimizer>(msg) ||
+         std::holds_alternative<wire::set_gradient_compression>(msg) ||
          std::holds_alternative<wire::sync_settings>(msg) ||
          std::holds_alternative<wire::command>(msg);
 }

@@ -272,6 +272,7 @@ kv_request dist_kvstore::push_async(std::span<const kv_key> keys, std::span<cons
   if (!op)
     return kv_request::done(op.error());
   op->priority = priority;
+  op->compression = compression_;
   return start(std::move(*op));
 }
 
@@ -291,6 +292,7 @@ kv_request dist_kvstore::pushpull_async(std::span<const kv_key> keys,
   if (!op)
     return kv_request::done(op.error());
   op->priority = priority;
+  op->compression = compression_;
   return start(std::move(*op));
 }
 
@@ -361,6 +363,21 @@ status dist_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
       return sent;
   }
   return setup_.barrier();
+}
+
+status dist_kvstore::set_gradient_compression(const gradient_compression& rule) {
+  if (setup_.rank == 0) {
+    auto sent = to_every_server(
+        [type = std::string{rule.type_name()}, threshold = static_cast<double>(rule.threshold)](
+            std::uint64_t id, std::uint32_t) -> wire::message {
+          return wire::set_gradient_compression{id, type, threshold};
+        },
+        "set_gradient_compression " + rule.describe());
+    if (!sent)
+      return sent;
+  }
+  compression_ = rule;
+  return ok();
 }
 
 status dist_kvstore::set_updater(updater_function) {

@@ -76,6 +76,10 @@ public:
   status set_optimizer(std::unique_ptr<optimizer> opt) override;
   /// A custom updater cannot run on the servers: not_supported (as in MXNet, where _set_updater
   /// on a dist store only applies to worker-side updates).
+  using kvstore::set_gradient_compression;
+  /// Rank 0 announces it to every server (SetGradientCompression) and waits for their acks;
+  /// every worker compresses its own pushes from the next call on. Not a collective call.
+  status set_gradient_compression(const gradient_compression& rule) override;
   status set_updater(updater_function update) override;
   bool is_capable(std::string_view capability) const noexcept override;
   /// True while this is the only distributed store of the process.
@@ -126,6 +130,8 @@ private:
   worker_actor worker_;
   /// How calls reach the worker: small ones run on the caller's thread (worker_lane).
   std::shared_ptr<worker_lane> lane_ = std::make_shared<worker_lane>();
+  /// set_gradient_compression: stamped on every push and pushpull this store starts.
+  gradient_compression compression_;
   std::vector<link_actor> links_; // closed at finalize
   key_registry keys_;
   std::unique_ptr<comm> comm_;

@@ -173,6 +173,19 @@ status kvstore::broadcast(const kv_key& key, const ndarray& value, std::span<nda
   return broadcast(std::span{&key, 1}, std::span{&value, 1}, outputs, priority);
 }
 
+status kvstore::set_gradient_compression(const gradient_compression&) {
+  return error{errc::not_supported,
+               "set_gradient_compression: a kvstore of type " + type() +
+                   " does not compress (MXNet refuses it too); use device or a dist_ type"};
+}
+
+status kvstore::set_gradient_compression(std::string_view type, std::optional<double> threshold) {
+  auto rule = gradient_compression::make(type, threshold);
+  if (!rule)
+    return rule.error();
+  return set_gradient_compression(*rule);
+}
+
 status kvstore::set_optimizer(std::string_view name, const optimizer_params& params) {
   auto created = optimizer::create(name, params);
   if (!created)

@@ -25,6 +25,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@
 
 #include "actors/bridge.hpp"
 #include "engine/error.hpp"
+#include "engine/gradient_compression.hpp"
 #include "engine/ndarray.hpp"
 #include "engine/optimizer.hpp"
 
@@ -154,6 +156,19 @@ public:
   /// Pushes run this optimizer in the store from now on (MXNet's update_on_kvstore).
   virtual status set_optimizer(std::unique_ptr<optimizer> opt) = 0;
   status set_optimizer(std::string_view name, const optimizer_params& params = {});
+  /// Pushes are compressed from now on (MXNet's set_gradient_compression): each pushed value
+  /// of a float32 or float16 key is added to a residual the store keeps per key (and, in
+  /// `device`, per position in the pushed list), and what crosses is 2 bits (2bit: +t, -t or 0)
+  /// or 1 bit (1bit: +1 or -1) per element, the residual keeping the rest
+  /// (engine/gradient_compression.hpp). A distributed store compresses each worker's summed push
+  /// (and pushpull's push half, which MXNet refuses) and its servers sum what the pushes stand
+  /// for; `device` compresses each pushed value and sums what they stand for. init, pulls and
+  /// keys of other dtypes stay dense; "none" turns it off. `local` refuses it, as MXNet does:
+  /// its values never cross a link.
+  virtual status set_gradient_compression(const gradient_compression& rule);
+  /// The same from MXNet's parameters {"type": "2bit", "threshold": 0.5}.
+  status set_gradient_compression(std::string_view type,
+                                  std::optional<double> threshold = std::nullopt);
   /// Pushes run `update` in the store from now on (MXNet's _set_updater).
   virtual status set_updater(updater_function update) = 0;
   /// "optimizer": whether set_optimizer runs the optimizer in the store.

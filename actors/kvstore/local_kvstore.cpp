@@ -36,6 +36,8 @@ status local_kvstore::push(std::span<const kv_key> keys, std::span<const ndarray
         list.push_back(values[position]);
       auto index = group.declaration->index;
       auto& target = stored_.at(index);
+      if (compression_.enabled() && compressible(target.dtype()))
+        compress_values(index, list);
       const ndarray& merged = comm_->reduce(index, list);
       // The key moves to the context its sum is made on (MXNet moves it to the merge GPU): its
       // update then runs on that context's device actor, and keys merged on different contexts
@@ -109,6 +111,33 @@ status local_kvstore::load_optimizer_states(const std::string& path) {
   if (auto loaded = updater_->load_states(*bytes, shape_of); !loaded)
     return error{loaded.error().code(), path + ": " + loaded.error().message()};
   return ok();
+}
+
+status local_kvstore::set_gradient_compression(const gradient_compression& rule) {
+  if (type_.find("device") == std::string::npos)
+    return kvstore::set_gradient_compression(rule);
+  compression_ = rule;
+  return ok();
+}
+
+void local_kvstore::compress_values(std::int64_t index, std::vector<ndarray>& list) {
+  auto& residuals = residuals_[index];
+  if (residuals.size() < list.size())
+    residuals.resize(list.size());
+  std::vector<std::byte> packed;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    // Quantized on the host: a value on a GPU is copied there and its dequantized value back.
+    auto host = list[i].ctx().is_cpu() ? list[i] : list[i].copy_to(context::cpu());
+    const auto elements = static_cast<std::size_t>(host.size());
+    if (residuals[i].size() != elements)
+      residuals[i].assign(elements, 0.0f);
+    packed.resize(packed_bytes(compression_.type, elements));
+    quantize(compression_, host.dtype(), host.raw_data(), residuals[i].data(), packed.data(),
+             elements);
+    auto sent = ndarray::empty(host.shape(), context::cpu(), host.dtype());
+    dequantize(compression_, host.dtype(), packed.data(), sent.raw_data(), elements);
+    list[i] = list[i].ctx().is_cpu() ? std::move(sent) : sent.copy_to(list[i].ctx());
+  }
 }
 
 } // namespace troupe

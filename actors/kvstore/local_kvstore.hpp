@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/kvstore/key_registry.hpp"
 #include "actors/kvstore/kvstore.hpp"
@@ -34,6 +35,9 @@ public:
               int priority = 0) override;
   status pull(std::span<const kv_key> keys, std::span<ndarray> outputs, int priority = 0) override;
 
+  using kvstore::set_gradient_compression;
+  /// `device` types only (MXNet's rule).
+  status set_gradient_compression(const gradient_compression& rule) override;
   status set_optimizer(std::unique_ptr<optimizer> opt) override;
   status set_updater(updater_function update) override;
   bool is_capable(std::string_view capability) const noexcept override;
@@ -48,6 +52,13 @@ private:
   std::map<std::int64_t, ndarray> stored_;   // by key index
   std::unique_ptr<troupe::updater> updater_; // set_optimizer
   updater_function custom_updater_;          // set_updater
+  gradient_compression compression_;
+  /// residuals_[key index][i]: the residual of the i-th value of the key's pushed lists.
+  std::map<std::int64_t, std::vector<std::vector<float>>> residuals_;
+
+  /// MXNet's CommDevice::ReduceCompressed before the sum: each value quantized with its own
+  /// residual, replaced by what the packed bytes stand for (on its own context).
+  void compress_values(std::int64_t index, std::vector<ndarray>& list);
 };
 
 } // namespace troupe

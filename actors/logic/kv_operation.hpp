@@ -11,6 +11,7 @@
 
 #include "actors/logic/completion.hpp"
 #include "engine/error.hpp"
+#include "engine/gradient_compression.hpp"
 #include "engine/ndarray.hpp"
 #include "schema/messages.hpp"
 
@@ -53,6 +54,9 @@ struct kv_operation {
   /// -index, so that the first layers, needed first by the next forward pass, come back first);
   /// the requests of one ps-key keep their order whatever their priorities.
   int priority = 0;
+  /// push, pushpull: how the worker compresses the keys' values (kvstore's
+  /// set_gradient_compression); keys of a dtype other than float32 and float16 travel dense.
+  gradient_compression compression;
 };
 
 /// How the copy of one reply chunk ended (the worker's copier tells its worker).

@@ -153,12 +153,14 @@ std::optional<wire::error_reply> request_refusal(const wire::message& request,
             ": a connection pushes, pulls and pushpulls only as the worker whose key it proved"};
   }
   if (is_for_rank_zero(request) && !(is_worker && proven.rank == 0))
-    return wire::error_reply{
-        wire::request_id_of(request), wire::key_of(request), wire::error_code::not_permitted,
-        std::string(wire::kind_name(request)) + " on a connection that proved " +
-            wire::describe(proven) +
-            ": only worker rank 0 sends init, set_optimizer, sync_settings and commands to the "
-            "servers"};
+    return wire::error_reply{wire::request_id_of(request), wire::key_of(request),
+                             wire::error_code::not_permitted,
+                             std::string(wire::kind_name(request)) +
+                                 " on a connection that proved " + wire::describe(proven) +
+                                 ": only worker rank 0 sends init, set_optimizer, "
+                                 "set_gradient_compression, sync_settings "
+                                 "and commands to the "
+                                 "servers"};
   return std::nullopt;
 }
 

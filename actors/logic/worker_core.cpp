@@ -158,7 +158,7 @@ void worker_core::on_call(kv_operation& op) {
       begin_gathering();
       try {
         for (auto& work : op.keys)
-          add_key(call, op.call, work, op.priority);
+          add_key(call, op, work);
       } catch (...) {
         end_gathering();
         throw;
@@ -166,7 +166,7 @@ void worker_core::on_call(kv_operation& op) {
       end_gathering();
     } else {
       for (auto& work : op.keys)
-        add_key(call, op.call, work, op.priority);
+        add_key(call, op, work);
     }
     break;
   }
@@ -250,8 +250,11 @@ std::string worker_core::what_of(const part& p) const {
 
 /// The requests of one key of a call: one per slice, each queued behind the key's earlier
 /// requests when those are still waiting for credit.
-void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work,
-                          int priority) {
+void worker_core::add_key(const std::shared_ptr<call_state>& call, const kv_operation& op,
+                          kv_key_work& work) {
+  const auto kind = op.call;
+  const bool compressed = (kind == kv_call::push || kind == kv_call::pushpull) &&
+                          op.compression.enabled() && compressible(work.type);
   const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
   const auto max_slice_elements =
       static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
@@ -283,7 +286,9 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, kv_call kind,
       p->value = std::move(work.value);
     else
       p->value = work.value;
-    p->priority = priority;
+    p->priority = op.priority;
+    if (compressed)
+      p->compression = op.compression;
     p->sliced = several_per_server;
     p->group = static_cast<std::uint64_t>(work.index) * options_.num_servers + slice.server;
     if (target) {
@@ -439,12 +444,22 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
   }
   if (!p->resend) {
     p->round = pushes ? ps.next_round++ : ps.next_round;
+    // Here, in the order the ps-key's pushes leave, so that its residual takes them in order.
+    if (pushes && p->compression.enabled())
+      pack(*p, ps);
     if (pushes && recovery()) {
-      // The bytes push `p` sends, copied: the caller may reuse its array once the push is acked.
+      // The values push `p` sends, copied: the caller may reuse its array once the push is acked.
+      // A compressed push keeps what its packed bytes stand for, and is sent again dense: the
+      // same values, without taking from the residual twice.
       const auto tensor = slice_tensor(p->value, p->slice, p->whole);
       shape_vector shape(tensor.shape.begin(), tensor.shape.end());
       auto copy = ndarray::empty(shape, context::cpu(), p->value.dtype());
-      std::memcpy(copy.raw_data(), tensor.data.data(), tensor.data.size());
+      if (p->packed.is_none())
+        std::memcpy(copy.raw_data(), tensor.data.data(), tensor.data.size());
+      else
+        dequantize(p->compression, p->value.dtype(),
+                   static_cast<const std::byte*>(p->packed.raw_data()), copy.raw_data(),
+                   static_cast<std::size_t>(p->slice.size()));
       ps.kept.push_back(kept_push{p->round, std::move(copy)});
     }
   }
@@ -456,13 +471,11 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     whole = wire::init{id, ps_key, slice_tensor(p->value, p->slice, p->whole)};
     break;
   case kv_call::push:
-    whole = wire::push{
-        id, ps_key, options_.rank, p->round, slice_tensor(p->value, p->slice, p->whole), p->resend};
+    whole = wire::push{id, ps_key, options_.rank, p->round, part_tensor(*p), p->resend};
     break;
   case kv_call::pushpull:
-    whole = wire::pushpull{
-        id,         ps_key,   options_.rank, p->round, slice_tensor(p->value, p->slice, p->whole),
-        timeout_ms, p->resend};
+    whole =
+        wire::pushpull{id, ps_key, options_.rank, p->round, part_tensor(*p), timeout_ms, p->resend};
     break;
   case kv_call::pull:
     whole = wire::pull_request{id, ps_key, options_.rank, p->round, timeout_ms};
@@ -472,6 +485,28 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
   }
   sent(id, p);
   enqueue(p, std::move(whole), &ps);
+}
+
+void worker_core::pack(part& p, ps_key_state& ps) {
+  const auto elements = static_cast<std::size_t>(p.slice.size());
+  if (ps.residual.size() != elements)
+    ps.residual.assign(elements, 0.0f);
+  const auto bytes = packed_bytes(p.compression.type, elements);
+  p.packed = ndarray::empty({static_cast<std::int64_t>(bytes / 4)}, context::cpu(), dtype::int32);
+  quantize(p.compression, p.value.dtype(),
+           element_bytes(p.value, p.slice.begin, p.slice.end).data(), ps.residual.data(),
+           static_cast<std::byte*>(p.packed.raw_data()), elements);
+}
+
+/// The tensor request `p` sends: its slice of the value, or, once packed, the packed bytes.
+wire::tensor_chunk worker_core::part_tensor(const part& p) const {
+  auto tensor = slice_tensor(p.value, p.slice, p.whole);
+  if (!p.packed.is_none()) {
+    tensor.data = {static_cast<const std::byte*>(p.packed.raw_data()), p.packed.nbytes()};
+    tensor.compression = {to_wire(p.compression.type), p.compression.threshold,
+                          static_cast<std::uint64_t>(p.slice.size())};
+  }
+  return tensor;
 }
 
 void worker_core::sent(std::uint64_t id, const std::shared_ptr<part>& p) {
@@ -548,7 +583,9 @@ void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request,
   auto& server = servers_[p->server];
   outgoing o;
   o.p = p;
-  o.keepalive = p->value.is_none() ? nullptr : p->value.keepalive();
+  o.keepalive = !p->packed.is_none() ? p->packed.keepalive()
+                : p->value.is_none() ? nullptr
+                                     : p->value.keepalive();
   o.frames.emplace(std::move(request), options_.chunk_bytes);
   o.order = send_order{server.epoch, ps == nullptr, p->priority, server.next_sequence++};
   if (ps == nullptr) {
@@ -1086,6 +1123,8 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
         p = new_part(replay, kv_call::push, server, std::to_string(ps_key));
       }
       p->value = kept.copy;
+      p->packed = ndarray{};
+      p->compression = {};
       p->slice = key_slice{server, ps_key, 0, kept.copy.size()};
       p->whole = true;
       p->round = kept.round;

@@ -357,6 +357,10 @@ private:
     bool resend = false;
     /// kv_operation::priority.
     int priority = 0;
+    /// push, pushpull: kv_operation::compression, when it applies to the key's dtype.
+    gradient_compression compression;
+    /// Once sent compressed: the slice's packed bytes (int32 words), which its frames view.
+    ndarray packed;
     /// The key has several slices on this server: its pushes take slice credit of `group`.
     bool sliced = false;
     std::uint64_t group = 0;
@@ -424,6 +428,9 @@ private:
     /// several slices there came; whether a push of it waits in that group's turn.
     std::optional<std::uint64_t> group;
     bool in_turn = false;
+    /// Gradient compression: what the pushes sent compressed have not carried yet, one float per
+    /// element of the slice (kernels/cpu/compression.hpp); empty until the first such push.
+    std::vector<float> residual;
   };
 
   /// The slice credit of the slices of one key on one server.
@@ -463,8 +470,7 @@ private:
   std::string what_of(const part& p) const;
   std::shared_ptr<part> new_part(const std::shared_ptr<call_state>& call, kv_call kind,
                                  std::uint32_t server, std::string name);
-  void add_key(const std::shared_ptr<call_state>& call, kv_call kind, kv_key_work& work,
-               int priority);
+  void add_key(const std::shared_ptr<call_state>& call, const kv_operation& op, kv_key_work& work);
   bool has_credit(const ps_key_state& ps, const part& p) const;
   bool needs_slice_credit(const part& p) const;
   bool wants_slice_credit(const ps_key_state& ps) const;
@@ -475,6 +481,9 @@ private:
   void submit(const std::shared_ptr<part>& p);
   void release_waiting(std::uint64_t ps_key, ps_key_state& ps);
   void send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps);
+  /// Push `p` compressed: its slice quantized with the ps-key's residual into p->packed.
+  void pack(part& p, ps_key_state& ps);
+  wire::tensor_chunk part_tensor(const part& p) const;
   void sent(std::uint64_t id, const std::shared_ptr<part>& p);
   void enqueue(const std::shared_ptr<part>& p, wire::message request, ps_key_state* ps);
   void pump(std::uint32_t server);

@@ -14,6 +14,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "actors/logic/key_placement.hpp"
+#include "engine/gradient_compression.hpp"
 #include "tests/actors/kvstore/array_checks.hpp"
 #include "tests/actors/kvstore/in_process_job.hpp"
 #include "tests/temp_dir.hpp"
@@ -567,6 +568,168 @@ BOOST_AUTO_TEST_CASE(only_worker_rank_0_sends_commands_to_the_servers) {
   BOOST_TEST_REQUIRE(seen.seen.empty(), seen.report());
   BOOST_TEST(std::filesystem::exists(dir / "of_rank_0.server0.shard0"));
   BOOST_TEST(!std::filesystem::exists(dir / "of_rank_1.server0.shard0"));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- gradient compression ------------------------------------------------------------------------
+
+namespace {
+
+/// Worker `rank`'s gradient of round `round` for element j: values in [-0.9, 0.9] that leave
+/// residuals behind, different per worker, round and element.
+float compressed_test_gradient(std::uint32_t rank, int round, std::size_t j) {
+  return 0.15f * static_cast<float>((j * 7 + rank * 5 + static_cast<std::size_t>(round) * 3) % 13) -
+         0.9f;
+}
+
+/// What workers [0, workers) send of their gradients of rounds [0, rounds] for a key of
+/// `elements` elements of `type`, simulated with the quantizer: sent[round][element], summed
+/// over the workers.
+std::vector<std::vector<float>> simulate_compressed_rounds(const gradient_compression& rule,
+                                                           dtype type, std::uint32_t workers,
+                                                           int rounds, std::size_t elements) {
+  std::vector<std::vector<float>> sent(static_cast<std::size_t>(rounds),
+                                       std::vector<float>(elements, 0.0f));
+  for (std::uint32_t rank = 0; rank < workers; ++rank) {
+    std::vector<float> residual(elements, 0.0f);
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<float> gradient(elements);
+      for (std::size_t j = 0; j < elements; ++j)
+        gradient[j] = compressed_test_gradient(rank, round, j);
+      auto value =
+          ndarray::from_values(gradient, {static_cast<std::int64_t>(elements)}).as_type(type);
+      std::vector<std::byte> packed(packed_bytes(rule.type, elements));
+      quantize(rule, type, value.raw_data(), residual.data(), packed.data(), elements);
+      auto stands_for = ndarray::zeros({static_cast<std::int64_t>(elements)}, context::cpu(), type);
+      dequantize(rule, type, packed.data(), stands_for.raw_data(), elements);
+      const auto values = stands_for.as_type(dtype::float32).to_vector<float>();
+      for (std::size_t j = 0; j < elements; ++j)
+        sent[static_cast<std::size_t>(round)][j] += values[j];
+    }
+  }
+  return sent;
+}
+
+/// dist_sync (or dist_async) with `rule`: keys initialised to ones, the `test` optimizer with
+/// rescale_grad 2, every worker pushing (or pushpulling) compressed_test_gradient each round;
+/// after round i every element holds 1 + 2 * (what the workers' packed pushes of rounds 0..i stand
+/// for), which the test predicts by running the quantizer itself. Sums of ±0.5 and ±1 are exact
+/// in any order, so the prediction is exact.
+void check_compressed_rounds(const std::string& type_name, const gradient_compression& rule,
+                             dtype type, std::uint32_t workers, std::uint32_t servers,
+                             bool pushpull, const troupe::testing::in_process_options& options) {
+  const std::vector<shape_vector> shapes{{7, 5}, {1, 1'100'000}, {17}};
+  const int rounds = 3;
+  std::vector<std::vector<std::vector<float>>> sent;
+  for (const auto& shape : shapes)
+    sent.push_back(simulate_compressed_rounds(rule, type, workers, rounds,
+                                              static_cast<std::size_t>(element_count(shape))));
+  const bool async = type_name == "dist_async";
+  in_process_job job{type_name, workers, servers, options};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    std::vector<kv_key> keys;
+    std::vector<ndarray> initial;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      keys.push_back(static_cast<std::int64_t>(k));
+      initial.push_back(ndarray::ones(shapes[k], context::cpu(), type));
+    }
+    if (!seen.check(kv.set_gradient_compression(rule), "set_gradient_compression") ||
+        !seen.check(kv.init(keys, initial), "init") ||
+        !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+      return;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<ndarray> pulled;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        std::vector<float> gradient(static_cast<std::size_t>(element_count(shapes[k])));
+        for (std::size_t j = 0; j < gradient.size(); ++j)
+          gradient[j] = compressed_test_gradient(rank, round, j);
+        auto grad = ndarray::from_values(gradient, shapes[k]).as_type(type);
+        pulled.push_back(ndarray::zeros(shapes[k], context::cpu(), type));
+        const bool done = pushpull && !async
+                              ? seen.check(kv.pushpull(keys[k], grad, pulled.back()), "pushpull")
+                              : seen.check(kv.push(keys[k], grad), "push");
+        if (!done)
+          return;
+      }
+      if (async && !seen.check(kv.barrier(), "barrier"))
+        return;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        if ((!pushpull || async) && !seen.check(kv.pull(keys[k], pulled[k]), "pull"))
+          return;
+        const auto got = pulled[k].as_type(dtype::float32).to_vector<float>();
+        for (std::size_t j = 0; j < got.size(); ++j) {
+          float expected = 0;
+          for (int r = 0; r <= round; ++r)
+            expected += sent[k][static_cast<std::size_t>(r)][j];
+          expected = 1 + 2 * expected;
+          if (got[j] != expected) {
+            seen.add("worker " + std::to_string(rank) + " key " + std::to_string(k) + " round " +
+                     std::to_string(round) + ": element " + std::to_string(j) + " is " +
+                     std::to_string(got[j]) + ", expected " + std::to_string(expected));
+            break;
+          }
+        }
+      }
+      if (async && !seen.check(kv.barrier(), "barrier"))
+        return;
+    }
+  });
+  BOOST_TEST(seen.seen.empty(), type_name << " " << rule.describe() << " " << to_string(type)
+                                          << " W=" << workers << " S=" << servers
+                                          << (pushpull ? " pushpull" : " push") << "\n"
+                                          << seen.report());
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(gradient_compression_in_one_process)
+
+BOOST_AUTO_TEST_CASE(dist_sync_sums_what_each_workers_packed_pushes_stand_for) {
+  // A key of 35 elements (not whole words), one of 1.1M split over the servers, one of 17; the
+  // residual carries over rounds; push then pull, and pushpull (which MXNet refuses compressed).
+  const auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{1} << 20);
+  for (const auto& rule : {gradient_compression::make("2bit", 0.5).value(),
+                           gradient_compression::make("1bit", 0.25).value()})
+    for (const bool pushpull : {false, true}) {
+      check_compressed_rounds("dist_sync", rule, dtype::float32, 3, 2, pushpull, options);
+      check_compressed_rounds("dist_sync", rule, dtype::float16, 2, 3, pushpull, options);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(compressed_pushes_cut_into_chunks_and_slices_sum_the_same) {
+  // 16 KiB slices and chunks of 8 KiB: the big key's packed pushes leave in many frames.
+  auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{8} << 10);
+  options.slice_bytes = 16 * 1024;
+  check_compressed_rounds("dist_sync", gradient_compression::make("2bit", 0.5).value(),
+                          dtype::float32, 2, 2, false, options);
+}
+
+BOOST_AUTO_TEST_CASE(dist_async_applies_each_packed_push_once) {
+  const auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{1} << 20);
+  check_compressed_rounds("dist_async", gradient_compression::make("2bit", 0.5).value(),
+                          dtype::float32, 3, 2, false, options);
+}
+
+BOOST_AUTO_TEST_CASE(compression_settings_that_mxnet_refuses_are_errors_naming_the_value) {
+  in_process_job job{"dist_sync", 1, 1};
+  auto& kv = *job.workers[0];
+  auto unknown = kv.set_gradient_compression("3bit");
+  BOOST_TEST_REQUIRE(!unknown.has_value());
+  BOOST_TEST(unknown.error().message().find("'3bit'") != std::string::npos);
+  auto negative = kv.set_gradient_compression("2bit", -0.5);
+  BOOST_TEST_REQUIRE(!negative.has_value());
+  BOOST_TEST(negative.error().message().find("-0.5") != std::string::npos);
+  BOOST_TEST(!kv.set_gradient_compression("2bit", 0.0).has_value());
+  BOOST_TEST(kv.set_gradient_compression("1bit", 0.0).has_value());
+  // Keys that are not float32 or float16 travel dense.
+  BOOST_TEST_REQUIRE(kv.init(1, ndarray::full({4}, 3.0, context::cpu(), dtype::int32)).has_value());
+  BOOST_TEST_REQUIRE(kv.push(1, ndarray::full({4}, 7.0, context::cpu(), dtype::int32)).has_value());
+  auto out = ndarray::zeros({4}, context::cpu(), dtype::int32);
+  BOOST_TEST_REQUIRE(kv.pull(1, out).has_value());
+  BOOST_TEST(out.to_vector<std::int32_t>() == std::vector<std::int32_t>(4, 7),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

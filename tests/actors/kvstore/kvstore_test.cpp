@@ -13,6 +13,7 @@
 #include "actors/config/config.hpp"
 #include "actors/kvstore/kvstore.hpp"
 #include "engine/comm.hpp"
+#include "engine/gradient_compression.hpp"
 #include "tests/actors/kvstore/array_checks.hpp"
 
 using namespace troupe;
@@ -482,6 +483,64 @@ BOOST_AUTO_TEST_CASE(states_saved_for_another_shape_are_refused_and_the_store_go
   auto value = ndarray::zeros({12});
   BOOST_TEST_REQUIRE(kv->pull(0, value).has_value());
   BOOST_TEST(value.to_vector<float>() == std::vector<float>(12, 0.99f),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(kvstore_gradient_compression)
+
+BOOST_AUTO_TEST_CASE(device_quantizes_each_pushed_value_with_its_own_residual) {
+  // MXNet's CommDevice::ReduceCompressed: each value of a pushed list is quantized with the
+  // residual of its position, and the store sums what the packed values stand for.
+  const auto rule = gradient_compression::make("2bit", 0.5).value();
+  auto kv = kvstore::create("device").value();
+  BOOST_TEST_REQUIRE(kv->set_gradient_compression(rule).has_value());
+  const std::int64_t n = 37;
+  BOOST_TEST_REQUIRE(kv->init(3, ndarray::ones({n})).has_value());
+  std::vector<std::vector<float>> residual(2, std::vector<float>(n, 0.0f));
+  for (int round = 0; round < 4; ++round) {
+    std::vector<ndarray> values;
+    std::vector<float> expected(n, 0.0f);
+    for (std::size_t d = 0; d < 2; ++d) {
+      std::vector<float> gradient(n);
+      for (std::int64_t j = 0; j < n; ++j)
+        gradient[j] = 0.1f * static_cast<float>((j * 3 + d * 5 + round * 7) % 11) - 0.5f;
+      values.push_back(
+          ndarray::from_values(gradient, {n}).copy_to(context::cpu(static_cast<int>(d))));
+      std::vector<std::byte> packed(packed_bytes(rule.type, n));
+      quantize(rule, dtype::float32, gradient.data(), residual[d].data(), packed.data(), n);
+      std::vector<float> stands_for(n);
+      dequantize(rule, dtype::float32, packed.data(), stands_for.data(), n);
+      for (std::int64_t j = 0; j < n; ++j)
+        expected[j] += stands_for[j];
+    }
+    BOOST_TEST_REQUIRE(kv->push(3, values).has_value());
+    auto out = ndarray::zeros({n});
+    BOOST_TEST_REQUIRE(kv->pull(3, out).has_value());
+    BOOST_TEST(out.to_vector<float>() == expected, boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(local_refuses_compression_as_mxnet_does_and_bad_settings_name_the_value) {
+  auto local = kvstore::create("local").value();
+  auto refused = local->set_gradient_compression("2bit", 0.5);
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST(refused.error().code() == errc::not_supported);
+  BOOST_TEST(refused.error().message().find("local") != std::string::npos);
+  auto device = kvstore::create("device").value();
+  auto unknown = device->set_gradient_compression("4bit");
+  BOOST_TEST_REQUIRE(!unknown.has_value());
+  BOOST_TEST(unknown.error().message().find("'4bit'") != std::string::npos);
+  BOOST_TEST(!device->set_gradient_compression("1bit", -1.0).has_value());
+  // "none" turns it off: pushes are summed exactly again.
+  BOOST_TEST_REQUIRE(device->set_gradient_compression("2bit").has_value());
+  BOOST_TEST_REQUIRE(device->set_gradient_compression("none").has_value());
+  BOOST_TEST_REQUIRE(device->init(1, ndarray::zeros({3})).has_value());
+  BOOST_TEST_REQUIRE(device->push(1, ndarray::full({3}, 0.3)).has_value());
+  auto out = ndarray::zeros({3});
+  BOOST_TEST_REQUIRE(device->pull(1, out).has_value());
+  BOOST_TEST(out.to_vector<float>() == std::vector<float>(3, 0.3f),
              boost::test_tools::per_element());
 }
 
