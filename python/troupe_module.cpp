@@ -376,6 +376,34 @@ public:
     const auto hyper = params_of(params);
     run([&](kvstore& kv) { return kv.set_optimizer(name, hyper); });
   }
+  void set_gradient_compression(const py::dict& params) {
+    std::optional<std::string> type;
+    std::optional<double> threshold;
+    for (const auto& [name, value] : params) {
+      const auto key = py::str(name).cast<std::string>();
+      if (key == "type") {
+        if (!py::isinstance<py::str>(value))
+          fail(errc::invalid_argument, "gradient compression 'type' must be a string");
+        type = value.cast<std::string>();
+      } else if (key == "threshold") {
+        // MXNet passes its parameters as strings: "0.5" is taken as 0.5.
+        try {
+          threshold = py::float_(py::reinterpret_borrow<py::object>(value)).cast<double>();
+        } catch (const py::error_already_set&) {
+          fail(errc::invalid_argument, "gradient compression threshold " +
+                                           py::repr(value).cast<std::string>() +
+                                           " is not a number");
+        }
+      } else {
+        fail(errc::invalid_argument,
+             "gradient compression has no parameter '" + key + "' (it takes type and threshold)");
+      }
+    }
+    if (!type)
+      fail(errc::invalid_argument,
+           "gradient compression needs a 'type': {'type': '2bit', 'threshold': 0.5}");
+    run([&](kvstore& kv) { return kv.set_gradient_compression(*type, threshold); });
+  }
   bool is_capable(const std::string& capability) { return open().is_capable(capability); }
   void save_optimizer_states(const std::string& path, bool dump_optimizer) {
     run([&](kvstore& kv) { return kv.save_optimizer_states(path, dump_optimizer); });
@@ -488,6 +516,11 @@ PYBIND11_MODULE(_troupe, m) {
           py::arg("name"), py::arg("params") = py::none(),
           "Runs the optimizer `name` (sgd, nag, adam, rmsprop, adagrad, test) in the store on "
           "every push, with MXNet's parameter names: set_optimizer('sgd', learning_rate=0.1).")
+      .def("set_gradient_compression", &py_kvstore::set_gradient_compression,
+           py::arg("compression_params"),
+           "Compresses pushes from now on, MXNet's way: {'type': '2bit', 'threshold': 0.5} "
+           "sends +t, -t or 0 per element, {'type': '1bit', 'threshold': 0} +1 or -1, the rest "
+           "kept in a residual for the next push. device and dist_* stores; 'none' turns it off.")
       .def("is_capable", &py_kvstore::is_capable, py::arg("capability"))
       .def("save_optimizer_states", &py_kvstore::save_optimizer_states, py::arg("fname"),
            py::arg("dump_optimizer") = false)

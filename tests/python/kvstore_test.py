@@ -104,6 +104,30 @@ class NumpyArrays(unittest.TestCase):
         np.testing.assert_array_equal(out, master.astype(np.float16))
         self.assertGreater(out[0], 1)
 
+    def test_gradient_compression_is_refused_by_local_and_taken_by_device(self):
+        with self.assertRaisesRegex(troupe.Error, "local"):
+            self.kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+        device = troupe.kv.create("device")
+        try:
+            with self.assertRaisesRegex(troupe.Error, "'4bit'"):
+                device.set_gradient_compression({"type": "4bit"})
+            with self.assertRaisesRegex(troupe.Error, "thresh"):
+                device.set_gradient_compression({"type": "2bit", "thresh": 0.5})
+            with self.assertRaisesRegex(troupe.Error, "-1"):
+                device.set_gradient_compression({"type": "1bit", "threshold": -1})
+            device.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+            device.init(0, np.zeros(3, np.float32))
+            # 0.3 stays in the residual (below 0.5); the next push of 0.3 makes 0.6: +0.5 sent.
+            out = np.empty(3, np.float32)
+            device.push(0, np.full(3, 0.3, np.float32))
+            device.pull(0, out=out)
+            np.testing.assert_array_equal(out, [0, 0, 0])
+            device.push(0, np.full(3, 0.3, np.float32))
+            device.pull(0, out=out)
+            np.testing.assert_array_equal(out, [0.5, 0.5, 0.5])
+        finally:
+            device.close()
+
     def test_set_optimizer_takes_a_dict_as_mxnet_passes_params(self):
         self.kv.init(0, np.ones(2, np.float32))
         self.kv.set_optimizer("sgd", {"learning_rate": 1.0})
