@@ -93,6 +93,7 @@
 #include "engine/data/idx.hpp"
 #include "engine/data/loader.hpp"
 #include "engine/data/split.hpp"
+#include "engine/gradient_compression.hpp"
 #include "engine/log.hpp"
 #include "engine/lr_scheduler.hpp"
 #include "engine/nd.hpp"
@@ -130,6 +131,9 @@ struct options {
   std::uint64_t seed = 0;
   std::string kvstore = "local";
   std::string update_on_kvstore; ///< "", "true" or "false"
+  std::string compression_name = "none";
+  std::optional<double> compression_threshold;
+  gradient_compression compression; ///< parsed by check_flags
   std::string contexts = "cpu(0)";
   std::string model_parallel;     ///< stage contexts, empty: no model parallelism
   std::int64_t micro_batches = 1; ///< parts of each batch that pipeline through the stages
@@ -454,6 +458,11 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--update-on-kvstore", o.update_on_kvstore,
                  "run the optimizer in the store (default: MXNet's rule)")
       ->check(CLI::IsMember({"true", "false"}));
+  app.add_option("--gradient-compression", o.compression_name,
+                 "compress each push of a dist_* store, MXNet's way (residual kept per key)")
+      ->check(CLI::IsMember({"none", "2bit", "1bit"}));
+  app.add_option("--compression-threshold", o.compression_threshold,
+                 "threshold of --gradient-compression (default 0.5; 2bit: > 0, 1bit: >= 0)");
   app.add_option("--contexts", o.contexts, "devices each batch is split over, e.g. cpu(0),cpu(1)");
   app.add_option("--model-parallel", o.model_parallel,
                  "model parallelism: the network cut into one stage per context, e.g. "
@@ -540,6 +549,17 @@ result<std::vector<context>> check_flags(options& o) {
   }
   if (auto cluster = check_cluster_flags(o); !cluster)
     return cluster.error();
+  if (o.compression_threshold && o.compression_name == "none")
+    return error{errc::invalid_argument, "--compression-threshold needs --gradient-compression"};
+  if (o.compression_name != "none" && !o.kvstore.starts_with("dist"))
+    return error{errc::invalid_argument, "--gradient-compression compresses what a dist_* store "
+                                         "pushes; --kvstore " +
+                                             o.kvstore + " pushes nothing over a link"};
+  auto compression = gradient_compression::make(o.compression_name, o.compression_threshold);
+  if (!compression)
+    return error{errc::invalid_argument,
+                 "--compression-threshold: " + compression.error().message()};
+  o.compression = *compression;
   auto contexts = parse_contexts(o.contexts);
   if (!contexts)
     return contexts.error();
@@ -594,6 +614,9 @@ result<membership> join(const options& o) {
   if (!created)
     return with_context("kvstore " + o.kvstore + ": ", created.error());
   m.store = std::move(*created);
+  if (o.compression.enabled())
+    if (auto compressed = m.store->set_gradient_compression(o.compression); !compressed)
+      return with_context("kvstore " + o.kvstore + ": ", compressed.error());
   m.rank = m.store->rank();
   m.workers = m.store->num_workers();
   return m;
@@ -838,6 +861,7 @@ status write_outputs(const training_job& job, const std::vector<report::epoch_me
   run.epochs = o.epochs;
   run.model = o.model;
   run.kvstore = o.kvstore;
+  run.gradient_compression = o.compression.describe();
   run.workers = job.member.workers;
   run.batch_size = o.batch_size;
   run.step_batch = job.step_batch;

@@ -39,6 +39,7 @@ std::string final_line(std::span<const epoch_metrics> epochs, const run_summary&
   line["epochs"] = run.epochs;
   line["model"] = run.model;
   line["kvstore"] = run.kvstore;
+  line["gradient_compression"] = run.gradient_compression;
   line["workers"] = run.workers;
   line["batch_size"] = run.batch_size;
   line["step_batch"] = run.step_batch;

@@ -43,6 +43,8 @@ struct run_summary {
   int epochs = 0;
   std::string model;
   std::string kvstore;
+  /// --gradient-compression as gradient_compression::describe() says it ("none" when off).
+  std::string gradient_compression = "none";
   int workers = 1;
   std::int64_t batch_size = 0; ///< per worker
   std::int64_t step_batch = 0; ///< what trainer.step() was given
@@ -60,7 +62,7 @@ struct run_summary {
 
 /// The final JSON line that scripts read (no newline), compact, keys in this order:
 /// {"final_test_acc":..,"final_train_loss":..,"samples_per_s":..,"time_s":..,"epochs":..,
-/// "model":"..","kvstore":"..","workers":..,"batch_size":..,"step_batch":..,"contexts":..,
+/// "model":"..","kvstore":"..","gradient_compression":"..","workers":..,"batch_size":..,"step_batch":..,"contexts":..,
 /// "stages":..,"micro_batches":..,"threads":..,"hybridize":..,"job_time_s":..,
 /// "job_samples_per_s":..,"parameters":..}. Accuracy and loss are the
 /// last epoch's; samples_per_s and time_s cover this worker's training loop of every epoch (every

@@ -386,6 +386,20 @@ BOOST_AUTO_TEST_CASE(bad_flags_exit_2_with_one_line_naming_them) {
   BOOST_TEST(parts.exit_code == 2, describe(parts));
   BOOST_TEST(parts.err.find("--micro-batches needs --model-parallel") != std::string::npos,
              parts.err);
+  for (const auto& [flags, wanted] :
+       {std::pair{std::vector<std::string>{"--gradient-compression", "2bit"},
+                  "--gradient-compression compresses what a dist_* store pushes"},
+        std::pair{std::vector<std::string>{"--compression-threshold", "0.5"},
+                  "--compression-threshold needs --gradient-compression"},
+        std::pair{std::vector<std::string>{"--kvstore", "dist_sync", "--scheduler-port", "1",
+                                           "--num-workers", "1", "--num-servers", "1",
+                                           "--gradient-compression", "2bit",
+                                           "--compression-threshold", "0"},
+                  "threshold 0 must be finite and > 0"}}) {
+    auto compression = run(train_path, flags, {}, 30s);
+    BOOST_TEST(compression.exit_code == 2, describe(compression));
+    BOOST_TEST(compression.err.find(wanted) != std::string::npos, compression.err);
+  }
   auto both = run(train_path, {"--model-parallel", "cpu(0),cpu(1)", "--contexts", "cpu(0),cpu(1)"},
                   {}, 30s);
   BOOST_TEST(both.exit_code == 2, describe(both));
@@ -442,12 +456,14 @@ BOOST_AUTO_TEST_CASE(the_final_line_is_compact_json_with_its_keys_in_order) {
   run.step_batch = 128;
   run.job_time_s = 4.0;
   run.parameters = 203530;
-  BOOST_TEST(report::final_line(epochs, run) ==
-             R"({"final_test_acc":84.9,"final_train_loss":0.412346,"samples_per_s":43636.4,)"
-             R"("time_s":2.75,"epochs":2,"model":"mlp","kvstore":"dist_sync","workers":2,)"
-             R"("batch_size":64,"step_batch":128,"contexts":1,"stages":1,"micro_batches":1,)"
-             R"("threads":1,"hybridize":false,)"
-             R"("job_time_s":4.0,"job_samples_per_s":30000.0,"parameters":203530})");
+  BOOST_TEST(
+      report::final_line(epochs, run) ==
+      R"({"final_test_acc":84.9,"final_train_loss":0.412346,"samples_per_s":43636.4,)"
+      R"("time_s":2.75,"epochs":2,"model":"mlp","kvstore":"dist_sync","gradient_compression":"none",)"
+      R"("workers":2,)"
+      R"("batch_size":64,"step_batch":128,"contexts":1,"stages":1,"micro_batches":1,)"
+      R"("threads":1,"hybridize":false,)"
+      R"("job_time_s":4.0,"job_samples_per_s":30000.0,"parameters":203530})");
   epochs[1].test_acc.reset(); // a worker that did not evaluate
   BOOST_TEST(report::final_line(epochs, run).starts_with(R"({"final_test_acc":null,)"));
 }
