@@ -62,8 +62,9 @@ struct run_summary {
 
 /// The final JSON line that scripts read (no newline), compact, keys in this order:
 /// {"final_test_acc":..,"final_train_loss":..,"samples_per_s":..,"time_s":..,"epochs":..,
-/// "model":"..","kvstore":"..","gradient_compression":"..","workers":..,"batch_size":..,"step_batch":..,"contexts":..,
-/// "stages":..,"micro_batches":..,"threads":..,"hybridize":..,"job_time_s":..,
+/// "model":"..","kvstore":"..","gradient_compression":"..","workers":..,"batch_size":..,
+/// "step_batch":..,"contexts":..,"stages":..,"micro_batches":..,"threads":..,"hybridize":..,
+/// "job_time_s":..,
 /// "job_samples_per_s":..,"parameters":..}. Accuracy and loss are the
 /// last epoch's; samples_per_s and time_s cover this worker's training loop of every epoch (every
 /// worker's samples at this worker's pace); job_samples_per_s is every worker's samples over

@@ -20,6 +20,12 @@
 // layers' gradients first), priority -index, then a wait for all of them. Its JSON lines carry
 // "key_elements", the list.
 //
+// --gradient-compression 2bit|1bit [--compression-threshold T] compresses the pushes. Each line
+// then names the rule, and every line carries `wire_bytes_per_op`, what the network interfaces of
+// the namespace transmitted per repetition (/proc/net/dev: headers and both directions included;
+// meaningful for a job alone in its namespace, with data.shm_arena_bytes = 0 so that same-host
+// transfers cross a socket).
+//
 // It starts with serve_if_node_role, so under a tracker that runs one program for every role
 // (DMLC_ROLE) it is the scheduler or a server too; the cluster flags (--quorum, --timeout, ...)
 // go to its store. A bad or missing value of the configuration the store reads exits 2 with one
@@ -30,6 +36,7 @@
 #include <chrono>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +44,7 @@
 #include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
 #include "actors/kvstore/kvstore.hpp"
+#include "engine/gradient_compression.hpp"
 #include "engine/json_line.hpp"
 #include "engine/log.hpp"
 #include "machine_cpu.hpp"
@@ -63,12 +71,14 @@ struct subject {
   std::size_t keys;
   int workers;
   std::vector<std::int64_t> key_elements; ///< --key-elements' list; empty otherwise
+  std::string compression;                ///< --gradient-compression's rule; empty: none
 };
 
 /// The JSON line of one operation: `seconds` of each repetition, `moved` payload bytes each,
-/// `busy_seconds` the machine's CPU time over them (negative: unknown).
+/// `busy_seconds` the machine's CPU time over them and `sent_bytes` what the namespace's
+/// interfaces transmitted over them (negative: unknown).
 void print_result(const subject& what, std::vector<double> seconds, double moved,
-                  double busy_seconds) {
+                  double busy_seconds, double sent_bytes) {
   const auto repeats = seconds.size();
   const stats s = summarize(std::move(seconds));
   json_line::object line;
@@ -88,6 +98,10 @@ void print_result(const subject& what, std::vector<double> seconds, double moved
   line["median_us"] = json_line::fixed(s.median * 1e6, 1);
   if (busy_seconds >= 0)
     line["machine_cpu_s"] = json_line::fixed(busy_seconds, 3);
+  if (sent_bytes >= 0)
+    line["wire_bytes_per_op"] = json_line::fixed(sent_bytes / static_cast<double>(repeats), 0);
+  if (!what.compression.empty())
+    line["gradient_compression"] = what.compression;
   json_line::print(line);
 }
 
@@ -120,6 +134,12 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
   app.add_option("--type", type);
+  std::string compression_name = "none";
+  std::optional<double> compression_threshold;
+  app.add_option("--gradient-compression", compression_name,
+                 "compress pushes (kvstore::set_gradient_compression)")
+      ->check(CLI::IsMember({"none", "2bit", "1bit"}));
+  app.add_option("--compression-threshold", compression_threshold, "its threshold (0.5)");
   config_overrides cluster_flags;
   add_config_flags(app, cluster_flags);
   if (auto done = parse_command_line(app, "kvbench", argc, argv))
@@ -135,6 +155,14 @@ int main(int argc, char** argv) {
   if (!created)
     return fail("create", created.error());
   auto& kv = **created;
+  auto compression = gradient_compression::make(compression_name, compression_threshold);
+  if (!compression) {
+    std::cerr << "kvbench: " << compression.error().message() << "\n";
+    return 2;
+  }
+  if (compression->enabled())
+    if (auto set = kv.set_gradient_compression(*compression); !set)
+      return fail("set_gradient_compression", set.error());
   std::int64_t next_key = 0;
 
   // Each measurement is a set of keys: the element count of each, and whether they go as the
@@ -183,6 +211,7 @@ int main(int argc, char** argv) {
         return fail(op, warm.error());
       std::vector<double> seconds;
       const double busy_at_start = bench::machine_busy_seconds();
+      const double sent_at_start = bench::network_transmitted_bytes();
       for (int r = 0; r < rounds; ++r) {
         auto start = clock_type::now();
         if (auto done = body(); !done)
@@ -190,11 +219,14 @@ int main(int argc, char** argv) {
         seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
       }
       const double busy_at_end = bench::machine_busy_seconds();
+      const double sent_at_end = bench::network_transmitted_bytes();
       if (kv.rank() == 0)
         print_result({type, op, static_cast<std::size_t>(bytes), keys, kv.num_workers(),
-                      per_key ? key_set : std::vector<std::int64_t>{}},
+                      per_key ? key_set : std::vector<std::int64_t>{},
+                      compression->enabled() ? compression->describe() : std::string{}},
                      seconds, op == "pushpull" ? 2 * bytes : bytes,
-                     busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start);
+                     busy_at_start < 0 || busy_at_end < 0 ? -1.0 : busy_at_end - busy_at_start,
+                     sent_at_start < 0 || sent_at_end < 0 ? -1.0 : sent_at_end - sent_at_start);
       return 0;
     };
     for (const auto& op : ops) {

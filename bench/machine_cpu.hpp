@@ -4,6 +4,7 @@
 // machine, the difference is the work of every process and of the kernel on both ends.
 
 #include <cstdio>
+#include <cstring>
 #include <unistd.h>
 
 namespace troupe::bench {
@@ -23,6 +24,33 @@ inline double machine_busy_seconds() {
     return -1;
   return static_cast<double>(user + nice + system + irq + softirq + steal) /
          static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+/// Bytes every network interface of this network namespace has transmitted (/proc/net/dev,
+/// loopback included): read before and after the measured repetitions of a job alone in its
+/// namespace, the difference is what crossed the wire, frame and TCP headers included. Negative
+/// where it cannot be read.
+inline double network_transmitted_bytes() {
+  std::FILE* dev = std::fopen("/proc/net/dev", "r");
+  if (dev == nullptr)
+    return -1;
+  char line[512];
+  double total = 0;
+  int interfaces = 0;
+  while (std::fgets(line, sizeof line, dev) != nullptr) {
+    const char* colon = std::strchr(line, ':');
+    if (colon == nullptr)
+      continue; // the two header lines
+    unsigned long long received[8] = {}, transmitted = 0;
+    if (std::sscanf(colon + 1, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &received[0],
+                    &received[1], &received[2], &received[3], &received[4], &received[5],
+                    &received[6], &received[7], &transmitted) == 9) {
+      total += static_cast<double>(transmitted);
+      ++interfaces;
+    }
+  }
+  std::fclose(dev);
+  return interfaces > 0 ? total : -1;
 }
 
 } // namespace troupe::bench

@@ -1,6 +1,7 @@
 #include "kernels/cpu/compression.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 namespace troupe::kernels::cpu {
 namespace {
@@ -12,30 +13,38 @@ float widen(half_bits value) noexcept {
   return half_to_float(value);
 }
 
-// Element by element as MXNet writes it, one output byte at a time: the residual update decides
-// each element's state, so there is nothing to reorder, and g++ -O3 vectorises the byte's loop.
+// Element by element as MXNet's rule goes, in blocks of one packed word: each element's code and
+// residual are computed without a branch (the same operations and roundings as MXNet's: r - (-t)
+// is r + t exactly), which g++ -O3 vectorises, and the block's codes are then packed.
 template <class T>
 void quantize_2bit_impl(const T* grad, float* residual, std::uint8_t* out, std::size_t n,
                         float threshold) noexcept {
   const float negative = -1 * threshold;
   const std::size_t bytes = packed_bytes_2bit(n);
-  for (std::size_t byte = 0; byte < bytes; ++byte) {
-    const std::size_t begin = byte * 4;
-    const std::size_t end = std::min(begin + 4, n);
-    std::uint8_t packed = 0;
-    for (std::size_t i = begin; i < end; ++i) {
-      const int shift = 6 - 2 * static_cast<int>(i & 3);
-      float r = residual[i] + widen(grad[i]);
-      if (r >= threshold) {
-        packed |= static_cast<std::uint8_t>(3u << shift);
-        r -= threshold;
-      } else if (r <= negative) {
-        packed |= static_cast<std::uint8_t>(2u << shift);
-        r -= negative;
+  for (std::size_t word = 0; word * 4 < bytes; ++word) {
+    const std::size_t begin = word * 16;
+    const std::size_t count = std::min<std::size_t>(16, n - begin);
+    std::uint8_t codes[16] = {};
+    if (count == 16) {
+      for (std::size_t k = 0; k < 16; ++k) {
+        const float r = residual[begin + k] + widen(grad[begin + k]);
+        const bool up = r >= threshold;
+        const bool down = !up && r <= negative;
+        residual[begin + k] = r - (up ? threshold : down ? negative : 0.0f);
+        codes[k] = static_cast<std::uint8_t>(up ? 3 : down ? 2 : 0);
       }
-      residual[i] = r;
+    } else {
+      for (std::size_t k = 0; k < count; ++k) {
+        const float r = residual[begin + k] + widen(grad[begin + k]);
+        const bool up = r >= threshold;
+        const bool down = !up && r <= negative;
+        residual[begin + k] = r - (up ? threshold : down ? negative : 0.0f);
+        codes[k] = static_cast<std::uint8_t>(up ? 3 : down ? 2 : 0);
+      }
     }
-    out[byte] = packed;
+    for (std::size_t b = 0; b < 4; ++b)
+      out[word * 4 + b] = static_cast<std::uint8_t>(codes[4 * b] << 6 | codes[4 * b + 1] << 4 |
+                                                    codes[4 * b + 2] << 2 | codes[4 * b + 3]);
   }
 }
 
@@ -43,37 +52,66 @@ template <class T>
 void quantize_1bit_impl(const T* grad, float* residual, std::uint8_t* out, std::size_t n,
                         float threshold) noexcept {
   const std::size_t bytes = packed_bytes_1bit(n);
-  for (std::size_t byte = 0; byte < bytes; ++byte) {
-    const std::size_t begin = byte * 8;
-    const std::size_t end = std::min(begin + 8, n);
-    std::uint8_t packed = 0;
-    for (std::size_t i = begin; i < end; ++i) {
-      float r = residual[i] + widen(grad[i]);
-      if (r > threshold) {
-        packed |= static_cast<std::uint8_t>(0x80u >> (i & 7));
-        r -= 1;
-      } else {
-        r += 1;
+  for (std::size_t word = 0; word * 4 < bytes; ++word) {
+    const std::size_t begin = word * 32;
+    const std::size_t count = std::min<std::size_t>(32, n - begin);
+    std::uint8_t bits[32] = {};
+    if (count == 32) {
+      for (std::size_t k = 0; k < 32; ++k) {
+        const float r = residual[begin + k] + widen(grad[begin + k]);
+        const bool up = r > threshold;
+        residual[begin + k] = r - (up ? 1.0f : -1.0f);
+        bits[k] = up ? 1 : 0;
       }
-      residual[i] = r;
+    } else {
+      for (std::size_t k = 0; k < count; ++k) {
+        const float r = residual[begin + k] + widen(grad[begin + k]);
+        const bool up = r > threshold;
+        residual[begin + k] = r - (up ? 1.0f : -1.0f);
+        bits[k] = up ? 1 : 0;
+      }
     }
-    out[byte] = packed;
+    for (std::size_t b = 0; b < 4; ++b) {
+      std::uint8_t packed = 0;
+      for (std::size_t k = 0; k < 8; ++k)
+        packed = static_cast<std::uint8_t>(packed | bits[8 * b + k] << (7 - k));
+      out[word * 4 + b] = packed;
+    }
   }
 }
 
-/// The values a 2-bit code stands for: 00 and 01 are 0, 10 is -t, 11 is +t.
+/// The values a 2-bit code stands for: 00 and 01 are 0, 10 is -t, 11 is +t. A large array goes
+/// a byte at a time through a table of the byte's four values (the table costs 256 bytes' work).
 template <class T>
 void dequantize_2bit_impl(const std::uint8_t* in, T* out, std::size_t n, T zero, T negative,
                           T positive) noexcept {
   const T values[4] = {zero, zero, negative, positive};
-  for (std::size_t i = 0; i < n; ++i)
+  std::size_t i = 0;
+  if (n >= 4096) {
+    T table[256][4];
+    for (std::size_t byte = 0; byte < 256; ++byte)
+      for (std::size_t k = 0; k < 4; ++k)
+        table[byte][k] = values[(byte >> (6 - 2 * k)) & 3u];
+    for (; i + 4 <= n; i += 4)
+      std::memcpy(out + i, table[in[i >> 2]], sizeof table[0]);
+  }
+  for (; i < n; ++i)
     out[i] = values[(in[i >> 2] >> (6 - 2 * (i & 3))) & 3u];
 }
 
 template <class T>
 void dequantize_1bit_impl(const std::uint8_t* in, T* out, std::size_t n, T minus_one,
                           T plus_one) noexcept {
-  for (std::size_t i = 0; i < n; ++i)
+  std::size_t i = 0;
+  if (n >= 4096) {
+    T table[256][8];
+    for (std::size_t byte = 0; byte < 256; ++byte)
+      for (std::size_t k = 0; k < 8; ++k)
+        table[byte][k] = ((byte >> (7 - k)) & 1u) != 0 ? plus_one : minus_one;
+    for (; i + 8 <= n; i += 8)
+      std::memcpy(out + i, table[in[i >> 3]], sizeof table[0]);
+  }
+  for (; i < n; ++i)
     out[i] = ((in[i >> 3] >> (7 - (i & 7))) & 1u) != 0 ? plus_one : minus_one;
 }
 
