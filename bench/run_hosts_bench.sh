@@ -35,6 +35,9 @@
 #              pushpull of mlp-wide's keys with their shapes, one request per key in the
 #              Trainer's order and priorities (--key-elements), servers apart and beside
 #              workers; and the job itself (dist_sync) in both layouts.
+#   compression  issue 26: the train part's troupe job (servers apart) for each of MODELS dense
+#              and with train_mnist --gradient-compression 2bit and 1bit (threshold 0.5), rows
+#              "troupe", "troupe-2bit", "troupe-1bit" of the train table.
 # EXTRA_TOML: more lines for the jobs' cluster file, e.g. EXTRA_TOML='[data]\nshm_arena_bytes = 0'.
 # RESULTS: keep the JSON lines in this file.
 # Every line carries "load1", the machine's 1-minute load average when it was written; the
@@ -377,6 +380,23 @@ part_train_mxnet() {
     emit train "$rate"
 }
 
+part_compression() {
+  local rate=$1 model steps=$train_steps rule
+  up "$rate" 9
+  for model in $models; do
+    local troupe=("$build/apps/train_mnist" --model "$model" --init torch --epochs 1
+      --max-batches "$steps" --quiet --batch-size 64 --lr 0.1 --threads 1 --kvstore dist_sync)
+    for rule in none 2bit 1bit; do
+      costed launch "5 6 7 8 1 2 3 4" 4 4 -- "${troupe[@]}" --gradient-compression "$rule" \
+        > "$work/job.out"
+      local system=troupe
+      [ "$rule" = none ] || system=troupe-$rule
+      record "$system" "servers apart" 4 4 "$model" "$steps" < "$work/job.out" |
+        emit train "$rate" "$(cat "$work/cost")"
+    done
+  done
+}
+
 case " $parts " in *" calibrate "*) part_calibrate ;; esac
 for rate in $rates; do
   for part in $parts; do
@@ -386,6 +406,7 @@ for rate in $rates; do
       allreduce) part_allreduce "$rate" ;;
       train) part_train "$rate" ;;
       step) part_step "$rate" ;;
+      compression) part_compression "$rate" ;;
       *) echo "run_hosts_bench: unknown part $part" >&2; exit 2 ;;
     esac
   done

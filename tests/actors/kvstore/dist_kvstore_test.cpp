@@ -625,7 +625,7 @@ void check_compressed_rounds(const std::string& type_name, const gradient_compre
   for (const auto& shape : shapes)
     sent.push_back(simulate_compressed_rounds(rule, type, workers, rounds,
                                               static_cast<std::size_t>(element_count(shape))));
-  const bool async = type_name == "dist_async";
+  const bool async = type_name.find("async") != std::string::npos;
   in_process_job job{type_name, workers, servers, options};
   problems seen;
   job.run([&](std::uint32_t rank, kvstore& kv) {
@@ -710,6 +710,15 @@ BOOST_AUTO_TEST_CASE(dist_async_applies_each_packed_push_once) {
   const auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{1} << 20);
   check_compressed_rounds("dist_async", gradient_compression::make("2bit", 0.5).value(),
                           dtype::float32, 3, 2, false, options);
+  check_compressed_rounds("dist_device_async", gradient_compression::make("1bit", 0.25).value(),
+                          dtype::float32, 2, 2, false, options);
+}
+
+BOOST_AUTO_TEST_CASE(dist_device_sync_compresses_what_the_worker_summed) {
+  // MXNet's dist_device_sync: the worker's devices are summed dense, then the sum is compressed.
+  const auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{1} << 20);
+  check_compressed_rounds("dist_device_sync", gradient_compression::make("2bit", 0.5).value(),
+                          dtype::float32, 2, 2, true, options);
 }
 
 BOOST_AUTO_TEST_CASE(compression_settings_that_mxnet_refuses_are_errors_naming_the_value) {
