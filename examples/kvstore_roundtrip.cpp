@@ -13,11 +13,15 @@
 // is not the expected one). Run as a job of 2 workers and 1 server:
 //   <prefix>/bin/troupe-launch -n 2 -s 1 -- build-examples/kvstore_roundtrip
 // each worker prints the same line for the dist_sync store, the gradients of both workers summed
-// into the one update: -0.4.
+// into the one update: -0.4. Then it pushes twice under 2bit gradient compression and prints
+//   kvstore_roundtrip: device store, rank 0: pulled -0.05 after two 2bit pushes of 0.3, expected
+//   -0.05
+// (alone, a `device` store; in the job -0.1 on each worker, the two workers' pushes summed).
 
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <vector>
 
 #include "actors/dist_job.hpp"
@@ -29,9 +33,9 @@ using namespace troupe;
 
 namespace {
 
-/// init, push and pull of one key on a store of `type`; 0 when the pulled value is the one SGD
-/// step the pushed gradients make.
-int round_trip(const char* type) {
+/// init, push and pull of one key on a store of `type`: the store when the pulled value is the
+/// one SGD step the pushed gradients make, else null.
+std::unique_ptr<kvstore> round_trip(const char* type) {
   try {
     // README kvstore {
     auto kv = kvstore::create(type).value(); // type: "local", or "dist_sync" in a job
@@ -48,12 +52,42 @@ int round_trip(const char* type) {
     // Every worker pushed two gradients of ones: the update is -learning_rate times their sum.
     const float expected = -0.1f * 2.0f * static_cast<float>(kv->num_workers());
     const auto values = weight.to_vector<float>();
-    std::cout << "kvstore_roundtrip: " << type << " store, rank " << kv->rank() << " of "
+    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank() << " of "
               << kv->num_workers() << ": pulled " << values[0] << " after one SGD step, expected "
               << expected << "\n";
     for (float value : values)
       if (std::abs(value - expected) > 1e-6f) {
         std::cerr << "kvstore_roundtrip: an element of the pulled weight is " << value << "\n";
+        return nullptr;
+      }
+    return kv;
+  } catch (const troupe::exception& failure) {
+    std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
+    return nullptr;
+  }
+}
+
+/// Gradient compression on `kv` (a device store alone, the job's dist_sync store), SGD in the
+/// store: two pushes of 0.3 under 2bit with threshold 0.5; 0 when the pulled value is what MXNet's
+/// rule gives.
+int compressed_round_trip(std::unique_ptr<kvstore> kv) {
+  try {
+    kv->init("bias", ndarray::zeros({4})).value();
+    // README compression {
+    kv->set_gradient_compression("2bit", 0.5).value(); // MXNet's rule; "1bit" too
+    kv->push("bias", ndarray::full({4}, 0.3)).value(); // 0.3 < 0.5: 0 sent, 0.3 kept
+    kv->push("bias", ndarray::full({4}, 0.3)).value(); // 0.6 >= 0.5: +0.5 sent, 0.1 kept
+    // README compression }
+    auto bias = ndarray::zeros({4});
+    kv->pull("bias", bias).value();
+    // SGD (momentum 0.9) on the rounds' sums of what the pushes stood for: 0, then 0.5 a worker.
+    const float expected = -0.1f * 0.5f * static_cast<float>(kv->num_workers());
+    const auto values = bias.to_vector<float>();
+    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank() << ": pulled "
+              << values[0] << " after two 2bit pushes of 0.3, expected " << expected << "\n";
+    for (float value : values)
+      if (value != expected) {
+        std::cerr << "kvstore_roundtrip: an element of the pulled bias is " << value << "\n";
         return 1;
       }
     return 0;
@@ -63,6 +97,20 @@ int round_trip(const char* type) {
   }
 }
 
+/// Both round trips, on the job's dist_sync store or alone on local and device stores.
+int round_trips(bool in_job) {
+  auto kv = round_trip(in_job ? "dist_sync" : "local");
+  if (!kv)
+    return 1;
+  // A process is one worker of its job: the compressed pushes go through the same store, with
+  // its optimizer. Alone, a device store (local refuses compression, as MXNet does).
+  if (!in_job) {
+    kv = kvstore::create("device").value();
+    kv->set_optimizer("sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}}).value();
+  }
+  return compressed_round_trip(std::move(kv));
+}
+
 } // namespace
 
 // README serve_if_node_role {
@@ -70,6 +118,6 @@ int main(int argc, char** argv) {
   if (auto served = troupe::serve_if_node_role(argc, argv))
     return *served; // this process was the scheduler or a server
   // A worker: of the job troupe-launch started (DMLC_ROLE=worker), or alone with a local store.
-  return round_trip(std::getenv("DMLC_ROLE") ? "dist_sync" : "local");
+  return round_trips(std::getenv("DMLC_ROLE") != nullptr);
 }
 // README serve_if_node_role }
