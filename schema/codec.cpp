@@ -922,10 +922,10 @@ private:
       const std::string_view kind = kind_name(one);
       if (const auto* tensor = tensor_of(one)) {
         // A reference into the arena was resolved and bounds-checked by read(), as alone.
-        if (tensor->offset != 0 || tensor->data.size() != tensor->total_bytes)
+        if (tensor->offset != 0 || tensor->dense_bytes() != tensor->total_bytes)
           fail(decode_error::code::invalid_tensor,
                "a " + std::string(kind) + " in a batch carries a chunk of " +
-                   std::to_string(tensor->data.size()) + " bytes at offset " +
+                   std::to_string(tensor->dense_bytes()) + " bytes at offset " +
                    std::to_string(tensor->offset) + " of a tensor of " +
                    std::to_string(tensor->total_bytes) + ", not the whole tensor");
       }

@@ -20,7 +20,8 @@ at the end (an AssertionError, or troupe.Error, fails the worker and so the job)
   - with set_gradient_compression({"type": "2bit", "threshold": 0.5}) pushes travel packed
     through the real codec: every pull equals what a NumPy model of MXNet's quantizer says each
     worker's packed pushes stand for, the residual carried over rounds, for a key of 35 elements
-    (not whole words) and one of 1,100,000 split over the 2 servers; a bad setting
+    (not whole words), one of 1,100,000 split over the 2 servers, and 64 keys of 50 elements
+    pushpulled in one call (fused frames of packed pushes); a bad setting
     raises troupe.Error naming it.
 """
 
@@ -131,6 +132,19 @@ def check_gradient_compression(kv, rank, workers):
                                 for r in range(workers))
             assert (out == expected[key]).all(), (
                 f"key {key} step {step}: pulled {out[:4]}, expected {expected[key][:4]}")
+    # 64 small keys in one call leave fused, several packed pushes to a frame.
+    small = list(range(100, 164))
+    kv.init(small, [np.zeros(50, np.float32) for _ in small])
+    residuals.update({(r, key): np.zeros(50, np.float32) for r in range(workers) for key in small})
+    for step in range(2):
+        outs = [np.empty(50, np.float32) for _ in small]
+        kv.pushpull(small, [compression_gradient(rank, step + key, 50) for key in small], out=outs)
+        for key, out in zip(small, outs):
+            want = sum(two_bit_stands_for(compression_gradient(r, step + key, 50),
+                                          residuals[(r, key)], threshold)
+                       for r in range(workers))
+            assert (out == want).all(), (
+                f"key {key} step {step}: pulled {out[:4]}, expected {want[:4]}")
     kv.set_gradient_compression({"type": "none"})
     kv.barrier()
 

@@ -331,6 +331,21 @@ BOOST_AUTO_TEST_CASE(a_batch_copies_its_tensors_into_the_frame_whatever_their_si
   BOOST_TEST(to_batched(pull_request{9}).has_value());
 }
 
+BOOST_AUTO_TEST_CASE(a_batch_holds_whole_packed_pushes) {
+  // Whole means every element of the tensor, whatever the packed bytes' size.
+  pattern_buffer payload(16);
+  const tensor_chunk packed{dtype::float32,
+                            {50},
+                            200,
+                            0,
+                            payload.bytes(),
+                            std::nullopt,
+                            tensor_compression{compression_type::two_bit, 0.5f, 50}};
+  const batch sent{{push{1, 2, 3, 4, packed}, pushpull{5, 6, 3, 7, packed}}};
+  round_trip rt(sent);
+  BOOST_TEST((rt.decoded->msg == message{sent}));
+}
+
 BOOST_AUTO_TEST_CASE(a_batch_of_values_in_the_arena_is_one_segment_and_decodes) {
   // A server's answers to 40 pulls of 4 KiB through the shared-memory arena: the frame holds only
   // the references. Its first segment once came out too small, and the second segment's far
