@@ -33,10 +33,18 @@ optimizer_params defaults_for(std::string_view name) {
   };
   if (name == "test")
     return with({});
-  if (name == "sgd" || name == "nag")
+  // lazy_update (sgd and adam, MXNet's default true): a row_sparse gradient moves only the rows
+  // it holds, weight and state (updater::update_rows).
+  if (name == "sgd")
+    return with({{"momentum", 0.0}, {"lazy_update", 1.0}});
+  if (name == "nag")
     return with({{"momentum", 0.0}});
   if (name == "adam")
-    return with({{"learning_rate", 0.001}, {"beta1", 0.9}, {"beta2", 0.999}, {"epsilon", 1e-8}});
+    return with({{"learning_rate", 0.001},
+                 {"beta1", 0.9},
+                 {"beta2", 0.999},
+                 {"epsilon", 1e-8},
+                 {"lazy_update", 1.0}});
   if (name == "rmsprop")
     return with({{"learning_rate", 0.001},
                  {"gamma1", 0.9},
@@ -255,7 +263,7 @@ result<std::unique_ptr<optimizer>> optimizer::create(std::string_view name,
   };
   for (auto check : {positive("epsilon"), in_unit_interval("momentum"), in_unit_interval("beta1"),
                      in_unit_interval("beta2"), in_unit_interval("gamma1"),
-                     in_unit_interval("gamma2"), flag("multi_precision")})
+                     in_unit_interval("gamma2"), flag("multi_precision"), flag("lazy_update")})
     if (!check)
       return check.error();
 
@@ -421,6 +429,51 @@ void updater::operator()(std::int64_t index, const ndarray& grad, ndarray& weigh
       "update of weight " + std::to_string(index), weight.ctx(), reads, writes,
       [opt = std::move(opt), grad, weight, buffers = entry.buffers,
        count = entry.update_count]() mutable { apply_update(*opt, grad, weight, buffers, count); });
+}
+
+void updater::update_rows(std::int64_t index, const row_sparse_array& grad, ndarray& weight) {
+  if (grad.shape() != weight.shape())
+    throw exception(errc::shape_mismatch,
+                    "update of weight " + std::to_string(index) + ": row_sparse gradient shape " +
+                        shape_to_string(grad.shape()) + " does not match weight shape " +
+                        shape_to_string(weight.shape()));
+  auto lazy = optimizer_->params().find("lazy_update");
+  const bool rows_only = lazy != optimizer_->params().end() && lazy->second != 0.0 &&
+                         weight.dtype() == dtype::float32 && weight.ctx().is_cpu() &&
+                         grad.dtype() == dtype::float32;
+  if (!rows_only) {
+    // MXNet's dense rule: the absent rows' gradient is zero, and wd and momentum still move them.
+    (*this)(index, grad.to_dense(), weight);
+    return;
+  }
+  auto& entry = states_[index];
+  if (entry.buffers.size() != optimizer_->state_count()) {
+    entry.buffers.clear();
+    for (std::size_t i = 0; i < optimizer_->state_count(); ++i)
+      entry.buffers.push_back(ndarray::zeros(weight.shape(), weight.ctx(), dtype::float32));
+  }
+  for (const auto& buffer : entry.buffers)
+    if (buffer.shape() != weight.shape())
+      throw exception(errc::shape_mismatch, "update of weight " + std::to_string(index) +
+                                                ": its optimizer state has " + "shape " +
+                                                shape_to_string(buffer.shape()) + ", the weight " +
+                                                shape_to_string(weight.shape()));
+  ++entry.update_count;
+  // The dense rule on each row the gradient holds: for sgd and adam the same operations MXNet's
+  // lazy kernels run on those rows (update count, Adam's t, is the weight's).
+  const auto row = static_cast<std::size_t>(grad.row_elements());
+  auto* w = weight.data<float>();
+  const float* g = grad.stored_rows() == 0 || row == 0 ? nullptr : grad.data().data<float>();
+  std::vector<float*> base;
+  for (auto& buffer : entry.buffers)
+    base.push_back(buffer.data<float>());
+  std::vector<float*> state(base.size());
+  for (std::size_t i = 0; g != nullptr && i < grad.stored_rows(); ++i) {
+    const auto at = static_cast<std::size_t>(grad.indices()[i]) * row;
+    for (std::size_t s = 0; s < base.size(); ++s)
+      state[s] = base[s] + at;
+    optimizer_->apply(w + at, g + i * row, state, row, entry.update_count);
+  }
 }
 
 void optimizer::apply_on_gpu(int device, kernels::cuda::weight_and_grad, std::span<float* const>,

@@ -25,6 +25,7 @@
 
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
+#include "engine/row_sparse.hpp"
 #include "kernels/cuda/optimizer.hpp"
 
 namespace troupe {
@@ -95,6 +96,13 @@ public:
   /// must match; the state is created on first use. Throws troupe::exception for a shape
   /// mismatch or a gpu context.
   void operator()(std::int64_t index, const ndarray& grad, ndarray& weight);
+  /// The same with a row_sparse gradient. With the optimizer's lazy_update (sgd and adam, true by
+  /// default as in MXNet) a float32 weight on the host moves only in the rows the gradient holds,
+  /// and so do its states: the dense rule runs on each such row. Otherwise (lazy_update false,
+  /// another optimizer, another dtype or context) the gradient is made dense and the dense rule
+  /// runs on every row. Runs on the calling thread (the lazy rule): the caller waits for the
+  /// weight as for a read.
+  void update_rows(std::int64_t index, const row_sparse_array& grad, ndarray& weight);
 
   troupe::optimizer& optimizer() noexcept { return *optimizer_; }
   const troupe::optimizer& optimizer() const noexcept { return *optimizer_; }

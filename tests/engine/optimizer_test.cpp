@@ -9,6 +9,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "engine/optimizer.hpp"
+#include "engine/row_sparse.hpp"
 
 using namespace troupe;
 
@@ -259,6 +260,110 @@ BOOST_AUTO_TEST_CASE(
   }
   BOOST_TEST(weight.to_vector<float>() == std::vector<float>(12, 1.0f));
   BOOST_TEST(update.update_count(2) == 1); // the loaded count, not advanced
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// --- row_sparse gradients: lazy_update ---------------------------------------------------------
+
+namespace {
+
+/// A (6, 3) weight with distinct values.
+ndarray sparse_test_weight() {
+  std::vector<float> values(18);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = 0.25f * static_cast<float>(i) - 1.5f;
+  return ndarray::from_values(values, {6, 3});
+}
+
+/// A row_sparse (6, 3) gradient holding `rows`, row r's values (r + 1) * 0.5 + column * 0.1 + step.
+row_sparse_array sparse_test_gradient(const std::vector<std::int64_t>& rows, int step) {
+  std::vector<float> values;
+  for (auto r : rows)
+    for (int c = 0; c < 3; ++c)
+      values.push_back(static_cast<float>(r + 1) * 0.5f + 0.1f * static_cast<float>(c) +
+                       static_cast<float>(step));
+  return row_sparse_array::from_rows(
+             ndarray::from_values(values, {static_cast<std::int64_t>(rows.size()), 3}), rows,
+             {6, 3})
+      .value();
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(lazy_update_of_row_sparse_gradients)
+
+BOOST_AUTO_TEST_CASE(sgd_moves_only_the_rows_a_gradient_holds_weight_and_momentum) {
+  // The reference: each row its own weight with its own updater state, updated when its row is in
+  // the gradient: what MXNet's lazy sgd does (rows absent keep weight and momentum).
+  const optimizer_params params{{"learning_rate", 0.1}, {"momentum", 0.9}, {"wd", 0.01}};
+  updater lazy{optimizer::create("sgd", params).value()};
+  updater per_row{optimizer::create("sgd", params).value()};
+  auto weight = sparse_test_weight();
+  std::vector<ndarray> rows;
+  for (std::int64_t r = 0; r < 6; ++r)
+    rows.push_back(weight.slice(r, r + 1).reshape({3}).copy());
+  const std::vector<std::vector<std::int64_t>> steps{{1, 4}, {1, 2}, {}, {4, 5}};
+  for (std::size_t step = 0; step < steps.size(); ++step) {
+    const auto grad = sparse_test_gradient(steps[step], static_cast<int>(step));
+    lazy.update_rows(7, grad, weight);
+    const auto dense = grad.to_dense();
+    for (auto r : steps[step])
+      per_row(r, dense.slice(r, r + 1).reshape({3}).copy(), rows[static_cast<std::size_t>(r)]);
+    std::vector<float> expected;
+    for (const auto& row : rows)
+      for (float v : row.to_vector<float>())
+        expected.push_back(v);
+    BOOST_TEST(weight.to_vector<float>() == expected, boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adam_moves_only_the_rows_a_gradient_holds) {
+  const optimizer_params params{{"learning_rate", 0.01}};
+  updater lazy{optimizer::create("adam", params).value()};
+  updater per_row{optimizer::create("adam", params).value()};
+  auto weight = sparse_test_weight();
+  const auto before = weight.to_vector<float>();
+  std::vector<ndarray> rows;
+  for (std::int64_t r = 0; r < 6; ++r)
+    rows.push_back(weight.slice(r, r + 1).reshape({3}).copy());
+  // The same rows every step, so that Adam's t (the weight's update count) is each row's too.
+  for (int step = 0; step < 3; ++step) {
+    const auto grad = sparse_test_gradient({0, 3}, step);
+    lazy.update_rows(2, grad, weight);
+    const auto dense = grad.to_dense();
+    for (std::int64_t r : {0, 3})
+      per_row(r, dense.slice(r, r + 1).reshape({3}).copy(), rows[static_cast<std::size_t>(r)]);
+  }
+  const auto after = weight.to_vector<float>();
+  for (std::size_t r = 0; r < 6; ++r)
+    for (std::size_t c = 0; c < 3; ++c) {
+      const float want = (r == 0 || r == 3) ? rows[r].to_vector<float>()[c] : before[r * 3 + c];
+      BOOST_TEST(after[r * 3 + c] == want, "row " << r << " column " << c);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(without_lazy_update_the_dense_rule_moves_every_row) {
+  // lazy_update false (and an optimizer without it) is the dense update of the gradient made
+  // dense: wd and momentum move the absent rows too.
+  for (const auto& [name, params] : std::vector<std::pair<std::string, optimizer_params>>{
+           {"sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}, {"wd", 0.01}, {"lazy_update", 0}}},
+           {"rmsprop", {{"learning_rate", 0.01}}}}) {
+    updater sparse{optimizer::create(name, params).value()};
+    updater dense{optimizer::create(name, params).value()};
+    auto a = sparse_test_weight();
+    auto b = sparse_test_weight();
+    for (int step = 0; step < 3; ++step) {
+      const auto grad = sparse_test_gradient({static_cast<std::int64_t>(step), 5}, step);
+      sparse.update_rows(1, grad, a);
+      dense(1, grad.to_dense(), b);
+    }
+    BOOST_TEST(a.to_vector<float>() == b.to_vector<float>(), boost::test_tools::per_element());
+    if (name == "sgd") // wd moves row 3, which no gradient held
+      BOOST_TEST(a.to_vector<float>()[9] != sparse_test_weight().to_vector<float>()[9]);
+  }
+  BOOST_TEST(!optimizer::create("sgd", {{"lazy_update", 2}}).has_value());
+  BOOST_TEST(!optimizer::create("rmsprop", {{"lazy_update", 1}}).has_value());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
