@@ -43,7 +43,8 @@ status key_registry::check_new(std::span<const kv_key> keys,
   return ok();
 }
 
-void key_registry::declare(std::span<const kv_key> keys, std::span<const ndarray> values) {
+void key_registry::declare(std::span<const kv_key> keys, std::span<const ndarray> values,
+                           bool row_sparse) {
   for (std::size_t i = 0; i < keys.size(); ++i) {
     std::int64_t index;
     if (auto number = std::get_if<std::int64_t>(&keys[i])) {
@@ -53,7 +54,8 @@ void key_registry::declare(std::span<const kv_key> keys, std::span<const ndarray
       names_.emplace(std::get<std::string>(keys[i]), index);
     }
     kind_ = kind_of(keys[i]);
-    by_index_[index] = key_declaration{keys[i], index, values[i].shape(), values[i].dtype()};
+    by_index_[index] =
+        key_declaration{keys[i], index, values[i].shape(), values[i].dtype(), row_sparse};
   }
 }
 
@@ -112,6 +114,11 @@ result<std::vector<key_group>> key_registry::group(std::span<const kv_key> keys,
     auto declared = find(keys[i], operation);
     if (!declared)
       return declared.error();
+    if ((*declared)->row_sparse)
+      return error{errc::invalid_argument,
+                   std::string{operation} + " of key " + to_string(keys[i]) +
+                       ": the key is row_sparse (initialised with a row_sparse value); push "
+                       "row_sparse values and use row_sparse_pull (MXNet's rule)"};
     if (auto like = check_like(**declared, arrays[i], operation, role); !like)
       return like.error();
     groups.push_back({*declared, {i}});

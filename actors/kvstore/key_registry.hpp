@@ -24,6 +24,8 @@ struct key_declaration {
   std::int64_t index = 0; ///< the key itself for int keys, the order of init for strings
   shape_vector shape;
   troupe::dtype type = troupe::dtype::float32;
+  /// Initialised with a row_sparse value: pushes are row_sparse, pulls are row_sparse_pull.
+  bool row_sparse = false;
 };
 
 /// The values of a batch call grouped by key: positions into the call's lists, in order.
@@ -38,8 +40,10 @@ public:
   /// Checks a batch of inits without changing anything: matching list sizes, no empty batch,
   /// one kind of key, keys not declared before nor twice in the batch, values that are arrays.
   status check_new(std::span<const kv_key> keys, std::span<const ndarray> values) const;
-  /// Declares a batch that passed check_new.
-  void declare(std::span<const kv_key> keys, std::span<const ndarray> values);
+  /// Declares a batch that passed check_new (`row_sparse`: the keys of row_sparse values, whose
+  /// dense forms `values` are).
+  void declare(std::span<const kv_key> keys, std::span<const ndarray> values,
+               bool row_sparse = false);
 
   /// The declaration of `key`, or unknown_key / key_type_mix naming it and `operation`.
   result<const key_declaration*> find(const kv_key& key, std::string_view operation) const;
@@ -47,7 +51,8 @@ public:
   static status check_like(const key_declaration& declared, const ndarray& given,
                            std::string_view operation, std::string_view role);
   /// Checks every (keys[i], arrays[i]) pair and groups them by key in first-appearance order.
-  /// `role` names the arrays in errors ("pushed value", "output").
+  /// `role` names the arrays in errors ("pushed value", "output"). A row_sparse key is refused
+  /// (its calls are push of row_sparse values and row_sparse_pull).
   result<std::vector<key_group>> group(std::span<const kv_key> keys,
                                        std::span<const ndarray> arrays, std::string_view operation,
                                        std::string_view role) const;

@@ -173,6 +173,42 @@ status kvstore::broadcast(const kv_key& key, const ndarray& value, std::span<nda
   return broadcast(std::span{&key, 1}, std::span{&value, 1}, outputs, priority);
 }
 
+namespace {
+
+error no_row_sparse(const std::string& type, std::string_view call) {
+  return error{errc::not_supported, std::string{call} + ": a kvstore of type " + type +
+                                        " does not take row_sparse keys yet (local and device do)"};
+}
+
+} // namespace
+
+status kvstore::init(std::span<const kv_key>, std::span<const row_sparse_array>) {
+  return no_row_sparse(type(), "init of row_sparse values");
+}
+
+status kvstore::push(std::span<const kv_key>, std::span<const row_sparse_array>, int) {
+  return no_row_sparse(type(), "push of row_sparse values");
+}
+
+status kvstore::row_sparse_pull(std::span<const kv_key>, std::span<row_sparse_array>,
+                                std::span<const ndarray>, int) {
+  return no_row_sparse(type(), "row_sparse_pull");
+}
+
+status kvstore::init(const kv_key& key, const row_sparse_array& value) {
+  return init(std::span{&key, 1}, std::span{&value, 1});
+}
+
+status kvstore::push(const kv_key& key, const row_sparse_array& value, int priority) {
+  return push(std::span{&key, 1}, std::span{&value, 1}, priority);
+}
+
+status kvstore::row_sparse_pull(const kv_key& key, row_sparse_array& output, const ndarray& row_ids,
+                                int priority) {
+  return row_sparse_pull(std::span{&key, 1}, std::span{&output, 1}, std::span{&row_ids, 1},
+                         priority);
+}
+
 status kvstore::set_gradient_compression(const gradient_compression&) {
   return error{errc::not_supported,
                "set_gradient_compression: a kvstore of type " + type() +

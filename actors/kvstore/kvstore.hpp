@@ -37,6 +37,7 @@
 #include "engine/gradient_compression.hpp"
 #include "engine/ndarray.hpp"
 #include "engine/optimizer.hpp"
+#include "engine/row_sparse.hpp"
 
 namespace troupe {
 
@@ -141,6 +142,27 @@ public:
   status broadcast(const kv_key& key, const ndarray& value, ndarray& output, int priority = 0);
   status broadcast(const kv_key& key, const ndarray& value, std::span<ndarray> outputs,
                    int priority = 0);
+
+  // row_sparse keys (MXNet's RowSparseNDArray values; engine/row_sparse.hpp). A key initialised
+  // with a row_sparse value takes row_sparse pushes (only their rows are summed and, with an
+  // optimizer, updated: lazy_update) and is read with row_sparse_pull; a dense push or pull of it
+  // is an error naming row_sparse_pull. In this build the local and device stores have them; the
+  // distributed stores refuse them (not_supported).
+
+  /// Declares row_sparse keys with their initial values (every row a value does not hold is 0).
+  virtual status init(std::span<const kv_key> keys, std::span<const row_sparse_array> values);
+  /// Pushes row_sparse values; the values of one key are summed (the union of their rows).
+  virtual status push(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
+                      int priority = 0);
+  /// Fills outputs[i] with the rows row_ids[i] names of key keys[i]: ids of any shape and integer
+  /// (or integer-valued float) type, sorted and de-duplicated as MXNet does; outputs[i] then
+  /// holds exactly those rows, every other row zero. An empty row_ids gives no rows.
+  virtual status row_sparse_pull(std::span<const kv_key> keys, std::span<row_sparse_array> outputs,
+                                 std::span<const ndarray> row_ids, int priority = 0);
+  status init(const kv_key& key, const row_sparse_array& value);
+  status push(const kv_key& key, const row_sparse_array& value, int priority = 0);
+  status row_sparse_pull(const kv_key& key, row_sparse_array& output, const ndarray& row_ids,
+                         int priority = 0);
 
   /// Blocks until every worker of the job has called barrier() (a no-op in the local modes).
   virtual status barrier() { return {}; }

@@ -24,6 +24,7 @@ public:
   using kvstore::pull;
   using kvstore::push;
   using kvstore::pushpull;
+  using kvstore::row_sparse_pull;
   using kvstore::set_optimizer;
 
   const std::string& type() const noexcept override { return type_; }
@@ -34,6 +35,14 @@ public:
   status push(std::span<const kv_key> keys, std::span<const ndarray> values,
               int priority = 0) override;
   status pull(std::span<const kv_key> keys, std::span<ndarray> outputs, int priority = 0) override;
+  /// row_sparse keys: stored dense; a push sums its values' rows (their union) and hands the sum
+  /// to the optimizer (updater::update_rows: MXNet's lazy_update) or, without one, makes the key
+  /// the sum (rows it does not hold become 0, as MXNet's local store assigns the merged value).
+  status init(std::span<const kv_key> keys, std::span<const row_sparse_array> values) override;
+  status push(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
+              int priority = 0) override;
+  status row_sparse_pull(std::span<const kv_key> keys, std::span<row_sparse_array> outputs,
+                         std::span<const ndarray> row_ids, int priority = 0) override;
 
   using kvstore::set_gradient_compression;
   /// `device` types only (MXNet's rule).

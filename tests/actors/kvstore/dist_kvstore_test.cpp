@@ -741,4 +741,15 @@ BOOST_AUTO_TEST_CASE(compression_settings_that_mxnet_refuses_are_errors_naming_t
              boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE(row_sparse_keys_are_refused_by_name_until_the_servers_take_them) {
+  in_process_job job{"dist_sync", 1, 1};
+  auto& kv = *job.workers[0];
+  auto refused = kv.init(5, row_sparse_array::from_dense(ndarray::ones({4, 2})).value());
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST(refused.error().code() == errc::not_supported);
+  BOOST_TEST(refused.error().message().find("dist_sync") != std::string::npos);
+  row_sparse_array out;
+  BOOST_TEST(!kv.row_sparse_pull(5, out, ndarray::zeros({1})).has_value());
+}
+
 BOOST_AUTO_TEST_SUITE_END()

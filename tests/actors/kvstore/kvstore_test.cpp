@@ -545,3 +545,117 @@ BOOST_AUTO_TEST_CASE(local_refuses_compression_as_mxnet_does_and_bad_settings_na
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(kvstore_row_sparse_local)
+
+BOOST_AUTO_TEST_CASE(pushed_rows_are_summed_and_row_sparse_pull_fills_the_rows_asked) {
+  // The closed form with the workers as a pushed list: value w holds w + 1 in row
+  // w % rows; key initialised to ones, the test optimizer with rescale_grad 2. After round i a
+  // requested row r holds 1 + sum over w with w % rows == r of 2 (w + 1) (i + 1); rows not asked
+  // for read 0.
+  const std::int64_t rows = 3, width = 4, values = 5;
+  for (const auto* type : {"local", "device"})
+    for (auto dt : {dtype::float32, dtype::float16}) {
+      BOOST_TEST_CONTEXT(type << " " << to_string(dt)) {
+        auto kv = kvstore::create(type).value();
+        auto ones = row_sparse_array::from_dense(ndarray::ones({rows, width}, context::cpu(), dt));
+        BOOST_TEST_REQUIRE(kv->init("embedding", ones.value()).has_value());
+        BOOST_TEST_REQUIRE(kv->set_optimizer("test", {{"rescale_grad", 2.0}}).has_value());
+        for (int round = 0; round < 3; ++round) {
+          std::vector<row_sparse_array> pushed;
+          std::vector<kv_key> names;
+          for (std::int64_t w = 0; w < values; ++w) {
+            auto row = ndarray::full({1, width}, static_cast<double>(w + 1), context::cpu(), dt);
+            pushed.push_back(
+                row_sparse_array::from_rows(row, std::vector<std::int64_t>{w % rows}, {rows, width})
+                    .value());
+            names.push_back("embedding");
+          }
+          BOOST_TEST_REQUIRE(kv->push(names, pushed).has_value());
+          // Unsorted, repeated, float ids of two axes: rows 0 and 2.
+          const auto ids = ndarray::from_values({2, 0, 2, 2}, {2, 2});
+          row_sparse_array out;
+          BOOST_TEST_REQUIRE(kv->row_sparse_pull("embedding", out, ids).has_value());
+          BOOST_TEST(out.indices() == (std::vector<std::int64_t>{0, 2}),
+                     boost::test_tools::per_element());
+          const auto dense = out.to_dense().as_type(dtype::float32).to_vector<float>();
+          for (std::int64_t r = 0; r < rows; ++r) {
+            float expected = 0;
+            if (r != 1) {
+              expected = 1;
+              for (std::int64_t w = r; w < values; w += rows)
+                expected += 2.0f * static_cast<float>(w + 1) * static_cast<float>(round + 1);
+            }
+            for (std::int64_t c = 0; c < width; ++c)
+              BOOST_TEST(dense[static_cast<std::size_t>(r * width + c)] == expected,
+                         "round " << round << " row " << r);
+          }
+        }
+        row_sparse_array none_asked;
+        BOOST_TEST_REQUIRE(
+            kv->row_sparse_pull("embedding", none_asked, ndarray::zeros({0})).has_value());
+        BOOST_TEST(none_asked.stored_rows() == 0u);
+        BOOST_TEST((none_asked.shape() == shape_vector{rows, width}));
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(sgd_moves_only_the_pushed_rows_and_without_an_optimizer_the_sum_replaces) {
+  auto kv = kvstore::create("local").value();
+  BOOST_TEST_REQUIRE(
+      kv->init(0, row_sparse_array::from_dense(ndarray::ones({4, 2})).value()).has_value());
+  BOOST_TEST_REQUIRE(kv->set_optimizer("sgd", {{"learning_rate", 0.5}, {"wd", 0.1}}).has_value());
+  auto grad =
+      row_sparse_array::from_rows(ndarray::ones({1, 2}), std::vector<std::int64_t>{1}, {4, 2})
+          .value();
+  BOOST_TEST_REQUIRE(kv->push(0, grad).has_value());
+  row_sparse_array out;
+  BOOST_TEST_REQUIRE(
+      kv->row_sparse_pull(0, out, ndarray::from_values({0, 1, 2, 3}, {4})).has_value());
+  // Row 1: 1 - 0.5 (1 + 0.1 x 1) = 0.45; lazy_update leaves the others (wd would move them).
+  BOOST_TEST(out.to_dense().to_vector<float>() ==
+                 (std::vector<float>{1, 1, 0.45f, 0.45f, 1, 1, 1, 1}),
+             boost::test_tools::per_element());
+
+  auto plain = kvstore::create("local").value();
+  BOOST_TEST_REQUIRE(
+      plain->init(0, row_sparse_array::from_dense(ndarray::ones({4, 2})).value()).has_value());
+  BOOST_TEST_REQUIRE(plain->push(0, grad).has_value());
+  BOOST_TEST_REQUIRE(plain->row_sparse_pull(0, out, ndarray::from_values({0, 1}, {2})).has_value());
+  BOOST_TEST(out.to_dense().to_vector<float>() == (std::vector<float>{0, 0, 1, 1, 0, 0, 0, 0}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(mixing_dense_and_row_sparse_calls_and_bad_row_ids_are_named) {
+  auto kv = kvstore::create("local").value();
+  BOOST_TEST_REQUIRE(
+      kv->init("table", row_sparse_array::from_dense(ndarray::ones({4, 2})).value()).has_value());
+  BOOST_TEST_REQUIRE(kv->init("bias", ndarray::ones({2})).has_value());
+  auto out = ndarray::zeros({4, 2});
+  auto pulled = kv->pull("table", out);
+  BOOST_TEST_REQUIRE(!pulled.has_value());
+  BOOST_TEST(pulled.error().message().find("row_sparse_pull") != std::string::npos,
+             pulled.error().message());
+  BOOST_TEST(!kv->push("table", ndarray::ones({4, 2})).has_value());
+  row_sparse_array rows;
+  auto dense_key = kv->row_sparse_pull("bias", rows, ndarray::zeros({1}));
+  BOOST_TEST_REQUIRE(!dense_key.has_value());
+  BOOST_TEST(dense_key.error().message().find("'bias'") != std::string::npos);
+  auto outside = kv->row_sparse_pull("table", rows, ndarray::from_values({4}, {1}));
+  BOOST_TEST_REQUIRE(!outside.has_value());
+  BOOST_TEST(outside.error().message() ==
+             "row_sparse_pull of key 'table': row_ids: row id 4 is outside [0, 4)");
+  auto wrong_shape =
+      kv->push("table", row_sparse_array::from_rows(ndarray::ones({1, 3}),
+                                                    std::vector<std::int64_t>{0}, {4, 3})
+                            .value());
+  BOOST_TEST_REQUIRE(!wrong_shape.has_value());
+  BOOST_TEST(wrong_shape.error().code() == errc::shape_mismatch);
+  // Nothing changed the table.
+  BOOST_TEST_REQUIRE(
+      kv->row_sparse_pull("table", rows, ndarray::from_values({0, 1, 2, 3}, {4})).has_value());
+  BOOST_TEST(rows.to_dense().to_vector<float>() == std::vector<float>(8, 1.0f),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
