@@ -96,15 +96,31 @@ result<row_sparse_array> row_sparse_array::from_dense(const ndarray& dense) {
     if (nonzero)
       present.push_back(r);
   }
+  return from_dense_rows(host, present);
+}
+
+result<row_sparse_array> row_sparse_array::from_dense_rows(const ndarray& dense,
+                                                           std::span<const std::int64_t> rows) {
+  if (dense.is_none() || dense.ndim() == 0)
+    return error{errc::invalid_argument, "rows of a dense array without a row axis"};
+  const auto host = on_host(dense);
+  const auto count = host.shape()[0];
+  const auto row_bytes = count == 0 ? 0 : host.nbytes() / static_cast<std::size_t>(count);
   shape_vector data_shape = host.shape();
-  data_shape[0] = static_cast<std::int64_t>(present.size());
+  data_shape[0] = static_cast<std::int64_t>(rows.size());
   auto data = ndarray::empty(data_shape, context::cpu(), host.dtype());
-  auto* out =
-      present.empty() || row_bytes == 0 ? nullptr : static_cast<std::byte*>(data.raw_data());
-  for (std::size_t i = 0; out != nullptr && i < present.size(); ++i)
-    std::memcpy(out + i * row_bytes, bytes + static_cast<std::size_t>(present[i]) * row_bytes,
-                row_bytes);
-  return from_rows(data, present, host.shape());
+  // An index out of range is from_rows' error, before any row is read.
+  for (auto r : rows)
+    if (r < 0 || r >= count)
+      return from_rows(data, rows, host.shape());
+  if (!rows.empty() && row_bytes != 0) {
+    const auto* from = bytes_of(host);
+    auto* to = static_cast<std::byte*>(data.raw_data());
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::memcpy(to + i * row_bytes, from + static_cast<std::size_t>(rows[i]) * row_bytes,
+                  row_bytes);
+  }
+  return from_rows(data, rows, host.shape());
 }
 
 row_sparse_array row_sparse_array::zeros(shape_vector shape, troupe::dtype type) {

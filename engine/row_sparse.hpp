@@ -34,6 +34,10 @@ public:
   /// The rows of `dense` that hold a non-zero element (MXNet's tostype('row_sparse')); a scalar
   /// is an error.
   static result<row_sparse_array> from_dense(const ndarray& dense);
+  /// Rows `rows` (strictly increasing, each in [0, dense.shape()[0])) of `dense`, stored whatever
+  /// their values: a row_sparse_pull's answer.
+  static result<row_sparse_array> from_dense_rows(const ndarray& dense,
+                                                  std::span<const std::int64_t> rows);
   /// No row stored: all zeros of `shape` (at least one axis).
   static row_sparse_array zeros(shape_vector shape, dtype type = dtype::float32);
 

@@ -1,7 +1,6 @@
 #include "actors/kvstore/local_kvstore.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <utility>
 
@@ -210,19 +209,7 @@ status local_kvstore::row_sparse_pull(std::span<const kv_key> keys,
     if (!ids)
       return ids.error();
     // Every row asked for, from the stored value (zero where nothing was stored).
-    const auto& stored = stored_.at((*declared)->index);
-    const auto width =
-        stored.shape()[0] == 0 ? 0 : stored.nbytes() / static_cast<std::size_t>(stored.shape()[0]);
-    shape_vector data_shape = stored.shape();
-    data_shape[0] = static_cast<std::int64_t>(ids->size());
-    auto data = ndarray::empty(data_shape, context::cpu(), stored.dtype());
-    if (!ids->empty() && width != 0) {
-      const auto* from = static_cast<const std::byte*>(stored.raw_data());
-      auto* to = static_cast<std::byte*>(data.raw_data());
-      for (std::size_t r = 0; r < ids->size(); ++r)
-        std::memcpy(to + r * width, from + static_cast<std::size_t>((*ids)[r]) * width, width);
-    }
-    auto made = row_sparse_array::from_rows(data, *ids, stored.shape());
+    auto made = row_sparse_array::from_dense_rows(stored_.at((*declared)->index), *ids);
     if (!made)
       return made.error();
     pulled.push_back(std::move(*made));

@@ -25,23 +25,20 @@ void quantize_2bit_impl(const T* grad, float* residual, std::uint8_t* out, std::
     const std::size_t begin = word * 16;
     const std::size_t count = std::min<std::size_t>(16, n - begin);
     std::uint8_t codes[16] = {};
-    if (count == 16) {
-      for (std::size_t k = 0; k < 16; ++k) {
-        const float r = residual[begin + k] + widen(grad[begin + k]);
-        const bool up = r >= threshold;
-        const bool down = !up && r <= negative;
-        residual[begin + k] = r - (up ? threshold : down ? negative : 0.0f);
-        codes[k] = static_cast<std::uint8_t>(up ? 3 : down ? 2 : 0);
-      }
-    } else {
-      for (std::size_t k = 0; k < count; ++k) {
-        const float r = residual[begin + k] + widen(grad[begin + k]);
-        const bool up = r >= threshold;
-        const bool down = !up && r <= negative;
-        residual[begin + k] = r - (up ? threshold : down ? negative : 0.0f);
-        codes[k] = static_cast<std::uint8_t>(up ? 3 : down ? 2 : 0);
-      }
-    }
+    auto code = [&](std::size_t i) {
+      const float r = residual[i] + widen(grad[i]);
+      const bool up = r >= threshold;
+      const bool down = !up && r <= negative;
+      residual[i] = r - (up ? threshold : down ? negative : 0.0f);
+      return static_cast<std::uint8_t>(up ? 3 : down ? 2 : 0);
+    };
+    // A whole word's loop has a constant trip count, which is what g++ vectorises.
+    if (count == 16)
+      for (std::size_t k = 0; k < 16; ++k)
+        codes[k] = code(begin + k);
+    else
+      for (std::size_t k = 0; k < count; ++k)
+        codes[k] = code(begin + k);
     for (std::size_t b = 0; b < 4; ++b)
       out[word * 4 + b] = static_cast<std::uint8_t>(codes[4 * b] << 6 | codes[4 * b + 1] << 4 |
                                                     codes[4 * b + 2] << 2 | codes[4 * b + 3]);
@@ -56,21 +53,18 @@ void quantize_1bit_impl(const T* grad, float* residual, std::uint8_t* out, std::
     const std::size_t begin = word * 32;
     const std::size_t count = std::min<std::size_t>(32, n - begin);
     std::uint8_t bits[32] = {};
-    if (count == 32) {
-      for (std::size_t k = 0; k < 32; ++k) {
-        const float r = residual[begin + k] + widen(grad[begin + k]);
-        const bool up = r > threshold;
-        residual[begin + k] = r - (up ? 1.0f : -1.0f);
-        bits[k] = up ? 1 : 0;
-      }
-    } else {
-      for (std::size_t k = 0; k < count; ++k) {
-        const float r = residual[begin + k] + widen(grad[begin + k]);
-        const bool up = r > threshold;
-        residual[begin + k] = r - (up ? 1.0f : -1.0f);
-        bits[k] = up ? 1 : 0;
-      }
-    }
+    auto bit = [&](std::size_t i) {
+      const float r = residual[i] + widen(grad[i]);
+      const bool up = r > threshold;
+      residual[i] = r - (up ? 1.0f : -1.0f);
+      return static_cast<std::uint8_t>(up ? 1 : 0);
+    };
+    if (count == 32)
+      for (std::size_t k = 0; k < 32; ++k)
+        bits[k] = bit(begin + k);
+    else
+      for (std::size_t k = 0; k < count; ++k)
+        bits[k] = bit(begin + k);
     for (std::size_t b = 0; b < 4; ++b) {
       std::uint8_t packed = 0;
       for (std::size_t k = 0; k < 8; ++k)
