@@ -632,6 +632,7 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.num_servers = membership.num_servers;
   setup.bigarray_bound = config.bigarray_bound;
   setup.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
+  setup.max_frame_bytes = static_cast<std::uint64_t>(config.max_frame_bytes);
   setup.slice_bytes = static_cast<std::size_t>(config.slice_bytes);
   setup.send_window_bytes = static_cast<std::size_t>(config.send_window_bytes);
   setup.slice_credit = static_cast<std::uint32_t>(config.slice_credit);

@@ -116,6 +116,8 @@ struct worker_setup {
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
   std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// data.max_frame_bytes: the servers' largest frame, which a row-sparse push must fit.
+  std::uint64_t max_frame_bytes = std::uint64_t{256} << 20;
   /// data.slice_bytes: keys larger than this are cut into slices of at most this size; 0: none.
   std::size_t slice_bytes = 0;
   /// Bytes of tensor handed to each server's link at a time (data.send_window_bytes).

@@ -26,6 +26,13 @@
 // meaningful for a job alone in its namespace, with data.shm_arena_bytes = 0 so that same-host
 // transfers cross a socket).
 //
+// --row-sparse ROWS,WIDTH [--row-fraction F] measures a row_sparse table instead (MXNet users
+// found row_sparse push+pull 60x slower than dense, apache/mxnet#11299): a float32 key of ROWS x
+// WIDTH, once dense and once row_sparse. Each repetition of "dense push+pull" pushes and pulls the
+// whole table; each of "row_sparse push+pull" pushes F * ROWS rows (a fresh random set per
+// repetition, drawn before the timing) and row_sparse_pulls the same rows. A third line,
+// "row_sparse_speedup", gives the ratio of the two medians of the same run.
+//
 // It starts with serve_if_node_role, so under a tracker that runs one program for every role
 // (DMLC_ROLE) it is the scheduler or a server too; the cluster flags (--quorum, --timeout, ...)
 // go to its store. A bad or missing value of the configuration the store reads exits 2 with one
@@ -47,6 +54,8 @@
 #include "engine/gradient_compression.hpp"
 #include "engine/json_line.hpp"
 #include "engine/log.hpp"
+#include "engine/random.hpp"
+#include "engine/row_sparse.hpp"
 #include "machine_cpu.hpp"
 
 using namespace troupe;
@@ -110,6 +119,106 @@ int fail(const std::string& what, const error& err) {
   return 1;
 }
 
+/// --row-sparse: dense push+pull of a rows x width table against row_sparse push + row_sparse_pull
+/// of `fraction` of its rows, `repeats` times each.
+int row_sparse_bench(kvstore& kv, const std::string& type, std::int64_t rows, std::int64_t width,
+                     double fraction, int repeats) {
+  const kv_key dense_key = std::int64_t{1'000'000}, sparse_key = std::int64_t{1'000'001};
+  auto table = ndarray::ones({rows, width});
+  if (auto init = kv.init(dense_key, table); !init)
+    return fail("init", init.error());
+  if (auto init = kv.init(sparse_key, row_sparse_array::from_dense(table).value()); !init)
+    return fail("init", init.error());
+  auto out = ndarray::zeros({rows, width});
+  const auto touched = std::max<std::int64_t>(1, static_cast<std::int64_t>(fraction * rows));
+  // Each repetition's rows, drawn before the timing (sorted, distinct), and their values.
+  std::mt19937_64 draw(1234 + static_cast<std::uint64_t>(kv.rank()));
+  std::vector<row_sparse_array> pushes;
+  std::vector<ndarray> asked;
+  for (int r = 0; r <= repeats; ++r) {
+    std::vector<std::int64_t> ids;
+    std::uniform_int_distribution<std::int64_t> row(0, rows - 1);
+    while (static_cast<std::int64_t>(ids.size()) < touched) {
+      ids.push_back(row(draw));
+      if (static_cast<std::int64_t>(ids.size()) == touched) {
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      }
+    }
+    std::vector<float> as_floats(ids.begin(), ids.end());
+    asked.push_back(ndarray::from_values(as_floats, {touched}));
+    pushes.push_back(
+        row_sparse_array::from_rows(ndarray::ones({touched, width}), ids, {rows, width}).value());
+  }
+  auto time = [&](auto&& body) -> std::optional<std::vector<double>> {
+    if (auto met = kv.barrier(); !met) {
+      fail("barrier", met.error());
+      return std::nullopt;
+    }
+    std::vector<double> seconds;
+    for (int r = 0; r <= repeats; ++r) {
+      auto start = clock_type::now();
+      if (auto done = body(r); !done) {
+        fail("row_sparse bench", done.error());
+        return std::nullopt;
+      }
+      if (r > 0) // the first is a warm-up
+        seconds.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
+    }
+    return seconds;
+  };
+  auto dense = time([&](int) -> status {
+    if (auto pushed = kv.push(dense_key, table); !pushed)
+      return pushed;
+    return kv.pull(dense_key, out);
+  });
+  if (!dense)
+    return 1;
+  row_sparse_array pulled;
+  auto sparse = time([&](int r) -> status {
+    const auto i = static_cast<std::size_t>(r);
+    if (auto pushed = kv.push(sparse_key, pushes[i]); !pushed)
+      return pushed;
+    return kv.row_sparse_pull(sparse_key, pulled, asked[i]);
+  });
+  if (!sparse)
+    return 1;
+  if (kv.rank() != 0)
+    return 0;
+  const double table_bytes = static_cast<double>(rows * width) * sizeof(float);
+  const double rows_bytes = static_cast<double>(touched * width) * sizeof(float);
+  auto line_of = [&](const char* op, const std::vector<double>& seconds, double moved) {
+    const stats s = summarize(seconds);
+    json_line::object line;
+    line["bench"] = "kvbench";
+    line["type"] = type;
+    line["op"] = op;
+    line["rows"] = rows;
+    line["width"] = width;
+    line["rows_touched"] = touched;
+    line["workers"] = kv.num_workers();
+    line["repeats"] = seconds.size();
+    line["median_ms"] = json_line::fixed(s.median * 1e3, 3);
+    line["min_ms"] = json_line::fixed(s.fastest * 1e3, 3);
+    line["max_ms"] = json_line::fixed(s.slowest * 1e3, 3);
+    line["gbps"] = json_line::fixed(moved / s.median / 1e9, 3);
+    json_line::print(line);
+    return s.median;
+  };
+  const double dense_median = line_of("dense push+pull", *dense, 2 * table_bytes);
+  const double sparse_median = line_of("row_sparse push+pull", *sparse, 2 * rows_bytes);
+  json_line::object ratio;
+  ratio["bench"] = "kvbench";
+  ratio["type"] = type;
+  ratio["op"] = "row_sparse_speedup";
+  ratio["rows"] = rows;
+  ratio["width"] = width;
+  ratio["rows_touched"] = touched;
+  ratio["speedup"] = json_line::fixed(dense_median / sparse_median, 1);
+  json_line::print(ratio);
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -140,6 +249,14 @@ int main(int argc, char** argv) {
                  "compress pushes (kvstore::set_gradient_compression)")
       ->check(CLI::IsMember({"none", "2bit", "1bit"}));
   app.add_option("--compression-threshold", compression_threshold, "its threshold (0.5)");
+  std::vector<std::int64_t> row_sparse_table;
+  double row_fraction = 0.01;
+  app.add_option("--row-sparse", row_sparse_table,
+                 "ROWS,WIDTH: time a row_sparse table against the same table dense")
+      ->delimiter(',')
+      ->expected(2);
+  app.add_option("--row-fraction", row_fraction, "fraction of the rows each push touches (0.01)")
+      ->check(CLI::Range(1e-9, 1.0));
   config_overrides cluster_flags;
   add_config_flags(app, cluster_flags);
   if (auto done = parse_command_line(app, "kvbench", argc, argv))
@@ -163,6 +280,14 @@ int main(int argc, char** argv) {
   if (compression->enabled())
     if (auto set = kv.set_gradient_compression(*compression); !set)
       return fail("set_gradient_compression", set.error());
+  if (!row_sparse_table.empty()) {
+    if (row_sparse_table[0] < 1 || row_sparse_table[1] < 1) {
+      std::cerr << "kvbench: --row-sparse needs ROWS,WIDTH of at least 1 each\n";
+      return 2;
+    }
+    return row_sparse_bench(kv, type, row_sparse_table[0], row_sparse_table[1], row_fraction,
+                            repeats);
+  }
   std::int64_t next_key = 0;
 
   // Each measurement is a set of keys: the element count of each, and whether they go as the

@@ -225,4 +225,33 @@ result<std::vector<std::int64_t>> unique_row_ids(const ndarray& row_ids, std::in
   return ids;
 }
 
+/// The sum of `values` (one shape and dtype) over the union of their rows, summed in float32 and
+/// rounded once to their dtype.
+row_sparse_array sum_rows(std::span<const row_sparse_array* const> values) {
+  const auto& first = *values.front();
+  std::vector<std::int64_t> rows;
+  for (const auto* value : values)
+    rows.insert(rows.end(), value->indices().begin(), value->indices().end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const auto width = static_cast<std::size_t>(first.row_elements());
+  std::vector<float> sum(rows.size() * width, 0.0f);
+  for (const auto* value : values) {
+    if (value->stored_rows() == 0 || width == 0)
+      continue;
+    const auto data = value->data().as_type(dtype::float32).to_vector<float>();
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < value->stored_rows(); ++i) {
+      while (rows[at] < value->indices()[i])
+        ++at;
+      for (std::size_t e = 0; e < width; ++e)
+        sum[at * width + e] += data[i * width + e];
+    }
+  }
+  shape_vector data_shape = first.shape();
+  data_shape[0] = static_cast<std::int64_t>(rows.size());
+  auto data = ndarray::from_values(sum, data_shape).as_type(first.dtype());
+  return row_sparse_array::from_rows(data, rows, first.shape()).value();
+}
+
 } // namespace troupe

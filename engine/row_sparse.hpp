@@ -64,6 +64,10 @@ private:
   std::vector<std::int64_t> indices_;
 };
 
+/// The sum of `values` (at least one, all of one shape and dtype) over the union of their rows,
+/// summed in float32 and rounded once to their dtype: what a store applies for a list of pushes.
+row_sparse_array sum_rows(std::span<const row_sparse_array* const> values);
+
 /// MXNet's row ids of row_sparse_pull: an array of any shape of integers, or of floats holding
 /// integers, flattened, sorted and de-duplicated; each must lie in [0, rows). `what` names the
 /// array in errors ("row_sparse_pull of key 3: row_ids").

@@ -17,6 +17,10 @@
 //   kvstore_roundtrip: device store, rank 0: pulled -0.05 after two 2bit pushes of 0.3, expected
 //   -0.05
 // (alone, a `device` store; in the job -0.1 on each worker, the two workers' pushes summed).
+// Between the two, a row_sparse key of 1000 rows of which each worker pushes rows 2 and 7:
+//   kvstore_roundtrip: local store, rank 0: pulled rows 2 and 7 of 1000 at -0.1 after a
+//   row_sparse push, expected -0.1
+// (-0.2 in the job).
 
 #include <cmath>
 #include <cstdlib>
@@ -97,10 +101,42 @@ int compressed_round_trip(std::unique_ptr<kvstore> kv) {
   }
 }
 
-/// Both round trips, on the job's dist_sync store or alone on local and device stores.
+/// A row_sparse key on `kv` (with its SGD): every worker pushes ones into rows 2 and 7 of a table
+/// of 1000 rows, and pulls back those rows alone; 0 when they hold the SGD step of the sum.
+int row_sparse_round_trip(const std::unique_ptr<kvstore>& kv) {
+  try {
+    // README row_sparse {
+    kv->init("embedding", row_sparse_array::zeros({1000, 16})).value();
+    auto rows = row_sparse_array::from_rows(ndarray::ones({2, 16}), // the rows' values
+                                            std::vector<std::int64_t>{2, 7}, {1000, 16});
+    kv->push("embedding", rows.value()).value(); // only rows 2 and 7 travel and are updated
+    row_sparse_array pulled;
+    kv->row_sparse_pull("embedding", pulled, ndarray::from_values({7, 2, 2}, {3})).value();
+    // pulled holds rows 2 and 7 (ids sorted, repeats dropped); every other row reads 0
+    // README row_sparse }
+    const float expected = -0.1f * static_cast<float>(kv->num_workers());
+    const auto values = pulled.data().to_vector<float>();
+    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank()
+              << ": pulled rows 2 and 7 of 1000 at " << values[0]
+              << " after a row_sparse push, expected " << expected << "\n";
+    if (pulled.indices() != std::vector<std::int64_t>{2, 7})
+      return 1;
+    for (float value : values)
+      if (std::abs(value - expected) > 1e-6f) {
+        std::cerr << "kvstore_roundtrip: an element of the pulled rows is " << value << "\n";
+        return 1;
+      }
+    return 0;
+  } catch (const troupe::exception& failure) {
+    std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
+    return 1;
+  }
+}
+
+/// The round trips, on the job's dist_sync store or alone on local and device stores.
 int round_trips(bool in_job) {
   auto kv = round_trip(in_job ? "dist_sync" : "local");
-  if (!kv)
+  if (!kv || row_sparse_round_trip(kv) != 0)
     return 1;
   // A process is one worker of its job: the compressed pushes go through the same store, with
   // its optimizer. Alone, a device store (local refuses compression, as MXNet does).

@@ -17,6 +17,7 @@
 // deadlock with a Python thread that holds it and waits for that actor.
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "actors/kvstore/kvstore.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
+#include "engine/row_sparse.hpp"
 
 namespace py = pybind11;
 
@@ -227,6 +229,130 @@ void check(const status& outcome) {
   outcome.value();
 }
 
+// ---------------------------------------------------------------------------------------------
+// row_sparse arrays.
+
+/// A NumPy array holding a copy of `array` (on the host).
+py::object to_numpy(const ndarray& array) {
+  const auto np = py::module_::import("numpy");
+  const char* names[] = {"float32", "float16", "int32", "int64", "float64"};
+  const char* name = "float32";
+  switch (array.dtype()) {
+  case dtype::float32:
+    name = names[0];
+    break;
+  case dtype::float16:
+    name = names[1];
+    break;
+  case dtype::int32:
+    name = names[2];
+    break;
+  case dtype::int64:
+    name = names[3];
+    break;
+  case dtype::float64:
+    name = names[4];
+    break;
+  }
+  py::tuple shape(array.shape().size());
+  for (std::size_t i = 0; i < array.shape().size(); ++i)
+    shape[i] = array.shape()[i];
+  py::object out = np.attr("empty")(shape, np.attr(name));
+  auto target = borrow_array(out, true, "a new NumPy array");
+  array.copy_to(target);
+  target.wait_to_read();
+  return out;
+}
+
+/// troupe.RowSparseArray: MXNet's RowSparseNDArray, values and row indices held by troupe (copied
+/// from the arrays it was made from).
+struct py_row_sparse {
+  row_sparse_array array;
+};
+
+/// MXNet's row_sparse_array(arg, shape=None): from a dense array, or from (data, indices) with
+/// the shape (rows, ...) of the whole array.
+py_row_sparse make_row_sparse(py::handle source, py::handle shape) {
+  if (py::isinstance<py::tuple>(source) && py::len(source) == 2) {
+    const auto pair = py::reinterpret_borrow<py::tuple>(source);
+    if (shape.is_none())
+      fail(errc::invalid_argument,
+           "row_sparse_array((data, indices), shape): the shape of the whole array is needed");
+    shape_vector whole;
+    for (auto extent : py::reinterpret_borrow<py::sequence>(shape))
+      whole.push_back(extent.cast<std::int64_t>());
+    auto data = borrow_array(pair[0], false, "row_sparse_array data").copy();
+    auto ids = borrow_array(pair[1], false, "row_sparse_array indices");
+    if (ids.shape().size() != 1)
+      fail(errc::shape_mismatch, "row_sparse_array indices of shape " +
+                                     shape_to_string(ids.shape()) + ": one axis of row indices");
+    const auto as_int = ids.as_type(dtype::int64).to_vector<std::int64_t>();
+    auto made = row_sparse_array::from_rows(data, as_int, whole);
+    return {std::move(made).value()};
+  }
+  if (!shape.is_none())
+    fail(errc::invalid_argument, "row_sparse_array(dense, shape): a dense array has its shape; "
+                                 "pass shape with (data, indices) only");
+  auto dense = borrow_array(source, false, "row_sparse_array's dense array").copy();
+  return {row_sparse_array::from_dense(dense).value()};
+}
+
+/// Whether `object` is a RowSparseArray, or a non-empty list of them.
+bool holds_row_sparse(py::handle object) {
+  if (py::isinstance<py_row_sparse>(object))
+    return true;
+  if (!is_list(object) || py::len(object) == 0)
+    return false;
+  const auto items = py::reinterpret_borrow<py::sequence>(object);
+  return py::isinstance<py_row_sparse>(items[0]);
+}
+
+/// holds_row_sparse of `object` or of its first item (a list of keys' values).
+bool holds_row_sparse_anywhere(py::handle object) {
+  return holds_row_sparse(object) ||
+         (is_list(object) && py::len(object) > 0 &&
+          holds_row_sparse(py::reinterpret_borrow<py::sequence>(object)[0]));
+}
+
+/// The (key, row_sparse value) pairs of a call, in MXNet's forms (as gather's).
+struct key_rows {
+  std::vector<kv_key> keys;
+  std::vector<row_sparse_array> values;
+};
+
+void add_rows(key_rows& into, const kv_key& key, py::handle value, const char* role) {
+  auto one = [&](py::handle item) {
+    if (!py::isinstance<py_row_sparse>(item))
+      fail(errc::invalid_argument,
+           std::string{"the "} + role + " of key " + to_string(key) + " is a " +
+               py::type::of(item).attr("__name__").cast<std::string>() + " among RowSparseArrays");
+    into.keys.push_back(key);
+    into.values.push_back(item.cast<const py_row_sparse&>().array);
+  };
+  if (!is_list(value)) {
+    one(value);
+    return;
+  }
+  for (auto item : py::reinterpret_borrow<py::sequence>(value))
+    one(item);
+}
+
+key_rows gather_rows(py::handle key, py::handle values, const char* role) {
+  key_rows out;
+  if (!is_list(key)) {
+    add_rows(out, key_of(key), values, role);
+    return out;
+  }
+  const auto keys = py::reinterpret_borrow<py::sequence>(key);
+  if (!is_list(values) || py::len(values) != keys.size())
+    fail(errc::invalid_argument, std::to_string(keys.size()) + " keys need a list of " +
+                                     std::to_string(keys.size()) + " " + role + "s, one per key");
+  const auto items = py::reinterpret_borrow<py::sequence>(values);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    add_rows(out, key_of(keys[i]), items[i], role);
+  return out;
+}
+
 /// A push, pull or pushpull under way (troupe.Request): the kv_requests it started, and the Python
 /// objects whose memory they read or write, held until wait() has returned. The C++ side keeps
 /// the memory valid by itself (each borrowed ndarray holds a buffer view); these references keep
@@ -314,14 +440,71 @@ public:
   int num_workers() { return open().num_workers(); }
 
   void init(py::handle key, py::handle value) {
+    if (holds_row_sparse_anywhere(value)) {
+      auto rows = gather_rows(key, value, "value");
+      run([&](kvstore& kv) { return kv.init(rows.keys, rows.values); });
+      return;
+    }
     auto batch = gather(key, value, false, "value");
     run([&](kvstore& kv) { return kv.init(batch.keys, batch.arrays); });
   }
   // The blocking push, pull and pushpull are the asynchronous ones waited for.
   void push(py::handle key, py::handle value, int priority) {
+    if (holds_row_sparse_anywhere(value)) {
+      auto rows = gather_rows(key, value, "value");
+      run([&](kvstore& kv) { return kv.push(rows.keys, rows.values, priority); });
+      return;
+    }
     push_async(key, value, priority).wait();
   }
-  void pull(py::handle key, py::handle out, int priority) { pull_async(key, out, priority).wait(); }
+  /// MXNet's pull: a RowSparseArray output is skipped under ignore_sparse (its default), and an
+  /// error otherwise (its rows come with row_sparse_pull).
+  void pull(py::handle key, py::handle out, int priority, bool ignore_sparse) {
+    if (holds_row_sparse_anywhere(out)) {
+      if (ignore_sparse)
+        return;
+      fail(errc::invalid_argument,
+           "pull into a RowSparseArray with ignore_sparse=False: pull its rows with "
+           "row_sparse_pull(key, out=..., row_ids=...)");
+    }
+    pull_async(key, out, priority).wait();
+  }
+  /// MXNet's row_sparse_pull: out (a RowSparseArray, or a list of them, one per key) receives
+  /// the rows row_ids names (any shape, any integer or integer-valued float type, repeats
+  /// allowed), every other row zero.
+  void row_sparse_pull(py::handle key, py::handle out, int priority, py::handle row_ids) {
+    if (out.is_none() || row_ids.is_none())
+      fail(errc::invalid_argument, "row_sparse_pull needs out= (RowSparseArray) and row_ids=");
+    std::vector<kv_key> keys;
+    std::vector<py_row_sparse*> outputs;
+    std::vector<ndarray> ids;
+    auto one = [&](const kv_key& k, py::handle o, py::handle r) {
+      if (!py::isinstance<py_row_sparse>(o))
+        fail(errc::invalid_argument, "row_sparse_pull of key " + to_string(k) + ": out is a " +
+                                         py::type::of(o).attr("__name__").cast<std::string>() +
+                                         ", not a RowSparseArray");
+      keys.push_back(k);
+      outputs.push_back(&o.cast<py_row_sparse&>());
+      ids.push_back(borrow_array(r, false, "row_ids of key " + to_string(k)).copy());
+    };
+    if (is_list(key)) {
+      const auto ks = py::reinterpret_borrow<py::sequence>(key);
+      if (!is_list(out) || py::len(out) != ks.size() || !is_list(row_ids) ||
+          py::len(row_ids) != ks.size())
+        fail(errc::invalid_argument,
+             std::to_string(ks.size()) + " keys need lists of as many outputs and row_ids");
+      const auto os = py::reinterpret_borrow<py::sequence>(out);
+      const auto rs = py::reinterpret_borrow<py::sequence>(row_ids);
+      for (std::size_t i = 0; i < ks.size(); ++i)
+        one(key_of(ks[i]), os[i], rs[i]);
+    } else {
+      one(key_of(key), out, row_ids);
+    }
+    std::vector<row_sparse_array> pulled(keys.size());
+    run([&](kvstore& kv) { return kv.row_sparse_pull(keys, pulled, ids, priority); });
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      outputs[i]->array = std::move(pulled[i]);
+  }
   void pushpull(py::handle key, py::handle value, py::handle out, int priority) {
     pushpull_async(key, value, out, priority).wait();
   }
@@ -455,8 +638,11 @@ private:
 
 PYBIND11_MODULE(_troupe, m) {
   using namespace troupe;
+  using troupe::python::fail;
   using troupe::python::py_kvstore;
   using troupe::python::py_request;
+  using troupe::python::py_row_sparse;
+  using troupe::python::to_numpy;
   m.doc() = "troupe's KVStore for NumPy arrays and PyTorch CPU tensors (docs/python.md)";
 
   // troupe.Error: every failure of a call, with .code the error's kind ("unknown_key",
@@ -484,7 +670,15 @@ PYBIND11_MODULE(_troupe, m) {
       .def("push", &py_kvstore::push, py::arg("key"), py::arg("value"), py::arg("priority") = 0,
            "Pushes values; the values of one key are summed (then the optimizer runs, if set).")
       .def("pull", &py_kvstore::pull, py::arg("key"), py::arg("out") = py::none(),
-           py::arg("priority") = 0, "Writes each key's value into out, in place.")
+           py::arg("priority") = 0, py::arg("ignore_sparse") = true,
+           "Writes each key's value into out, in place. A RowSparseArray out is skipped "
+           "(ignore_sparse=True, MXNet's default) or an error: its rows come with "
+           "row_sparse_pull.")
+      .def("row_sparse_pull", &py_kvstore::row_sparse_pull, py::arg("key"),
+           py::arg("out") = py::none(), py::arg("priority") = 0, py::arg("row_ids") = py::none(),
+           "Fills out (a RowSparseArray) with the rows row_ids names of a row_sparse key, every "
+           "other row zero; row_ids may be unsorted, repeated, of any shape and of an integer "
+           "or integer-valued float type.")
       .def("pushpull", &py_kvstore::pushpull, py::arg("key"), py::arg("value"),
            py::arg("out") = py::none(), py::arg("priority") = 0,
            "push then pull; without out the result is written into value.")
@@ -532,6 +726,70 @@ PYBIND11_MODULE(_troupe, m) {
         self.close();
         return false;
       });
+
+  py::class_<py_row_sparse>(m, "RowSparseArray",
+                            "MXNet's RowSparseNDArray: some rows of a (rows, ...) array, every "
+                            "other row zero. Made by row_sparse_array().")
+      .def(py::init([](py::tuple shape, const std::string& dtype_name) {
+             shape_vector whole;
+             for (auto extent : shape)
+               whole.push_back(extent.cast<std::int64_t>());
+             auto type = parse_dtype(dtype_name);
+             if (!type)
+               fail(errc::invalid_argument, "RowSparseArray of dtype '" + dtype_name + "'");
+             if (whole.empty())
+               fail(errc::invalid_argument, "a RowSparseArray has at least one axis");
+             return py_row_sparse{row_sparse_array::zeros(whole, *type)};
+           }),
+           py::arg("shape"), py::arg("dtype") = "float32",
+           "All zeros of `shape` (no row stored): an output for row_sparse_pull.")
+      .def_property_readonly("shape",
+                             [](const py_row_sparse& self) {
+                               py::tuple shape(self.array.shape().size());
+                               for (std::size_t i = 0; i < self.array.shape().size(); ++i)
+                                 shape[i] = self.array.shape()[i];
+                               return shape;
+                             })
+      .def_property_readonly(
+          "dtype",
+          [](const py_row_sparse& self) { return std::string{to_string(self.array.dtype())}; })
+      .def_property_readonly(
+          "data", [](const py_row_sparse& self) { return to_numpy(self.array.data()); },
+          "the stored rows' values, shape (stored rows, ...): a copy")
+      .def_property_readonly(
+          "indices",
+          [](const py_row_sparse& self) {
+            const auto& ids = self.array.indices();
+            auto array = ndarray::empty({static_cast<std::int64_t>(ids.size())}, context::cpu(),
+                                        dtype::int64);
+            if (!ids.empty())
+              std::memcpy(array.raw_data(), ids.data(), ids.size() * sizeof(std::int64_t));
+            return to_numpy(array);
+          },
+          "the stored rows' indices, strictly increasing (int64): a copy")
+      .def(
+          "asnumpy", [](const py_row_sparse& self) { return to_numpy(self.array.to_dense()); },
+          "the dense array, zero where no row is stored")
+      .def(
+          "tostype",
+          [](const py_row_sparse& self, const std::string& stype) -> py::object {
+            if (stype == "default")
+              return to_numpy(self.array.to_dense());
+            if (stype == "row_sparse")
+              return py::cast(self);
+            fail(errc::invalid_argument,
+                 "tostype('" + stype + "'): 'default' (dense) or 'row_sparse'");
+          },
+          py::arg("stype"))
+      .def("__repr__", [](const py_row_sparse& self) {
+        return "<RowSparseArray " + shape_to_string(self.array.shape()) + " " +
+               std::string{to_string(self.array.dtype())} + ", " +
+               std::to_string(self.array.stored_rows()) + " rows stored>";
+      });
+  m.def("row_sparse_array", &troupe::python::make_row_sparse, py::arg("arg1"),
+        py::arg("shape") = py::none(),
+        "MXNet's row_sparse_array: from a dense array (the rows holding a non-zero), or from "
+        "(data, indices) with the whole array's shape. The values are copied.");
 
   py::class_<py_request>(m, "Request",
                          "A push, pull or pushpull under way (push_async, pull_async, "

@@ -35,7 +35,8 @@ chunker::chunker(message whole, std::size_t chunk_bytes)
                                 std::to_string(tensor->total_bytes) + " bytes)");
   if (auto error = validate_tensor(*tensor, local_limits()))
     throw std::invalid_argument("chunker: " + error->message);
-  if (!tensor->data.empty())
+  // A row-sparse tensor travels whole: its rows and their ids together (troupe.capnp).
+  if (!tensor->data.empty() && !tensor->row_sparse)
     count_ = (tensor->data.size() - 1) / chunk_bytes_ + 1;
 }
 
@@ -53,7 +54,7 @@ message chunker::chunk(std::size_t index) const {
     throw std::out_of_range("chunker: chunk " + std::to_string(index) + " of " +
                             std::to_string(count_));
   message part = whole_;
-  if (tensor_chunk* tensor = tensor_of(part)) {
+  if (tensor_chunk* tensor = tensor_of(part); tensor != nullptr && !tensor->row_sparse) {
     const std::size_t offset = index * chunk_bytes_;
     const std::size_t size = std::min(chunk_bytes_, tensor->data.size() - offset);
     tensor->data = tensor->data.subspan(offset, size);

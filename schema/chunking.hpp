@@ -37,7 +37,8 @@ constexpr bool valid_chunk_bytes(std::size_t chunk_bytes) noexcept {
 /// [offset, offset + size) slices of the payload, every one chunk_bytes long except the last.
 /// A message without a tensor, or with an empty one, is a single chunk: itself. A packed tensor
 /// (tensor_chunk::compression) is split the same way by its packed bytes, each chunk whole words
-/// that cover the elements they hold (offset and compression.elements say which).
+/// that cover the elements they hold (offset and compression.elements say which). A row-sparse
+/// tensor (tensor_chunk::row_sparse) is never split: it is the single chunk.
 ///
 /// The chunker copies the message's fields but not the payload: the tensor's memory must stay
 /// alive and unchanged until every chunk message and frame made from it is gone.

@@ -220,6 +220,24 @@ std::optional<decode_error> validate_tensor(const tensor_chunk& chunk,
   if (chunk.total_bytes > limits.max_tensor_bytes)
     return error(c::limit_exceeded, "tensor of " + std::to_string(chunk.total_bytes) +
                                         " bytes, limit " + std::to_string(limits.max_tensor_bytes));
+  if (!chunk.row_sparse && !chunk.row_ids.empty())
+    return error(c::invalid_tensor, "tensor with row ids that is not row-sparse");
+  if (chunk.row_sparse) {
+    if (chunk.compression.type != compression_type::none)
+      return error(c::invalid_tensor, "row-sparse tensor that is compressed");
+    if (chunk.shape.empty())
+      return error(c::invalid_tensor, "row-sparse tensor of no axis (it holds rows)");
+    if (chunk.offset != 0 || chunk.dense_bytes() != chunk.total_bytes)
+      return error(c::invalid_tensor, "row-sparse chunk [" + std::to_string(chunk.offset) + ", +" +
+                                          std::to_string(chunk.dense_bytes()) + ") of " +
+                                          std::to_string(chunk.total_bytes) +
+                                          " bytes: a row-sparse tensor travels whole");
+    if (chunk.row_ids.size() / 8 != static_cast<std::uint64_t>(chunk.shape[0]) ||
+        chunk.row_ids.size() % 8 != 0)
+      return error(c::invalid_tensor, "row-sparse tensor of " + std::to_string(chunk.shape[0]) +
+                                          " rows with " + std::to_string(chunk.row_ids.size()) +
+                                          " bytes of row ids (8 per row)");
+  }
   if (chunk.compression.type != compression_type::none)
     return validate_packed(chunk, element);
   const std::uint64_t size = chunk.data.size();
@@ -375,7 +393,7 @@ struct size_estimate {
   bool all_inline = false;
   void text(const std::string& s) { words += s.size() / 8 + 2; }
   void tensor(const tensor_chunk& t) {
-    words += 9 + t.shape.size();
+    words += 11 + t.shape.size() + t.row_ids.size() / 8;
     if (!t.shm && (all_inline || t.data.size() < reference_threshold))
       words += t.data.size() / 8 + 1;
   }
@@ -420,7 +438,7 @@ struct size_estimate {
   void operator()(const set_gradient_compression& m) { text(m.type); }
   void operator()(const command& m) { text(m.path); }
   void operator()(const error_reply& m) { text(m.message); }
-  void operator()(const pull_request&) {}
+  void operator()(const pull_request& m) { words += 1 + m.row_ids.size() / 8; }
   void operator()(const ack&) {}
   void operator()(const barrier& m) { words += 1 + m.values.size(); }
   void operator()(const barrier_release& m) {
@@ -521,6 +539,7 @@ public:
     auto b = root_.initInit();
     b.setRequestId(m.request_id);
     b.setKey(m.key);
+    b.setRowSparse(m.row_sparse);
     write_tensor(b.initTensor(), m.tensor);
   }
   void operator()(const push& m) {
@@ -539,6 +558,11 @@ public:
     b.setSenderRank(m.sender_rank);
     b.setRound(m.round);
     b.setTimeoutMs(m.timeout_ms);
+    if (m.row_sparse) {
+      b.setRowSparse(true);
+      b.setRowIds(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(m.row_ids.data()),
+                                      m.row_ids.size()));
+    }
   }
   void operator()(const pull_reply& m) {
     auto b = root_.initPullReply();
@@ -728,6 +752,11 @@ private:
       packing.setType(static_cast<ws::Compression>(t.compression.type));
       packing.setThreshold(t.compression.threshold);
       packing.setElements(t.compression.elements);
+    }
+    if (t.row_sparse) {
+      b.setRowSparse(true);
+      b.setRowIds(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(t.row_ids.data()),
+                                      t.row_ids.size()));
     }
     if (t.shm) {
       // The bytes are in the sender's shared-memory arena already; the frame only says where.
@@ -963,9 +992,10 @@ private:
                                                    std::to_string(limits_.max_list_elements));
   }
 
-  /// `packable`: the message may carry a packed tensor (push, pushpull).
+  /// `packable`: the message may carry a packed tensor (push, pushpull); `sparse`: a row-sparse
+  /// one (push).
   tensor_chunk read_tensor(bool present, ws::Tensor::Reader t, const char* field,
-                           bool packable = false) {
+                           bool packable = false, bool sparse = false) {
     if (!present)
       fail(decode_error::code::missing_field, std::string(field) + " is missing");
     tensor_chunk c;
@@ -992,6 +1022,13 @@ private:
       fail(decode_error::code::invalid_tensor,
            std::string(field) + " is " + std::string{to_string(c.compression.type)} +
                " compressed; only push and pushpull tensors are");
+    c.row_sparse = t.getRowSparse();
+    auto ids = t.getRowIds();
+    c.row_ids =
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(ids.begin()), ids.size());
+    if (c.row_sparse && !sparse)
+      fail(decode_error::code::invalid_tensor,
+           std::string(field) + " is row-sparse; only push tensors are");
     auto data = t.getData();
     c.data =
         std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.begin()), data.size());
@@ -1123,6 +1160,9 @@ private:
     m.request_id = r.getRequestId();
     m.key = r.getKey();
     m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "init tensor");
+    m.row_sparse = r.getRowSparse();
+    if (m.row_sparse && m.tensor.shape.empty())
+      fail(decode_error::code::invalid_tensor, "row-sparse init of a scalar (it needs rows)");
     return m;
   }
 
@@ -1133,13 +1173,23 @@ private:
     m.sender_rank = r.getSenderRank();
     m.round = r.getRound();
     m.resent = r.getResent();
-    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "push tensor", true);
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "push tensor", true, true);
     return m;
   }
 
   message read(ws::PullRequest::Reader r) {
-    return pull_request{r.getRequestId(), r.getKey(), r.getSenderRank(), r.getRound(),
-                        r.getTimeoutMs()};
+    pull_request m{r.getRequestId(), r.getKey(), r.getSenderRank(), r.getRound(), r.getTimeoutMs()};
+    m.row_sparse = r.getRowSparse();
+    auto ids = r.getRowIds();
+    if (!m.row_sparse && ids.size() != 0)
+      fail(decode_error::code::invalid_value, "pull request row ids without rowSparse");
+    if (ids.size() % 8 != 0)
+      fail(decode_error::code::invalid_value, "pull request row ids of " +
+                                                  std::to_string(ids.size()) +
+                                                  " bytes, not a whole number of int64");
+    m.row_ids =
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(ids.begin()), ids.size());
+    return m;
   }
 
   message read(ws::PullReply::Reader r) {

@@ -64,7 +64,8 @@ std::string describe(const node_info& node) {
 bool operator==(const tensor_chunk& a, const tensor_chunk& b) noexcept {
   return a.type == b.type && a.shape == b.shape && a.total_bytes == b.total_bytes &&
          a.offset == b.offset && std::ranges::equal(a.data, b.data) &&
-         a.compression == b.compression;
+         a.compression == b.compression && a.row_sparse == b.row_sparse &&
+         std::ranges::equal(a.row_ids, b.row_ids);
 }
 
 std::uint64_t tensor_chunk::dense_bytes() const noexcept {

@@ -8,6 +8,7 @@
 // it views the caller's tensor, which must outlive the encoded frame; on the receiving side it
 // views the received frame buffer, which must outlive the decoded message (see codec.hpp).
 
+#include <algorithm>
 #include <array>
 #include <compare>
 #include <cstddef>
@@ -113,6 +114,11 @@ struct tensor_chunk {
   std::optional<shm_ref> shm = std::nullopt;
   /// Gradient compression; none: data is the chunk's dense bytes.
   tensor_compression compression = {};
+  /// A row-sparse push (troupe.capnp Tensor.rowSparse): the tensor holds shape[0] rows of the
+  /// key, whose indices are `row_ids` (int64 little-endian, 8 bytes each, strictly increasing;
+  /// not owned, like data). Always whole (one chunk), never packed.
+  bool row_sparse = false;
+  std::span<const std::byte> row_ids = {};
 
   /// The bytes of the dense tensor this chunk covers: data.size(), or for a packed chunk
   /// compression.elements * size_of(type).
@@ -217,6 +223,8 @@ struct init {
   std::uint64_t request_id = 0;
   std::uint64_t key = 0;
   tensor_chunk tensor;
+  /// The key is row-sparse (troupe.capnp Init.rowSparse).
+  bool row_sparse = false;
   friend bool operator==(const init&, const init&) = default;
 };
 
@@ -238,7 +246,15 @@ struct pull_request {
   std::uint64_t round = 0;
   /// The sender gives up after this many ms; 0: the receiver's own bound.
   std::uint32_t timeout_ms = 0;
-  friend bool operator==(const pull_request&, const pull_request&) = default;
+  /// A row-sparse pull of the rows `row_ids` (int64 little-endian, strictly increasing; not
+  /// owned: it views the sender's memory or the frame, as tensor data does).
+  bool row_sparse = false;
+  std::span<const std::byte> row_ids = {};
+  friend bool operator==(const pull_request& a, const pull_request& b) noexcept {
+    return a.request_id == b.request_id && a.key == b.key && a.sender_rank == b.sender_rank &&
+           a.round == b.round && a.timeout_ms == b.timeout_ms && a.row_sparse == b.row_sparse &&
+           std::ranges::equal(a.row_ids, b.row_ids);
+  }
 };
 
 struct pull_reply {

@@ -110,6 +110,14 @@ struct Tensor {
     threshold @8 :Float32;
     elements @9 :UInt64;
   }
+  rowSparse @10 :Bool;
+  # Row-sparse push (an extension of version 1; docs/protocol.md, "Row-sparse keys"): the tensor
+  # holds only some rows of the key, shape (n, d1, ...) for n rows of a key of shape (rows, d1,
+  # ...), in the order of rowIds. Only in Push, to a key whose Init was rowSparse; always one
+  # chunk (offset 0, data covering totalBytes: a sender never splits it), never compressed.
+  rowIds @11 :Data;
+  # With rowSparse: the n row indices, int64 little-endian, strictly increasing, each below the
+  # key's first extent (8 * n bytes, n = shape[0]). Empty otherwise.
 }
 
 enum Compression {
@@ -245,6 +253,10 @@ struct Init {
   # Numeric key (string keys are mapped to integers by the client).
   tensor @2 :Tensor;
   # Initial value (one chunk of it); required. Its dtype and shape become the key's declaration.
+  rowSparse @3 :Bool;
+  # The key is row-sparse (MXNet's row_sparse storage): it has at least one axis and takes only
+  # row-sparse pushes (Tensor.rowSparse) and row-sparse pulls (PullRequest.rowSparse). The value
+  # itself travels dense, every chunk of it with this flag alike.
 }
 
 struct Push {
@@ -287,6 +299,13 @@ struct PullRequest {
   timeoutMs @4 :UInt32;
   # The sender gives up on the request this many milliseconds after sending it; a pull still
   # waiting at the shard then is dropped without a reply. 0: the shard's own bound.
+  rowSparse @5 :Bool;
+  # A row-sparse pull (MXNet's row_sparse_pull) of a rowSparse key: the reply's tensor holds only
+  # the rows rowIds names, shape (n, d1, ...) in that order; n = 0 gives an empty tensor of shape
+  # (0, d1, ...). A plain pull of a rowSparse key, and a row-sparse pull of another, are refused.
+  rowIds @6 :Data;
+  # With rowSparse: the rows asked for, int64 little-endian, strictly increasing, each below the
+  # key's first extent. Empty otherwise.
 }
 
 struct PullReply {

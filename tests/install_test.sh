@@ -91,11 +91,13 @@ mkdir -p "$work/run"
 examples=$work/build
 run kvstore_roundtrip \
   '^kvstore_roundtrip: local store, rank 0 of 1: pulled -0\.2 after one SGD step, expected -0\.2$' \
+  '^kvstore_roundtrip: local store, rank 0: pulled rows 2 and 7 of 1000 at -0\.1 after a row_sparse push, expected -0\.1$' \
   '^kvstore_roundtrip: device store, rank 0: pulled -0\.05 after two 2bit pushes of 0\.3, expected -0\.05$' \
   -- "$examples/kvstore_roundtrip"
 run "kvstore_roundtrip under troupe-launch" \
   'kvstore_roundtrip: dist_sync store, rank 0 of 2: pulled -0\.4 after one SGD step, expected -0\.4$' \
   'kvstore_roundtrip: dist_sync store, rank 1 of 2: pulled -0\.4 after one SGD step, expected -0\.4$' \
+  'kvstore_roundtrip: dist_sync store, rank 0: pulled rows 2 and 7 of 1000 at -0\.2 after a row_sparse push, expected -0\.2$' \
   'kvstore_roundtrip: dist_sync store, rank 0: pulled -0\.1 after two 2bit pushes of 0\.3, expected -0\.1$' \
   'kvstore_roundtrip: dist_sync store, rank 1: pulled -0\.1 after two 2bit pushes of 0\.3, expected -0\.1$' \
   -- "$prefix/bin/troupe-launch" -n 2 -s 1 -- "$examples/kvstore_roundtrip"

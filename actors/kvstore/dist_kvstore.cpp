@@ -33,6 +33,17 @@ kv_key_work work_for(const key_declaration& declared) {
   return work;
 }
 
+/// Keys a distributed store takes: MXNet's C ints, from 0 (key_placement.hpp, max_sliced_key).
+status check_key_numbers(std::span<const kv_key> keys) {
+  for (const auto& key : keys)
+    if (auto number = std::get_if<std::int64_t>(&key);
+        number && (*number < 0 || static_cast<std::uint64_t>(*number) >= max_sliced_key))
+      return error{errc::invalid_argument,
+                   "init of key " + to_string(key) + ": distributed stores take keys from 0 to " +
+                       std::to_string(max_sliced_key - 1) + " (MXNet's keys are C ints)"};
+  return ok();
+}
+
 } // namespace
 
 namespace {
@@ -88,6 +99,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.sync = store->sync_mode();
   options.bigarray_bound = s.bigarray_bound;
   options.chunk_bytes = s.chunk_bytes;
+  options.max_frame_bytes = s.max_frame_bytes;
   options.slice_bytes = s.slice_bytes;
   options.send_window_bytes = s.send_window_bytes;
   options.slice_credit = s.slice_credit;
@@ -237,12 +249,8 @@ result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const 
 status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray> values) {
   if (auto checked = keys_.check_new(keys, values); !checked)
     return checked;
-  for (const auto& key : keys)
-    if (auto number = std::get_if<std::int64_t>(&key);
-        number && (*number < 0 || static_cast<std::uint64_t>(*number) >= max_sliced_key))
-      return error{errc::invalid_argument,
-                   "init of key " + to_string(key) + ": distributed stores take keys from 0 to " +
-                       std::to_string(max_sliced_key - 1) + " (MXNet's keys are C ints)"};
+  if (auto checked = check_key_numbers(keys); !checked)
+    return checked;
   keys_.declare(keys, values);
   if (setup_.rank == 0) {
     kv_operation op;
@@ -264,6 +272,99 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
       return done;
   }
   return setup_.barrier();
+}
+
+status dist_kvstore::init(std::span<const kv_key> keys, std::span<const row_sparse_array> values) {
+  // A row_sparse key is stored dense on its servers (as MXNet's servers store it), so its value
+  // travels dense, split by rows.
+  auto checked_values = keys_.check_new(keys, values);
+  if (!checked_values)
+    return checked_values.error();
+  auto& dense = *checked_values;
+  if (auto checked = check_key_numbers(keys); !checked)
+    return checked;
+  keys_.declare(keys, dense, true);
+  if (setup_.rank == 0) {
+    kv_operation op;
+    op.call = kv_call::init;
+    op.what = "init";
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      auto work = work_for(*keys_.find(keys[i], "init").value());
+      work.row_sparse = true;
+      work.value = std::move(dense[i]);
+      op.keys.push_back(std::move(work));
+    }
+    if (auto done = start(std::move(op)).wait(); !done)
+      return done;
+  }
+  return setup_.barrier();
+}
+
+status dist_kvstore::push(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
+                          int priority) {
+  // Every pair is checked before anything leaves; a key named twice sums its values here.
+  auto groups = keys_.group_rows(keys, values, "push", compression_.enabled());
+  if (!groups)
+    return groups.error();
+  kv_operation op;
+  op.call = kv_call::push;
+  op.what = "push";
+  op.priority = priority;
+  auto built = status_of([&]() -> status {
+    for (const auto& group : *groups) {
+      auto merged = group.values.size() == 1 ? *group.values.front() : sum_rows(group.values);
+      auto work = work_for(*group.declaration);
+      work.row_sparse = true;
+      work.rows = merged.indices();
+      work.value =
+          merged.data().ctx().is_cpu() ? merged.data() : merged.data().copy_to(context::cpu());
+      work.value.wait_to_read();
+      op.keys.push_back(std::move(work));
+    }
+    return ok();
+  });
+  if (!built)
+    return built;
+  return start(std::move(op)).wait();
+}
+
+status dist_kvstore::row_sparse_pull(std::span<const kv_key> keys,
+                                     std::span<row_sparse_array> outputs,
+                                     std::span<const ndarray> row_ids, int priority) {
+  auto requests = keys_.rows_to_pull(keys, outputs.size(), row_ids);
+  if (!requests)
+    return requests.error();
+  kv_operation op;
+  op.call = kv_call::pull;
+  op.what = "row_sparse_pull";
+  op.priority = priority;
+  // Each key's rows land in one host array, whose parts the servers fill (place_rows).
+  std::vector<ndarray> data;
+  auto built = status_of([&]() -> status {
+    for (const auto& request : *requests) {
+      auto shape = request.declaration->shape;
+      shape[0] = static_cast<std::int64_t>(request.rows.size());
+      data.push_back(ndarray::empty(shape, context::cpu(), request.declaration->type));
+      auto work = work_for(*request.declaration);
+      work.row_sparse = true;
+      work.rows = request.rows;
+      work.outputs.push_back(data.back());
+      op.keys.push_back(std::move(work));
+    }
+    return ok();
+  });
+  if (!built)
+    return built;
+  if (auto done = start(std::move(op)).wait(); !done)
+    return done;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const auto& request = (*requests)[i];
+    auto made = row_sparse_array::from_rows(data[i], request.rows, request.declaration->shape);
+    if (!made)
+      return made.error();
+    outputs[i] = std::move(*made);
+  }
+  return ok();
 }
 
 kv_request dist_kvstore::push_async(std::span<const kv_key> keys, std::span<const ndarray> values,

@@ -52,6 +52,7 @@ public:
   using kvstore::pull;
   using kvstore::push;
   using kvstore::pushpull;
+  using kvstore::row_sparse_pull;
   using kvstore::set_optimizer;
 
   const std::string& type() const noexcept override { return setup_.type; }
@@ -70,6 +71,13 @@ public:
                         int priority = 0) override;
   kv_request pushpull_async(std::span<const kv_key> keys, std::span<const ndarray> values,
                             std::span<ndarray> outputs, int priority = 0) override;
+  /// row_sparse keys: placed by rows over the servers (MXNet's rule, place_rows); a push sends
+  /// each server only the rows it holds, and row_sparse_pull fetches only the rows asked for.
+  status init(std::span<const kv_key> keys, std::span<const row_sparse_array> values) override;
+  status push(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
+              int priority = 0) override;
+  status row_sparse_pull(std::span<const kv_key> keys, std::span<row_sparse_array> outputs,
+                         std::span<const ndarray> row_ids, int priority = 0) override;
   status barrier() override;
   result<std::vector<std::vector<double>>> gather_at_barrier(std::span<const double> mine) override;
 

@@ -148,4 +148,96 @@ result<std::vector<key_group>> key_registry::group(std::span<const kv_key> keys,
   return merged;
 }
 
+result<const key_declaration*> key_registry::find_row_sparse(const kv_key& key,
+                                                             const row_sparse_array& value,
+                                                             std::string_view operation) const {
+  auto declared = find(key, operation);
+  if (!declared)
+    return declared.error();
+  const auto prefix = std::string{operation} + " of key " + to_string(key) + ": ";
+  if (!(*declared)->row_sparse)
+    return error{errc::invalid_argument,
+                 prefix + "the key is dense (initialised with a dense value); push dense values "
+                          "and pull it"};
+  if (value.none())
+    return error{errc::invalid_argument, prefix + "an empty row_sparse array"};
+  if (value.shape() != (*declared)->shape)
+    return error{errc::shape_mismatch, prefix + "row_sparse value of shape " +
+                                           shape_to_string(value.shape()) + ", init declared " +
+                                           shape_to_string((*declared)->shape)};
+  if (value.dtype() != (*declared)->type)
+    return error{errc::dtype_mismatch,
+                 prefix + "row_sparse value of dtype " + std::string{to_string(value.dtype())} +
+                     ", init declared " + std::string{to_string((*declared)->type)}};
+  return *declared;
+}
+
+result<std::vector<ndarray>>
+key_registry::check_new(std::span<const kv_key> keys,
+                        std::span<const row_sparse_array> values) const {
+  std::vector<ndarray> dense;
+  for (const auto& value : values) {
+    if (value.none())
+      return error{errc::invalid_argument, "init with an empty row_sparse array"};
+    dense.push_back(value.to_dense());
+  }
+  if (auto checked = check_new(keys, dense); !checked)
+    return checked.error();
+  return dense;
+}
+
+result<std::vector<rows_request>>
+key_registry::rows_to_pull(std::span<const kv_key> keys, std::size_t outputs,
+                           std::span<const ndarray> row_ids) const {
+  if (keys.size() != outputs || keys.size() != row_ids.size())
+    return error{errc::invalid_argument, "row_sparse_pull with " + std::to_string(keys.size()) +
+                                             " keys, " + std::to_string(outputs) + " outputs and " +
+                                             std::to_string(row_ids.size()) + " row id arrays"};
+  if (keys.empty())
+    return error{errc::empty_list, "row_sparse_pull with an empty list"};
+  std::vector<rows_request> requests;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto declared = find(keys[i], "row_sparse_pull");
+    if (!declared)
+      return declared.error();
+    const auto what = "row_sparse_pull of key " + to_string(keys[i]);
+    if (!(*declared)->row_sparse)
+      return error{errc::invalid_argument,
+                   what + ": the key is dense (initialised with a dense value); pull it"};
+    auto ids = unique_row_ids(row_ids[i], (*declared)->shape[0], what + ": row_ids");
+    if (!ids)
+      return ids.error();
+    requests.push_back({*declared, std::move(*ids)});
+  }
+  return requests;
+}
+
+result<std::vector<row_sparse_group>>
+key_registry::group_rows(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
+                         std::string_view operation, bool compressed) const {
+  if (keys.size() != values.size())
+    return error{errc::invalid_argument, std::string{operation} + " with " +
+                                             std::to_string(keys.size()) + " keys and " +
+                                             std::to_string(values.size()) + " row_sparse values"};
+  if (keys.empty())
+    return error{errc::empty_list, std::string{operation} + " with an empty list"};
+  std::vector<row_sparse_group> groups;
+  std::map<std::int64_t, std::size_t> group_of;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto found = find_row_sparse(keys[i], values[i], operation);
+    if (!found)
+      return found.error();
+    if (compressed)
+      return error{errc::not_supported,
+                   std::string{operation} + " of key " + to_string(keys[i]) +
+                       ": row_sparse values are not compressed (MXNet refuses it too); "
+                       "set_gradient_compression(\"none\") first"};
+    auto [at, added] = group_of.try_emplace((*found)->index, groups.size());
+    if (added)
+      groups.push_back({*found, {}});
+    groups[at->second].values.push_back(&values[i]);
+  }
+  return groups;
+}
+
 } // namespace troupe

@@ -35,11 +35,27 @@ struct key_group {
   boost::container::small_vector<std::size_t, 1> positions;
 };
 
+/// What row_sparse_pull asks of one key: its declaration and the rows, sorted and distinct.
+struct rows_request {
+  const key_declaration* declaration;
+  std::vector<std::int64_t> rows;
+};
+
+/// The row_sparse values of a call for one key, in the call's order.
+struct row_sparse_group {
+  const key_declaration* declaration;
+  std::vector<const row_sparse_array*> values;
+};
+
 class key_registry {
 public:
   /// Checks a batch of inits without changing anything: matching list sizes, no empty batch,
   /// one kind of key, keys not declared before nor twice in the batch, values that are arrays.
   status check_new(std::span<const kv_key> keys, std::span<const ndarray> values) const;
+  /// check_new for row_sparse initial values: their dense forms (a row_sparse key is stored
+  /// dense), or the error; an empty row_sparse array is refused.
+  result<std::vector<ndarray>> check_new(std::span<const kv_key> keys,
+                                         std::span<const row_sparse_array> values) const;
   /// Declares a batch that passed check_new (`row_sparse`: the keys of row_sparse values, whose
   /// dense forms `values` are).
   void declare(std::span<const kv_key> keys, std::span<const ndarray> values,
@@ -47,6 +63,21 @@ public:
 
   /// The declaration of `key`, or unknown_key / key_type_mix naming it and `operation`.
   result<const key_declaration*> find(const kv_key& key, std::string_view operation) const;
+  /// The declaration of row_sparse key `key` for `operation`, checked against `value`'s shape and
+  /// dtype: an error names a dense key, an empty value, another shape or dtype.
+  result<const key_declaration*> find_row_sparse(const kv_key& key, const row_sparse_array& value,
+                                                 std::string_view operation) const;
+  /// Checks every (keys[i], values[i]) pair of a push of row_sparse values (find_row_sparse) and
+  /// groups them by key in first-appearance order. `compressed`: the store compresses pushes,
+  /// which row_sparse values refuse (as MXNet does).
+  result<std::vector<row_sparse_group>> group_rows(std::span<const kv_key> keys,
+                                                   std::span<const row_sparse_array> values,
+                                                   std::string_view operation,
+                                                   bool compressed) const;
+  /// Checks a row_sparse_pull (as many outputs and row id arrays as keys, each key row_sparse)
+  /// and normalises its row ids as MXNet does (unique_row_ids).
+  result<std::vector<rows_request>> rows_to_pull(std::span<const kv_key> keys, std::size_t outputs,
+                                                 std::span<const ndarray> row_ids) const;
   /// shape_mismatch / dtype_mismatch naming the key, the declared and the given values.
   static status check_like(const key_declaration& declared, const ndarray& given,
                            std::string_view operation, std::string_view role);

@@ -177,7 +177,7 @@ namespace {
 
 error no_row_sparse(const std::string& type, std::string_view call) {
   return error{errc::not_supported, std::string{call} + ": a kvstore of type " + type +
-                                        " does not take row_sparse keys yet (local and device do)"};
+                                        " does not take row_sparse keys"};
 }
 
 } // namespace

@@ -70,73 +70,11 @@ status local_kvstore::pull(std::span<const kv_key> keys, std::span<ndarray> outp
   });
 }
 
-namespace {
-
-/// The declaration of row_sparse key `key` for `operation`, with `value`'s shape and dtype.
-result<const key_declaration*> row_sparse_key(const key_registry& keys, const kv_key& key,
-                                              const row_sparse_array& value,
-                                              std::string_view operation) {
-  auto declared = keys.find(key, operation);
-  if (!declared)
-    return declared.error();
-  const auto prefix = std::string{operation} + " of key " + to_string(key) + ": ";
-  if (!(*declared)->row_sparse)
-    return error{errc::invalid_argument,
-                 prefix + "the key is dense (initialised with a dense value); push dense values "
-                          "and pull it"};
-  if (value.none())
-    return error{errc::invalid_argument, prefix + "an empty row_sparse array"};
-  if (value.shape() != (*declared)->shape)
-    return error{errc::shape_mismatch, prefix + "row_sparse value of shape " +
-                                           shape_to_string(value.shape()) + ", init declared " +
-                                           shape_to_string((*declared)->shape)};
-  if (value.dtype() != (*declared)->type)
-    return error{errc::dtype_mismatch,
-                 prefix + "row_sparse value of dtype " + std::string{to_string(value.dtype())} +
-                     ", init declared " + std::string{to_string((*declared)->type)}};
-  return *declared;
-}
-
-/// The sum of `values` (one shape and dtype) over the union of their rows, summed in float32 and
-/// rounded once to their dtype.
-row_sparse_array sum_rows(std::span<const row_sparse_array* const> values) {
-  const auto& first = *values.front();
-  std::vector<std::int64_t> rows;
-  for (const auto* value : values)
-    rows.insert(rows.end(), value->indices().begin(), value->indices().end());
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  const auto width = static_cast<std::size_t>(first.row_elements());
-  std::vector<float> sum(rows.size() * width, 0.0f);
-  for (const auto* value : values) {
-    if (value->stored_rows() == 0 || width == 0)
-      continue;
-    const auto data = value->data().as_type(dtype::float32).to_vector<float>();
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < value->stored_rows(); ++i) {
-      while (rows[at] < value->indices()[i])
-        ++at;
-      for (std::size_t e = 0; e < width; ++e)
-        sum[at * width + e] += data[i * width + e];
-    }
-  }
-  shape_vector data_shape = first.shape();
-  data_shape[0] = static_cast<std::int64_t>(rows.size());
-  auto data = ndarray::from_values(sum, data_shape).as_type(first.dtype());
-  return row_sparse_array::from_rows(data, rows, first.shape()).value();
-}
-
-} // namespace
-
 status local_kvstore::init(std::span<const kv_key> keys, std::span<const row_sparse_array> values) {
-  std::vector<ndarray> dense;
-  for (const auto& value : values) {
-    if (value.none())
-      return error{errc::invalid_argument, "init with an empty row_sparse array"};
-    dense.push_back(value.to_dense());
-  }
-  if (auto checked = keys_.check_new(keys, dense); !checked)
-    return checked;
+  auto checked_values = keys_.check_new(keys, values);
+  if (!checked_values)
+    return checked_values.error();
+  auto& dense = *checked_values;
   return status_of([&]() -> status {
     keys_.declare(keys, dense, true);
     for (std::size_t i = 0; i < keys.size(); ++i)
@@ -147,38 +85,19 @@ status local_kvstore::init(std::span<const kv_key> keys, std::span<const row_spa
 
 status local_kvstore::push(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
                            int /*priority*/) {
-  if (keys.size() != values.size())
-    return error{errc::invalid_argument, "push with " + std::to_string(keys.size()) + " keys and " +
-                                             std::to_string(values.size()) + " row_sparse values"};
-  if (keys.empty())
-    return error{errc::empty_list, "push with an empty list"};
   // Every pair is checked before any key changes; a key named twice sums its values.
-  std::map<std::int64_t, std::vector<const row_sparse_array*>> lists;
-  std::vector<std::int64_t> order;
-  std::map<std::int64_t, const key_declaration*> declared;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto found = row_sparse_key(keys_, keys[i], values[i], "push");
-    if (!found)
-      return found.error();
-    if (compression_.enabled())
-      return error{errc::not_supported,
-                   "push of key " + to_string(keys[i]) +
-                       ": row_sparse values are not compressed (MXNet refuses it too); "
-                       "set_gradient_compression(\"none\") first"};
-    auto index = (*found)->index;
-    if (lists[index].empty())
-      order.push_back(index);
-    lists[index].push_back(&values[i]);
-    declared[index] = *found;
-  }
+  auto groups = keys_.group_rows(keys, values, "push", compression_.enabled());
+  if (!groups)
+    return groups.error();
   return status_of([&]() -> status {
-    for (auto index : order) {
-      auto merged = sum_rows(lists[index]);
+    for (const auto& group : *groups) {
+      const auto index = group.declaration->index;
+      auto merged = sum_rows(group.values);
       auto& target = stored_.at(index);
       if (updater_)
         updater_->update_rows(index, merged, target);
       else if (custom_updater_)
-        custom_updater_(declared[index]->key, merged.to_dense(), target);
+        custom_updater_(group.declaration->key, merged.to_dense(), target);
       else
         target = merged.to_dense();
     }
@@ -189,27 +108,14 @@ status local_kvstore::push(std::span<const kv_key> keys, std::span<const row_spa
 status local_kvstore::row_sparse_pull(std::span<const kv_key> keys,
                                       std::span<row_sparse_array> outputs,
                                       std::span<const ndarray> row_ids, int /*priority*/) {
-  if (keys.size() != outputs.size() || keys.size() != row_ids.size())
-    return error{errc::invalid_argument, "row_sparse_pull with " + std::to_string(keys.size()) +
-                                             " keys, " + std::to_string(outputs.size()) +
-                                             " outputs and " + std::to_string(row_ids.size()) +
-                                             " row id arrays"};
-  if (keys.empty())
-    return error{errc::empty_list, "row_sparse_pull with an empty list"};
+  auto requests = keys_.rows_to_pull(keys, outputs.size(), row_ids);
+  if (!requests)
+    return requests.error();
   std::vector<row_sparse_array> pulled;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto declared = keys_.find(keys[i], "row_sparse_pull");
-    if (!declared)
-      return declared.error();
-    const auto what = "row_sparse_pull of key " + to_string(keys[i]);
-    if (!(*declared)->row_sparse)
-      return error{errc::invalid_argument,
-                   what + ": the key is dense (initialised with a dense value); pull it"};
-    auto ids = unique_row_ids(row_ids[i], (*declared)->shape[0], what + ": row_ids");
-    if (!ids)
-      return ids.error();
+  for (const auto& request : *requests) {
     // Every row asked for, from the stored value (zero where nothing was stored).
-    auto made = row_sparse_array::from_dense_rows(stored_.at((*declared)->index), *ids);
+    auto made =
+        row_sparse_array::from_dense_rows(stored_.at(request.declaration->index), request.rows);
     if (!made)
       return made.error();
     pulled.push_back(std::move(*made));

@@ -42,6 +42,21 @@ chunk_outcome async_pushes::add(const push_chunk& chunk) {
   return {chunk_fate::completed};
 }
 
+chunk_outcome async_pushes::take_whole(const push_chunk& chunk) {
+  auto& worker = workers_[chunk.sender];
+  if (chunk.round < worker.next_sequence)
+    return refuse_chunk(key_, wire::error_code::stale_round, chunk,
+                        "the worker's push " + std::to_string(chunk.round) +
+                            " of the key was had already (its next is " +
+                            std::to_string(worker.next_sequence) + ") and this one is not marked " +
+                            "as sent again after a server restart");
+  if (chunk.round == std::numeric_limits<std::uint64_t>::max())
+    return refuse_chunk(key_, wire::error_code::invalid_argument, chunk,
+                        "the largest sequence number has no successor");
+  worker.next_sequence = chunk.round + 1;
+  return {chunk_fate::completed};
+}
+
 void async_pushes::forget_unfinished(std::uint32_t sender) noexcept {
   auto& worker = workers_[sender];
   worker.bytes = 0;

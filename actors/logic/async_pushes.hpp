@@ -36,6 +36,9 @@ public:
   /// push, and the sender's next sequence number is one past it) or refused (a push numbered
   /// below the sender's next, or a chunk whose number is not its push's).
   chunk_outcome add(const push_chunk& chunk);
+  /// Takes a push that arrived whole and is applied from its own frame (a row-sparse push): the
+  /// same checks of its number as add(), without staging. completed or refused.
+  chunk_outcome take_whole(const push_chunk& chunk);
   /// A push sent again after a restart (Push.resent) that the key had already: numbered below
   /// the sender's next. Its chunks are not added; it is acknowledged once they are all in.
   bool had(const push_chunk& chunk) const noexcept {

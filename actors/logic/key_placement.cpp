@@ -47,4 +47,26 @@ key_slices place_key(std::uint64_t key, std::int64_t num_elements, std::uint32_t
   return slices;
 }
 
+key_slices place_rows(std::uint64_t key, std::int64_t num_rows, std::int64_t row_elements,
+                      std::uint32_t num_servers, std::int64_t bigarray_bound) {
+  const std::uint64_t range_size = max_key / num_servers;
+  key_slices slices;
+  if (num_rows * row_elements < bigarray_bound) {
+    const auto home = static_cast<std::uint32_t>((key * 9973u) % num_servers);
+    slices.push_back({home, range_size * home + key, 0, num_rows * row_elements, 0, 0, num_rows});
+    return slices;
+  }
+  slices.reserve(num_servers);
+  const auto per_server = static_cast<double>(num_rows) / static_cast<double>(num_servers);
+  std::int64_t first = 0;
+  for (std::uint32_t s = 0; s < num_servers; ++s) {
+    const std::int64_t end =
+        s + 1 == num_servers ? num_rows : std::llround(per_server * static_cast<double>(s + 1));
+    slices.push_back(
+        {s, range_size * s + key, first * row_elements, end * row_elements, 0, first, end});
+    first = end;
+  }
+  return slices;
+}
+
 } // namespace troupe

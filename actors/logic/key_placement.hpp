@@ -45,6 +45,10 @@ struct key_slice {
   /// Its slot on its server (0 for the first slice there). Every server a key uses holds the
   /// same number of slots, so slot > 0 anywhere means several slices on each.
   std::uint64_t slot = 0;
+  /// place_rows: the rows [first_row, end_row) of the key this part holds (begin and end are
+  /// their elements). 0 for place_key's slices.
+  std::int64_t first_row = 0;
+  std::int64_t end_row = 0;
   std::int64_t size() const noexcept { return end - begin; }
 };
 
@@ -63,6 +67,16 @@ using key_slices = boost::container::small_vector<key_slice, 1>;
 /// num_servers > 0, key < max_sliced_key.
 key_slices place_key(std::uint64_t key, std::int64_t num_elements, std::uint32_t num_servers,
                      std::int64_t bigarray_bound, std::int64_t max_slice_elements = 0);
+
+/// The parts of row_sparse key `key` of `num_rows` rows of `row_elements` elements each: MXNet's
+/// rule for row_sparse keys (src/kvstore/kvstore_dist.h, EncodeRowSparseKey). A key of fewer than
+/// `bigarray_bound` elements lives whole on server (key * 9973) % S as ps-key range[s].begin +
+/// key; a larger one is split by rows over all S servers, part i holding rows
+/// [llround(R/S*i), llround(R/S*(i+1))) as ps-key range[i].begin + key. Never sliced further: a
+/// row-sparse push carries a few rows, not a stream of bytes to overlap. Preconditions as
+/// place_key's.
+key_slices place_rows(std::uint64_t key, std::int64_t num_rows, std::int64_t row_elements,
+                      std::uint32_t num_servers, std::int64_t bigarray_bound);
 
 /// The shard of a server that owns `ps_key`.
 inline std::uint32_t shard_of(std::uint64_t ps_key, std::uint32_t shards_per_server) {

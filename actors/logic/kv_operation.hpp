@@ -29,6 +29,13 @@ struct kv_key_work {
   ndarray value;
   /// pull, pushpull: where the key's value goes (one or more arrays of the declared shape).
   std::vector<ndarray> outputs;
+  /// A row_sparse key (MXNet's row_sparse storage): placed by rows over the servers
+  /// (place_rows), its init flagged so. A push sends the rows `rows` names, whose values `value`
+  /// holds, shape (rows.size(), shape[1], ...); a pull (row_sparse_pull) fetches the rows `rows`
+  /// into outputs[0], one host array of that shape. `rows` is strictly increasing, each below
+  /// shape[0].
+  bool row_sparse = false;
+  std::vector<std::int64_t> rows;
 };
 
 /// What a KVStore call asks of its worker actor.

@@ -42,6 +42,9 @@ struct waiting_pull {
   reply_route reply;
   /// When it arrived on the job trace's clock (job_trace.hpp); 0: not traced.
   std::int64_t traced_since_us = 0;
+  /// A row-sparse pull: the rows asked for.
+  bool row_sparse = false;
+  std::vector<std::int64_t> rows = {};
 };
 
 class pending_pulls {

@@ -10,7 +10,9 @@ namespace troupe {
 namespace {
 
 constexpr std::string_view snapshot_magic = "troupe shard checkpoint";
-constexpr std::uint64_t snapshot_version = 1;
+/// Version 2 adds each key's row_sparse flag after its completed count; version 1 files (no
+/// row_sparse keys) still load.
+constexpr std::uint64_t snapshot_version = 2;
 constexpr std::size_t digest_bytes = 32;
 
 std::array<std::byte, digest_bytes> sha256(std::span<const std::byte> bytes) {
@@ -85,6 +87,7 @@ std::vector<std::byte> encode_snapshot(const shard_snapshot& snapshot) {
     for (auto extent : key.shape)
       out.i64(extent);
     out.u64(key.completed);
+    out.u8(key.row_sparse ? 1 : 0);
     out.u64(key.applied_per_worker.size());
     for (auto applied : key.applied_per_worker)
       out.u64(applied);
@@ -122,7 +125,7 @@ result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::st
   auto version = in.u64("format version");
   if (!version)
     return fail(version.error());
-  if (*version != snapshot_version)
+  if (*version != snapshot_version && *version != 1)
     return corrupt(what, "format version " + std::to_string(*version) +
                              " is not supported (this is " + std::to_string(snapshot_version) +
                              ")");
@@ -187,8 +190,16 @@ result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::st
       key.shape.push_back(*extent);
     }
     auto completed = in.u64("completed");
+    if (!completed)
+      return corrupt(what, "truncated key " + std::to_string(key.ps_key));
+    if (*version >= 2) {
+      auto row_sparse = in.u8("row_sparse flag");
+      if (!row_sparse || *row_sparse > 1)
+        return corrupt(what, "key " + std::to_string(key.ps_key) + ": bad row_sparse flag");
+      key.row_sparse = *row_sparse == 1;
+    }
     auto workers = in.u64("worker count");
-    if (!completed || !workers)
+    if (!workers)
       return corrupt(what, "truncated key " + std::to_string(key.ps_key));
     key.completed = *completed;
     if (*workers > in.remaining() / 8)

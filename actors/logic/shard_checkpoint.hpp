@@ -6,8 +6,9 @@
 //
 //   "troupe shard checkpoint", format version, kind (checkpoint | optimizer states),
 //   layout (servers, this server's rank, shards per server, this shard's index, workers),
-//   sync policy, keys (ps-key, dtype, shape, completed, per-worker sequence numbers, and for a
-//   checkpoint the value), the updater's saved states (or none), then SHA-256 of all of it.
+//   sync policy, keys (ps-key, dtype, shape, completed, row_sparse, per-worker sequence numbers,
+//   and for a checkpoint the value), the updater's saved states (or none), then SHA-256 of all
+//   of it.
 //
 // A ps-key is where a key lives under one layout (actors/logic/key_placement.hpp): the same key is
 // another ps-key, on another server or shard, under another number of servers or shards per
@@ -93,6 +94,8 @@ struct key_snapshot {
   std::vector<std::int64_t> shape;
   /// Rounds completed (dist_sync) or pushes applied (dist_async).
   std::uint64_t completed = 0;
+  /// Declared row_sparse (Init.rowSparse).
+  bool row_sparse = false;
   /// dist_async: the sequence number each worker's next push of the key has (its pushes
   /// completed, when none was refused; actors/logic/async_pushes.hpp); empty in dist_sync.
   std::vector<std::uint64_t> applied_per_worker;

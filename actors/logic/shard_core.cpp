@@ -63,6 +63,14 @@ constexpr std::uint64_t filled_on_demand_min_bytes = std::uint64_t{64} << 10;
 /// page reads as zeros), unmapped when the last handle goes. Pooled memory (ndarray::empty) is
 /// committed whole at once: the pool pre-faults its new blocks and keeps freed ones. Falls back
 /// to the pool when no mapping can be made (address space, the map count).
+/// What a tensor that reached the shard by an in-process link is checked against: the codec's
+/// rules, with no size limit (the key's declaration bounds it).
+wire::decode_limits in_process_limits() {
+  wire::decode_limits limits;
+  limits.max_tensor_bytes = std::numeric_limits<std::uint64_t>::max();
+  return limits;
+}
+
 ndarray filled_on_demand(const shape_vector& shape, dtype type, std::uint64_t bytes) {
   void* at = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -78,6 +86,8 @@ ndarray filled_on_demand(const shape_vector& shape, dtype type, std::uint64_t by
 std::uint64_t shard_core::key_entry::completed() const noexcept {
   if (sync)
     return sync->completed();
+  if (sparse)
+    return sparse->completed();
   return async ? async->applied() : 0;
 }
 
@@ -225,6 +235,17 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
     return;
   }
   auto& entry = found->second;
+  if (tensor.offset == 0 && entry.init_assembly->bytes_received() == 0)
+    entry.row_sparse = msg.row_sparse;
+  if (msg.row_sparse != entry.row_sparse || (msg.row_sparse && tensor.shape.empty())) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           name() + (msg.row_sparse ? (tensor.shape.empty() ? ": row-sparse, of a scalar"
+                                                            : ": row-sparse in one chunk only")
+                                    : ": dense in one chunk, row-sparse in another"));
+    if (entry.init_assembly->bytes_received() == 0)
+      forget_init(found);
+    return;
+  }
   auto& assembly = *entry.init_assembly;
   // In order, like a push's: so the pages committed are those the arrived bytes fill.
   auto added = tensor.offset == assembly.bytes_received()
@@ -244,7 +265,12 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   entry.init_progress = now();
   if (!*added)
     return;
-  if (policy_.mode == consistency::sync) {
+  if (policy_.mode == consistency::sync && entry.row_sparse) {
+    entry.sparse.emplace(entry.stored,
+                         sync_round_options{msg.key, options_.num_workers, policy_.quorum,
+                                            policy_.max_rounds_ahead});
+    entry.sparse->merge_in_float32(multi_precision());
+  } else if (policy_.mode == consistency::sync) {
     entry.sync.emplace(entry.stored, sync_round_options{msg.key, options_.num_workers,
                                                         policy_.quorum, policy_.max_rounds_ahead});
     entry.sync->merge_in_float32(multi_precision());
@@ -327,6 +353,7 @@ std::size_t shard_core::on_connection_closed(std::uint64_t connection) noexcept 
       continue;
     sender_connection_[worker] = 0;
     for (auto& [key, entry] : keys_) {
+      // A row-sparse push comes whole: nothing of it is ever unfinished.
       if (entry.sync)
         entry.sync->forget_unfinished(worker);
       else if (entry.async)
@@ -362,9 +389,12 @@ bool shard_core::multi_precision() const noexcept {
 /// Under multi_precision the rounds of float16 keys sum in float32 from their next round, as
 /// MXNet's server does (kSetMultiPrecision), so that the update sees the exact sum.
 void shard_core::sum_in_optimizer_precision() noexcept {
-  for (auto& [key, entry] : keys_)
+  for (auto& [key, entry] : keys_) {
     if (entry.sync)
       entry.sync->merge_in_float32(multi_precision());
+    if (entry.sparse)
+      entry.sparse->merge_in_float32(multi_precision());
+  }
 }
 
 shard_core::key_entry* shard_core::find_key(std::uint64_t key) const noexcept {
@@ -407,17 +437,34 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
                std::string{wire::to_string(declared_type)});
     return;
   }
-  if (!std::equal(tensor.shape.begin(), tensor.shape.end(), declared_shape.begin(),
-                  declared_shape.end())) {
-    refuse(reply, push.request_id, push.key, wire::error_code::shape_mismatch,
-           name() + ": shape " + shape_text(tensor.shape) + ", init declared " +
-               shape_to_string(declared_shape));
+  if (tensor.row_sparse != entry->row_sparse) {
+    refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
+           entry->row_sparse
+               ? name() + ": the key is row_sparse (init said so) and takes row-sparse pushes only"
+               : name() +
+                     ": row-sparse, but the key is dense (init did not declare it row_sparse)");
     return;
   }
   if (push.sender >= options_.num_workers) {
     refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
            name() + " from worker rank " + std::to_string(push.sender) + "; the job has " +
                std::to_string(options_.num_workers) + " workers");
+    return;
+  }
+  if (tensor.row_sparse) {
+    if (push.then_pull) {
+      refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
+             name() + ": row-sparse; a row_sparse key is pushed, then pulled by rows");
+      return;
+    }
+    on_sparse_push(*entry, push, tensor, reply);
+    return;
+  }
+  if (!std::equal(tensor.shape.begin(), tensor.shape.end(), declared_shape.begin(),
+                  declared_shape.end())) {
+    refuse(reply, push.request_id, push.key, wire::error_code::shape_mismatch,
+           name() + ": shape " + shape_text(tensor.shape) + ", init declared " +
+               shape_to_string(declared_shape));
     return;
   }
   // A pushpull's pull half counts among the sender's waiting pulls: refused whole, up front.
@@ -435,9 +482,7 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
     // The declaration is the key's; the packing is checked against it here as well as by the
     // codec, for in-process links: the dense chunk then lies inside the key's value, so the
     // buffer stays within the key's size.
-    wire::decode_limits limits;
-    limits.max_tensor_bytes = std::numeric_limits<std::uint64_t>::max();
-    if (auto invalid = wire::validate_tensor(tensor, limits)) {
+    if (auto invalid = wire::validate_tensor(tensor, in_process_limits())) {
       refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
              name() + ": " + invalid->message);
       return;
@@ -458,6 +503,128 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
     on_sync_push(*entry, push, chunk, reply);
   else
     on_async_push(*entry, push, chunk, reply);
+}
+
+template <class Update>
+void shard_core::apply_async_push(key_entry& entry, const push_request& push,
+                                  const reply_route& reply, Update&& update) {
+  auto& pushes = *entry.async;
+  trace_push_merged(entry, push);
+  // Bounded staleness's instrument: how many pushes the sender is ahead of the slowest live
+  // worker as this push arrives (the sender's count before it).
+  auto slowest = pushes.slowest(live_);
+  auto own = pushes.pushes_of(push.sender) - 1;
+  const std::uint64_t lead =
+      slowest != std::numeric_limits<std::uint64_t>::max() && own > slowest ? own - slowest : 0;
+  stats_.max_lead = std::max(stats_.max_lead, lead);
+  ++stats_.lead_counts[std::min<std::uint64_t>(lead, stats_.lead_counts.size() - 1)];
+  const auto traced_since = trace_start_time();
+  auto failure = update();
+  if (traced_since != 0)
+    job_trace::process().record({"update", push.key, push.round, push.sender, entry.stored.nbytes(),
+                                 traced_since, job_trace::now_us()});
+  if (failure) {
+    refuse(reply, push.request_id, push.key, wire::error_code::internal,
+           "update of key " + std::to_string(push.key) + " with a push of worker " +
+               std::to_string(push.sender) + " failed: " + *failure);
+    return;
+  }
+  pushes.count_applied();
+  ++stats_.updates;
+  answer_push(entry, push, {}, reply);
+  answer_pulls(push.key, entry);
+}
+
+void shard_core::on_sparse_push(key_entry& entry, const push_request& push,
+                                const wire::tensor_chunk& tensor, const reply_route& reply) {
+  auto name = [&] { return "push of key " + std::to_string(push.key); };
+  const auto& declared = entry.stored.shape();
+  // Checked here as well as by the codec, for in-process links: the rows then lie inside the key.
+  if (auto invalid = wire::validate_tensor(tensor, in_process_limits())) {
+    refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
+           name() + ": " + invalid->message);
+    return;
+  }
+  if (tensor.shape.size() != declared.size() ||
+      !std::equal(tensor.shape.begin() + 1, tensor.shape.end(), declared.begin() + 1)) {
+    refuse(reply, push.request_id, push.key, wire::error_code::shape_mismatch,
+           name() + ": rows of shape " + shape_text(tensor.shape) + ", init declared " +
+               shape_to_string(declared) + " (its rows keep every axis but the first)");
+    return;
+  }
+  if (auto wrong = check_row_ids(tensor.row_ids, declared[0])) {
+    refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
+           name() + " from worker " + std::to_string(push.sender) + ": " + *wrong);
+    return;
+  }
+  sender_connection_[push.sender] = reply.connection;
+  entry.traffic.push_bytes += tensor.data.size() + tensor.row_ids.size();
+  ++entry.traffic.pushes;
+  trace_push_begins(entry, push.sender);
+  if (entry.sparse) {
+    auto& round = *entry.sparse;
+    if (push.resent && push.round < round.completed()) {
+      // Applied once, before this server restarted from a checkpoint that holds its round.
+      answer_push(entry, push, push_outcome{false, std::nullopt}, reply);
+      return;
+    }
+    deferred_answer answer;
+    if (push.round > round.completed())
+      answer = [this, push, reply](const push_outcome& how) {
+        answer_push(*find_key(push.key), push, how, reply);
+      };
+    auto outcome = round.add(
+        sparse_push{push.request_id, push.sender, push.round, tensor.row_ids, tensor.data},
+        std::move(answer));
+    on_round_outcome(entry, push, std::move(outcome), true, reply);
+    return;
+  }
+  auto& pushes = *entry.async;
+  const push_chunk chunk{push.request_id, push.sender, push.round, 0, tensor.data};
+  if (push.resent && pushes.had(chunk)) {
+    answer_push(entry, push, push_outcome{false, std::nullopt}, reply);
+    return;
+  }
+  // Its rows, copied out of the frame before the push counts: a failed allocation changes
+  // nothing.
+  const auto count = tensor.row_ids.size() / sizeof(std::int64_t);
+  std::vector<std::int64_t> rows(count);
+  for (std::size_t i = 0; i < count; ++i)
+    rows[i] = row_id_at(tensor.row_ids, i);
+  shape_vector shape(tensor.shape.begin(), tensor.shape.end());
+  auto data = ndarray::empty(shape, context::cpu(), entry.stored.dtype());
+  if (!tensor.data.empty())
+    std::memcpy(data.raw_data(), tensor.data.data(), tensor.data.size());
+  auto grad = row_sparse_array::from_rows(data, rows, declared).value();
+  auto outcome = pushes.take_whole(chunk);
+  if (outcome.refused()) {
+    refuse(reply, push.request_id, push.key, outcome.code, std::move(outcome.problem));
+    return;
+  }
+  apply_async_push(entry, push, reply, [&] { return apply_rows(push.key, entry, grad); });
+}
+
+std::optional<std::string> shard_core::apply_rows(std::uint64_t key, key_entry& entry,
+                                                  const row_sparse_array& grad) {
+  try {
+    // Updated on the host: a row_sparse key takes only row-sparse pushes, so a copy of it on an
+    // update device would never be used.
+    entry.on_device = ndarray{};
+    if (updater_) {
+      if (entry.stored.storage_is_shared())
+        entry.stored = entry.stored.copy();
+      updater_->update_rows(static_cast<std::int64_t>(key), grad, entry.stored);
+    } else {
+      auto dense = grad.to_dense();
+      entry.stored =
+          dense.dtype() == entry.stored.dtype() ? dense : dense.as_type(entry.stored.dtype());
+    }
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string{e.what()};
+  } catch (...) {
+    return std::string{"an exception of unknown type"};
+  }
 }
 
 void shard_core::on_sync_push(key_entry& entry, const push_request& push, const push_chunk& chunk,
@@ -482,12 +649,18 @@ void shard_core::on_sync_push(key_entry& entry, const push_request& push, const 
   } else {
     outcome = round.add(chunk);
   }
+  on_round_outcome(entry, push, std::move(outcome),
+                   chunk.offset + chunk.data.size() >= entry.stored.nbytes(), reply);
+}
+
+void shard_core::on_round_outcome(key_entry& entry, const push_request& push, chunk_outcome outcome,
+                                  bool last_chunk, const reply_route& reply) {
   switch (outcome.fate) {
   case chunk_fate::refused:
     refuse(reply, push.request_id, push.key, outcome.code, std::move(outcome.problem));
     return;
   case chunk_fate::deferred:
-    if (chunk.offset + chunk.data.size() >= entry.stored.nbytes())
+    if (last_chunk)
       trace_push_merged(entry, push);
     return;
   case chunk_fate::taken:
@@ -500,7 +673,8 @@ void shard_core::on_sync_push(key_entry& entry, const push_request& push, const 
     trace_push_merged(entry, push);
     // Deferred pushes can enter only a round that opened: none while this one stays open.
     push_outcome how;
-    const bool closes = round.quorum_reached();
+    const bool closes =
+        entry.sparse ? entry.sparse->quorum_reached() : entry.sync->quorum_reached();
     if (closes)
       how.failure = close_round(entry, push.key);
     answer_push(entry, push, how, reply);
@@ -512,17 +686,28 @@ void shard_core::on_sync_push(key_entry& entry, const push_request& push, const 
 }
 
 std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64_t key) {
-  auto& round = *entry.sync;
-  auto closing = round.completed();
+  auto closing = entry.completed();
   auto scale = policy_.rescale_quorum && policy_.quorum < options_.num_workers
                    ? static_cast<double>(options_.num_workers) / policy_.quorum
                    : 1.0;
   const auto traced_since = trace_start_time();
-  auto failure = apply(key, entry, round.sum(), scale);
+  std::optional<std::string> failure;
+  if (entry.sparse) {
+    try {
+      failure = apply_rows(key, entry, entry.sparse->sum(scale));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  } else {
+    failure = apply(key, entry, entry.sync->sum(), scale);
+  }
   if (traced_since != 0)
     job_trace::process().record(
         {"update", key, closing, -1, entry.stored.nbytes(), traced_since, job_trace::now_us()});
-  round.close();
+  if (entry.sparse)
+    entry.sparse->close();
+  else
+    entry.sync->close();
   answer_pulls(key, entry);
   if (failure) {
     auto what = "update of key " + std::to_string(key) + " with the sum of round " +
@@ -538,10 +723,9 @@ std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64
 }
 
 void shard_core::admit_deferred(key_entry& entry, std::uint64_t key) {
-  auto& round = *entry.sync;
   for (;;) {
-    auto admitted = round.admit_deferred();
-    bool closes = round.quorum_reached();
+    auto admitted = entry.sparse ? entry.sparse->admit_deferred() : entry.sync->admit_deferred();
+    bool closes = entry.sparse ? entry.sparse->quorum_reached() : entry.sync->quorum_reached();
     push_outcome closed;
     if (closes)
       closed.failure = close_round(entry, key);
@@ -577,30 +761,8 @@ void shard_core::on_async_push(key_entry& entry, const push_request& push, const
   }
   if (outcome.fate != chunk_fate::completed)
     return;
-  trace_push_merged(entry, push);
-  // Bounded staleness's instrument: how many pushes the sender is ahead of the slowest live
-  // worker as this push arrives (the sender's count before it).
-  auto slowest = pushes.slowest(live_);
-  auto own = pushes.pushes_of(push.sender) - 1;
-  const std::uint64_t lead =
-      slowest != std::numeric_limits<std::uint64_t>::max() && own > slowest ? own - slowest : 0;
-  stats_.max_lead = std::max(stats_.max_lead, lead);
-  ++stats_.lead_counts[std::min<std::uint64_t>(lead, stats_.lead_counts.size() - 1)];
-  const auto traced_since = trace_start_time();
-  auto failure = apply(push.key, entry, pushes.received(push.sender), 1.0);
-  if (traced_since != 0)
-    job_trace::process().record({"update", push.key, push.round, push.sender, entry.stored.nbytes(),
-                                 traced_since, job_trace::now_us()});
-  if (failure) {
-    refuse(reply, push.request_id, push.key, wire::error_code::internal,
-           "update of key " + std::to_string(push.key) + " with a push of worker " +
-               std::to_string(push.sender) + " failed: " + *failure);
-    return;
-  }
-  pushes.count_applied();
-  ++stats_.updates;
-  answer_push(entry, push, {}, reply);
-  answer_pulls(push.key, entry);
+  apply_async_push(entry, push, reply,
+                   [&] { return apply(push.key, entry, pushes.received(push.sender), 1.0); });
 }
 
 void shard_core::answer_push(key_entry& entry, const push_request& push, const push_outcome& how,
@@ -681,9 +843,30 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
                std::to_string(options_.num_workers) + " workers");
     return;
   }
+  if (msg.row_sparse != entry->row_sparse) {
+    refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+           entry->row_sparse
+               ? name() + ": the key is row_sparse (init said so); ask for its rows "
+                          "(row_sparse_pull)"
+               : name() + ": rows asked for, but the key is dense (init did not declare it "
+                          "row_sparse)");
+    return;
+  }
+  std::vector<std::int64_t> rows;
+  if (msg.row_sparse) {
+    if (auto wrong = check_row_ids(msg.row_ids, entry->stored.shape()[0])) {
+      refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
+             "row_sparse_" + name() + ": " + *wrong);
+      return;
+    }
+    rows.resize(msg.row_ids.size() / sizeof(std::int64_t));
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      rows[i] = row_id_at(msg.row_ids, i);
+  }
   const auto traced_since = trace_start_time();
   if (pull_ready(*entry, msg.round)) {
-    send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply, msg.round, traced_since);
+    send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply, msg.round, traced_since,
+               msg.row_sparse ? &rows : nullptr);
     return;
   }
   if (entry->pulls.count_from(msg.sender_rank) >= pull_limit()) {
@@ -694,12 +877,15 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
     return;
   }
   entry->pulls.add(waiting_pull{msg.request_id, msg.sender_rank, msg.round,
-                                expiry(now(), msg.timeout_ms), reply, traced_since});
+                                expiry(now(), msg.timeout_ms), reply, traced_since, msg.row_sparse,
+                                std::move(rows)});
 }
 
 bool shard_core::pull_ready(const key_entry& entry, std::uint64_t round) const noexcept {
   if (entry.sync)
     return entry.sync->completed() >= round;
+  if (entry.sparse)
+    return entry.sparse->completed() >= round;
   if (policy_.max_staleness < 0)
     return true;
   return within_staleness(round, entry.async->slowest(live_));
@@ -728,7 +914,7 @@ void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
   }
   for (auto& pull : ready)
     send_value(key, entry, pull.request_id, pull.sender, pull.reply, pull.round,
-               pull.traced_since_us);
+               pull.traced_since_us, pull.row_sparse ? &pull.rows : nullptr);
   ready.clear();
   ready_pulls_ = std::move(ready);
 }
@@ -750,8 +936,13 @@ void shard_core::trace_push_merged(key_entry& entry, const push_request& push) {
 
 void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t request_id,
                             std::uint32_t sender, const reply_route& reply, std::uint64_t round,
-                            std::int64_t traced_since_us) {
-  const auto& value = entry.stored;
+                            std::int64_t traced_since_us, const std::vector<std::int64_t>* rows) {
+  ndarray gathered;
+  if (rows != nullptr)
+    // The rows asked for, in their order, copied: the reply reads them on another thread while
+    // the key's value may change.
+    gathered = row_sparse_array::from_dense_rows(entry.stored, *rows).value().data();
+  const auto& value = rows != nullptr ? gathered : entry.stored;
   wire::tensor_chunk tensor;
   tensor.type = to_wire(value.dtype());
   tensor.shape.assign(value.shape().begin(), value.shape().end());
@@ -1120,6 +1311,7 @@ shard_snapshot shard_core::snapshot(snapshot_kind kind, bool dump_optimizer) con
     key.type = entry.stored.dtype();
     key.shape.assign(entry.stored.shape().begin(), entry.stored.shape().end());
     key.completed = entry.completed();
+    key.row_sparse = entry.row_sparse;
     if (entry.async)
       for (std::uint32_t w = 0; w < options_.num_workers; ++w)
         key.applied_per_worker.push_back(entry.async->pushes_of(w));
@@ -1179,7 +1371,13 @@ status shard_core::restore(const shard_snapshot& saved) {
   for (const auto& key : saved.keys) {
     key_entry entry;
     entry.stored = key.value.copy();
-    if (policy_.mode == consistency::sync) {
+    entry.row_sparse = key.row_sparse;
+    if (policy_.mode == consistency::sync && key.row_sparse) {
+      entry.sparse.emplace(entry.stored,
+                           sync_round_options{key.ps_key, options_.num_workers, policy_.quorum,
+                                              policy_.max_rounds_ahead});
+      entry.sparse->resume_after(key.completed);
+    } else if (policy_.mode == consistency::sync) {
       entry.sync.emplace(entry.stored,
                          sync_round_options{key.ps_key, options_.num_workers, policy_.quorum,
                                             policy_.max_rounds_ahead});
@@ -1211,7 +1409,11 @@ std::uint64_t shard_core::completed_rounds(std::uint64_t ps_key) const {
 
 std::uint64_t shard_core::dropped_pushes(std::uint64_t ps_key) const {
   auto found = keys_.find(ps_key);
-  return found == keys_.end() || !found->second.sync ? 0 : found->second.sync->dropped();
+  if (found == keys_.end())
+    return 0;
+  if (found->second.sparse)
+    return found->second.sparse->dropped();
+  return !found->second.sync ? 0 : found->second.sync->dropped();
 }
 
 std::size_t shard_core::waiting_pulls(std::uint64_t ps_key) const {

@@ -90,6 +90,7 @@
 #include "actors/logic/pending_pulls.hpp"
 #include "actors/logic/shard_checkpoint.hpp"
 #include "actors/logic/shard_stats.hpp"
+#include "actors/logic/sparse_round.hpp"
 #include "actors/logic/sync_round.hpp"
 #include "engine/log.hpp"
 #include "engine/ndarray.hpp"
@@ -247,9 +248,13 @@ private:
     /// came.
     std::uint64_t init_connection = 0;
     shard_clock::time_point init_progress;
-    /// Exactly one of the two once initialised, by the policy's mode.
+    /// Exactly one of the three once initialised: by the policy's mode, and for a row_sparse
+    /// key (Init.rowSparse) in dist_sync its sparse_round.
     std::optional<sync_round> sync;
     std::optional<async_pushes> async;
+    std::optional<sparse_round> sparse;
+    /// Declared row_sparse: it takes row-sparse pushes and pulls only.
+    bool row_sparse = false;
     pending_pulls pulls;
     /// completed() in the last checkpoint written to disk, and in the one being written.
     std::uint64_t durable = 0;
@@ -266,7 +271,9 @@ private:
 
     bool initialized() const noexcept { return !init_assembly.has_value(); }
     /// dist_sync: pushes of the round being collected have arrived (a save waits for it).
-    bool collecting() const noexcept { return sync && sync->collecting(); }
+    bool collecting() const noexcept {
+      return (sync && sync->collecting()) || (sparse && sparse->collecting());
+    }
     /// Rounds completed (sync) or pushes applied (async).
     std::uint64_t completed() const noexcept;
     /// What `worker` may forget of its pushes of the key (Ack.durable, PullReply.durable): the
@@ -288,6 +295,22 @@ private:
   void drop_init(std::map<std::uint64_t, key_entry>::iterator entry, const char* why) noexcept;
   void on_push(const push_request& push, const wire::tensor_chunk& tensor,
                const reply_route& reply);
+  /// A row-sparse push (checked against the key by on_push), whole.
+  void on_sparse_push(key_entry& entry, const push_request& push, const wire::tensor_chunk& tensor,
+                      const reply_route& reply);
+  /// dist_sync: answers a push (chunk) by what its round made of it (`last_chunk`: the push has
+  /// every byte now), closing the round when it reached its quorum.
+  void on_round_outcome(key_entry& entry, const push_request& push, chunk_outcome outcome,
+                        bool last_chunk, const reply_route& reply);
+  /// dist_async: a push with every byte in is applied by `update` (which returns the failure's
+  /// text, if any), counted and answered.
+  template <class Update>
+  void apply_async_push(key_entry& entry, const push_request& push, const reply_route& reply,
+                        Update&& update);
+  /// Applies a row_sparse gradient: the optimizer's update of its rows (update_rows), or, with
+  /// none, the key becomes it (zero where it holds no row). The failure's text, if any.
+  std::optional<std::string> apply_rows(std::uint64_t key, key_entry& entry,
+                                        const row_sparse_array& grad);
   /// The entry a push or pull may use, or nullptr after refusing the request.
   /// Takes `bytes` of the server's key budget; why not, when it would go over.
   std::optional<std::string> reserve_store(std::uint64_t bytes);
@@ -323,9 +346,10 @@ private:
   void answer_pulls(std::uint64_t key, key_entry& entry);
   /// A pull reply to worker `sender`.
   /// `traced_since_us`: when the pull arrived, for its span in the job trace (0: not traced).
+  /// `rows`: a row-sparse pull's rows (null: the whole value).
   void send_value(std::uint64_t key, key_entry& entry, std::uint64_t request_id,
                   std::uint32_t sender, const reply_route& reply, std::uint64_t round,
-                  std::int64_t traced_since_us);
+                  std::int64_t traced_since_us, const std::vector<std::int64_t>* rows = nullptr);
   /// The job trace: a push's first chunk is in (offset 0), or its last one merged.
   void trace_push_begins(key_entry& entry, std::uint32_t sender);
   void trace_push_merged(key_entry& entry, const push_request& push);

@@ -143,13 +143,11 @@ void sync_round::open_merge() {
   }
 }
 
-void sync_round::widen_into(std::uint64_t offset, std::span<const std::byte> data, bool first) {
+void accumulate_widened(float* dst, const std::byte* src, std::size_t n, bool first) {
   using half = kernels::cpu::half_bits;
-  auto* out = reinterpret_cast<float*>(bytes_of(merge_)) + offset / sizeof(half);
-  const auto* in = reinterpret_cast<const half*>(data.data());
-  const std::size_t n = data.size() / sizeof(half);
+  const auto* in = reinterpret_cast<const half*>(src);
   if (first) {
-    kernels::cpu::half_to_float(in, out, n);
+    kernels::cpu::half_to_float(in, dst, n);
     return;
   }
   // Widened a block at a time into the stack, then added: no buffer of the key's size.
@@ -158,8 +156,14 @@ void sync_round::widen_into(std::uint64_t offset, std::span<const std::byte> dat
   for (std::size_t i = 0; i < n; i += block) {
     const auto count = std::min(block, n - i);
     kernels::cpu::half_to_float(in + i, widened, count);
-    kernels::cpu::add(out + i, widened, out + i, count);
+    kernels::cpu::add(dst + i, widened, dst + i, count);
   }
+}
+
+void sync_round::widen_into(std::uint64_t offset, std::span<const std::byte> data, bool first) {
+  constexpr std::size_t half_size = sizeof(kernels::cpu::half_bits);
+  accumulate_widened(reinterpret_cast<float*>(bytes_of(merge_)) + offset / half_size, data.data(),
+                     data.size() / half_size, first);
 }
 
 void sync_round::merge_bytes(std::uint64_t offset, std::span<const std::byte> data, bool first) {

@@ -202,5 +202,7 @@ private:
 
 /// dst[i] += src[i] over `bytes` bytes of `type` (float16: each sum taken in float32 and rounded).
 void accumulate(std::byte* dst, const std::byte* src, std::size_t bytes, wire::dtype type);
+/// The `n` float16 values `src` widened into the float32 `dst`: copied (`first`) or added.
+void accumulate_widened(float* dst, const std::byte* src, std::size_t n, bool first);
 
 } // namespace troupe

@@ -191,6 +191,8 @@ bool worker_core::small_enough_to_send_at_once(const kv_operation& op, std::size
       (op.call != kv_call::push && op.call != kv_call::pushpull && op.call != kv_call::pull))
     return false;
   const auto& work = op.keys.front();
+  if (work.row_sparse)
+    return false;
   const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
   return static_cast<std::size_t>(elements) * size_of(work.type) <= max_bytes;
 }
@@ -252,6 +254,10 @@ std::string worker_core::what_of(const part& p) const {
 /// requests when those are still waiting for credit.
 void worker_core::add_key(const std::shared_ptr<call_state>& call, const kv_operation& op,
                           kv_key_work& work) {
+  if (work.row_sparse) {
+    add_rows(call, op, work);
+    return;
+  }
   const auto kind = op.call;
   const bool compressed = (kind == kv_call::push || kind == kv_call::pushpull) &&
                           op.compression.enabled() && compressible(work.type);
@@ -307,6 +313,82 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, const kv_oper
       send_keyed(p, keys_[p->slice.ps_key]);
     else
       submit(p);
+  }
+}
+
+void worker_core::add_rows(const std::shared_ptr<call_state>& call, const kv_operation& op,
+                           kv_key_work& work) {
+  const auto kind = op.call;
+  const std::int64_t num_rows = work.shape.empty() ? 0 : work.shape[0];
+  std::int64_t row_elements = 1;
+  for (std::size_t axis = 1; axis < work.shape.size(); ++axis)
+    row_elements *= work.shape[axis];
+  const auto slices = place_rows(static_cast<std::uint64_t>(work.index), num_rows, row_elements,
+                                 options_.num_servers, options_.bigarray_bound);
+  const auto row_bytes = static_cast<std::uint64_t>(row_elements) * size_of(work.type);
+  std::shared_ptr<pull_target> target;
+  if (kind == kv_call::pull) {
+    target = take_spare(spare_targets_);
+    if (!target)
+      target = std::make_shared<pull_target>();
+    target->slices_left = slices.size();
+    target->buffer = std::move(work.outputs.at(0));
+  }
+  // The rows of the call that each part's server holds: [from[i], from[i + 1]) of work.rows.
+  std::vector<std::int64_t> from(slices.size() + 1, 0);
+  for (std::size_t i = 0; i < slices.size(); ++i)
+    from[i + 1] =
+        std::lower_bound(work.rows.begin(), work.rows.end(), slices[i].end_row) - work.rows.begin();
+  if (kind == kv_call::push)
+    for (std::size_t i = 0; i < slices.size(); ++i) {
+      // One frame carries a part (a row-sparse tensor is never split): it must fit the servers'
+      // frames. Checked for every part before any leaves, so that no server gets a round the
+      // others miss.
+      const auto count = static_cast<std::uint64_t>(from[i + 1] - from[i]);
+      const auto bytes = count * (row_bytes + 8);
+      if (bytes + 4096 > options_.max_frame_bytes || count * row_bytes > wire::max_chunk_bytes) {
+        call->end(error{
+            errc::invalid_argument,
+            "push of key " + work.name + ": its rows for " + names_[slices[i].server] + " take " +
+                std::to_string(bytes) + " bytes, more than one frame holds (data.max_frame_bytes " +
+                std::to_string(options_.max_frame_bytes) + "); push fewer rows per call"});
+        return;
+      }
+    }
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    const auto& slice = slices[i];
+    auto p = new_part(call, kind, slice.server, work.name);
+    p->row_sparse = true;
+    p->priority = op.priority;
+    p->slice = slice;
+    p->whole = slices.size() == 1;
+    p->part_shape.assign(work.shape.begin(), work.shape.end());
+    if (kind == kv_call::init) {
+      p->part_shape[0] = slice.end_row - slice.first_row;
+      p->value = work.value;
+      send_keyed(p, keys_[slice.ps_key]);
+      continue;
+    }
+    auto rows = std::make_shared<std::vector<std::int64_t>>();
+    rows->reserve(static_cast<std::size_t>(from[i + 1] - from[i]));
+    for (auto at = from[i]; at < from[i + 1]; ++at)
+      rows->push_back(work.rows[static_cast<std::size_t>(at)] - slice.first_row);
+    p->slice.begin = from[i] * row_elements;
+    p->slice.end = from[i + 1] * row_elements;
+    p->part_shape[0] = from[i + 1] - from[i];
+    p->rows = std::move(rows);
+    if (kind == kv_call::push) {
+      p->value = work.value;
+    } else {
+      auto bytes = element_bytes(target->buffer, p->slice.begin, p->slice.end);
+      p->copy_off_thread = bytes.size() >= copy_off_thread_bytes;
+      p->out_bytes = bytes;
+      p->out_type = to_wire(work.type);
+      p->out_shape = p->part_shape;
+      p->assembly.emplace(bytes, p->out_type, p->out_shape);
+      p->target = target;
+    }
+    submit(p);
   }
 }
 
@@ -447,7 +529,15 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     // Here, in the order the ps-key's pushes leave, so that its residual takes them in order.
     if (pushes && p->compression.enabled())
       pack(*p, ps);
-    if (pushes && recovery()) {
+    if (pushes && recovery() && p->row_sparse) {
+      // Its rows' values and the rows: the caller may reuse its arrays once the push is acked.
+      const auto tensor = part_tensor(*p);
+      shape_vector shape(tensor.shape.begin(), tensor.shape.end());
+      auto copy = ndarray::empty(shape, context::cpu(), p->value.dtype());
+      if (!tensor.data.empty())
+        std::memcpy(copy.raw_data(), tensor.data.data(), tensor.data.size());
+      ps.kept.push_back(kept_push{p->round, std::move(copy), p->rows});
+    } else if (pushes && recovery()) {
       // The values push `p` sends, copied: the caller may reuse its array once the push is acked.
       // A compressed push keeps what its packed bytes stand for, and is sent again dense: the
       // same values, without taking from the residual twice.
@@ -468,7 +558,13 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
   wire::message whole;
   switch (p->kind) {
   case kv_call::init:
-    whole = wire::init{id, ps_key, slice_tensor(p->value, p->slice, p->whole)};
+    if (p->row_sparse) {
+      auto tensor = slice_tensor(p->value, p->slice, true);
+      tensor.shape = p->part_shape;
+      whole = wire::init{id, ps_key, std::move(tensor), true};
+    } else {
+      whole = wire::init{id, ps_key, slice_tensor(p->value, p->slice, p->whole)};
+    }
     break;
   case kv_call::push:
     whole = wire::push{id, ps_key, options_.rank, p->round, part_tensor(*p), p->resend};
@@ -477,9 +573,15 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     whole =
         wire::pushpull{id, ps_key, options_.rank, p->round, part_tensor(*p), timeout_ms, p->resend};
     break;
-  case kv_call::pull:
-    whole = wire::pull_request{id, ps_key, options_.rank, p->round, timeout_ms};
+  case kv_call::pull: {
+    wire::pull_request request{id, ps_key, options_.rank, p->round, timeout_ms};
+    if (p->row_sparse) {
+      request.row_sparse = true;
+      request.row_ids = std::as_bytes(std::span{*p->rows});
+    }
+    whole = request;
     break;
+  }
   case kv_call::every_server:
     return;
   }
@@ -500,6 +602,16 @@ void worker_core::pack(part& p, ps_key_state& ps) {
 
 /// The tensor request `p` sends: its slice of the value, or, once packed, the packed bytes.
 wire::tensor_chunk worker_core::part_tensor(const part& p) const {
+  if (p.row_sparse) {
+    wire::tensor_chunk tensor;
+    tensor.type = to_wire(p.value.dtype());
+    tensor.shape = p.part_shape;
+    tensor.data = element_bytes(p.value, p.slice.begin, p.slice.end);
+    tensor.total_bytes = tensor.data.size();
+    tensor.row_sparse = true;
+    tensor.row_ids = std::as_bytes(std::span{*p.rows});
+    return tensor;
+  }
   auto tensor = slice_tensor(p.value, p.slice, p.whole);
   if (!p.packed.is_none()) {
     tensor.data = {static_cast<const std::byte*>(p.packed.raw_data()), p.packed.nbytes()};
@@ -586,6 +698,12 @@ void worker_core::enqueue(const std::shared_ptr<part>& p, wire::message request,
   o.keepalive = !p->packed.is_none() ? p->packed.keepalive()
                 : p->value.is_none() ? nullptr
                                      : p->value.keepalive();
+  if (p->rows)
+    // Its frame views the row ids too, which must outlive the request's part (a failed call
+    // recycles it while the frame may still be queued on the link).
+    o.keepalive = std::make_shared<
+        std::pair<std::shared_ptr<const void>, std::shared_ptr<const std::vector<std::int64_t>>>>(
+        std::move(o.keepalive), p->rows);
   o.frames.emplace(std::move(request), options_.chunk_bytes);
   o.order = send_order{server.epoch, ps == nullptr, p->priority, server.next_sequence++};
   if (ps == nullptr) {
@@ -673,7 +791,8 @@ void worker_core::pump(std::uint32_t server) {
 /// A request that may leave fused (see "Fusion"): a push, pull or pushpull in one frame, none of
 /// it sent yet, whose tensor holds at most fuse_item_bytes.
 bool worker_core::fusable(const outgoing& o) const {
-  if (options_.fuse_frame_bytes == 0 || o.next != 0 || o.frames->chunk_count() != 1)
+  if (options_.fuse_frame_bytes == 0 || o.next != 0 || o.frames->chunk_count() != 1 ||
+      o.p->row_sparse)
     return false;
   const auto kind = o.p->kind;
   if (kind != kv_call::push && kind != kv_call::pull && kind != kv_call::pushpull)
@@ -1127,6 +1246,10 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
       p->compression = {};
       p->slice = key_slice{server, ps_key, 0, kept.copy.size()};
       p->whole = true;
+      p->row_sparse = kept.rows != nullptr;
+      p->rows = kept.rows;
+      if (kept.rows)
+        p->part_shape.assign(kept.copy.shape().begin(), kept.copy.shape().end());
       p->round = kept.round;
       again.push_back(std::move(p));
     }

@@ -153,6 +153,9 @@ struct worker_core_options {
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
   std::size_t chunk_bytes = wire::default_chunk_bytes;
+  /// The servers' largest frame (data.max_frame_bytes): a row-sparse push, one frame per server,
+  /// must fit it.
+  std::uint64_t max_frame_bytes = std::uint64_t{256} << 20;
   /// Keys larger than this many bytes are cut into slices (key_placement.hpp); 0: none.
   std::size_t slice_bytes = 0;
   /// A request not answered this long after it was sent fails with errc::timeout.
@@ -366,6 +369,13 @@ private:
     std::uint64_t group = 0;
     /// It took one of its group's slice credits, not yet given back.
     bool holds_slice_credit = false;
+    /// A row_sparse key's part (kv_key_work::row_sparse): init sends the dense rows
+    /// [slice.first_row, slice.end_row) with shape `part_shape`; a push sends the rows `rows`
+    /// (relative to slice.first_row), whose values are elements [slice.begin, slice.end) of
+    /// `value`, with shape `part_shape`; a pull asks for the rows `rows` into out_bytes.
+    bool row_sparse = false;
+    std::shared_ptr<const std::vector<std::int64_t>> rows = {};
+    wire::tensor_shape part_shape;
   };
 
   /// Where a ready request stands in its server's send queue: earlier barrier epochs first (a
@@ -404,6 +414,8 @@ private:
   struct kept_push {
     std::uint64_t round = 0;
     ndarray copy;
+    /// A row-sparse push: its rows (the copy holds their values).
+    std::shared_ptr<const std::vector<std::int64_t>> rows = {};
   };
 
   /// The rounds of one ps-key as this worker sees them, and its requests waiting for credit.
@@ -471,6 +483,8 @@ private:
   std::shared_ptr<part> new_part(const std::shared_ptr<call_state>& call, kv_call kind,
                                  std::uint32_t server, std::string name);
   void add_key(const std::shared_ptr<call_state>& call, const kv_operation& op, kv_key_work& work);
+  /// add_key for a row_sparse key.
+  void add_rows(const std::shared_ptr<call_state>& call, const kv_operation& op, kv_key_work& work);
   bool has_credit(const ps_key_state& ps, const part& p) const;
   bool needs_slice_credit(const part& p) const;
   bool wants_slice_credit(const ps_key_state& ps) const;

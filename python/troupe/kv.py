@@ -9,8 +9,12 @@ push_async, pull_async and pushpull_async start the same work without waiting an
 Request: request.wait() blocks (without the GIL) until it is done and raises its troupe.Error, if
 any; request.done() says whether it is. The arrays given belong to the request until wait()
 returns: a push's values must not change, a pull's outputs must not be read or written.
+
+row_sparse_array(dense) or row_sparse_array((data, indices), shape=(rows, ...)) makes a
+RowSparseArray (MXNet's RowSparseNDArray); a key initialised with one takes pushes of them and is
+read with row_sparse_pull(key, out=RowSparseArray(shape), row_ids=ids).
 """
 
-from troupe._troupe import Error, KVStore, Request, create
+from troupe._troupe import Error, KVStore, Request, RowSparseArray, create, row_sparse_array
 
-__all__ = ["Error", "KVStore", "Request", "create"]
+__all__ = ["Error", "KVStore", "Request", "RowSparseArray", "create", "row_sparse_array"]

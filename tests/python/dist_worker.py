@@ -22,7 +22,10 @@ at the end (an AssertionError, or troupe.Error, fails the worker and so the job)
     worker's packed pushes stand for, the residual carried over rounds, for a key of 35 elements
     (not whole words), one of 1,100,000 split over the 2 servers, and 64 keys of 50 elements
     pushpulled in one call (fused frames of packed pushes); a bad setting
-    raises troupe.Error naming it.
+    raises troupe.Error naming it;
+  - a row_sparse key split by rows over the 2 servers: worker w pushes w + 1 into its own rows,
+    and row_sparse_pull returns exactly the rows asked for, with the test optimizer's closed
+    form (1 + 2 (w + 1) per round) in pushed rows, 1 in rows no worker pushed, 0 elsewhere.
 """
 
 import os
@@ -84,6 +87,7 @@ def main():
 
     check_async_requests(kv, rank, workers)
     check_gradient_compression(kv, rank, workers)
+    check_row_sparse(kv, rank, workers)
 
     kv.close()
     print(f"dist_worker {rank} of {workers}: ok", flush=True)
@@ -222,5 +226,33 @@ def check_async_requests(kv, rank, workers):
     kv.barrier()
 
 
+
+def check_row_sparse(kv, rank, workers):
+    # Set to none: compressed row_sparse pushes are refused, as MXNet refuses them.
+    kv.set_gradient_compression({"type": "none"})
+    rows, width = 400_000, 4  # 1.6M elements: split by rows over both servers
+    kv.init(50, troupe.kv.row_sparse_array((np.ones((1, width), np.float32), np.array([0])),
+                                           shape=(rows, width)))
+    kv.set_optimizer("test", rescale_grad=2)
+    mine = np.arange(rank, rows, 1000 * workers)  # rows on both servers
+    asked = np.array([rows - 1, 0, 1, 199_999, 200_000, 200_001, 1000, 1000])
+    for step in range(2):
+        grad = troupe.kv.row_sparse_array(
+            (np.full((len(mine), width), rank + 1, np.float32), mine), shape=(rows, width))
+        kv.push(50, grad)
+        out = troupe.kv.RowSparseArray((rows, width))
+        kv.row_sparse_pull(50, out=out, row_ids=asked)
+        np.testing.assert_array_equal(out.indices, np.unique(asked))
+        for i, row in enumerate(out.indices):
+            pusher = row % (1000 * workers)
+            expected = 0.0
+            if row == 0:
+                expected = 1.0  # initialised to 1, row 0 pushed by worker 0
+            if pusher < workers:
+                expected += 2.0 * (pusher + 1) * (step + 1)
+            assert (out.data[i] == expected).all(), (row, out.data[i], expected)
+
+
 if __name__ == "__main__":
     main()
+

@@ -128,6 +128,37 @@ class NumpyArrays(unittest.TestCase):
         finally:
             device.close()
 
+    def test_row_sparse_keys_take_rows_and_row_sparse_pull_returns_the_rows_asked(self):
+        table = np.ones((5, 3), np.float32)
+        self.kv.init("embedding", troupe.kv.row_sparse_array(table))
+        self.kv.set_optimizer("test", rescale_grad=2)
+        grad = troupe.kv.row_sparse_array(
+            (np.full((2, 3), 4, np.float32), np.array([1, 3])), shape=(5, 3))
+        np.testing.assert_array_equal(grad.indices, [1, 3])
+        with self.assertRaisesRegex(troupe.Error, "strictly increasing"):
+            troupe.kv.row_sparse_array((np.ones((2, 3), np.float32), np.array([3, 1])), shape=(5, 3))
+        self.kv.push("embedding", [grad, grad])  # summed: 8 in rows 1 and 3
+        out = troupe.kv.RowSparseArray((5, 3))
+        self.kv.row_sparse_pull("embedding", out=out, row_ids=np.array([[3.0, 0.0], [3.0, 3.0]]))
+        np.testing.assert_array_equal(out.indices, [0, 3])
+        np.testing.assert_array_equal(out.data, [[1, 1, 1], [17, 17, 17]])
+        dense = out.asnumpy()
+        self.assertEqual(dense.shape, (5, 3))
+        np.testing.assert_array_equal(dense[1], [0, 0, 0])  # not asked for
+        np.testing.assert_array_equal(out.tostype("default"), dense)
+        # A plain pull of the key: skipped for a RowSparseArray (MXNet's ignore_sparse), an error
+        # otherwise.
+        self.kv.pull("embedding", out=out)
+        with self.assertRaisesRegex(troupe.Error, "row_sparse_pull"):
+            self.kv.pull("embedding", out=out, ignore_sparse=False)
+        with self.assertRaisesRegex(troupe.Error, "row_sparse_pull"):
+            self.kv.pull("embedding", out=np.empty((5, 3), np.float32))
+        with self.assertRaisesRegex(troupe.Error, "row id 5 is outside"):
+            self.kv.row_sparse_pull("embedding", out=out, row_ids=np.array([5]))
+        with self.assertRaisesRegex(troupe.Error, "shape"):
+            troupe.kv.row_sparse_array((np.ones((1, 2), np.float32), np.array([0])), shape=(5, 3))
+        self.assertIn("2 rows stored", repr(out))
+
     def test_set_optimizer_takes_a_dict_as_mxnet_passes_params(self):
         self.kv.init(0, np.ones(2, np.float32))
         self.kv.set_optimizer("sgd", {"learning_rate": 1.0})

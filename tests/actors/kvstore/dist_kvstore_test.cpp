@@ -91,6 +91,30 @@ BOOST_AUTO_TEST_CASE(small_keys_go_whole_to_one_server_and_big_ones_are_split_ov
   BOOST_TEST(odd[0].end == 733'261);
 }
 
+BOOST_AUTO_TEST_CASE(row_sparse_keys_are_split_by_rows_as_mxnet_splits_them) {
+  // Below the bound: whole on server (key * 9973) % S.
+  auto small = place_rows(3, 1000, 999, 4, 1'000'000);
+  BOOST_TEST_REQUIRE(small.size() == 1u);
+  BOOST_TEST(small[0].server == (3u * 9973u) % 4u);
+  BOOST_TEST(small[0].ps_key == server_key_ranges(4)[small[0].server].begin + 3);
+  BOOST_TEST(small[0].first_row == 0);
+  BOOST_TEST(small[0].end_row == 1000);
+  // At or above it: rows [llround(R/S*i), llround(R/S*(i+1))) on server i, as EncodeRowSparseKey.
+  auto big = place_rows(5, 1001, 1000, 3, 1'000'000);
+  BOOST_TEST_REQUIRE(big.size() == 3u);
+  const std::vector<std::int64_t> ends{334, 667, 1001};
+  std::int64_t first = 0;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    BOOST_TEST(big[i].server == i);
+    BOOST_TEST(big[i].ps_key == server_key_ranges(3)[i].begin + 5);
+    BOOST_TEST(big[i].first_row == first);
+    BOOST_TEST(big[i].end_row == ends[i]);
+    BOOST_TEST(big[i].begin == first * 1000);
+    BOOST_TEST(big[i].end == ends[i] * 1000);
+    first = ends[i];
+  }
+}
+
 BOOST_AUTO_TEST_CASE(without_a_slice_size_or_with_a_large_one_the_placement_is_mxnets) {
   for (std::int64_t elements : {std::int64_t{0}, std::int64_t{7}, std::int64_t{1'440'000}})
     for (std::uint32_t servers : {1u, 3u}) {
@@ -741,15 +765,198 @@ BOOST_AUTO_TEST_CASE(compression_settings_that_mxnet_refuses_are_errors_naming_t
              boost::test_tools::per_element());
 }
 
-BOOST_AUTO_TEST_CASE(row_sparse_keys_are_refused_by_name_until_the_servers_take_them) {
-  in_process_job job{"dist_sync", 1, 1};
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+/// The closed form in a distributed job: a row_sparse key of `rows` rows initialised to
+/// ones, the test optimizer with rescale_grad 2, worker w pushing w + 1 into row w % rows (its
+/// own rows of a big key: every row r with r % W == w and r % 5 == 0). After round i a row r
+/// holds 1 + sum over the workers w that pushed it of 2 (w + 1) (i + 1); row_sparse_pull returns
+/// exactly the rows asked for (unsorted, repeated float ids), every other row 0.
+void check_row_sparse_rounds(const std::string& type_name, dtype type, std::uint32_t workers,
+                             std::uint32_t servers, std::int64_t rows, std::int64_t width,
+                             bool own_rows, const troupe::testing::in_process_options& options) {
+  const bool async = type_name.find("async") != std::string::npos;
+  const int rounds = 3;
+  auto pushers_of = [&](std::int64_t r) {
+    std::vector<std::uint32_t> ws;
+    for (std::uint32_t w = 0; w < workers; ++w)
+      if (own_rows ? (r % workers == w && r % 5 == 0) : (static_cast<std::int64_t>(w) % rows == r))
+        ws.push_back(w);
+    return ws;
+  };
+  in_process_job job{type_name, workers, servers, options};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    auto initial = row_sparse_array::from_dense(ndarray::ones({rows, width}, context::cpu(), type));
+    if (!seen.check(kv.init(9, initial.value()), "init") ||
+        !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
+      return;
+    std::vector<std::int64_t> mine;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (auto w : pushers_of(r))
+        if (w == rank)
+          mine.push_back(r);
+    // Asked for: every third row, backwards, each twice, as floats.
+    std::vector<float> asked;
+    for (std::int64_t r = rows - 1; r >= 0; r -= 3) {
+      asked.push_back(static_cast<float>(r));
+      asked.push_back(static_cast<float>(r));
+    }
+    const auto ids = ndarray::from_values(asked, {static_cast<std::int64_t>(asked.size())});
+    for (int round = 0; round < rounds; ++round) {
+      auto values = ndarray::full({static_cast<std::int64_t>(mine.size()), width}, rank + 1.0,
+                                  context::cpu(), type);
+      auto grad = row_sparse_array::from_rows(values, mine, {rows, width}).value();
+      if (!seen.check(kv.push(9, grad), "push"))
+        return;
+      if (async && (round + 1 < rounds || !seen.check(kv.barrier(), "barrier")))
+        continue;
+      row_sparse_array out;
+      if (!seen.check(kv.row_sparse_pull(9, out, ids), "row_sparse_pull"))
+        return;
+      const auto dense = out.to_dense().as_type(dtype::float32).to_vector<float>();
+      const int done = async ? rounds : round + 1;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float expected = 0;
+        if ((rows - 1 - r) % 3 == 0) {
+          expected = 1;
+          for (auto w : pushers_of(r))
+            expected += 2.0f * static_cast<float>(w + 1) * static_cast<float>(done);
+        }
+        const auto got = dense[static_cast<std::size_t>(r * width + width - 1)];
+        if (got != expected) {
+          seen.add("worker " + std::to_string(rank) + " round " + std::to_string(round) + ": row " +
+                   std::to_string(r) + " is " + std::to_string(got) + ", expected " +
+                   std::to_string(expected));
+          return;
+        }
+      }
+    }
+    row_sparse_array none;
+    if (seen.check(kv.row_sparse_pull(9, none, ndarray::zeros({0})), "empty row_sparse_pull") &&
+        (none.stored_rows() != 0 || none.shape() != shape_vector{rows, width}))
+      seen.add("an empty row_ids gave " + std::to_string(none.stored_rows()) + " rows");
+  });
+  BOOST_TEST(seen.seen.empty(), type_name << " " << to_string(type) << " W=" << workers
+                                          << " S=" << servers << " rows=" << rows << "\n"
+                                          << seen.report());
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(row_sparse_in_one_process)
+
+BOOST_AUTO_TEST_CASE(dist_sync_and_async_sum_the_pushed_rows_as_the_closed_form_says) {
+  // A small key (whole on one server) and a big one split by rows over the servers (the bound is
+  // lowered to 400 elements), float32 and float16.
+  const auto options = troupe::testing::make_options(2, 400, std::size_t{1} << 20);
+  for (const auto* type_name : {"dist_sync", "dist_async"})
+    for (auto type : {dtype::float32, dtype::float16}) {
+      check_row_sparse_rounds(type_name, type, 5, 2, 3, 4, false, options);
+      check_row_sparse_rounds(type_name, type, 4, 3, 1000, 8, true, options);
+    }
+  check_row_sparse_rounds("dist_sync", dtype::float32, 1, 1, 7, 3, false, options);
+  check_row_sparse_rounds("dist_sync", dtype::float32, 3, 4, 5, 100, true, options);
+}
+
+BOOST_AUTO_TEST_CASE(without_an_optimizer_the_round_sum_becomes_the_key) {
+  in_process_job job{"dist_sync", 3, 2, troupe::testing::make_options(2, 10, std::size_t{1} << 20)};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    if (!seen.check(kv.init(4, row_sparse_array::from_dense(ndarray::ones({6, 2})).value()),
+                    "init"))
+      return;
+    // Worker w pushes 1 into rows w and 5: row 5 sums three pushes, rows 3 and 4 none.
+    auto grad = row_sparse_array::from_rows(ndarray::ones({2, 2}),
+                                            std::vector<std::int64_t>{rank, 5}, {6, 2})
+                    .value();
+    if (!seen.check(kv.push(4, grad), "push"))
+      return;
+    row_sparse_array out;
+    if (!seen.check(kv.row_sparse_pull(4, out, ndarray::from_values({0, 1, 2, 3, 4, 5}, {6})),
+                    "row_sparse_pull"))
+      return;
+    const std::vector<float> expected{1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 3, 3};
+    if (out.to_dense().to_vector<float>() != expected)
+      seen.add("worker " + std::to_string(rank) + " pulled another sum");
+  });
+  BOOST_TEST(seen.seen.empty(), seen.report());
+}
+
+BOOST_AUTO_TEST_CASE(lazy_sgd_on_the_servers_moves_only_the_pushed_rows) {
+  in_process_job job{"dist_async", 2, 2,
+                     troupe::testing::make_options(1, 10, std::size_t{1} << 20)};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    if (!seen.check(kv.init(0, row_sparse_array::from_dense(ndarray::ones({8, 2})).value()),
+                    "init") ||
+        !seen.check(kv.set_optimizer("sgd", {{"learning_rate", 0.5}, {"wd", 0.1}}),
+                    "set_optimizer"))
+      return;
+    // Each worker pushes ones into row 6 * rank + 1 (rows 1 and 7, on different servers).
+    auto grad = row_sparse_array::from_rows(ndarray::ones({1, 2}),
+                                            std::vector<std::int64_t>{6 * rank + 1}, {8, 2})
+                    .value();
+    if (!seen.check(kv.push(0, grad), "push") || !seen.check(kv.barrier(), "barrier"))
+      return;
+    row_sparse_array out;
+    if (!seen.check(kv.row_sparse_pull(0, out, ndarray::from_values({0, 1, 6, 7}, {4})),
+                    "row_sparse_pull"))
+      return;
+    // Pushed rows: 1 - 0.5 (1 + 0.1) = 0.45; the others keep 1 (lazy_update: wd leaves them).
+    // (Rows 2 to 5 were not asked for: 0.)
+    const std::vector<float> expected{1, 1, 0.45f, 0.45f, 0, 0, 0,     0,
+                                      0, 0, 0,     0,     1, 1, 0.45f, 0.45f};
+    if (auto got = out.to_dense().to_vector<float>(); got != expected) {
+      std::string text;
+      for (auto v : got)
+        text += " " + std::to_string(v);
+      seen.add("worker " + std::to_string(rank) + " pulled" + text);
+    }
+  });
+  BOOST_TEST(seen.seen.empty(), seen.report());
+}
+
+BOOST_AUTO_TEST_CASE(dense_calls_on_row_sparse_keys_and_bad_rows_are_errors_naming_them) {
+  in_process_job job{"dist_sync", 1, 2, troupe::testing::make_options(2, 10, std::size_t{1} << 20)};
   auto& kv = *job.workers[0];
-  auto refused = kv.init(5, row_sparse_array::from_dense(ndarray::ones({4, 2})).value());
-  BOOST_TEST_REQUIRE(!refused.has_value());
-  BOOST_TEST(refused.error().code() == errc::not_supported);
-  BOOST_TEST(refused.error().message().find("dist_sync") != std::string::npos);
-  row_sparse_array out;
-  BOOST_TEST(!kv.row_sparse_pull(5, out, ndarray::zeros({1})).has_value());
+  BOOST_TEST_REQUIRE(
+      kv.init("table", row_sparse_array::from_dense(ndarray::ones({6, 2})).value()).has_value());
+  BOOST_TEST_REQUIRE(kv.init("bias", ndarray::ones({2})).has_value());
+  auto out = ndarray::zeros({6, 2});
+  auto pulled = kv.pull("table", out);
+  BOOST_TEST_REQUIRE(!pulled.has_value());
+  BOOST_TEST(pulled.error().message().find("row_sparse_pull") != std::string::npos,
+             pulled.error().message());
+  BOOST_TEST(!kv.push("table", ndarray::ones({6, 2})).has_value());
+  row_sparse_array rows;
+  auto dense_key = kv.row_sparse_pull("bias", rows, ndarray::zeros({1}));
+  BOOST_TEST_REQUIRE(!dense_key.has_value());
+  BOOST_TEST(dense_key.error().message().find("'bias'") != std::string::npos);
+  auto outside = kv.row_sparse_pull("table", rows, ndarray::from_values({6}, {1}));
+  BOOST_TEST_REQUIRE(!outside.has_value());
+  BOOST_TEST(outside.error().message() ==
+             "row_sparse_pull of key 'table': row_ids: row id 6 is outside [0, 6)");
+  auto wrong_shape =
+      kv.push("table", row_sparse_array::from_rows(ndarray::ones({1, 3}),
+                                                   std::vector<std::int64_t>{0}, {6, 3})
+                           .value());
+  BOOST_TEST_REQUIRE(!wrong_shape.has_value());
+  BOOST_TEST(wrong_shape.error().code() == errc::shape_mismatch);
+  BOOST_TEST_REQUIRE(kv.set_gradient_compression("2bit", 0.5).has_value());
+  auto compressed =
+      kv.push("table", row_sparse_array::from_rows(ndarray::ones({1, 2}),
+                                                   std::vector<std::int64_t>{0}, {6, 2})
+                           .value());
+  BOOST_TEST_REQUIRE(!compressed.has_value());
+  BOOST_TEST(compressed.error().code() == errc::not_supported);
+  // Nothing changed the table.
+  BOOST_TEST_REQUIRE(
+      kv.row_sparse_pull("table", rows, ndarray::from_values({0, 1, 2, 3, 4, 5}, {6})).has_value());
+  BOOST_TEST(rows.to_dense().to_vector<float>() == std::vector<float>(12, 1.0f),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
