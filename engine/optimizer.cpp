@@ -1,6 +1,5 @@
 #include "engine/optimizer.hpp"
 
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -82,6 +81,19 @@ public:
   }
 };
 
+/// Calls `update(weight row, grad row, state rows)` for every row of a lazy update.
+template <class Update>
+void for_each_row(float* weight, const float* grad, std::span<const std::int64_t> rows,
+                  std::size_t row_elements, std::span<float* const> state, Update&& update) {
+  std::vector<float*> at(state.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto offset = static_cast<std::size_t>(rows[i]) * row_elements;
+    for (std::size_t s = 0; s < state.size(); ++s)
+      at[s] = state[s] + offset;
+    update(weight + offset, grad + i * row_elements, std::span<float* const>{at});
+  }
+}
+
 class sgd_optimizer final : public optimizer {
 public:
   using optimizer::optimizer;
@@ -92,6 +104,18 @@ public:
     rules::sgd_update(weight, grad, state.empty() ? nullptr : state[0], n,
                       f(*this, "learning_rate"), f(*this, "momentum"), f(*this, "wd"),
                       settings_of(*this));
+  }
+  void apply_rows(float* weight, const float* grad, std::span<const std::int64_t> rows,
+                  std::size_t row_elements, std::span<float* const> state,
+                  std::int64_t) const override {
+    const float rate = f(*this, "learning_rate"), momentum = f(*this, "momentum"),
+                decay = f(*this, "wd");
+    const auto settings = settings_of(*this);
+    for_each_row(weight, grad, rows, row_elements, state,
+                 [&](float* w, const float* g, std::span<float* const> s) {
+                   rules::sgd_update(w, g, s.empty() ? nullptr : s[0], row_elements, rate, momentum,
+                                     decay, settings);
+                 });
   }
   void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const> state,
                     std::size_t n, std::int64_t) const override {
@@ -138,6 +162,18 @@ public:
     rules::adam_update(weight, grad, state[0], state[1], n, corrected_rate(update_count),
                        f(*this, "beta1"), f(*this, "beta2"), f(*this, "epsilon"), f(*this, "wd"),
                        settings_of(*this));
+  }
+  void apply_rows(float* weight, const float* grad, std::span<const std::int64_t> rows,
+                  std::size_t row_elements, std::span<float* const> state,
+                  std::int64_t update_count) const override {
+    const float rate = corrected_rate(update_count), beta1 = f(*this, "beta1"),
+                beta2 = f(*this, "beta2"), epsilon = f(*this, "epsilon"), decay = f(*this, "wd");
+    const auto settings = settings_of(*this);
+    for_each_row(weight, grad, rows, row_elements, state,
+                 [&](float* w, const float* g, std::span<float* const> s) {
+                   rules::adam_update(w, g, s[0], s[1], row_elements, rate, beta1, beta2, epsilon,
+                                      decay, settings);
+                 });
   }
   void apply_on_gpu(int device, gpu_rules::weight_and_grad w, std::span<float* const> state,
                     std::size_t n, std::int64_t update_count) const override {
@@ -462,18 +498,22 @@ void updater::update_rows(std::int64_t index, const row_sparse_array& grad, ndar
   // The dense rule on each row the gradient holds: for sgd and adam the same operations MXNet's
   // lazy kernels run on those rows (update count, Adam's t, is the weight's).
   const auto row = static_cast<std::size_t>(grad.row_elements());
-  auto* w = weight.data<float>();
-  const float* g = grad.stored_rows() == 0 || row == 0 ? nullptr : grad.data().data<float>();
+  if (grad.stored_rows() == 0 || row == 0)
+    return;
   std::vector<float*> base;
   for (auto& buffer : entry.buffers)
     base.push_back(buffer.data<float>());
-  std::vector<float*> state(base.size());
-  for (std::size_t i = 0; g != nullptr && i < grad.stored_rows(); ++i) {
-    const auto at = static_cast<std::size_t>(grad.indices()[i]) * row;
-    for (std::size_t s = 0; s < base.size(); ++s)
-      state[s] = base[s] + at;
-    optimizer_->apply(w + at, g + i * row, state, row, entry.update_count);
-  }
+  optimizer_->apply_rows(weight.data<float>(), grad.data().data<float>(), grad.indices(), row, base,
+                         entry.update_count);
+}
+
+void optimizer::apply_rows(float* weight, const float* grad, std::span<const std::int64_t> rows,
+                           std::size_t row_elements, std::span<float* const> state,
+                           std::int64_t update_count) const {
+  for_each_row(weight, grad, rows, row_elements, state,
+               [&](float* w, const float* g, std::span<float* const> s) {
+                 apply(w, g, s, row_elements, update_count);
+               });
 }
 
 void optimizer::apply_on_gpu(int device, kernels::cuda::weight_and_grad, std::span<float* const>,

@@ -67,6 +67,13 @@ public:
   /// (Adam's t).
   virtual void apply(float* weight, const float* grad, std::span<float* const> state, std::size_t n,
                      std::int64_t update_count) const = 0;
+  /// apply on rows `rows` of `weight` and of each state buffer (row r: elements [r * row_elements,
+  /// (r + 1) * row_elements)), row i of `grad` (row_elements each) for rows[i]: the lazy update of
+  /// a row_sparse gradient (updater::update_rows). By default apply, row by row; sgd and adam
+  /// read their parameters once for all rows.
+  virtual void apply_rows(float* weight, const float* grad, std::span<const std::int64_t> rows,
+                          std::size_t row_elements, std::span<float* const> state,
+                          std::int64_t update_count) const;
   /// The same update on CUDA device `device`: weight and grad (float32 or float16) and the
   /// float32 state are device memory. The built-in optimizers have it; by default it throws
   /// not_supported naming the optimizer.

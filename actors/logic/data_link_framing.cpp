@@ -583,11 +583,12 @@ receive_outcome frame_receiver::finish_body(std::vector<char>& buffer) {
 
 namespace {
 
-/// What a batch with tensors in the peer's arena keeps: the region's hold and the frame.
-struct batch_holds {
+/// What a message with bytes both in the peer's arena and in its frame keeps (a batch with
+/// tensors there, a row-sparse push): the region's hold and the frame.
+struct region_and_frame {
   std::shared_ptr<const void> region;
   std::shared_ptr<const void> frame;
-  batch_holds(std::shared_ptr<const void> region_hold, std::shared_ptr<const void> frame_hold)
+  region_and_frame(std::shared_ptr<const void> region_hold, std::shared_ptr<const void> frame_hold)
       : region(std::move(region_hold)), frame(std::move(frame_hold)) {}
 };
 
@@ -623,28 +624,35 @@ receive_outcome frame_receiver::deliver(std::shared_ptr<const std::vector<char>>
   env.msg = std::move(decoded->msg);
   const auto* fused = std::get_if<wire::batch>(&env.msg);
   const auto batch_region = fused != nullptr ? first_arena_offset(*fused) : std::nullopt;
-  if (const auto* tensor = wire::tensor_of(env.msg); tensor != nullptr && tensor->shm) {
+  // A row-sparse request's row ids stay in the frame whatever its tensor does.
+  const auto* pull = std::get_if<wire::pull_request>(&env.msg);
+  const auto* tensor = wire::tensor_of(env.msg);
+  const bool ids_in_frame = (pull != nullptr && !pull->row_ids.empty()) ||
+                            (tensor != nullptr && !tensor->row_ids.empty());
+  auto frame_hold = [&]() -> std::shared_ptr<const void> {
+    if (decoded->copied())
+      return std::make_shared<wire::decoded_message>(std::move(*decoded));
+    return std::move(owner);
+  };
+  if (tensor != nullptr && tensor->shm) {
     // The bytes are in the peer's arena (decode checked the bounds); the frame buffer goes back
-    // to the pool right here, and the region goes back to the peer with the last envelope copy.
+    // to the pool right here (unless row ids view it), and the region goes back to the peer
+    // with the last envelope copy.
     env.keepalive = arena_->hold(tensor->shm->offset);
+    if (ids_in_frame)
+      env.keepalive = std::make_shared<region_and_frame>(std::move(env.keepalive), frame_hold());
   } else if (batch_region) {
     // A batch's tensors in the arena share one region, which starts at the first of them
     // (data_link.cpp, batch_into_arena): one hold for all, and the frame for any inline one.
-    std::shared_ptr<const void> frame =
-        decoded->copied() ? std::make_shared<wire::decoded_message>(std::move(*decoded))
-                          : std::shared_ptr<const void>(std::move(owner));
-    env.keepalive = std::make_shared<batch_holds>(arena_->hold(*batch_region), std::move(frame));
-  } else if (tensor != nullptr || fused != nullptr) {
-    // (A batch's tensors view it too.) operator new aligns vectors to 16 bytes, so decode reads in
-    // place and the tensor views the frame buffer; were it ever copied, the aligned copy lives in
-    // the decoded_message instead.
-    if (decoded->copied())
-      env.keepalive = std::make_shared<wire::decoded_message>(std::move(*decoded));
-    else
-      env.keepalive = std::move(owner);
+    env.keepalive = std::make_shared<region_and_frame>(arena_->hold(*batch_region), frame_hold());
+  } else if (tensor != nullptr || fused != nullptr || ids_in_frame) {
+    // (A batch's tensors view it too, and row ids.) operator new aligns vectors to 16 bytes, so
+    // decode reads in place and the tensor views the frame buffer; were it ever copied, the
+    // aligned copy lives in the decoded_message instead.
+    env.keepalive = frame_hold();
   }
-  // Without a tensor (nor a batch) nothing views the buffer: `owner` returns it to the pool right
-  // here. Link control is handled by the broker at once and needs no credit.
+  // Without a tensor, a batch or row ids nothing views the buffer: `owner` returns it to the pool
+  // right here. Link control is handled by the broker at once and needs no credit.
   auto no_memory_to_hold = [frame_bytes] {
     return receive_outcome{wire::frame_prefix_bytes, std::nullopt,
                            wire::decode_error{wire::decode_error::code::limit_exceeded,

@@ -397,6 +397,31 @@ BOOST_AUTO_TEST_CASE(a_batch_keeps_its_buffer_while_its_tensors_are_in_use) {
   BOOST_TEST(pool->stats().cached_buffers == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(a_row_sparse_pull_keeps_its_buffer_while_its_row_ids_are_in_use) {
+  // Its row ids view the frame, as a tensor would, though it has none: given back at once, the
+  // buffer would hold the next frame's bytes when the shard reads the ids (two workers pulling
+  // from one server saw their ids out of order).
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
+  frame_receiver receiver(pool, {});
+  std::vector<char> scribe_buffer;
+  std::vector<std::int64_t> rows(512);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    rows[i] = static_cast<std::int64_t>(3 * i);
+  wire::pull_request sent{8, 4, 0, 1, 0};
+  sent.row_sparse = true;
+  sent.row_ids = std::as_bytes(std::span{rows});
+  auto out = feed(receiver, scribe_buffer, wire::encode(sent).flatten());
+  BOOST_TEST_REQUIRE(out.frame.has_value());
+  BOOST_TEST_REQUIRE(out.frame->keepalive != nullptr);
+  BOOST_TEST(pool->stats().cached_buffers == 0u);
+  auto next = wire::encode(make_push(7, *ramp(1024, 100.0f))).flatten();
+  auto other = feed(receiver, scribe_buffer, next);
+  BOOST_TEST_REQUIRE(other.frame.has_value());
+  BOOST_TEST((out.frame->msg == wire::message{sent}));
+  out.frame.reset();
+  BOOST_TEST(pool->stats().cached_buffers == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(an_oversized_prefix_is_fatal_before_anything_is_allocated) {
   auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
   wire::decode_limits limits;

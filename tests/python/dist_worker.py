@@ -235,8 +235,10 @@ def check_row_sparse(kv, rank, workers):
                                            shape=(rows, width)))
     kv.set_optimizer("test", rescale_grad=2)
     mine = np.arange(rank, rows, 1000 * workers)  # rows on both servers
-    asked = np.array([rows - 1, 0, 1, 199_999, 200_000, 200_001, 1000, 1000])
-    for step in range(2):
+    # A few rows, then many (a pull of 40 KiB of ids, which must survive in the server's frame
+    # while the other worker's frames arrive).
+    for step, asked in enumerate([np.array([rows - 1, 0, 1, 199_999, 200_000, 200_001, 1000, 1000]),
+                                  np.arange(rows - 1, -1, -79)]):
         grad = troupe.kv.row_sparse_array(
             (np.full((len(mine), width), rank + 1, np.float32), mine), shape=(rows, width))
         kv.push(50, grad)
