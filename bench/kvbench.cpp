@@ -193,8 +193,7 @@ int row_sparse_bench(kvstore& kv, const std::string& type, std::int64_t rows, st
     return 0;
   const double table_bytes = static_cast<double>(rows * width) * sizeof(float);
   const double rows_bytes = static_cast<double>(touched * width) * sizeof(float);
-  auto line_of = [&](const char* op, const std::vector<double>& seconds, double moved) {
-    const stats s = summarize(seconds);
+  auto table_line = [&](const char* op) {
     json_line::object line;
     line["bench"] = "kvbench";
     line["type"] = type;
@@ -203,6 +202,11 @@ int row_sparse_bench(kvstore& kv, const std::string& type, std::int64_t rows, st
     line["width"] = width;
     line["rows_touched"] = touched;
     line["workers"] = kv.num_workers();
+    return line;
+  };
+  auto line_of = [&](const char* op, const std::vector<double>& seconds, double moved) {
+    const stats s = summarize(seconds);
+    auto line = table_line(op);
     line["repeats"] = seconds.size();
     line["median_ms"] = json_line::fixed(s.median * 1e3, 3);
     line["min_ms"] = json_line::fixed(s.fastest * 1e3, 3);
@@ -213,13 +217,7 @@ int row_sparse_bench(kvstore& kv, const std::string& type, std::int64_t rows, st
   };
   const double dense_median = line_of("dense push+pull", *dense, 2 * table_bytes);
   const double sparse_median = line_of("row_sparse push+pull", *sparse, 2 * rows_bytes);
-  json_line::object ratio;
-  ratio["bench"] = "kvbench";
-  ratio["type"] = type;
-  ratio["op"] = "row_sparse_speedup";
-  ratio["rows"] = rows;
-  ratio["width"] = width;
-  ratio["rows_touched"] = touched;
+  auto ratio = table_line("row_sparse_speedup");
   ratio["speedup"] = json_line::fixed(dense_median / sparse_median, 1);
   json_line::print(ratio);
   return 0;

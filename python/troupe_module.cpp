@@ -235,29 +235,12 @@ void check(const status& outcome) {
 /// A NumPy array holding a copy of `array` (on the host).
 py::object to_numpy(const ndarray& array) {
   const auto np = py::module_::import("numpy");
-  const char* names[] = {"float32", "float16", "int32", "int64", "float64"};
-  const char* name = "float32";
-  switch (array.dtype()) {
-  case dtype::float32:
-    name = names[0];
-    break;
-  case dtype::float16:
-    name = names[1];
-    break;
-  case dtype::int32:
-    name = names[2];
-    break;
-  case dtype::int64:
-    name = names[3];
-    break;
-  case dtype::float64:
-    name = names[4];
-    break;
-  }
+  // troupe's dtype names are NumPy's.
+  const std::string name{to_string(array.dtype())};
   py::tuple shape(array.shape().size());
   for (std::size_t i = 0; i < array.shape().size(); ++i)
     shape[i] = array.shape()[i];
-  py::object out = np.attr("empty")(shape, np.attr(name));
+  py::object out = np.attr("empty")(shape, np.attr(name.c_str()));
   auto target = borrow_array(out, true, "a new NumPy array");
   array.copy_to(target);
   target.wait_to_read();

@@ -249,17 +249,31 @@ result<kv_operation> dist_kvstore::make_operation(kv_call call, std::span<const 
 status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray> values) {
   if (auto checked = keys_.check_new(keys, values); !checked)
     return checked;
+  return declare_and_send(keys, values, false);
+}
+
+status dist_kvstore::init(std::span<const kv_key> keys, std::span<const row_sparse_array> values) {
+  // A row_sparse key is stored dense on its servers (as MXNet's servers store it), so its value
+  // travels dense, split by rows.
+  auto dense = keys_.check_new(keys, values);
+  if (!dense)
+    return dense.error();
+  return declare_and_send(keys, *dense, true);
+}
+
+status dist_kvstore::declare_and_send(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                      bool row_sparse) {
   if (auto checked = check_key_numbers(keys); !checked)
     return checked;
-  keys_.declare(keys, values);
+  keys_.declare(keys, values, row_sparse);
   if (setup_.rank == 0) {
     kv_operation op;
     op.call = kv_call::init;
     op.what = "init";
     auto built = status_of([&]() -> status {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        const auto& declared = *keys_.find(keys[i], "init").value();
-        auto work = work_for(declared);
+        auto work = work_for(*keys_.find(keys[i], "init").value());
+        work.row_sparse = row_sparse;
         work.value = values[i].ctx().is_cpu() ? values[i] : values[i].copy_to(context::cpu());
         work.value.wait_to_read();
         op.keys.push_back(std::move(work));
@@ -268,32 +282,6 @@ status dist_kvstore::init(std::span<const kv_key> keys, std::span<const ndarray>
     });
     if (!built)
       return built;
-    if (auto done = start(std::move(op)).wait(); !done)
-      return done;
-  }
-  return setup_.barrier();
-}
-
-status dist_kvstore::init(std::span<const kv_key> keys, std::span<const row_sparse_array> values) {
-  // A row_sparse key is stored dense on its servers (as MXNet's servers store it), so its value
-  // travels dense, split by rows.
-  auto checked_values = keys_.check_new(keys, values);
-  if (!checked_values)
-    return checked_values.error();
-  auto& dense = *checked_values;
-  if (auto checked = check_key_numbers(keys); !checked)
-    return checked;
-  keys_.declare(keys, dense, true);
-  if (setup_.rank == 0) {
-    kv_operation op;
-    op.call = kv_call::init;
-    op.what = "init";
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      auto work = work_for(*keys_.find(keys[i], "init").value());
-      work.row_sparse = true;
-      work.value = std::move(dense[i]);
-      op.keys.push_back(std::move(work));
-    }
     if (auto done = start(std::move(op)).wait(); !done)
       return done;
   }

@@ -121,6 +121,10 @@ private:
   void abandon();
   /// Hands `op` to the worker actor; the request ends when the worker delivers.
   kv_request start(kv_operation op);
+  /// init's work once the values are checked: declares the keys (`row_sparse`: of row_sparse
+  /// values, whose dense forms `values` are) and, on rank 0, sends them; then the barrier.
+  status declare_and_send(std::span<const kv_key> keys, std::span<const ndarray> values,
+                          bool row_sparse);
   /// The operation for `keys` grouped from a batch call, `values` summed per key when given.
   result<kv_operation> make_operation(kv_call call, std::span<const kv_key> keys,
                                       std::span<const ndarray> values, std::span<ndarray> outputs,

@@ -112,6 +112,25 @@ receive_outcome feed(frame_receiver& receiver, std::vector<char>& scribe_buffer,
   return out;
 }
 
+/// Receives `sent`, then another frame, and checks that the first frame's buffer stayed with its
+/// envelope meanwhile (not back in the pool, where the next frame would overwrite what the
+/// message views) and went back to the pool with it.
+void check_buffer_stays_with_envelope(const wire::message& sent) {
+  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
+  frame_receiver receiver(pool, {});
+  std::vector<char> scribe_buffer;
+  auto out = feed(receiver, scribe_buffer, wire::encode(sent).flatten());
+  BOOST_TEST_REQUIRE(out.frame.has_value());
+  BOOST_TEST_REQUIRE(out.frame->keepalive != nullptr);
+  BOOST_TEST(pool->stats().cached_buffers == 0u);
+  auto next = wire::encode(make_push(7, *ramp(1024, 100.0f))).flatten();
+  auto other = feed(receiver, scribe_buffer, next);
+  BOOST_TEST_REQUIRE(other.frame.has_value());
+  BOOST_TEST((out.frame->msg == sent));
+  out.frame.reset();
+  BOOST_TEST(pool->stats().cached_buffers == 1u);
+}
+
 // --- an actor system with the io module, and what a test spawned in it -----------------------
 
 struct link_fixture {
@@ -378,48 +397,23 @@ BOOST_AUTO_TEST_CASE(a_frame_without_a_tensor_gives_its_buffer_back_at_once) {
 }
 
 BOOST_AUTO_TEST_CASE(a_batch_keeps_its_buffer_while_its_tensors_are_in_use) {
-  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
-  frame_receiver receiver(pool, {});
-  std::vector<char> scribe_buffer;
   auto values = ramp(1024);
   const wire::batch sent{{make_push(3, *values), wire::pull_request{8, 4}, make_push(5, *values)}};
-  auto out = feed(receiver, scribe_buffer, wire::encode(sent).flatten());
-  BOOST_TEST_REQUIRE(out.frame.has_value());
-  // The buffer stays with the envelope, which its tensors view: it is not back in the pool, where
-  // the next frame would overwrite them.
-  BOOST_TEST_REQUIRE(out.frame->keepalive != nullptr);
-  BOOST_TEST(pool->stats().cached_buffers == 0u);
-  auto next = wire::encode(make_push(7, *ramp(1024, 100.0f))).flatten();
-  auto other = feed(receiver, scribe_buffer, next);
-  BOOST_TEST_REQUIRE(other.frame.has_value());
-  BOOST_TEST((out.frame->msg == wire::message{sent}));
-  out.frame.reset();
-  BOOST_TEST(pool->stats().cached_buffers == 1u);
+  // The buffer stays with the envelope, which its tensors view.
+  check_buffer_stays_with_envelope(sent);
 }
 
 BOOST_AUTO_TEST_CASE(a_row_sparse_pull_keeps_its_buffer_while_its_row_ids_are_in_use) {
   // Its row ids view the frame, as a tensor would, though it has none: given back at once, the
   // buffer would hold the next frame's bytes when the shard reads the ids (two workers pulling
   // from one server saw their ids out of order).
-  auto pool = std::make_shared<receive_buffer_pool>(std::size_t{1} << 20);
-  frame_receiver receiver(pool, {});
-  std::vector<char> scribe_buffer;
   std::vector<std::int64_t> rows(512);
   for (std::size_t i = 0; i < rows.size(); ++i)
     rows[i] = static_cast<std::int64_t>(3 * i);
   wire::pull_request sent{8, 4, 0, 1, 0};
   sent.row_sparse = true;
   sent.row_ids = std::as_bytes(std::span{rows});
-  auto out = feed(receiver, scribe_buffer, wire::encode(sent).flatten());
-  BOOST_TEST_REQUIRE(out.frame.has_value());
-  BOOST_TEST_REQUIRE(out.frame->keepalive != nullptr);
-  BOOST_TEST(pool->stats().cached_buffers == 0u);
-  auto next = wire::encode(make_push(7, *ramp(1024, 100.0f))).flatten();
-  auto other = feed(receiver, scribe_buffer, next);
-  BOOST_TEST_REQUIRE(other.frame.has_value());
-  BOOST_TEST((out.frame->msg == wire::message{sent}));
-  out.frame.reset();
-  BOOST_TEST(pool->stats().cached_buffers == 1u);
+  check_buffer_stays_with_envelope(sent);
 }
 
 BOOST_AUTO_TEST_CASE(an_oversized_prefix_is_fatal_before_anything_is_allocated) {

@@ -84,25 +84,28 @@ std::vector<cpu::half_bits> narrowed(const std::vector<float>& f) {
   return h;
 }
 
-} // namespace
-
-BOOST_AUTO_TEST_SUITE(gradient_compression_kernels)
-
-BOOST_AUTO_TEST_CASE(two_bit_matches_mxnet_over_rounds) {
-  for (const float threshold : {0.5f, 0.125f}) {
+/// A rule's quantizer against its reference over three rounds of random gradients in [low, high]
+/// (seeded by `seed` and the size), for every size and threshold: the packed words, the residual
+/// carried over the rounds and the dequantized values.
+template <class Reference, class Quantize, class Dequantize>
+void check_rule_over_rounds(std::uint64_t seed, float low, float high,
+                            std::initializer_list<float> thresholds,
+                            std::size_t (*packed_bytes)(std::size_t), Reference reference,
+                            Quantize quantize, Dequantize dequantize) {
+  for (const float threshold : thresholds) {
     for (const std::size_t n : compression_sizes) {
       BOOST_TEST_CONTEXT("n = " << n << ", threshold " << threshold) {
-        auto rng = rng_for(41, n);
+        auto rng = rng_for(seed, n);
         std::vector<float> residual(n, 0.0f), expected_residual(n, 0.0f);
         for (int round = 0; round < 3; ++round) {
-          const auto grad = random_vector<float>(rng, n, -1.0f, 1.0f);
-          const auto expected = reference_2bit(grad, expected_residual, threshold);
-          std::vector<std::uint8_t> packed(cpu::packed_bytes_2bit(n), 0xff);
-          cpu::quantize_2bit(grad.data(), residual.data(), packed.data(), n, threshold);
+          const auto grad = random_vector<float>(rng, n, low, high);
+          const auto expected = reference(grad, expected_residual, threshold);
+          std::vector<std::uint8_t> packed(packed_bytes(n), 0xff);
+          quantize(grad.data(), residual.data(), packed.data(), n, threshold);
           check_equal(packed, expected.packed, "packed");
           check_equal(residual, expected_residual, "residual");
           std::vector<float> values(n, 7.0f);
-          cpu::dequantize_2bit(packed.data(), values.data(), n, threshold);
+          dequantize(packed.data(), values.data(), n, threshold);
           check_equal(values, expected.values, "dequantized");
         }
       }
@@ -110,26 +113,26 @@ BOOST_AUTO_TEST_CASE(two_bit_matches_mxnet_over_rounds) {
   }
 }
 
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(gradient_compression_kernels)
+
+BOOST_AUTO_TEST_CASE(two_bit_matches_mxnet_over_rounds) {
+  check_rule_over_rounds(
+      41, -1.0f, 1.0f, {0.5f, 0.125f}, cpu::packed_bytes_2bit, reference_2bit,
+      [](auto... args) { cpu::quantize_2bit(args...); },
+      [](const std::uint8_t* packed, float* values, std::size_t n, float threshold) {
+        cpu::dequantize_2bit(packed, values, n, threshold);
+      });
+}
+
 BOOST_AUTO_TEST_CASE(one_bit_matches_mxnet_over_rounds) {
-  for (const float threshold : {0.0f, 0.5f}) {
-    for (const std::size_t n : compression_sizes) {
-      BOOST_TEST_CONTEXT("n = " << n << ", threshold " << threshold) {
-        auto rng = rng_for(43, n);
-        std::vector<float> residual(n, 0.0f), expected_residual(n, 0.0f);
-        for (int round = 0; round < 3; ++round) {
-          const auto grad = random_vector<float>(rng, n, -2.0f, 2.0f);
-          const auto expected = reference_1bit(grad, expected_residual, threshold);
-          std::vector<std::uint8_t> packed(cpu::packed_bytes_1bit(n), 0xff);
-          cpu::quantize_1bit(grad.data(), residual.data(), packed.data(), n, threshold);
-          check_equal(packed, expected.packed, "packed");
-          check_equal(residual, expected_residual, "residual");
-          std::vector<float> values(n, 7.0f);
-          cpu::dequantize_1bit(packed.data(), values.data(), n);
-          check_equal(values, expected.values, "dequantized");
-        }
-      }
-    }
-  }
+  check_rule_over_rounds(
+      43, -2.0f, 2.0f, {0.0f, 0.5f}, cpu::packed_bytes_1bit, reference_1bit,
+      [](auto... args) { cpu::quantize_1bit(args...); },
+      [](const std::uint8_t* packed, float* values, std::size_t n, float) {
+        cpu::dequantize_1bit(packed, values, n);
+      });
 }
 
 BOOST_AUTO_TEST_CASE(float16_gradients_keep_a_float32_residual) {
