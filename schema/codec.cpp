@@ -558,11 +558,11 @@ public:
     b.setSenderRank(m.sender_rank);
     b.setRound(m.round);
     b.setTimeoutMs(m.timeout_ms);
-    if (m.row_sparse) {
-      b.setRowSparse(true);
+    // Written as they are, so that a receiver's checks see what a sender sent.
+    b.setRowSparse(m.row_sparse);
+    if (!m.row_ids.empty())
       b.setRowIds(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(m.row_ids.data()),
                                       m.row_ids.size()));
-    }
   }
   void operator()(const pull_reply& m) {
     auto b = root_.initPullReply();
@@ -753,11 +753,10 @@ private:
       packing.setThreshold(t.compression.threshold);
       packing.setElements(t.compression.elements);
     }
-    if (t.row_sparse) {
-      b.setRowSparse(true);
+    b.setRowSparse(t.row_sparse);
+    if (!t.row_ids.empty())
       b.setRowIds(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(t.row_ids.data()),
                                       t.row_ids.size()));
-    }
     if (t.shm) {
       // The bytes are in the sender's shared-memory arena already; the frame only says where.
       if (t.shm->bytes == 0)

@@ -133,6 +133,38 @@ std::vector<std::uint64_t> optimizer_sharing_one_name(std::uint32_t params,
   return s.body();
 }
 
+/// A tensor a decoder must refuse, and how.
+struct bad_tensor {
+  const char* what;
+  tensor_chunk tensor;
+  code expected;
+};
+
+message in_push(const tensor_chunk& t) {
+  return push{1, 2, 3, 4, t};
+}
+message in_init(const tensor_chunk& t) {
+  return init{1, 2, t};
+}
+message in_pull_reply(const tensor_chunk& t) {
+  return pull_reply{1, 2, 3, t};
+}
+message in_pushpull(const tensor_chunk& t) {
+  return pushpull{1, 2, 3, 4, t};
+}
+
+/// Every case's tensor, carried by each message `carriers` make of it, is refused with the
+/// case's code.
+template <class... Carrier>
+void expect_refused(const std::vector<bad_tensor>& cases, Carrier... carriers) {
+  for (const auto& c : cases)
+    for (const message& msg : {carriers(c.tensor)...}) {
+      auto r = rejection(frame_of(msg));
+      BOOST_TEST((kind_of(r) == c.expected), kind_name(msg)
+                                                 << ", " << c.what << ": " << r->message);
+    }
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_SUITE(hostile_frames)
@@ -312,12 +344,7 @@ BOOST_AUTO_TEST_CASE(a_frame_with_bytes_after_its_last_segment_is_rejected) {
 BOOST_AUTO_TEST_CASE(a_tensor_whose_shape_disagrees_with_its_payload_is_rejected) {
   pattern_buffer payload(64);
   const auto bytes = payload.bytes();
-  struct bad {
-    const char* what;
-    tensor_chunk tensor;
-    code expected;
-  };
-  const std::vector<bad> cases = {
+  const std::vector<bad_tensor> cases = {
       {"total bytes not shape times dtype",
        {dtype::float32, {4, 4}, 60, 0, bytes.first(60)},
        code::invalid_tensor},
@@ -349,15 +376,7 @@ BOOST_AUTO_TEST_CASE(a_tensor_whose_shape_disagrees_with_its_payload_is_rejected
        {dtype::int64, {std::int64_t{1} << 43}, std::uint64_t{1} << 46, 0, bytes},
        code::limit_exceeded},
   };
-  for (const auto& c : cases) {
-    for (const message& msg :
-         {message{push{1, 2, 3, 4, c.tensor}}, message{init{1, 2, c.tensor}},
-          message{pull_reply{1, 2, 3, c.tensor}}, message{pushpull{1, 2, 3, 4, c.tensor}}}) {
-      auto r = rejection(frame_of(msg));
-      BOOST_TEST((kind_of(r) == c.expected), kind_name(msg)
-                                                 << ", " << c.what << ": " << r->message);
-    }
-  }
+  expect_refused(cases, in_push, in_init, in_pull_reply, in_pushpull);
 }
 
 BOOST_AUTO_TEST_CASE(a_packed_tensor_that_does_not_fit_its_declaration_is_rejected) {
@@ -375,12 +394,7 @@ BOOST_AUTO_TEST_CASE(a_packed_tensor_that_does_not_fit_its_declaration_is_reject
   };
   using ct = compression_type;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  struct bad {
-    const char* what;
-    tensor_chunk tensor;
-    code expected;
-  };
-  const std::vector<bad> cases = {
+  const std::vector<bad_tensor> cases = {
       {"packed length short of the elements",
        packed(dtype::float32, 400, 0, 4, ct::two_bit, 0.5f, 17), code::invalid_tensor},
       {"packed length beyond the elements",
@@ -409,14 +423,7 @@ BOOST_AUTO_TEST_CASE(a_packed_tensor_that_does_not_fit_its_declaration_is_reject
       {"a compression type outside the enumeration",
        packed(dtype::float32, 64, 0, 4, static_cast<ct>(3), 0.5f, 16), code::invalid_enum},
   };
-  for (const auto& c : cases) {
-    for (const message& msg :
-         {message{push{1, 2, 3, 4, c.tensor}}, message{pushpull{1, 2, 3, 4, c.tensor}}}) {
-      auto r = rejection(frame_of(msg));
-      BOOST_TEST((kind_of(r) == c.expected), kind_name(msg)
-                                                 << ", " << c.what << ": " << r->message);
-    }
-  }
+  expect_refused(cases, in_push, in_pushpull);
   // A valid packed tensor anywhere but a push or pushpull.
   const auto fine = packed(dtype::float32, 64, 0, 4, ct::two_bit, 0.5f, 16);
   BOOST_TEST(decodes(frame_of(push{1, 2, 3, 4, fine})));
@@ -424,6 +431,56 @@ BOOST_AUTO_TEST_CASE(a_packed_tensor_that_does_not_fit_its_declaration_is_reject
     auto r = rejection(frame_of(msg));
     BOOST_TEST((kind_of(r) == code::invalid_tensor), kind_name(msg) << ": " << r->message);
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_row_sparse_tensor_that_does_not_fit_its_rows_is_rejected) {
+  pattern_buffer payload(64);
+  const auto bytes = payload.bytes();
+  std::vector<std::int64_t> ids{1, 3};
+  const auto two_ids = std::as_bytes(std::span{ids});
+  // Two rows of 4 float32 of a (?, 4) key, with their two ids.
+  auto rows = [&](std::span<const std::byte> row_ids, std::uint64_t offset = 0,
+                  std::size_t size = 32) {
+    tensor_chunk t{dtype::float32, {2, 4}, 32, offset, bytes.first(size)};
+    t.row_sparse = true;
+    t.row_ids = row_ids;
+    return t;
+  };
+  auto packed = rows(two_ids, 0, 4);
+  packed.compression = {compression_type::two_bit, 0.5f, 8};
+  auto scalar = rows({}, 0, 4);
+  scalar.shape = {};
+  scalar.total_bytes = 4;
+  auto ids_without_flag = rows(two_ids);
+  ids_without_flag.row_sparse = false;
+  const std::vector<bad_tensor> cases = {
+      {"one id for two rows", rows(two_ids.first(8)), code::invalid_tensor},
+      {"ids of 12 bytes", rows(two_ids.first(12)), code::invalid_tensor},
+      {"a chunk of the rows", rows(two_ids, 16, 16), code::invalid_tensor},
+      {"packed rows", packed, code::invalid_tensor},
+      {"rows of a scalar", scalar, code::invalid_tensor},
+      {"row ids without rowSparse", ids_without_flag, code::invalid_tensor},
+  };
+  expect_refused(cases, in_push);
+  // Whole rows with their ids are a push's, and nothing else's.
+  BOOST_TEST(decodes(frame_of(push{1, 2, 3, 4, rows(two_ids)})));
+  const std::vector<bad_tensor> elsewhere = {
+      {"rows outside a push", rows(two_ids), code::invalid_tensor}};
+  expect_refused(elsewhere, in_init, in_pull_reply, in_pushpull);
+  // A row-sparse init must have rows; a pull's ids come whole and with the flag.
+  init scalar_init{1, 2, tensor_chunk{dtype::float32, {}, 4, 0, bytes.first(4)}, true};
+  BOOST_TEST((kind_of(rejection(frame_of(scalar_init))) == code::invalid_tensor));
+  pull_request ragged{1, 2, 3, 4, 0};
+  ragged.row_sparse = true;
+  ragged.row_ids = two_ids.first(12);
+  BOOST_TEST((kind_of(rejection(frame_of(ragged))) == code::invalid_value));
+  pull_request unflagged{1, 2, 3, 4, 0};
+  unflagged.row_ids = two_ids;
+  BOOST_TEST((kind_of(rejection(frame_of(unflagged))) == code::invalid_value));
+  pull_request asked{1, 2, 3, 4, 0};
+  asked.row_sparse = true;
+  asked.row_ids = two_ids;
+  BOOST_TEST(decodes(frame_of(asked)));
 }
 
 BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
