@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <queue>
 #include <utility>
 
 #include "actors/logic/wire_conversions.hpp"
@@ -35,7 +37,6 @@ std::optional<std::string> check_row_ids(std::span<const std::byte> row_ids, std
 sparse_round::sparse_round(const ndarray& like, sync_round_options options)
     : options_(options), shape_(like.shape()), type_(like.dtype()), merge_type_(like.dtype()),
       pushed_(options.num_workers, 0) {
-  rows_ = shape_.empty() ? 0 : shape_[0];
   row_elements_ = 1;
   for (std::size_t axis = 1; axis < shape_.size(); ++axis)
     row_elements_ *= static_cast<std::size_t>(shape_[axis]);
@@ -64,8 +65,7 @@ chunk_outcome sparse_round::add(const sparse_push& push, deferred_answer answer)
   if (push.round == completed_) {
     if (pushed_[push.sender] != 0)
       return refuse(wire::error_code::invalid_argument, push, "the worker pushed this round twice");
-    merge(push.row_ids, push.values);
-    finish_push(push.sender);
+    enter(push.sender, copied(push));
     return {chunk_fate::completed};
   }
   if (push.round - completed_ > options_.max_rounds_ahead)
@@ -78,74 +78,88 @@ chunk_outcome sparse_round::add(const sparse_push& push, deferred_answer answer)
       }))
     return refuse(wire::error_code::invalid_argument, push, "the worker pushed this round twice");
   // Copied before it joins the queue, so that a failed allocation changes nothing.
-  deferred_row_push waiting{push.sender,
-                            push.round,
-                            {push.row_ids.begin(), push.row_ids.end()},
-                            {push.values.begin(), push.values.end()},
-                            std::move(answer)};
+  deferred_row_push waiting{push.sender, push.round, copied(push), std::move(answer)};
   deferred_.push_back(std::move(waiting));
   return {chunk_fate::deferred};
 }
 
-void sparse_round::merge(std::span<const std::byte> row_ids, std::span<const std::byte> values) {
-  if (done_ == 0 && touched_rows_.empty())
-    merge_type_ = widen_ ? dtype::float32 : type_;
-  if (merge_.is_none() || merge_.dtype() != merge_type_) {
-    merge_ = ndarray::empty(shape_, context::cpu(), merge_type_);
-    touched_.assign(static_cast<std::size_t>(rows_), 0);
+sparse_round::staged_rows sparse_round::copied(const sparse_push& push) {
+  staged_rows rows;
+  if (!spare_.empty()) {
+    rows = std::move(spare_.back());
+    spare_.pop_back();
   }
-  const auto count = row_ids.size() / sizeof(std::int64_t);
-  const auto in_row = row_elements_ * size_of(type_);
-  const auto out_row = row_elements_ * size_of(merge_type_);
-  auto* base = static_cast<std::byte*>(merge_.raw_data());
-  const bool widened = merge_type_ != type_;
-  const auto wire_type = to_wire(merge_type_);
-  for (std::size_t i = 0; i < count; ++i) {
-    const auto row = row_id_at(row_ids, i);
-    const auto* in = values.data() + i * in_row;
-    auto* out = base + static_cast<std::size_t>(row) * out_row;
-    auto& touched = touched_[static_cast<std::size_t>(row)];
-    const bool first = touched == 0;
-    if (first) {
-      touched = 1;
-      touched_rows_.push_back(row);
-    }
-    if (!widened) {
-      if (first)
-        std::memcpy(out, in, in_row);
-      else
-        accumulate(out, in, in_row, wire_type);
-    } else {
-      accumulate_widened(reinterpret_cast<float*>(out), in, row_elements_, first);
-    }
-  }
+  rows.ids.assign(push.row_ids.begin(), push.row_ids.end());
+  rows.values.assign(push.values.begin(), push.values.end());
+  return rows;
 }
 
-void sparse_round::finish_push(std::uint32_t sender) {
+void sparse_round::enter(std::uint32_t sender, staged_rows rows) {
+  if (done_ == 0)
+    merge_type_ = widen_ ? dtype::float32 : type_;
+  round_.push_back(std::move(rows));
   pushed_[sender] = 1;
   ++done_;
 }
 
-row_sparse_array sparse_round::sum(double scale) const {
-  auto rows = touched_rows_;
-  std::sort(rows.begin(), rows.end());
+row_sparse_array sparse_round::sum(double scale) {
+  // A merge of the pushes' sorted rows, in push order where they share a row (the order of the
+  // additions, as they arrived), into the rows of the sum: one pass over each push's bytes.
+  const auto in_row = row_elements_ * size_of(type_);
+  const auto out_row = row_elements_ * size_of(merge_type_);
+  const bool widened = merge_type_ != type_;
+  const auto wire_type = to_wire(merge_type_);
+  std::size_t total = 0;
+  for (const auto& push : round_)
+    total += push.ids.size() / sizeof(std::int64_t);
+  std::vector<std::int64_t> rows;
+  rows.reserve(total);
+  // Room for every row pushed; the rows the pushes share make the sum shorter (a view of it).
   auto shape = shape_;
-  shape[0] = static_cast<std::int64_t>(rows.size());
+  shape[0] = static_cast<std::int64_t>(total);
   auto data = ndarray::empty(shape, context::cpu(), merge_type_);
-  const auto row_bytes = row_elements_ * size_of(merge_type_);
-  auto* out = static_cast<std::byte*>(data.raw_data());
-  const auto* in = static_cast<const std::byte*>(merge_.is_none() ? nullptr : merge_.raw_data());
-  for (std::size_t i = 0; i < rows.size() && row_bytes > 0; ++i)
-    std::memcpy(out + i * row_bytes, in + static_cast<std::size_t>(rows[i]) * row_bytes, row_bytes);
+  auto* summed = static_cast<std::byte*>(data.raw_data());
+  using cursor = std::pair<std::int64_t, std::size_t>; // (row id, push)
+  std::priority_queue<cursor, std::vector<cursor>, std::greater<>> next;
+  std::vector<std::size_t> at(round_.size(), 0);
+  for (std::size_t p = 0; p < round_.size(); ++p)
+    if (!round_[p].ids.empty())
+      next.emplace(row_id_at(round_[p].ids, 0), p);
+  while (!next.empty()) {
+    const auto [row, p] = next.top();
+    next.pop();
+    const auto i = at[p]++;
+    const auto* in = round_[p].values.data() + i * in_row;
+    const bool first = rows.empty() || rows.back() != row;
+    if (first)
+      rows.push_back(row);
+    auto* out = summed + (rows.size() - 1) * out_row;
+    if (widened)
+      accumulate_widened(reinterpret_cast<float*>(out), in, row_elements_, first);
+    else if (first)
+      std::memcpy(out, in, in_row);
+    else
+      accumulate(out, in, in_row, wire_type);
+    if (at[p] < round_[p].ids.size() / sizeof(std::int64_t))
+      next.emplace(row_id_at(round_[p].ids, at[p]), p);
+  }
+  if (rows.size() < total)
+    data = data.slice(0, static_cast<std::int64_t>(rows.size()));
   if (scale != 1.0 && !rows.empty())
     data *= scale;
   return row_sparse_array::from_rows(data, rows, shape_).value();
 }
 
 void sparse_round::close() {
-  for (auto row : touched_rows_)
-    touched_[static_cast<std::size_t>(row)] = 0;
-  touched_rows_.clear();
+  // The pushes' buffers serve the next rounds' pushes (at most one a worker is kept).
+  for (auto& push : round_) {
+    if (spare_.size() >= options_.num_workers)
+      break;
+    push.ids.clear();
+    push.values.clear();
+    spare_.push_back(std::move(push));
+  }
+  round_.clear();
   std::fill(pushed_.begin(), pushed_.end(), 0);
   done_ = 0;
   ++completed_;
@@ -167,8 +181,7 @@ std::vector<admitted_push> sparse_round::admit_deferred() {
       answers.push_back({std::move(push.answer), true});
       continue;
     }
-    merge(push.row_ids, push.values);
-    finish_push(push.sender);
+    enter(push.sender, std::move(push.rows));
     answers.push_back({std::move(push.answer), false});
   }
   return answers;

@@ -7,21 +7,21 @@
 // value).
 //
 // A row-sparse push always arrives whole in one frame (its sender never splits it), so there is
-// no push under way to stage or forget: a push of the round being collected is summed at once.
-// Rules, with N workers, quorum K, max_rounds_ahead M and c rounds completed:
-//  - A push of round c is summed (its rows copied where the round has none yet, added where it
-//    has); the round closes as soon as K distinct workers have pushed. A worker's second push of a
-//    round is refused.
+// no push under way to stage or forget. Rules, with N workers, quorum K, max_rounds_ahead M and
+// c rounds completed:
+//  - A push of round c joins the round; the round closes as soon as K distinct workers have
+//    pushed. A worker's second push of a round is refused.
 //  - A push of a round in (c, c + M] is copied out of its frame and enters its round when that
 //    opens, in arrival order; beyond c + M it is refused.
 //  - A push of a round below c: with K < N it is late, dropped and counted; with K == N it is
 //    refused as stale_round.
 //
-// The sum lives in a buffer of the key's size (float32 for a float16 key under multi_precision, as
-// in sync_round), written only where the round's rows are: a row is copied when the round first
-// touches it and added to afterwards, so no pass over the whole key is made per round. Memory per
-// key: that buffer, a flag per row, and at most M deferred pushes per worker, each at most the
-// key's size plus its ids.
+// A round keeps the pushes it took, copied out of their frames (at most one a worker, each at
+// most the key's rows and their ids), and sums them when it closes: a merge of their sorted rows,
+// adding where they share a row in the order the pushes entered (float32 under merge_in_float32,
+// as in sync_round). So the work and the memory of a round follow the rows pushed, not the size
+// of the key; the buffers of a closed round serve the next ones. Besides those: at most M
+// deferred pushes per worker.
 
 #include <cstdint>
 #include <deque>
@@ -79,41 +79,44 @@ public:
   bool quorum_reached() const noexcept { return done_ >= options_.quorum; }
   /// The round's sum (precondition: quorum_reached()), scaled by `scale`: the rows its pushes
   /// held, in the merge dtype (float32 under merge_in_float32, else the key's).
-  row_sparse_array sum(double scale) const;
+  row_sparse_array sum(double scale);
   /// Ends the round: one more completed, the next opens empty.
   void close();
   /// As sync_round::admit_deferred.
   std::vector<admitted_push> admit_deferred();
 
 private:
+  /// A push's rows and their values, copied out of its frame.
+  struct staged_rows {
+    std::vector<std::byte> ids;
+    std::vector<std::byte> values;
+  };
   struct deferred_row_push {
     std::uint32_t sender = 0;
     std::uint64_t round = 0;
-    std::vector<std::byte> row_ids;
-    std::vector<std::byte> values;
+    staged_rows rows;
     deferred_answer answer;
   };
 
   chunk_outcome refuse(wire::error_code code, const sparse_push& push,
                        const std::string& why) const;
-  /// Sums a push of the round being collected.
-  void merge(std::span<const std::byte> row_ids, std::span<const std::byte> values);
-  void finish_push(std::uint32_t sender);
+  /// `push` copied, into a spare buffer when there is one.
+  staged_rows copied(const sparse_push& push);
+  /// A whole push of worker `sender` joins the round being collected.
+  void enter(std::uint32_t sender, staged_rows rows);
 
   sync_round_options options_;
   shape_vector shape_;
   troupe::dtype type_;
-  std::int64_t rows_ = 0;
   std::size_t row_elements_ = 0;
   bool widen_ = false;
   /// The merge dtype of the round being collected (fixed when its first push comes).
   troupe::dtype merge_type_;
   std::uint64_t completed_ = 0;
   std::uint64_t dropped_ = 0;
-  ndarray merge_;
-  /// touched_[r]: row r holds a contribution this round; touched_rows_ lists them as they came.
-  std::vector<std::uint8_t> touched_;
-  std::vector<std::int64_t> touched_rows_;
+  /// The round's pushes, in the order they entered, and buffers of closed rounds for reuse.
+  std::vector<staged_rows> round_;
+  std::vector<staged_rows> spare_;
   std::vector<std::uint8_t> pushed_;
   std::uint32_t done_ = 0;
   std::deque<deferred_row_push> deferred_;
