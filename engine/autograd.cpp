@@ -1,6 +1,7 @@
 #include "engine/autograd.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <string>
 #include <unordered_map>
@@ -108,6 +109,51 @@ bool is_recording() noexcept {
 }
 bool is_training() noexcept {
   return training;
+}
+
+void attach_row_sparse_grad(ndarray& array, grad_req req) {
+  if (array.is_none() || array.shape().empty())
+    throw exception(errc::invalid_argument,
+                    "attach_row_sparse_grad: a row_sparse gradient needs an array with rows, got " +
+                        (array.is_none() ? std::string{"the none handle"}
+                                         : "shape " + shape_to_string(array.shape())));
+  auto state = std::make_shared<autograd_entry>();
+  state->req = req;
+  state->row_sparse = true;
+  state->rows = row_sparse_array::zeros(array.shape(), array.dtype());
+  array.set_autograd_state(std::move(state));
+}
+
+bool has_row_sparse_grad(const ndarray& array) noexcept {
+  const auto& state = array.autograd_state();
+  return state != nullptr && state->row_sparse;
+}
+
+namespace {
+
+autograd_entry& row_sparse_entry(const ndarray& array, std::string_view call) {
+  if (!has_row_sparse_grad(array))
+    throw exception(
+        errc::invalid_argument,
+        std::string{call} + ": the array" +
+            (array.is_none() ? std::string{} : " of shape " + shape_to_string(array.shape())) +
+            " has no row_sparse gradient (attach_row_sparse_grad)");
+  return *array.autograd_state();
+}
+
+} // namespace
+
+row_sparse_array row_sparse_grad(const ndarray& array) {
+  return row_sparse_entry(array, "row_sparse_grad").rows;
+}
+
+void set_row_sparse_grad(const ndarray& array, row_sparse_array value) {
+  auto& state = row_sparse_entry(array, "set_row_sparse_grad");
+  if (value.shape() != array.shape())
+    throw exception(errc::shape_mismatch,
+                    "set_row_sparse_grad: a value of shape " + shape_to_string(value.shape()) +
+                        " for a gradient of shape " + shape_to_string(array.shape()));
+  state.rows = std::move(value);
 }
 
 void record_custom(std::span<const ndarray> inputs, std::span<ndarray> outputs,
@@ -227,12 +273,17 @@ private:
     // grad_req write is written straight into its attached gradient; everything else gets a fresh
     // buffer that is delivered (written or added) afterwards.
     const std::size_t count = node.inputs.size();
+    // An op that can make a row_sparse gradient (Embedding with sparse_grad) makes it for its
+    // input `rows_input` here, after the dense backward has made the others.
+    const bool rows_wanted = node.op != nullptr && node.op->backward_rows != nullptr &&
+                             node.attrs.sparse_grad && node.op->rows_input < count &&
+                             detail::carries_gradient(node.inputs[node.op->rows_input]);
     std::vector<ndarray> input_grads(count);
     std::vector<grad_req> reqs(count, grad_req::null);
     std::vector<bool> direct(count, false);
     for (std::size_t i = 0; i < count; ++i) {
       const auto& input = node.inputs[i];
-      if (!detail::carries_gradient(input))
+      if (!detail::carries_gradient(input) || (rows_wanted && i == node.op->rows_input))
         continue;
       const auto& state = input.autograd_state();
       const bool repeated =
@@ -242,7 +293,7 @@ private:
       // An op's own add mode rounds differently from adding its result afterwards (a GEMM
       // with beta 1 adds block by block); the executor adds afterwards, so autograd does too,
       // and imperative, hybridized and symbolic runs agree to the bit.
-      if (!state->producer && !repeated && state->req == grad_req::write &&
+      if (!state->producer && !repeated && state->req == grad_req::write && !state->row_sparse &&
           !leaves_[state.get()].written) {
         leaves_[state.get()].written = true;
         input_grads[i] = state->grad;
@@ -264,6 +315,45 @@ private:
     for (std::size_t i = 0; i < count; ++i)
       if (reqs[i] != grad_req::null && !direct[i])
         deliver(node.inputs[i], std::move(input_grads[i]));
+    if (rows_wanted) {
+      // Made on this thread from values the lanes may still be computing.
+      for (const auto& grad : output_grads)
+        grad.wait_to_read();
+      for (std::size_t i = 0; i < count; ++i)
+        if (i != node.op->rows_input)
+          node.inputs[i].wait_to_read();
+      row_sparse_array rows;
+      {
+        detail::inside_operator inside;
+        rows = node.op->backward_rows(node.attrs, node.inputs, output_grads);
+      }
+      deliver_rows(node.inputs[node.op->rows_input], std::move(rows));
+    }
+  }
+
+  /// Passes a row_sparse gradient contribution to the value it belongs to: a row_sparse leaf
+  /// keeps it as rows, anything else gets it dense.
+  void deliver_rows(const ndarray& input, row_sparse_array contribution) {
+    const auto& state = input.autograd_state();
+    if (!state || (!state->producer && state->req == grad_req::null))
+      return;
+    if (state->producer || !state->row_sparse) {
+      deliver(input, contribution.to_dense().copy_to(input.ctx()));
+      return;
+    }
+    store_rows(*state, std::move(contribution));
+  }
+
+  /// Writes (the first contribution of this backward to a grad_req write leaf) or adds rows.
+  void store_rows(autograd_entry& state, row_sparse_array contribution) {
+    auto& leaf = leaves_[&state];
+    if (!leaf.written && state.req == grad_req::write) {
+      state.rows = std::move(contribution);
+    } else {
+      const std::array<const row_sparse_array*, 2> both{&state.rows, &contribution};
+      state.rows = sum_rows(both);
+    }
+    leaf.written = true;
   }
 
   /// Passes a gradient contribution to the value it belongs to.
@@ -277,6 +367,14 @@ private:
     }
     if (state->req == grad_req::null)
       return;
+    if (state->row_sparse) {
+      // A dense contribution (the weight used by another operator too) keeps its non-zero rows.
+      auto rows = row_sparse_array::from_dense(contribution);
+      if (!rows)
+        throw exception(rows.error());
+      store_rows(*state, std::move(*rows));
+      return;
+    }
     auto& leaf = leaves_[state.get()];
     if (!leaf.written && state->req == grad_req::write)
       contribution.copy_to(state->grad);

@@ -17,6 +17,12 @@
 // recorded, and views made by ndarray::reshape/slice carry no history: inside a record scope use
 // nd::reshape / nd::flatten.
 //
+// Row-sparse gradients (MXNet's attach_grad(stype='row_sparse')): an array given one by
+// attach_row_sparse_grad receives from an operator that can make one (nd::embedding with
+// sparse_grad, for its weight) only the rows the call touched; a dense contribution from any other
+// operator is converted (its non-zero rows). With grad_req add the rows are summed into what is
+// there (sum_rows). Such a gradient is computed on the calling thread when backward() reaches it.
+//
 // The graph is held by the arrays that carry history; backward() without retain_graph releases
 // it (a second backward through it is an error naming the head). Scopes are per thread.
 
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "engine/ndarray.hpp"
+#include "engine/row_sparse.hpp"
 
 namespace troupe::autograd {
 
@@ -77,6 +84,17 @@ bool is_training() noexcept;
 void backward(std::span<const ndarray> heads, std::span<const ndarray> head_grads = {},
               bool retain_graph = false);
 void backward(const ndarray& head, const ndarray& head_grad = {}, bool retain_graph = false);
+
+/// Gives `array` a row_sparse gradient (no rows: all zeros) that backward() fills instead of a
+/// dense one; array.grad() is then the none handle. `array` must have at least one axis.
+void attach_row_sparse_grad(ndarray& array, grad_req req = grad_req::write);
+/// True when `array` has a gradient from attach_row_sparse_grad.
+bool has_row_sparse_grad(const ndarray& array) noexcept;
+/// That gradient; errc::invalid_argument when `array` has none.
+row_sparse_array row_sparse_grad(const ndarray& array);
+/// Replaces it (a trainer writing back reduced gradients, zero_grad); errc::invalid_argument when
+/// `array` has none, errc::shape_mismatch when `value` is not of its shape.
+void set_row_sparse_grad(const ndarray& array, row_sparse_array value);
 
 /// Computes a custom step's input gradients from its outputs' gradients. input_grads[i] is the
 /// none handle when input i needs no gradient; otherwise an array of input i's shape to

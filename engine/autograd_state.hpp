@@ -11,6 +11,7 @@
 #include "engine/autograd.hpp"
 #include "engine/ndarray.hpp"
 #include "engine/op.hpp"
+#include "engine/row_sparse.hpp"
 
 namespace troupe {
 
@@ -38,6 +39,9 @@ struct autograd_entry {
   /// The gradient attached by attach_grad, and how backward stores into it.
   ndarray grad;
   grad_req req = grad_req::null;
+  /// attach_row_sparse_grad: the gradient is `rows` (row_sparse) and `grad` is the none handle.
+  bool row_sparse = false;
+  row_sparse_array rows;
   /// The call that computed this array, when it was recorded.
   std::shared_ptr<autograd_node> producer;
   std::size_t output_index = 0;

@@ -127,6 +127,11 @@ ndarray dropout(const ndarray& x, double p) {
   return run_one("Dropout", {x}, dropout_attrs(p));
 }
 
+ndarray embedding(const ndarray& data, const ndarray& weight, std::int64_t input_dim,
+                  std::int64_t output_dim, bool sparse_grad) {
+  return run_one("Embedding", {data, weight}, embedding_attrs(input_dim, output_dim, sparse_grad));
+}
+
 ndarray softmax_cross_entropy(const ndarray& logits, const ndarray& label) {
   return run_one("SoftmaxCrossEntropy", {logits, label}, {});
 }

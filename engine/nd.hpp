@@ -51,6 +51,14 @@ ndarray reshape(const ndarray& x, shape_vector shape);
 ndarray copy_to(const ndarray& x, context target);
 /// Inverted dropout with probability p in training mode; the identity otherwise.
 ndarray dropout(const ndarray& x, double p);
+/// Embedding: out[..., :] = weight[data[...], :]. `data` holds row indices as float32 (MXNet's
+/// default), of any shape; weight is [input_dim, output_dim]; the output has data's shape plus
+/// output_dim. An index that is not an integer in [0, input_dim) is an error naming its position
+/// (MXNet clips it). With sparse_grad, backward gives a weight that has a row_sparse gradient
+/// (autograd::attach_row_sparse_grad) only the rows the call used; otherwise the dense gradient.
+/// On the host only.
+ndarray embedding(const ndarray& data, const ndarray& weight, std::int64_t input_dim,
+                  std::int64_t output_dim, bool sparse_grad = false);
 /// Per-sample -log softmax(logits)[label]: logits [n, classes], label [n] float class indices;
 /// returns [n] (gluon.loss.SoftmaxCrossEntropyLoss with its defaults). A label outside
 /// [0, classes) is an error naming the row and the label.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/ndarray.hpp"
+#include "engine/row_sparse.hpp"
 
 namespace troupe {
 
@@ -39,6 +40,9 @@ struct op_attrs {
   double p = 0.5;                           ///< Dropout: probability of dropping, in [0, 1)
   double scalar = 0.0;                      ///< _plus_scalar, _mul_scalar, ...: the scalar
   shape_vector shape;                       ///< Reshape: target shape, -1 inferred once
+  std::int64_t input_dim = 0;               ///< Embedding: rows of the weight (the vocabulary)
+  std::int64_t output_dim = 0;              ///< Embedding: columns of the weight
+  bool sparse_grad = false; ///< Embedding: autograd gives the weight a row_sparse gradient
 
   /// "num_hidden=256, no_bias=0": the fields the operator `op_name` reads, for messages and
   /// graph printing.
@@ -60,6 +64,7 @@ op_attrs dropout_attrs(double p);
 /// _plus_scalar, _mul_scalar, ...
 op_attrs scalar_attrs(double scalar);
 op_attrs reshape_attrs(shape_vector shape);
+op_attrs embedding_attrs(std::int64_t input_dim, std::int64_t output_dim, bool sparse_grad = false);
 
 struct op_def;
 
@@ -117,6 +122,14 @@ struct op_def {
   /// those buffers after forward when it does not).
   bool backward_reads_inputs = true;
   bool backward_reads_outputs = true;
+  /// For an op whose gradient with respect to input `rows_input` may be row_sparse (Embedding's
+  /// weight: a batch touches a few rows of a large table): that gradient from the forward's
+  /// inputs and the outputs' gradients, on the host. Autograd calls it, instead of computing that
+  /// input's dense gradient with `backward`, when the call's attrs.sparse_grad is set (the
+  /// symbolic executor always computes the dense one). Null for every other op.
+  row_sparse_array (*backward_rows)(const op_attrs& attrs, std::span<const ndarray> inputs,
+                                    std::span<const ndarray> output_grads) = nullptr;
+  std::size_t rows_input = 0;
 };
 
 /// Queues one forward call of `op` on the outputs' context (engine/dispatch.hpp): the inputs are

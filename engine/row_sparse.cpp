@@ -5,6 +5,11 @@
 #include <cstring>
 
 namespace troupe {
+
+std::string_view to_string(storage_type type) noexcept {
+  return type == storage_type::row_sparse ? "row_sparse" : "default";
+}
+
 namespace {
 
 ndarray on_host(const ndarray& array) {
@@ -141,6 +146,27 @@ ndarray row_sparse_array::to_dense() const {
     std::memcpy(out + static_cast<std::size_t>(indices_[i]) * row_bytes, rows + i * row_bytes,
                 row_bytes);
   return dense;
+}
+
+status row_sparse_array::write_rows_into(ndarray& dense) const {
+  if (dense.is_none() || dense.shape() != shape_ || dense.dtype() != type_ || !dense.ctx().is_cpu())
+    return error{errc::shape_mismatch,
+                 "write_rows_into: rows of a " + shape_to_string(shape_) + " " +
+                     std::string{to_string(type_)} + " array into " +
+                     (dense.is_none() ? std::string{"the none handle"}
+                                      : shape_to_string(dense.shape()) + " " +
+                                            std::string{to_string(dense.dtype())} + " on " +
+                                            dense.ctx().to_string())};
+  dense.wait_to_write();
+  const auto row_bytes = static_cast<std::size_t>(row_elements()) * size_of(type_);
+  if (indices_.empty() || row_bytes == 0)
+    return ok();
+  auto* out = static_cast<std::byte*>(dense.raw_data());
+  const auto* rows = bytes_of(data_);
+  for (std::size_t i = 0; i < indices_.size(); ++i)
+    std::memcpy(out + static_cast<std::size_t>(indices_[i]) * row_bytes, rows + i * row_bytes,
+                row_bytes);
+  return ok();
 }
 
 row_sparse_array row_sparse_array::retain(std::span<const std::int64_t> row_ids) const {

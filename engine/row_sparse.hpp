@@ -12,6 +12,7 @@
 // from_rows.
 
 #include <cstdint>
+#include <ostream>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,16 @@
 #include "engine/ndarray.hpp"
 
 namespace troupe {
+
+/// How an array is stored (MXNet's stype): every element, or only some rows.
+enum class storage_type : std::uint8_t { dense, row_sparse };
+
+/// MXNet's names: "default" and "row_sparse".
+std::string_view to_string(storage_type type) noexcept;
+
+inline std::ostream& operator<<(std::ostream& out, storage_type type) {
+  return out << to_string(type);
+}
 
 class row_sparse_array {
 public:
@@ -54,6 +65,10 @@ public:
 
   /// The dense array, zero where no row is stored.
   ndarray to_dense() const;
+  /// Writes the stored rows into the same rows of `dense` (this shape and dtype, on the host)
+  /// and leaves its other rows as they are: pulled rows into a worker's copy of a table. Waits
+  /// for the work queued on `dense` first. An error names what does not fit.
+  status write_rows_into(ndarray& dense) const;
   /// The stored rows among `row_ids` (strictly increasing): MXNet's sparse_retain.
   row_sparse_array retain(std::span<const std::int64_t> row_ids) const;
 

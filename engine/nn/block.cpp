@@ -155,8 +155,10 @@ std::shared_ptr<block> block::register_child(std::shared_ptr<block> child) {
 
 std::shared_ptr<parameter> block::register_param(const std::string& name, shape_vector shape,
                                                  grad_req req,
-                                                 std::shared_ptr<const initializer> init) {
-  auto param = std::make_shared<parameter>(prefix_ + name, std::move(shape), req, std::move(init));
+                                                 std::shared_ptr<const initializer> init,
+                                                 storage_type stype, storage_type grad_stype) {
+  auto param = std::make_shared<parameter>(prefix_ + name, std::move(shape), req, std::move(init),
+                                           stype, grad_stype);
   params_.push_back(param);
   return param;
 }
@@ -201,7 +203,11 @@ void block::initialize(std::shared_ptr<const initializer> init, std::span<const 
 }
 
 void block::hybridize(bool active) {
-  active_ = active;
+  const auto params = collect_params();
+  const bool rows = std::any_of(params.begin(), params.end(), [](const auto& param) {
+    return param->grad_stype() == storage_type::row_sparse;
+  });
+  active_ = active && !rows;
   cache_.clear();
   for (auto& child : children_)
     child->hybridize(active);
@@ -490,6 +496,39 @@ ndarray dense::hybrid_forward(const ndarray& x) {
                                   bias_ ? param_data(*bias_, ctx) : ndarray{}, units_, flatten_);
   return activation_.empty() ? y : nd::activation(y, activation_);
 }
+
+embedding::embedding(std::int64_t input_dim, std::int64_t output_dim, bool sparse_grad,
+                     std::shared_ptr<const initializer> weight_init, std::string prefix)
+    : embedding("embedding", input_dim, output_dim, storage_type::dense,
+                sparse_grad ? storage_type::row_sparse : storage_type::dense,
+                std::move(weight_init), std::move(prefix)) {}
+
+embedding::embedding(std::string_view alias, std::int64_t input_dim, std::int64_t output_dim,
+                     storage_type stype, storage_type grad_stype,
+                     std::shared_ptr<const initializer> weight_init, std::string prefix)
+    : block(alias, std::move(prefix)), input_dim_(input_dim), output_dim_(output_dim) {
+  if (input_dim <= 0 || output_dim <= 0)
+    throw exception(errc::invalid_argument,
+                    this->prefix() + ": input_dim and output_dim must be > 0, got " +
+                        std::to_string(input_dim) + " and " + std::to_string(output_dim));
+  weight_ = register_param("weight", {input_dim, output_dim}, grad_req::write,
+                           std::move(weight_init), stype, grad_stype);
+}
+
+ndarray embedding::hybrid_forward(const ndarray& x) {
+  auto ctx = x.ctx();
+  const bool sparse_grad = weight_->grad_stype() == storage_type::row_sparse;
+  // A row_sparse weight's copy holds the rows this batch uses once they are pulled.
+  ndarray& weight = weight_->stype() == storage_type::row_sparse ? weight_->row_sparse_data(x, ctx)
+                                                                 : param_data(*weight_, ctx);
+  return nd::embedding(x, weight, input_dim_, output_dim_, sparse_grad);
+}
+
+sparse_embedding::sparse_embedding(std::int64_t input_dim, std::int64_t output_dim,
+                                   std::shared_ptr<const initializer> weight_init,
+                                   std::string prefix)
+    : embedding("sparseembedding", input_dim, output_dim, storage_type::row_sparse,
+                storage_type::row_sparse, std::move(weight_init), std::move(prefix)) {}
 
 activation::activation(std::string act_type, std::string prefix)
     : block(act_type, std::move(prefix)), act_type_(std::move(act_type)) {

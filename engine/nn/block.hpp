@@ -89,7 +89,10 @@ public:
                   bool force_reinit = false);
 
   /// Turns cached execution on or off for this block and all its children (gluon's hybridize),
-  /// and drops the graphs cached so far.
+  /// and drops the graphs cached so far. A block that holds a parameter with a row_sparse
+  /// gradient (its own or a child's: an embedding with sparse_grad) stays imperative, so that
+  /// backward gives that parameter its rows (an executor computes dense gradients); its other
+  /// children are hybridized.
   virtual void hybridize(bool active = true);
   bool is_hybridized() const noexcept { return active_; }
   /// How many times this block has traced its forward into a graph: once per input shape,
@@ -119,7 +122,9 @@ protected:
   /// Declares the parameter prefix() + `name` (0 extents: known at the first forward).
   std::shared_ptr<parameter> register_param(const std::string& name, shape_vector shape,
                                             grad_req req = grad_req::write,
-                                            std::shared_ptr<const initializer> init = nullptr);
+                                            std::shared_ptr<const initializer> init = nullptr,
+                                            storage_type stype = storage_type::dense,
+                                            storage_type grad_stype = storage_type::dense);
   /// param.data(ctx), which a trace in progress on this thread takes as a variable.
   static ndarray& param_data(parameter& param, context ctx);
   /// Completes the shapes of `params` (the parameter inputs of operator `op_name` after the
@@ -252,6 +257,43 @@ protected:
 
 private:
   double rate_;
+};
+
+/// gluon.nn.Embedding: out[..., :] = weight[x[...], :] for x of row indices (float32, any
+/// shape); weight [input_dim, output_dim]. With sparse_grad the weight's gradient is row_sparse:
+/// backward gives it only the rows the batch used (read it with parameter::row_sparse_grad; a
+/// trainer pushes just those rows). Indices outside [0, input_dim) are an error naming the
+/// position (MXNet clips them).
+class embedding : public block {
+public:
+  embedding(std::int64_t input_dim, std::int64_t output_dim, bool sparse_grad = false,
+            std::shared_ptr<const initializer> weight_init = nullptr, std::string prefix = {});
+  std::int64_t input_dim() const noexcept { return input_dim_; }
+  std::int64_t output_dim() const noexcept { return output_dim_; }
+  const std::shared_ptr<parameter>& weight() const noexcept { return weight_; }
+
+protected:
+  embedding(std::string_view alias, std::int64_t input_dim, std::int64_t output_dim,
+            storage_type stype, storage_type grad_stype,
+            std::shared_ptr<const initializer> weight_init, std::string prefix);
+  ndarray hybrid_forward(const ndarray& x) override;
+
+private:
+  std::int64_t input_dim_;
+  std::int64_t output_dim_;
+  std::shared_ptr<parameter> weight_;
+};
+
+/// gluon.contrib.nn.SparseEmbedding: an embedding whose weight is row_sparse (stype and
+/// grad_stype row_sparse) and lives in the trainer's kvstore: each forward pulls only the rows its
+/// batch uses (parameter::row_sparse_data), and the trainer pushes only their gradients, updated
+/// on the store (update_on_kvstore). For tables larger than a worker wants to move each step.
+/// Needs a trainer before its first forward.
+class sparse_embedding final : public embedding {
+public:
+  sparse_embedding(std::int64_t input_dim, std::int64_t output_dim,
+                   std::shared_ptr<const initializer> weight_init = nullptr,
+                   std::string prefix = {});
 };
 
 /// gluon.nn.(Hybrid)Sequential: the children in the order added, each fed the previous output.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/autograd.hpp"
 #include "engine/error.hpp"
 #include "engine/nn/initializer.hpp"
 
@@ -27,13 +28,26 @@ std::string context_list(const std::vector<context>& contexts) {
 } // namespace
 
 parameter::parameter(std::string name, shape_vector shape, grad_req req,
-                     std::shared_ptr<const initializer> init)
-    : name_(std::move(name)), shape_(std::move(shape)), req_(req), init_(std::move(init)) {
+                     std::shared_ptr<const initializer> init, storage_type stype,
+                     storage_type grad_stype)
+    : name_(std::move(name)), shape_(std::move(shape)), req_(req), stype_(stype),
+      grad_stype_(grad_stype), init_(std::move(init)) {
   for (auto extent : shape_)
     if (extent < 0)
       throw exception(errc::invalid_argument, "parameter " + name_ + " declared with shape " +
                                                   shape_to_string(shape_) +
                                                   ": extents must be >= 0 (0 = unknown)");
+  if ((stype_ == storage_type::row_sparse || grad_stype_ == storage_type::row_sparse) &&
+      shape_.empty())
+    throw exception(errc::invalid_argument,
+                    "parameter " + name_ +
+                        ": a row_sparse weight or gradient needs rows, and the "
+                        "shape is a scalar's");
+  if (stype_ == storage_type::row_sparse && grad_stype_ != storage_type::row_sparse)
+    throw exception(errc::invalid_argument,
+                    "parameter " + name_ +
+                        ": a row_sparse weight takes a row_sparse gradient (grad_stype "
+                        "row_sparse), not a dense one");
 }
 
 void parameter::initialize(std::shared_ptr<const initializer> default_init,
@@ -97,7 +111,9 @@ void parameter::create_arrays() {
   std::vector<ndarray> grads;
   for (auto& ctx : contexts_) {
     ndarray copy = values.copy_to(ctx);
-    if (req_ != grad_req::null) {
+    if (req_ != grad_req::null && grad_stype_ == storage_type::row_sparse) {
+      autograd::attach_row_sparse_grad(copy, req_);
+    } else if (req_ != grad_req::null) {
       copy.attach_grad(req_);
       grads.push_back(copy.grad());
     }
@@ -124,10 +140,22 @@ ndarray& parameter::data(context ctx) {
                                               context_list(contexts_) + ")");
 }
 
+namespace {
+
+[[noreturn]] void fail_storage(const std::string& name, std::string_view call,
+                               std::string_view reason) {
+  throw exception(errc::invalid_argument,
+                  "parameter " + name + ": " + std::string{call} + ": " + std::string{reason});
+}
+
+} // namespace
+
 ndarray& parameter::grad(context ctx) {
   if (req_ == grad_req::null)
     throw exception(errc::invalid_argument,
                     "parameter " + name_ + " has grad_req null: it has no gradient");
+  if (grad_stype_ == storage_type::row_sparse)
+    fail_storage(name_, "grad()", "its gradient is row_sparse; read it with row_sparse_grad()");
   ndarray& array = data(ctx);
   auto index = static_cast<std::size_t>(&array - data_.data());
   // Refreshed from the array: the gradient attached to it is the one backward() fills.
@@ -146,6 +174,9 @@ std::vector<ndarray>& parameter::list_grad() {
   if (req_ == grad_req::null)
     throw exception(errc::invalid_argument,
                     "parameter " + name_ + " has grad_req null: it has no gradient");
+  if (grad_stype_ == storage_type::row_sparse)
+    fail_storage(name_, "list_grad()",
+                 "its gradient is row_sparse; read it with list_row_sparse_grad()");
   list_data();
   for (std::size_t i = 0; i < data_.size(); ++i)
     grad_[i] = data_[i].grad();
@@ -162,9 +193,50 @@ void parameter::set_data(const ndarray& value) {
     value.copy_to(copy);
 }
 
+row_sparse_array parameter::row_sparse_grad(context ctx) {
+  if (grad_stype_ != storage_type::row_sparse || req_ == grad_req::null)
+    fail_storage(name_, "row_sparse_grad()",
+                 req_ == grad_req::null ? "it has grad_req null: it has no gradient"
+                                        : "its gradient is dense; read it with grad()");
+  return autograd::row_sparse_grad(data(ctx));
+}
+
+std::vector<row_sparse_array> parameter::list_row_sparse_grad() {
+  std::vector<row_sparse_array> grads;
+  for (const auto& ctx : contexts_)
+    grads.push_back(row_sparse_grad(ctx));
+  return grads;
+}
+
+void parameter::set_row_sparse_grad(context ctx, row_sparse_array value) {
+  row_sparse_grad(ctx); // the checks
+  autograd::set_row_sparse_grad(data(ctx), std::move(value));
+}
+
+ndarray& parameter::row_sparse_data(const ndarray& row_ids, context ctx) {
+  if (stype_ != storage_type::row_sparse)
+    fail_storage(name_, "row_sparse_data()",
+                 "its storage type is default (dense); read it with data()");
+  ndarray& copy = data(ctx);
+  if (!row_puller_)
+    fail_storage(name_, "row_sparse_data()",
+                 "it has no trainer to pull rows through (create a trainer with this parameter "
+                 "first: its rows live in the trainer's kvstore)");
+  auto index = static_cast<std::size_t>(&copy - data_.data());
+  if (auto pulled = row_puller_(*this, index, row_ids); !pulled)
+    throw exception(pulled.error().code(),
+                    "parameter " + name_ + ": row_sparse_data(): " + pulled.error().message());
+  return copy;
+}
+
 void parameter::zero_grad() {
   if (req_ == grad_req::null || data_.empty())
     return;
+  if (grad_stype_ == storage_type::row_sparse) {
+    for (auto& copy : data_)
+      autograd::set_row_sparse_grad(copy, row_sparse_array::zeros(shape_));
+    return;
+  }
   for (auto& grad : list_grad())
     grad.fill(0.0);
 }

@@ -653,6 +653,128 @@ std::string reshape_describe(const op_attrs& attrs) {
   return "shape=" + shape_to_string(attrs.shape);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+constexpr std::string_view embedding_op = "Embedding";
+constexpr std::array<std::string_view, 2> embedding_names{"data", "weight"};
+
+std::vector<std::string> embedding_input_names(const op_attrs&) {
+  return to_strings(embedding_names);
+}
+
+void embedding_check_attrs(const op_attrs& attrs) {
+  require_positive(embedding_op, "input_dim", attrs.input_dim);
+  require_positive(embedding_op, "output_dim", attrs.output_dim);
+}
+
+std::vector<shape_vector> embedding_infer_shape(const op_attrs& attrs,
+                                                std::span<const shape_vector> inputs) {
+  check_input_count(embedding_op, embedding_names, inputs.size());
+  embedding_check_attrs(attrs);
+  require_shape(embedding_op, "weight", inputs[1], {attrs.input_dim, attrs.output_dim});
+  shape_vector out = inputs[0];
+  out.push_back(attrs.output_dim);
+  return {out};
+}
+
+void embedding_fill_input_shapes(const op_attrs& attrs, std::span<shape_vector> inputs) {
+  check_input_count(embedding_op, embedding_names, inputs.size());
+  embedding_check_attrs(attrs);
+  if (inputs[1].empty())
+    inputs[1] = {attrs.input_dim, attrs.output_dim};
+}
+
+/// The indices index the weight's rows: one that is not a row number would read outside the
+/// table, so each is checked on every call. (MXNet clips such an index to the nearest row;
+/// troupe names it.)
+void check_embedding_indices(const ndarray& data, std::int64_t rows) {
+  if (gpu_of(data) >= 0)
+    fail(errc::not_supported, embedding_op,
+         "runs on the host; its input 'data' is on " + data.ctx().to_string());
+  const float* index = floats(data);
+  const auto limit = static_cast<float>(rows);
+  for (std::size_t i = 0; i < to_size(data.size()); ++i)
+    if (!(index[i] >= 0.0f && index[i] < limit && std::floor(index[i]) == index[i]))
+      fail(errc::invalid_argument, embedding_op,
+           "data[" + std::to_string(i) + "] = " + number_text(index[i]) +
+               " is not a row of the weight: row indices are integers in [0, " +
+               std::to_string(rows) + ")");
+}
+
+void embedding_forward(const op_forward_call& call) {
+  check_forward(embedding_op, embedding_names, call);
+  embedding_check_attrs(call.attrs);
+  require_shape(embedding_op, "weight", call.inputs[1].shape(),
+                {call.attrs.input_dim, call.attrs.output_dim});
+  const ndarray& data = call.inputs[0];
+  check_embedding_indices(data, call.attrs.input_dim);
+  ndarray& out = call.outputs[0];
+  const auto width = to_size(call.attrs.output_dim);
+  check_size(embedding_op, "output 0", out, to_size(data.size()) * width);
+  cpu::embedding_forward(floats(data), floats(call.inputs[1]), floats(out), to_size(data.size()),
+                         width);
+}
+
+void embedding_backward(const op_backward_call& call) {
+  check_backward(embedding_op, embedding_names, call);
+  // Indices are not differentiable: a wanted data gradient is zero.
+  if (const grad_target ddata = gradient_of(call, 0); ddata && !ddata.accumulates())
+    call.input_grads[0].fill(0.0);
+  const grad_target dweight = gradient_of(call, 1);
+  if (!dweight)
+    return;
+  if (dweight.gpu >= 0)
+    fail(errc::not_supported, embedding_op, "runs on the host; its weight gradient is on a gpu");
+  const ndarray& data = call.inputs[0];
+  const auto width = to_size(call.attrs.output_dim);
+  check_size(embedding_op, "gradient of input 'weight'", call.input_grads[1],
+             to_size(call.attrs.input_dim) * width);
+  check_size(embedding_op, "gradient of output 0", call.output_grads[0],
+             to_size(data.size()) * width);
+  cpu::embedding_backward(floats(data), floats(call.output_grads[0]), dweight.data, dweight.mode,
+                          to_size(data.size()), to_size(call.attrs.input_dim), width);
+}
+
+/// The weight's gradient as row_sparse: the batch's distinct rows, sorted, each the sum of the
+/// output-gradient rows of its occurrences added in order (as embedding_backward adds them, so
+/// the two agree bit for bit).
+row_sparse_array embedding_backward_rows(const op_attrs& attrs, std::span<const ndarray> inputs,
+                                         std::span<const ndarray> output_grads) {
+  const ndarray& data = inputs[0];
+  const ndarray& dy = output_grads[0];
+  if (gpu_of(dy) >= 0)
+    fail(errc::not_supported, embedding_op,
+         "a row_sparse weight gradient is made on the host; the output gradient is on a gpu");
+  const auto width = to_size(attrs.output_dim);
+  const auto count = to_size(data.size());
+  check_size(embedding_op, "gradient of output 0", dy, count * width);
+  const float* index = floats(data);
+  std::vector<std::int64_t> rows(count);
+  for (std::size_t i = 0; i < count; ++i)
+    rows[i] = static_cast<std::int64_t>(index[i]);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  ndarray values = ndarray::zeros({static_cast<std::int64_t>(rows.size()), attrs.output_dim});
+  float* sums = floats(values);
+  const float* from = floats(dy);
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto row = static_cast<std::int64_t>(index[i]);
+    const auto position =
+        static_cast<std::size_t>(std::lower_bound(rows.begin(), rows.end(), row) - rows.begin());
+    float* target = sums + position * width;
+    for (std::size_t j = 0; j < width; ++j)
+      target[j] += from[i * width + j];
+  }
+  return row_sparse_array::from_rows(values, rows, {attrs.input_dim, attrs.output_dim}).value();
+}
+
+std::string embedding_describe(const op_attrs& attrs) {
+  return "input_dim=" + std::to_string(attrs.input_dim) +
+         ", output_dim=" + std::to_string(attrs.output_dim) +
+         ", sparse_grad=" + (attrs.sparse_grad ? "1" : "0");
+}
+
 } // namespace
 
 void register_nn_ops(op_table& table) {
@@ -725,6 +847,18 @@ void register_nn_ops(op_table& table) {
                     .backward_reads_inputs = false,
                     .backward_reads_outputs = false},
                    reshape_describe});
+  // Backward reads the indices again; the weight's gradient may be row_sparse (sparse_grad).
+  table.push_back({{.name = std::string{embedding_op},
+                    .input_names = embedding_input_names,
+                    .infer_shape = embedding_infer_shape,
+                    .fill_input_shapes = embedding_fill_input_shapes,
+                    .forward = embedding_forward,
+                    .backward = embedding_backward,
+                    .backward_reads_inputs = true,
+                    .backward_reads_outputs = false,
+                    .backward_rows = embedding_backward_rows,
+                    .rows_input = 1},
+                   embedding_describe});
 }
 
 } // namespace troupe::ops

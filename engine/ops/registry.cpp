@@ -213,6 +213,14 @@ op_attrs reshape_attrs(shape_vector shape) {
   return attrs;
 }
 
+op_attrs embedding_attrs(std::int64_t input_dim, std::int64_t output_dim, bool sparse_grad) {
+  op_attrs attrs;
+  attrs.input_dim = input_dim;
+  attrs.output_dim = output_dim;
+  attrs.sparse_grad = sparse_grad;
+  return attrs;
+}
+
 namespace ops {
 
 // ---------------------------------------------------------------------------------------------

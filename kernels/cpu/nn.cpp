@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -596,6 +597,25 @@ void dropout_forward(const float* x, float* y, float* mask, std::size_t n, doubl
 void dropout_backward(const float* mask, const float* dy, float* dx, std::size_t n,
                       write_mode mode) noexcept {
   store(dx, n, mode, [&](std::size_t i) { return dy[i] * mask[i]; });
+}
+
+void embedding_forward(const float* index, const float* weight, float* out, std::size_t count,
+                       std::size_t width) noexcept {
+  for (std::size_t i = 0; i < count; ++i)
+    std::memcpy(out + i * width, weight + static_cast<std::size_t>(index[i]) * width,
+                width * sizeof(float));
+}
+
+void embedding_backward(const float* index, const float* dy, float* dweight, write_mode mode,
+                        std::size_t count, std::size_t rows, std::size_t width) noexcept {
+  if (mode == write_mode::overwrite)
+    std::fill(dweight, dweight + rows * width, 0.0f);
+  for (std::size_t i = 0; i < count; ++i) {
+    float* row = dweight + static_cast<std::size_t>(index[i]) * width;
+    const float* from = dy + i * width;
+    for (std::size_t j = 0; j < width; ++j)
+      row[j] += from[j];
+  }
 }
 
 } // namespace troupe::kernels::cpu

@@ -99,4 +99,13 @@ void dropout_forward(const float* x, float* y, float* mask, std::size_t n, doubl
 void dropout_backward(const float* mask, const float* dy, float* dx, std::size_t n,
                       write_mode mode) noexcept;
 
+/// out[i, :] = weight[index[i], :] for each of `count` indices (float values holding row numbers,
+/// as MXNet passes them, already checked to lie in [0, rows)); rows of `width` elements.
+void embedding_forward(const float* index, const float* weight, float* out, std::size_t count,
+                       std::size_t width) noexcept;
+/// dweight[rows×width] (=|+=) Σ_i e_{index[i]} ⊗ dy[i, :], adding the dy rows in order of i: the
+/// dense gradient of embedding_forward with respect to the weight.
+void embedding_backward(const float* index, const float* dy, float* dweight, write_mode mode,
+                        std::size_t count, std::size_t rows, std::size_t width) noexcept;
+
 } // namespace troupe::kernels::cpu

@@ -240,12 +240,13 @@ BOOST_AUTO_TEST_SUITE(ops)
 // --- the registry ----------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(every_operator_of_the_imperative_api_is_registered_in_sorted_order) {
-  const std::vector<std::string> expected{
-      "Activation",     "Convolution",  "Dropout",      "Flatten",
-      "FullyConnected", "Pooling",      "Reshape",      "SoftmaxCrossEntropy",
-      "_mul_scalar",    "_plus_scalar", "elemwise_add", "elemwise_div",
-      "elemwise_mul",   "elemwise_sub", "mean",         "negative",
-      "square",         "sum"};
+  const std::vector<std::string> expected{"Activation",   "Convolution",  "Dropout",
+                                          "Embedding",    "Flatten",      "FullyConnected",
+                                          "Pooling",      "Reshape",      "SoftmaxCrossEntropy",
+                                          "_mul_scalar",  "_plus_scalar", "elemwise_add",
+                                          "elemwise_div", "elemwise_mul", "elemwise_sub",
+                                          "mean",         "negative",     "square",
+                                          "sum"};
   BOOST_TEST(list_ops() == expected, boost::test_tools::per_element());
   for (const auto& name : expected) {
     const op_def& op = find_op(name);
@@ -580,6 +581,14 @@ BOOST_AUTO_TEST_CASE(an_unknown_act_type_is_an_error_naming_it) {
                 errc::invalid_argument, "Activation: unknown act_type 'gelu'");
   require_error([] { run_forward("Activation", activation_attrs(""), {ndarray::ones({2})}); },
                 errc::invalid_argument, "unknown act_type ''");
+}
+
+BOOST_AUTO_TEST_CASE(embedding_weight_gradient_matches_central_differences) {
+  // Row 4 used twice, rows 1 and 3 not at all; the indices themselves take no gradient.
+  check_gradients({"Embedding",
+                   embedding_attrs(5, 3),
+                   {values({4, 0, 4, 2}, {2, 2}), uniform({5, 3}, 61)},
+                   {1}});
 }
 
 BOOST_AUTO_TEST_CASE(activation_gradients_match_central_differences) {
