@@ -106,6 +106,17 @@ run train_with_trainer \
   '^train_with_trainer: epoch 5: training loss [0-9.]+, test accuracy (9[0-9]|100)\.[0-9] %$' \
   -- "$examples/train_with_trainer"
 [ -s "$work/run/mlp.params" ] || fail "train_with_trainer wrote no mlp.params"
+run sparse_embedding \
+  '^sparse_embedding: rank 0 of 1, epoch 1: pushed [0-9]+ of 50000 rows per step, test accuracy [0-9.]+ %$' \
+  '^sparse_embedding: rank 0 of 1, epoch 5: pushed [0-9]+ of 50000 rows per step, test accuracy (9[0-9]|100)\.[0-9] %$' \
+  -- "$examples/sparse_embedding"
+run "sparse_embedding --row-sparse-weight" \
+  '^sparse_embedding: rank 0 of 1, epoch 5: pushed [0-9]+ of 50000 rows per step, test accuracy (9[0-9]|100)\.[0-9] %$' \
+  -- "$examples/sparse_embedding" --row-sparse-weight
+run "sparse_embedding under troupe-launch" \
+  'sparse_embedding: rank 0 of 2, epoch 5: pushed [0-9]+ of 50000 rows per step, test accuracy (9[0-9]|100)\.[0-9] %$' \
+  'sparse_embedding: rank 1 of 2, epoch 5: pushed [0-9]+ of 50000 rows per step, test accuracy (9[0-9]|100)\.[0-9] %$' \
+  -- "$prefix/bin/troupe-launch" -n 2 -s 1 -- "$examples/sparse_embedding" --row-sparse-weight
 run embed_actors \
   '^embed_actors: 2 pushed gradients summed on the server: 3 in every element$' \
   "^embed_actors: [0-9]+ actors running in the host's actor system$" \

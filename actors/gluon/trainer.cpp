@@ -29,6 +29,28 @@ std::string context_list(const std::vector<context>& contexts) {
   return text + "]";
 }
 
+/// 0, 1, ..., rows - 1 as the int64 row ids of a row_sparse_pull.
+ndarray every_row_id(std::int64_t rows) {
+  ndarray ids({rows}, context::cpu(), dtype::int64);
+  auto* out = static_cast<std::int64_t*>(ids.raw_data());
+  for (std::int64_t row = 0; row < rows; ++row)
+    out[row] = row;
+  return ids;
+}
+
+/// Pulled rows into a context's copy of a weight (the other rows left as they are).
+status write_pulled_rows(const row_sparse_array& pulled, ndarray& copy) {
+  if (copy.ctx().is_cpu())
+    return pulled.write_rows_into(copy);
+  return status_of([&]() -> status {
+    ndarray whole = copy.copy_to(context::cpu());
+    if (auto written = pulled.write_rows_into(whole); !written)
+      return written;
+    whole.copy_to(copy);
+    return ok();
+  });
+}
+
 error misuse(const std::string& call) {
   // MXNet's assertion text, so that users find the same advice.
   return {errc::invalid_argument,
@@ -46,14 +68,30 @@ struct trainer::schedule {
 
   /// One update of `weight` by `grad` with the rate the scheduler gives for this update.
   void run(updater& update, std::int64_t index, const ndarray& grad, ndarray& weight) {
+    advance(update, index);
+    update(index, grad, weight);
+  }
+  /// The same for a row_sparse gradient (the optimizer's lazy_update rule).
+  void run_rows(updater& update, std::int64_t index, const row_sparse_array& grad,
+                ndarray& weight) {
+    advance(update, index);
+    update.update_rows(index, grad, weight);
+  }
+
+private:
+  void advance(updater& update, std::int64_t index) {
     num_update = std::max(num_update, update.update_count(index) + 1);
     if (scheduler)
       scheduler->apply(update.optimizer(), num_update);
-    update(index, grad, weight);
   }
 };
 
-trainer::~trainer() = default;
+trainer::~trainer() {
+  if (owns_row_pullers_)
+    for (auto& param : parameters_)
+      if (param->stype() == storage_type::row_sparse)
+        param->set_row_puller(nullptr);
+}
 
 result<std::unique_ptr<trainer>> trainer::create(nn::parameter_list parameters,
                                                  std::string_view optimizer_name,
@@ -136,7 +174,22 @@ trainer::make(nn::parameter_list parameters, std::string_view optimizer_name,
   for (std::size_t c = 0; c < contexts->size(); ++c)
     made->updaters_.push_back(std::make_unique<updater>((*opt)->clone()));
 
-  // model.py::_create_kvstore.
+  // trainer.py::__init__: which branch of _init_kvstore applies.
+  const nn::parameter* sparse_weight = nullptr;
+  const nn::parameter* sparse_grad = nullptr;
+  for (const auto& param : made->parameters_) {
+    if (!sparse_weight && param->stype() == storage_type::row_sparse)
+      sparse_weight = param.get();
+    if (!sparse_grad && param->grad_stype() == storage_type::row_sparse)
+      sparse_grad = param.get();
+  }
+  if (sparse_weight && sparse_weight->has_row_puller())
+    return error{errc::invalid_argument,
+                 "trainer: parameter " + sparse_weight->name() +
+                     " has a row_sparse weight and already belongs to another trainer; more "
+                     "than one trainer for a row_sparse parameter is not supported"};
+
+  // model.py::_create_kvstore (and _create_sparse_kvstore, which always makes the store).
   std::optional<bool> choice = update_on_kvstore;
   if (store_from_type) {
     const bool dist = type.find("dist") != std::string_view::npos;
@@ -145,11 +198,11 @@ trainer::make(nn::parameter_list parameters, std::string_view optimizer_name,
       if (!created)
         return created.error();
       // One context on one machine: nothing to reduce, so no store (made to check the name).
-      if (dist || contexts->size() > 1)
+      if (dist || contexts->size() > 1 || sparse_weight)
         owned = std::move(*created);
     }
     store = owned.get();
-    if (store && type == "local" && !choice) {
+    if (store && type == "local" && !choice && !sparse_grad) {
       bool all_known = true;
       std::int64_t largest = 0;
       for (const auto& param : made->parameters_) {
@@ -164,13 +217,54 @@ trainer::make(nn::parameter_list parameters, std::string_view optimizer_name,
   }
   made->owned_store_ = std::move(owned);
   made->store_ = store;
-  if (store) {
+  if (sparse_weight) {
+    // _init_kvstore's first branch: the weight lives in the store, which updates it.
+    if (!store)
+      return error{errc::invalid_argument,
+                   "trainer: parameter " + sparse_weight->name() +
+                       " has a row_sparse weight, which lives in a kvstore; create the trainer "
+                       "with a kvstore type or store"};
+    if (choice == false)
+      return error{errc::invalid_argument,
+                   "trainer: Cannot set update_on_kvstore=False when sparse weights are present "
+                   "(parameter " +
+                       sparse_weight->name() + ")."};
+    if (!store->is_capable("optimizer"))
+      return error{errc::invalid_argument,
+                   "trainer: parameter " + sparse_weight->name() +
+                       " has a row_sparse weight, updated on the kvstore, and kvstore '" +
+                       store->type() + "' cannot run the optimizer"};
+    made->update_on_kvstore_ = true;
+  } else if (sparse_grad && store) {
+    // The second branch: a dense weight with a row_sparse gradient. Across workers the rows
+    // pushed by the others are unknown, so the store updates and the whole weight is pulled;
+    // on one machine the gradients are reduced and each context updates its own weight.
+    const bool dist = store->type().find("dist") != std::string::npos;
+    if (choice == false && dist)
+      return error{errc::invalid_argument,
+                   "trainer: Cannot set update_on_kvstore=False on dist kvstore when sparse "
+                   "gradients are present (parameter " +
+                       sparse_grad->name() + ")."};
+    made->update_on_kvstore_ = choice.value_or(dist);
+    if (made->update_on_kvstore_ && !store->is_capable("optimizer"))
+      return error{errc::invalid_argument,
+                   "Please set update_on_kvstore=False when training with kvstore '" +
+                       store->type() + "', which is not capable of running the optimizer."};
+  } else if (store) {
     auto resolved =
         resolve_update_on_kvstore(store->type(), store->is_capable("optimizer"), choice);
     if (!resolved)
       return resolved.error();
     made->update_on_kvstore_ = *resolved;
   }
+  // Parameter.row_sparse_data pulls through this trainer (gluon's param._set_trainer).
+  for (auto& param : made->parameters_)
+    if (param->stype() == storage_type::row_sparse)
+      param->set_row_puller(
+          [owner = made.get()](nn::parameter& target, std::size_t copy, const ndarray& ids) {
+            return owner->pull_rows(target, copy, ids);
+          });
+  made->owns_row_pullers_ = true;
   return made;
 }
 
@@ -228,7 +322,75 @@ void trainer::resolve_size_rule() {
   }
 }
 
-status trainer::prepare_store() {
+bool trainer::store_holds_weight(const nn::parameter& param) const noexcept {
+  return param.stype() == storage_type::row_sparse || update_on_kvstore_;
+}
+
+status trainer::pull_whole_weight(std::size_t index) {
+  auto& param = *parameters_[index];
+  row_sparse_array pulled;
+  if (auto done =
+          store_->row_sparse_pull(kv_key{static_cast<std::int64_t>(index)}, pulled,
+                                  every_row_id(param.shape().front()), -static_cast<int>(index));
+      !done)
+    return done;
+  for (auto& copy : param.list_data())
+    if (auto written = write_pulled_rows(pulled, copy); !written)
+      return written;
+  return ok();
+}
+
+status trainer::reduce_rows(std::size_t index) {
+  // trainer.py::_allreduce_grads, its branch for sparse gradients: push, then pull separately.
+  auto& param = *parameters_[index];
+  const kv_key key{static_cast<std::int64_t>(index)};
+  const int priority = -static_cast<int>(index);
+  auto grads = param.list_row_sparse_grad();
+  std::vector<kv_key> keys(grads.size(), key);
+  if (auto pushed = store_->push(keys, grads, priority); !pushed)
+    return pushed;
+  // A row_sparse weight is not pulled: the next forward pulls the rows it uses.
+  if (param.stype() == storage_type::row_sparse)
+    return ok();
+  // The store updated a dense weight: the rows other workers pushed are unknown here, so the
+  // whole weight comes back (MXNet's pull of it).
+  if (update_on_kvstore_)
+    return pull_whole_weight(index);
+  // One machine, the gradients summed: the union of the contexts' rows comes back to each.
+  std::vector<std::int64_t> rows;
+  for (const auto& grad : grads)
+    rows.insert(rows.end(), grad.indices().begin(), grad.indices().end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  ndarray ids({static_cast<std::int64_t>(rows.size())}, context::cpu(), dtype::int64);
+  std::copy(rows.begin(), rows.end(), static_cast<std::int64_t*>(ids.raw_data()));
+  row_sparse_array summed;
+  if (auto pulled = store_->row_sparse_pull(key, summed, ids, priority); !pulled)
+    return pulled;
+  for (const auto& ctx : param.list_ctx())
+    param.set_row_sparse_grad(ctx, summed);
+  return ok();
+}
+
+status trainer::pull_rows(nn::parameter& param, std::size_t copy, const ndarray& row_ids) {
+  // trainer.py::_row_sparse_pull: the store is set up first if it is not yet.
+  if (auto ready = prepare_store(false); !ready)
+    return ready;
+  const auto found = std::find_if(parameters_.begin(), parameters_.end(),
+                                  [&](const auto& listed) { return listed.get() == &param; });
+  if (found == parameters_.end())
+    return error{errc::invalid_argument,
+                 "trainer: parameter " + param.name() + " is not one of this trainer's"};
+  const auto index = static_cast<std::size_t>(found - parameters_.begin());
+  row_sparse_array pulled;
+  if (auto done = store_->row_sparse_pull(kv_key{static_cast<std::int64_t>(index)}, pulled, row_ids,
+                                          -static_cast<int>(index));
+      !done)
+    return done;
+  return write_pulled_rows(pulled, param.list_data().at(copy));
+}
+
+status trainer::prepare_store(bool with_optimizer) {
   resolve_size_rule();
   if (!store_) {
     store_ready_ = true;
@@ -236,19 +398,48 @@ status trainer::prepare_store() {
   }
   return status_of([&]() -> status {
     // _init_params: parameters whose arrays exist now; deferred ones wait for a later step.
+    // A parameter with a row_sparse gradient is a row_sparse key (its pushes are rows): it holds
+    // the weight when the store updates it, else the sum of a step's gradients.
     std::vector<kv_key> keys;
     std::vector<ndarray> values;
-    for (std::size_t i = 0; i < parameters_.size(); ++i)
-      if (!in_store_[i] && parameters_[i]->is_initialized()) {
-        keys.emplace_back(static_cast<std::int64_t>(i));
-        values.push_back(parameters_[i]->list_data().front());
+    std::vector<kv_key> row_keys;
+    std::vector<row_sparse_array> row_values;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      auto& param = *parameters_[i];
+      if (in_store_[i] || !param.is_initialized())
+        continue;
+      const kv_key key{static_cast<std::int64_t>(i)};
+      if (param.grad_stype() != storage_type::row_sparse) {
+        keys.push_back(key);
+        values.push_back(param.list_data().front());
+        continue;
       }
+      row_keys.push_back(key);
+      if (!store_holds_weight(param)) {
+        row_values.push_back(row_sparse_array::zeros(param.shape()));
+        continue;
+      }
+      const auto rows = param.shape().front();
+      std::vector<std::int64_t> all(static_cast<std::size_t>(rows));
+      for (std::int64_t row = 0; row < rows; ++row)
+        all[static_cast<std::size_t>(row)] = row;
+      auto whole = row_sparse_array::from_dense_rows(param.list_data().front(), all);
+      if (!whole)
+        return whole.error();
+      row_values.push_back(std::move(*whole));
+    }
     if (!keys.empty())
       if (auto initialised = store_->init(keys, values); !initialised)
         return error{initialised.error().code(),
                      "trainer: kvstore init: " + initialised.error().message()};
+    if (!row_keys.empty())
+      if (auto initialised = store_->init(row_keys, row_values); !initialised)
+        return error{initialised.error().code(),
+                     "trainer: kvstore init: " + initialised.error().message()};
 
-    if (!store_ready_) {
+    // A row_sparse_data pull before the first step sets up the keys only: the optimizer goes to
+    // the store at that step, with its rescale_grad.
+    if (!store_ready_ && with_optimizer) {
       // The decision is final from here: the store now runs (or does not run) the optimizer.
       size_rule_pending_ = false;
       if (update_on_kvstore_) {
@@ -270,6 +461,20 @@ status trainer::prepare_store() {
           if (auto set = store_->set_updater(std::move(update)); !set)
             return error{set.error().code(),
                          "trainer: kvstore set_updater: " + set.error().message()};
+          const bool rows =
+              std::any_of(parameters_.begin(), parameters_.end(), [](const auto& param) {
+                return param->grad_stype() == storage_type::row_sparse;
+              });
+          if (rows) {
+            auto update_rows = [update = store_updater_, plan = schedule_](
+                                   const kv_key& key, const row_sparse_array& received,
+                                   ndarray& stored) {
+              plan->run_rows(*update, std::get<std::int64_t>(key), received, stored);
+            };
+            if (auto set = store_->set_row_updater(std::move(update_rows)); !set)
+              return error{set.error().code(),
+                           "trainer: kvstore set_row_updater: " + set.error().message()};
+          }
         }
       }
       store_ready_ = true;
@@ -289,7 +494,17 @@ status trainer::prepare_store() {
         outcome = done;
     if (!outcome)
       return outcome;
+    // A dense weight the store updates starts from the store's value too; a row_sparse weight
+    // is pulled by rows when a forward reads them.
+    for (const auto& key : row_keys) {
+      const auto i = static_cast<std::size_t>(std::get<std::int64_t>(key));
+      if (parameters_[i]->stype() == storage_type::dense && update_on_kvstore_)
+        if (auto pulled = pull_whole_weight(i); !pulled)
+          return pulled;
+    }
     for (const auto& key : keys)
+      in_store_[static_cast<std::size_t>(std::get<std::int64_t>(key))] = true;
+    for (const auto& key : row_keys)
       in_store_[static_cast<std::size_t>(std::get<std::int64_t>(key))] = true;
     return ok();
   });
@@ -307,6 +522,12 @@ status trainer::reduce(bool pull_weights) {
       auto& param = *parameters_[i];
       if (param.req() == grad_req::null)
         continue;
+      if (param.grad_stype() == storage_type::row_sparse) {
+        // Row-sparse keys have no non-blocking calls: they are reduced here, in turn.
+        if (auto reduced = reduce_rows(i); !reduced)
+          return reduced;
+        continue;
+      }
       auto& grads = param.list_grad();
       std::vector<kv_key> keys(grads.size(), kv_key{static_cast<std::int64_t>(i)});
       const int priority = -static_cast<int>(i);
@@ -370,12 +591,18 @@ status trainer::update_locally() {
       if (param.req() == grad_req::null)
         continue;
       auto& data = param.list_data();
-      auto& grads = param.list_grad();
       if (data.size() != updaters_.size())
         return error{errc::context_mismatch, "trainer: parameter " + param.name() +
                                                  " now lives on " + context_list(param.list_ctx()) +
                                                  " but the trainer was created for " +
                                                  std::to_string(updaters_.size()) + " contexts"};
+      if (param.grad_stype() == storage_type::row_sparse) {
+        auto grads = param.list_row_sparse_grad();
+        for (std::size_t c = 0; c < data.size(); ++c)
+          schedule_->run_rows(*updaters_[c], static_cast<std::int64_t>(i), grads[c], data[c]);
+        continue;
+      }
+      auto& grads = param.list_grad();
       for (std::size_t c = 0; c < data.size(); ++c)
         schedule_->run(*updaters_[c], static_cast<std::int64_t>(i), grads[c], data[c]);
     }

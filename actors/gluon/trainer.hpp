@@ -54,6 +54,23 @@
 // UserWarning there; troupe reports a warning through the warning handler (by default one line on
 // stderr) when the batch size changes to a value the servers were not given, and carries on.
 //
+// Row-sparse parameters (engine/nn/parameter.hpp: stype, grad_stype) follow the other two branches
+// of MXNet's _init_kvstore and the sparse branch of _allreduce_grads; their keys are row_sparse
+// keys, reduced in turn (row_sparse calls have no non-blocking form):
+//  - a row_sparse weight (nn::sparse_embedding) always gets a store, even on one context, and is
+//    updated there (update_on_kvstore false: MXNet's error); the key starts from the weight's
+//    rows, each forward pulls the rows it uses (parameter::row_sparse_data calls back into the
+//    trainer: one trainer per such parameter), a step pushes the gradients' rows and pulls
+//    nothing. A row_sparse_data pull before the first step sets up the keys but not the
+//    optimizer, which the store gets at that step with its rescale_grad;
+//  - a dense weight with a row_sparse gradient (nn::embedding with sparse_grad) on a dist_* store
+//    is updated on the servers (false: MXNet's error): the rows are pushed and the whole weight is
+//    pulled back, since the rows the other workers pushed are not known here; on one machine
+//    update_on_kvstore defaults to false: the contexts' rows are summed in the store (a key of
+//    zeros), the union of their rows is pulled back into each context's gradient, and each
+//    context updates its copy with update_rows (lazy_update); with true the store updates it
+//    (set_row_updater) and the whole weight comes back. `local`'s 16M rule does not apply.
+//
 // Parameters with lr_mult or wd_mult other than 1 are refused (errc::not_supported): troupe's
 // optimizers take no per-weight multipliers yet.
 //
@@ -174,8 +191,17 @@ private:
   void set_rescale(double rescale);
   /// The `local` 16M rule, once every shape is known.
   void resolve_size_rule();
-  /// Lazy store setup (MXNet's _init_kvstore and _init_params).
-  status prepare_store();
+  /// Lazy store setup (MXNet's _init_kvstore and _init_params); without `with_optimizer` (a
+  /// row_sparse_data pull before the first step) the keys only.
+  status prepare_store(bool with_optimizer = true);
+  /// The store keeps this parameter's weight (rather than only its gradients' sum).
+  bool store_holds_weight(const nn::parameter& param) const noexcept;
+  /// Pushes parameter `index`'s row_sparse gradients and pulls what MXNet pulls after them.
+  status reduce_rows(std::size_t index);
+  /// Every row of a dense weight the store updates, into each context's copy.
+  status pull_whole_weight(std::size_t index);
+  /// row_sparse_data of a row_sparse weight: rows `row_ids` into its copy `copy`.
+  status pull_rows(nn::parameter& param, std::size_t copy, const ndarray& row_ids);
   status reduce(bool pull_weights);
   /// Waits for the requests the last reduce left under way and says how the first that failed
   /// ended; ok() when none did.
@@ -203,6 +229,7 @@ private:
   /// The last reduce's requests still writing parameters (with an engine backend only).
   std::vector<kv_request> in_flight_;
   warning_handler warn_;
+  bool owns_row_pullers_ = false; ///< the row_sparse weights pull through this trainer
 };
 
 } // namespace troupe

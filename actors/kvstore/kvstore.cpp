@@ -195,6 +195,11 @@ status kvstore::row_sparse_pull(std::span<const kv_key>, std::span<row_sparse_ar
   return no_row_sparse(type(), "row_sparse_pull");
 }
 
+status kvstore::set_row_updater(row_updater_function) {
+  return error{errc::not_supported,
+               "set_row_updater: kvstore '" + type() + "' runs no custom updater"};
+}
+
 status kvstore::init(const kv_key& key, const row_sparse_array& value) {
   return init(std::span{&key, 1}, std::span{&value, 1});
 }

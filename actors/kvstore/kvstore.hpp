@@ -79,6 +79,9 @@ public:
   /// A custom update run by the store on each push: (key, pushed sum, stored value to update).
   using updater_function =
       std::function<void(const kv_key& key, const ndarray& received, ndarray& stored)>;
+  /// The same for a row_sparse key's pushes: (key, pushed rows summed, stored value).
+  using row_updater_function =
+      std::function<void(const kv_key& key, const row_sparse_array& received, ndarray& stored)>;
 
   /// A store of MXNet's type name; an unknown name is an error that lists the types. A `dist_*`
   /// type joins the job that the configuration ($TROUPE_CONFIG, the DMLC_* / TROUPE_*
@@ -146,8 +149,7 @@ public:
   // row_sparse keys (MXNet's RowSparseNDArray values; engine/row_sparse.hpp). A key initialised
   // with a row_sparse value takes row_sparse pushes (only their rows are summed and, with an
   // optimizer, updated: lazy_update) and is read with row_sparse_pull; a dense push or pull of it
-  // is an error naming row_sparse_pull. In this build the local and device stores have them; the
-  // distributed stores refuse them (not_supported).
+  // is an error naming row_sparse_pull. Every store type has them.
 
   /// Declares row_sparse keys with their initial values (every row a value does not hold is 0).
   virtual status init(std::span<const kv_key> keys, std::span<const row_sparse_array> values);
@@ -193,6 +195,10 @@ public:
                                   std::optional<double> threshold = std::nullopt);
   /// Pushes run `update` in the store from now on (MXNet's _set_updater).
   virtual status set_updater(updater_function update) = 0;
+  /// Pushes of row_sparse keys run `update` with their rows (an optimizer's lazy update) from
+  /// now on, where set_updater's function would get their dense sum (MXNet's updater takes
+  /// either kind of gradient). Stores that run no custom updater: errc::not_supported.
+  virtual status set_row_updater(row_updater_function update);
   /// "optimizer": whether set_optimizer runs the optimizer in the store.
   virtual bool is_capable(std::string_view capability) const noexcept = 0;
   /// Whether the engine's lanes may run tasks that wait for this store's requests (the

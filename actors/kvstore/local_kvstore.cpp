@@ -96,6 +96,8 @@ status local_kvstore::push(std::span<const kv_key> keys, std::span<const row_spa
       auto& target = stored_.at(index);
       if (updater_)
         updater_->update_rows(index, merged, target);
+      else if (custom_row_updater_)
+        custom_row_updater_(group.declaration->key, merged, target);
       else if (custom_updater_)
         custom_updater_(group.declaration->key, merged.to_dense(), target);
       else
@@ -130,6 +132,7 @@ status local_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
     return error{errc::invalid_argument, "set_optimizer with no optimizer"};
   updater_ = std::make_unique<troupe::updater>(std::move(opt));
   custom_updater_ = nullptr;
+  custom_row_updater_ = nullptr;
   return ok();
 }
 
@@ -137,6 +140,15 @@ status local_kvstore::set_updater(updater_function update) {
   if (!update)
     return error{errc::invalid_argument, "set_updater with an empty function"};
   custom_updater_ = std::move(update);
+  custom_row_updater_ = nullptr; // a row updater set after this one goes with it
+  updater_.reset();
+  return ok();
+}
+
+status local_kvstore::set_row_updater(row_updater_function update) {
+  if (!update)
+    return error{errc::invalid_argument, "set_row_updater with an empty function"};
+  custom_row_updater_ = std::move(update);
   updater_.reset();
   return ok();
 }

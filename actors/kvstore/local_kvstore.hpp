@@ -49,6 +49,7 @@ public:
   status set_gradient_compression(const gradient_compression& rule) override;
   status set_optimizer(std::unique_ptr<optimizer> opt) override;
   status set_updater(updater_function update) override;
+  status set_row_updater(row_updater_function update) override;
   bool is_capable(std::string_view capability) const noexcept override;
 
   status save_optimizer_states(const std::string& path, bool dump_optimizer = false) const override;
@@ -61,6 +62,7 @@ private:
   std::map<std::int64_t, ndarray> stored_;   // by key index
   std::unique_ptr<troupe::updater> updater_; // set_optimizer
   updater_function custom_updater_;          // set_updater
+  row_updater_function custom_row_updater_;  // set_row_updater
   gradient_compression compression_;
   /// residuals_[key index][i]: the residual of the i-th value of the key's pushed lists.
   std::map<std::int64_t, std::vector<std::vector<float>>> residuals_;
