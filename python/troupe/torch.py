@@ -23,6 +23,12 @@ keeps them (average=False, MXNet's rule), writes them into the parameters' .grad
 wrapped optimizer. With update_on_kvstore=True the servers run the optimizer instead (MXNet's
 update_on_kvstore: set_optimizer) and step() writes the pulled weights into the parameters.
 
+Sparse gradients (torch.nn.Embedding(sparse=True), named in sparse_names=): the key is a row_sparse
+key and only the rows a batch used are pushed; the sum comes back as MXNet's Trainer brings it
+back across machines, whole (row_sparse_pull of every row: the rows the other workers pushed are
+not known here), and becomes the parameter's sparse .grad (its non-zero rows), or with
+update_on_kvstore the servers update only the pushed rows (lazy_update) and the weight comes back.
+
 Keys are "<key_prefix><parameter name>" (str keys: a store used by troupe.torch holds no int
 keys). Every tensor is passed to the store as it lies (a zero-copy NumPy view): a gradient must
 not change from its push until step() (zero_grad() in between raises), and CPU tensors only.
@@ -124,7 +130,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     wraps (BytePS's construction: the result is still a torch.optim.SGD, an Adam...)."""
 
     def __init__(self, params, named_parameters, kvstore, update_on_kvstore, average,
-                 backward_passes_per_step, key_prefix, server_optimizer):
+                 backward_passes_per_step, key_prefix, server_optimizer, sparse_names):
         super(self.__class__, self).__init__(params)
         self._kv = _resolve(kvstore)
         self._update_on_kvstore = update_on_kvstore
@@ -159,10 +165,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # priority -i, so the first layers' values come back first.
         self._ordered = [p for _, p in named if p.requires_grad]
         self._keys = {p: key_prefix + name for name, p in named}
+        sparse_names = set(sparse_names or ())
+        unknown = sorted(sparse_names - set(names))
+        if unknown:
+            raise ValueError(f"sparse_names names parameters that named_parameters does not: "
+                             f"{unknown}")
+        self._sparse = {p for name, p in named if name in sparse_names and p.requires_grad}
+        flat = [name for name, p in named if p in self._sparse and p.dim() == 0]
+        if flat:
+            raise ValueError(f"sparse_names: a sparse gradient has rows, and these parameters "
+                             f"are scalars: {flat}")
         self._priority = {p: -i for i, p in enumerate(self._ordered)}
         self._requests = {}
         self._passes_left = {p: self._passes for p in self._ordered}
-        keys = [self._keys[p] for p in self._ordered]
+        dense = [p for p in self._ordered if p not in self._sparse]
+        keys = [self._keys[p] for p in dense]
         if update_on_kvstore:  # refused before the store is touched
             name, hyper = server_optimizer or _server_optimizer_of(self)
             hyper = dict(hyper)
@@ -172,19 +189,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # The servers hold the weights (rank 0's) and update them; the pulled weights
                 # land here before step() writes them into the parameters.
                 self._received = [p.detach().clone(memory_format=torch.contiguous_format)
-                                  for p in self._ordered]
+                                  for p in dense]
                 self._kv.init(keys, self._received)
+                for p in self._sparse:
+                    self._kv.init(self._keys[p], troupe.kv.row_sparse_array(
+                        p.detach().contiguous().numpy()))
                 self._kv.set_optimizer(name, **hyper)
                 _server_optimizer_stores.add(self._kv)
                 self._kv.pull(keys, out=self._received)
-                for p, weight in zip(self._ordered, self._received):
+                for p, weight in zip(dense, self._received):
                     p.copy_(weight)
+                for p in self._sparse:
+                    p.copy_(self._pull_every_row(p))
             else:
                 # The servers hold each key's last sum of gradients.
                 self._received = [torch.zeros_like(p, memory_format=torch.contiguous_format)
-                                  for p in self._ordered]
+                                  for p in dense]
                 self._kv.init(keys, self._received)
-        self._received = dict(zip(self._ordered, self._received))
+                for p in self._sparse:
+                    self._kv.init(self._keys[p], self._no_rows(p))
+        self._received = dict(zip(dense, self._received))
         # The module reaches a tensor through tensor.detach().numpy() on every call; NumPy views
         # made once (of the buffers) or here in Python (of the gradients) cost less per call.
         self._received_views = {p: received.numpy() for p, received in self._received.items()}
@@ -212,13 +236,48 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         return hook
 
+    @staticmethod
+    def _no_rows(p):
+        return troupe.kv.RowSparseArray(tuple(p.shape), p.detach().numpy().dtype.name)
+
+    def _pull_every_row(self, p):
+        """The key's whole value (row_sparse_pull of every row), as a tensor of p's shape."""
+        out = self._no_rows(p)
+        self._kv.row_sparse_pull(self._keys[p], out=out, row_ids=np.arange(p.shape[0]),
+                                 priority=self._priority[p])
+        return torch.from_numpy(out.asnumpy())
+
+    def _push_rows(self, p):
+        """Pushes the rows of p's sparse gradient (none when this step did not use p: every
+        worker pushes every key in a round); row_sparse pushes are not asynchronous."""
+        grad = p.grad
+        if grad is None:
+            rows = self._no_rows(p)
+        elif not grad.is_sparse:
+            raise RuntimeError(f"the gradient of {self._keys[p]!r} is dense, and sparse_names "
+                               "names it: drop it from sparse_names, or make the module's "
+                               "gradient sparse (torch.nn.Embedding(sparse=True))")
+        else:
+            grad = grad.coalesce()  # sorted unique rows, repeats summed
+            if grad.sparse_dim() != 1:
+                raise RuntimeError(f"the sparse gradient of {self._keys[p]!r} has "
+                                   f"{grad.sparse_dim()} sparse dimensions; troupe pushes rows "
+                                   "(sparse_dim 1, as torch.nn.Embedding(sparse=True) makes)")
+            rows = troupe.kv.row_sparse_array(
+                (grad.values().detach().contiguous().numpy(), grad.indices()[0].numpy()),
+                shape=tuple(p.shape))
+        self._kv.push(self._keys[p], rows, priority=self._priority[p])
+        return None
+
     def _start(self, p):
+        if p in self._sparse:
+            return self._push_rows(p)
         grad = p.grad
         if grad is None:  # a parameter this step did not use: its share of the sum is zero
             grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         elif grad.is_sparse:
-            raise RuntimeError(f"the gradient of {self._keys[p]!r} is sparse; troupe.torch "
-                               "pushes dense gradients")
+            raise RuntimeError(f"the gradient of {self._keys[p]!r} is sparse; name the "
+                               "parameter in DistributedOptimizer's sparse_names= to push its rows")
         elif not grad.is_contiguous():
             grad = grad.contiguous()  # the Request holds the copy (through its NumPy view)
         return self._kv.pushpull_async(self._keys[p], grad.detach().numpy(),
@@ -236,6 +295,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         try:
             with torch.no_grad():
                 for p in self._ordered:
+                    if p in self._sparse:
+                        summed = self._pull_every_row(p)
+                        if self._update_on_kvstore:
+                            p.copy_(summed)
+                            continue
+                        if self._average:
+                            summed = torch.div(summed, workers)
+                        p.grad = summed.to_sparse(1)  # its non-zero rows
+                        continue
                     self._requests[p].wait()
                     received = self._received[p]
                     if self._update_on_kvstore:
@@ -271,7 +339,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, kvstore=None, update_on_kvstore=False,
                          average=True, backward_passes_per_step=1, key_prefix="",
-                         server_optimizer=None):
+                         server_optimizer=None, sparse_names=None):
     """An optimizer of the class of `optimizer`, over its parameter groups and hyper-parameters
     (its state is not carried over: broadcast_optimizer_state after loading a checkpoint), that
     sums every gradient over the job's workers through `kvstore` (default: init()'s store).
@@ -285,6 +353,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, kvstore=None, update_
     learning-rate changes then have no effect on the weights.
     average: divide the sums by the number of workers (BytePS, DDP); False keeps the sums (MXNet).
     backward_passes_per_step: backward passes accumulated locally before a gradient is pushed.
+    sparse_names: names (of named_parameters) of parameters whose gradients are sparse rows
+    (torch.nn.Embedding(sparse=True)): [n + ".weight" for n, m in model.named_modules() if
+    isinstance(m, torch.nn.Embedding) and m.sparse]. Their keys are row_sparse: only the rows a
+    batch used are pushed (see the module's docstring for what comes back).
 
     The store must not run an optimizer of its own unless update_on_kvstore (its keys would be
     updated instead of summed), and every worker of a dist_sync job must step together.
@@ -292,7 +364,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, kvstore=None, update_
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, kvstore, update_on_kvstore, average,
-               backward_passes_per_step, key_prefix, server_optimizer)
+               backward_passes_per_step, key_prefix, server_optimizer, sparse_names)
 
 
 # ---------------------------------------------------------------------------------------------

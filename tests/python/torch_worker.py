@@ -16,7 +16,11 @@ Each check raises (and so fails the worker, and the job) when it does not hold; 
     same values, and a sum of two gradients does not depend on their order. The pushes start
     during backward: after loss.backward() a request is under way for every parameter;
   - with update_on_kvstore=True (SGD on the servers) the same, against the loop of
-    examples/python/train_fashion_mnist.py (kv.pushpull of the gradients out= the parameters).
+    examples/python/train_fashion_mnist.py (kv.pushpull of the gradients out= the parameters);
+  - an embedding with sparse gradients (torch.nn.Embedding(sparse=True), named in sparse_names):
+    only the rows a batch used are pushed, and the parameters after STEPS steps of plain SGD are
+    bit for bit those of the plain loop pushing the same gradients dense, with the sums on the
+    workers and with SGD on the servers (lazy there: plain SGD moves no unused row either).
 """
 
 import sys
@@ -94,29 +98,47 @@ def check_broadcasts(kv, rank):
                 assert torch.equal(state["state"][index][name], value), (what, index, name)
 
 
+class PlainLoop:
+    """The reduction troupe.torch replaces, for the parameters `named` under keys prefix + name:
+    kv.pushpull of the gradients, then their average into .grad (the optimizer steps after), or
+    with on_servers out= the parameters (the store's SGD, set by a DistributedOptimizer before,
+    updates them)."""
+
+    def __init__(self, kv, prefix, named, on_servers):
+        self.kv = kv
+        self.params = [p for _, p in named]
+        self.keys = [prefix + name for name, _ in named]
+        self.on_servers = on_servers
+        if on_servers:
+            kv.init(self.keys, self.params)
+            kv.pull(self.keys, out=self.params)
+        else:
+            self.sums = [torch.zeros_like(p) for p in self.params]
+            kv.init(self.keys, self.sums)
+
+    def reduce(self, grads, workers):
+        """True when the optimizer must step."""
+        if self.on_servers:
+            self.kv.pushpull(self.keys, grads, out=self.params)
+            return False
+        self.kv.pushpull(self.keys, grads, out=self.sums)
+        for p, summed in zip(self.params, self.sums):
+            p.grad = torch.div(summed, workers)
+        return True
+
+
 def train_plain(kv, rank, workers, on_servers):
     """The loop troupe.torch replaces: keys "plain.<name>" (or "plain-servers.<name>")."""
     model = make_model(seed=0)
     named = list(model.named_parameters())
     params = [p for _, p in named]
-    keys = [("plain-servers." if on_servers else "plain.") + name for name, _ in named]
+    loop = PlainLoop(kv, "plain-servers." if on_servers else "plain.", named, on_servers)
     optimizer = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
-    if on_servers:
-        kv.init(keys, params)
-        kv.pull(keys, out=params)
-    else:
-        sums = [torch.zeros_like(p) for p in params]
-        kv.init(keys, sums)
     for step in range(STEPS):
         optimizer.zero_grad()
         loss_of(model, rank, step).backward()
-        if on_servers:  # the store's SGD (set by the DistributedOptimizer before) updates
-            kv.pushpull(keys, [p.grad for p in params], out=params)
-            continue
-        kv.pushpull(keys, [p.grad for p in params], out=sums)
-        for p, summed in zip(params, sums):
-            torch.div(summed, workers, out=p.grad)
-        optimizer.step()
+        if loop.reduce([p.grad for p in params], workers):
+            optimizer.step()
     return named
 
 
@@ -135,6 +157,65 @@ def train_distributed(kv, rank, on_servers):
     return list(model.named_parameters())
 
 
+VOCABULARY = 300
+
+
+def make_embedding_model(seed, sparse):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Embedding(VOCABULARY, 8, sparse=sparse),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 8, 10))
+
+
+def embedding_loss(model, rank, step):
+    generator = torch.Generator().manual_seed(5000 + 1000 * rank + step)
+    words = torch.randint(0, VOCABULARY // 3, (BATCH, 4), generator=generator)
+    y = torch.randint(0, 10, (BATCH,), generator=generator)
+    return torch.nn.functional.cross_entropy(model(words), y)
+
+
+def train_embedding(kv, rank, workers, sparse, on_servers):
+    """STEPS steps of plain SGD on a model whose embedding has sparse gradients: troupe.torch
+    pushing their rows (sparse), or the plain loop pushing them dense; keys under their own
+    prefix."""
+    model = make_embedding_model(seed=3, sparse=True)
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    prefix = f"embedding-{sparse}-{on_servers}."
+    if sparse:
+        optimizer = tt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=LR), model.named_parameters(), kvstore=kv,
+            update_on_kvstore=on_servers, key_prefix=prefix, sparse_names=["0.weight"])
+    else:
+        optimizer = torch.optim.SGD(params, lr=LR)
+        loop = PlainLoop(kv, prefix, named, on_servers)
+    for step in range(STEPS):
+        # set_to_none: a gradient that backward writes into a zeroed dense one sums its repeated
+        # rows in another order than coalesce() does, in the last bit.
+        optimizer.zero_grad(set_to_none=True)
+        embedding_loss(model, rank, step).backward()
+        if sparse:
+            grad = params[0].grad
+            assert grad.is_sparse and grad.coalesce().indices().shape[1] < VOCABULARY // 3 + 1
+            optimizer.step()
+            continue
+        grads = [p.grad.coalesce().to_dense() if p.grad.is_sparse else p.grad for p in params]
+        if loop.reduce(grads, workers):
+            optimizer.step()
+    return named
+
+
+def check_sparse_embeddings(kv, rank, workers, on_servers):
+    sparse = train_embedding(kv, rank, workers, True, on_servers)
+    dense = train_embedding(kv, rank, workers, False, on_servers)
+    assert_equal_tensors(sparse, [p for _, p in dense],
+                         f"sparse embedding (update_on_kvstore={on_servers})")
+    table = sparse[0][1]
+    start = make_embedding_model(seed=3, sparse=True)[0].weight
+    unused = table[VOCABULARY // 3:]
+    assert torch.equal(unused, start[VOCABULARY // 3:]), "rows no batch used moved"
+    assert not torch.equal(table, start), "the embedding did not change in training"
+
+
 def main():
     kv = tt.init("dist_sync")
     rank, workers = tt.rank(), tt.size()
@@ -142,6 +223,8 @@ def main():
     torch.set_num_threads(1)
 
     check_broadcasts(kv, rank)
+
+    check_sparse_embeddings(kv, rank, workers, on_servers=False)
 
     distributed = train_distributed(kv, rank, on_servers=False)
     plain = train_plain(kv, rank, workers, on_servers=False)
@@ -155,6 +238,7 @@ def main():
     plain = train_plain(kv, rank, workers, on_servers=True)
     assert_equal_tensors(distributed, [p for _, p in plain],
                          "DistributedOptimizer (on the servers)")
+    check_sparse_embeddings(kv, rank, workers, on_servers=True)
 
     try:
         tt.broadcast_parameters(make_model(seed=0).state_dict(), root_rank=1, kvstore=kv)
