@@ -253,6 +253,14 @@ result<std::vector<std::int64_t>> unique_row_ids(const ndarray& row_ids, std::in
 
 /// The sum of `values` (one shape and dtype) over the union of their rows, summed in float32 and
 /// rounded once to their dtype.
+ndarray all_row_ids(std::int64_t rows) {
+  ndarray ids({rows}, context::cpu(), dtype::int64);
+  auto* out = static_cast<std::int64_t*>(ids.raw_data());
+  for (std::int64_t row = 0; row < rows; ++row)
+    out[row] = row;
+  return ids;
+}
+
 row_sparse_array sum_rows(std::span<const row_sparse_array* const> values) {
   const auto& first = *values.front();
   std::vector<std::int64_t> rows;

@@ -83,6 +83,9 @@ private:
 /// summed in float32 and rounded once to their dtype: what a store applies for a list of pushes.
 row_sparse_array sum_rows(std::span<const row_sparse_array* const> values);
 
+/// 0, 1, ..., rows - 1 as int64 row ids (a row_sparse_pull of every row).
+ndarray all_row_ids(std::int64_t rows);
+
 /// MXNet's row ids of row_sparse_pull: an array of any shape of integers, or of floats holding
 /// integers, flattened, sorted and de-duplicated; each must lie in [0, rows). `what` names the
 /// array in errors ("row_sparse_pull of key 3: row_ids").

@@ -29,15 +29,6 @@ std::string context_list(const std::vector<context>& contexts) {
   return text + "]";
 }
 
-/// 0, 1, ..., rows - 1 as the int64 row ids of a row_sparse_pull.
-ndarray every_row_id(std::int64_t rows) {
-  ndarray ids({rows}, context::cpu(), dtype::int64);
-  auto* out = static_cast<std::int64_t*>(ids.raw_data());
-  for (std::int64_t row = 0; row < rows; ++row)
-    out[row] = row;
-  return ids;
-}
-
 /// Pulled rows into a context's copy of a weight (the other rows left as they are).
 status write_pulled_rows(const row_sparse_array& pulled, ndarray& copy) {
   if (copy.ctx().is_cpu())
@@ -331,7 +322,7 @@ status trainer::pull_whole_weight(std::size_t index) {
   row_sparse_array pulled;
   if (auto done =
           store_->row_sparse_pull(kv_key{static_cast<std::int64_t>(index)}, pulled,
-                                  every_row_id(param.shape().front()), -static_cast<int>(index));
+                                  all_row_ids(param.shape().front()), -static_cast<int>(index));
       !done)
     return done;
   for (auto& copy : param.list_data())

@@ -370,6 +370,17 @@ status block::save_parameters(const std::string& path) const {
       return error{errc::invalid_argument, "cannot save parameters of " + prefix_ + " to " + path +
                                                ": parameter " + param->name() +
                                                " is not initialized"};
+    if (param->stype() == storage_type::row_sparse && param->has_row_puller()) {
+      // The worker's copy of a row_sparse weight is current only in the rows pulled last; the
+      // file gets the store's value (MXNet's Parameter._reduce pulls every row too).
+      auto pulled = status_of([&]() -> status {
+        param->row_sparse_data(all_row_ids(param->shape().front()), param->list_ctx().front());
+        return ok();
+      });
+      if (!pulled)
+        return error{pulled.error().code(), "cannot save parameters of " + prefix_ + " to " + path +
+                                                ": " + pulled.error().message()};
+    }
     out.string(param->name());
     out.array(param->list_data().front().as_type(dtype::float32));
   }
@@ -437,6 +448,12 @@ status block::load_parameters(const std::string& path, std::span<const context> 
                                             shape_to_string(stored) + " in the file, but " +
                                             prefix_ + " declares " + shape_to_string(declared));
   }
+  for (auto& param : params)
+    if (param->stype() == storage_type::row_sparse && param->has_row_puller())
+      return fail(errc::invalid_argument,
+                  "parameter " + param->name() +
+                      " is a row_sparse weight whose values live in its trainer's kvstore; load "
+                      "the parameters before creating the trainer");
   for (auto& [name, value] : values)
     if (!expected.contains(name))
       return fail(errc::invalid_argument, "the file holds parameter " + name + ", which block " +

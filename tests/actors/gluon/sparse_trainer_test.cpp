@@ -19,10 +19,12 @@
 #include "engine/nn/block.hpp"
 #include "engine/nn/initializer.hpp"
 #include "tests/actors/kvstore/in_process_job.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace troupe;
 using troupe::testing::in_process_job;
 using troupe::testing::problems;
+using troupe::testing::temp_dir;
 
 namespace {
 
@@ -213,6 +215,7 @@ BOOST_AUTO_TEST_CASE(a_sparse_embedding_pulls_only_the_rows_of_each_batch) {
   constexpr std::uint32_t workers = 2;
   in_process_job job{"dist_sync", workers, 2, 2, 20};
   problems seen;
+  temp_dir files;
   job.run([&](std::uint32_t rank, kvstore& kv) {
     auto table = std::make_shared<nn::sparse_embedding>(vocabulary, width, nullptr, "table_");
     table->initialize(std::make_shared<nn::constant>(1.0));
@@ -262,6 +265,23 @@ BOOST_AUTO_TEST_CASE(a_sparse_embedding_pulls_only_the_rows_of_each_batch) {
       if (!seen.check((*made)->step(1), who + " step " + std::to_string(step)))
         return;
     }
+    // Saving writes the store's values, not the worker's stale copy: after two steps row r and
+    // the other worker's row hold -1, row 5 holds -3. Loading into a weight the store holds is
+    // refused.
+    const auto file = (files.path() / ("table" + std::to_string(rank) + ".params")).string();
+    if (!seen.check(table->save_parameters(file), who + " save_parameters"))
+      return;
+    nn::sparse_embedding reread(vocabulary, width, nullptr, "table_");
+    reread.initialize();
+    if (!seen.check(reread.load_parameters(file), who + " load_parameters"))
+      return;
+    const auto saved = reread.weight()->data().to_vector<float>();
+    for (std::size_t row : {static_cast<std::size_t>(rank), other, std::size_t{5}})
+      if (saved[row * width] != (row == 5 ? -3.0f : -1.0f))
+        seen.add(who + ": the saved row " + std::to_string(row) + " holds " +
+                 std::to_string(saved[row * width]));
+    if (auto refused = table->load_parameters(file); !says(refused, "load the parameters before"))
+      seen.add(who + ": loading into a weight the store holds was not refused");
   });
   BOOST_TEST(seen.seen.empty(), seen.report());
 }
