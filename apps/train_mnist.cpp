@@ -133,6 +133,7 @@ struct options {
   std::string update_on_kvstore; ///< "", "true" or "false"
   std::string compression_name = "none";
   std::optional<double> compression_threshold;
+  bool compress_pulls = false;
   gradient_compression compression; ///< parsed by check_flags
   std::string contexts = "cpu(0)";
   std::string model_parallel;     ///< stage contexts, empty: no model parallelism
@@ -463,6 +464,9 @@ void add_flags(CLI::App& app, options& o) {
       ->check(CLI::IsMember({"none", "2bit", "1bit"}));
   app.add_option("--compression-threshold", o.compression_threshold,
                  "threshold of --gradient-compression (default 0.5; 2bit: > 0, 1bit: >= 0)");
+  app.add_flag("--compress-pulls", o.compress_pulls,
+               "with --gradient-compression and --update-on-kvstore false: the servers pack the "
+               "summed gradients they send back too (troupe's extension)");
   app.add_option("--contexts", o.contexts, "devices each batch is split over, e.g. cpu(0),cpu(1)");
   app.add_option("--model-parallel", o.model_parallel,
                  "model parallelism: the network cut into one stage per context, e.g. "
@@ -560,6 +564,9 @@ result<std::vector<context>> check_flags(options& o) {
     return error{errc::invalid_argument,
                  "--compression-threshold: " + compression.error().message()};
   o.compression = *compression;
+  if (o.compress_pulls && !o.compression.enabled())
+    return error{errc::invalid_argument, "--compress-pulls needs --gradient-compression"};
+  o.compression.pulls = o.compress_pulls;
   auto contexts = parse_contexts(o.contexts);
   if (!contexts)
     return contexts.error();

@@ -20,7 +20,9 @@
 // layers' gradients first), priority -index, then a wait for all of them. Its JSON lines carry
 // "key_elements", the list.
 //
-// --gradient-compression 2bit|1bit [--compression-threshold T] compresses the pushes. Each line
+// --gradient-compression 2bit|1bit [--compression-threshold T] compresses the pushes, and with
+// --compress-pulls the replies of pulls and pushpulls too (no optimizer runs on the servers
+// outside --row-sparse, so the replies are the rounds' sums, which the servers pack). Each line
 // then names the rule, and every line carries `wire_bytes_per_op`, what the network interfaces of
 // the namespace transmitted per repetition (/proc/net/dev: headers and both directions included;
 // meaningful for a job alone in its namespace, with data.shm_arena_bytes = 0 so that same-host
@@ -253,6 +255,9 @@ int main(int argc, char** argv) {
                  "compress pushes (kvstore::set_gradient_compression)")
       ->check(CLI::IsMember({"none", "2bit", "1bit"}));
   app.add_option("--compression-threshold", compression_threshold, "its threshold (0.5)");
+  bool compress_pulls = false;
+  app.add_flag("--compress-pulls", compress_pulls,
+               "pull replies packed too (troupe's extension; the servers run no optimizer here)");
   std::vector<std::int64_t> row_sparse_table;
   double row_fraction = 0.01;
   app.add_option("--row-sparse", row_sparse_table,
@@ -281,6 +286,7 @@ int main(int argc, char** argv) {
     std::cerr << "kvbench: " << compression.error().message() << "\n";
     return 2;
   }
+  compression->pulls = compress_pulls && compression->enabled();
   if (compression->enabled())
     if (auto set = kv.set_gradient_compression(*compression); !set)
       return fail("set_gradient_compression", set.error());

@@ -54,6 +54,8 @@ std::string gradient_compression::describe() const {
     return "none";
   std::ostringstream text;
   text << type_name() << " with threshold " << threshold;
+  if (pulls)
+    text << ", pulls too";
   return text.str();
 }
 

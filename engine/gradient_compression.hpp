@@ -24,6 +24,10 @@ enum class compression_type : std::uint8_t { none = 0, two_bit = 1, one_bit = 2 
 struct gradient_compression {
   compression_type type = compression_type::none;
   float threshold = default_threshold;
+  /// troupe's extension (distributed stores): pulls of float32 and float16 keys come back packed
+  /// by the same rule too, each server keeping per worker what its packed replies have not carried
+  /// (docs/protocol.md, "Compressed pulls"). Off: MXNet's rule, pulls stay dense.
+  bool pulls = false;
 
   /// MXNet's default for both rules.
   static constexpr float default_threshold = 0.5f;

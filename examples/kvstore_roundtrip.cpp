@@ -74,7 +74,7 @@ std::unique_ptr<kvstore> round_trip(const char* type) {
 /// Gradient compression on `kv` (a device store alone, the job's dist_sync store), SGD in the
 /// store: two pushes of 0.3 under 2bit with threshold 0.5; 0 when the pulled value is what MXNet's
 /// rule gives.
-int compressed_round_trip(std::unique_ptr<kvstore> kv) {
+int compressed_round_trip(const std::unique_ptr<kvstore>& kv) {
   try {
     kv->init("bias", ndarray::zeros({4})).value();
     // README compression {
@@ -133,18 +133,62 @@ int row_sparse_round_trip(const std::unique_ptr<kvstore>& kv) {
   }
 }
 
+/// multi_precision on `kv` (compression off): ten pushes of 1e-4 to a float16 key of ones, SGD
+/// with rate 1; 0 when the pulled value is the float32 master copy rounded to float16.
+int multi_precision_round_trip(const std::unique_ptr<kvstore>& kv) {
+  try {
+    // README multi_precision {
+    kv->set_optimizer("sgd", {{"learning_rate", 1.0}, {"multi_precision", 1}}).value();
+    kv->init("half", ndarray::ones({8}, context::cpu(), dtype::float16)).value();
+    const auto step = ndarray::full({8}, 1e-4, context::cpu(), dtype::float16);
+    for (int i = 0; i < 10; ++i) // each below float16's spacing at 1: alone, 1 would stay 1
+      kv->push("half", step).value();
+    auto half = ndarray::zeros({8}, context::cpu(), dtype::float16);
+    kv->pull("half", half).value(); // the float32 master copy moved: 0.999 in float16
+    // README multi_precision }
+    // Every worker's step each round, summed and applied to the float32 master in float32.
+    float master = 1.0f;
+    const float pushed = step.as_type(dtype::float32).to_vector<float>()[0];
+    for (int i = 0; i < 10; ++i)
+      master -= static_cast<float>(kv->num_workers()) * pushed;
+    const float expected = ndarray::full({1}, master)
+                               .as_type(dtype::float16)
+                               .as_type(dtype::float32)
+                               .to_vector<float>()[0];
+    const auto values = half.as_type(dtype::float32).to_vector<float>();
+    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank() << ": pulled "
+              << values[0] << " after ten float16 pushes of 1e-4 with multi_precision, expected "
+              << expected << "\n";
+    for (float value : values)
+      if (value != expected || value >= 1.0f) {
+        std::cerr << "kvstore_roundtrip: an element of the pulled float16 key is " << value << "\n";
+        return 1;
+      }
+    return 0;
+  } catch (const troupe::exception& failure) {
+    std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
+    return 1;
+  }
+}
+
 /// The round trips, on the job's dist_sync store or alone on local and device stores.
 int round_trips(bool in_job) {
   auto kv = round_trip(in_job ? "dist_sync" : "local");
   if (!kv || row_sparse_round_trip(kv) != 0)
     return 1;
   // A process is one worker of its job: the compressed pushes go through the same store, with
-  // its optimizer. Alone, a device store (local refuses compression, as MXNet does).
-  if (!in_job) {
-    kv = kvstore::create("device").value();
-    kv->set_optimizer("sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}}).value();
+  // its optimizer, which then turns compression off for multi_precision. Alone, a device store
+  // (local refuses compression, as MXNet does), and multi_precision on the local store.
+  if (in_job) {
+    if (compressed_round_trip(kv) != 0 || !kv->set_gradient_compression("none"))
+      return 1;
+    return multi_precision_round_trip(kv);
   }
-  return compressed_round_trip(std::move(kv));
+  auto device = kvstore::create("device").value();
+  device->set_optimizer("sgd", {{"learning_rate", 0.1}, {"momentum", 0.9}}).value();
+  if (compressed_round_trip(device) != 0)
+    return 1;
+  return multi_precision_round_trip(kv);
 }
 
 } // namespace

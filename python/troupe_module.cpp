@@ -545,6 +545,7 @@ public:
   void set_gradient_compression(const py::dict& params) {
     std::optional<std::string> type;
     std::optional<double> threshold;
+    bool pulls = false;
     for (const auto& [name, value] : params) {
       const auto key = py::str(name).cast<std::string>();
       if (key == "type") {
@@ -560,15 +561,19 @@ public:
                                            py::repr(value).cast<std::string>() +
                                            " is not a number");
         }
+      } else if (key == "pulls") {
+        if (!py::isinstance<py::bool_>(value))
+          fail(errc::invalid_argument, "gradient compression 'pulls' must be True or False");
+        pulls = value.cast<bool>();
       } else {
-        fail(errc::invalid_argument,
-             "gradient compression has no parameter '" + key + "' (it takes type and threshold)");
+        fail(errc::invalid_argument, "gradient compression has no parameter '" + key +
+                                         "' (it takes type, threshold and pulls)");
       }
     }
     if (!type)
       fail(errc::invalid_argument,
            "gradient compression needs a 'type': {'type': '2bit', 'threshold': 0.5}");
-    run([&](kvstore& kv) { return kv.set_gradient_compression(*type, threshold); });
+    run([&](kvstore& kv) { return kv.set_gradient_compression(*type, threshold, pulls); });
   }
   bool is_capable(const std::string& capability) { return open().is_capable(capability); }
   void save_optimizer_states(const std::string& path, bool dump_optimizer) {

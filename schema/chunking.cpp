@@ -99,10 +99,20 @@ bool reassembler::complete() const noexcept {
   return any_chunk_ && received_ == destination_.size();
 }
 
+void reassembler::write(const tensor_chunk& chunk, std::byte* out) const {
+  if (chunk.compression.type != compression_type::none)
+    unpack_(chunk, out);
+  else
+    std::memcpy(out, chunk.data.data(), chunk.data.size());
+}
+
 result<bool> reassembler::add(const tensor_chunk& chunk) {
   using c = decode_error::code;
   const std::uint64_t total = destination_.size();
-  const std::uint64_t size = chunk.data.size();
+  const bool packed = chunk.compression.type != compression_type::none;
+  // A packed chunk covers its elements' dense bytes (validate_tensor checks they fit).
+  const std::uint64_t size =
+      packed ? chunk.compression.elements * size_of(chunk.type) : chunk.data.size();
   if (chunk.total_bytes != total)
     return decode_error{c::chunk_mismatch,
                         "chunk of a tensor of " + std::to_string(chunk.total_bytes) +
@@ -113,11 +123,11 @@ result<bool> reassembler::add(const tensor_chunk& chunk) {
                             ") outside the tensor of " + std::to_string(total) + " bytes"};
   if (auto error = validate_tensor(chunk, local_limits()))
     return std::move(*error);
-  if (chunk.compression.type != compression_type::none)
+  if (packed && !unpack_)
     return decode_error{c::invalid_tensor,
                         std::string{to_string(chunk.compression.type)} +
-                            " compressed chunk where a dense value is expected (only pushes are "
-                            "compressed)"};
+                            " compressed chunk where a dense value is expected (only pushes, and "
+                            "the replies of pulls that ask for it, are compressed)"};
   if (type_ && (*type_ != chunk.type || shape_ != chunk.shape))
     return decode_error{c::chunk_mismatch,
                         "chunk of " + std::string(to_string(chunk.type)) +
@@ -130,7 +140,7 @@ result<bool> reassembler::add(const tensor_chunk& chunk) {
   if (size != 0 && size == total && received_ == 0) {
     // The whole tensor in one chunk (every small reply): no range to keep, and no map node to
     // allocate for it.
-    std::memcpy(destination_.data(), chunk.data.data(), size);
+    write(chunk, destination_.data());
     received_ = size;
   } else if (size != 0) {
     const std::uint64_t begin = chunk.offset;
@@ -151,7 +161,7 @@ result<bool> reassembler::add(const tensor_chunk& chunk) {
                               ") would make " + std::to_string(ranges_.size() + 1) +
                               " disjoint ranges, limit " + std::to_string(max_ranges_)};
 
-    std::memcpy(destination_.data() + begin, chunk.data.data(), size);
+    write(chunk, destination_.data() + begin);
 
     std::uint64_t merged_end = end;
     if (join_next) {

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -80,7 +81,15 @@ public:
   reassembler(std::span<std::byte> destination, dtype type, tensor_shape shape,
               std::size_t max_ranges = 64);
 
-  /// Copies chunk.data to destination[chunk.offset, ...). Returns true when the tensor is complete
+  /// Writes a packed chunk's `compression.elements` dense values to `out` (the destination at the
+  /// chunk's offset): the receiver's dequantizer (the schema knows no arithmetic).
+  using unpacker = std::function<void(const tensor_chunk& chunk, std::byte* out)>;
+  /// From now on packed chunks (compressed pulls) are taken through `unpack`; without one they
+  /// are refused (invalid_tensor).
+  void accept_packed(unpacker unpack) { unpack_ = std::move(unpack); }
+
+  /// Copies chunk.data to destination[chunk.offset, ...) (a packed chunk: unpacks its elements
+  /// there). Returns true when the tensor is complete
   /// after this chunk, false while bytes are missing, or the error: chunk_mismatch (dtype, shape
   /// or total differ), chunk_out_of_range, chunk_overlap (bytes already received, or any chunk
   /// once complete), invalid_tensor (an inconsistent chunk), limit_exceeded (max_ranges).
@@ -95,6 +104,8 @@ public:
   const tensor_shape& shape() const noexcept { return shape_; }
 
 private:
+  void write(const tensor_chunk& chunk, std::byte* out) const;
+
   std::span<std::byte> destination_;
   std::optional<dtype> type_;
   tensor_shape shape_;
@@ -103,6 +114,7 @@ private:
   std::map<std::uint64_t, std::uint64_t> ranges_;
   std::uint64_t received_ = 0;
   bool any_chunk_ = false;
+  unpacker unpack_;
 };
 
 } // namespace troupe::wire

@@ -145,6 +145,15 @@ std::string_view to_string(decode_error::code kind) noexcept {
 
 namespace {
 
+/// Why `threshold` is not allowed for a packing of `type` (not none), or nothing.
+std::optional<std::string> threshold_problem(compression_type type, float threshold) {
+  if (!std::isfinite(threshold) || threshold < 0 ||
+      (type == compression_type::two_bit && threshold == 0))
+    return std::string{type == compression_type::two_bit ? "(must be finite and > 0)"
+                                                         : "(must be finite and >= 0)"};
+  return std::nullopt;
+}
+
 /// validate_tensor's rules for a packed chunk (troupe.capnp Tensor.compression), once the dense
 /// tensor's declaration has passed.
 std::optional<decode_error> validate_packed(const tensor_chunk& chunk, std::size_t element) {
@@ -155,13 +164,9 @@ std::optional<decode_error> validate_packed(const tensor_chunk& chunk, std::size
   if (chunk.type != dtype::float32 && chunk.type != dtype::float16)
     return error(c::invalid_tensor, what + " of a " + std::string{to_string(chunk.type)} +
                                         " tensor: only float32 and float16 tensors are compressed");
-  const float threshold = packing.threshold;
-  if (!std::isfinite(threshold) || threshold < 0 ||
-      (packing.type == compression_type::two_bit && threshold == 0))
+  if (auto problem = threshold_problem(packing.type, packing.threshold))
     return error(c::invalid_value,
-                 what + " with threshold " + std::to_string(threshold) +
-                     (packing.type == compression_type::two_bit ? " (must be finite and > 0)"
-                                                                : " (must be finite and >= 0)"));
+                 what + " with threshold " + std::to_string(packing.threshold) + " " + *problem);
   if (chunk.offset % element != 0)
     return error(c::invalid_tensor, what + " at offset " + std::to_string(chunk.offset) +
                                         " splits an element of " + std::to_string(element) +
@@ -563,6 +568,10 @@ public:
     if (!m.row_ids.empty())
       b.setRowIds(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(m.row_ids.data()),
                                       m.row_ids.size()));
+    if (m.reply_compression.type != compression_type::none) {
+      b.setReplyCompression(static_cast<ws::Compression>(m.reply_compression.type));
+      b.setReplyThreshold(m.reply_compression.threshold);
+    }
   }
   void operator()(const pull_reply& m) {
     auto b = root_.initPullReply();
@@ -580,6 +589,10 @@ public:
     b.setRound(m.round);
     b.setTimeoutMs(m.timeout_ms);
     b.setResent(m.resent);
+    if (m.reply_compression.type != compression_type::none) {
+      b.setReplyCompression(static_cast<ws::Compression>(m.reply_compression.type));
+      b.setReplyThreshold(m.reply_compression.threshold);
+    }
     write_tensor(b.initTensor(), m.tensor);
   }
   void operator()(const ack& m) {
@@ -1020,7 +1033,7 @@ private:
     if (c.compression.type != compression_type::none && !packable)
       fail(decode_error::code::invalid_tensor,
            std::string(field) + " is " + std::string{to_string(c.compression.type)} +
-               " compressed; only push and pushpull tensors are");
+               " compressed; only push, pushpull and pull reply tensors are");
     c.row_sparse = t.getRowSparse();
     auto ids = t.getRowIds();
     c.row_ids =
@@ -1188,7 +1201,26 @@ private:
                                                   " bytes, not a whole number of int64");
     m.row_ids =
         std::span<const std::byte>(reinterpret_cast<const std::byte*>(ids.begin()), ids.size());
+    m.reply_compression =
+        read_reply_packing(r.getReplyCompression(), r.getReplyThreshold(), "pull request");
+    if (m.row_sparse && m.reply_compression.type != compression_type::none)
+      fail(decode_error::code::invalid_value,
+           "pull request: a row-sparse pull asks for a packed reply");
     return m;
+  }
+
+  reply_packing read_reply_packing(ws::Compression type, float threshold, const char* what) {
+    const auto raw = static_cast<std::uint16_t>(type);
+    if (raw > static_cast<std::uint16_t>(compression_type::one_bit))
+      fail(decode_error::code::invalid_enum, std::string{what} + " reply compression: value " +
+                                                 std::to_string(raw) + " is not known");
+    reply_packing packing{static_cast<compression_type>(raw), threshold};
+    if (packing.type != compression_type::none)
+      if (auto problem = threshold_problem(packing.type, threshold))
+        fail(decode_error::code::invalid_value,
+             std::string{what} + " reply compression " + std::string{to_string(packing.type)} +
+                 " with threshold " + std::to_string(threshold) + " " + *problem);
+    return packing;
   }
 
   message read(ws::PullReply::Reader r) {
@@ -1197,7 +1229,8 @@ private:
     m.key = r.getKey();
     m.round = r.getRound();
     m.durable = r.getDurable();
-    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pull reply tensor");
+    // Packed only to a request that asked for it: the receiver checks that against its request.
+    m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pull reply tensor", true);
     return m;
   }
 
@@ -1210,6 +1243,8 @@ private:
     m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "pushpull tensor", true);
     m.timeout_ms = r.getTimeoutMs();
     m.resent = r.getResent();
+    m.reply_compression =
+        read_reply_packing(r.getReplyCompression(), r.getReplyThreshold(), "pushpull");
     return m;
   }
 

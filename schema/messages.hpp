@@ -92,6 +92,13 @@ struct tensor_compression {
   friend bool operator==(const tensor_compression&, const tensor_compression&) = default;
 };
 
+/// A request's offer to read a packed reply (troupe.capnp PullRequest.replyCompression).
+struct reply_packing {
+  compression_type type = compression_type::none;
+  float threshold = 0;
+  friend bool operator==(const reply_packing&, const reply_packing&) = default;
+};
+
 /// One chunk of a dense row-major tensor; a whole tensor is the chunk with offset 0 and
 /// data.size() == total_bytes. Invariants checked by decode (and by chunker on its input):
 /// total_bytes == product(shape) * size_of(type); offset and data.size() are multiples of
@@ -250,10 +257,12 @@ struct pull_request {
   /// owned: it views the sender's memory or the frame, as tensor data does).
   bool row_sparse = false;
   std::span<const std::byte> row_ids = {};
+  /// The reply may be packed by this rule (compressed pulls).
+  reply_packing reply_compression = {};
   friend bool operator==(const pull_request& a, const pull_request& b) noexcept {
     return a.request_id == b.request_id && a.key == b.key && a.sender_rank == b.sender_rank &&
            a.round == b.round && a.timeout_ms == b.timeout_ms && a.row_sparse == b.row_sparse &&
-           std::ranges::equal(a.row_ids, b.row_ids);
+           std::ranges::equal(a.row_ids, b.row_ids) && a.reply_compression == b.reply_compression;
   }
 };
 
@@ -278,6 +287,8 @@ struct pushpull {
   std::uint32_t timeout_ms = 0;
   /// As push::resent.
   bool resent = false;
+  /// As pull_request::reply_compression, for the pull half.
+  reply_packing reply_compression = {};
   friend bool operator==(const pushpull&, const pushpull&) = default;
 };
 

@@ -101,7 +101,7 @@ struct Tensor {
     # (twoBit) or 32 (oneBit) elements, MXNet's bit order: element i of the chunk in byte i / 4
     # at bits 7-6 for i % 4 == 0 down to bits 1-0 (11 = +threshold, 10 = -threshold, 00 and 01 =
     # 0), or in byte i / 8 at bit 7 - i % 8 (1 = +1, 0 = -1). Only float32 and float16 tensors,
-    # only in Push and PushPull; offset + elements * size(dtype) <= totalBytes, data is exactly
+    # only in Push, PushPull and (to a request that asked for one) PullReply; offset + elements * size(dtype) <= totalBytes, data is exactly
     # the packed size, elements > 0 unless totalBytes is 0, and the threshold is finite (> 0 for
     # twoBit, >= 0 for oneBit). Each chunk names its own rule, so a server needs no state to
     # read it; SetGradientCompression, sent by worker 0 before it compresses, makes a server
@@ -306,6 +306,14 @@ struct PullRequest {
   rowIds @6 :Data;
   # With rowSparse: the rows asked for, int64 little-endian, strictly increasing, each below the
   # key's first extent. Empty otherwise.
+  replyCompression @7 :Compression;
+  replyThreshold @8 :Float32;
+  # Compressed pulls (an extension of version 1; docs/protocol.md, "Compressed pulls"): the
+  # sender reads a packed reply (Tensor.compression) of this rule, threshold as in a packed
+  # chunk. The shard then may answer with the round's value plus its residual for this sender,
+  # quantized, keeping what the packed bytes do not carry for the sender's next pull; it answers
+  # dense where that has no meaning (a key an optimizer updates, dist_async, a row-sparse pull, a
+  # round already sent to this sender). none: a dense reply, always. Not with rowSparse.
 }
 
 struct PullReply {
@@ -341,6 +349,9 @@ struct PushPull {
   # As PullRequest.timeoutMs, for the pull half.
   resent @6 :Bool;
   # As Push.resent.
+  replyCompression @7 :Compression;
+  replyThreshold @8 :Float32;
+  # As PullRequest's, for the pull half.
 }
 
 struct Ack {

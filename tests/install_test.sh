@@ -93,6 +93,7 @@ run kvstore_roundtrip \
   '^kvstore_roundtrip: local store, rank 0 of 1: pulled -0\.2 after one SGD step, expected -0\.2$' \
   '^kvstore_roundtrip: local store, rank 0: pulled rows 2 and 7 of 1000 at -0\.1 after a row_sparse push, expected -0\.1$' \
   '^kvstore_roundtrip: device store, rank 0: pulled -0\.05 after two 2bit pushes of 0\.3, expected -0\.05$' \
+  '^kvstore_roundtrip: local store, rank 0: pulled 0\.999023 after ten float16 pushes of 1e-4 with multi_precision, expected 0\.999023$' \
   -- "$examples/kvstore_roundtrip"
 run "kvstore_roundtrip under troupe-launch" \
   'kvstore_roundtrip: dist_sync store, rank 0 of 2: pulled -0\.4 after one SGD step, expected -0\.4$' \
@@ -100,6 +101,8 @@ run "kvstore_roundtrip under troupe-launch" \
   'kvstore_roundtrip: dist_sync store, rank 0: pulled rows 2 and 7 of 1000 at -0\.2 after a row_sparse push, expected -0\.2$' \
   'kvstore_roundtrip: dist_sync store, rank 0: pulled -0\.1 after two 2bit pushes of 0\.3, expected -0\.1$' \
   'kvstore_roundtrip: dist_sync store, rank 1: pulled -0\.1 after two 2bit pushes of 0\.3, expected -0\.1$' \
+  'kvstore_roundtrip: dist_sync store, rank 0: pulled 0\.998047 after ten float16 pushes of 1e-4 with multi_precision, expected 0\.998047$' \
+  'kvstore_roundtrip: dist_sync store, rank 1: pulled 0\.998047 after ten float16 pushes of 1e-4 with multi_precision, expected 0\.998047$' \
   -- "$prefix/bin/troupe-launch" -n 2 -s 1 -- "$examples/kvstore_roundtrip"
 run train_with_trainer \
   '^train_with_trainer: epoch 1: training loss [0-9.]+, test accuracy [0-9.]+ %$' \

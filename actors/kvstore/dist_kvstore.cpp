@@ -371,6 +371,7 @@ kv_request dist_kvstore::pull_async(std::span<const kv_key> keys, std::span<ndar
   if (!op)
     return kv_request::done(op.error());
   op->priority = priority;
+  op->compression = compression_;
   return start(std::move(*op));
 }
 

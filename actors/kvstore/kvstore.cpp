@@ -220,10 +220,12 @@ status kvstore::set_gradient_compression(const gradient_compression&) {
                    " does not compress (MXNet refuses it too); use device or a dist_ type"};
 }
 
-status kvstore::set_gradient_compression(std::string_view type, std::optional<double> threshold) {
+status kvstore::set_gradient_compression(std::string_view type, std::optional<double> threshold,
+                                         bool pulls) {
   auto rule = gradient_compression::make(type, threshold);
   if (!rule)
     return rule.error();
+  rule->pulls = pulls && rule->enabled();
   return set_gradient_compression(*rule);
 }
 

@@ -188,11 +188,16 @@ public:
   /// (and pushpull's push half, which MXNet refuses) and its servers sum what the pushes stand
   /// for; `device` compresses each pushed value and sums what they stand for. init, pulls and
   /// keys of other dtypes stay dense; "none" turns it off. `local` refuses it, as MXNet does:
-  /// its values never cross a link.
+  /// its values never cross a link. With rule.pulls (troupe's extension, `dist_*` stores only;
+  /// `device` refuses it) the replies of pulls and pushpulls come back packed too where they
+  /// hold a dist_sync round's sum that no optimizer on the servers updates: each server keeps
+  /// per worker and key what its packed replies have not carried, so that the values a worker
+  /// receives, summed over rounds, follow the true sums (docs/protocol.md, "Compressed pulls").
   virtual status set_gradient_compression(const gradient_compression& rule);
-  /// The same from MXNet's parameters {"type": "2bit", "threshold": 0.5}.
+  /// The same from MXNet's parameters {"type": "2bit", "threshold": 0.5}, and troupe's "pulls".
   status set_gradient_compression(std::string_view type,
-                                  std::optional<double> threshold = std::nullopt);
+                                  std::optional<double> threshold = std::nullopt,
+                                  bool pulls = false);
   /// Pushes run `update` in the store from now on (MXNet's _set_updater).
   virtual status set_updater(updater_function update) = 0;
   /// Pushes of row_sparse keys run `update` with their rows (an optimizer's lazy update) from

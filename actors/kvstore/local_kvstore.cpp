@@ -185,6 +185,11 @@ status local_kvstore::load_optimizer_states(const std::string& path) {
 status local_kvstore::set_gradient_compression(const gradient_compression& rule) {
   if (type_.find("device") == std::string::npos)
     return kvstore::set_gradient_compression(rule);
+  if (rule.pulls)
+    return error{errc::not_supported,
+                 "set_gradient_compression: compressed pulls are for dist_ stores, whose servers "
+                 "answer over a link; a " +
+                     type_ + " store's pulls copy the merged value"};
   compression_ = rule;
   return ok();
 }

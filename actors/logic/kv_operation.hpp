@@ -63,6 +63,7 @@ struct kv_operation {
   int priority = 0;
   /// push, pushpull: how the worker compresses the keys' values (kvstore's
   /// set_gradient_compression); keys of a dtype other than float32 and float16 travel dense.
+  /// pull, pushpull with compression.pulls: the replies may come packed by the same rule.
   gradient_compression compression;
 };
 

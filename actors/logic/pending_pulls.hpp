@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/logic/envelope.hpp"
+#include "engine/gradient_compression.hpp"
 
 namespace troupe {
 
@@ -45,6 +46,8 @@ struct waiting_pull {
   /// A row-sparse pull: the rows asked for.
   bool row_sparse = false;
   std::vector<std::int64_t> rows = {};
+  /// The rule the reply may be packed by (compressed pulls), or none.
+  gradient_compression reply_packing = {compression_type::none};
 };
 
 class pending_pulls {

@@ -156,7 +156,7 @@ void shard_core::dispatch(envelope& request, const reply_route& reply) {
         push->tensor, reply);
   } else if (auto* pushpull = std::get_if<wire::pushpull>(&msg)) {
     on_push({pushpull->request_id, pushpull->key, pushpull->sender_rank, pushpull->round, true,
-             pushpull->timeout_ms, now(), pushpull->resent},
+             pushpull->timeout_ms, now(), pushpull->resent, from_wire(pushpull->reply_compression)},
             pushpull->tensor, reply);
   } else if (auto* pull = std::get_if<wire::pull_request>(&msg)) {
     on_pull(*pull, reply);
@@ -788,11 +788,19 @@ void shard_core::answer_push(key_entry& entry, const push_request& push, const p
   // A dropped push's pull gets the value of the round that closed without it.
   const auto traced_since = trace_start_time();
   if (how.dropped || pull_ready(entry, push.round + 1)) {
-    send_value(push.key, entry, push.request_id, push.sender, reply, push.round + 1, traced_since);
+    send_value(push.key, entry, push.request_id, push.sender, reply, push.round + 1, traced_since,
+               nullptr, push.reply_packing);
     return;
   }
-  entry.pulls.add(waiting_pull{push.request_id, push.sender, push.round + 1,
-                               expiry(push.arrival, push.timeout_ms), reply, traced_since});
+  entry.pulls.add(waiting_pull{push.request_id,
+                               push.sender,
+                               push.round + 1,
+                               expiry(push.arrival, push.timeout_ms),
+                               reply,
+                               traced_since,
+                               false,
+                               {},
+                               push.reply_packing});
 }
 
 std::optional<std::string> shard_core::apply(std::uint64_t key, key_entry& entry, ndarray& received,
@@ -866,7 +874,7 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
   const auto traced_since = trace_start_time();
   if (pull_ready(*entry, msg.round)) {
     send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply, msg.round, traced_since,
-               msg.row_sparse ? &rows : nullptr);
+               msg.row_sparse ? &rows : nullptr, from_wire(msg.reply_compression));
     return;
   }
   if (entry->pulls.count_from(msg.sender_rank) >= pull_limit()) {
@@ -878,7 +886,7 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
   }
   entry->pulls.add(waiting_pull{msg.request_id, msg.sender_rank, msg.round,
                                 expiry(now(), msg.timeout_ms), reply, traced_since, msg.row_sparse,
-                                std::move(rows)});
+                                std::move(rows), from_wire(msg.reply_compression)});
 }
 
 bool shard_core::pull_ready(const key_entry& entry, std::uint64_t round) const noexcept {
@@ -914,7 +922,7 @@ void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
   }
   for (auto& pull : ready)
     send_value(key, entry, pull.request_id, pull.sender, pull.reply, pull.round,
-               pull.traced_since_us, pull.row_sparse ? &pull.rows : nullptr);
+               pull.traced_since_us, pull.row_sparse ? &pull.rows : nullptr, pull.reply_packing);
   ready.clear();
   ready_pulls_ = std::move(ready);
 }
@@ -934,9 +942,34 @@ void shard_core::trace_push_merged(key_entry& entry, const push_request& push) {
   entry.merge_started_us[push.sender] = 0;
 }
 
+std::vector<float>* shard_core::pull_residual(key_entry& entry, std::uint32_t sender,
+                                              const gradient_compression& packing) {
+  if (!packing.enabled() || !entry.sync || updater_ || !compressible(entry.stored.dtype()) ||
+      sender >= options_.num_workers)
+    return nullptr;
+  if (entry.pull_residuals.size() != options_.num_workers)
+    entry.pull_residuals.resize(options_.num_workers);
+  auto& state = entry.pull_residuals[sender];
+  // A round's sum feeds the residual once: a second pull of it (a retry, a pull after a
+  // pushpull) gets the value itself.
+  if (entry.completed() <= state.round)
+    return nullptr;
+  const auto elements = static_cast<std::size_t>(entry.stored.size());
+  if (state.values.size() != elements) {
+    if (auto refused = reserve_store(elements * sizeof(float))) {
+      options_.log.debug([&] { return "packed pull replies go dense: " + *refused; });
+      return nullptr;
+    }
+    state.values.assign(elements, 0.0f);
+  }
+  state.round = entry.completed();
+  return &state.values;
+}
+
 void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t request_id,
                             std::uint32_t sender, const reply_route& reply, std::uint64_t round,
-                            std::int64_t traced_since_us, const std::vector<std::int64_t>* rows) {
+                            std::int64_t traced_since_us, const std::vector<std::int64_t>* rows,
+                            const gradient_compression& packing) {
   ndarray gathered;
   if (rows != nullptr)
     // The rows asked for, in their order, copied: the reply reads them on another thread while
@@ -948,10 +981,21 @@ void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t r
   tensor.shape.assign(value.shape().begin(), value.shape().end());
   tensor.total_bytes = value.nbytes();
   tensor.data = std::span{static_cast<const std::byte*>(value.raw_data()), value.nbytes()};
+  std::shared_ptr<const void> keepalive = value.keepalive();
+  if (auto* residual = rows == nullptr ? pull_residual(entry, sender, packing) : nullptr) {
+    // The value plus what earlier packed replies left out, quantized; the rest stays for the
+    // next one (MXNet's rule for pushes, applied to the server's answer).
+    const auto elements = static_cast<std::size_t>(value.size());
+    auto packed = std::make_shared<std::vector<std::byte>>(packed_bytes(packing.type, elements));
+    quantize(packing, value.dtype(), value.raw_data(), residual->data(), packed->data(), elements);
+    tensor.data = *packed;
+    tensor.compression = {to_wire(packing.type), packing.threshold, elements};
+    keepalive = std::move(packed);
+  }
+  const auto sent_bytes = tensor.data.size();
   wire::chunker chunks{wire::pull_reply{request_id, key, entry.completed(), std::move(tensor),
                                         entry.durable_for(sender)},
                        options_.chunk_bytes};
-  auto keepalive = value.keepalive();
   // The span ends as the reply leaves, not after: the worker may hold the whole reply before
   // this thread runs again, and its pull span must end after this one (the protocol's order).
   if (traced_since_us != 0)
@@ -960,7 +1004,7 @@ void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t r
   for (std::size_t i = 0; i < chunks.chunk_count(); ++i)
     reply(envelope{chunks.chunk(i), keepalive, 0});
   ++entry.traffic.pulls;
-  entry.traffic.pull_bytes += value.nbytes();
+  entry.traffic.pull_bytes += sent_bytes;
 }
 
 shard_stats shard_core::stats() const {

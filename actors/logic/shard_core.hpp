@@ -237,6 +237,8 @@ private:
     shard_clock::time_point arrival;
     /// Push.resent: sent again after the server restarted from a checkpoint.
     bool resent = false;
+    /// PushPull.replyCompression: the rule the pull half's reply may be packed by, or none.
+    gradient_compression reply_packing = {compression_type::none};
   };
   struct key_entry {
     ndarray stored;
@@ -268,6 +270,13 @@ private:
     /// The job trace (job_trace.hpp): when each worker's push under way began, for its merge
     /// span; empty while tracing is off.
     std::vector<std::int64_t> merge_started_us;
+    /// Compressed pulls, per worker: what the packed replies have not carried yet (one float per
+    /// element, taken from the key budget at its first packed reply), and the round last sent.
+    struct pull_residual_state {
+      std::vector<float> values;
+      std::uint64_t round = 0;
+    };
+    std::vector<pull_residual_state> pull_residuals;
 
     bool initialized() const noexcept { return !init_assembly.has_value(); }
     /// dist_sync: pushes of the round being collected have arrived (a save waits for it).
@@ -349,7 +358,14 @@ private:
   /// `rows`: a row-sparse pull's rows (null: the whole value).
   void send_value(std::uint64_t key, key_entry& entry, std::uint64_t request_id,
                   std::uint32_t sender, const reply_route& reply, std::uint64_t round,
-                  std::int64_t traced_since_us, const std::vector<std::int64_t>* rows = nullptr);
+                  std::int64_t traced_since_us, const std::vector<std::int64_t>* rows = nullptr,
+                  const gradient_compression& packing = {compression_type::none});
+  /// Compressed pulls: `sender`'s residual of the key, when a reply packed by `packing` means
+  /// something (a dist_sync round's sum that no optimizer updates, float32 or float16, a round
+  /// not yet sent packed to this sender) and the key budget has room for it; else null (the
+  /// reply goes dense).
+  std::vector<float>* pull_residual(key_entry& entry, std::uint32_t sender,
+                                    const gradient_compression& packing);
   /// The job trace: a push's first chunk is in (offset 0), or its last one merged.
   void trace_push_begins(key_entry& entry, std::uint32_t sender);
   void trace_push_merged(key_entry& entry, const push_request& push);

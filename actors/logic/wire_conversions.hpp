@@ -28,6 +28,10 @@ constexpr wire::compression_type to_wire(compression_type type) noexcept {
 constexpr gradient_compression from_wire(const wire::tensor_compression& packing) noexcept {
   return gradient_compression{static_cast<compression_type>(packing.type), packing.threshold};
 }
+/// A request's offer to read a packed reply (compressed pulls): its rule, or none.
+constexpr gradient_compression from_wire(const wire::reply_packing& packing) noexcept {
+  return gradient_compression{static_cast<compression_type>(packing.type), packing.threshold};
+}
 
 /// Roles: config's node_role and the wire's role have the same members (checked).
 constexpr wire::role to_wire(node_role role) noexcept {

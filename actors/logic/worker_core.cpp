@@ -261,6 +261,9 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, const kv_oper
   const auto kind = op.call;
   const bool compressed = (kind == kv_call::push || kind == kv_call::pushpull) &&
                           op.compression.enabled() && compressible(work.type);
+  const bool packed_reply = (kind == kv_call::pull || kind == kv_call::pushpull) &&
+                            op.compression.enabled() && op.compression.pulls &&
+                            compressible(work.type);
   const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
   const auto max_slice_elements =
       static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
@@ -306,8 +309,10 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, const kv_oper
         p->out_shape.assign(work.shape.begin(), work.shape.end());
       else
         p->out_shape.assign(1, slice.size());
-      p->assembly.emplace(bytes, p->out_type, p->out_shape);
       p->target = target;
+      if (packed_reply)
+        p->reply_compression = op.compression;
+      open_assembly(*p);
     }
     if (kind == kv_call::init)
       send_keyed(p, keys_[p->slice.ps_key]);
@@ -569,16 +574,22 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
   case kv_call::push:
     whole = wire::push{id, ps_key, options_.rank, p->round, part_tensor(*p), p->resend};
     break;
-  case kv_call::pushpull:
-    whole =
-        wire::pushpull{id, ps_key, options_.rank, p->round, part_tensor(*p), timeout_ms, p->resend};
+  case kv_call::pushpull: {
+    wire::pushpull request{id,         ps_key,   options_.rank, p->round, part_tensor(*p),
+                           timeout_ms, p->resend};
+    request.reply_compression = {to_wire(p->reply_compression.type),
+                                 p->reply_compression.threshold};
+    whole = std::move(request);
     break;
+  }
   case kv_call::pull: {
     wire::pull_request request{id, ps_key, options_.rank, p->round, timeout_ms};
     if (p->row_sparse) {
       request.row_sparse = true;
       request.row_ids = std::as_bytes(std::span{*p->rows});
     }
+    request.reply_compression = {to_wire(p->reply_compression.type),
+                                 p->reply_compression.threshold};
     whole = request;
     break;
   }
@@ -993,9 +1004,29 @@ void worker_core::forget_failed_push(const part& p) {
   std::erase_if(kept, [&](const kept_push& push) { return push.round == p.round; });
 }
 
+void worker_core::open_assembly(part& p) {
+  p.assembly.emplace(p.out_bytes, p.out_type, p.out_shape);
+  if (p.reply_compression.enabled())
+    p.assembly->accept_packed([](const wire::tensor_chunk& chunk, std::byte* out) {
+      // copy_chunk has checked that the chunk's rule is the one asked for.
+      dequantize(from_wire(chunk.compression), from_wire(chunk.type), chunk.data.data(), out,
+                 static_cast<std::size_t>(chunk.compression.elements));
+    });
+}
+
 /// Copies one reply chunk into its request's output, unless the caller has stopped waiting.
 /// Touches only `p.assembly` and the call's completion, so it may run on another thread.
 std::pair<chunk_copy, std::string> worker_core::copy_chunk(part& p, const wire::pull_reply& value) {
+  if (const auto& packing = value.tensor.compression; packing.type != wire::compression_type::none)
+    if (const auto rule = from_wire(packing); !p.reply_compression.enabled() ||
+                                              rule.type != p.reply_compression.type ||
+                                              rule.threshold != p.reply_compression.threshold)
+      return {chunk_copy::failed,
+              "a reply packed by " + std::string{wire::to_string(packing.type)} +
+                  " with threshold " + std::to_string(packing.threshold) + ", where " +
+                  (p.reply_compression.enabled() ? p.reply_compression.describe()
+                                                 : std::string{"a dense value"}) +
+                  " was asked for"};
   std::optional<wire::result<bool>> added;
   // The caller's output is written only while the call is live (completion::while_live).
   if (!p.call->done.while_live([&] { added.emplace(p.assembly->add(value.tensor)); }))
@@ -1261,7 +1292,7 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
       p->resend = true;
       p->reply_seen = false;
       if (p->assembly)
-        p->assembly.emplace(p->out_bytes, p->out_type, p->out_shape);
+        open_assembly(*p);
     }
     ps.completed = std::min(ps.completed, ps.durable);
     for (auto it = again.rbegin(); it != again.rend(); ++it)

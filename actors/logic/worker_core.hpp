@@ -362,6 +362,8 @@ private:
     int priority = 0;
     /// push, pushpull: kv_operation::compression, when it applies to the key's dtype.
     gradient_compression compression;
+    /// pull, pushpull: the rule its reply may be packed by (compression.pulls), or none.
+    gradient_compression reply_compression = {compression_type::none};
     /// Once sent compressed: the slice's packed bytes (int32 words), which its frames view.
     ndarray packed;
     /// The key has several slices on this server: its pushes take slice credit of `group`.
@@ -495,6 +497,9 @@ private:
   void submit(const std::shared_ptr<part>& p);
   void release_waiting(std::uint64_t ps_key, ps_key_state& ps);
   void send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps);
+  /// (Re)starts the reassembly of `p`'s reply into p.out_bytes, taking packed chunks when its
+  /// reply may be packed (reply_compression).
+  void open_assembly(part& p);
   /// Push `p` compressed: its slice quantized with the ps-key's residual into p->packed.
   void pack(part& p, ps_key_state& ps);
   wire::tensor_chunk part_tensor(const part& p) const;

@@ -149,6 +149,22 @@ def check_gradient_compression(kv, rank, workers):
                        for r in range(workers))
             assert (out == want).all(), (
                 f"key {key} step {step}: pulled {out[:4]}, expected {want[:4]}")
+    # Compressed pulls (troupe's "pulls"): each pushpull's reply is the round's sum plus this
+    # worker's residual on the server, packed; 4x the gradients so that sums pass 0.5.
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5, "pulls": True})
+    kv.init(30, np.zeros(35, np.float32))
+    push_residuals = [np.zeros(35, np.float32) for _ in range(workers)]
+    pull_residual = np.zeros(35, np.float32)
+    packed_somewhere = False
+    for step in range(3):
+        out = np.empty(35, np.float32)
+        kv.pushpull(30, 4 * compression_gradient(rank, step, 35), out=out)
+        summed = sum(two_bit_stands_for(4 * compression_gradient(r, step, 35), push_residuals[r],
+                                        threshold) for r in range(workers))
+        want = two_bit_stands_for(summed, pull_residual, threshold)
+        assert (out == want).all(), f"compressed pull step {step}: {out[:4]}, expected {want[:4]}"
+        packed_somewhere = packed_somewhere or bool((want != summed).any())
+    assert packed_somewhere, "every packed reply equals its sum: the check checks nothing"
     kv.set_gradient_compression({"type": "none"})
     kv.barrier()
 

@@ -115,6 +115,10 @@ class NumpyArrays(unittest.TestCase):
                 device.set_gradient_compression({"type": "2bit", "thresh": 0.5})
             with self.assertRaisesRegex(troupe.Error, "-1"):
                 device.set_gradient_compression({"type": "1bit", "threshold": -1})
+            with self.assertRaisesRegex(troupe.Error, "compressed pulls are for dist_"):
+                device.set_gradient_compression({"type": "2bit", "pulls": True})
+            with self.assertRaisesRegex(troupe.Error, "'pulls' must be True or False"):
+                device.set_gradient_compression({"type": "2bit", "pulls": "yes"})
             device.set_gradient_compression({"type": "2bit", "threshold": 0.5})
             device.init(0, np.zeros(3, np.float32))
             # 0.3 stays in the residual (below 0.5); the next push of 0.3 makes 0.6: +0.5 sent.

@@ -160,6 +160,25 @@ BOOST_AUTO_TEST_CASE(a_packed_tensor_is_chunked_in_whole_words_that_name_their_e
   reassembler assembly(out);
   BOOST_TEST(!assembly.add(std::get<push>(split.chunk(0)).tensor).has_value());
   BOOST_TEST((out[0] == std::byte{0x11}));
+  // A receiver that asked for packed chunks (a compressed pull) unpacks each where its elements
+  // lie: here the unpacker writes each element's index.
+  reassembler unpacking(out);
+  unpacking.accept_packed([](const tensor_chunk& chunk, std::byte* at) {
+    for (std::uint64_t i = 0; i < chunk.compression.elements; ++i) {
+      const float index = static_cast<float>(chunk.offset / 4 + i);
+      std::memcpy(at + i * 4, &index, 4);
+    }
+  });
+  for (std::size_t i = split.chunk_count(); i-- > 0;) {
+    auto added = unpacking.add(std::get<push>(split.chunk(i)).tensor);
+    BOOST_TEST_REQUIRE(added.has_value(), (added ? "" : added.error().message));
+    BOOST_TEST(*added == (i == 0));
+  }
+  for (std::size_t i = 0; i < 100; ++i) {
+    float value = 0;
+    std::memcpy(&value, out.data() + i * 4, 4);
+    BOOST_TEST(value == static_cast<float>(i));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(chunks_arriving_in_any_order_reassemble) {

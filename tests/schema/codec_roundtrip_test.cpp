@@ -185,6 +185,17 @@ BOOST_AUTO_TEST_CASE(a_compressed_push_and_pushpull_round_trip_their_packing) {
                              tensor_compression{compression_type::one_bit, 0.0f, 64}};
   round_trip o(push{1, 2, 3, 4, one_bit});
   BOOST_TEST((o.as<push>().tensor == one_bit));
+  // Compressed pulls: the offer of a packed reply, and the packed reply.
+  pull_request pull{1, 2, 3, 4, 5};
+  pull.reply_compression = {compression_type::one_bit, 0.25f};
+  round_trip asked(pull);
+  BOOST_TEST((asked.as<pull_request>() == pull));
+  pushpull both{5, 6, 7, 8, t};
+  both.reply_compression = {compression_type::two_bit, 0.5f};
+  round_trip asked_both(both);
+  BOOST_TEST((asked_both.as<pushpull>() == both));
+  round_trip reply(pull_reply{9, 10, 11, one_bit});
+  BOOST_TEST((reply.as<pull_reply>().tensor == one_bit));
 }
 
 BOOST_AUTO_TEST_CASE(a_chunk_in_the_middle_of_a_tensor_round_trips_its_offset) {

@@ -423,14 +423,46 @@ BOOST_AUTO_TEST_CASE(a_packed_tensor_that_does_not_fit_its_declaration_is_reject
       {"a compression type outside the enumeration",
        packed(dtype::float32, 64, 0, 4, static_cast<ct>(3), 0.5f, 16), code::invalid_enum},
   };
-  expect_refused(cases, in_push, in_pushpull);
-  // A valid packed tensor anywhere but a push or pushpull.
+  expect_refused(cases, in_push, in_pushpull, in_pull_reply);
+  // A valid packed tensor in an init (a value, never packed); in a push and in a pull reply (a
+  // compressed pull's: the worker checks that it asked for one) it decodes.
   const auto fine = packed(dtype::float32, 64, 0, 4, ct::two_bit, 0.5f, 16);
   BOOST_TEST(decodes(frame_of(push{1, 2, 3, 4, fine})));
-  for (const message& msg : {message{init{1, 2, fine}}, message{pull_reply{1, 2, 3, fine}}}) {
-    auto r = rejection(frame_of(msg));
-    BOOST_TEST((kind_of(r) == code::invalid_tensor), kind_name(msg) << ": " << r->message);
+  BOOST_TEST(decodes(frame_of(pull_reply{1, 2, 3, fine})));
+  auto r = rejection(frame_of(init{1, 2, fine}));
+  BOOST_TEST((kind_of(r) == code::invalid_tensor), r->message);
+}
+
+BOOST_AUTO_TEST_CASE(an_offer_of_a_packed_reply_with_a_rule_that_is_not_one_is_rejected) {
+  using ct = compression_type;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::pair<reply_packing, code>> offers = {
+      {{static_cast<ct>(3), 0.5f}, code::invalid_enum},
+      {{ct::two_bit, 0.0f}, code::invalid_value},
+      {{ct::one_bit, -0.5f}, code::invalid_value},
+      {{ct::two_bit, nan}, code::invalid_value},
+  };
+  pattern_buffer payload(16);
+  const tensor_chunk t{dtype::float32, {4}, 16, 0, payload.bytes()};
+  for (const auto& [offer, expected] : offers) {
+    pull_request pull{1, 2, 3, 4, 0};
+    pull.reply_compression = offer;
+    pushpull both{5, 6, 7, 8, t};
+    both.reply_compression = offer;
+    for (const message& msg : {message{pull}, message{both}}) {
+      auto r = rejection(frame_of(msg));
+      BOOST_TEST((kind_of(r) == expected), kind_name(msg) << ": " << r->message);
+    }
   }
+  // Rows are never packed: a row-sparse pull that offers it is refused.
+  std::vector<std::int64_t> ids{1, 3};
+  pull_request rows{1, 2, 3, 4, 0};
+  rows.row_sparse = true;
+  rows.row_ids = std::as_bytes(std::span{ids});
+  rows.reply_compression = {ct::one_bit, 0.0f};
+  BOOST_TEST((kind_of(rejection(frame_of(rows))) == code::invalid_value));
+  rows.reply_compression = {};
+  BOOST_TEST(decodes(frame_of(rows)));
 }
 
 BOOST_AUTO_TEST_CASE(a_row_sparse_tensor_that_does_not_fit_its_rows_is_rejected) {

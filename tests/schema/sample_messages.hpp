@@ -78,6 +78,17 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(
       pull_reply{105, 6, 17, tensor_chunk{dtype::float16, {n / 2}, payload.size(), 0, payload}});
   out.push_back(pushpull{106, 7, 3, 18, float_tensor(payload, n / 4, 1), 5'000});
+  // Compressed pulls: the offer, and a packed reply (payload.size() * 8 one-bit elements).
+  out.push_back(pull_request{105, 6, 2, 17, 30'000, false, {}, {compression_type::one_bit, 0}});
+  out.push_back(pull_reply{
+      105, 6, 17,
+      tensor_chunk{dtype::float32,
+                   {static_cast<std::int64_t>(payload.size() * 8)},
+                   payload.size() * 32,
+                   0,
+                   payload,
+                   std::nullopt,
+                   tensor_compression{compression_type::one_bit, 0.0f, payload.size() * 8}}});
   out.push_back(ack{107, 12, true});
   out.push_back(barrier{108, 4, group::workers | group::servers, 9, {2.5, -1.0}});
   out.push_back(

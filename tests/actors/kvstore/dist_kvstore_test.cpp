@@ -607,12 +607,39 @@ float compressed_test_gradient(std::uint32_t rank, int round, std::size_t j) {
          0.9f;
 }
 
+/// What `values` (taken as `type`) packed by `rule` with `residual` (updated) stand for.
+std::vector<float> stands_for(const gradient_compression& rule, dtype type,
+                              const std::vector<float>& values, std::vector<float>& residual) {
+  const auto elements = values.size();
+  auto value = ndarray::from_values(values, {static_cast<std::int64_t>(elements)}).as_type(type);
+  std::vector<std::byte> packed(packed_bytes(rule.type, elements));
+  quantize(rule, type, value.raw_data(), residual.data(), packed.data(), elements);
+  auto unpacked = ndarray::zeros({static_cast<std::int64_t>(elements)}, context::cpu(), type);
+  dequantize(rule, type, packed.data(), unpacked.raw_data(), elements);
+  return unpacked.as_type(dtype::float32).to_vector<float>();
+}
+
+/// Keys 0, 1, ... of `shapes`, initialised to ones of `type`, after set_gradient_compression.
+status init_compressed_keys(kvstore& kv, const gradient_compression& rule,
+                            const std::vector<shape_vector>& shapes, dtype type,
+                            std::vector<kv_key>& keys) {
+  std::vector<ndarray> initial;
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    keys.emplace_back(std::in_place_type<std::int64_t>, static_cast<std::int64_t>(k));
+    initial.push_back(ndarray::ones(shapes[k], context::cpu(), type));
+  }
+  if (auto set = kv.set_gradient_compression(rule); !set)
+    return set;
+  return kv.init(keys, initial);
+}
+
 /// What workers [0, workers) send of their gradients of rounds [0, rounds] for a key of
 /// `elements` elements of `type`, simulated with the quantizer: sent[round][element], summed
 /// over the workers.
 std::vector<std::vector<float>> simulate_compressed_rounds(const gradient_compression& rule,
                                                            dtype type, std::uint32_t workers,
-                                                           int rounds, std::size_t elements) {
+                                                           int rounds, std::size_t elements,
+                                                           float scale = 1.0f) {
   std::vector<std::vector<float>> sent(static_cast<std::size_t>(rounds),
                                        std::vector<float>(elements, 0.0f));
   for (std::uint32_t rank = 0; rank < workers; ++rank) {
@@ -620,14 +647,8 @@ std::vector<std::vector<float>> simulate_compressed_rounds(const gradient_compre
     for (int round = 0; round < rounds; ++round) {
       std::vector<float> gradient(elements);
       for (std::size_t j = 0; j < elements; ++j)
-        gradient[j] = compressed_test_gradient(rank, round, j);
-      auto value =
-          ndarray::from_values(gradient, {static_cast<std::int64_t>(elements)}).as_type(type);
-      std::vector<std::byte> packed(packed_bytes(rule.type, elements));
-      quantize(rule, type, value.raw_data(), residual.data(), packed.data(), elements);
-      auto stands_for = ndarray::zeros({static_cast<std::int64_t>(elements)}, context::cpu(), type);
-      dequantize(rule, type, packed.data(), stands_for.raw_data(), elements);
-      const auto values = stands_for.as_type(dtype::float32).to_vector<float>();
+        gradient[j] = scale * compressed_test_gradient(rank, round, j);
+      const auto values = stands_for(rule, type, gradient, residual);
       for (std::size_t j = 0; j < elements; ++j)
         sent[static_cast<std::size_t>(round)][j] += values[j];
     }
@@ -654,13 +675,7 @@ void check_compressed_rounds(const std::string& type_name, const gradient_compre
   problems seen;
   job.run([&](std::uint32_t rank, kvstore& kv) {
     std::vector<kv_key> keys;
-    std::vector<ndarray> initial;
-    for (std::size_t k = 0; k < shapes.size(); ++k) {
-      keys.push_back(static_cast<std::int64_t>(k));
-      initial.push_back(ndarray::ones(shapes[k], context::cpu(), type));
-    }
-    if (!seen.check(kv.set_gradient_compression(rule), "set_gradient_compression") ||
-        !seen.check(kv.init(keys, initial), "init") ||
+    if (!seen.check(init_compressed_keys(kv, rule, shapes, type, keys), "init") ||
         !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "set_optimizer"))
       return;
     for (int round = 0; round < rounds; ++round) {
@@ -706,9 +721,109 @@ void check_compressed_rounds(const std::string& type_name, const gradient_compre
                                           << seen.report());
 }
 
+/// Compressed pulls (rule.pulls), dist_sync, no optimizer: each round's value on the servers is
+/// the sum of what the workers' packed pushes stand for (sent[round], simulated), and each
+/// worker's pull (or pushpull) of it comes back packed: the value plus that worker's residual on
+/// the server, quantized, the rest kept for its next pull. Every worker starts from residual 0 and
+/// sees the same sums, so all of them receive what the test predicts by running the quantizer on
+/// the sums. A second pull of a round gets the sum itself, and leaves the residual alone. The
+/// gradients are 4x compressed_test_gradient, so that the workers' packed pushes often agree and
+/// their sums exceed what one packed reply carries.
+void check_compressed_pulls(const gradient_compression& rule, dtype type, std::uint32_t workers,
+                            std::uint32_t servers, bool pushpull,
+                            const troupe::testing::in_process_options& options) {
+  const std::vector<shape_vector> shapes{{7, 5}, {1, 1'100'000}, {17}};
+  const int rounds = 3;
+  // received[k][round][j]: what every worker should read.
+  std::vector<std::vector<std::vector<float>>> sums, received;
+  for (const auto& shape : shapes) {
+    const auto elements = static_cast<std::size_t>(element_count(shape));
+    sums.push_back(simulate_compressed_rounds(rule, type, workers, rounds, elements, 4.0f));
+    std::vector<float> residual(elements, 0.0f);
+    auto& got = received.emplace_back();
+    for (const auto& sum : sums.back())
+      got.push_back(stands_for(rule, type, sum, residual));
+  }
+  // Packing changes what arrives: a server answering dense would fail the comparisons below.
+  BOOST_TEST_REQUIRE((received != sums));
+  in_process_job job{"dist_sync", workers, servers, options};
+  problems seen;
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    std::vector<kv_key> keys;
+    if (!seen.check(init_compressed_keys(kv, rule, shapes, type, keys), "init"))
+      return;
+    auto compare = [&](const ndarray& pulled, const std::vector<float>& expected,
+                       const std::string& what) {
+      const auto got = pulled.as_type(dtype::float32).to_vector<float>();
+      for (std::size_t j = 0; j < got.size(); ++j)
+        if (got[j] != expected[j]) {
+          seen.add("worker " + std::to_string(rank) + " " + what + ": element " +
+                   std::to_string(j) + " is " + std::to_string(got[j]) + ", expected " +
+                   std::to_string(expected[j]));
+          return;
+        }
+    };
+    for (int round = 0; round < rounds; ++round) {
+      const auto r = static_cast<std::size_t>(round);
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        std::vector<float> gradient(static_cast<std::size_t>(element_count(shapes[k])));
+        for (std::size_t j = 0; j < gradient.size(); ++j)
+          gradient[j] = 4.0f * compressed_test_gradient(rank, round, j);
+        auto grad = ndarray::from_values(gradient, shapes[k]).as_type(type);
+        auto pulled = ndarray::zeros(shapes[k], context::cpu(), type);
+        const std::string what = "key " + std::to_string(k) + " round " + std::to_string(round);
+        if (pushpull) {
+          if (!seen.check(kv.pushpull(keys[k], grad, pulled), what + " pushpull"))
+            return;
+        } else if (!seen.check(kv.push(keys[k], grad), what + " push") ||
+                   !seen.check(kv.pull(keys[k], pulled), what + " pull")) {
+          return;
+        }
+        compare(pulled, received[k][r], what);
+        auto again = ndarray::zeros(shapes[k], context::cpu(), type);
+        if (!seen.check(kv.pull(keys[k], again), what + " second pull"))
+          return;
+        compare(again, sums[k][r], what + " second pull");
+      }
+    }
+  });
+  BOOST_TEST(seen.seen.empty(), "compressed pulls " << rule.describe() << " " << to_string(type)
+                                                    << " W=" << workers << " S=" << servers
+                                                    << (pushpull ? " pushpull" : " push, pull")
+                                                    << "\n"
+                                                    << seen.report());
+}
+
 } // namespace
 
 BOOST_AUTO_TEST_SUITE(gradient_compression_in_one_process)
+
+BOOST_AUTO_TEST_CASE(compressed_pulls_carry_each_round_with_the_servers_residual_per_worker) {
+  const auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{1} << 20);
+  for (auto rule : {gradient_compression::make("2bit", 0.5).value(),
+                    gradient_compression::make("1bit", 0.25).value()}) {
+    rule.pulls = true;
+    for (const bool pushpull : {false, true}) {
+      check_compressed_pulls(rule, dtype::float32, 3, 2, pushpull, options);
+      check_compressed_pulls(rule, dtype::float16, 2, 3, pushpull, options);
+    }
+  }
+  // Packed replies cut into chunks of 8 KiB and slices of 16 KiB.
+  auto small = troupe::testing::make_options(2, 1'000'000, std::size_t{8} << 10);
+  small.slice_bytes = 16 * 1024;
+  auto rule = gradient_compression::make("2bit", 0.5).value();
+  rule.pulls = true;
+  check_compressed_pulls(rule, dtype::float32, 2, 2, false, small);
+}
+
+BOOST_AUTO_TEST_CASE(with_an_optimizer_on_the_servers_compressed_pulls_stay_dense) {
+  // The pulled value is the weight, not a sum to carry: the closed form of dense pulls holds.
+  const auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{1} << 20);
+  auto rule = gradient_compression::make("2bit", 0.5).value();
+  rule.pulls = true;
+  check_compressed_rounds("dist_sync", rule, dtype::float32, 2, 2, true, options);
+  check_compressed_rounds("dist_async", rule, dtype::float32, 2, 2, false, options);
+}
 
 BOOST_AUTO_TEST_CASE(dist_sync_sums_what_each_workers_packed_pushes_stand_for) {
   // A key of 35 elements (not whole words), one of 1.1M split over the servers, one of 17; the

@@ -17,6 +17,7 @@
 
 #include "actors/logic/wire_conversions.hpp"
 #include "actors/logic/worker_core.hpp"
+#include "engine/gradient_compression.hpp"
 #include "schema/chunking.hpp"
 
 using namespace troupe;
@@ -417,6 +418,56 @@ BOOST_AUTO_TEST_CASE(a_lost_link_is_reported_after_the_grace_and_a_refusal_at_on
       failed->message().find("server 0 (node 8) refused this worker: the job token is wrong") !=
           std::string::npos,
       failed->message());
+}
+
+BOOST_AUTO_TEST_CASE(a_compressed_pull_offers_its_rule_and_unpacks_the_packed_reply) {
+  auto d = driver_for(one_server());
+  auto rule = gradient_compression::make("2bit", 0.5).value();
+  rule.pulls = true;
+  auto call_with = [&](kv_call kind, const ndarray& out, const gradient_compression& with) {
+    kv_operation op;
+    op.call = kind;
+    op.keys = {worker_driver::pull_key(4, out)};
+    op.what = "pull";
+    op.compression = with;
+    d->core->on_call(op);
+    return op.done;
+  };
+  auto out = ndarray::zeros({20});
+  auto done = call_with(kv_call::pull, out, rule);
+  auto pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 1u);
+  BOOST_TEST(
+      (pulls[0].reply_compression == wire::reply_packing{wire::compression_type::two_bit, 0.5f}));
+  // 20 elements packed 2bit: +0.5 for elements 0 and 17, -0.5 for element 5, 0 elsewhere.
+  std::vector<float> values(20, 0.0f);
+  values[0] = 0.5f;
+  values[17] = 0.5f;
+  values[5] = -0.5f;
+  std::vector<float> residual(20, 0.0f);
+  std::vector<std::byte> packed(packed_bytes(compression_type::two_bit, 20));
+  quantize(rule, dtype::float32, values.data(), residual.data(), packed.data(), 20);
+  wire::tensor_chunk tensor{wire::dtype::float32,
+                            {20},
+                            80,
+                            0,
+                            packed,
+                            std::nullopt,
+                            wire::tensor_compression{wire::compression_type::two_bit, 0.5f, 20}};
+  d->reply(wire::pull_reply{pulls[0].request_id, pulls[0].key, 1, tensor});
+  BOOST_TEST(delivered_ok(done));
+  BOOST_TEST(floats(out) == values);
+
+  // A packed reply to a pull that offered none (or another rule) fails the call, naming it.
+  auto plain = call_with(kv_call::pull, out, {});
+  pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 2u);
+  BOOST_TEST((pulls[1].reply_compression.type == wire::compression_type::none));
+  d->reply(wire::pull_reply{pulls[1].request_id, pulls[1].key, 1, tensor});
+  auto failure = delivered_error(plain);
+  BOOST_TEST_REQUIRE(failure.has_value());
+  BOOST_TEST(failure->message().find("a dense value was asked for") != std::string::npos,
+             failure->message());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
