@@ -236,7 +236,8 @@ void ask_for_summary() noexcept {
 }
 
 result<job_outcome> run_scheduler(const cluster_config& config,
-                                  const std::function<void(std::uint16_t port)>& on_listening) {
+                                  const std::function<void(std::uint16_t port)>& on_listening,
+                                  std::function<void(std::uint32_t rank)> on_worker_lost) {
   if (auto valid = validate_for_role(config, node_role::scheduler); !valid)
     return valid.error();
   auto tls = load_tls_credentials(config, node_role::scheduler);
@@ -260,6 +261,7 @@ result<job_outcome> run_scheduler(const cluster_config& config,
   options.drain_timeout = config.request_timeout;
   options.server_rejoin = config.server_rejoin;
   options.log = logger{node_name("scheduler", std::nullopt, config.scheduler_host), config.verbose};
+  options.on_worker_lost = std::move(on_worker_lost);
   auto handle = spawn_scheduler(*runtime.system, options);
   if (!handle)
     return handle.error();
@@ -515,7 +517,8 @@ status check_node_config(const cluster_config& config) {
 }
 
 int serve_node(const cluster_config& config, std::vector<shard_snapshot> restore,
-               const std::function<void(std::uint16_t port)>& on_listening) {
+               const std::function<void(std::uint16_t port)>& on_listening,
+               std::function<void(std::uint32_t rank)> on_worker_lost) {
   if (config.auth_token.empty()) {
     const std::string& listening = config.bind_address;
     if (!is_loopback(listening))
@@ -525,7 +528,7 @@ int serve_node(const cluster_config& config, std::vector<shard_snapshot> restore
           "and read and change its values");
   }
   if (config.role == node_role::scheduler) {
-    auto outcome = run_scheduler(config, on_listening);
+    auto outcome = run_scheduler(config, on_listening, std::move(on_worker_lost));
     // The scheduler has logged its summary line (at error level unless every worker finished).
     const logger log{node_name("scheduler", std::nullopt, config.scheduler_host), config.verbose};
     if (!outcome)

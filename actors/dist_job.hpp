@@ -55,8 +55,11 @@ void ask_for_summary() noexcept;
 /// Runs the scheduler until the job ends and returns how it ended (the scheduler has logged its
 /// summary line); an error when it could not start (a bad configuration, the port cannot be
 /// bound). `on_listening` is told the bound port once it is known.
+/// `on_worker_lost` is told the rank of each worker the scheduler declares lost
+/// (scheduler_options::on_worker_lost).
 result<job_outcome> run_scheduler(const cluster_config& config,
-                                  const std::function<void(std::uint16_t port)>& on_listening = {});
+                                  const std::function<void(std::uint16_t port)>& on_listening = {},
+                                  std::function<void(std::uint32_t rank)> on_worker_lost = {});
 
 /// The exit code of a scheduler process for what run_scheduler returned: 0, 3 or 1 (see the
 /// file comment).
@@ -84,9 +87,11 @@ status check_node_config(const cluster_config& config);
 /// job ends, logs why it failed if it did, and returns the process's exit code: the scheduler 0,
 /// 3 or 1, a server 0 or 1 (see the file comment). A server restores `restore`
 /// (load_server_checkpoint's) first. `on_listening` is told the scheduler's port once it is
-/// bound. A configuration naming another role is a caller mistake: 2, logged.
+/// bound, `on_worker_lost` each worker it declares lost. A configuration naming another role is a
+/// caller mistake: 2, logged.
 int serve_node(const cluster_config& config, std::vector<shard_snapshot> restore = {},
-               const std::function<void(std::uint16_t port)>& on_listening = {});
+               const std::function<void(std::uint16_t port)>& on_listening = {},
+               std::function<void(std::uint32_t rank)> on_worker_lost = {});
 
 /// The first call of a troupe program's main. Reads the configuration as a worker's
 /// kvstore::create does ($TROUPE_CONFIG or --config, the DMLC_* / TROUPE_* environment) plus the

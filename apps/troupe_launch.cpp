@@ -32,6 +32,11 @@
 // and the launcher exits 3 with a summary line naming the lost workers, as the scheduler does (it
 // exits 3 itself then, which is no failure); beyond the quorum, or when the scheduler or a server
 // fails, it stops the rest and exits with that failure's code. Exit codes are listed in --help.
+// A worker the scheduler declares lost (silent for timeouts.peer: frozen, hung, cut off) is
+// stopped by the launcher at once, by PID (SIGCONT, then SIGKILL to its process group), and then
+// counts as a failed worker: the scheduler tells the launcher on a pipe it gets as descriptor 3
+// (troupe-node's TROUPE_LAUNCHER_EVENTS_FD), so the job ends by itself whatever state the lost
+// process is in.
 //
 // With --restart-servers[=N] (default 3) a server that dies while the job runs is started again
 // with its rank hint, environment and command plus --recover, up to N times per server
@@ -76,6 +81,7 @@
 #include <arpa/inet.h>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -327,6 +333,13 @@ std::vector<std::string> merged_environment(std::vector<std::string> base,
 }
 
 /// Runs the job: starts the children, relays their output, watches their ends.
+/// A node's label: "scheduler", "server 1", "worker 0" (its rank: TROUPE_RANK_HINT).
+std::string label_for(troupe::node_role role, int index) {
+  if (role == troupe::node_role::scheduler)
+    return "scheduler";
+  return std::string(troupe::to_string(role)) + " " + std::to_string(index);
+}
+
 class job {
 public:
   job(std::vector<std::string> base_env, int signal_fd, std::chrono::milliseconds stop_grace,
@@ -364,6 +377,8 @@ public:
       check_progress();
     while (std::any_of(children_.begin(), children_.end(), [](auto& c) { return !c.reaped; })) {
       std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      if (events_read_ >= 0)
+        fds.push_back({events_read_, POLLIN, 0});
       for (const auto& c : children_)
         for (int fd : c.fds)
           if (fd >= 0)
@@ -371,6 +386,7 @@ public:
       ::poll(fds.data(), fds.size(), poll_timeout_ms());
       for (auto& c : children_)
         drain(c);
+      read_events();
       if (fds[0].revents & POLLIN)
         handle_signals();
       reap();
@@ -396,7 +412,6 @@ private:
   bool spawn(child& c, const std::vector<std::string>& argv) {
     const bool hold_stdin = c.hold_stdin;
     const std::string_view stdin_text = c.stdin_text;
-    const std::vector<std::string>& env = c.env;
     int out[2], err[2], in[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
         (hold_stdin && ::pipe2(in, O_CLOEXEC) != 0)) {
@@ -411,6 +426,13 @@ private:
       posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+    // The scheduler tells the launcher which workers it declares lost (troupe-node's
+    // TROUPE_LAUNCHER_EVENTS_FD), on a pipe it gets as descriptor 3.
+    std::vector<std::string> env = c.env;
+    if (c.role == troupe::node_role::scheduler && open_events()) {
+      posix_spawn_file_actions_adddup2(&actions, events_write_, events_child_fd);
+      env.push_back("TROUPE_LAUNCHER_EVENTS_FD=" + std::to_string(events_child_fd));
+    }
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
     // Its own process group, so that stopping it reaches whatever it starts; the launcher's
@@ -443,6 +465,11 @@ private:
     ::close(err[1]);
     if (hold_stdin)
       ::close(in[0]);
+    // Only the scheduler holds the write end now: its end is the pipe's.
+    if (events_write_ >= 0) {
+      ::close(events_write_);
+      events_write_ = -1;
+    }
     c.stdin_fd = in[1];
     if (rc != 0) {
       ::close(out[0]);
@@ -525,6 +552,70 @@ private:
       return;
     write_all(s == 0 ? STDOUT_FILENO : STDERR_FILENO, "[" + c.label + "] " + c.pending[s] + "\n");
     c.pending[s].clear();
+  }
+
+  /// The pipe of the scheduler's events, once; false (the job goes on without it) when it cannot
+  /// be made. Its write end lies above the descriptors spawn moves, so that moving it to
+  /// events_child_fd in the child clears its close-on-exec flag.
+  bool open_events() {
+    if (events_read_ >= 0)
+      return false; // one scheduler per job
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) {
+      log_.warning(std::string{"cannot create the scheduler's event pipe: "} +
+                   std::strerror(errno) + "; a worker it declares lost is not stopped here");
+      return false;
+    }
+    events_read_ = ends[0];
+    events_write_ = ::fcntl(ends[1], F_DUPFD_CLOEXEC, events_child_fd + 1);
+    ::close(ends[1]);
+    return events_write_ >= 0;
+  }
+
+  /// Reads the scheduler's events ("lost worker R" lines): each worker it declares lost is
+  /// stopped here, by PID, whatever state it is in (SIGCONT then SIGKILL to its process group: a
+  /// frozen process would hold the launcher forever). Its end then counts as any worker's
+  /// failure (on_worker_failed).
+  void read_events() {
+    char buffer[4096];
+    while (events_read_ >= 0) {
+      const ssize_t n = ::read(events_read_, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0)
+        return; // EAGAIN: nothing more now
+      if (n == 0) {
+        ::close(events_read_);
+        events_read_ = -2; // the scheduler is gone; never opened again
+        return;
+      }
+      events_pending_.append(buffer, static_cast<std::size_t>(n));
+      for (std::size_t nl; (nl = events_pending_.find('\n')) != std::string::npos;) {
+        on_event(events_pending_.substr(0, nl));
+        events_pending_.erase(0, nl + 1);
+      }
+      if (events_pending_.size() > 4096)
+        events_pending_.clear(); // not a line of troupe-node's
+    }
+  }
+
+  void on_event(const std::string& line) {
+    constexpr std::string_view lost = "lost worker ";
+    if (!line.starts_with(lost))
+      return;
+    int rank = -1;
+    const char* first = line.data() + lost.size();
+    const char* last = line.data() + line.size();
+    if (auto [end, why] = std::from_chars(first, last, rank); why != std::errc{} || end != last)
+      return;
+    const std::string label = label_for(troupe::node_role::worker, rank);
+    for (auto& c : children_)
+      if (c.role == troupe::node_role::worker && c.label == label && !c.reaped && !stopping_) {
+        log_.error(c.label + " was declared lost by the scheduler; stopping it (pid " +
+                   std::to_string(c.pid) + ")");
+        ::kill(-c.pid, SIGCONT);
+        ::kill(-c.pid, SIGKILL);
+      }
   }
 
   void handle_signals() {
@@ -727,6 +818,12 @@ private:
       }
   }
 
+  /// The scheduler's event pipe: the launcher's read end (-1 before it is made, -2 after the
+  /// scheduler closed it), the write end until the scheduler is spawned, what is not a line yet.
+  int events_read_ = -1;
+  int events_write_ = -1;
+  std::string events_pending_;
+  static constexpr int events_child_fd = 3;
   std::vector<std::string> base_env_;
   int signal_fd_;
   std::chrono::milliseconds stop_grace_;
@@ -750,12 +847,6 @@ private:
   clock_type::time_point kill_deadline_{};
   std::optional<clock_type::time_point> finish_deadline_;
 };
-
-std::string label_for(troupe::node_role role, int index) {
-  if (role == troupe::node_role::scheduler)
-    return "scheduler";
-  return std::string(troupe::to_string(role)) + " " + std::to_string(index);
-}
 
 /// Declares the flags on `app`, each writing its field of `opt`, and the --help footer.
 void add_flags(CLI::App& app, options& opt) {

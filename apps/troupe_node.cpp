@@ -14,11 +14,22 @@
 // scheduler prints "troupe-node: scheduler listening on HOST:PORT" on stdout once it is bound: with
 // port 0 that line is how the port is found. SIGUSR1 makes a server print its summary
 // (observe.summary) within a second.
+//
+// TROUPE_LAUNCHER_EVENTS_FD=N (troupe-launch sets it for the scheduler it starts): the scheduler
+// writes "lost worker R" and a newline to file descriptor N each time it declares worker rank R
+// lost, so that the launcher stops that process whatever state it is in (a frozen one included).
+// Best effort: a full or closed pipe drops the line.
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <fcntl.h>
+#include <functional>
 #include <iostream>
+#include <string>
+#include <unistd.h>
 
 #include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
@@ -26,6 +37,27 @@
 using namespace troupe;
 
 namespace {
+
+/// The launcher's event pipe (TROUPE_LAUNCHER_EVENTS_FD), made non-blocking: the scheduler's
+/// thread writes to it and must never wait for the launcher. Null when the variable is unset or
+/// names no open descriptor.
+std::function<void(std::uint32_t)> launcher_events() {
+  const char* text = std::getenv("TROUPE_LAUNCHER_EVENTS_FD");
+  if (text == nullptr)
+    return {};
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || fd < 0 || fd > 1'000'000 ||
+      ::fcntl(static_cast<int>(fd), F_GETFD) < 0)
+    return {};
+  ::fcntl(static_cast<int>(fd), F_SETFL, ::fcntl(static_cast<int>(fd), F_GETFL) | O_NONBLOCK);
+  return [fd = static_cast<int>(fd)](std::uint32_t rank) {
+    const std::string line = "lost worker " + std::to_string(rank) + "\n";
+    // One short write (below PIPE_BUF, so whole or not at all); EINTR is tried again.
+    while (::write(fd, line.data(), line.size()) < 0 && errno == EINTR) {
+    }
+  };
+}
 
 /// A configuration error is the answer to the command line: one plain line, exit code 2.
 int configuration_error(const error& err) {
@@ -61,8 +93,11 @@ int main(int argc, char** argv) {
     return configuration_error(restore.error());
   std::signal(SIGUSR1, [](int) { ask_for_summary(); });
   const auto host = config->scheduler_host;
-  return serve_node(*config, std::move(*restore), [&host](std::uint16_t port) {
-    std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);
-    std::fflush(stdout);
-  });
+  return serve_node(
+      *config, std::move(*restore),
+      [&host](std::uint16_t port) {
+        std::printf("troupe-node: scheduler listening on %s:%u\n", host.c_str(), port);
+        std::fflush(stdout);
+      },
+      launcher_events());
 }

@@ -529,8 +529,11 @@ void scheduler_core::lose(std::size_t index, const std::string& why) {
   node.lost_text = describe(node.info) + " was lost: " + why;
   const auto after = since_start();
   const bool worker = node.info.node_role == wire::role::worker;
-  if (worker)
+  if (worker) {
     lost_workers_.push_back(lost_worker{node.info.rank, node.info.node_id, after, why});
+    if (options_.on_worker_lost)
+      options_.on_worker_lost(node.info.rank);
+  }
   const std::size_t tolerated = options_.num_workers - quorum_;
   if (!worker && phase_ == scheduler_phase::running && options_.server_rejoin.count() > 0) {
     // Its rank stays open for a server restarted from its checkpoint; the workers hold their

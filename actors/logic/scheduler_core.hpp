@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,6 +119,10 @@ struct scheduler_options {
   /// Where the scheduler logs (ps-lite's PS_VERBOSE levels: errors always, 1 admissions and
   /// phases, 2 every frame); name it node_name("scheduler", nullopt, host). Default: silent.
   logger log;
+  /// Told the rank of each worker the scheduler declares lost, when it does (troupe-launch then
+  /// stops that process, whatever state it is in). Runs on the scheduler's thread: it must not
+  /// block or throw.
+  std::function<void(std::uint32_t rank)> on_worker_lost;
 };
 
 /// How a job ended.

@@ -221,8 +221,9 @@ BOOST_AUTO_TEST_CASE(on_one_host_tensors_go_through_shared_memory) {
              result.out << result.err);
   // At the end the server logs its shards' counters: 3 rounds of 3 keys, the two large ones cut
   // into slices of at most 512 KiB (data.slice_bytes): 1 + 11 + 12 ps-keys, 72 updates.
-  BOOST_TEST(count_lines(result.err, "shards: 72 updates, 0 late pushes dropped, max lead 0 rounds, "
-                                     "0 pulls expired, 0 requests refused") == 1u,
+  BOOST_TEST(count_lines(result.err,
+                         "shards: 72 updates, 0 late pushes dropped, max lead 0 rounds, "
+                         "0 pulls expired, 0 requests refused") == 1u,
              result.err);
 }
 
@@ -1435,6 +1436,29 @@ BOOST_AUTO_TEST_CASE(a_launched_worker_killed_within_the_quorum_leaves_the_job_t
                                      "9 after ") == 1u,
              result.err);
   BOOST_TEST(count_lines(result.err, "stopping the job") == 0u, result.err);
+}
+
+BOOST_AUTO_TEST_CASE(a_frozen_worker_the_scheduler_declares_lost_is_stopped_by_the_launcher) {
+  // SIGSTOP: the process neither exits nor answers. Once the scheduler declares it lost (after
+  // the peer timeout) the launcher kills it by PID, and the job ends by itself with exit 3.
+  temp_dir dir;
+  child_process launcher{launch_path, launch_quorum_check(dir.path(), {"--quorum", "2"}), {}};
+  const pid_t victim = worker_pids(dir.path(), 3)[1];
+  BOOST_TEST_REQUIRE(::kill(victim, SIGSTOP) == 0);
+  auto result = launcher.wait(120s);
+  BOOST_TEST_REQUIRE(!result.timed_out, result.err);
+  BOOST_TEST(result.exit_code == 3, result.out << result.err);
+  BOOST_TEST(count_lines(result.out, "quorum checks hold for 2 keys over 30 rounds") == 2u,
+             result.out);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: worker 1 was declared lost by the scheduler; "
+                                     "stopping it (pid " +
+                                         std::to_string(victim) + ")") == 1u,
+             result.err);
+  BOOST_TEST(count_lines(result.err, "troupe-launch: summary: the job finished with lost workers: "
+                                     "1 of 3 lost (quorum 2 of 3): worker 1 was killed by signal "
+                                     "9 after ") == 1u,
+             result.err);
+  BOOST_TEST(!alive(victim), "the frozen worker " << victim << " is still there");
 }
 
 BOOST_AUTO_TEST_CASE(under_the_launcher_without_a_quorum_a_killed_worker_stops_every_node) {
