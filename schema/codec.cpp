@@ -1004,8 +1004,8 @@ private:
                                                    std::to_string(limits_.max_list_elements));
   }
 
-  /// `packable`: the message may carry a packed tensor (push, pushpull); `sparse`: a row-sparse
-  /// one (push).
+  /// `packable`: the message may carry a packed tensor (push, pushpull, pull reply); `sparse`: a
+  /// row-sparse one (push).
   tensor_chunk read_tensor(bool present, ws::Tensor::Reader t, const char* field,
                            bool packable = false, bool sparse = false) {
     if (!present)
