@@ -32,11 +32,11 @@
 // and the launcher exits 3 with a summary line naming the lost workers, as the scheduler does (it
 // exits 3 itself then, which is no failure); beyond the quorum, or when the scheduler or a server
 // fails, it stops the rest and exits with that failure's code. Exit codes are listed in --help.
-// A worker the scheduler declares lost (silent for timeouts.peer: frozen, hung, cut off) is
-// stopped by the launcher at once, by PID (SIGCONT, then SIGKILL to its process group), and then
-// counts as a failed worker: the scheduler tells the launcher on a pipe it gets as descriptor 3
-// (troupe-node's TROUPE_LAUNCHER_EVENTS_FD), so the job ends by itself whatever state the lost
-// process is in.
+// A worker the scheduler declares lost (silent for timeouts.peer: frozen, hung, cut off; or its
+// connection closed) and that has not ended --stop-grace later is stopped by the launcher, by PID
+// (SIGCONT, then SIGKILL to its process group), and then counts as a failed worker: the scheduler
+// tells the launcher on a pipe it gets as descriptor 3 (troupe-node's TROUPE_LAUNCHER_EVENTS_FD),
+// so the job ends by itself whatever state the lost process is in.
 //
 // With --restart-servers[=N] (default 3) a server that dies while the job runs is started again
 // with its rank hint, environment and command plus --recover, up to N times per server
@@ -187,6 +187,8 @@ struct child {
   bool hold_stdin = false;
   std::string stdin_text;
   int restarts = 0; ///< how often it was started again
+  /// A worker the scheduler declared lost: when the launcher stops it unless it has ended.
+  std::optional<std::chrono::steady_clock::time_point> stop_lost_at;
 };
 
 /// Writes all of `text` to `fd`; a closed stdout (EPIPE) is not the job's failure.
@@ -573,9 +575,8 @@ private:
   }
 
   /// Reads the scheduler's events ("lost worker R" lines): each worker it declares lost is
-  /// stopped here, by PID, whatever state it is in (SIGCONT then SIGKILL to its process group: a
-  /// frozen process would hold the launcher forever). Its end then counts as any worker's
-  /// failure (on_worker_failed).
+  /// stopped by PID unless it ends within the stop grace (stop_lost_workers). Its end then counts
+  /// as any worker's failure (on_worker_failed).
   void read_events() {
     char buffer[4096];
     while (events_read_ >= 0) {
@@ -608,10 +609,23 @@ private:
     const char* last = line.data() + line.size();
     if (auto [end, why] = std::from_chars(first, last, rank); why != std::errc{} || end != last)
       return;
+    // A worker lost because its connection closed is usually ending by itself, and its own
+    // exit says more than a kill would: it gets the stop grace to end before it is stopped.
     const std::string label = label_for(troupe::node_role::worker, rank);
     for (auto& c : children_)
-      if (c.role == troupe::node_role::worker && c.label == label && !c.reaped && !stopping_) {
-        log_.error(c.label + " was declared lost by the scheduler; stopping it (pid " +
+      if (c.role == troupe::node_role::worker && c.label == label && !c.reaped && !c.stop_lost_at)
+        c.stop_lost_at = clock_type::now() + stop_grace_;
+  }
+
+  /// Stops the workers the scheduler declared lost that have not ended within the stop grace,
+  /// whatever state they are in (SIGCONT, then SIGKILL to the process group: a frozen process
+  /// would hold the launcher forever).
+  void stop_lost_workers(clock_type::time_point now) {
+    for (auto& c : children_)
+      if (c.stop_lost_at && now >= *c.stop_lost_at && !c.reaped && !killed_) {
+        c.stop_lost_at.reset();
+        log_.error(c.label + " was declared lost by the scheduler and is still running " +
+                   troupe::format_duration(stop_grace_) + " later; stopping it (pid " +
                    std::to_string(c.pid) + ")");
         ::kill(-c.pid, SIGCONT);
         ::kill(-c.pid, SIGKILL);
@@ -769,6 +783,7 @@ private:
 
   void on_deadline() {
     auto now = clock_type::now();
+    stop_lost_workers(now);
     if (!stopping_ && finish_deadline_ && now >= *finish_deadline_) {
       std::string left;
       for (const auto& c : children_)
