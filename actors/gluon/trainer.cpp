@@ -410,11 +410,10 @@ status trainer::prepare_store(bool with_optimizer) {
         row_values.push_back(row_sparse_array::zeros(param.shape()));
         continue;
       }
-      const auto rows = param.shape().front();
-      std::vector<std::int64_t> all(static_cast<std::size_t>(rows));
-      for (std::int64_t row = 0; row < rows; ++row)
-        all[static_cast<std::size_t>(row)] = row;
-      auto whole = row_sparse_array::from_dense_rows(param.list_data().front(), all);
+      const auto all = all_row_ids(param.shape().front());
+      auto whole = row_sparse_array::from_dense_rows(
+          param.list_data().front(), std::span{static_cast<const std::int64_t*>(all.raw_data()),
+                                               static_cast<std::size_t>(all.size())});
       if (!whole)
         return whole.error();
       row_values.push_back(std::move(*whole));

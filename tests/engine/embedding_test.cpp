@@ -45,21 +45,32 @@ std::vector<std::uint32_t> bits(const ndarray& array) {
   return out;
 }
 
-/// The weight's gradient after backward of embedding(indices, weight) with head gradient
-/// `head`, the weight's gradient being dense or row_sparse.
-ndarray weight_gradient(const ndarray& indices, const ndarray& head, bool sparse) {
+/// table() with a gradient attached, row_sparse or dense.
+ndarray table_with_gradient(bool sparse) {
   ndarray weight = table();
   if (sparse)
     autograd::attach_row_sparse_grad(weight);
   else
     weight.attach_grad();
+  return weight;
+}
+
+/// The gradient of a table_with_gradient, dense either way.
+ndarray dense_gradient(const ndarray& weight, bool sparse) {
+  return sparse ? autograd::row_sparse_grad(weight).to_dense() : weight.grad();
+}
+
+/// The weight's gradient after backward of embedding(indices, weight) with head gradient
+/// `head`, the weight's gradient being dense or row_sparse.
+ndarray weight_gradient(const ndarray& indices, const ndarray& head, bool sparse) {
+  ndarray weight = table_with_gradient(sparse);
   ndarray out;
   {
     autograd::record_scope record;
     out = nd::embedding(indices, weight, table_rows, width, sparse);
   }
   autograd::backward(out, head);
-  return sparse ? autograd::row_sparse_grad(weight).to_dense() : weight.grad();
+  return dense_gradient(weight, sparse);
 }
 
 } // namespace
@@ -130,11 +141,7 @@ BOOST_AUTO_TEST_CASE(row_sparse_gradients_add_over_backwards_and_take_dense_cont
   // One graph using the weight twice through Embedding and once through a dense operator: the
   // dense contribution keeps its non-zero rows, and the sum equals the dense gradient.
   auto once = [](bool sparse) {
-    ndarray w = table();
-    if (sparse)
-      autograd::attach_row_sparse_grad(w);
-    else
-      w.attach_grad();
+    ndarray w = table_with_gradient(sparse);
     ndarray loss;
     {
       autograd::record_scope record;
@@ -143,7 +150,7 @@ BOOST_AUTO_TEST_CASE(row_sparse_gradients_add_over_backwards_and_take_dense_cont
       loss = nd::add(nd::add(nd::sum(nd::square(a)), nd::sum(b)), nd::sum(nd::multiply(w, w)));
     }
     loss.backward();
-    return sparse ? autograd::row_sparse_grad(w).to_dense() : w.grad();
+    return dense_gradient(w, sparse);
   };
   BOOST_TEST(bits(once(true)) == bits(once(false)));
 }
