@@ -694,9 +694,10 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   };
   const auto name = node_name("worker", agent_ptr->rank(), config.node_host);
   start_job_trace(config, "worker", agent_ptr->rank());
-  setup.on_finalize = [agent_ptr, request_timeout, log = logger{name, config.verbose}] {
+  setup.on_finalize = [agent_ptr, request_timeout,
+                       log = logger{name, config.verbose}](std::uint64_t rounds) {
     write_job_trace(log);
-    (void)agent_ptr->notify_done(request_timeout);
+    return agent_ptr->notify_done(request_timeout, rounds);
   };
   setup.owned_resources = resources;
   setup.log = logger{name, config.verbose};

@@ -165,8 +165,10 @@ struct worker_setup {
   std::function<status(const wire::sync_settings&)> announce_settings;
   /// Called once with the worker actor, e.g. to subscribe it to the node agent. Optional.
   std::function<void(const worker_actor&)> on_started;
-  /// Called once when the store is finalized (tell the job this worker is done).
-  std::function<void()> on_finalize;
+  /// Called once when the store is finalized, after its requests were answered, with the most
+  /// pushes it made of any one key: tells the job this worker is done (it leaves the job); how
+  /// that went. Optional.
+  std::function<status(std::uint64_t rounds)> on_finalize;
   /// Whatever must outlive the store (the actor system it runs in, the node agent); released
   /// after everything else of the store.
   std::shared_ptr<void> owned_resources;

@@ -176,7 +176,7 @@ public:
           schedule_tick();
           serve("a tick", [&] { core_->on_tick(); });
         },
-        [this](finalize_atom, completion<status>& done) {
+        [this](finalize_atom, completion<result<std::uint64_t>>& done) {
           serve("finalize", [&] { core_->on_finalize(std::move(done)); });
         },
         [this](const send_receipt& receipt) {

@@ -327,11 +327,11 @@ node_agent::barrier_gather(std::uint8_t group, std::span<const double> values,
   return std::move(*gathered);
 }
 
-status node_agent::notify_done(std::chrono::milliseconds timeout) {
+status node_agent::notify_done(std::chrono::milliseconds timeout, std::uint64_t rounds) {
   if (role_ != wire::role::worker)
     return error{errc::invalid_argument, "only a worker reports done; this node is a " +
                                              std::string{wire::to_string(role_)}};
-  return call(wire::command{0, wire::command_kind::stop, {}}, "done", timeout);
+  return call(wire::command{0, wire::command_kind::stop, {}, false, rounds}, "done", timeout);
 }
 
 status node_agent::send_sync_settings(wire::sync_settings settings,

@@ -110,8 +110,9 @@ public:
   /// Workers, at finalize: tells the scheduler this worker is done and waits for its
   /// acknowledgement, so that leaving afterwards is not a loss. When every live worker is done
   /// the servers are told to stop. Errors: errc::invalid_argument on a server; errc::timeout;
-  /// errc::peer_lost.
-  status notify_done(std::chrono::milliseconds timeout);
+  /// errc::peer_lost. `rounds`: the most pushes the worker made of any one key, for the
+  /// scheduler's summary.
+  status notify_done(std::chrono::milliseconds timeout, std::uint64_t rounds = 0);
 
   /// Worker rank 0: tells the scheduler the job's sync settings (its quorum: how many workers
   /// the job needs alive) and waits for the acknowledgement. Errors: errc::invalid_argument when

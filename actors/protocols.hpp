@@ -237,7 +237,7 @@ using worker_actor = caf::typed_actor<
     /// Sweep for requests whose timeout has passed (sent by the worker to itself).
     caf::reacts_to<tick_atom>,
     /// Deliver once every request under way has completed (or the timeout has passed).
-    caf::reacts_to<finalize_atom, completion<status>>,
+    caf::reacts_to<finalize_atom, completion<result<std::uint64_t>>>,
     /// A link let go of a frame the worker handed it with this receipt (its keepalive is gone):
     /// its bytes leave the server's send window (worker_core::frame_left).
     caf::reacts_to<send_receipt>,
@@ -350,6 +350,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::device_work)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_links)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::server_relink)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::status>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::result<std::uint64_t>>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_lost)

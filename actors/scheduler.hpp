@@ -34,17 +34,20 @@
 //                                   (default num_workers).
 //   command{stop} from a worker  -> ack{request_id}. It means "this worker is done" (MXNet's
 //                                   finalize). When every live worker is done the scheduler sends
-//                                   command{stop} to every server (ps-lite's kStopServer).
+//                                   command{stop} to every server (ps-lite's kStopServer); while
+//                                   others still run, the worker leaves the job: a new membership
+//                                   table lists it left, and barriers stop waiting for it.
 //   heartbeat                    -> nothing; any frame from a node counts as a sign of life.
 // A request that cannot be served is answered with error_reply{its request_id, code}:
 // not_admitted (a connection that has not registered), invalid_argument (a group the sender is
 // not in, a second arrival at one barrier, sync settings from a node other than worker rank 0 or
-// with a quorum outside 1..num_workers), shutting_down (a barrier whose group has a finished
-// member), unsupported (checkpoint commands, data-path messages), lost_peer (anything from a node
+// with a quorum outside 1..num_workers), shutting_down (a barrier whose group has a server told
+// to stop), unsupported (checkpoint commands, data-path messages), lost_peer (anything from a node
 // already declared lost).
 // Scheduler -> node, unasked: heartbeat (so nodes notice a frozen scheduler); membership (epoch
 // + 1, the whole table) to every node still connected whenever membership changes, i.e. when a
-// worker is lost within the quorum, or a server is lost or rejoins (server_rejoin); and, when the
+// worker is lost within the quorum or leaves, or a server is lost or rejoins (server_rejoin) (a
+// worker that said done gets no more tables); and, when the
 // job fails, error_reply{request_id 0, lost_peer | timeout, message naming what is missing}.
 //
 // Losses. A node is lost when its control connection closes before it finished, or when nothing

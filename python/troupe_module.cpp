@@ -538,6 +538,9 @@ public:
   void barrier() {
     run([](kvstore& kv) { return kv.barrier(); });
   }
+  void leave() {
+    run([](kvstore& kv) { return kv.leave(); });
+  }
   void set_optimizer(const std::string& name, const py::dict& params) {
     const auto hyper = params_of(params);
     run([&](kvstore& kv) { return kv.set_optimizer(name, hyper); });
@@ -707,6 +710,10 @@ PYBIND11_MODULE(_troupe, m) {
       .def("save_optimizer_states", &py_kvstore::save_optimizer_states, py::arg("fname"),
            py::arg("dump_optimizer") = false)
       .def("load_optimizer_states", &py_kvstore::load_optimizer_states, py::arg("fname"))
+      .def("leave", &py_kvstore::leave,
+           "This worker leaves the job while the others go on: once its requests are answered, "
+           "the rounds after its last push close without it and barriers stop waiting for it. "
+           "Later calls raise troupe.Error.")
       .def("close", &py_kvstore::close,
            "Leaves the job (distributed types) and frees the store; later calls raise.")
       .def("__enter__", [](py::object self) { return self; })

@@ -529,6 +529,7 @@ public:
       nb.setHost(text_of(n.host));
       nb.setDataPort(n.data_port);
       nb.setAlive(n.alive);
+      nb.setLeft(n.left);
     }
     auto ranges = b.initKeyRanges(list_size(m.key_ranges.size()));
     for (unsigned i = 0; i < m.key_ranges.size(); ++i) {
@@ -652,6 +653,7 @@ public:
     auto b = root_.initCommand();
     b.setRequestId(m.request_id);
     b.setDumpOptimizer(m.dump_optimizer);
+    b.setRounds(m.rounds);
     switch (m.kind) {
     case command_kind::stop:
       b.setStop();
@@ -1143,6 +1145,7 @@ private:
       info.host = bounded_text(n.getHost(), "membership node host");
       info.data_port = n.getDataPort();
       info.alive = n.getAlive();
+      info.left = n.getLeft();
       m.nodes.push_back(std::move(info));
     }
     auto ranges = r.getKeyRanges();
@@ -1321,6 +1324,7 @@ private:
     command m;
     m.request_id = r.getRequestId();
     m.dump_optimizer = r.getDumpOptimizer();
+    m.rounds = r.getRounds();
     switch (r.which()) {
     case ws::Command::UNSET:
       fail(decode_error::code::missing_field, "command is unset");

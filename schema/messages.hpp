@@ -196,6 +196,8 @@ struct node_info {
   std::string host;
   std::uint16_t data_port = 0;
   bool alive = true;
+  /// A worker that left the job on its own (troupe.capnp NodeInfo.left); alive stays true.
+  bool left = false;
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
@@ -372,6 +374,8 @@ struct command {
   std::string path;
   /// save_checkpoint: write the optimizer itself with the states (MXNet's dump_optimizer).
   bool dump_optimizer = false;
+  /// stop from a worker: its rounds, the most pushes it made of any one key (Command.rounds).
+  std::uint64_t rounds = 0;
   friend bool operator==(const command&, const command&) = default;
 };
 

@@ -213,6 +213,11 @@ struct NodeInfo {
   # Data port (0: none).
   alive @5 :Bool;
   # False once the scheduler has declared the node lost (missed heartbeats or closed connection).
+  left @6 :Bool;
+  # A worker that left the job on its own (it closed its store, or called leave(), after every
+  # request of it was answered): from the round after its last push of a key, that key's
+  # dist_sync rounds close without it, and barriers no longer wait for it. Not a loss: alive
+  # stays true.
 }
 
 struct KeyRange {
@@ -232,7 +237,7 @@ struct KeyRange {
 struct Membership {
   # Scheduler -> every node still connected and not lost, once every node is admitted (epoch 1:
   # the job starts) and again, the whole table each time, after each worker lost within the
-  # quorum. A loss that fails the job is announced by an Error instead. Not acknowledged.
+  # quorum and each worker that left (NodeInfo.left). A loss that fails the job is announced by an Error instead. Not acknowledged.
   epoch @0 :UInt64;
   # Increases with every change; a node ignores a table older than the one it holds.
   numWorkers @1 :UInt32;
@@ -478,6 +483,9 @@ struct Command {
   dumpOptimizer @7 :Bool;
   # saveCheckpoint: write the optimizer (its name and parameters) with the states, so that a load
   # restores it too (MXNet's dump_optimizer). Ignored by the other commands.
+  rounds @8 :UInt64;
+  # stop from a worker: the most pushes it made of any one key (its rounds), which the
+  # scheduler's end-of-job summary names for a worker that left before others. 0 otherwise.
 }
 
 enum Consistency {

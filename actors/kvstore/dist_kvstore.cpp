@@ -179,6 +179,8 @@ wire::sync_settings dist_kvstore::settings() const {
 }
 
 kv_request dist_kvstore::start(kv_operation op) {
+  if (auto open = left_the_job(op.what); !open)
+    return kv_request::done(open.error());
   completion<status> done;
   op.done = done;
   std::string what = op.what;
@@ -265,6 +267,8 @@ status dist_kvstore::declare_and_send(std::span<const kv_key> keys, std::span<co
                                       bool row_sparse) {
   if (auto checked = check_key_numbers(keys); !checked)
     return checked;
+  if (auto open = left_the_job("init"); !open)
+    return open;
   keys_.declare(keys, values, row_sparse);
   if (setup_.rank == 0) {
     kv_operation op;
@@ -405,6 +409,8 @@ status dist_kvstore::pushpull(std::span<const kv_key> keys, std::span<const ndar
 }
 
 status dist_kvstore::barrier() {
+  if (auto open = left_the_job("barrier"); !open)
+    return open;
   return setup_.barrier();
 }
 
@@ -417,6 +423,8 @@ dist_kvstore::gather_at_barrier(std::span<const double> mine) {
   if (!setup_.gather)
     return error{errc::not_supported,
                  "gather_at_barrier: this store's job has no gathering barrier"};
+  if (auto open = left_the_job("gather_at_barrier"); !open)
+    return open.error();
   auto gathered = setup_.gather(mine);
   if (!gathered)
     return gathered.error();
@@ -523,17 +531,36 @@ status dist_kvstore::finalize() {
   if (finalized_)
     return ok();
   finalized_ = true;
-  completion<status> drained;
+  completion<result<std::uint64_t>> drained;
   caf::anon_send(worker_, finalize_atom::value, drained);
   status outcome = ok();
-  if (auto got = drained.wait_or_cancel(backstop(setup_.timeout)))
-    outcome = *got;
-  else
+  std::uint64_t rounds = 0;
+  if (auto got = drained.wait_or_cancel(backstop(setup_.timeout))) {
+    if (*got)
+      rounds = **got;
+    else
+      outcome = got->error();
+  } else {
     outcome = error{errc::timeout, "finalize: the KVStore worker did not answer"};
+  }
   if (setup_.on_finalize)
-    setup_.on_finalize();
+    if (auto told = setup_.on_finalize(rounds); !told && outcome)
+      outcome = error{told.error().code(), "leaving the job: " + told.error().message()};
   abandon();
   return outcome;
+}
+
+status dist_kvstore::leave() {
+  return finalize();
+}
+
+status dist_kvstore::left_the_job(std::string_view what) const {
+  if (!finalized_)
+    return ok();
+  return error{errc::invalid_argument, std::string{what} + ": worker " +
+                                           std::to_string(setup_.rank) +
+                                           " has left the job (leave() or close); its store takes "
+                                           "no more calls"};
 }
 
 result<std::unique_ptr<kvstore>> connect_worker(const std::string& type,

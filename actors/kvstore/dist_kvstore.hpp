@@ -109,6 +109,8 @@ public:
   /// Waits for this worker's requests, tells the job it is done (on_finalize) and closes the
   /// links. Called by the destructor if not before; later calls are no-ops.
   status finalize();
+  /// finalize(): the worker leaves the job, which goes on without it (kvstore::leave).
+  status leave() override;
 
   /// The worker actor: it takes the node agent's notices (job_listener) and membership updates.
   const worker_actor& worker() const noexcept { return worker_; }
@@ -119,6 +121,8 @@ private:
   bool sync_mode() const noexcept;
   /// Stops the worker and the links of a store that failed to start, without telling the job.
   void abandon();
+  /// ok() until the store has left the job; then the error for calling `what`.
+  status left_the_job(std::string_view what) const;
   /// Hands `op` to the worker actor; the request ends when the worker delivers.
   kv_request start(kv_operation op);
   /// init's work once the values are checked: declares the keys (`row_sparse`: of row_sparse

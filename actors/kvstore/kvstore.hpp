@@ -167,7 +167,17 @@ public:
                          int priority = 0);
 
   /// Blocks until every worker of the job has called barrier() (a no-op in the local modes).
+  /// Workers that left the job are not waited for.
   virtual status barrier() { return {}; }
+  /// This worker leaves the job while the others go on (a dist store; closing or destroying the
+  /// store does the same): it waits until every request it made is answered, then tells the
+  /// scheduler. From the round after this worker's last push of a key on, that key's dist_sync
+  /// rounds close with the workers still in, and barriers stop waiting for it, so a worker that
+  /// ran out of data early never stalls the others. Afterwards every call on the store fails,
+  /// naming the leave. An error says what did not go through (a request unanswered in time, a
+  /// scheduler gone); the store has left all the same. The local stores have no job to leave:
+  /// ok(), and they stay usable.
+  virtual status leave() { return {}; }
   /// Most numbers gather_at_barrier shares per worker.
   static constexpr std::size_t max_gathered_values = 64;
   /// barrier() that also shares `mine` (at most max_gathered_values numbers: a worker's

@@ -320,9 +320,11 @@ void scheduler_core::on_barrier(std::size_t index, const wire::barrier& request)
     return refuse(wire::error_code::invalid_argument, "barrier sent as node " +
                                                           std::to_string(request.sender_node_id) +
                                                           " by " + describe(node.info));
-  // A member that finished will never arrive: fail now rather than let the others time out.
+  // A server that finished will never arrive: fail now rather than let the others time out. (A
+  // worker that finished left the job, and barriers no longer wait for it.)
   for (const auto& other : nodes_)
-    if ((request.group & group_bit(other.info.node_role)) != 0 && other.finished)
+    if ((request.group & group_bit(other.info.node_role)) != 0 && other.finished &&
+        !other.info.left)
       return refuse(wire::error_code::shutting_down,
                     "barrier " + std::to_string(request.barrier_id) + " on group " +
                         std::to_string(request.group) +
@@ -346,11 +348,36 @@ void scheduler_core::on_command(std::size_t index, const wire::command& cmd) {
                 error_reply(cmd.request_id, wire::error_code::invalid_argument,
                             "only workers report done; " + describe(node.info) + " is not one"));
   // Idempotent: a worker that repeats its done gets the same ack.
-  if (!node.finished)
-    log_.info(describe(node.info) + " is done");
+  const bool leaves = !node.finished && !node.lost;
+  if (leaves)
+    node.rounds = cmd.rounds;
   node.finished = true;
   send(node, wire::ack{cmd.request_id});
+  if (!leaves)
+    return;
+  log_.info(describe(node.info) + " is done");
+  if (phase_ != scheduler_phase::running) {
+    maybe_drain();
+    return;
+  }
+  // It leaves the job: the others go on without it. Every request of it was answered before it
+  // said done, so the servers know its last push of each key when this table reaches them.
   maybe_drain();
+  if (phase_ != scheduler_phase::running)
+    return; // it was the last: the servers are told to stop instead
+  node.info.left = true;
+  left_workers_.push_back(
+      departed_worker{node.info.rank, node.info.node_id, node.rounds, since_start()});
+  pending_.emplace_back(
+      barrier_member_gone{static_cast<std::uint32_t>(index), node.info.node_role});
+  std::uint32_t still_in = 0;
+  for (const auto& other : nodes_)
+    still_in += other.info.node_role == wire::role::worker && !other.finished && !other.lost;
+  log_.info(describe(node.info) + " left the job after " + std::to_string(node.rounds) +
+            " rounds, " + seconds(since_start()) + " after it started; the job goes on with " +
+            count_of(still_in, options_.num_workers, "worker"));
+  ++epoch_;
+  send_membership();
 }
 
 void scheduler_core::on_sync_settings(std::size_t index, const wire::sync_settings& settings) {
@@ -421,8 +448,9 @@ void scheduler_core::send_membership() {
   std::sort(table.nodes.begin(), table.nodes.end(),
             [](const auto& a, const auto& b) { return a.node_id < b.node_id; });
   table.key_ranges = membership_key_ranges(options_.num_servers);
+  // A worker that said done needs no table: it is leaving.
   for (const auto& node : nodes_)
-    if (!node.gone && !node.lost)
+    if (!node.gone && !node.lost && !(node.finished && node.info.node_role == wire::role::worker))
       send(node, table);
 }
 
@@ -572,6 +600,7 @@ void scheduler_core::finish(std::optional<error> failure) {
                                         : job_end::finished_with_losses;
   outcome.failure = std::move(failure);
   outcome.lost_workers = lost_workers_;
+  outcome.left_workers = left_workers_;
   for (const auto& node : nodes_)
     if (node.info.node_role == wire::role::worker && node.finished)
       ++outcome.workers_finished;
@@ -595,6 +624,20 @@ std::string scheduler_core::summary(const job_outcome& outcome) const {
       ranks += (ranks.empty() ? "" : ", ") + std::to_string(node.info.rank);
   if (!ranks.empty())
     line += " (rank " + ranks + ")";
+  // Workers that all finish their last round leave one after the other: only those that did
+  // fewer rounds than another worker left early.
+  std::uint64_t most_rounds = 0;
+  for (const auto& node : nodes_)
+    if (node.info.node_role == wire::role::worker && node.finished)
+      most_rounds = std::max(most_rounds, node.rounds);
+  std::string early;
+  for (const auto& left : outcome.left_workers)
+    if (left.rounds < most_rounds)
+      early += (early.empty() ? "; left early: " : ", ") +
+               wire::describe(wire::role::worker, left.rank, left.node_id) + " after " +
+               std::to_string(left.rounds) + " of " + std::to_string(most_rounds) + " rounds, " +
+               seconds(left.after) + " after the job started";
+  line += early;
   line += "; " + std::to_string(outcome.lost_workers.size()) + " lost";
   if (outcome.lost_workers.empty())
     return line;

@@ -26,9 +26,11 @@
 //
 // done and failed are final: the core returns the outcome (job_ended) and takes nothing more. A
 // worker that said done and a server that was told to stop have "finished": their departure is
-// expected, not a loss. A worker lost within the quorum (running only) leaves the phase as it is,
-// and so does a server lost while the job runs with server_rejoin > 0, until its rank's wait is
-// over.
+// expected, not a loss. A worker that says done while others still run leaves the job: the next
+// membership table marks it left (NodeInfo.left), from which the servers close its keys' rounds
+// without it, and the job barriers stop waiting for it. A worker lost within the quorum (running
+// only) leaves the phase as it is, and so does a server lost while the job runs with server_rejoin
+// > 0, until its rank's wait is over.
 
 #include <chrono>
 #include <cstddef>
@@ -143,6 +145,17 @@ struct lost_worker {
   friend bool operator==(const lost_worker&, const lost_worker&) = default;
 };
 
+/// A worker that left the job on its own while it ran (it said done before the others).
+struct departed_worker {
+  std::uint32_t rank = 0;
+  std::uint32_t node_id = 0;
+  /// Its rounds: the most pushes it made of any one key (Command.rounds).
+  std::uint64_t rounds = 0;
+  /// When, after the scheduler started.
+  std::chrono::milliseconds after{0};
+  friend bool operator==(const departed_worker&, const departed_worker&) = default;
+};
+
 /// The end of a job as the scheduler saw it.
 struct job_outcome {
   job_end end = job_end::failed;
@@ -155,6 +168,9 @@ struct job_outcome {
   /// Workers lost, in the order they were lost: those within the quorum and, when a worker's
   /// loss failed the job, that one too.
   std::vector<lost_worker> lost_workers;
+  /// Workers that left while the others went on, in the order they left (the summary names those
+  /// that did fewer rounds than the most any worker did).
+  std::vector<departed_worker> left_workers;
   /// The one line the scheduler logged at the end: workers finished and lost, who, when, why.
   std::string summary;
 
@@ -250,6 +266,8 @@ private:
     clock::time_point last_seen;
     /// Worker: said done. Server: was sent stop.
     bool finished = false;
+    /// Worker: the rounds its done reported.
+    std::uint64_t rounds = 0;
     /// Its control connection closed.
     bool gone = false;
     /// Declared lost (within the quorum; beyond it the job has failed).
@@ -315,6 +333,7 @@ private:
   /// Live workers the job needs (worker rank 0's sync settings; num_workers until then).
   std::uint32_t quorum_ = 1;
   std::vector<lost_worker> lost_workers_;
+  std::vector<departed_worker> left_workers_;
   std::uint64_t epoch_ = 0;
   std::uint64_t next_request_id_ = 0;
   std::uint64_t heartbeat_sequence_ = 0;

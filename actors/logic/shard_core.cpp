@@ -99,7 +99,7 @@ std::uint64_t shard_core::key_entry::durable_for(std::uint32_t worker) const noe
 
 shard_core::shard_core(shard_options options)
     : options_(std::move(options)), policy_(options_.policy), live_(options_.num_workers, true),
-      sender_connection_(options_.num_workers, 0) {
+      left_(options_.num_workers, false), sender_connection_(options_.num_workers, 0) {
   if (policy_.quorum == 0)
     policy_.quorum = options_.num_workers;
   last_checkpoint_ = now();
@@ -265,20 +265,64 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   entry.init_progress = now();
   if (!*added)
     return;
-  if (policy_.mode == consistency::sync && entry.row_sparse) {
-    entry.sparse.emplace(entry.stored,
-                         sync_round_options{msg.key, options_.num_workers, policy_.quorum,
-                                            policy_.max_rounds_ahead});
+  open_rounds(entry, msg.key, 0);
+  if (entry.sparse)
     entry.sparse->merge_in_float32(multi_precision());
-  } else if (policy_.mode == consistency::sync) {
-    entry.sync.emplace(entry.stored, sync_round_options{msg.key, options_.num_workers,
-                                                        policy_.quorum, policy_.max_rounds_ahead});
+  if (entry.sync)
     entry.sync->merge_in_float32(multi_precision());
-  } else
-    entry.async.emplace(msg.key, entry.stored, options_.num_workers);
   entry.init_assembly.reset();
   unfinished_inits_.erase(msg.key);
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
+}
+
+void shard_core::open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t completed) {
+  const sync_round_options rounds{key, options_.num_workers, policy_.quorum,
+                                  policy_.max_rounds_ahead};
+  if (policy_.mode == consistency::async) {
+    entry.async.emplace(key, entry.stored, options_.num_workers);
+    return;
+  }
+  if (entry.row_sparse) {
+    entry.sparse.emplace(entry.stored, rounds);
+    entry.sparse->resume_after(completed);
+  } else {
+    entry.sync.emplace(entry.stored, rounds);
+    entry.sync->resume_after(completed);
+  }
+  // Workers that left before the key existed count in none of its rounds.
+  for (std::uint32_t worker = 0; worker < left_.size(); ++worker)
+    if (left_[worker])
+      (void)(entry.sparse ? entry.sparse->retire(worker) : entry.sync->retire(worker));
+}
+
+void shard_core::retire_worker(std::uint32_t worker) {
+  left_[worker] = true;
+  std::uint64_t earliest = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t latest = 0;
+  std::size_t closed = 0;
+  for (auto& [key, entry] : keys_) {
+    if (!entry.initialized() || entry.async)
+      continue;
+    const auto end = entry.sparse ? entry.sparse->retire(worker) : entry.sync->retire(worker);
+    earliest = std::min(earliest, end);
+    latest = std::max(latest, end);
+    // The round being collected may have waited for this worker only.
+    if (entry.sparse ? entry.sparse->quorum_reached() : entry.sync->quorum_reached()) {
+      (void)close_round(entry, key); // a failed update is logged; no push waits for its answer
+      admit_deferred(entry, key);
+      ++closed;
+    }
+  }
+  options_.log.info(
+      "worker " + std::to_string(worker) + " left the job" +
+      (latest == 0 && earliest == std::numeric_limits<std::uint64_t>::max()
+           ? std::string{}
+           : ": its keys' rounds close without it from round " +
+                 (earliest == latest ? std::to_string(earliest)
+                                     : std::to_string(earliest) + ".." + std::to_string(latest)) +
+                 " on") +
+      (closed > 0 ? " (" + std::to_string(closed) + " rounds that waited only for it closed)"
+                  : std::string{}));
 }
 
 shard_core::key_entry shard_core::begin_init(const wire::tensor_chunk& first,
@@ -687,9 +731,11 @@ void shard_core::on_round_outcome(key_entry& entry, const push_request& push, ch
 
 std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64_t key) {
   auto closing = entry.completed();
-  auto scale = policy_.rescale_quorum && policy_.quorum < options_.num_workers
-                   ? static_cast<double>(options_.num_workers) / policy_.quorum
-                   : 1.0;
+  // The round's own members and quorum: workers that left count in neither.
+  const auto members = entry.sparse ? entry.sparse->round_members() : entry.sync->round_members();
+  const auto quorum = entry.sparse ? entry.sparse->round_quorum() : entry.sync->round_quorum();
+  auto scale =
+      policy_.rescale_quorum && quorum < members ? static_cast<double>(members) / quorum : 1.0;
   const auto traced_since = trace_start_time();
   std::optional<std::string> failure;
   if (entry.sparse) {
@@ -1045,9 +1091,16 @@ std::size_t shard_core::expire_pulls() noexcept {
 void shard_core::on_membership(const wire::membership& table) noexcept {
   try {
     std::vector<bool> live(options_.num_workers, true);
-    for (const auto& node : table.nodes)
-      if (node.node_role == wire::role::worker && !node.alive && node.rank < live.size())
+    for (const auto& node : table.nodes) {
+      if (node.node_role != wire::role::worker || node.rank >= live.size())
+        continue;
+      if (!node.alive || node.left)
         live[node.rank] = false;
+      if (node.left && !left_[node.rank]) {
+        retire_worker(node.rank);
+        after_update();
+      }
+    }
     if (live == live_)
       return;
     live_ = std::move(live);
@@ -1416,18 +1469,8 @@ status shard_core::restore(const shard_snapshot& saved) {
     key_entry entry;
     entry.stored = key.value.copy();
     entry.row_sparse = key.row_sparse;
-    if (policy_.mode == consistency::sync && key.row_sparse) {
-      entry.sparse.emplace(entry.stored,
-                           sync_round_options{key.ps_key, options_.num_workers, policy_.quorum,
-                                              policy_.max_rounds_ahead});
-      entry.sparse->resume_after(key.completed);
-    } else if (policy_.mode == consistency::sync) {
-      entry.sync.emplace(entry.stored,
-                         sync_round_options{key.ps_key, options_.num_workers, policy_.quorum,
-                                            policy_.max_rounds_ahead});
-      entry.sync->resume_after(key.completed);
-    } else {
-      entry.async.emplace(key.ps_key, entry.stored, options_.num_workers);
+    open_rounds(entry, key.ps_key, key.completed);
+    if (entry.async) {
       entry.async->resume(key.applied_per_worker, key.completed);
       entry.durable_pushes = key.applied_per_worker;
     }

@@ -166,9 +166,12 @@ public:
   /// Handles one request; replies (now or when a round completes) go through `reply`, each with
   /// the request's connection id. Never throws.
   void handle(envelope request, reply_function reply) noexcept;
-  /// Takes a new membership table: a worker listed with role worker and alive == false is no
-  /// longer live, so bounded staleness stops waiting for it; before any table every worker is
-  /// live. Answers the pulls that no longer wait.
+  /// Takes a new membership table: a worker listed with role worker and alive == false (lost)
+  /// or left == true is no longer live, so bounded staleness stops waiting for it; before any
+  /// table every worker is live. A worker that left is retired from every dist_sync key's rounds
+  /// (sync_round::retire: from the round after its last push on, they close without it), and so
+  /// are the keys initialised later; rounds that waited only for it close. Answers the pulls that
+  /// no longer wait.
   void on_membership(const wire::membership& table) noexcept;
   /// Drops the waiting pulls whose request has expired by now (options.clock), without a reply;
   /// returns how many.
@@ -295,6 +298,11 @@ private:
   void refuse(const reply_route& reply, std::uint64_t request_id, std::optional<std::uint64_t> key,
               wire::error_code code, std::string message);
   void on_init(const wire::init& msg, const reply_route& reply);
+  /// The key's rounds by the policy (sync_round, sparse_round or async_pushes), `completed`
+  /// rounds done, with the workers that left retired.
+  void open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t completed);
+  /// `worker` left the job: retired from every key's rounds, closing those it held up.
+  void retire_worker(std::uint32_t worker);
   /// The entry of a new key for init's first chunk, its value allocated for the declared tensor
   /// (reserved in the key budget by the caller).
   key_entry begin_init(const wire::tensor_chunk& first, std::uint64_t connection);
@@ -412,6 +420,8 @@ private:
   std::vector<std::byte> unpacked_;
   /// live_[w]: worker w counts for bounded staleness.
   std::vector<bool> live_;
+  /// left_[w]: worker w left the job (the membership table said so).
+  std::vector<bool> left_;
   /// sender_connection_[w]: the connection worker w's last push chunk came by (0: in-process).
   std::vector<std::uint64_t> sender_connection_;
   /// The keys whose init is under way.

@@ -35,8 +35,9 @@ std::optional<std::string> check_row_ids(std::span<const std::byte> row_ids, std
 }
 
 sparse_round::sparse_round(const ndarray& like, sync_round_options options)
-    : options_(options), shape_(like.shape()), type_(like.dtype()), merge_type_(like.dtype()),
-      pushed_(options.num_workers, 0) {
+    : options_(options), membership_(options.num_workers, options.quorum),
+      round_quorum_(options.quorum), shape_(like.shape()), type_(like.dtype()),
+      merge_type_(like.dtype()), pushed_(options.num_workers, 0) {
   row_elements_ = 1;
   for (std::size_t axis = 1; axis < shape_.size(); ++axis)
     row_elements_ *= static_cast<std::size_t>(shape_[axis]);
@@ -52,7 +53,19 @@ chunk_outcome sparse_round::refuse(wire::error_code code, const sparse_push& pus
                       push_chunk{push.request_id, push.sender, push.round, 0, {}}, why);
 }
 
+std::uint64_t sparse_round::retire(std::uint32_t sender) {
+  if (auto end = membership_.end_of(sender))
+    return *end;
+  const auto end = after_last_push(completed_ + pushed_[sender], deferred_, sender);
+  membership_.retire(sender, end);
+  round_quorum_ = membership_.quorum(completed_);
+  return end;
+}
+
 chunk_outcome sparse_round::add(const sparse_push& push, deferred_answer answer) {
+  if (push.round >= completed_ && !membership_.counts(push.sender, push.round))
+    return refuse(wire::error_code::invalid_argument, push,
+                  left_the_job(push.sender, *membership_.end_of(push.sender)));
   if (push.round < completed_) {
     if (options_.quorum == options_.num_workers)
       return refuse(wire::error_code::stale_round, push,
@@ -163,6 +176,7 @@ void sparse_round::close() {
   std::fill(pushed_.begin(), pushed_.end(), 0);
   done_ = 0;
   ++completed_;
+  round_quorum_ = membership_.quorum(completed_);
 }
 
 std::vector<admitted_push> sparse_round::admit_deferred() {

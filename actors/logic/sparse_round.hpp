@@ -67,7 +67,10 @@ public:
   std::size_t deferred() const noexcept { return deferred_.size(); }
   /// A push of the round being collected has been summed.
   bool collecting() const noexcept { return done_ > 0; }
-  void resume_after(std::uint64_t rounds) noexcept { completed_ = rounds; }
+  void resume_after(std::uint64_t rounds) noexcept {
+    completed_ = rounds;
+    round_quorum_ = membership_.quorum(completed_);
+  }
   const sync_round_options& options() const noexcept { return options_; }
   /// As sync_round::merge_in_float32.
   void merge_in_float32(bool on) noexcept;
@@ -76,7 +79,12 @@ public:
   /// its round, and answered through `answer` when it enters it or is dropped), dropped (late) or
   /// refused (nothing changed).
   chunk_outcome add(const sparse_push& push, deferred_answer answer);
-  bool quorum_reached() const noexcept { return done_ >= options_.quorum; }
+  bool quorum_reached() const noexcept { return round_quorum_ > 0 && done_ >= round_quorum_; }
+  /// As sync_round's.
+  std::uint32_t round_members() const noexcept { return membership_.members(completed_); }
+  std::uint32_t round_quorum() const noexcept { return round_quorum_; }
+  std::uint64_t retire(std::uint32_t sender);
+  const round_membership& membership() const noexcept { return membership_; }
   /// The round's sum (precondition: quorum_reached()), scaled by `scale`: the rows its pushes
   /// held, in the merge dtype (float32 under merge_in_float32, else the key's).
   row_sparse_array sum(double scale);
@@ -106,6 +114,8 @@ private:
   void enter(std::uint32_t sender, staged_rows rows);
 
   sync_round_options options_;
+  round_membership membership_;
+  std::uint32_t round_quorum_;
   shape_vector shape_;
   troupe::dtype type_;
   std::size_t row_elements_ = 0;

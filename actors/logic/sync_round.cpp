@@ -49,9 +49,59 @@ value_layout in_float32(value_layout layout) {
 
 } // namespace
 
+void round_membership::retire(std::uint32_t worker, std::uint64_t end) {
+  if (!end_of(worker))
+    left_.push_back({worker, end});
+}
+
+std::optional<std::uint64_t> round_membership::end_of(std::uint32_t worker) const noexcept {
+  for (const auto& gone : left_)
+    if (gone.worker == worker)
+      return gone.end;
+  return std::nullopt;
+}
+
+bool round_membership::counts(std::uint32_t worker, std::uint64_t round) const noexcept {
+  auto end = end_of(worker);
+  return !end || round < *end;
+}
+
+std::uint32_t round_membership::members(std::uint64_t round) const noexcept {
+  auto gone =
+      std::count_if(left_.begin(), left_.end(), [&](const departure& d) { return d.end <= round; });
+  return num_workers_ - static_cast<std::uint32_t>(gone);
+}
+
+std::uint32_t round_membership::quorum(std::uint64_t round) const noexcept {
+  auto in = members(round);
+  if (in == 0)
+    return 0;
+  auto gone = num_workers_ - in;
+  return quorum_ > gone ? std::min(quorum_ - gone, in) : 1;
+}
+
+std::string left_the_job(std::uint32_t worker, std::uint64_t end) {
+  return "worker " + std::to_string(worker) +
+         " left the job: the key's rounds close without it from round " + std::to_string(end) +
+         " on";
+}
+
 sync_round::sync_round(const ndarray& like, sync_round_options options)
-    : options_(options), layout_(like), wide_layout_(in_float32(layout_)),
+    : options_(options), membership_(options.num_workers, options.quorum),
+      round_quorum_(options.quorum), layout_(like), wide_layout_(in_float32(layout_)),
       wire_type_(to_wire(like.dtype())), workers_(options.num_workers) {}
+
+std::uint64_t sync_round::retire(std::uint32_t sender) {
+  if (auto end = membership_.end_of(sender))
+    return *end;
+  const auto& worker = workers_[sender];
+  // Its push of the round being collected, begun or whole, keeps it in that round.
+  const auto end =
+      after_last_push(completed_ + (worker.done || worker.bytes > 0 ? 1 : 0), deferred_, sender);
+  membership_.retire(sender, end);
+  round_quorum_ = membership_.quorum(completed_);
+  return end;
+}
 
 bool sync_round::collecting() const noexcept {
   return done_ > 0 || std::any_of(workers_.begin(), workers_.end(),
@@ -65,6 +115,9 @@ chunk_outcome sync_round::add(const push_chunk& chunk) {
 }
 
 chunk_outcome sync_round::add_current(const push_chunk& chunk) {
+  if (!membership_.counts(chunk.sender, chunk.round))
+    return refuse(wire::error_code::invalid_argument, chunk,
+                  left_the_job(chunk.sender, *membership_.end_of(chunk.sender)));
   auto& worker = workers_[chunk.sender];
   if (worker.done)
     return refuse(wire::error_code::invalid_argument, chunk, "the worker pushed this round twice");
@@ -116,6 +169,9 @@ chunk_outcome sync_round::defer(const push_chunk& chunk, deferred_answer answer)
         wire::error_code::invalid_argument, chunk,
         "round " + std::to_string(completed_) + " is being collected and a push may be at most " +
             std::to_string(options_.max_rounds_ahead) + " rounds ahead of it (max_rounds_ahead)");
+  if (!membership_.counts(chunk.sender, chunk.round))
+    return refuse(wire::error_code::invalid_argument, chunk,
+                  left_the_job(chunk.sender, *membership_.end_of(chunk.sender)));
   auto found = std::find_if(deferred_.begin(), deferred_.end(), [&](const deferred_push& push) {
     return push.sender == chunk.sender && push.round == chunk.round;
   });
@@ -212,6 +268,7 @@ void sync_round::finish_push(worker_state& worker) {
 
 void sync_round::close() {
   ++completed_;
+  round_quorum_ = membership_.quorum(completed_);
   done_ = 0;
   merge_filled_ = 0;
   merge_open_ = false;

@@ -31,6 +31,10 @@
 //  - A chunk of a round below c: with K < N it is late, dropped unapplied and counted once its
 //    push is whole (never applied to a later round); with K == N it cannot be honest and is
 //    refused as stale_round.
+//  - A worker that left the job (retire) counts up to its last push and not after
+//    (round_membership): a later round closes with the workers still in, its quorum K less the
+//    workers that left before it (at least 1); a chunk of the leaver for such a round is refused,
+//    naming the leave.
 //
 // Memory per key, bounded by N and M whatever the workers send: the merge buffer (twice the key's
 // size for a float16 key summed in float32, merge_in_float32), at most one staging buffer per
@@ -60,6 +64,55 @@ struct sync_round_options {
   /// Rounds beyond the one being collected whose pushes are kept (>= 1).
   std::uint32_t max_rounds_ahead = 2;
 };
+
+/// Which workers a key's rounds wait for, round by round. Every worker of the job counts from
+/// round 0 until it leaves the job (retire): from its end round on, the key's rounds close
+/// without it. A round's quorum is the job's quorum less the workers that left before that round
+/// (at least 1): a job that tolerated the loss of N - K workers still tolerates as many, and with
+/// K == N every worker still in must push (MXNet's closed form with the round's own N). Memory:
+/// one entry per worker that left.
+class round_membership {
+public:
+  round_membership(std::uint32_t num_workers, std::uint32_t quorum)
+      : num_workers_(num_workers), quorum_(quorum) {}
+
+  /// `worker` counts in the rounds before `end` only. A second call changes nothing.
+  void retire(std::uint32_t worker, std::uint64_t end);
+  /// The round from which `worker` no longer counts, once it left.
+  std::optional<std::uint64_t> end_of(std::uint32_t worker) const noexcept;
+  /// `worker` counts in `round`.
+  bool counts(std::uint32_t worker, std::uint64_t round) const noexcept;
+  /// The workers `round` waits for.
+  std::uint32_t members(std::uint64_t round) const noexcept;
+  /// Whole pushes that close `round`; 0 when no worker counts in it (it never closes).
+  std::uint32_t quorum(std::uint64_t round) const noexcept;
+  /// The job's quorum K and number of workers N.
+  std::uint32_t job_quorum() const noexcept { return quorum_; }
+  std::uint32_t job_workers() const noexcept { return num_workers_; }
+
+private:
+  struct departure {
+    std::uint32_t worker = 0;
+    std::uint64_t end = 0;
+  };
+  std::uint32_t num_workers_;
+  std::uint32_t quorum_;
+  std::vector<departure> left_;
+};
+
+/// The refusal of a chunk whose sender no longer counts in its round: it left the job.
+std::string left_the_job(std::uint32_t worker, std::uint64_t end);
+
+/// The first round after `sender`'s pushes: `current` (the round being collected, one more when
+/// `sender` has pushed into it), or one past the latest of its `deferred` pushes.
+template <class Deferred>
+std::uint64_t after_last_push(std::uint64_t current, const Deferred& deferred,
+                              std::uint32_t sender) {
+  for (const auto& push : deferred)
+    if (push.sender == sender && push.round + 1 > current)
+      current = push.round + 1;
+  return current;
+}
 
 /// How a push ended in its round.
 struct push_outcome {
@@ -94,7 +147,10 @@ public:
   bool collecting() const noexcept;
   /// Continues a key restored from a checkpoint: `rounds` are complete, the next one opens.
   /// Only before any chunk was added.
-  void resume_after(std::uint64_t rounds) noexcept { completed_ = rounds; }
+  void resume_after(std::uint64_t rounds) noexcept {
+    completed_ = rounds;
+    round_quorum_ = membership_.quorum(completed_);
+  }
   const sync_round_options& options() const noexcept { return options_; }
 
   /// Takes a chunk of the round being collected or of an earlier one (chunk.round <= completed();
@@ -104,9 +160,18 @@ public:
   /// is kept with the first chunk of the push and dropped for the others.
   chunk_outcome defer(const push_chunk& chunk, deferred_answer answer);
 
-  /// K workers have pushed every byte: the shard must apply sum() and call close() before
-  /// anything else.
-  bool quorum_reached() const noexcept { return done_ >= options_.quorum; }
+  /// The round's quorum of workers have pushed every byte: the shard must apply sum() and call
+  /// close() before anything else.
+  bool quorum_reached() const noexcept { return round_quorum_ > 0 && done_ >= round_quorum_; }
+  /// The workers the round being collected waits for, and how many of them close it.
+  std::uint32_t round_members() const noexcept { return membership_.members(completed_); }
+  std::uint32_t round_quorum() const noexcept { return round_quorum_; }
+  /// `sender` left the job after its last request was answered: the rounds after the last one it
+  /// pushed (or has under way) close without it, from the round being collected on when it has
+  /// not pushed that one. Returns that first round without it. The shard then checks
+  /// quorum_reached(), as after a push.
+  std::uint64_t retire(std::uint32_t sender);
+  const round_membership& membership() const noexcept { return membership_; }
   /// float16 pushes are summed into a float32 buffer from the next round that opens (the servers'
   /// rule under multi_precision, as MXNet's server sums them: sum() is then float32); off, in the
   /// key's dtype. No effect on other dtypes.
@@ -181,6 +246,9 @@ private:
   void merge_bytes(std::uint64_t offset, std::span<const std::byte> data, bool first);
 
   sync_round_options options_;
+  round_membership membership_;
+  /// membership_.quorum(completed_), kept for the check after every chunk.
+  std::uint32_t round_quorum_;
   value_layout layout_;
   /// layout_ in float32: the merge buffer's when widen_.
   value_layout wide_layout_;

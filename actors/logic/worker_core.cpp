@@ -92,7 +92,7 @@ worker_core::~worker_core() {
     for (auto& waiting : ps.waiting)
       waiting->call->end(gone);
   if (finalizing_)
-    finalizing_->deliver(ok());
+    finalizing_->deliver(std::uint64_t{0});
 }
 
 worker_clock::time_point worker_core::now() const {
@@ -1362,7 +1362,7 @@ void worker_core::fail_waiting(std::uint64_t ps_key, const error& why) {
   settle_turn(ps_key, found->second);
 }
 
-void worker_core::on_finalize(completion<status> done) {
+void worker_core::on_finalize(completion<result<std::uint64_t>> done) {
   finalizing_ = std::move(done);
   finalize_deadline_ = now() + options_.request_timeout;
   maybe_finalized();
@@ -1378,7 +1378,11 @@ void worker_core::maybe_finalized() {
     options_.log.info(std::to_string(dropped_pushes_) +
                       " pushes arrived after their round had closed and were dropped");
   log_summary();
-  finalizing_->deliver(ok());
+  // A key's slices advance together, so the most pushes of one ps-key are the worker's rounds.
+  std::uint64_t rounds = 0;
+  for (const auto& [key, ps] : keys_)
+    rounds = std::max(rounds, ps.next_round);
+  finalizing_->deliver(rounds);
   finalizing_.reset();
 }
 

@@ -269,7 +269,7 @@ public:
   std::chrono::milliseconds tick_interval() const noexcept;
   /// `done` is delivered once nothing is under way (after the summary), or with errc::timeout
   /// when requests are still under way request_timeout from now.
-  void on_finalize(completion<status> done);
+  void on_finalize(completion<result<std::uint64_t>> done);
 
   /// Whether `op` would leave at once, whole and alone: a push, pull or pushpull of one key whose
   /// tensor holds at most `max_bytes` and goes to one server, with credit, nothing queued for that
@@ -555,7 +555,7 @@ private:
   std::vector<server_traffic> traffic_;
   std::array<latency_histogram, 3> answer_times_;
   std::optional<error> failure_;
-  std::optional<completion<status>> finalizing_;
+  std::optional<completion<result<std::uint64_t>>> finalizing_;
   worker_clock::time_point finalize_deadline_;
   /// What answered requests leave behind, kept for the next ones (at most max_spares of each):
   /// a call of 10,000 small keys allocated a part, a pull target, a node of parts_ and one of a

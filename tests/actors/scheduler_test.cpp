@@ -208,13 +208,18 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// "membership epoch E, lost: 11 13" for a table; the node ids of the rows not alive.
+/// "membership epoch E, lost: 11 13" for a table; the node ids of the rows not alive, and
+/// ", left: 9" when some rows left.
 std::string describe_table(const wire::membership& table) {
   std::string text = "membership epoch " + std::to_string(table.epoch) + ", lost:";
-  for (const auto& node : table.nodes)
+  std::string left;
+  for (const auto& node : table.nodes) {
     if (!node.alive)
       text += " " + std::to_string(node.node_id);
-  return text;
+    if (node.left)
+      left += " " + std::to_string(node.node_id);
+  }
+  return left.empty() ? text : text + ", left:" + left;
 }
 
 /// The message `listener` receives within `timeout`: "stop", "peer_lost: <text>",
@@ -830,16 +835,18 @@ BOOST_FIXTURE_TEST_CASE(when_every_worker_is_done_the_servers_stop_and_the_job_s
   caf::scoped_actor listener{node_side.sys};
   find(agents, wire::role::server, 0)->subscribe(as_listener(listener));
 
-  // The first worker finishes and leaves: not a loss, and the servers keep serving.
+  // The first worker finishes and leaves: not a loss, and the servers keep serving; they get a
+  // table that lists it left.
   auto* first = find(agents, wire::role::worker, 0);
-  BOOST_TEST(first->notify_done(5s).has_value());
+  BOOST_TEST(first->notify_done(5s, 3).has_value());
+  BOOST_TEST(next_notice(listener, 5s) == "membership epoch 2, lost:, left: 9");
   std::erase_if(agents, [&](const auto& agent) { return agent.get() == first; });
   const auto early = find(agents, wire::role::server, 1)->wait_for_stop(300ms);
   BOOST_TEST_REQUIRE(!early.has_value());
   BOOST_TEST((early.error().code() == errc::timeout));
   BOOST_TEST(!scheduler->outcome().has_value());
 
-  BOOST_TEST(find(agents, wire::role::worker, 1)->notify_done(5s).has_value());
+  BOOST_TEST(find(agents, wire::role::worker, 1)->notify_done(5s, 4).has_value());
   for (std::uint32_t rank : {0u, 1u})
     BOOST_TEST(find(agents, wire::role::server, rank)->wait_for_stop(5s).has_value());
   BOOST_TEST(next_notice(listener, 5s) == "stop");
@@ -850,8 +857,10 @@ BOOST_FIXTURE_TEST_CASE(when_every_worker_is_done_the_servers_stop_and_the_job_s
   BOOST_TEST(outcome->workers_finished == 2u);
   BOOST_TEST(outcome->lost_workers.empty());
   BOOST_TEST(outcome->as_status().has_value());
-  BOOST_TEST(contains(outcome->summary, "2 of 2 workers finished (rank 0, 1); 0 lost"),
+  BOOST_TEST(contains(outcome->summary, "2 of 2 workers finished (rank 0, 1); left early: worker "
+                                        "0 (node 9) after 3 of 4 rounds, "),
              outcome->summary);
+  BOOST_TEST(contains(outcome->summary, " after the job started; 0 lost"), outcome->summary);
 }
 
 BOOST_FIXTURE_TEST_CASE(a_killed_worker_is_reported_to_every_survivor_by_role_and_rank,

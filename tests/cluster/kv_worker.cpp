@@ -26,6 +26,14 @@
 //                              ones*(r+1) M times, then a barrier (which completes once rank V is
 //                              lost): the value is 1 + 2 (M sum_{r != V} (r+1) + k (V+1)) for
 //                              some k >= 0 pushes of the victim
+//   kv_worker --check uneven --rounds-of-rank 5,8,11 [--barrier-after B]
+//                              dist_sync, `test` optimizer with rescale_grad 2: rank r pushes
+//                              ones*(r+1) and pulls for its own number of rounds R_r, then calls
+//                              kv.leave() and checks that a later call fails naming the leave.
+//                              After round i every pull is 1 + 2 sum_{j <= i} sum_{r': R_r' > j}
+//                              (r'+1): MXNet's closed form with the workers still in each round.
+//                              With --barrier-after B, each rank with R_r > B calls kv.barrier()
+//                              after round B, which the ranks that left do not hold up
 //   kv_worker --check recover --round-ms T
 //                              dist_sync, sgd with momentum: rank r pushes gradients of
 //                              non-integral values that depend on the key, the round and r, pulls
@@ -104,7 +112,14 @@ int main(int argc, char** argv) {
   int absent = -1;
   app.add_option("--absent", absent, "--check sync: the rank that never pushes");
   app.add_option("--check", check)
-      ->check(CLI::IsMember({"sync", "async", "replace", "hang", "quorum", "flood", "recover"}));
+      ->check(CLI::IsMember(
+          {"sync", "async", "replace", "hang", "quorum", "flood", "recover", "uneven"}));
+  std::vector<int> rounds_of_rank;
+  app.add_option("--rounds-of-rank", rounds_of_rank, "--check uneven: each rank's rounds")
+      ->delimiter(',');
+  int barrier_after = -1;
+  app.add_option("--barrier-after", barrier_after,
+                 "--check uneven: the ranks still in call barrier() after this round");
   int stall_ms = 0;
   app.add_option("--stall-ms", stall_ms, "--check flood: how long rank 1 waits before pushing");
   app.add_option("--victim", victim, "--check quorum: the rank the test kills");
@@ -208,6 +223,45 @@ int main(int argc, char** argv) {
                    static_cast<std::streamsize>(out.nbytes()));
     }
     std::printf("kv_worker rank %d: recover ran %d rounds\n", rank, rounds);
+    return 0;
+  }
+
+  if (check == "uneven") {
+    if (rounds_of_rank.size() != static_cast<std::size_t>(kv.num_workers()))
+      return failed("--rounds-of-rank names " + std::to_string(rounds_of_rank.size()) +
+                    " ranks; the job has " + std::to_string(kv.num_workers()));
+    const int mine = rounds_of_rank[static_cast<std::size_t>(rank)];
+    double expected = 1;
+    for (int round = 0; round < mine; ++round) {
+      for (std::size_t r = 0; r < rounds_of_rank.size(); ++r)
+        if (rounds_of_rank[r] > round)
+          expected += 2.0 * static_cast<double>(r + 1);
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto grad = ndarray::full(shapes[k], rank + 1.0, context::cpu(), type_of_values);
+        if (auto pushed = kv.push(keys[k], grad); !pushed)
+          return failed("round " + std::to_string(round) + " push: " + pushed.error().to_string());
+      }
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
+        if (auto pulled = kv.pull(keys[k], out); !pulled)
+          return failed("round " + std::to_string(round) + " pull: " + pulled.error().to_string());
+        if (auto wrong = mismatch(out, expected); !wrong.empty())
+          return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + " round " +
+                        std::to_string(round) + ": " + wrong);
+      }
+      if (round == barrier_after)
+        if (auto waited = kv.barrier(); !waited)
+          return failed("barrier after round " + std::to_string(round) + ": " +
+                        waited.error().to_string());
+    }
+    if (auto left = kv.leave(); !left)
+      return failed("leave: " + left.error().to_string());
+    auto out = ndarray::zeros(shapes[0], context::cpu(), type_of_values);
+    auto after = kv.pull(keys[0], out);
+    if (after || after.error().message().find("has left the job") == std::string::npos)
+      return failed("a pull after leave(): " +
+                    (after ? std::string{"ok"} : after.error().to_string()));
+    std::printf("kv_worker rank %d: uneven checks hold over its %d rounds\n", rank, mine);
     return 0;
   }
 

@@ -288,6 +288,20 @@ BOOST_AUTO_TEST_CASE(seven_workers_and_seven_servers_match_the_sync_closed_form)
       7, "sync");
 }
 
+BOOST_AUTO_TEST_CASE(workers_that_leave_early_let_the_rest_finish_with_the_closed_form_per_round) {
+  // Ranks doing 5, 8 and 11 rounds: from round 5 on the rounds close with ranks 1 and 2, from
+  // round 8 on with rank 2 alone; the barrier after round 6 waits for ranks 1 and 2 only.
+  for (const char* type : {"float32", "float16"}) {
+    BOOST_TEST_CONTEXT(type) {
+      const auto result =
+          launch_job(3, 2,
+                     {"--check", "uneven", "--rounds-of-rank", "5,8,11", "--barrier-after", "6",
+                      "--dtype", type, "--shapes", "2x3,1200x1200,1211x1211"});
+      require_job_success(result, 3, "uneven");
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(dist_async_applies_every_push_exactly_once_across_processes) {
   require_job_success(launch_job(4, 2,
                                  {"--type", "dist_async", "--check", "async", "--rounds", "20",

@@ -25,7 +25,9 @@ at the end (an AssertionError, or troupe.Error, fails the worker and so the job)
     raises troupe.Error naming it;
   - a row_sparse key split by rows over the 2 servers: worker w pushes w + 1 into its own rows,
     and row_sparse_pull returns exactly the rows asked for, with the test optimizer's closed
-    form (1 + 2 (w + 1) per round) in pushed rows, 1 in rows no worker pushed, 0 elsewhere.
+    form (1 + 2 (w + 1) per round) in pushed rows, 1 in rows no worker pushed, 0 elsewhere;
+  - kv.leave(): rank 0 leaves after one round of a key and rank 1's next round closes with its
+    own push alone, its barrier waits for nobody; rank 0's calls after leaving raise troupe.Error.
 """
 
 import os
@@ -88,9 +90,36 @@ def main():
     check_async_requests(kv, rank, workers)
     check_gradient_compression(kv, rank, workers)
     check_row_sparse(kv, rank, workers)
+    check_leave(kv, rank, workers)
 
-    kv.close()
     print(f"dist_worker {rank} of {workers}: ok", flush=True)
+
+
+def check_leave(kv, rank, workers):
+    """Rank 0 leaves after one round of key 31; rank 1 goes on alone: its next round closes
+    with its push only, its barrier waits for nobody else, and rank 0's later calls raise."""
+    shape = (4, 5)
+    kv.init(31, np.ones(shape, np.float32))
+    kv.push(31, np.full(shape, rank + 1, np.float32))
+    out = np.empty(shape, np.float32)
+    kv.pull(31, out=out)
+    expected = 1 + 2 * workers * (workers + 1) / 2  # the test optimizer, rescale_grad 2
+    assert (out == expected).all(), f"round 0 pulled {out[0, :3]}, expected {expected}"
+    if rank == 0:
+        kv.leave()
+        try:
+            kv.pull(31, out=out)
+            raise AssertionError("a pull after leave() did not raise")
+        except troupe.Error as error:
+            assert "has left the job" in str(error), str(error)
+        kv.close()
+        return
+    kv.push(31, np.full(shape, rank + 1, np.float32))
+    kv.pull(31, out=out)
+    expected += 2 * (rank + 1)
+    assert (out == expected).all(), f"round 1 pulled {out[0, :3]}, expected {expected}"
+    kv.barrier()
+    kv.close()
 
 
 def compression_gradient(rank, step, size):

@@ -92,14 +92,15 @@ BOOST_AUTO_TEST_CASE(a_membership_table_round_trips_field_by_field) {
   sent.num_servers = 2;
   sent.nodes = {{1, role::scheduler, 0, "a", 1, true},
                 {8, role::server, 1, "b", 2, true},
-                {11, role::worker, 2, "c", 0, false}};
+                {11, role::worker, 2, "c", 0, false},
+                {13, role::worker, 3, "d", 0, true, true}};
   sent.key_ranges = {{0, 10, 0, 0}, {10, 20, 0, 1}, {30, 40, 1, 0}};
   round_trip rt(sent);
   const auto& got = rt.as<membership>();
   BOOST_TEST(got.epoch == 9u);
   BOOST_TEST(got.num_workers == 3u);
   BOOST_TEST(got.num_servers == 2u);
-  BOOST_TEST_REQUIRE(got.nodes.size() == 3u);
+  BOOST_TEST_REQUIRE(got.nodes.size() == 4u);
   for (std::size_t i = 0; i < 3; ++i) {
     BOOST_TEST(got.nodes[i].node_id == sent.nodes[i].node_id);
     BOOST_TEST((got.nodes[i].node_role == sent.nodes[i].node_role));
@@ -107,6 +108,7 @@ BOOST_AUTO_TEST_CASE(a_membership_table_round_trips_field_by_field) {
     BOOST_TEST(got.nodes[i].host == sent.nodes[i].host);
     BOOST_TEST(got.nodes[i].data_port == sent.nodes[i].data_port);
     BOOST_TEST(got.nodes[i].alive == sent.nodes[i].alive);
+    BOOST_TEST(got.nodes[i].left == sent.nodes[i].left);
   }
   BOOST_TEST_REQUIRE(got.key_ranges.size() == 3u);
   for (std::size_t i = 0; i < 3; ++i) {
@@ -281,7 +283,7 @@ BOOST_AUTO_TEST_CASE(set_gradient_compression_round_trips) {
 
 BOOST_AUTO_TEST_CASE(every_command_round_trips) {
   for (const command& sent :
-       {command{1, command_kind::stop, ""},
+       {command{1, command_kind::stop, ""}, command{6, command_kind::stop, "", false, 123},
         command{2, command_kind::save_checkpoint, "ckpt/a", true},
         command{3, command_kind::load_checkpoint, "/ckpt/b"},
         command{4, command_kind::sync_mode, ""}, command{5, command_kind::async_mode, ""}}) {
@@ -290,6 +292,8 @@ BOOST_AUTO_TEST_CASE(every_command_round_trips) {
     BOOST_TEST(got.request_id == sent.request_id);
     BOOST_TEST((got.kind == sent.kind));
     BOOST_TEST(got.path == sent.path);
+    BOOST_TEST(got.dump_optimizer == sent.dump_optimizer);
+    BOOST_TEST(got.rounds == sent.rounds);
   }
 }
 

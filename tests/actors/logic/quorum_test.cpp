@@ -2,7 +2,8 @@
 // the first K workers whose every byte has arrived, its update uses exactly their sum (checked
 // against the closed form with the `test` optimizer and in replace mode), the pushes that did not
 // make it are acknowledged as dropped, counted, and never reach a later round; rescale_quorum
-// scales the sum by N / K.
+// scales the sum by N / K. A worker that leaves the job (the membership table marks it left)
+// counts until its last push, and the rounds after it close with the workers still in.
 
 #include <numeric>
 #include <string>
@@ -15,6 +16,7 @@
 using namespace troupe;
 using troupe::testing::quorum_of;
 using troupe::testing::shard_driver;
+using troupe::testing::with_left_workers;
 
 namespace {
 
@@ -149,6 +151,63 @@ BOOST_AUTO_TEST_CASE(a_late_pushpull_is_answered_at_once_with_the_value_of_the_c
   job.push(key, 0, 1, one);
   BOOST_TEST(job.stored(key) == std::vector<float>(elements, 101.0f),
              boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(after_a_worker_leaves_rounds_close_with_the_workers_still_in) {
+  shard_driver d{3}; // no optimizer: each round's sum becomes the value
+  auto one = ndarray::full({elements}, 1.0f), two = ndarray::full({elements}, 2.0f),
+       four = ndarray::full({elements}, 4.0f);
+  BOOST_TEST_REQUIRE(d.init(key, one));
+  // Round 0: workers 0 and 1 push, worker 2 never does; a pull for round 1 waits.
+  BOOST_TEST(d.ack(d.push(key, 0, 0, one)) != nullptr);
+  BOOST_TEST(d.ack(d.push(key, 1, 0, two)) != nullptr);
+  const auto waiting = d.pull(key, 0, 1);
+  BOOST_TEST(d.replies_to(waiting) == 0u);
+  // Worker 2 leaves: round 0 closes with the two pushes it has, and the pull is answered.
+  d.shard->on_membership(with_left_workers(3, {2}));
+  BOOST_TEST(d.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(*d.pulled(waiting) == std::vector<float>(elements, 3.0f),
+             boost::test_tools::per_element());
+  // Round 1 needs workers 0 and 1 only; worker 2's push is refused, naming the leave, and
+  // changes nothing.
+  const auto refused = d.push(key, 2, 1, four);
+  BOOST_TEST_REQUIRE(d.error(refused) != nullptr);
+  BOOST_TEST(d.error(refused)->message.find("worker 2 left the job") != std::string::npos);
+  BOOST_TEST(d.ack(d.push(key, 0, 1, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(d.ack(d.push(key, 1, 1, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 2u);
+  BOOST_TEST(d.stored(key) == std::vector<float>(elements, 4.0f), boost::test_tools::per_element());
+  // A key initialised after the leave closes its rounds without worker 2 from round 0 on, and
+  // the same table again changes nothing.
+  d.shard->on_membership(with_left_workers(3, {2}));
+  BOOST_TEST_REQUIRE(d.init(key + 1, one));
+  BOOST_TEST(d.ack(d.push(key + 1, 0, 0, one)) != nullptr);
+  BOOST_TEST(d.ack(d.push(key + 1, 1, 0, four)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key + 1) == 1u);
+  BOOST_TEST(d.stored(key + 1) == std::vector<float>(elements, 5.0f),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_that_leaves_with_a_push_in_the_open_round_still_counts_in_it) {
+  shard_driver d{2};
+  auto one = ndarray::full({elements}, 1.0f), two = ndarray::full({elements}, 2.0f);
+  BOOST_TEST_REQUIRE(d.init(key, one));
+  // Worker 0 pushed rounds 0 and 1 (the second waits for its round), then leaves: both rounds
+  // still hold its push, and from round 2 on worker 1 closes them alone.
+  BOOST_TEST(d.ack(d.push(key, 0, 0, one)) != nullptr);
+  const auto early = d.push(key, 0, 1, one);
+  d.shard->on_membership(with_left_workers(2, {0}));
+  BOOST_TEST(d.shard->completed_rounds(key) == 0u);
+  BOOST_TEST(d.ack(d.push(key, 1, 0, two)) != nullptr);
+  BOOST_TEST(d.ack(early) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(d.ack(d.push(key, 1, 1, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 2u);
+  BOOST_TEST(d.stored(key) == std::vector<float>(elements, 3.0f), boost::test_tools::per_element());
+  BOOST_TEST(d.ack(d.push(key, 1, 2, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 3u);
+  BOOST_TEST(d.stored(key) == std::vector<float>(elements, 2.0f), boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

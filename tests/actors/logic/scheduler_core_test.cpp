@@ -178,8 +178,8 @@ wire::sync_settings quorum_of(std::uint32_t quorum, std::uint64_t request_id = 7
   return settings;
 }
 
-wire::command done(std::uint64_t request_id = 9) {
-  return wire::command{request_id, wire::command_kind::stop, {}};
+wire::command done(std::uint64_t request_id = 9, std::uint64_t rounds = 0) {
+  return wire::command{request_id, wire::command_kind::stop, {}, false, rounds};
 }
 
 } // namespace
@@ -385,6 +385,7 @@ BOOST_AUTO_TEST_CASE(a_worker_lost_within_the_quorum_is_dropped_and_the_job_goes
   BOOST_TEST_REQUIRE(outcome.lost_workers.size() == 1u);
   BOOST_TEST(outcome.lost_workers[0].rank == 2u);
   BOOST_TEST(outcome.lost_workers[0].why == "its control connection closed");
+  // Rank 0 said done before rank 1, after as many rounds: the summary does not call it early.
   BOOST_TEST(contains(outcome.summary, "2 of 3 workers finished (rank 0, 1); 1 lost (quorum 2)"));
   BOOST_TEST(contains(outcome.summary, "worker 2 (node 13)"));
 }
@@ -561,17 +562,33 @@ BOOST_AUTO_TEST_CASE(a_server_lost_before_the_job_runs_fails_it_even_with_server
 
 BOOST_AUTO_TEST_CASE(once_every_worker_is_done_the_servers_are_stopped_and_their_leaving_ends_it) {
   run_job(2, 2);
-  frame(3, done(50));
+  frame(3, done(50, 5));
+  // Worker 0 leaves while worker 1 goes on: the others get a table that marks it left, and the
+  // barriers stop waiting for it.
+  BOOST_TEST(only_to<wire::ack>(3).request_id == 50u);
+  BOOST_TEST(frames_to(3).size() == 1u);
+  for (std::uint64_t other : {1, 2, 4}) {
+    const auto table = only_to<wire::membership>(other);
+    BOOST_TEST(table.epoch == 2u);
+    for (const auto& node : table.nodes)
+      BOOST_TEST(node.left == (node.node_id == 9), "node " << node.node_id);
+  }
+  std::size_t gone = 0;
+  for (const auto& action : last)
+    if (const auto* member = std::get_if<scheduler_core::barrier_member_gone>(&action))
+      gone += member->member_role == wire::role::worker ? 1 : 0;
+  BOOST_TEST(gone == 1u);
   frame(3, done(51)); // repeated: the same ack, nothing else
   BOOST_TEST(only_to<wire::ack>(3).request_id == 51u);
+  BOOST_TEST(last.size() == 1u);
   BOOST_TEST(count<wire::command>() == 0u);
-  // A barrier that includes a finished worker can never complete: refused at once.
+  // A barrier of the workers is the remaining worker's alone: it goes to the job barriers.
   frame(4, wire::barrier{52, 1, wire::group::workers, 11, {}});
-  const auto refused = only_to<wire::error_reply>(4);
-  BOOST_TEST((refused.code == wire::error_code::shutting_down));
-  BOOST_TEST(contains(refused.message, "worker 0 (node 9) has finished"));
+  BOOST_TEST(frames_to(4).empty());
+  BOOST_TEST(last.size() == 1u);
+  BOOST_TEST(std::holds_alternative<scheduler_core::barrier_entry>(last.front()));
 
-  frame(4, done(53));
+  frame(4, done(53, 8));
   BOOST_TEST((core->phase() == scheduler_phase::draining));
   const auto stop_0 = only_to<wire::command>(1), stop_1 = only_to<wire::command>(2);
   BOOST_TEST((stop_0.kind == wire::command_kind::stop));
@@ -590,8 +607,10 @@ BOOST_AUTO_TEST_CASE(once_every_worker_is_done_the_servers_are_stopped_and_their
   BOOST_TEST(outcome.workers_finished == 2u);
   BOOST_TEST(!outcome.failure.has_value());
   BOOST_TEST(outcome.as_status().has_value());
+  BOOST_TEST(outcome.left_workers.size() == 1u);
   BOOST_TEST(outcome.summary == "summary: the job finished; 2 of 2 workers finished (rank 0, 1); "
-                                "0 lost");
+                                "left early: worker 0 (node 9) after 5 of 8 rounds, 0.0 s after "
+                                "the job started; 0 lost");
 }
 
 BOOST_AUTO_TEST_CASE(workers_done_before_the_last_registration_drain_as_soon_as_the_job_starts) {

@@ -151,9 +151,11 @@ inline sync_policy quorum_of(std::uint32_t quorum, std::uint32_t ahead = 2, bool
   return policy;
 }
 
-/// A membership table of `workers` workers (and one server) in which the ranks `lost` are gone.
+/// A membership table of `workers` workers (and one server) in which the ranks `lost` are gone
+/// and the ranks `left` left the job.
 inline wire::membership with_lost_workers(std::uint32_t workers,
-                                          const std::vector<std::uint32_t>& lost) {
+                                          const std::vector<std::uint32_t>& lost,
+                                          const std::vector<std::uint32_t>& left = {}) {
   wire::membership table;
   table.epoch = 2;
   table.num_workers = workers;
@@ -163,9 +165,16 @@ inline wire::membership with_lost_workers(std::uint32_t workers,
     node.node_role = wire::role::worker;
     node.rank = rank;
     node.alive = std::find(lost.begin(), lost.end(), rank) == lost.end();
+    node.left = std::find(left.begin(), left.end(), rank) != left.end();
     table.nodes.push_back(node);
   }
   return table;
+}
+
+/// A membership table of `workers` workers in which the ranks `left` left the job.
+inline wire::membership with_left_workers(std::uint32_t workers,
+                                          const std::vector<std::uint32_t>& left) {
+  return with_lost_workers(workers, {}, left);
 }
 
 } // namespace troupe::testing

@@ -195,4 +195,22 @@ BOOST_AUTO_TEST_CASE(a_checkpoint_keeps_the_key_row_sparse) {
   BOOST_TEST(restored.error(restored.pull(8, 0, 2)) != nullptr); // dense pull refused
 }
 
+BOOST_AUTO_TEST_CASE(after_a_worker_leaves_a_row_sparse_round_closes_with_the_workers_still_in) {
+  shard_driver d{3};
+  BOOST_TEST_REQUIRE(init_rows(d, 4, ndarray::ones({3, 1})));
+  BOOST_TEST(d.ack(push_rows(d, 4, 0, 0, rows_of({0}, 1, 1))) != nullptr);
+  BOOST_TEST(d.ack(push_rows(d, 4, 1, 0, rows_of({0, 2}, 1, 2))) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(4) == 0u);
+  d.shard->on_membership(testing::with_left_workers(3, {2}));
+  BOOST_TEST(d.shard->completed_rounds(4) == 1u);
+  BOOST_TEST(d.stored(4) == (std::vector<float>{3, 0, 2}), boost::test_tools::per_element());
+  const auto refused = push_rows(d, 4, 2, 1, rows_of({1}, 1, 5));
+  BOOST_TEST_REQUIRE(d.error(refused) != nullptr);
+  BOOST_TEST(d.error(refused)->message.find("worker 2 left the job") != std::string::npos);
+  BOOST_TEST(d.ack(push_rows(d, 4, 0, 1, rows_of({1}, 1, 1))) != nullptr);
+  BOOST_TEST(d.ack(push_rows(d, 4, 1, 1, rows_of({1}, 1, 1))) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(4) == 2u);
+  BOOST_TEST(d.stored(4) == (std::vector<float>{0, 2, 0}), boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -212,4 +212,85 @@ BOOST_AUTO_TEST_CASE(with_every_worker_in_the_quorum_a_push_under_way_is_in_the_
   BOOST_TEST(round.sum().to_vector<float>() == all(3), boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_leaves_counts_until_its_last_push_and_rounds_close_without_it) {
+  auto round = make_round(3, 3);
+  auto one = filled(1), two = filled(2), four = filled(4);
+  // Round 0: workers 0 and 1 have pushed; worker 2, which has pushed round 0 too and round 1
+  // ahead, leaves: it counts in rounds 0 and 1 only.
+  BOOST_TEST((round.add(part(1, 0, 0, one)).fate == chunk_fate::completed));
+  BOOST_TEST((round.add(part(2, 2, 0, four)).fate == chunk_fate::completed));
+  BOOST_TEST((round.defer(part(3, 2, 1, four), {}).fate == chunk_fate::deferred));
+  BOOST_TEST(round.retire(2) == 2u);
+  BOOST_TEST(round.retire(2) == 2u); // a second leave changes nothing
+  BOOST_TEST(round.round_members() == 3u);
+  BOOST_TEST(!round.quorum_reached());
+  BOOST_TEST((round.add(part(4, 1, 0, two)).fate == chunk_fate::completed));
+  BOOST_TEST_REQUIRE(round.quorum_reached());
+  BOOST_TEST(round.sum().to_vector<float>() == all(7), boost::test_tools::per_element());
+  round.close();
+  BOOST_TEST(round.admit_deferred().size() == 1u);
+  BOOST_TEST((round.add(part(5, 0, 1, one)).fate == chunk_fate::completed));
+  BOOST_TEST((round.add(part(6, 1, 1, two)).fate == chunk_fate::completed));
+  BOOST_TEST_REQUIRE(round.quorum_reached());
+  BOOST_TEST(round.sum().to_vector<float>() == all(7), boost::test_tools::per_element());
+  round.close();
+  // Round 2 waits for workers 0 and 1 only; a push from worker 2 is refused, naming the leave.
+  BOOST_TEST(round.round_members() == 2u);
+  BOOST_TEST(round.round_quorum() == 2u);
+  auto refused = round.add(part(7, 2, 2, four));
+  BOOST_TEST(refused.refused());
+  BOOST_TEST(refused.problem.find("worker 2 left the job") != std::string::npos);
+  BOOST_TEST(refused.problem.find("from round 2 on") != std::string::npos);
+  BOOST_TEST(round.defer(part(8, 2, 3, four), {}).refused());
+  BOOST_TEST((round.add(part(9, 0, 2, one)).fate == chunk_fate::completed));
+  BOOST_TEST(!round.quorum_reached());
+  BOOST_TEST((round.add(part(10, 1, 2, two)).fate == chunk_fate::completed));
+  BOOST_TEST_REQUIRE(round.quorum_reached());
+  BOOST_TEST(round.sum().to_vector<float>() == all(3), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(a_leave_can_complete_the_round_being_collected) {
+  auto round = make_round(3, 3);
+  auto one = filled(1), two = filled(2);
+  BOOST_TEST((round.add(part(1, 0, 0, one)).fate == chunk_fate::completed));
+  BOOST_TEST((round.add(part(2, 1, 0, two)).fate == chunk_fate::completed));
+  // Worker 2 never pushed round 0: the round closes without it once it leaves.
+  BOOST_TEST(round.retire(2) == 0u);
+  BOOST_TEST_REQUIRE(round.quorum_reached());
+  BOOST_TEST(round.sum().to_vector<float>() == all(3), boost::test_tools::per_element());
+  round.close();
+  // Everyone else leaves too: a round with no member never closes.
+  BOOST_TEST(round.retire(0) == 1u);
+  BOOST_TEST(round.retire(1) == 1u);
+  BOOST_TEST(round.round_members() == 0u);
+  BOOST_TEST(!round.quorum_reached());
+}
+
+BOOST_AUTO_TEST_CASE(a_quorum_below_n_keeps_the_losses_it_tolerates_as_workers_leave) {
+  // N = 4, K = 3: one loss tolerated. After two workers leave, 2 are in and 1 of them closes a
+  // round; after the first leaves, 3 are in and 2 close one.
+  auto round = make_round(4, 3);
+  BOOST_TEST(round.round_quorum() == 3u);
+  round.retire(3);
+  BOOST_TEST(round.round_members() == 3u);
+  BOOST_TEST(round.round_quorum() == 2u);
+  round.retire(2);
+  BOOST_TEST(round.round_quorum() == 1u);
+  auto five = filled(5);
+  BOOST_TEST((round.add(part(1, 0, 0, five)).fate == chunk_fate::completed));
+  BOOST_TEST_REQUIRE(round.quorum_reached());
+  BOOST_TEST(round.sum().to_vector<float>() == all(5), boost::test_tools::per_element());
+  // round_membership alone: K = N means every worker still in.
+  round_membership every{5, 5};
+  every.retire(1, 3);
+  every.retire(4, 1);
+  BOOST_TEST(every.members(0) == 5u);
+  BOOST_TEST(every.quorum(0) == 5u);
+  BOOST_TEST(every.members(1) == 4u);
+  BOOST_TEST(every.quorum(2) == 4u);
+  BOOST_TEST(every.quorum(3) == 3u);
+  BOOST_TEST(every.counts(1, 2));
+  BOOST_TEST(!every.counts(1, 3));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
