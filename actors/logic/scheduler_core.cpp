@@ -356,8 +356,8 @@ void scheduler_core::on_command(std::size_t index, const wire::command& cmd) {
   if (!leaves)
     return;
   log_.info(describe(node.info) + " is done");
-  if (phase_ != scheduler_phase::running) {
-    maybe_drain();
+  if (phase_ == scheduler_phase::registering) {
+    leave(index); // the first table lists it left
     return;
   }
   // It leaves the job: the others go on without it. Every request of it was answered before it
@@ -365,11 +365,7 @@ void scheduler_core::on_command(std::size_t index, const wire::command& cmd) {
   maybe_drain();
   if (phase_ != scheduler_phase::running)
     return; // it was the last: the servers are told to stop instead
-  node.info.left = true;
-  left_workers_.push_back(
-      departed_worker{node.info.rank, node.info.node_id, node.rounds, since_start()});
-  pending_.emplace_back(
-      barrier_member_gone{static_cast<std::uint32_t>(index), node.info.node_role});
+  leave(index);
   std::uint32_t still_in = 0;
   for (const auto& other : nodes_)
     still_in += other.info.node_role == wire::role::worker && !other.finished && !other.lost;
@@ -590,6 +586,17 @@ void scheduler_core::lose(std::size_t index, const std::string& why) {
   ++epoch_;
   send_membership();
   maybe_drain();
+}
+
+/// A worker that said done while the job goes on: marked left in the next table, and the
+/// barriers stop waiting for it.
+void scheduler_core::leave(std::size_t index) {
+  node_entry& node = nodes_[index];
+  node.info.left = true;
+  left_workers_.push_back(
+      departed_worker{node.info.rank, node.info.node_id, node.rounds, since_start()});
+  pending_.emplace_back(
+      barrier_member_gone{static_cast<std::uint32_t>(index), node.info.node_role});
 }
 
 /// Ends the job: no failure means the workers finished (some perhaps lost within the quorum).

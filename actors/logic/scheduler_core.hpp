@@ -295,6 +295,7 @@ private:
   void on_startup_timeout();
   void on_drain_timeout();
   void lose(std::size_t index, const std::string& why);
+  void leave(std::size_t index);
   void finish(std::optional<error> failure);
   std::string summary(const job_outcome& outcome) const;
 

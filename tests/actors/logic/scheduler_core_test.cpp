@@ -626,6 +626,22 @@ BOOST_AUTO_TEST_CASE(workers_done_before_the_last_registration_drain_as_soon_as_
   BOOST_TEST((only_to<wire::command>(3).kind == wire::command_kind::stop));
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_done_before_the_job_starts_is_listed_left_in_the_first_table) {
+  start(1, 2);
+  expect_admitted(join(1, wire::role::worker));
+  frame(1, done());
+  expect_admitted(join(2, wire::role::worker));
+  expect_admitted(join(3, wire::role::server));
+  BOOST_TEST((core->phase() == scheduler_phase::running));
+  BOOST_TEST(frames_to(1).empty()); // it is leaving: no table
+  for (std::uint64_t other : {2, 3}) {
+    const auto table = only_to<wire::membership>(other);
+    BOOST_TEST(table.epoch == 1u);
+    for (const auto& node : table.nodes)
+      BOOST_TEST(node.left == (node.node_id == worker_node_id(0)), "node " << node.node_id);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(a_server_that_does_not_leave_by_the_drain_timeout_does_not_hold_the_job) {
   run_job(1, 1);
   frame(2, done());
