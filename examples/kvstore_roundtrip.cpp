@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "actors/dist_job.hpp"
@@ -36,6 +37,34 @@ using namespace troupe;
 // README kvstore }
 
 namespace {
+
+/// Prints "kvstore_roundtrip: <type> store, rank <r><before><first value><after>, expected <e>"
+/// and checks every pulled value against `expected` (within `tolerance`); false, naming the first
+/// `element` value that differs, when one does.
+bool pulled_as_expected(const kvstore& kv, const std::vector<float>& values, const char* before,
+                        const char* after, float expected, const char* element,
+                        float tolerance = 0.0f) {
+  std::cout << "kvstore_roundtrip: " << kv.type() << " store, rank " << kv.rank() << before
+            << values[0] << after << ", expected " << expected << "\n";
+  for (float value : values)
+    if (value != expected && !(std::abs(value - expected) <= tolerance)) {
+      std::cerr << "kvstore_roundtrip: an element of the pulled " << element << " is " << value
+                << "\n";
+      return false;
+    }
+  return true;
+}
+
+/// `check()`, or 1 with the reason on stderr when one of its calls failed (.value() of an error).
+template <class Check>
+int reporting_failures(Check&& check) {
+  try {
+    return check();
+  } catch (const troupe::exception& failure) {
+    std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
+    return 1;
+  }
+}
 
 /// init, push and pull of one key on a store of `type`: the store when the pulled value is the
 /// one SGD step the pushed gradients make, else null.
@@ -55,15 +84,10 @@ std::unique_ptr<kvstore> round_trip(const char* type) {
 
     // Every worker pushed two gradients of ones: the update is -learning_rate times their sum.
     const float expected = -0.1f * 2.0f * static_cast<float>(kv->num_workers());
-    const auto values = weight.to_vector<float>();
-    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank() << " of "
-              << kv->num_workers() << ": pulled " << values[0] << " after one SGD step, expected "
-              << expected << "\n";
-    for (float value : values)
-      if (std::abs(value - expected) > 1e-6f) {
-        std::cerr << "kvstore_roundtrip: an element of the pulled weight is " << value << "\n";
-        return nullptr;
-      }
+    const auto of_workers = " of " + std::to_string(kv->num_workers()) + ": pulled ";
+    if (!pulled_as_expected(*kv, weight.to_vector<float>(), of_workers.c_str(),
+                            " after one SGD step", expected, "weight", 1e-6f))
+      return nullptr;
     return kv;
   } catch (const troupe::exception& failure) {
     std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
@@ -75,7 +99,7 @@ std::unique_ptr<kvstore> round_trip(const char* type) {
 /// store: two pushes of 0.3 under 2bit with threshold 0.5; 0 when the pulled value is what MXNet's
 /// rule gives.
 int compressed_round_trip(const std::unique_ptr<kvstore>& kv) {
-  try {
+  return reporting_failures([&] {
     kv->init("bias", ndarray::zeros({4})).value();
     // README compression {
     kv->set_gradient_compression("2bit", 0.5).value(); // MXNet's rule; "1bit" too
@@ -86,25 +110,17 @@ int compressed_round_trip(const std::unique_ptr<kvstore>& kv) {
     kv->pull("bias", bias).value();
     // SGD (momentum 0.9) on the rounds' sums of what the pushes stood for: 0, then 0.5 a worker.
     const float expected = -0.1f * 0.5f * static_cast<float>(kv->num_workers());
-    const auto values = bias.to_vector<float>();
-    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank() << ": pulled "
-              << values[0] << " after two 2bit pushes of 0.3, expected " << expected << "\n";
-    for (float value : values)
-      if (value != expected) {
-        std::cerr << "kvstore_roundtrip: an element of the pulled bias is " << value << "\n";
-        return 1;
-      }
-    return 0;
-  } catch (const troupe::exception& failure) {
-    std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
-    return 1;
-  }
+    return pulled_as_expected(*kv, bias.to_vector<float>(), ": pulled ",
+                              " after two 2bit pushes of 0.3", expected, "bias")
+               ? 0
+               : 1;
+  });
 }
 
 /// A row_sparse key on `kv` (with its SGD): every worker pushes ones into rows 2 and 7 of a table
 /// of 1000 rows, and pulls back those rows alone; 0 when they hold the SGD step of the sum.
 int row_sparse_round_trip(const std::unique_ptr<kvstore>& kv) {
-  try {
+  return reporting_failures([&] {
     // README row_sparse {
     kv->init("embedding", row_sparse_array::zeros({1000, 16})).value();
     auto rows = row_sparse_array::from_rows(ndarray::ones({2, 16}), // the rows' values
@@ -115,28 +131,17 @@ int row_sparse_round_trip(const std::unique_ptr<kvstore>& kv) {
     // pulled holds rows 2 and 7 (ids sorted, repeats dropped); every other row reads 0
     // README row_sparse }
     const float expected = -0.1f * static_cast<float>(kv->num_workers());
-    const auto values = pulled.data().to_vector<float>();
-    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank()
-              << ": pulled rows 2 and 7 of 1000 at " << values[0]
-              << " after a row_sparse push, expected " << expected << "\n";
-    if (pulled.indices() != std::vector<std::int64_t>{2, 7})
-      return 1;
-    for (float value : values)
-      if (std::abs(value - expected) > 1e-6f) {
-        std::cerr << "kvstore_roundtrip: an element of the pulled rows is " << value << "\n";
-        return 1;
-      }
-    return 0;
-  } catch (const troupe::exception& failure) {
-    std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
-    return 1;
-  }
+    const bool as_expected = pulled_as_expected(
+        *kv, pulled.data().to_vector<float>(), ": pulled rows 2 and 7 of 1000 at ",
+        " after a row_sparse push", expected, "rows", 1e-6f);
+    return as_expected && pulled.indices() == std::vector<std::int64_t>{2, 7} ? 0 : 1;
+  });
 }
 
 /// multi_precision on `kv` (compression off): ten pushes of 1e-4 to a float16 key of ones, SGD
 /// with rate 1; 0 when the pulled value is the float32 master copy rounded to float16.
 int multi_precision_round_trip(const std::unique_ptr<kvstore>& kv) {
-  try {
+  return reporting_failures([&] {
     // README multi_precision {
     kv->set_optimizer("sgd", {{"learning_rate", 1.0}, {"multi_precision", 1}}).value();
     kv->init("half", ndarray::ones({8}, context::cpu(), dtype::float16)).value();
@@ -155,20 +160,13 @@ int multi_precision_round_trip(const std::unique_ptr<kvstore>& kv) {
                                .as_type(dtype::float16)
                                .as_type(dtype::float32)
                                .to_vector<float>()[0];
-    const auto values = half.as_type(dtype::float32).to_vector<float>();
-    std::cout << "kvstore_roundtrip: " << kv->type() << " store, rank " << kv->rank() << ": pulled "
-              << values[0] << " after ten float16 pushes of 1e-4 with multi_precision, expected "
-              << expected << "\n";
-    for (float value : values)
-      if (value != expected || value >= 1.0f) {
-        std::cerr << "kvstore_roundtrip: an element of the pulled float16 key is " << value << "\n";
-        return 1;
-      }
-    return 0;
-  } catch (const troupe::exception& failure) {
-    std::cerr << "kvstore_roundtrip: " << failure.what() << "\n";
-    return 1;
-  }
+    const bool as_expected = pulled_as_expected(
+        *kv, half.as_type(dtype::float32).to_vector<float>(), ": pulled ",
+        " after ten float16 pushes of 1e-4 with multi_precision", expected, "float16 key");
+    if (expected >= 1.0f)
+      std::cerr << "kvstore_roundtrip: the float32 master copy did not move below 1\n";
+    return as_expected && expected < 1.0f ? 0 : 1;
+  });
 }
 
 /// The round trips, on the job's dist_sync store or alone on local and device stores.
