@@ -179,7 +179,7 @@ wire::sync_settings dist_kvstore::settings() const {
 }
 
 kv_request dist_kvstore::start(kv_operation op) {
-  if (auto open = left_the_job(op.what); !open)
+  if (auto open = still_in_job(op.what); !open)
     return kv_request::done(open.error());
   completion<status> done;
   op.done = done;
@@ -267,7 +267,7 @@ status dist_kvstore::declare_and_send(std::span<const kv_key> keys, std::span<co
                                       bool row_sparse) {
   if (auto checked = check_key_numbers(keys); !checked)
     return checked;
-  if (auto open = left_the_job("init"); !open)
+  if (auto open = still_in_job("init"); !open)
     return open;
   keys_.declare(keys, values, row_sparse);
   if (setup_.rank == 0) {
@@ -409,7 +409,7 @@ status dist_kvstore::pushpull(std::span<const kv_key> keys, std::span<const ndar
 }
 
 status dist_kvstore::barrier() {
-  if (auto open = left_the_job("barrier"); !open)
+  if (auto open = still_in_job("barrier"); !open)
     return open;
   return setup_.barrier();
 }
@@ -423,7 +423,7 @@ dist_kvstore::gather_at_barrier(std::span<const double> mine) {
   if (!setup_.gather)
     return error{errc::not_supported,
                  "gather_at_barrier: this store's job has no gathering barrier"};
-  if (auto open = left_the_job("gather_at_barrier"); !open)
+  if (auto open = still_in_job("gather_at_barrier"); !open)
     return open.error();
   auto gathered = setup_.gather(mine);
   if (!gathered)
@@ -554,7 +554,7 @@ status dist_kvstore::leave() {
   return finalize();
 }
 
-status dist_kvstore::left_the_job(std::string_view what) const {
+status dist_kvstore::still_in_job(std::string_view what) const {
   if (!finalized_)
     return ok();
   return error{errc::invalid_argument, std::string{what} + ": worker " +

@@ -122,7 +122,7 @@ private:
   /// Stops the worker and the links of a store that failed to start, without telling the job.
   void abandon();
   /// ok() until the store has left the job; then the error for calling `what`.
-  status left_the_job(std::string_view what) const;
+  status still_in_job(std::string_view what) const;
   /// Hands `op` to the worker actor; the request ends when the worker delivers.
   kv_request start(kv_operation op);
   /// init's work once the values are checked: declares the keys (`row_sparse`: of row_sparse

@@ -282,32 +282,32 @@ void shard_core::open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t 
     entry.async.emplace(key, entry.stored, options_.num_workers);
     return;
   }
-  if (entry.row_sparse) {
+  if (entry.row_sparse)
     entry.sparse.emplace(entry.stored, rounds);
-    entry.sparse->resume_after(completed);
-  } else {
+  else
     entry.sync.emplace(entry.stored, rounds);
-    entry.sync->resume_after(completed);
-  }
-  // Workers that left before the key existed count in none of its rounds.
-  for (std::uint32_t worker = 0; worker < left_.size(); ++worker)
-    if (left_[worker])
-      (void)(entry.sparse ? entry.sparse->retire(worker) : entry.sync->retire(worker));
+  entry.with_rounds([&](auto& opened) {
+    opened.resume_after(completed);
+    // Workers that left before the key existed count in none of its rounds.
+    for (std::uint32_t worker = 0; worker < left_.size(); ++worker)
+      if (left_[worker])
+        opened.retire(worker);
+  });
 }
 
 void shard_core::retire_worker(std::uint32_t worker) {
   left_[worker] = true;
-  std::uint64_t earliest = std::numeric_limits<std::uint64_t>::max();
+  std::optional<std::uint64_t> earliest;
   std::uint64_t latest = 0;
   std::size_t closed = 0;
   for (auto& [key, entry] : keys_) {
     if (!entry.initialized() || entry.async)
       continue;
-    const auto end = entry.sparse ? entry.sparse->retire(worker) : entry.sync->retire(worker);
-    earliest = std::min(earliest, end);
+    const auto end = entry.with_rounds([&](auto& rounds) { return rounds.retire(worker); });
+    earliest = std::min(earliest.value_or(end), end);
     latest = std::max(latest, end);
     // The round being collected may have waited for this worker only.
-    if (entry.sparse ? entry.sparse->quorum_reached() : entry.sync->quorum_reached()) {
+    if (entry.with_rounds([](auto& rounds) { return rounds.quorum_reached(); })) {
       (void)close_round(entry, key); // a failed update is logged; no push waits for its answer
       admit_deferred(entry, key);
       ++closed;
@@ -315,11 +315,11 @@ void shard_core::retire_worker(std::uint32_t worker) {
   }
   options_.log.info(
       "worker " + std::to_string(worker) + " left the job" +
-      (latest == 0 && earliest == std::numeric_limits<std::uint64_t>::max()
+      (!earliest
            ? std::string{}
            : ": its keys' rounds close without it from round " +
-                 (earliest == latest ? std::to_string(earliest)
-                                     : std::to_string(earliest) + ".." + std::to_string(latest)) +
+                 (*earliest == latest ? std::to_string(latest)
+                                      : std::to_string(*earliest) + ".." + std::to_string(latest)) +
                  " on") +
       (closed > 0 ? " (" + std::to_string(closed) + " rounds that waited only for it closed)"
                   : std::string{}));
@@ -717,8 +717,7 @@ void shard_core::on_round_outcome(key_entry& entry, const push_request& push, ch
     trace_push_merged(entry, push);
     // Deferred pushes can enter only a round that opened: none while this one stays open.
     push_outcome how;
-    const bool closes =
-        entry.sparse ? entry.sparse->quorum_reached() : entry.sync->quorum_reached();
+    const bool closes = entry.with_rounds([](auto& rounds) { return rounds.quorum_reached(); });
     if (closes)
       how.failure = close_round(entry, push.key);
     answer_push(entry, push, how, reply);
@@ -732,8 +731,8 @@ void shard_core::on_round_outcome(key_entry& entry, const push_request& push, ch
 std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64_t key) {
   auto closing = entry.completed();
   // The round's own members and quorum: workers that left count in neither.
-  const auto members = entry.sparse ? entry.sparse->round_members() : entry.sync->round_members();
-  const auto quorum = entry.sparse ? entry.sparse->round_quorum() : entry.sync->round_quorum();
+  const auto members = entry.with_rounds([](auto& rounds) { return rounds.round_members(); });
+  const auto quorum = entry.with_rounds([](auto& rounds) { return rounds.round_quorum(); });
   auto scale =
       policy_.rescale_quorum && quorum < members ? static_cast<double>(members) / quorum : 1.0;
   const auto traced_since = trace_start_time();
@@ -770,8 +769,8 @@ std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64
 
 void shard_core::admit_deferred(key_entry& entry, std::uint64_t key) {
   for (;;) {
-    auto admitted = entry.sparse ? entry.sparse->admit_deferred() : entry.sync->admit_deferred();
-    bool closes = entry.sparse ? entry.sparse->quorum_reached() : entry.sync->quorum_reached();
+    auto admitted = entry.with_rounds([](auto& rounds) { return rounds.admit_deferred(); });
+    bool closes = entry.with_rounds([](auto& rounds) { return rounds.quorum_reached(); });
     push_outcome closed;
     if (closes)
       closed.failure = close_round(entry, key);

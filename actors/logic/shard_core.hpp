@@ -282,6 +282,16 @@ private:
     std::vector<pull_residual_state> pull_residuals;
 
     bool initialized() const noexcept { return !init_assembly.has_value(); }
+    /// dist_sync: `use` applied to the key's rounds, its sparse_round or its sync_round (they
+    /// answer the same calls).
+    template <class Use>
+    decltype(auto) with_rounds(Use&& use) {
+      return sparse ? use(*sparse) : use(*sync);
+    }
+    template <class Use>
+    decltype(auto) with_rounds(Use&& use) const {
+      return sparse ? use(*sparse) : use(*sync);
+    }
     /// dist_sync: pushes of the round being collected have arrived (a save waits for it).
     bool collecting() const noexcept {
       return (sync && sync->collecting()) || (sparse && sparse->collecting());
