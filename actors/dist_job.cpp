@@ -131,13 +131,17 @@ struct worker_resources {
 /// worker takes no new connections).
 job_listener::behavior_type server_listener_actor(job_listener::pointer,
                                                   std::shared_ptr<const server_node> node,
-                                                  caf::actor data_port) {
+                                                  caf::actor data_port, node_agent_actor agent) {
   return {
       [](peer_lost_atom, const std::string&) {}, // run_server sees the failure through the agent
       [](stop_atom) {},                          // ... and the stop
-      [node, data_port](const wire::membership& table) {
+      [node, data_port, agent](const wire::membership& table) {
         node->broadcast(table);
         caf::anon_send(data_port, table);
+        // The shards' lanes hold back what comes after it until the shards have the table: a
+        // worker that joined may be told of it now (Membership.requestId).
+        if (table.request_id != 0)
+          caf::anon_send(agent, held_atom::value, table.request_id);
       },
   };
 }
@@ -250,6 +254,7 @@ result<job_outcome> run_scheduler(const cluster_config& config,
   options.bind = config.bind_address;
   options.port = config.scheduler_port.value_or(0);
   options.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  options.max_workers = static_cast<std::uint32_t>(config.worker_capacity());
   options.quorum = static_cast<std::uint32_t>(config.quorum.value_or(0));
   options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
   options.job_id = config.job_id;
@@ -371,6 +376,7 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   const std::string host = advertised_host(config);
   server_node_options node_options;
   node_options.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  node_options.max_workers = static_cast<std::uint32_t>(config.worker_capacity());
   node_options.shards = static_cast<std::uint32_t>(config.shards_per_server);
   node_options.mode = consistency::sync;
   node_options.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
@@ -455,7 +461,8 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   node->set_rank(static_cast<std::uint32_t>((*agent)->rank()));
   // A recovering server's first table may list workers lost before it.
   caf::anon_send(data->broker, (*agent)->membership());
-  auto listener = system.spawn(server_listener_actor, node, data->broker);
+  node->broadcast((*agent)->membership()); // ... and workers that joined before it
+  auto listener = system.spawn(server_listener_actor, node, data->broker, (*agent)->actor());
   (*agent)->subscribe(listener);
   const auto name = node_name("server", (*agent)->rank(), host);
   start_job_trace(config, "server", (*agent)->rank());
@@ -613,7 +620,12 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   auto resources = std::make_shared<worker_resources>();
   resources->runtime = std::make_unique<node_runtime>();
   auto& system = *resources->runtime->system;
-  auto agent = node_agent::join(system, agent_options_for(config, wire::role::worker, 0, *tls));
+  auto workers_now = std::make_shared<std::atomic<std::uint32_t>>(0);
+  auto joining = agent_options_for(config, wire::role::worker, 0, *tls);
+  joining.on_table = [workers_now](const wire::membership& table) {
+    workers_now->store(table.num_workers, std::memory_order_relaxed);
+  };
+  auto agent = node_agent::join(system, joining);
   if (!agent)
     return agent.error();
   resources->agent = std::move(*agent);
@@ -633,6 +645,8 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.rank = agent_ptr->rank();
   setup.num_workers = membership.num_workers;
   setup.num_servers = membership.num_servers;
+  setup.joined = agent_ptr->joined_running_job();
+  setup.workers_now = [workers_now] { return workers_now->load(std::memory_order_relaxed); };
   setup.bigarray_bound = config.bigarray_bound;
   setup.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
   setup.max_frame_bytes = static_cast<std::uint64_t>(config.max_frame_bytes);

@@ -115,8 +115,16 @@ struct worker_setup {
   /// dist_async_device.
   std::string type = "dist_sync";
   std::uint32_t rank = 0;
+  /// The job's workers when this worker joined it.
   std::uint32_t num_workers = 1;
   std::uint32_t num_servers = 1;
+  /// The worker joined the running job (Admitted.joined): its init declares its keys and pulls
+  /// their current values, without pushing or waiting at a barrier, and the job's setup calls
+  /// (set_optimizer, compression) are the first workers' to make.
+  bool joined = false;
+  /// The job's workers now, as the latest membership table says (workers that joined count,
+  /// those that left do not). Optional: num_workers.
+  std::function<std::uint32_t()> workers_now;
   /// MXNET_KVSTORE_BIGARRAY_BOUND: keys with at least this many elements are split over servers.
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.

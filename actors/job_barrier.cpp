@@ -10,9 +10,22 @@ namespace troupe {
 job_barriers::job_barriers(std::uint32_t num_servers, std::uint32_t num_workers)
     : live_servers_(num_servers), live_workers_(num_workers) {}
 
-std::size_t job_barriers::expected(std::uint8_t group) const noexcept {
+std::size_t job_barriers::expected(std::uint8_t group, std::uint64_t barrier_id) const noexcept {
+  std::size_t joiners = 0;
+  if ((group & wire::group::workers) != 0)
+    for (const auto& joined : joined_)
+      joiners += group >= joined.first_barrier.size() || joined.first_barrier[group] <= barrier_id;
   return ((group & wire::group::servers) != 0 ? live_servers_ : 0) +
-         ((group & wire::group::workers) != 0 ? live_workers_ : 0);
+         ((group & wire::group::workers) != 0 ? live_workers_ : 0) + joiners;
+}
+
+void job_barriers::join(std::uint32_t member, std::vector<std::uint64_t> first_barrier) {
+  if (is_lost(member))
+    return;
+  for (const auto& joined : joined_)
+    if (joined.member == member)
+      return;
+  joined_.push_back({member, std::move(first_barrier)});
 }
 
 bool job_barriers::is_lost(std::uint32_t member) const {
@@ -44,7 +57,7 @@ job_barriers::arrive(barrier_arrival arrival) {
                    " barriers; " + name + " is one too many"};
   auto& arrivals = found != waiting_.end() ? found->second : waiting_[key];
   arrivals.push_back(std::move(arrival));
-  if (arrivals.size() < expected(key.first))
+  if (arrivals.size() < expected(key.first, key.second))
     return released{};
   released done = std::move(arrivals);
   waiting_.erase(key);
@@ -58,14 +71,15 @@ std::vector<job_barriers::released> job_barriers::lose(std::uint32_t member,
     return done;
   lost_.push_back(member);
   auto& live = member_role == wire::role::server ? live_servers_ : live_workers_;
-  if (member_role != wire::role::scheduler && live > 0)
+  if (std::erase_if(joined_, [member](const joiner& j) { return j.member == member; }) == 0 &&
+      member_role != wire::role::scheduler && live > 0)
     --live;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     auto& arrivals = it->second;
     std::erase_if(arrivals, [member](const auto& arrival) { return arrival.member == member; });
     if (arrivals.empty()) {
       it = waiting_.erase(it);
-    } else if (arrivals.size() >= expected(it->first.first)) {
+    } else if (arrivals.size() >= expected(it->first.first, it->first.second)) {
       done.push_back(std::move(arrivals));
       it = waiting_.erase(it);
     } else {
@@ -126,6 +140,9 @@ barrier_actor::behavior_type barrier_behavior(barrier_pointer self, std::uint32_
           return;
         }
         release(self, std::get<job_barriers::released>(outcome));
+      },
+      [self](barrier_member_joined& joined) {
+        self->state.book->join(joined.member, std::move(joined.first_barrier));
       },
       [self](const barrier_member_lost& lost) {
         for (const auto& arrivals : self->state.book->lose(lost.member, lost.member_role))

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -60,9 +61,15 @@ public:
   /// Returns the barriers this completes, each as the list of its arrivals to release. Losing a
   /// member twice changes nothing.
   std::vector<released> lose(std::uint32_t member, wire::role member_role);
+  /// A worker joined the running job: the barriers of group union g are expected to wait for it
+  /// from id first_barrier[g] on (1 beyond the list), those before are not.
+  void join(std::uint32_t member, std::vector<std::uint64_t> first_barrier);
 
-  /// How many members a barrier of `group` waits for now.
-  std::size_t expected(std::uint8_t group) const noexcept;
+  /// How many members barrier `barrier_id` of `group` waits for now (by default: a barrier
+  /// later than every joiner's first).
+  std::size_t
+  expected(std::uint8_t group,
+           std::uint64_t barrier_id = std::numeric_limits<std::uint64_t>::max()) const noexcept;
   /// Barriers with at least one arrival that have not completed.
   std::size_t pending() const noexcept { return waiting_.size(); }
 
@@ -74,6 +81,12 @@ private:
 
   std::uint32_t live_servers_;
   std::uint32_t live_workers_;
+  /// Workers that joined the running job and are not lost, with their first barrier per group.
+  struct joiner {
+    std::uint32_t member = 0;
+    std::vector<std::uint64_t> first_barrier;
+  };
+  std::vector<joiner> joined_;
   std::vector<std::uint32_t> lost_;
   std::map<barrier_key, std::vector<barrier_arrival>> waiting_;
 };

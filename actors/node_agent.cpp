@@ -56,6 +56,7 @@ public:
     ended_ = std::move(ended);
     heartbeat_interval_ = options.heartbeat_interval;
     on_job_secret_ = options.on_job_secret;
+    on_table_ = options.on_table;
     core_ = std::make_unique<agent_core>(std::move(options), started);
     return {
         [this](caf::connect_atom, const caf::actor& link) {
@@ -82,6 +83,7 @@ public:
         [this](failed_atom, std::string& why) {
           carry_out(core_->on_local_failure(std::move(why)));
         },
+        [this](held_atom, std::uint64_t request_id) { send(wire::ack{request_id}); },
         [this](tick_atom) {
           // Only the agent's own tick counts and schedules the next: ticks from elsewhere would
           // multiply the timers.
@@ -126,6 +128,8 @@ private:
   }
 
   void carry_out_one(agent_core::joined& done) {
+    if (on_table_)
+      on_table_(done.membership);
     joined_.deliver(node_agent::joined{std::move(done.admitted), std::move(done.membership),
                                        std::move(done.key)});
   }
@@ -148,6 +152,8 @@ private:
   void carry_out_one(agent_core::job_stopped&) { ended_.deliver(ok()); }
 
   void carry_out_one(agent_core::tell_subscribers& told) {
+    if (const auto* table = std::get_if<wire::membership>(&told.what); table && on_table_)
+      on_table_(*table);
     for (const auto& listener : listeners_)
       tell(listener, told.what);
   }
@@ -177,6 +183,7 @@ private:
   completion<status> ended_;
   milliseconds heartbeat_interval_{};
   std::function<void(const job_secret&)> on_job_secret_;
+  std::function<void(const wire::membership&)> on_table_;
   link_actor link_;
   /// The calls waiting for the scheduler's answer, by request id.
   std::map<std::uint64_t, control_call> waiting_;
@@ -282,7 +289,8 @@ node_agent::node_agent(node_agent_actor actor, completion<status> ended, wire::r
                        const joined& admitted)
     : actor_(std::move(actor)), ended_(std::move(ended)), role_(role),
       rank_(admitted.admitted.rank), node_id_(admitted.admitted.node_id),
-      membership_(admitted.membership), key_(admitted.key) {}
+      joined_running_job_(admitted.admitted.joined), membership_(admitted.membership),
+      key_(admitted.key) {}
 
 node_agent::~node_agent() {
   caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);

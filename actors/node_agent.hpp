@@ -87,6 +87,8 @@ public:
   std::uint32_t rank() const noexcept { return rank_; }
   /// ps-lite node id: server 8+2*rank, worker 9+2*rank.
   std::uint32_t node_id() const noexcept { return node_id_; }
+  /// A worker admitted into the job while it ran (job.max_workers; Admitted.joined).
+  bool joined_running_job() const noexcept { return joined_running_job_; }
   /// The membership table received at join (every node, every server's key range); later
   /// tables go to the subscribers.
   const wire::membership& membership() const noexcept { return membership_; }
@@ -154,6 +156,7 @@ private:
   wire::role role_;
   std::uint32_t rank_;
   std::uint32_t node_id_;
+  bool joined_running_job_ = false;
   wire::membership membership_;
   node_key key_;
 };

@@ -59,6 +59,7 @@ using copied_atom = caf::atom_constant<caf::atom("copied")>;
 using failed_atom = caf::atom_constant<caf::atom("failed")>;
 using rank_atom = caf::atom_constant<caf::atom("rank")>;
 using handed_atom = caf::atom_constant<caf::atom("handed")>;
+using held_atom = caf::atom_constant<caf::atom("held")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -149,8 +150,12 @@ using shard_actor = caf::typed_actor<
     /// The same, handed on by the data server's broker through the shard's lane
     /// (actors/server_shard.hpp, shard_lane::take), which counts it until it is handled.
     caf::reacts_to<handed_atom, envelope, reply_sink>,
-    /// The job's membership changed (a worker lost): bounded staleness waits for live workers only.
+    /// The job's membership changed (a worker lost, left or joined): bounded staleness waits for
+    /// live workers only, rounds for their members.
     caf::reacts_to<wire::membership>,
+    /// The same from the server's node (server_node::broadcast), counted by the shard's lane
+    /// like a handed request, so that no request taken after it is answered before it.
+    caf::reacts_to<handed_atom, wire::membership>,
     /// That connection of the data server closed: the inits it began and the unfinished pushes of
     /// its workers are dropped (shard_core::on_connection_closed).
     caf::reacts_to<closed_atom, std::uint64_t>,
@@ -284,6 +289,9 @@ using node_agent_actor = caf::typed_actor<
     caf::reacts_to<subscribe_atom, job_listener>,
     /// This node failed (a server's shard died): tell the scheduler why, unasked.
     caf::reacts_to<failed_atom, std::string>,
+    /// A server's shards hold the membership table with this request id: acknowledge it to the
+    /// scheduler (Membership.requestId).
+    caf::reacts_to<held_atom, std::uint64_t>,
     /// Heartbeat, liveness check and the join deadline (sent by the agent to itself).
     caf::reacts_to<tick_atom>>;
 
@@ -327,6 +335,13 @@ struct barrier_member_lost {
   wire::role member_role = wire::role::worker;
 };
 
+/// A worker joined the running job: it is expected at the barriers of group union g from id
+/// first_barrier[g] on (1 beyond the list).
+struct barrier_member_joined {
+  std::uint32_t member = 0;
+  std::vector<std::uint64_t> first_barrier;
+};
+
 /// The job barriers of a scheduler: KVStore::barrier(), the init barrier, the job's start and
 /// end (actors/job_barrier.hpp). It releases the members itself, through their sinks.
 using barrier_actor = caf::typed_actor<
@@ -334,7 +349,9 @@ using barrier_actor = caf::typed_actor<
     /// group has arrived. A second arrival of a member at one barrier is refused.
     caf::reacts_to<barrier_arrival>,
     /// A member is gone: no barrier waits for it any more, and those it held up are released.
-    caf::reacts_to<barrier_member_lost>>;
+    caf::reacts_to<barrier_member_lost>,
+    /// A worker joined: the barriers from its first ones on wait for it too.
+    caf::reacts_to<barrier_member_joined>>;
 
 } // namespace troupe
 
@@ -342,6 +359,7 @@ using barrier_actor = caf::typed_actor<
 // serializer.
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::envelope)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::wire::membership)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_joined)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_stats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::kv_operation)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::reply_copy)

@@ -135,6 +135,10 @@ private:
     self_->send(barrier_, barrier_member_lost{gone.member, gone.member_role});
   }
 
+  void carry_out_one(scheduler_core::barrier_member_joined& joined) {
+    self_->send(barrier_, barrier_member_joined{joined.member, std::move(joined.first_barrier)});
+  }
+
   void carry_out_one(scheduler_core::job_ended& ended) {
     const bool success = !ended.outcome.failure;
     outcome_.deliver(std::move(ended.outcome));
@@ -174,6 +178,9 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   auto invalid = [](std::string text) { return error{errc::invalid_argument, std::move(text)}; };
   if (!sys.has_middleman())
     return invalid("spawn_scheduler needs an actor system with the io::middleman loaded");
+  if (options.max_workers > max_nodes_per_role)
+    return invalid("max_workers must be at most " + std::to_string(max_nodes_per_role) + ", not " +
+                   std::to_string(options.max_workers));
   if (options.num_workers == 0 || options.num_workers > max_nodes_per_role)
     return invalid("num_workers must be in [1, " + std::to_string(max_nodes_per_role) + "], not " +
                    std::to_string(options.num_workers));
@@ -205,7 +212,8 @@ result<scheduler_handle> spawn_scheduler(caf::actor_system& sys, scheduler_optio
   const std::uint16_t port = options.port;
   data_server_options listening;
   listening.tuning =
-      control_link_tuning(scheduler_frame_bytes(options.num_servers + options.num_workers),
+      control_link_tuning(scheduler_frame_bytes(options.num_servers +
+                                                std::max(options.num_workers, options.max_workers)),
                           options.log.part("control port"), link_secret(options.auth_token),
                           {options.tls, {node_role::server, node_role::worker}});
   auto actor = sys.spawn(scheduler_behavior, std::move(options), outcome);

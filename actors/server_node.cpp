@@ -153,6 +153,14 @@ bool request_router::take(envelope& request, const reply_sink& broker) const {
   return true;
 }
 
+void request_router::membership(const wire::membership& table) const {
+  for (std::size_t i = 0; i < shards_.size(); ++i)
+    if (i < lanes_.size())
+      lanes_[i]->hand(shards_[i], table);
+    else
+      caf::anon_send(shards_[i], table);
+}
+
 void request_router::connection_closed(std::uint64_t connection) const {
   for (const auto& shard : shards_)
     caf::anon_send(shard, closed_atom::value, connection);
@@ -168,6 +176,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard_options shard;
     shard.shard_index = i;
     shard.num_workers = options_.num_workers;
+    shard.max_workers = options_.max_workers;
     shard.num_servers = options_.num_servers;
     shard.server_rank = options_.server_rank;
     shard.shards_per_server = options_.shards;
@@ -204,8 +213,7 @@ server_node::~server_node() {
 }
 
 void server_node::broadcast(const wire::membership& table) const {
-  for (const auto& shard : shards_)
-    caf::anon_send(shard, table);
+  router_.membership(table);
 }
 
 void server_node::set_rank(std::uint32_t rank) const {

@@ -35,6 +35,8 @@ namespace troupe {
 
 struct server_node_options {
   std::uint32_t num_workers = 1;
+  /// shard_options::max_workers: ranks that may join the running job (0: num_workers).
+  std::uint32_t max_workers = 0;
   std::uint32_t shards = 1;
   /// The job's servers and this one's rank (set_rank once the scheduler has given it): with
   /// `shards`, the layout its files record.
@@ -89,6 +91,9 @@ public:
   bool take(envelope& request, const reply_sink& broker) const;
   /// Tells every shard that data server connection `connection` closed (closed_atom).
   void connection_closed(std::uint64_t connection) const;
+  /// Hands every shard a membership table through its lane (shard_lane::hand), or as a plain
+  /// message when the router has no lanes.
+  void membership(const wire::membership& table) const;
 
 private:
   std::vector<shard_actor> shards_;

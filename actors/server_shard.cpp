@@ -95,6 +95,12 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
       [self](const wire::membership& table) {
         self->state.lane->with_core([&](shard_core& core) { core.on_membership(table); });
       },
+      [self](handed_atom, const wire::membership& table) {
+        self->state.lane->with_core([&](shard_core& core) {
+          core.on_membership(table);
+          self->state.lane->handled_one();
+        });
+      },
       [self](closed_atom, std::uint64_t connection) {
         const engine::inline_scope here;
         self->state.lane->with_core(
@@ -142,6 +148,11 @@ bool shard_lane::take(envelope request, const reply_sink& sink) {
   if (auto actor = caf::actor_cast<shard_actor>(actor_))
     caf::anon_send(actor, handed_atom::value, std::move(request), sink);
   return false;
+}
+
+void shard_lane::hand(const shard_actor& actor, const wire::membership& table) {
+  handed_.fetch_add(1, std::memory_order_relaxed);
+  caf::anon_send(actor, handed_atom::value, table);
 }
 
 void shard_lane::open(std::unique_ptr<shard_core> core) {

@@ -46,6 +46,10 @@ public:
   /// here.
   bool take(envelope request, const reply_sink& sink);
 
+  /// From any thread: hands the shard's actor a membership table, counted like a handed request,
+  /// so that take() answers nothing it takes afterwards before the actor has handled the table.
+  void hand(const shard_actor& actor, const wire::membership& table);
+
   // The actor's side.
 
   /// Runs `work(core)` under the lock; nothing when the core is gone (closed) or not yet there.

@@ -51,6 +51,10 @@
 // beside FILE and run --merge-trace FILE). --summary gives every node TROUPE_SUMMARY. SIGUSR1 to
 // the launcher goes on to its local scheduler and servers, which print their summary.
 //
+// --max-workers M gives every node TROUPE_MAX_WORKERS (job.max_workers): the running job takes up
+// to M workers in all. SIGUSR2 to the launcher starts one more worker (local or ssh mode), which
+// joins the running job with the next rank; beyond M it is refused, and the launcher says so.
+//
 // Local mode forks every node on this machine; ssh mode runs the scheduler here and the servers
 // and workers round-robin over the hosts of the hostfile through `ssh -o BatchMode=yes`.
 //
@@ -88,6 +92,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <netinet/in.h>
 #include <optional>
 #include <poll.h>
@@ -140,6 +145,8 @@ struct options {
   int num_workers = 0;
   std::optional<int> num_servers;
   std::optional<int> quorum;
+  /// --max-workers: workers the running job may take in all (TROUPE_MAX_WORKERS).
+  std::optional<int> max_workers;
   std::string hostfile;
   std::string launcher;
   std::optional<std::string> config;
@@ -372,6 +379,9 @@ public:
     children_.push_back(std::move(c));
     return true;
   }
+
+  /// What SIGUSR2 does: start one more worker (set by main once the job's plan is made).
+  void on_add_worker(std::function<void()> add) { add_worker_ = std::move(add); }
 
   /// Relays output and reacts to ends and signals until every child is gone; the exit code.
   int run() {
@@ -638,6 +648,12 @@ private:
       int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         continue; // reap() runs after every wake-up
+      if (sig == SIGUSR2) {
+        // One more worker for the running job (job.max_workers).
+        if (!stopping_ && add_worker_)
+          add_worker_();
+        continue;
+      }
       if (sig == SIGUSR1) {
         // Servers print their summary. Only local troupe-node processes: a worker program may
         // not handle it (its default action ends the process), and an ssh client would die.
@@ -846,6 +862,8 @@ private:
   worker_quorum quorum_;
   int max_restarts_; ///< --restart-servers: restarts per server
   troupe::logger log_;
+  /// SIGUSR2's action (on_add_worker).
+  std::function<void()> add_worker_;
   std::vector<child> children_;
   /// A worker lost within the quorum: its label, how it ended and when.
   struct loss {
@@ -877,6 +895,12 @@ void add_flags(CLI::App& app, options& opt) {
                  "TROUPE_QUORUM (default: TROUPE_QUORUM, the config's [sync] quorum, else W)")
       ->check(CLI::Range(1, 100'000))
       ->type_name("K");
+  app.add_option("--max-workers", opt.max_workers,
+                 "Workers the running job may take in all (job.max_workers, given to every node "
+                 "as TROUPE_MAX_WORKERS); SIGUSR2 to the launcher starts one more worker, which "
+                 "joins the running job (default: W, none joins)")
+      ->check(CLI::Range(1, 100'000))
+      ->type_name("M");
   app.add_option("-H,--hostfile", opt.hostfile,
                  "File of hosts, one `host` or `host:sshport` a line, optionally followed by MPI's "
                  "`slots=N` (ignored, as launch.py does; # comments); servers and workers go "
@@ -1082,8 +1106,9 @@ result<env_settings> resolve_env_flags(const options& opt, const troupe::env_loo
 }
 
 /// The configuration as a node of `role` will see it: the cluster file (named by its path as
-/// given, so that messages match what the user typed), the environment, then -n, -s, --quorum and
-/// `scheduler_host` (127.0.0.1 in local mode, the first node under Slurm) when given.
+/// given, so that messages match what the user typed), the environment, then -n, -s, --quorum,
+/// --max-workers and `scheduler_host` (127.0.0.1 in local mode, the first node under Slurm) when
+/// given.
 result<troupe::cluster_config> load_job_config(const options& opt, int num_servers,
                                                const std::optional<std::string>& scheduler_host,
                                                troupe::node_role role) {
@@ -1092,6 +1117,8 @@ result<troupe::cluster_config> load_job_config(const options& opt, int num_serve
   overrides.set("job.num_servers", std::to_string(num_servers));
   if (opt.quorum)
     overrides.set("sync.quorum", std::to_string(*opt.quorum));
+  if (opt.max_workers)
+    overrides.set("job.max_workers", std::to_string(*opt.max_workers));
   if (scheduler_host)
     overrides.set("scheduler.host", *scheduler_host);
   overrides.set("job.role", std::string(troupe::to_string(role)));
@@ -1167,7 +1194,7 @@ result<std::string> random_token() {
 int job_signal_fd() {
   sigset_t handled;
   sigemptyset(&handled);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1})
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
     sigaddset(&handled, s);
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
@@ -1312,6 +1339,8 @@ std::vector<std::string> common_environment(const options& opt, const std::strin
   common.push_back("DMLC_NUM_SERVER=" + std::to_string(num_servers));
   if (opt.quorum)
     common.push_back("TROUPE_QUORUM=" + std::to_string(*opt.quorum));
+  if (opt.max_workers)
+    common.push_back("TROUPE_MAX_WORKERS=" + std::to_string(*opt.max_workers));
   if (opt.config) {
     std::error_code ec;
     auto config_file = std::filesystem::absolute(*opt.config, ec);
@@ -1729,6 +1758,19 @@ int main(int argc, char** argv) {
   job j(std::move(base_env), signal_fd, *stop_grace, *finish_timeout, quorum, opt.restart_servers,
         log);
   start_nodes(j, plan, node_binary, num_servers);
+  int next_worker = opt.num_workers;
+  const int capacity = cfg->max_workers.value_or(opt.num_workers);
+  j.on_add_worker([&] {
+    if (next_worker >= capacity) {
+      log.error("SIGUSR2: the job has room for " + std::to_string(capacity) +
+                " workers, all started (--max-workers)");
+      return;
+    }
+    log.info("SIGUSR2: starting worker " + std::to_string(next_worker) +
+             ", which joins the running job");
+    start_node(j, plan, troupe::node_role::worker, next_worker, opt.command);
+    ++next_worker;
+  });
   // When a node could not start, the job is already stopping: run() waits for what did start.
   const int code = j.run();
   if (!opt.trace.empty()) {

@@ -419,11 +419,11 @@ struct size_estimate {
   void operator()(const admission& m) {
     if (auto* r = std::get_if<rejected>(&m.outcome))
       text(r->detail);
-    else
-      words += 8; // the sealed secret
+    else if (auto* a = std::get_if<admitted>(&m.outcome))
+      words += 10 + a->first_barrier.size(); // the sealed secret, the flag, the list
   }
   void operator()(const membership& m) {
-    words += 4 + 4 * m.key_ranges.size();
+    words += 5 + 4 * m.key_ranges.size();
     for (const auto& n : m.nodes) {
       words += 5;
       text(n.host);
@@ -507,6 +507,12 @@ public:
       g.setNodeId(a->node_id);
       if (a->secret)
         g.setSealedSecret(capnp::Data::Reader(a->secret->data(), a->secret->size()));
+      g.setJoined(a->joined);
+      if (!a->first_barrier.empty()) {
+        auto first = g.initFirstBarrier(list_size(a->first_barrier.size()));
+        for (unsigned i = 0; i < a->first_barrier.size(); ++i)
+          first.set(i, a->first_barrier[i]);
+      }
     } else {
       const auto& r = std::get<rejected>(m.outcome);
       auto g = b.initRejected();
@@ -519,6 +525,7 @@ public:
     b.setEpoch(m.epoch);
     b.setNumWorkers(m.num_workers);
     b.setNumServers(m.num_servers);
+    b.setRequestId(m.request_id);
     auto nodes = b.initNodes(list_size(m.nodes.size()));
     for (unsigned i = 0; i < m.nodes.size(); ++i) {
       const auto& n = m.nodes[i];
@@ -1106,13 +1113,24 @@ private:
       fail(decode_error::code::missing_field, "admission outcome is unset");
     case ws::Admission::ADMITTED: {
       auto g = r.getAdmitted();
-      admitted out{g.getRank(), g.getNodeId(), sealed_secret{}};
+      admitted out;
+      out.rank = g.getRank();
+      out.node_id = g.getNodeId();
+      out.secret = sealed_secret{};
       const auto sealed = g.getSealedSecret();
       if (!g.hasSealedSecret() || sealed.size() != out.secret->size())
         fail(decode_error::code::invalid_value,
              "admission sealed secret of " + std::to_string(sealed.size()) + " bytes (expected " +
                  std::to_string(out.secret->size()) + ")");
       std::copy(sealed.begin(), sealed.end(), out.secret->begin());
+      out.joined = g.getJoined();
+      const auto first = g.getFirstBarrier();
+      if (first.size() > 8)
+        fail(decode_error::code::invalid_value,
+             "admission first barriers: " + std::to_string(first.size()) +
+                 " groups (at most 8: the unions of the three groups)");
+      for (const auto id : first)
+        out.first_barrier.push_back(id);
       m.outcome = out;
       return m;
     }
@@ -1134,6 +1152,7 @@ private:
     m.epoch = r.getEpoch();
     m.num_workers = r.getNumWorkers();
     m.num_servers = r.getNumServers();
+    m.request_id = r.getRequestId();
     auto nodes = r.getNodes();
     check_list(nodes.size(), "membership nodes");
     m.nodes.reserve(nodes.size());

@@ -172,6 +172,11 @@ struct admitted {
   /// The node's secret (a worker's node key, a server's job secret), sealed under the control
   /// connection's session key. Required on the wire; absent only in a struct not yet filled.
   std::optional<sealed_secret> secret{};
+  /// A worker admitted into the running job (troupe.capnp Admitted.joined).
+  bool joined = false;
+  /// A worker that joined: the id of its first barrier of each group union (index 0..7); empty
+  /// or shorter: 1 (troupe.capnp Admitted.firstBarrier).
+  std::vector<std::uint64_t> first_barrier;
   friend bool operator==(const admitted&, const admitted&) = default;
 };
 
@@ -225,6 +230,9 @@ struct membership {
   std::uint32_t num_servers = 0;
   std::vector<node_info> nodes;
   std::vector<key_range> key_ranges;
+  /// Non-zero: a server acknowledges the table once its shards hold it (troupe.capnp
+  /// Membership.requestId).
+  std::uint64_t request_id = 0;
   friend bool operator==(const membership&, const membership&) = default;
 };
 

@@ -188,6 +188,15 @@ struct Admission {
       # gets the job secret M, 32 random bytes the scheduler draws at its start, from which it
       # derives every worker's key to check those proofs. Workers never learn M, and a new job
       # has a new one. Required: a node that cannot unseal it does not join.
+      joined @7 :Bool;
+      # A worker admitted into a job that is already running (job.max_workers): it takes no part
+      # in the job's start (init values, set_optimizer and their barriers are the first workers'),
+      # and learns each key's first round from its first pull (see Membership.requestId).
+      firstBarrier @8 :List(UInt64);
+      # A worker that joined: element g (a union of Barrier groups, 0..7) is the id its first
+      # barrier of group g takes, the next one no member of the group had reached when it was
+      # admitted (barriers before it do not wait for it). At most 8 elements; a group beyond the
+      # list starts at 1, as for every node admitted before the job started.
     }
     rejected :group {
       # The node is not admitted and should exit with the reason.
@@ -237,7 +246,8 @@ struct KeyRange {
 struct Membership {
   # Scheduler -> every node still connected and not lost, once every node is admitted (epoch 1:
   # the job starts) and again, the whole table each time, after each worker lost within the
-  # quorum and each worker that left (NodeInfo.left). A loss that fails the job is announced by an Error instead. Not acknowledged.
+  # quorum, each worker that left (NodeInfo.left) and each worker that joined (to the servers
+  # first: requestId). A loss that fails the job is announced by an Error instead.
   epoch @0 :UInt64;
   # Increases with every change; a node ignores a table older than the one it holds.
   numWorkers @1 :UInt32;
@@ -248,6 +258,12 @@ struct Membership {
   # Every admitted node, lost ones included (alive = false).
   keyRanges @4 :List(KeyRange);
   # Which shard owns which keys: sorted by begin, non-overlapping.
+  requestId @5 :UInt64;
+  # Non-zero on a table sent to the servers that admits a worker into the running job: each
+  # server answers with Ack(requestId) once every shard holds the table, and only then does the
+  # scheduler send the table to the workers (the joiner included). So every key has fixed the
+  # round the joiner counts from (the first round no push has reached) before any worker learns
+  # of it, and the joiner's first requests find it a member. 0: no answer wanted.
 }
 
 struct Init {

@@ -317,6 +317,12 @@ void add_job_fields(std::vector<field>& t) {
                 "Number of workers, the size of a sync round. Required for a job."},
                integer_setter(&cluster_config::num_workers, 1, max_nodes, positive),
                {}});
+  t.push_back({{"job", "max_workers", "TROUPE_MAX_WORKERS", "--max-workers", "N", "",
+                "Most workers the job may have while it runs: workers beyond num_workers join "
+                "the running job (each with a fresh rank below max_workers), and servers keep "
+                "room for them. Unset: num_workers (no worker joins)."},
+               integer_setter(&cluster_config::max_workers, 1, max_nodes, positive),
+               {}});
   t.push_back({{"job", "num_servers", "DMLC_NUM_SERVER", "--num-servers", "N", "",
                 "Number of server processes, each owning a key range. Required for a job."},
                integer_setter(&cluster_config::num_servers, 1, max_nodes, positive),
@@ -1018,6 +1024,11 @@ status resolve(builder& b) {
   if (cfg.quorum && cfg.num_workers && *cfg.quorum > *cfg.num_workers)
     return error{errc::invalid_argument,
                  named("sync.quorum", std::to_string(*cfg.quorum)) + " must not exceed " +
+                     named("job.num_workers", std::to_string(*cfg.num_workers))};
+  if (cfg.max_workers && cfg.num_workers && *cfg.max_workers < *cfg.num_workers)
+    return error{errc::invalid_argument,
+                 named("job.max_workers", std::to_string(*cfg.max_workers)) +
+                     " must not be below " +
                      named("job.num_workers", std::to_string(*cfg.num_workers))};
   if (cfg.chunk_bytes > cfg.max_frame_bytes)
     return error{errc::invalid_argument,

@@ -61,6 +61,11 @@ struct cluster_config {
   std::optional<node_role> role;
   /// Number of workers, the size of a sync round (DMLC_NUM_WORKER). Required for a job.
   std::optional<int> num_workers;
+  /// Most workers the job may have while it runs (TROUPE_MAX_WORKERS): workers beyond num_workers
+  /// join the running job, each with a fresh rank below it. Unset: num_workers (no worker joins).
+  std::optional<int> max_workers;
+  /// max_workers, or num_workers when unset.
+  int worker_capacity() const { return max_workers.value_or(num_workers.value_or(1)); }
   /// Number of server processes, each owning a key range (DMLC_NUM_SERVER). Required for a job.
   std::optional<int> num_servers;
   /// Name of the job; nodes of another job are refused by the scheduler.

@@ -68,7 +68,9 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   if (!known_type(setup.type))
     return invalid("unknown distributed kvstore type '" + setup.type +
                    "' (dist_sync, dist_async, dist_device_sync, dist_device_async)");
-  if (setup.num_servers == 0 || setup.num_workers == 0 || setup.rank >= setup.num_workers)
+  // A worker that joined the running job has a fresh rank, beyond the first workers' ranks.
+  if (setup.num_servers == 0 || setup.num_workers == 0 ||
+      (setup.rank >= setup.num_workers && !setup.joined))
     return invalid("a distributed kvstore needs at least one server and one worker and a rank "
                    "below the number of workers (rank " +
                    std::to_string(setup.rank) + " of " + std::to_string(setup.num_workers) +
@@ -77,7 +79,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
     return invalid("chunk size " + std::to_string(setup.chunk_bytes) +
                    " is not a multiple of 8 bytes from 8 to " +
                    std::to_string(wire::max_chunk_bytes));
-  if (setup.quorum > setup.num_workers)
+  if (setup.quorum > setup.num_workers && !setup.joined)
     return invalid("quorum " + std::to_string(setup.quorum) + " exceeds the job's " +
                    std::to_string(setup.num_workers) + " workers");
   if (setup.max_rounds_ahead == 0)
@@ -97,6 +99,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   options.num_servers = s.num_servers;
   options.num_workers = s.num_workers;
   options.sync = store->sync_mode();
+  options.joined = s.joined;
   options.bigarray_bound = s.bigarray_bound;
   options.chunk_bytes = s.chunk_bytes;
   options.max_frame_bytes = s.max_frame_bytes;
@@ -270,6 +273,8 @@ status dist_kvstore::declare_and_send(std::span<const kv_key> keys, std::span<co
   if (auto open = still_in_job("init"); !open)
     return open;
   keys_.declare(keys, values, row_sparse);
+  if (setup_.joined)
+    return pull_to_join(keys, values, row_sparse);
   if (setup_.rank == 0) {
     kv_operation op;
     op.call = kv_call::init;
@@ -289,7 +294,46 @@ status dist_kvstore::declare_and_send(std::span<const kv_key> keys, std::span<co
     if (auto done = start(std::move(op)).wait(); !done)
       return done;
   }
-  return setup_.barrier();
+  return start_barrier();
+}
+
+status dist_kvstore::pull_to_join(std::span<const kv_key> keys, std::span<const ndarray> values,
+                                  bool row_sparse) {
+  // The keys are on the servers already, with the job's current values: the first pull of each
+  // is what the servers answer once the round this worker counts from can start (the worker's
+  // rounds of the key start from that reply). The values themselves are the caller's to pull.
+  if (!row_sparse) {
+    std::vector<ndarray> scratch;
+    scratch.reserve(values.size());
+    for (const auto& value : values)
+      scratch.push_back(ndarray::empty(value.shape(), context::cpu(), value.dtype()));
+    return pull(keys, scratch);
+  }
+  std::vector<row_sparse_array> scratch;
+  std::vector<ndarray> every_row;
+  for (const auto& value : values) {
+    const auto rows = value.shape().empty() ? std::int64_t{0} : value.shape()[0];
+    auto ids = ndarray::empty({rows}, context::cpu(), dtype::int64);
+    auto* id = static_cast<std::int64_t*>(ids.raw_data());
+    for (std::int64_t row = 0; row < rows; ++row)
+      id[row] = row;
+    every_row.push_back(std::move(ids));
+    scratch.push_back(row_sparse_array::zeros(value.shape(), value.dtype()));
+  }
+  return row_sparse_pull(keys, scratch, every_row);
+}
+
+status dist_kvstore::start_barrier() {
+  // The first workers' setup (init, set_optimizer) is done: a worker that joined has nobody to
+  // meet there.
+  return setup_.joined ? ok() : setup_.barrier();
+}
+
+int dist_kvstore::num_workers() const noexcept {
+  if (setup_.workers_now)
+    if (const auto now = setup_.workers_now(); now > 0)
+      return static_cast<int>(now);
+  return static_cast<int>(setup_.num_workers);
 }
 
 status dist_kvstore::push(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
@@ -428,7 +472,11 @@ dist_kvstore::gather_at_barrier(std::span<const double> mine) {
   auto gathered = setup_.gather(mine);
   if (!gathered)
     return gathered.error();
-  std::vector<std::vector<double>> by_rank(setup_.num_workers);
+  std::uint32_t ranks = setup_.num_workers;
+  for (const auto& member : *gathered)
+    if (member.member_role == wire::role::worker)
+      ranks = std::max(ranks, member.rank + 1);
+  std::vector<std::vector<double>> by_rank(ranks);
   for (auto& member : *gathered)
     if (member.member_role == wire::role::worker && member.rank < by_rank.size())
       by_rank[member.rank] = std::move(member.values);
@@ -460,7 +508,7 @@ status dist_kvstore::set_optimizer(std::unique_ptr<optimizer> opt) {
     if (!sent)
       return sent;
   }
-  return setup_.barrier();
+  return start_barrier();
 }
 
 status dist_kvstore::set_gradient_compression(const gradient_compression& rule) {

@@ -57,7 +57,9 @@ public:
 
   const std::string& type() const noexcept override { return setup_.type; }
   int rank() const noexcept override { return static_cast<int>(setup_.rank); }
-  int num_workers() const noexcept override { return static_cast<int>(setup_.num_workers); }
+  /// The job's workers as the latest membership table says: workers that joined the running job
+  /// count, workers that left do not.
+  int num_workers() const noexcept override;
 
   status init(std::span<const kv_key> keys, std::span<const ndarray> values) override;
   status push(std::span<const kv_key> keys, std::span<const ndarray> values,
@@ -140,6 +142,11 @@ private:
   wire::sync_settings settings() const;
   /// ok() on worker rank 0; elsewhere the error for `what`, which only rank 0 may do.
   status rank_zero_only(const std::string& what) const;
+  /// A worker that joined the running job: the first pull of each of `keys` (see init).
+  status pull_to_join(std::span<const kv_key> keys, std::span<const ndarray> values,
+                      bool row_sparse);
+  /// The barrier that ends init and set_optimizer; none for a worker that joined the running job.
+  status start_barrier();
 
   std::shared_ptr<void> owned_resources_; // first member: released last
   worker_setup setup_;

@@ -126,6 +126,11 @@ void agent_core::on_admission(const wire::admission& admission) {
                           ", but its secret does not open under this control link's session "
                           "key (is it a scheduler of this job?)"});
   admitted_ = granted;
+  // A worker that joined the running job takes up the barriers where the job is.
+  for (std::size_t group = 0;
+       group < granted.first_barrier.size() && group < barriers_entered_.size(); ++group)
+    barriers_entered_[group] =
+        granted.first_barrier[group] > 0 ? granted.first_barrier[group] - 1 : 0;
   if (options_.role == wire::role::worker)
     key_ = node_key{*secret};
   else

@@ -72,6 +72,9 @@ struct agent_options {
   /// admitted (before join() returns): its data port checks its workers' node proofs against it.
   /// Optional.
   std::function<void(const job_secret&)> on_job_secret{};
+  /// Told every membership table the node takes (the first at join, then each newer one), on the
+  /// agent's thread: it must not block or throw. Optional.
+  std::function<void(const wire::membership&)> on_table{};
   /// How long join() keeps retrying a scheduler that refuses connections (timeouts.connect).
   std::chrono::milliseconds connect_timeout{10'000};
   /// Bound on all of join(): connecting, registering and receiving the membership table.

@@ -67,7 +67,7 @@ std::uint64_t async_pushes::slowest(const std::vector<bool>& live) const noexcep
   std::uint64_t fewest = std::numeric_limits<std::uint64_t>::max();
   for (std::size_t w = 0; w < workers_.size() && w < live.size(); ++w)
     if (live[w])
-      fewest = std::min(fewest, workers_[w].next_sequence);
+      fewest = std::min(fewest, workers_[w].joined_at + workers_[w].next_sequence);
   return fewest;
 }
 

@@ -68,6 +68,16 @@ public:
   /// The fewest pushes any live worker has had completed (live[w]: worker w counts); the largest
   /// uint64 when no worker is live, so that nothing waits on a job without workers.
   std::uint64_t slowest(const std::vector<bool>& live) const noexcept;
+  /// `worker` joined the running job after `before` pushes of the slowest worker: bounded
+  /// staleness counts its pushes from there (its own numbers still start at 0), so that it does
+  /// not hold the others back until it has caught up with pushes it never made.
+  void admit(std::uint32_t worker, std::uint64_t before) noexcept {
+    workers_[worker].joined_at = before;
+  }
+  /// Where bounded staleness counts `worker`'s pushes from (0 for the job's first workers).
+  std::uint64_t joined_at(std::uint32_t worker) const noexcept {
+    return worker < workers_.size() ? workers_[worker].joined_at : 0;
+  }
 
 private:
   struct worker_state {
@@ -76,6 +86,8 @@ private:
     /// The sequence number of the push being received (bytes > 0).
     std::uint64_t receiving = 0;
     std::uint64_t next_sequence = 0;
+    /// Bounded staleness counts the worker's pushes from here (admit).
+    std::uint64_t joined_at = 0;
   };
 
   std::uint64_t key_;

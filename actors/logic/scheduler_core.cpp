@@ -127,6 +127,8 @@ scheduler_core::actions scheduler_core::on_frame(std::uint64_t connection, const
     on_command(*index, *cmd);
   else if (const auto* settings = std::get_if<wire::sync_settings>(&msg))
     on_sync_settings(*index, *settings);
+  else if (const auto* acked = std::get_if<wire::ack>(&msg))
+    on_table_ack(*index, acked->request_id);
   else if (const auto* err = std::get_if<wire::error_reply>(&msg);
            err != nullptr && err->request_id == 0 && node.info.node_role == wire::role::server)
     // A server that says it failed (a shard died) holds keys nobody else has: the job fails
@@ -190,11 +192,20 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
                                                           describe(node.info));
   const bool server = reg.node_role == wire::role::server;
   std::uint32_t& admitted = server ? servers_admitted_ : workers_admitted_;
-  const std::uint32_t wanted = server ? options_.num_servers : options_.num_workers;
+  // A worker that comes while the job runs joins it, while the job has ranks to give.
+  const bool joins = !server && phase_ == scheduler_phase::running;
+  const std::uint32_t wanted =
+      server ? options_.num_servers : (joins ? worker_capacity() : options_.num_workers);
   if (admitted == wanted)
     return reject(wire::reject_reason::role_full,
                   "all " + std::to_string(wanted) + (server ? " server" : " worker") +
-                      (wanted == 1 ? " rank is" : " ranks are") + " taken");
+                      (wanted == 1 ? " rank is" : " ranks are") + " taken" +
+                      (server  ? std::string{}
+                       : joins ? std::string{" (job.max_workers " + std::to_string(wanted) + ")"}
+                       : worker_capacity() > options_.num_workers
+                           ? std::string{"; a worker beyond job.num_workers joins only once the "
+                                         "job runs"}
+                           : std::string{}));
   const auto session = sessions_.find(connection);
   if (session == sessions_.end())
     return reject(wire::reject_reason::protocol_version, no_key_exchange);
@@ -213,13 +224,34 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
   ++admitted;
   entry.connection = connection;
   entry.last_seen = now_;
+  entry.joined = joins;
+  if (joins) {
+    // Its barriers start where no member has been yet: those under way do not wait for it.
+    granted->joined = true;
+    for (const auto reached : barrier_reached_)
+      granted->first_barrier.push_back(reached + 1);
+  }
+  const auto first_barrier = granted->first_barrier;
   send(entry, wire::admission{reg.request_id, std::move(*granted)});
-  log_.info("admitted " + describe(entry.info) + " at " + reg.host + ":" +
-            std::to_string(reg.port) + "; " +
-            count_of(servers_admitted_, options_.num_servers, "server") + " and " +
-            count_of(workers_admitted_, options_.num_workers, "worker"));
-  by_connection_.emplace(connection, nodes_.size());
+  const auto index = nodes_.size();
+  by_connection_.emplace(connection, index);
   nodes_.push_back(std::move(entry));
+  const auto& node = nodes_.back();
+  if (joins) {
+    joined_workers_.push_back(joined_worker{node.info.rank, node.info.node_id, since_start()});
+    pending_.emplace_back(barrier_member_joined{static_cast<std::uint32_t>(index), first_barrier});
+    log_.info(describe(node.info) + " joined the running job from " + reg.host + ":" +
+              std::to_string(reg.port) + " (" + seconds(since_start()) +
+              " after it started); the job goes on with " +
+              count_of(workers_in(), worker_capacity(), "worker rank") +
+              " in use; the servers hear of it first");
+    ++epoch_;
+    send_membership();
+    return;
+  }
+  log_.info("admitted " + describe(node.info) + " at " + reg.host + ":" + std::to_string(reg.port) +
+            "; " + count_of(servers_admitted_, options_.num_servers, "server") + " and " +
+            count_of(workers_admitted_, options_.num_workers, "worker"));
   if (servers_admitted_ == options_.num_servers && workers_admitted_ == options_.num_workers)
     start_job();
 }
@@ -333,6 +365,8 @@ void scheduler_core::on_barrier(std::size_t index, const wire::barrier& request)
     return describe(node.info) + " at barrier " + std::to_string(request.barrier_id) +
            " of group " + std::to_string(request.group);
   });
+  auto& reached = barrier_reached_[request.group];
+  reached = std::max(reached, request.barrier_id);
   pending_.emplace_back(barrier_entry{
       request.group, request.barrier_id, static_cast<std::uint32_t>(index), node.info.node_role,
       request.request_id, node.info.rank, request.values, node.connection});
@@ -371,7 +405,7 @@ void scheduler_core::on_command(std::size_t index, const wire::command& cmd) {
     still_in += other.info.node_role == wire::role::worker && !other.finished && !other.lost;
   log_.info(describe(node.info) + " left the job after " + std::to_string(node.rounds) +
             " rounds, " + seconds(since_start()) + " after it started; the job goes on with " +
-            count_of(still_in, options_.num_workers, "worker"));
+            std::to_string(still_in) + (still_in == 1 ? " worker" : " workers"));
   ++epoch_;
   send_membership();
 }
@@ -426,28 +460,78 @@ scheduler_core::actions scheduler_core::on_closed(std::uint64_t connection, cloc
 void scheduler_core::start_job() {
   phase_ = scheduler_phase::running;
   epoch_ = 1;
+  workers_announced_ = workers_admitted_;
   send_membership();
   log_.info("every node registered: membership sent, the job runs");
   maybe_drain(); // workers may have said done before the last node registered
 }
 
-/// The whole table as it is now, to every node still connected and not lost.
+/// The whole table as it is now, to every node still connected and not lost. A table that lists
+/// a worker the workers have not been told of (it joined) goes to the servers first; the workers
+/// get it once every server acked (release_table).
 void scheduler_core::send_membership() {
   wire::membership table;
   table.epoch = epoch_;
-  table.num_workers = options_.num_workers;
+  table.num_workers = workers_in();
   table.num_servers = options_.num_servers;
   table.nodes.push_back(
       wire::node_info{scheduler_node_id, wire::role::scheduler, 0, options_.host, 0, true});
-  for (const auto& node : nodes_)
+  std::size_t listed_workers = 0;
+  for (const auto& node : nodes_) {
     table.nodes.push_back(node.info);
+    listed_workers += node.info.node_role == wire::role::worker ? 1 : 0;
+  }
   std::sort(table.nodes.begin(), table.nodes.end(),
             [](const auto& a, const auto& b) { return a.node_id < b.node_id; });
   table.key_ranges = membership_key_ranges(options_.num_servers);
-  // A worker that said done needs no table: it is leaving.
+  auto reaches = [](const node_entry& node) {
+    // A worker that said done needs no table: it is leaving.
+    return !node.gone && !node.lost &&
+           !(node.finished && node.info.node_role == wire::role::worker);
+  };
+  if (listed_workers <= workers_announced_) {
+    for (const auto& node : nodes_)
+      if (reaches(node))
+        send(node, table);
+    return;
+  }
+  held_table_ = table;
+  table.request_id = ++next_request_id_;
+  held_request_id_ = table.request_id;
+  awaiting_table_ack_.clear();
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].info.node_role == wire::role::server && reaches(nodes_[i]) &&
+        !nodes_[i].finished) {
+      awaiting_table_ack_.push_back(i);
+      send(nodes_[i], table);
+    }
+  if (awaiting_table_ack_.empty())
+    release_table();
+}
+
+void scheduler_core::on_table_ack(std::size_t index, std::uint64_t request_id) {
+  if (!held_table_ || request_id != held_request_id_)
+    return;
+  if (std::erase(awaiting_table_ack_, index) > 0 && awaiting_table_ack_.empty())
+    release_table();
+}
+
+void scheduler_core::release_table() {
+  const wire::membership table = std::move(*held_table_);
+  held_table_.reset();
+  workers_announced_ = static_cast<std::size_t>(
+      std::count_if(table.nodes.begin(), table.nodes.end(),
+                    [](const auto& node) { return node.node_role == wire::role::worker; }));
   for (const auto& node : nodes_)
-    if (!node.gone && !node.lost && !(node.finished && node.info.node_role == wire::role::worker))
+    if (node.info.node_role == wire::role::worker && !node.gone && !node.lost && !node.finished)
       send(node, table);
+}
+
+std::uint32_t scheduler_core::workers_in() const {
+  std::uint32_t in = 0;
+  for (const auto& node : nodes_)
+    in += node.info.node_role == wire::role::worker && !node.info.left ? 1 : 0;
+  return phase_ == scheduler_phase::registering ? options_.num_workers : in;
 }
 
 /// When every live worker is done: tell the servers to stop (ps-lite's kStopServer), then
@@ -608,6 +692,7 @@ void scheduler_core::finish(std::optional<error> failure) {
   outcome.failure = std::move(failure);
   outcome.lost_workers = lost_workers_;
   outcome.left_workers = left_workers_;
+  outcome.joined_workers = joined_workers_;
   for (const auto& node : nodes_)
     if (node.info.node_role == wire::role::worker && node.finished)
       ++outcome.workers_finished;
@@ -624,7 +709,9 @@ std::string scheduler_core::summary(const job_outcome& outcome) const {
     line += "the job failed (" + outcome.failure->message() + "); ";
   else
     line += "the job finished; ";
-  line += count_of(outcome.workers_finished, options_.num_workers, "worker") + " finished";
+  line += count_of(outcome.workers_finished, std::max(workers_admitted_, options_.num_workers),
+                   "worker") +
+          " finished";
   std::string ranks;
   for (const auto& node : nodes_)
     if (node.info.node_role == wire::role::worker && node.finished)
@@ -645,6 +732,12 @@ std::string scheduler_core::summary(const job_outcome& outcome) const {
                std::to_string(left.rounds) + " of " + std::to_string(most_rounds) + " rounds, " +
                seconds(left.after) + " after the job started";
   line += early;
+  for (std::size_t i = 0; i < outcome.joined_workers.size(); ++i) {
+    const auto& joined = outcome.joined_workers[i];
+    line += (i == 0 ? "; joined: " : ", ") +
+            wire::describe(wire::role::worker, joined.rank, joined.node_id) + " " +
+            seconds(joined.after) + " after the job started";
+  }
   line += "; " + std::to_string(outcome.lost_workers.size()) + " lost";
   if (outcome.lost_workers.empty())
     return line;
@@ -669,7 +762,8 @@ std::optional<wire::admitted> scheduler_core::admitted_as(const wire::node_info&
     const auto secret = node.node_role == wire::role::server
                             ? options_.secret.reveal()
                             : derive_node_key(token_, options_.secret, who).reveal();
-    return wire::admitted{node.rank, node.node_id, seal_secret(session, secret, who, node.node_id)};
+    return wire::admitted{
+        node.rank, node.node_id, seal_secret(session, secret, who, node.node_id), false, {}};
   } catch (const std::exception& e) {
     log_.error("cannot seal the secret of " + describe(node) + ": " + e.what());
     return std::nullopt;

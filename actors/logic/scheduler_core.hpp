@@ -24,6 +24,12 @@
 //                                  every server gone, or drain_timeout    v
 //                                                                       done
 //
+// A worker that registers while the job runs joins it when the job has room (max_workers): it gets
+// a fresh rank, and the table that lists it goes to the servers first; the workers, the joiner
+// included, get it once every server acked it (Membership.requestId), so every key has fixed the
+// round it counts the joiner from before any worker hears of it. Its barriers start at the next
+// id no member had reached (Admitted.firstBarrier).
+//
 // done and failed are final: the core returns the outcome (job_ended) and takes nothing more. A
 // worker that said done and a server that was told to stop have "finished": their departure is
 // expected, not a loss. A worker that says done while others still run leaves the job: the next
@@ -32,6 +38,8 @@
 // only) leaves the phase as it is, and so does a server lost while the job runs with server_rejoin
 // > 0, until its rank's wait is over.
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -83,8 +91,11 @@ struct scheduler_options {
   std::string bind;
   /// Port to bind (DMLC_PS_ROOT_PORT); 0 lets the OS pick one (spawn_scheduler reports it).
   std::uint16_t port = 0;
-  /// DMLC_NUM_WORKER, >= 1.
+  /// DMLC_NUM_WORKER, >= 1: the workers the job starts with.
   std::uint32_t num_workers = 1;
+  /// job.max_workers: workers beyond num_workers join the running job, up to this many ranks in
+  /// all (a rank is never given twice). 0 or below num_workers: num_workers (none joins).
+  std::uint32_t max_workers = 0;
   /// DMLC_NUM_SERVER, >= 1.
   std::uint32_t num_servers = 1;
   /// How many workers the job needs alive (sync.quorum) until worker rank 0 announces its own:
@@ -156,6 +167,15 @@ struct departed_worker {
   friend bool operator==(const departed_worker&, const departed_worker&) = default;
 };
 
+/// A worker admitted into the running job.
+struct joined_worker {
+  std::uint32_t rank = 0;
+  std::uint32_t node_id = 0;
+  /// When, after the scheduler started.
+  std::chrono::milliseconds after{0};
+  friend bool operator==(const joined_worker&, const joined_worker&) = default;
+};
+
 /// The end of a job as the scheduler saw it.
 struct job_outcome {
   job_end end = job_end::failed;
@@ -171,6 +191,8 @@ struct job_outcome {
   /// Workers that left while the others went on, in the order they left (the summary names those
   /// that did fewer rounds than the most any worker did).
   std::vector<departed_worker> left_workers;
+  /// Workers that joined the running job, in the order they were admitted.
+  std::vector<joined_worker> joined_workers;
   /// The one line the scheduler logged at the end: workers finished and lost, who, when, why.
   std::string summary;
 
@@ -223,7 +245,14 @@ public:
   };
   /// Hand this arrival, checked, to the job barriers.
   using barrier_entry = troupe::barrier_entry;
-  using action = std::variant<control_frame, barrier_entry, barrier_member_gone, job_ended>;
+  /// Tell the job barriers that `member` (a worker that joined the running job) is expected at
+  /// the barriers of each group union g from id first_barrier[g] on.
+  struct barrier_member_joined {
+    std::uint32_t member = 0;
+    std::vector<std::uint64_t> first_barrier;
+  };
+  using action = std::variant<control_frame, barrier_entry, barrier_member_gone,
+                              barrier_member_joined, job_ended>;
   /// What one call asks of the caller, to be carried out in order.
   using actions = std::vector<action>;
 
@@ -255,6 +284,10 @@ public:
   std::uint32_t quorum() const noexcept { return quorum_; }
   /// The epoch of the last membership table sent; 0 before the job started.
   std::uint64_t epoch() const noexcept { return epoch_; }
+  /// Worker ranks the job may give: max_workers, at least num_workers.
+  std::uint32_t worker_capacity() const noexcept {
+    return std::max(options_.num_workers, options_.max_workers);
+  }
 
 private:
   /// One admitted node.
@@ -272,6 +305,8 @@ private:
     bool gone = false;
     /// Declared lost (within the quorum; beyond it the job has failed).
     bool lost = false;
+    /// A worker admitted into the running job.
+    bool joined = false;
     /// Why it was lost, for its later frames.
     std::string lost_text;
     /// A lost server whose rank waits for a recovering server (server_rejoin) until then.
@@ -281,6 +316,10 @@ private:
   // Incoming frames.
   void on_registration(std::uint64_t connection, const wire::registration& reg);
   void on_rejoin(std::uint64_t connection, const wire::registration& reg);
+  /// A server's ack of the table held back from the workers (Membership.requestId).
+  void on_table_ack(std::size_t index, std::uint64_t request_id);
+  /// Sends the table held back from the workers to them.
+  void release_table();
   void on_barrier(std::size_t index, const wire::barrier& request);
   void on_command(std::size_t index, const wire::command& cmd);
   void on_sync_settings(std::size_t index, const wire::sync_settings& settings);
@@ -311,6 +350,8 @@ private:
   // Lookups.
   std::optional<std::size_t> find(std::uint64_t connection) const;
   std::string who(std::optional<std::size_t> index) const;
+  /// Workers in the job: admitted and not left (lost ones included); num_workers until it runs.
+  std::uint32_t workers_in() const;
   std::uint32_t lost_count() const { return static_cast<std::uint32_t>(lost_workers_.size()); }
   std::chrono::milliseconds since_start() const;
 
@@ -335,6 +376,16 @@ private:
   std::uint32_t quorum_ = 1;
   std::vector<lost_worker> lost_workers_;
   std::vector<departed_worker> left_workers_;
+  std::vector<joined_worker> joined_workers_;
+  /// Workers listed in the last table the workers were sent: a table that lists more (a worker
+  /// joined) goes to the servers first and reaches the workers once every server acked it.
+  std::size_t workers_announced_ = 0;
+  /// The table held back from the workers, its request id, and the servers (indices) yet to ack.
+  std::optional<wire::membership> held_table_;
+  std::uint64_t held_request_id_ = 0;
+  std::vector<std::size_t> awaiting_table_ack_;
+  /// The highest barrier id any node has arrived at, per group union (for a joiner's first).
+  std::array<std::uint64_t, 8> barrier_reached_{};
   std::uint64_t epoch_ = 0;
   std::uint64_t next_request_id_ = 0;
   std::uint64_t heartbeat_sequence_ = 0;

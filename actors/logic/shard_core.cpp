@@ -98,8 +98,13 @@ std::uint64_t shard_core::key_entry::durable_for(std::uint32_t worker) const noe
 }
 
 shard_core::shard_core(shard_options options)
-    : options_(std::move(options)), policy_(options_.policy), live_(options_.num_workers, true),
-      left_(options_.num_workers, false), sender_connection_(options_.num_workers, 0) {
+    : options_(std::move(options)), policy_(options_.policy) {
+  live_.assign(capacity(), false);
+  member_.assign(capacity(), false);
+  for (std::uint32_t w = 0; w < options_.num_workers; ++w)
+    live_[w] = member_[w] = true;
+  left_.assign(capacity(), false);
+  sender_connection_.assign(capacity(), 0);
   if (policy_.quorum == 0)
     policy_.quorum = options_.num_workers;
   last_checkpoint_ = now();
@@ -277,9 +282,9 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
 
 void shard_core::open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t completed) {
   const sync_round_options rounds{key, options_.num_workers, policy_.quorum,
-                                  policy_.max_rounds_ahead};
+                                  policy_.max_rounds_ahead, capacity()};
   if (policy_.mode == consistency::async) {
-    entry.async.emplace(key, entry.stored, options_.num_workers);
+    entry.async.emplace(key, entry.stored, capacity());
     return;
   }
   if (entry.row_sparse)
@@ -288,7 +293,11 @@ void shard_core::open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t 
     entry.sync.emplace(entry.stored, rounds);
   entry.with_rounds([&](auto& opened) {
     opened.resume_after(completed);
-    // Workers that left before the key existed count in none of its rounds.
+    // Workers that joined before the key existed count from its first round open; those that
+    // left count in none of its rounds.
+    for (std::uint32_t worker = options_.num_workers; worker < member_.size(); ++worker)
+      if (member_[worker])
+        opened.admit(worker);
     for (std::uint32_t worker = 0; worker < left_.size(); ++worker)
       if (left_[worker])
         opened.retire(worker);
@@ -323,6 +332,45 @@ void shard_core::retire_worker(std::uint32_t worker) {
                  " on") +
       (closed > 0 ? " (" + std::to_string(closed) + " rounds that waited only for it closed)"
                   : std::string{}));
+}
+
+void shard_core::admit_worker(std::uint32_t worker) {
+  member_[worker] = true;
+  std::optional<std::uint64_t> earliest;
+  std::uint64_t latest = 0;
+  for (auto& [key, entry] : keys_) {
+    if (!entry.initialized())
+      continue;
+    if (entry.async) {
+      // Bounded staleness counts its pushes from the slowest other worker's.
+      const auto slowest = entry.async->slowest(live_);
+      entry.async->admit(worker,
+                         slowest == std::numeric_limits<std::uint64_t>::max() ? 0 : slowest);
+      continue;
+    }
+    const auto first = entry.with_rounds([&](auto& rounds) { return rounds.admit(worker); });
+    earliest = std::min(earliest.value_or(first), first);
+    latest = std::max(latest, first);
+  }
+  live_[worker] = true;
+  options_.log.info("worker " + std::to_string(worker) + " joined the job" +
+                    (!earliest ? std::string{}
+                               : ": its keys' rounds count it from round " +
+                                     (*earliest == latest ? std::to_string(latest)
+                                                          : std::to_string(*earliest) + ".." +
+                                                                std::to_string(latest)) +
+                                     " on"));
+}
+
+std::optional<std::string> shard_core::not_a_member(std::uint32_t sender) const {
+  if (sender >= capacity())
+    return "worker rank " + std::to_string(sender) + " is beyond the job's " +
+           std::to_string(capacity()) + " worker ranks" +
+           (capacity() > options_.num_workers ? std::string{" (job.max_workers)"} : std::string{});
+  if (!member_[sender])
+    return "worker rank " + std::to_string(sender) +
+           " is not a member of the job (it has not joined, or this server has not heard so yet)";
+  return std::nullopt;
 }
 
 shard_core::key_entry shard_core::begin_init(const wire::tensor_chunk& first,
@@ -489,10 +537,9 @@ void shard_core::on_push(const push_request& push, const wire::tensor_chunk& ten
                      ": row-sparse, but the key is dense (init did not declare it row_sparse)");
     return;
   }
-  if (push.sender >= options_.num_workers) {
+  if (auto outsider = not_a_member(push.sender)) {
     refuse(reply, push.request_id, push.key, wire::error_code::invalid_argument,
-           name() + " from worker rank " + std::to_string(push.sender) + "; the job has " +
-               std::to_string(options_.num_workers) + " workers");
+           name() + ": " + *outsider);
     return;
   }
   if (tensor.row_sparse) {
@@ -890,10 +937,9 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
   if (entry == nullptr)
     return;
   auto name = [&] { return "pull of key " + std::to_string(msg.key); };
-  if (msg.sender_rank >= options_.num_workers) {
+  if (auto outsider = not_a_member(msg.sender_rank)) {
     refuse(reply, msg.request_id, msg.key, wire::error_code::invalid_argument,
-           name() + " from worker rank " + std::to_string(msg.sender_rank) + "; the job has " +
-               std::to_string(options_.num_workers) + " workers");
+           name() + ": " + *outsider);
     return;
   }
   if (msg.row_sparse != entry->row_sparse) {
@@ -917,8 +963,16 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
       rows[i] = row_id_at(msg.row_ids, i);
   }
   const auto traced_since = trace_start_time();
-  if (pull_ready(*entry, msg.round)) {
-    send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply, msg.round, traced_since,
+  // A worker that joined the running job asks first for the value its first round starts from
+  // (dist_sync), or is counted from the slowest worker's pushes when it joined (dist_async).
+  auto round = msg.round;
+  if (entry->async)
+    round += entry->async->joined_at(msg.sender_rank);
+  else if (auto first = entry->with_rounds(
+               [&](auto& rounds) { return rounds.membership().first_of(msg.sender_rank); }))
+    round = std::max(round, *first);
+  if (pull_ready(*entry, round)) {
+    send_value(msg.key, *entry, msg.request_id, msg.sender_rank, reply, round, traced_since,
                msg.row_sparse ? &rows : nullptr, from_wire(msg.reply_compression));
     return;
   }
@@ -929,7 +983,7 @@ void shard_core::on_pull(const wire::pull_request& msg, const reply_route& reply
                " of its pulls of the key are waiting already (max_rounds_ahead + 1)");
     return;
   }
-  entry->pulls.add(waiting_pull{msg.request_id, msg.sender_rank, msg.round,
+  entry->pulls.add(waiting_pull{msg.request_id, msg.sender_rank, round,
                                 expiry(now(), msg.timeout_ms), reply, traced_since, msg.row_sparse,
                                 std::move(rows), from_wire(msg.reply_compression)});
 }
@@ -975,7 +1029,7 @@ void shard_core::answer_pulls(std::uint64_t key, key_entry& entry) {
 void shard_core::trace_push_begins(key_entry& entry, std::uint32_t sender) {
   if (!job_trace::process().enabled())
     return;
-  entry.merge_started_us.resize(options_.num_workers, 0);
+  entry.merge_started_us.resize(capacity(), 0);
   entry.merge_started_us[sender] = job_trace::now_us();
 }
 
@@ -990,10 +1044,10 @@ void shard_core::trace_push_merged(key_entry& entry, const push_request& push) {
 std::vector<float>* shard_core::pull_residual(key_entry& entry, std::uint32_t sender,
                                               const gradient_compression& packing) {
   if (!packing.enabled() || !entry.sync || updater_ || !compressible(entry.stored.dtype()) ||
-      sender >= options_.num_workers)
+      sender >= capacity())
     return nullptr;
-  if (entry.pull_residuals.size() != options_.num_workers)
-    entry.pull_residuals.resize(options_.num_workers);
+  if (entry.pull_residuals.size() != capacity())
+    entry.pull_residuals.resize(capacity());
   auto& state = entry.pull_residuals[sender];
   // A round's sum feeds the residual once: a second pull of it (a retry, a pull after a
   // pushpull) gets the value itself.
@@ -1089,13 +1143,25 @@ std::size_t shard_core::expire_pulls() noexcept {
 
 void shard_core::on_membership(const wire::membership& table) noexcept {
   try {
-    std::vector<bool> live(options_.num_workers, true);
+    std::vector<bool> live = member_;
     for (const auto& node : table.nodes) {
-      if (node.node_role != wire::role::worker || node.rank >= live.size())
+      if (node.node_role != wire::role::worker)
         continue;
+      if (node.rank >= capacity()) {
+        options_.log.error("membership epoch " + std::to_string(table.epoch) + " lists worker " +
+                           std::to_string(node.rank) + ", beyond this server's " +
+                           std::to_string(capacity()) + " worker ranks (job.max_workers)");
+        continue;
+      }
+      // A worker new to the table joined the running job (one that joined and left between two
+      // tables is admitted and retired at once: it counts in no round).
+      if (!member_[node.rank] && node.alive) {
+        admit_worker(node.rank);
+        live[node.rank] = true;
+      }
       if (!node.alive || node.left)
         live[node.rank] = false;
-      if (node.left && !left_[node.rank]) {
+      if (node.left && member_[node.rank] && !left_[node.rank]) {
         retire_worker(node.rank);
         after_update();
       }
@@ -1105,7 +1171,8 @@ void shard_core::on_membership(const wire::membership& table) noexcept {
     live_ = std::move(live);
     options_.log.info("membership epoch " + std::to_string(table.epoch) + ": " +
                       std::to_string(std::count(live_.begin(), live_.end(), true)) + " of " +
-                      std::to_string(options_.num_workers) + " workers live");
+                      std::to_string(std::count(member_.begin(), member_.end(), true)) +
+                      " workers live");
     // Bounded staleness no longer waits for the workers that left.
     for (auto& [key, entry] : keys_)
       if (entry.async)

@@ -70,6 +70,7 @@
 // shard_core is the logic, callable without CAF; the server shard actor
 // (actors/server_shard.hpp) wraps it.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -108,7 +109,11 @@ using optimizer_factory =
 
 struct shard_options {
   std::uint32_t shard_index = 0;
+  /// The job's first workers (ranks 0..num_workers-1), members from its start.
   std::uint32_t num_workers = 1;
+  /// Ranks below this may join the running job (job.max_workers): a rank of at least
+  /// num_workers is a member once a membership table lists it (see on_membership). 0: num_workers.
+  std::uint32_t max_workers = 0;
   /// Where the shard sits in the job, which decides its ps-keys; written into its files and
   /// checked when they are loaded.
   std::uint32_t num_servers = 1;
@@ -168,10 +173,13 @@ public:
   void handle(envelope request, reply_function reply) noexcept;
   /// Takes a new membership table: a worker listed with role worker and alive == false (lost)
   /// or left == true is no longer live, so bounded staleness stops waiting for it; before any
-  /// table every worker is live. A worker that left is retired from every dist_sync key's rounds
-  /// (sync_round::retire: from the round after its last push on, they close without it), and so
-  /// are the keys initialised later; rounds that waited only for it close. Answers the pulls that
-  /// no longer wait.
+  /// table every one of the job's first workers is live. A worker listed for the first time (it
+  /// joined the running job, below max_workers) becomes a member: every dist_sync key counts it
+  /// from the first round no push has reached yet (sync_round::admit), and bounded staleness from
+  /// the slowest worker's pushes; its pulls of a key wait for the rounds before its first. A worker
+  /// that left is retired from every dist_sync key's rounds (sync_round::retire: from the round
+  /// after its last push on, they close without it), and so are the keys initialised later;
+  /// rounds that waited only for it close. Answers the pulls that no longer wait.
   void on_membership(const wire::membership& table) noexcept;
   /// Drops the waiting pulls whose request has expired by now (options.clock), without a reply;
   /// returns how many.
@@ -313,6 +321,14 @@ private:
   void open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t completed);
   /// `worker` left the job: retired from every key's rounds, closing those it held up.
   void retire_worker(std::uint32_t worker);
+  /// `worker` joined the running job: a member of every key's rounds from now on.
+  void admit_worker(std::uint32_t worker);
+  /// Ranks that may be members: max_workers, at least num_workers.
+  std::uint32_t capacity() const noexcept {
+    return std::max(options_.num_workers, options_.max_workers);
+  }
+  /// Why `sender` may not push or pull `what`, when it is no member of the job.
+  std::optional<std::string> not_a_member(std::uint32_t sender) const;
   /// The entry of a new key for init's first chunk, its value allocated for the declared tensor
   /// (reserved in the key budget by the caller).
   key_entry begin_init(const wire::tensor_chunk& first, std::uint64_t connection);
@@ -430,6 +446,8 @@ private:
   std::vector<std::byte> unpacked_;
   /// live_[w]: worker w counts for bounded staleness.
   std::vector<bool> live_;
+  /// member_[w]: worker w is in the job (one of its first workers, or joined since).
+  std::vector<bool> member_;
   /// left_[w]: worker w left the job (the membership table said so).
   std::vector<bool> left_;
   /// sender_connection_[w]: the connection worker w's last push chunk came by (0: in-process).

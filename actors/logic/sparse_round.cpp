@@ -37,7 +37,7 @@ std::optional<std::string> check_row_ids(std::span<const std::byte> row_ids, std
 sparse_round::sparse_round(const ndarray& like, sync_round_options options)
     : options_(options), membership_(options.num_workers, options.quorum),
       round_quorum_(options.quorum), shape_(like.shape()), type_(like.dtype()),
-      merge_type_(like.dtype()), pushed_(options.num_workers, 0) {
+      merge_type_(like.dtype()), pushed_(std::max(options.num_workers, options.max_workers), 0) {
   row_elements_ = 1;
   for (std::size_t axis = 1; axis < shape_.size(); ++axis)
     row_elements_ *= static_cast<std::size_t>(shape_[axis]);
@@ -62,10 +62,21 @@ std::uint64_t sparse_round::retire(std::uint32_t sender) {
   return end;
 }
 
+std::uint64_t sparse_round::admit(std::uint32_t sender) {
+  if (auto first = membership_.first_of(sender))
+    return *first;
+  std::uint64_t first = completed_ + (collecting() ? 1 : 0);
+  for (const auto& push : deferred_)
+    first = std::max(first, push.round + 1);
+  membership_.admit(sender, first);
+  round_quorum_ = membership_.quorum(completed_);
+  return first;
+}
+
 chunk_outcome sparse_round::add(const sparse_push& push, deferred_answer answer) {
   if (push.round >= completed_ && !membership_.counts(push.sender, push.round))
     return refuse(wire::error_code::invalid_argument, push,
-                  left_the_job(push.sender, *membership_.end_of(push.sender)));
+                  membership_.why_not(push.sender, push.round));
   if (push.round < completed_) {
     if (options_.quorum == options_.num_workers)
       return refuse(wire::error_code::stale_round, push,

@@ -84,6 +84,8 @@ public:
   std::uint32_t round_members() const noexcept { return membership_.members(completed_); }
   std::uint32_t round_quorum() const noexcept { return round_quorum_; }
   std::uint64_t retire(std::uint32_t sender);
+  /// `sender` joined the job: as sync_round::admit.
+  std::uint64_t admit(std::uint32_t sender);
   const round_membership& membership() const noexcept { return membership_; }
   /// The round's sum (precondition: quorum_reached()), scaled by `scale`: the rows its pushes
   /// held, in the merge dtype (float32 under merge_in_float32, else the key's).

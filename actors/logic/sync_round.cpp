@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "actors/logic/wire_conversions.hpp"
@@ -49,6 +50,20 @@ value_layout in_float32(value_layout layout) {
 
 } // namespace
 
+void round_membership::admit(std::uint32_t worker, std::uint64_t first) {
+  if (!first_of(worker))
+    joined_.push_back({worker, first});
+}
+
+std::optional<std::uint64_t> round_membership::first_of(std::uint32_t worker) const noexcept {
+  if (worker < num_workers_)
+    return 0;
+  for (const auto& came : joined_)
+    if (came.worker == worker)
+      return came.first;
+  return std::nullopt;
+}
+
 void round_membership::retire(std::uint32_t worker, std::uint64_t end) {
   if (!end_of(worker))
     left_.push_back({worker, end});
@@ -62,22 +77,38 @@ std::optional<std::uint64_t> round_membership::end_of(std::uint32_t worker) cons
 }
 
 bool round_membership::counts(std::uint32_t worker, std::uint64_t round) const noexcept {
+  auto first = first_of(worker);
   auto end = end_of(worker);
-  return !end || round < *end;
+  return first && *first <= round && (!end || round < *end);
+}
+
+std::string round_membership::why_not(std::uint32_t worker, std::uint64_t round) const {
+  if (auto end = end_of(worker); end && round >= *end)
+    return left_the_job(worker, *end);
+  if (auto first = first_of(worker))
+    return "worker " + std::to_string(worker) + " joined the job at round " +
+           std::to_string(*first) + " of the key: round " + std::to_string(round) + " is before it";
+  return "worker " + std::to_string(worker) +
+         " is not a member of the job (it has not joined, or this server has not heard so yet)";
 }
 
 std::uint32_t round_membership::members(std::uint64_t round) const noexcept {
-  auto gone =
-      std::count_if(left_.begin(), left_.end(), [&](const departure& d) { return d.end <= round; });
-  return num_workers_ - static_cast<std::uint32_t>(gone);
+  std::uint32_t in = num_workers_;
+  for (const auto& gone : left_)
+    if (gone.worker < num_workers_ && gone.end <= round)
+      --in;
+  for (const auto& came : joined_)
+    if (counts(came.worker, round))
+      ++in;
+  return in;
 }
 
 std::uint32_t round_membership::quorum(std::uint64_t round) const noexcept {
   auto in = members(round);
   if (in == 0)
     return 0;
-  auto gone = num_workers_ - in;
-  return quorum_ > gone ? std::min(quorum_ - gone, in) : 1;
+  const auto tolerated = num_workers_ - quorum_;
+  return in > tolerated ? in - tolerated : 1;
 }
 
 std::string left_the_job(std::uint32_t worker, std::uint64_t end) {
@@ -89,7 +120,21 @@ std::string left_the_job(std::uint32_t worker, std::uint64_t end) {
 sync_round::sync_round(const ndarray& like, sync_round_options options)
     : options_(options), membership_(options.num_workers, options.quorum),
       round_quorum_(options.quorum), layout_(like), wide_layout_(in_float32(layout_)),
-      wire_type_(to_wire(like.dtype())), workers_(options.num_workers) {}
+      wire_type_(to_wire(like.dtype())),
+      workers_(std::max(options.num_workers, options.max_workers)) {}
+
+std::uint64_t sync_round::admit(std::uint32_t sender) {
+  if (auto first = membership_.first_of(sender))
+    return *first;
+  const auto first =
+      std::accumulate(deferred_.begin(), deferred_.end(), completed_ + (collecting() ? 1 : 0),
+                      [](std::uint64_t after, const deferred_push& push) {
+                        return std::max(after, push.round + 1);
+                      });
+  membership_.admit(sender, first);
+  round_quorum_ = membership_.quorum(completed_);
+  return first;
+}
 
 std::uint64_t sync_round::retire(std::uint32_t sender) {
   if (auto end = membership_.end_of(sender))
@@ -117,7 +162,7 @@ chunk_outcome sync_round::add(const push_chunk& chunk) {
 chunk_outcome sync_round::add_current(const push_chunk& chunk) {
   if (!membership_.counts(chunk.sender, chunk.round))
     return refuse(wire::error_code::invalid_argument, chunk,
-                  left_the_job(chunk.sender, *membership_.end_of(chunk.sender)));
+                  membership_.why_not(chunk.sender, chunk.round));
   auto& worker = workers_[chunk.sender];
   if (worker.done)
     return refuse(wire::error_code::invalid_argument, chunk, "the worker pushed this round twice");
@@ -171,7 +216,7 @@ chunk_outcome sync_round::defer(const push_chunk& chunk, deferred_answer answer)
             std::to_string(options_.max_rounds_ahead) + " rounds ahead of it (max_rounds_ahead)");
   if (!membership_.counts(chunk.sender, chunk.round))
     return refuse(wire::error_code::invalid_argument, chunk,
-                  left_the_job(chunk.sender, *membership_.end_of(chunk.sender)));
+                  membership_.why_not(chunk.sender, chunk.round));
   auto found = std::find_if(deferred_.begin(), deferred_.end(), [&](const deferred_push& push) {
     return push.sender == chunk.sender && push.round == chunk.round;
   });

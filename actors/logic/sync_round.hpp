@@ -58,35 +58,47 @@ namespace troupe {
 struct sync_round_options {
   /// The key, for the messages of refused chunks.
   std::uint64_t key = 0;
+  /// The job's first workers (ranks 0..num_workers-1), members from round 0.
   std::uint32_t num_workers = 1;
   /// Workers whose whole push closes a round: 1..num_workers.
   std::uint32_t quorum = 1;
   /// Rounds beyond the one being collected whose pushes are kept (>= 1).
   std::uint32_t max_rounds_ahead = 2;
+  /// Ranks below this may push once they joined (admit); 0: num_workers (no worker joins).
+  std::uint32_t max_workers = 0;
 };
 
-/// Which workers a key's rounds wait for, round by round. Every worker of the job counts from
-/// round 0 until it leaves the job (retire): from its end round on, the key's rounds close
-/// without it. A round's quorum is the job's quorum less the workers that left before that round
-/// (at least 1): a job that tolerated the loss of N - K workers still tolerates as many, and with
-/// K == N every worker still in must push (MXNet's closed form with the round's own N). Memory:
-/// one entry per worker that left.
+/// Which workers a key's rounds wait for, round by round. The job's first workers (ranks below
+/// num_workers) count from round 0; a worker that joins the running job (admit) counts from its
+/// first round on; a worker that leaves (retire) no longer counts from its end round on. A round's
+/// quorum is its members less the losses the job tolerates (num_workers - quorum, at least 1
+/// whole push): a job that tolerated the loss of N - K workers still tolerates as many, and with
+/// K == N every worker in the round must push (MXNet's closed form with the round's own N).
+/// Memory: one entry per worker that joined and per worker that left.
 class round_membership {
 public:
   round_membership(std::uint32_t num_workers, std::uint32_t quorum)
       : num_workers_(num_workers), quorum_(quorum) {}
 
+  /// `worker` joined the job: it counts from round `first` on. A worker that is a member already
+  /// (one of the first num_workers, or admitted before) is left as it is.
+  void admit(std::uint32_t worker, std::uint64_t first);
+  /// The first round `worker` counts in: 0 for the job's first workers, its join round for a
+  /// worker that joined, nothing for a worker that is not (yet) a member.
+  std::optional<std::uint64_t> first_of(std::uint32_t worker) const noexcept;
   /// `worker` counts in the rounds before `end` only. A second call changes nothing.
   void retire(std::uint32_t worker, std::uint64_t end);
   /// The round from which `worker` no longer counts, once it left.
   std::optional<std::uint64_t> end_of(std::uint32_t worker) const noexcept;
   /// `worker` counts in `round`.
   bool counts(std::uint32_t worker, std::uint64_t round) const noexcept;
+  /// Why `worker` does not count in `round` (precondition: !counts(worker, round)).
+  std::string why_not(std::uint32_t worker, std::uint64_t round) const;
   /// The workers `round` waits for.
   std::uint32_t members(std::uint64_t round) const noexcept;
   /// Whole pushes that close `round`; 0 when no worker counts in it (it never closes).
   std::uint32_t quorum(std::uint64_t round) const noexcept;
-  /// The job's quorum K and number of workers N.
+  /// The job's quorum K and its first number of workers N.
   std::uint32_t job_quorum() const noexcept { return quorum_; }
   std::uint32_t job_workers() const noexcept { return num_workers_; }
 
@@ -95,8 +107,13 @@ private:
     std::uint32_t worker = 0;
     std::uint64_t end = 0;
   };
+  struct arrival {
+    std::uint32_t worker = 0;
+    std::uint64_t first = 0;
+  };
   std::uint32_t num_workers_;
   std::uint32_t quorum_;
+  std::vector<arrival> joined_;
   std::vector<departure> left_;
 };
 
@@ -171,6 +188,11 @@ public:
   /// not pushed that one. Returns that first round without it. The shard then checks
   /// quorum_reached(), as after a push.
   std::uint64_t retire(std::uint32_t sender);
+  /// `sender` joined the job: it counts from the first round no push has reached yet (the round
+  /// being collected when nothing of it has arrived, else the round after the latest pushed or
+  /// deferred one), which this returns. A member already keeps its rounds. Precondition:
+  /// sender < max_workers.
+  std::uint64_t admit(std::uint32_t sender);
   const round_membership& membership() const noexcept { return membership_; }
   /// float16 pushes are summed into a float32 buffer from the next round that opens (the servers'
   /// rule under multi_precision, as MXNet's server sums them: sum() is then float32); off, in the

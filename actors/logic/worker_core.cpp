@@ -530,6 +530,7 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     }
   }
   if (!p->resend) {
+    ps.pushed = ps.pushed || pushes;
     p->round = pushes ? ps.next_round++ : ps.next_round;
     // Here, in the order the ps-key's pushes leave, so that its residual takes them in order.
     if (pushes && p->compression.enabled())
@@ -1044,6 +1045,12 @@ void worker_core::on_value(std::uint64_t id, const std::shared_ptr<part>& p, env
   }
   if (!p->reply_seen) {
     p->reply_seen = true;
+    if (options_.joined && options_.sync) {
+      // The value its first round starts from: the server counts this worker from there.
+      auto& ps = keys_[p->slice.ps_key];
+      if (!ps.pushed)
+        ps.next_round = std::max(ps.next_round, value.round);
+    }
     learn_round(p->slice.ps_key, value.round, false, value.durable);
     // The round closed: the value's remaining chunks need no credit.
     give_back_slice_credit(*p);

@@ -149,6 +149,10 @@ struct worker_core_options {
   std::uint32_t num_workers = 1;
   /// dist_sync (rounds, credit) or dist_async.
   bool sync = true;
+  /// The worker joined the running job (Admitted.joined): in dist_sync a ps-key's rounds start
+  /// where the server says, in the reply to the worker's first pull of it (dist_kvstore's init
+  /// pulls every key), not at 0.
+  bool joined = false;
   /// MXNET_KVSTORE_BIGARRAY_BOUND.
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
@@ -424,6 +428,8 @@ private:
   struct ps_key_state {
     /// Pushes of the key sent so far: the round of the next push, and of a pull's value.
     std::uint64_t next_round = 0;
+    /// A push of the key has been sent (a worker that joined starts its rounds before that).
+    bool pushed = false;
     /// Rounds the server has completed, from its latest answer.
     std::uint64_t completed = 0;
     /// Requests not yet sent, in call order, behind a push that has no credit.

@@ -141,6 +141,28 @@ BOOST_AUTO_TEST_CASE(losing_a_worker_releases_the_barriers_it_held_up_and_later_
   BOOST_TEST(std::holds_alternative<job_barriers::refusal>(book.arrive(worker(2, 3))));
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_joins_is_waited_for_from_its_first_barrier_on) {
+  job_barriers book{1, 2}; // server 0, workers 1 and 2
+  BOOST_TEST(released(book.arrive(worker(1, 3))).empty());
+  // Worker 3 joins with its first workers' barrier at 4: barrier 3 does not wait for it.
+  std::vector<std::uint64_t> first(8, 1);
+  first[wire::group::workers] = 4;
+  book.join(3, first);
+  BOOST_TEST(book.expected(wire::group::workers, 3) == 2u);
+  BOOST_TEST(book.expected(wire::group::workers, 4) == 3u);
+  BOOST_TEST((released(book.arrive(worker(2, 3))) == members{1, 2}));
+  BOOST_TEST(released(book.arrive(worker(1, 4))).empty());
+  BOOST_TEST(released(book.arrive(worker(2, 4))).empty());
+  BOOST_TEST((released(book.arrive(worker(3, 4))) == members{1, 2, 3}));
+  // Its loss releases what it held up, and takes nothing from the first workers' count.
+  BOOST_TEST(released(book.arrive(worker(1, 5))).empty());
+  BOOST_TEST(released(book.arrive(worker(2, 5))).empty());
+  const auto done = book.lose(3, wire::role::worker);
+  BOOST_TEST_REQUIRE(done.size() == 1u);
+  BOOST_TEST((members_of(done.front()) == members{1, 2}));
+  BOOST_TEST(book.expected(wire::group::workers) == 2u);
+}
+
 BOOST_AUTO_TEST_CASE(a_lost_members_earlier_arrivals_no_longer_count) {
   job_barriers book{1, 3};
   BOOST_TEST(released(book.arrive(worker(1, 1))).empty());

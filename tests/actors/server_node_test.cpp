@@ -240,7 +240,8 @@ BOOST_AUTO_TEST_CASE(frames_a_server_never_takes_are_routed_to_nobody_and_reques
   server_node node{system, options};
   auto route = [&](wire::message msg) { return node.route(envelope{std::move(msg), nullptr, 1}); };
   for (auto msg : std::vector<wire::message>{
-           wire::ack{5}, wire::heartbeat{1, 2, 3}, wire::admission{6, wire::admitted{0, 8}},
+           wire::ack{5}, wire::heartbeat{1, 2, 3},
+           wire::admission{6, wire::admitted{0, 8, {}, false, {}}},
            wire::barrier{7, 1, wire::group::workers, 0, {}},
            wire::error_reply{8, std::nullopt, wire::error_code::internal, "x"}})
     BOOST_TEST(!route(msg), wire::kind_name(msg));

@@ -92,6 +92,8 @@ std::vector<broken_config> table() {
     {p::scheduler, g::env, {"DMLC_NUM_WORKER", "99999999999999999999"}, "DMLC_NUM_WORKER",
      "a count too big for 64 bits"},
     {p::scheduler, g::flag, {"--num-servers", "0"}, "--num-servers", "zero servers"},
+    {p::scheduler, g::env, {"TROUPE_MAX_WORKERS", "0"}, "TROUPE_MAX_WORKERS",
+     "room for zero workers"},
     {p::scheduler, g::config_flag, {"[scheduler]\nport = 70000\n"}, "scheduler.port",
      "a port out of range"},
     {p::scheduler, g::config_flag, {"[scheduler]\nport = 99999999999999999999\n"},

@@ -34,6 +34,18 @@
 //                              (r'+1): MXNet's closed form with the workers still in each round.
 //                              With --barrier-after B, each rank with R_r > B calls kv.barrier()
 //                              after round B, which the ranks that left do not hold up
+//   kv_worker --check elastic --first-round-of-rank 0,0,3,6 --rounds-of-rank 9,9,12,12
+//             [--barrier-after B]
+//                              dist_sync with workers joining the running job (job.max_workers):
+//                              rank r is in rounds [F_r, R_r), pushing ones*(r+1) and pulling;
+//                              before a round t that some rank joins at, every rank in the job
+//                              writes $KV_WORKER_DIR/want-t (for the test to start the joiner)
+//                              and waits until kv.num_workers() counts it. A joiner checks that
+//                              its first pull is the value after round F_r - 1. After round i
+//                              every pull is 1 + 2 sum_{j <= i} sum_{r: F_r <= j < R_r} (r+1);
+//                              each rank leaves after its last round as in --check uneven, and
+//                              with --barrier-after B the ranks in the job call kv.barrier()
+//                              after round B (a joiner's barriers are in step with the others')
 //   kv_worker --check recover --round-ms T
 //                              dist_sync, sgd with momentum: rank r pushes gradients of
 //                              non-integral values that depend on the key, the round and r, pulls
@@ -113,13 +125,18 @@ int main(int argc, char** argv) {
   app.add_option("--absent", absent, "--check sync: the rank that never pushes");
   app.add_option("--check", check)
       ->check(CLI::IsMember(
-          {"sync", "async", "replace", "hang", "quorum", "flood", "recover", "uneven"}));
+          {"sync", "async", "replace", "hang", "quorum", "flood", "recover", "uneven", "elastic"}));
+  std::vector<int> first_round_of_rank;
+  app.add_option("--first-round-of-rank", first_round_of_rank,
+                 "--check elastic: the round each rank joins at (0: one of the first workers)")
+      ->delimiter(',');
   std::vector<int> rounds_of_rank;
-  app.add_option("--rounds-of-rank", rounds_of_rank, "--check uneven: each rank's rounds")
+  app.add_option("--rounds-of-rank", rounds_of_rank,
+                 "--check uneven, elastic: the round each rank leaves at")
       ->delimiter(',');
   int barrier_after = -1;
   app.add_option("--barrier-after", barrier_after,
-                 "--check uneven: the ranks still in call barrier() after this round");
+                 "--check uneven, elastic: the ranks still in call barrier() after this round");
   int stall_ms = 0;
   app.add_option("--stall-ms", stall_ms, "--check flood: how long rank 1 waits before pushing");
   app.add_option("--victim", victim, "--check quorum: the rank the test kills");
@@ -226,6 +243,29 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // --check uneven and elastic: one round of this rank (it pushes ones*(rank+1) to every key, and
+  // every pull must be `expected`), then the barrier after round --barrier-after. What went wrong.
+  auto pushed_and_pulled = [&](int round, double expected) -> std::string {
+    const std::string in_round = "round " + std::to_string(round);
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      auto grad = ndarray::full(shapes[k], rank + 1.0, context::cpu(), type_of_values);
+      if (auto pushed = kv.push(keys[k], grad); !pushed)
+        return in_round + " push: " + pushed.error().to_string();
+    }
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
+      if (auto pulled = kv.pull(keys[k], out); !pulled)
+        return in_round + " pull: " + pulled.error().to_string();
+      if (auto wrong = mismatch(out, expected); !wrong.empty())
+        return "rank " + std::to_string(rank) + " key " + to_string(keys[k]) + " " + in_round +
+               ": " + wrong;
+    }
+    if (round == barrier_after)
+      if (auto waited = kv.barrier(); !waited)
+        return "barrier after " + in_round + ": " + waited.error().to_string();
+    return {};
+  };
+
   if (check == "uneven") {
     if (rounds_of_rank.size() != static_cast<std::size_t>(kv.num_workers()))
       return failed("--rounds-of-rank names " + std::to_string(rounds_of_rank.size()) +
@@ -236,23 +276,8 @@ int main(int argc, char** argv) {
       for (std::size_t r = 0; r < rounds_of_rank.size(); ++r)
         if (rounds_of_rank[r] > round)
           expected += 2.0 * static_cast<double>(r + 1);
-      for (std::size_t k = 0; k < keys.size(); ++k) {
-        auto grad = ndarray::full(shapes[k], rank + 1.0, context::cpu(), type_of_values);
-        if (auto pushed = kv.push(keys[k], grad); !pushed)
-          return failed("round " + std::to_string(round) + " push: " + pushed.error().to_string());
-      }
-      for (std::size_t k = 0; k < keys.size(); ++k) {
-        auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
-        if (auto pulled = kv.pull(keys[k], out); !pulled)
-          return failed("round " + std::to_string(round) + " pull: " + pulled.error().to_string());
-        if (auto wrong = mismatch(out, expected); !wrong.empty())
-          return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) + " round " +
-                        std::to_string(round) + ": " + wrong);
-      }
-      if (round == barrier_after)
-        if (auto waited = kv.barrier(); !waited)
-          return failed("barrier after round " + std::to_string(round) + ": " +
-                        waited.error().to_string());
+      if (auto wrong = pushed_and_pulled(round, expected); !wrong.empty())
+        return failed(wrong);
     }
     if (auto left = kv.leave(); !left)
       return failed("leave: " + left.error().to_string());
@@ -262,6 +287,69 @@ int main(int argc, char** argv) {
       return failed("a pull after leave(): " +
                     (after ? std::string{"ok"} : after.error().to_string()));
     std::printf("kv_worker rank %d: uneven checks hold over its %d rounds\n", rank, mine);
+    return 0;
+  }
+
+  if (check == "elastic") {
+    const auto ranks = rounds_of_rank.size();
+    if (first_round_of_rank.size() != ranks || rank < 0 || static_cast<std::size_t>(rank) >= ranks)
+      return failed("--first-round-of-rank and --rounds-of-rank must name every rank, rank " +
+                    std::to_string(rank) + " included");
+    auto in_round = [&](std::size_t r, int round) {
+      return first_round_of_rank[r] <= round && round < rounds_of_rank[r];
+    };
+    // The value after round `last` (1 before any round).
+    auto closed_form = [&](int last) {
+      double value = 1;
+      for (int round = 0; round <= last; ++round)
+        for (std::size_t r = 0; r < ranks; ++r)
+          if (in_round(r, round))
+            value += 2.0 * static_cast<double>(r + 1);
+      return value;
+    };
+    const auto me = static_cast<std::size_t>(rank);
+    const int first = first_round_of_rank[me], end = rounds_of_rank[me];
+    if (first > 0)
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto out = ndarray::zeros(shapes[k], context::cpu(), type_of_values);
+        if (auto pulled = kv.pull(keys[k], out); !pulled)
+          return failed("first pull after joining: " + pulled.error().to_string());
+        if (auto wrong = mismatch(out, closed_form(first - 1)); !wrong.empty())
+          return failed("rank " + std::to_string(rank) + " key " + to_string(keys[k]) +
+                        ": its first pull after joining at round " + std::to_string(first) + ": " +
+                        wrong);
+      }
+    const char* dir = std::getenv("KV_WORKER_DIR");
+    for (int round = first; round < end; ++round) {
+      // A rank joins at this round: ask for it, and go on once the job counts it.
+      int joining = 0, wanted = 0;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        joining += first_round_of_rank[r] == round && round > 0;
+        wanted += first_round_of_rank[r] <= round;
+      }
+      if (joining > 0 && round > first) {
+        if (dir == nullptr)
+          return failed("--check elastic needs KV_WORKER_DIR (where it asks for joiners)");
+        const std::string file = std::string{dir} + "/want-" + std::to_string(round);
+        const std::string temporary = file + ".rank" + std::to_string(rank);
+        std::ofstream(temporary) << wanted << "\n";
+        std::rename(temporary.c_str(), file.c_str());
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{60};
+        while (kv.num_workers() < wanted) {
+          if (std::chrono::steady_clock::now() > deadline)
+            return failed("round " + std::to_string(round) + ": the job still has " +
+                          std::to_string(kv.num_workers()) + " workers, not " +
+                          std::to_string(wanted) + ", after 60 s");
+          std::this_thread::sleep_for(std::chrono::milliseconds{10});
+        }
+      }
+      if (auto wrong = pushed_and_pulled(round, closed_form(round)); !wrong.empty())
+        return failed(wrong);
+    }
+    if (auto left = kv.leave(); !left)
+      return failed("leave: " + left.error().to_string());
+    std::printf("kv_worker rank %d: elastic checks hold over its rounds %d..%d\n", rank, first,
+                end - 1);
     return 0;
   }
 

@@ -302,6 +302,100 @@ BOOST_AUTO_TEST_CASE(workers_that_leave_early_let_the_rest_finish_with_the_close
   }
 }
 
+BOOST_AUTO_TEST_CASE(workers_that_join_a_running_job_count_from_the_round_the_servers_fix) {
+  // Two workers start a job with room for four (job.max_workers); a third joins at round 3 and a
+  // fourth at round 6, then the first two leave after round 8 and the joiners after round 11.
+  // Every pull is the closed form with the workers in each round, the barrier after round 7
+  // waits for all four (the joiners' barriers in step), and every process exits 0.
+  for (const char* type : {"float32", "float16"}) {
+    BOOST_TEST_CONTEXT(type) {
+      temp_dir dir;
+      const auto port = std::to_string(free_port());
+      const std::map<std::string, std::string> room{{"TROUPE_MAX_WORKERS", "4"},
+                                                    {"KV_WORKER_DIR", dir.path().string()}};
+      const std::vector<std::string> check{"--check",
+                                           "elastic",
+                                           "--first-round-of-rank",
+                                           "0,0,3,6",
+                                           "--rounds-of-rank",
+                                           "9,9,12,12",
+                                           "--barrier-after",
+                                           "7",
+                                           "--dtype",
+                                           type,
+                                           "--shapes",
+                                           "2x3,1200x1200,1211x1211"};
+      auto scheduler_env = node_env("scheduler", 2, 2, port, room);
+      scheduler_env["PS_VERBOSE"] = "1"; // its summary names the joins
+      child_process scheduler{node_path, {}, scheduler_env};
+      std::vector<std::unique_ptr<child_process>> servers, workers;
+      for (int i = 0; i < 2; ++i)
+        servers.push_back(std::make_unique<child_process>(node_path, std::vector<std::string>{},
+                                                          node_env("server", 2, 2, port, room)));
+      for (int i = 0; i < 2; ++i)
+        workers.push_back(std::make_unique<child_process>(worker_path, check,
+                                                          node_env("worker", 2, 2, port, room)));
+      // A joiner is started when the workers ask for it, as an operator would add one: the same
+      // program and environment.
+      for (const int round : {3, 6}) {
+        const auto asked = dir / ("want-" + std::to_string(round));
+        const auto deadline = clock_type::now() + 120s;
+        while (!fs::exists(asked) && clock_type::now() < deadline)
+          std::this_thread::sleep_for(20ms);
+        BOOST_TEST_REQUIRE(fs::exists(asked), "nobody asked for the joiner of round " << round);
+        workers.push_back(std::make_unique<child_process>(worker_path, check,
+                                                          node_env("worker", 2, 2, port, room)));
+      }
+      std::string worker_logs;
+      for (auto& worker : workers) {
+        auto result = worker->wait(120s);
+        BOOST_TEST_REQUIRE(!result.timed_out);
+        BOOST_TEST(result.exit_code == 0, result.err);
+        worker_logs += result.out;
+      }
+      for (const auto& [rank, rounds] : std::vector<std::pair<int, std::string>>{
+               {0, "0..8"}, {1, "0..8"}, {2, "3..11"}, {3, "6..11"}})
+        BOOST_TEST(count_lines(worker_logs, "kv_worker rank " + std::to_string(rank) +
+                                                ": elastic checks hold over its rounds " +
+                                                rounds) == 1u,
+                   worker_logs);
+      for (auto& server : servers)
+        BOOST_TEST(server->wait(60s).exit_code == 0);
+      const auto ended = scheduler.wait(60s);
+      BOOST_TEST(ended.exit_code == 0, ended.err);
+      BOOST_TEST(count_lines(ended.err, "joined: worker 2 (node 13)") == 1u, ended.err);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(troupe_launch_starts_a_joining_worker_on_sigusr2_up_to_max_workers) {
+  // The operator's way: troupe-launch --max-workers 4, and SIGUSR2 when a worker should join.
+  temp_dir dir;
+  child_process launcher{
+      launch_path,
+      launch_args(2, 2, {"--max-workers", "4"},
+                  {"--check", "elastic", "--first-round-of-rank", "0,0,3,6", "--rounds-of-rank",
+                   "9,9,12,12", "--shapes", "2x3,1211x1211"}),
+      {{"KV_WORKER_DIR", dir.path().string()}}};
+  auto await_file = [&](const std::string& name) {
+    const auto deadline = clock_type::now() + 120s;
+    while (!fs::exists(dir / name) && clock_type::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+    BOOST_TEST_REQUIRE(fs::exists(dir / name), "no " << name << " within 120 s");
+  };
+  for (const int round : {3, 6}) {
+    await_file("want-" + std::to_string(round));
+    BOOST_TEST_REQUIRE(::kill(launcher.pid(), SIGUSR2) == 0);
+  }
+  // The fourth worker is in (its pid file follows its init): a fifth has no rank to take.
+  await_file("rank-3");
+  BOOST_TEST_REQUIRE(::kill(launcher.pid(), SIGUSR2) == 0);
+  const auto result = launcher.wait(180s);
+  require_job_success(result, 4, "elastic");
+  BOOST_TEST(count_lines(result.err, "the job has room for 4 workers, all started") == 1u,
+             result.err);
+}
+
 BOOST_AUTO_TEST_CASE(dist_async_applies_every_push_exactly_once_across_processes) {
   require_job_success(launch_job(4, 2,
                                  {"--type", "dist_async", "--check", "async", "--rounds", "20",

@@ -62,7 +62,7 @@ BOOST_AUTO_TEST_CASE(an_admission_round_trips_both_outcomes) {
   sealed_secret sealed{};
   for (std::size_t i = 0; i < sealed.size(); ++i)
     sealed[i] = static_cast<std::uint8_t>(3 * i + 1);
-  round_trip yes(admission{5, admitted{2, 13, sealed}});
+  round_trip yes(admission{5, admitted{2, 13, sealed, false, {}}});
   const auto& a = yes.as<admission>();
   BOOST_TEST(a.request_id == 5u);
   BOOST_TEST_REQUIRE(std::holds_alternative<admitted>(a.outcome));

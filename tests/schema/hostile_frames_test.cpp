@@ -743,7 +743,7 @@ BOOST_AUTO_TEST_CASE(
   link_digest bytes{};
   bytes.fill(7);
   const std::vector<std::pair<message, const char*>> cases = {
-      {admission{1, admitted{1, 9}}, "sealed secret"},
+      {admission{1, admitted{1, 9, {}, false, {}}}, "sealed secret"},
       {link_hello{"host", 0, 0, bytes, bytes, std::nullopt, std::nullopt, bytes}, "node proof"},
   };
   for (const auto& [msg, what] : cases) {

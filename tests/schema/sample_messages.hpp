@@ -53,7 +53,7 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(registration{101, protocol_version, role::server, "job-42", "10.0.0.7", 9091, 5});
   sealed_secret sealed{};
   sealed.fill(0xA5);
-  out.push_back(admission{102, admitted{3, 11, sealed}});
+  out.push_back(admission{102, admitted{3, 11, sealed, true, {1, 4, 2}}});
   out.push_back(membership{7,
                            4,
                            2,

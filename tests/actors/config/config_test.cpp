@@ -420,6 +420,8 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "0",
                             "--num-workers",
                             "7",
+                            "--max-workers",
+                            "9",
                             "--num-servers",
                             "3",
                             "--job-id",
@@ -526,6 +528,7 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST((cfg.role == node_role::scheduler));
   BOOST_TEST((cfg.scheduler_port == 0));
   BOOST_TEST((cfg.num_workers == 7));
+  BOOST_TEST((cfg.max_workers == 9));
   BOOST_TEST((cfg.num_servers == 3));
   BOOST_TEST(cfg.job_id == "j");
   BOOST_TEST(cfg.auth_token == "abc");

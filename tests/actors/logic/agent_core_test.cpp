@@ -94,8 +94,8 @@ struct agent_driver : core_clock<agent_core::actions, clock_type> {
   /// The admission of rank `rank` whose secret is sealed under `under` for that very node.
   wire::admission admission(std::uint32_t rank, const session_key& under) const {
     const std::uint32_t node_id = options.role == wire::role::server ? 8 + 2 * rank : 9 + 2 * rank;
-    wire::admitted granted{rank, node_id,
-                           seal_secret(under, secret, {options.role, rank}, node_id)};
+    wire::admitted granted{
+        rank, node_id, seal_secret(under, secret, {options.role, rank}, node_id), false, {}};
     return wire::admission{agent_core::registration_request_id, granted};
   }
   wire::admission admission(std::uint32_t rank = 0) const { return admission(rank, session); }
@@ -263,7 +263,8 @@ BOOST_AUTO_TEST_CASE(an_admission_whose_secret_does_not_open_fails_join) {
   // No secret at all.
   agent_driver bare;
   bare.connect();
-  bare.frame(wire::admission{agent_core::registration_request_id, wire::admitted{0, 9, {}}});
+  bare.frame(
+      wire::admission{agent_core::registration_request_id, wire::admitted{0, 9, {}, false, {}}});
   bare.failed_with(errc::invalid_argument);
 
   // A link without a key exchange cannot open any secret.

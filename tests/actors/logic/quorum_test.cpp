@@ -189,6 +189,78 @@ BOOST_AUTO_TEST_CASE(after_a_worker_leaves_rounds_close_with_the_workers_still_i
              boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_joins_counts_from_the_first_round_no_push_has_reached) {
+  shard_options room;
+  room.max_workers = 4;
+  shard_driver d{2, {}, room}; // no optimizer: each round's sum becomes the value
+  auto one = ndarray::full({elements}, 1.0f), two = ndarray::full({elements}, 2.0f),
+       four = ndarray::full({elements}, 4.0f);
+  BOOST_TEST_REQUIRE(d.init(key, one));
+  // Before any table lists it, rank 2 is no member: its push and its pull are refused.
+  const auto outsider = d.push(key, 2, 0, four);
+  BOOST_TEST_REQUIRE(d.error(outsider) != nullptr);
+  BOOST_TEST(d.error(outsider)->message.find("worker rank 2 is not a member") != std::string::npos);
+  const auto beyond = d.pull(key, 4, 0);
+  BOOST_TEST_REQUIRE(d.error(beyond) != nullptr);
+  BOOST_TEST(d.error(beyond)->message.find("beyond the job's 4 worker ranks") != std::string::npos);
+  // Round 0 closes with workers 0 and 1; worker 0 has pushed round 1 already.
+  BOOST_TEST(d.ack(d.push(key, 0, 0, one)) != nullptr);
+  BOOST_TEST(d.ack(d.push(key, 1, 0, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(d.ack(d.push(key, 0, 1, one)) != nullptr);
+  // Worker 2 joins: round 1 has bytes already, so it counts from round 2 on.
+  d.shard->on_membership(with_left_workers(3, {}));
+  const auto first = d.pull(key, 2, 0);
+  BOOST_TEST(d.replies_to(first) == 0u); // waits for the rounds before its first
+  const auto early = d.push(key, 2, 1, four);
+  BOOST_TEST_REQUIRE(d.error(early) != nullptr);
+  BOOST_TEST(d.error(early)->message.find("joined the job at round 2") != std::string::npos);
+  BOOST_TEST(d.ack(d.push(key, 1, 1, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 2u); // round 1 closed without it
+  BOOST_TEST_REQUIRE(d.value_reply(first) != nullptr);
+  BOOST_TEST(d.value_reply(first)->round == 2u);
+  BOOST_TEST(*d.pulled(first) == std::vector<float>(elements, 3.0f),
+             boost::test_tools::per_element());
+  // Round 2 waits for all three.
+  BOOST_TEST(d.ack(d.push(key, 0, 2, one)) != nullptr);
+  BOOST_TEST(d.ack(d.push(key, 1, 2, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 2u);
+  BOOST_TEST(d.ack(d.push(key, 2, 2, four)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 3u);
+  BOOST_TEST(d.stored(key) == std::vector<float>(elements, 7.0f), boost::test_tools::per_element());
+  // A key initialised after the join counts it from its round 0.
+  BOOST_TEST_REQUIRE(d.init(key + 1, one));
+  BOOST_TEST(d.ack(d.push(key + 1, 0, 0, one)) != nullptr);
+  BOOST_TEST(d.ack(d.push(key + 1, 1, 0, one)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key + 1) == 0u);
+  BOOST_TEST(d.ack(d.push(key + 1, 2, 0, two)) != nullptr);
+  BOOST_TEST(d.stored(key + 1) == std::vector<float>(elements, 4.0f),
+             boost::test_tools::per_element());
+  // Worker 2 leaves after its push of round 3, worker 0 before pushing it: round 3 closes with
+  // workers 1 and 2.
+  BOOST_TEST(d.ack(d.push(key, 2, 3, four)) != nullptr);
+  d.shard->on_membership(with_left_workers(3, {0, 2}));
+  BOOST_TEST(d.ack(d.push(key, 1, 3, two)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 4u);
+  BOOST_TEST(d.stored(key) == std::vector<float>(elements, 6.0f), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(a_quorum_below_n_tolerates_as_many_losses_after_workers_join) {
+  // Three workers, quorum 2 (one loss tolerated); a fourth joins: its rounds close with 3 of 4.
+  shard_options room;
+  room.max_workers = 4;
+  shard_driver d{3, quorum_of(2), room};
+  auto one = ndarray::full({elements}, 1.0f);
+  BOOST_TEST_REQUIRE(d.init(key, one));
+  d.shard->on_membership(with_left_workers(4, {}));
+  BOOST_TEST(d.ack(d.push(key, 3, 0, one)) != nullptr);
+  BOOST_TEST(d.ack(d.push(key, 0, 0, one)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 0u);
+  BOOST_TEST(d.ack(d.push(key, 1, 0, one)) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(key) == 1u);
+  BOOST_TEST(d.stored(key) == std::vector<float>(elements, 3.0f), boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_that_leaves_with_a_push_in_the_open_round_still_counts_in_it) {
   shard_driver d{2};
   auto one = ndarray::full({elements}, 1.0f), two = ndarray::full({elements}, 2.0f);

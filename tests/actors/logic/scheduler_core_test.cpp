@@ -642,6 +642,74 @@ BOOST_AUTO_TEST_CASE(a_worker_done_before_the_job_starts_is_listed_left_in_the_f
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_joins_a_running_job_with_room_and_the_servers_hear_of_it_first) {
+  options.max_workers = 3;
+  run_job(2, 2); // servers on connections 1 and 2, workers 0 and 1 on 3 and 4
+  frame(3, wire::barrier{5, 1, wire::group::workers, worker_node_id(0), {}});
+  frame(3, wire::barrier{6, 2, wire::group::workers, worker_node_id(0), {}});
+  // A third worker registers while the job runs: a fresh rank, its barriers after those reached.
+  const auto granted = expect_admitted(join(5, wire::role::worker));
+  BOOST_TEST(granted.rank == 2u);
+  BOOST_TEST(granted.joined);
+  BOOST_TEST_REQUIRE(granted.first_barrier.size() == 8u);
+  BOOST_TEST(granted.first_barrier[wire::group::workers] == 3u);
+  BOOST_TEST(granted.first_barrier[wire::group::all] == 1u);
+  bool barriers_told = false;
+  for (const auto& action : last)
+    if (const auto* joined = std::get_if<scheduler_core::barrier_member_joined>(&action))
+      barriers_told = joined->first_barrier == granted.first_barrier;
+  BOOST_TEST(barriers_told);
+  // The table that lists it goes to the servers only, asking for their acks.
+  const auto table = only_to<wire::membership>(1);
+  BOOST_TEST(table.request_id != 0u);
+  BOOST_TEST(table.num_workers == 3u);
+  BOOST_TEST(row(table, worker_node_id(2)).alive);
+  BOOST_TEST(only_to<wire::membership>(2).request_id == table.request_id);
+  BOOST_TEST(count<wire::membership>() == 2u);
+  // Once both servers have acked it (a stale ack counts for nothing), every worker gets it.
+  frame(1, wire::ack{table.request_id});
+  frame(1, wire::ack{table.request_id + 100});
+  BOOST_TEST(count<wire::membership>() == 0u);
+  frame(2, wire::ack{table.request_id});
+  for (std::uint64_t worker : {3, 4, 5}) {
+    const auto told = only_to<wire::membership>(worker);
+    BOOST_TEST(told.epoch == table.epoch);
+    BOOST_TEST(told.num_workers == 3u);
+  }
+  // The job has no rank left to give.
+  const auto full = expect_rejected(join(6, wire::role::worker), wire::reject_reason::role_full);
+  BOOST_TEST(contains(full.detail, "job.max_workers 3"), full.detail);
+  // A table with nobody new goes to everyone at once: worker 0 leaves.
+  frame(3, done(9, 4));
+  BOOST_TEST(only_to<wire::membership>(4).num_workers == 2u);
+  BOOST_TEST(only_to<wire::membership>(1).request_id == 0u);
+  frame(4, done(9, 4));
+  frame(5, done(9, 2));
+  close(1);
+  close(2);
+  const auto outcome = ended();
+  BOOST_TEST(outcome.workers_finished == 3u);
+  BOOST_TEST_REQUIRE(outcome.joined_workers.size() == 1u);
+  BOOST_TEST(outcome.joined_workers[0].rank == 2u);
+  BOOST_TEST(contains(outcome.summary, "3 of 3 workers finished"), outcome.summary);
+  BOOST_TEST(contains(outcome.summary, "joined: worker 2 (node 13)"), outcome.summary);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_beyond_num_workers_is_turned_away_until_the_job_runs) {
+  options.max_workers = 2;
+  start(1, 1);
+  expect_admitted(join(1, wire::role::worker));
+  const auto early = expect_rejected(join(2, wire::role::worker), wire::reject_reason::role_full);
+  BOOST_TEST(contains(early.detail, "joins only once the job runs"), early.detail);
+  expect_admitted(join(3, wire::role::server));
+  BOOST_TEST((core->phase() == scheduler_phase::running));
+  // The server hears of the joiner first, the workers once it acked.
+  BOOST_TEST(expect_admitted(join(4, wire::role::worker)).rank == 1u);
+  BOOST_TEST(only_to<wire::membership>(3).request_id != 0u);
+  frame(3, wire::ack{only_to<wire::membership>(3).request_id});
+  BOOST_TEST(only_to<wire::membership>(4).num_workers == 2u);
+}
+
 BOOST_AUTO_TEST_CASE(a_server_that_does_not_leave_by_the_drain_timeout_does_not_hold_the_job) {
   run_job(1, 1);
   frame(2, done());
