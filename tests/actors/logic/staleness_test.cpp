@@ -192,4 +192,30 @@ BOOST_AUTO_TEST_CASE(staleness_zero_gives_dist_syncs_values_where_plain_async_do
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_joins_is_counted_from_the_slowest_workers_pushes) {
+  shard_options room;
+  room.max_workers = 3;
+  shard_driver job{2, staleness(1), room};
+  auto initial = ndarray::zeros({elements});
+  BOOST_TEST_REQUIRE(job.init(key, initial));
+  auto one = ndarray::ones({elements});
+  // Workers 0 and 1 push 5 and 4 times; then worker 2 joins, its own numbers starting at 0.
+  for (std::uint64_t round = 0; round < 5; ++round)
+    job.push(key, 0, round, one);
+  for (std::uint64_t round = 0; round < 4; ++round)
+    job.push(key, 1, round, one);
+  job.shard->on_membership(with_lost_workers(3, {}));
+  // Worker 0's pull for round 6 needs every live worker at 5: worker 1's fifth push, and the
+  // joiner counted from 4 (the slowest when it joined) plus one push of its own.
+  const auto pull = job.pull(key, 0, 6);
+  job.push(key, 1, 4, one);
+  BOOST_TEST(!job.pulled(pull).has_value());
+  BOOST_TEST(job.ack(job.push(key, 2, 0, one)) != nullptr);
+  BOOST_TEST(job.pulled(pull).has_value());
+  // The joiner's own pull for its round 2 is its round 6 of the job: it waits for workers 0 and
+  // 1 to be at 5 (they are).
+  BOOST_TEST(job.pulled(job.pull(key, 2, 2)).has_value());
+  BOOST_TEST(!job.pulled(job.pull(key, 2, 3)).has_value());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
