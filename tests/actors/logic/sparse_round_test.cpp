@@ -213,4 +213,27 @@ BOOST_AUTO_TEST_CASE(after_a_worker_leaves_a_row_sparse_round_closes_with_the_wo
   BOOST_TEST(d.stored(4) == (std::vector<float>{0, 2, 0}), boost::test_tools::per_element());
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_joins_counts_in_a_row_sparse_key_from_the_next_open_round) {
+  shard_options room;
+  room.max_workers = 3;
+  shard_driver d{2, {}, room};
+  BOOST_TEST_REQUIRE(init_rows(d, 4, ndarray::ones({3, 1})));
+  // Worker 0 has pushed round 0 when worker 2 joins: it counts from round 1.
+  BOOST_TEST(d.ack(push_rows(d, 4, 0, 0, rows_of({0}, 1, 1))) != nullptr);
+  d.shard->on_membership(testing::with_left_workers(3, {}));
+  const auto early = push_rows(d, 4, 2, 0, rows_of({1}, 1, 5));
+  BOOST_TEST_REQUIRE(d.error(early) != nullptr);
+  BOOST_TEST(d.error(early)->message.find("joined the job at round 1") != std::string::npos);
+  BOOST_TEST(d.ack(push_rows(d, 4, 1, 0, rows_of({2}, 1, 2))) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(4) == 1u);
+  BOOST_TEST(d.stored(4) == (std::vector<float>{1, 0, 2}), boost::test_tools::per_element());
+  // Round 1 waits for all three.
+  BOOST_TEST(d.ack(push_rows(d, 4, 0, 1, rows_of({0}, 1, 1))) != nullptr);
+  BOOST_TEST(d.ack(push_rows(d, 4, 1, 1, rows_of({0}, 1, 1))) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(4) == 1u);
+  BOOST_TEST(d.ack(push_rows(d, 4, 2, 1, rows_of({1}, 1, 5))) != nullptr);
+  BOOST_TEST(d.shard->completed_rounds(4) == 2u);
+  BOOST_TEST(d.stored(4) == (std::vector<float>{2, 5, 0}), boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
