@@ -123,7 +123,7 @@ struct worker_setup {
   /// (set_optimizer, compression) are the first workers' to make.
   bool joined = false;
   /// The job's workers now, as the latest membership table says (workers that joined count,
-  /// those that left do not). Optional: num_workers.
+  /// those that left still do). Optional: num_workers.
   std::function<std::uint32_t()> workers_now;
   /// MXNET_KVSTORE_BIGARRAY_BOUND: keys with at least this many elements are split over servers.
   std::int64_t bigarray_bound = 1'000'000;

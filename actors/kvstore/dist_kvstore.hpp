@@ -58,7 +58,8 @@ public:
   const std::string& type() const noexcept override { return setup_.type; }
   int rank() const noexcept override { return static_cast<int>(setup_.rank); }
   /// The job's workers as the latest membership table says: workers that joined the running job
-  /// count, workers that left do not.
+  /// count; workers that left or were lost still do (MXNet's N, which a program may have used for
+  /// its own arithmetic until the end).
   int num_workers() const noexcept override;
 
   status init(std::span<const kv_key> keys, std::span<const ndarray> values) override;

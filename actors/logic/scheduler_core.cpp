@@ -240,9 +240,9 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
   if (joins) {
     joined_workers_.push_back(joined_worker{node.info.rank, node.info.node_id, since_start()});
     pending_.emplace_back(barrier_member_joined{static_cast<std::uint32_t>(index), first_barrier});
-    log_.info(describe(node.info) + " joined the running job from " + reg.host + ":" +
-              std::to_string(reg.port) + " (" + seconds(since_start()) +
-              " after it started); the job goes on with " +
+    log_.info(describe(node.info) + " joined the running job from " + reg.host +
+              (reg.port != 0 ? ":" + std::to_string(reg.port) : std::string{}) + " (" +
+              seconds(since_start()) + " after it started); the job goes on with " +
               count_of(workers_in(), worker_capacity(), "worker rank") +
               " in use; the servers hear of it first");
     ++epoch_;
@@ -528,10 +528,7 @@ void scheduler_core::release_table() {
 }
 
 std::uint32_t scheduler_core::workers_in() const {
-  std::uint32_t in = 0;
-  for (const auto& node : nodes_)
-    in += node.info.node_role == wire::role::worker && !node.info.left ? 1 : 0;
-  return phase_ == scheduler_phase::registering ? options_.num_workers : in;
+  return phase_ == scheduler_phase::registering ? options_.num_workers : workers_admitted_;
 }
 
 /// When every live worker is done: tell the servers to stop (ps-lite's kStopServer), then

@@ -350,7 +350,9 @@ private:
   // Lookups.
   std::optional<std::size_t> find(std::uint64_t connection) const;
   std::string who(std::optional<std::size_t> index) const;
-  /// Workers in the job: admitted and not left (lost ones included); num_workers until it runs.
+  /// Workers the job has admitted (left and lost ones included: only joins change it, so a
+  /// worker's num_workers() never drops under a calculation that used it); num_workers until it
+  /// runs.
   std::uint32_t workers_in() const;
   std::uint32_t lost_count() const { return static_cast<std::uint32_t>(lost_workers_.size()); }
   std::chrono::milliseconds since_start() const;
