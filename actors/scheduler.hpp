@@ -20,7 +20,10 @@
 //                                   link hellos (a host name longer than max_host_bytes gets
 //                                   error_reply{invalid_argument}). ... once S
 //                                   servers and W workers are admitted, every node gets the
-//                                   membership table (epoch 1): the job has started.
+//                                   membership table (epoch 1): the job has started. A worker
+//                                   that registers while the job runs, with ranks below
+//                                   max_workers to spare, joins it (admitted{joined,
+//                                   first_barrier}).
 // Identity (actors/logic/node_identity.hpp): the scheduler draws the job secret when it starts.
 // Each control connection's handshake exchanges keys (control_link_tuning), and an admission
 // carries the node's own secret sealed under that connection's session key: a worker's node key,
@@ -37,6 +40,9 @@
 //                                   command{stop} to every server (ps-lite's kStopServer); while
 //                                   others still run, the worker leaves the job: a new membership
 //                                   table lists it left, and barriers stop waiting for it.
+//   ack{request_id} from a server -> nothing: the server's shards hold the membership table sent
+//                                   with that request id (one that lists a joiner); once every
+//                                   server has acked it, the workers get it.
 //   heartbeat                    -> nothing; any frame from a node counts as a sign of life.
 // A request that cannot be served is answered with error_reply{its request_id, code}:
 // not_admitted (a connection that has not registered), invalid_argument (a group the sender is
@@ -46,8 +52,10 @@
 // already declared lost).
 // Scheduler -> node, unasked: heartbeat (so nodes notice a frozen scheduler); membership (epoch
 // + 1, the whole table) to every node still connected whenever membership changes, i.e. when a
-// worker is lost within the quorum or leaves, or a server is lost or rejoins (server_rejoin) (a
-// worker that said done gets no more tables); and, when the
+// worker is lost within the quorum, leaves or joins, or a server is lost or rejoins
+// (server_rejoin) (a worker that said done gets no more tables; a table that lists a joiner goes
+// to the servers first, with a request id, and to the workers once every server acked it); and,
+// when the
 // job fails, error_reply{request_id 0, lost_peer | timeout, message naming what is missing}.
 //
 // Losses. A node is lost when its control connection closes before it finished, or when nothing
