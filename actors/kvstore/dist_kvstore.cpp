@@ -1,6 +1,11 @@
 #include "actors/kvstore/dist_kvstore.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <thread>
 
 #include <caf/send.hpp>
 
@@ -299,28 +304,42 @@ status dist_kvstore::declare_and_send(std::span<const kv_key> keys, std::span<co
 
 status dist_kvstore::pull_to_join(std::span<const kv_key> keys, std::span<const ndarray> values,
                                   bool row_sparse) {
-  // The keys are on the servers already, with the job's current values: the first pull of each
-  // is what the servers answer once the round this worker counts from can start (the worker's
-  // rounds of the key start from that reply). The values themselves are the caller's to pull.
+  // The keys are on the servers, with the job's current values: the first pull of each is what
+  // the servers answer once the round this worker counts from can start (the worker's rounds of
+  // the key start from that reply). The values themselves are the caller's to pull.
+  std::function<status()> first_pulls;
   if (!row_sparse) {
-    std::vector<ndarray> scratch;
-    scratch.reserve(values.size());
+    auto scratch = std::make_shared<std::vector<ndarray>>();
     for (const auto& value : values)
-      scratch.push_back(ndarray::empty(value.shape(), context::cpu(), value.dtype()));
-    return pull(keys, scratch);
+      scratch->push_back(ndarray::empty(value.shape(), context::cpu(), value.dtype()));
+    first_pulls = [this, keys, scratch] { return pull(keys, *scratch); };
+  } else {
+    auto scratch = std::make_shared<std::vector<row_sparse_array>>();
+    auto every_row = std::make_shared<std::vector<ndarray>>();
+    for (const auto& value : values) {
+      const auto rows = value.shape().empty() ? std::int64_t{0} : value.shape()[0];
+      auto ids = ndarray::empty({rows}, context::cpu(), dtype::int64);
+      auto* id = static_cast<std::int64_t*>(ids.raw_data());
+      for (std::int64_t row = 0; row < rows; ++row)
+        id[row] = row;
+      every_row->push_back(std::move(ids));
+      scratch->push_back(row_sparse_array::zeros(value.shape(), value.dtype()));
+    }
+    first_pulls = [this, keys, scratch, every_row] {
+      return row_sparse_pull(keys, *scratch, *every_row);
+    };
   }
-  std::vector<row_sparse_array> scratch;
-  std::vector<ndarray> every_row;
-  for (const auto& value : values) {
-    const auto rows = value.shape().empty() ? std::int64_t{0} : value.shape()[0];
-    auto ids = ndarray::empty({rows}, context::cpu(), dtype::int64);
-    auto* id = static_cast<std::int64_t*>(ids.raw_data());
-    for (std::int64_t row = 0; row < rows; ++row)
-      id[row] = row;
-    every_row.push_back(std::move(ids));
-    scratch.push_back(row_sparse_array::zeros(value.shape(), value.dtype()));
+  // A worker that joined as the job began may come before worker rank 0 has initialised a key:
+  // it waits for the key, within the request timeout.
+  const auto deadline = std::chrono::steady_clock::now() + setup_.timeout;
+  for (auto pause = std::chrono::milliseconds{1};;
+       pause = std::min(pause * 2, max_init_wait_step)) {
+    auto pulled = first_pulls();
+    if (pulled || pulled.error().code() != errc::unknown_key ||
+        std::chrono::steady_clock::now() + pause > deadline)
+      return pulled;
+    std::this_thread::sleep_for(pause);
   }
-  return row_sparse_pull(keys, scratch, every_row);
 }
 
 status dist_kvstore::start_barrier() {

@@ -143,11 +143,14 @@ private:
   wire::sync_settings settings() const;
   /// ok() on worker rank 0; elsewhere the error for `what`, which only rank 0 may do.
   status rank_zero_only(const std::string& what) const;
-  /// A worker that joined the running job: the first pull of each of `keys` (see init).
+  /// A worker that joined the running job: the first pull of each of `keys` (see init); a key not
+  /// initialised yet is waited for (worker rank 0's init), within the request timeout, asked again
+  /// at most every max_init_wait_step.
   status pull_to_join(std::span<const kv_key> keys, std::span<const ndarray> values,
                       bool row_sparse);
   /// The barrier that ends init and set_optimizer; none for a worker that joined the running job.
   status start_barrier();
+  static constexpr std::chrono::milliseconds max_init_wait_step{100};
 
   std::shared_ptr<void> owned_resources_; // first member: released last
   worker_setup setup_;

@@ -338,6 +338,42 @@ BOOST_AUTO_TEST_CASE(dist_device_modes_match_mxnets_multi_device_closed_form) {
       }
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_joins_before_rank_0_initialised_a_key_waits_for_it) {
+  // Rank 1 acts as a worker that joined as the job began: its init pulls the keys. Rank 0 inits
+  // only once the server has turned that pull away (the key was unknown): the joiner's init waits
+  // for the key instead of failing, and both then go through a round of the closed form.
+  auto options = troupe::testing::make_options(2, 1'000'000, std::size_t{1} << 20);
+  options.joined_ranks = {1};
+  in_process_job job{"dist_sync", 2, 1, options};
+  problems seen;
+  const std::vector<kv_key> keys{5};
+  job.run([&](std::uint32_t rank, kvstore& kv) {
+    auto initial = ndarray::ones({2, 3});
+    if (rank == 0) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{20};
+      while (job.stats().requests_refused == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds{5});
+      if (job.stats().requests_refused == 0)
+        seen.add("the joiner's first pull was never refused");
+    }
+    if (!seen.check(kv.init(keys, std::span{&initial, 1}),
+                    "rank " + std::to_string(rank) + " init"))
+      return;
+    if (rank == 0 && !seen.check(kv.set_optimizer("test", {{"rescale_grad", 2.0}}), "optimizer"))
+      return;
+    auto grad = ndarray::full({2, 3}, rank + 1.0);
+    if (!seen.check(kv.push(keys[0], grad), "push"))
+      return;
+    auto out = ndarray::zeros({2, 3});
+    if (!seen.check(kv.pull(keys[0], out), "pull"))
+      return;
+    if (auto at = first_mismatch(out, 7.0f); at >= 0)
+      seen.add("rank " + std::to_string(rank) + ": element " + std::to_string(at) + " is " +
+               std::to_string(out.to_vector<float>()[at]) + ", expected 7");
+  });
+  BOOST_TEST(seen.seen.empty(), seen.report());
+}
+
 BOOST_AUTO_TEST_CASE(dist_async_applies_every_push_exactly_once) {
   // N workers push integer gradients M times; after a barrier the value is 1 + 2 M N(N+1)/2.
   for (auto [workers, servers] :

@@ -4,6 +4,7 @@
 // workers run the same code as across the network; only the links differ. Problems
 // seen on the workers' threads are collected for the test's thread to assert.
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -98,6 +99,9 @@ struct in_process_options {
   std::uint32_t max_rounds_ahead = 2;
   /// The servers' checkpoint directory (checkpoint_schedule::dir); empty: none.
   std::filesystem::path checkpoint_dir;
+  /// Ranks whose stores act as workers that joined the running job (worker_setup::joined): they
+  /// pull their keys at init and skip the start barriers, which wait for the other ranks only.
+  std::vector<std::uint32_t> joined_ranks;
   /// Puts an actor between the servers and worker `rank`'s replies: it gets the job's actor
   /// system and the worker's handle, and returns the sink the servers answer to (the worker
   /// itself when empty).
@@ -137,7 +141,7 @@ struct in_process_job {
 
   in_process_job(std::string type, std::uint32_t num_workers, std::uint32_t num_servers,
                  const in_process_options& options)
-      : barrier(num_workers) {
+      : barrier(num_workers - static_cast<std::uint32_t>(options.joined_ranks.size())) {
     auto mode = type.find("async") != std::string::npos ? consistency::async : consistency::sync;
     for (std::uint32_t s = 0; s < num_servers; ++s) {
       server_node_options server;
@@ -167,6 +171,8 @@ struct in_process_job {
       setup.rescale_quorum = options.rescale_quorum;
       setup.max_staleness = options.max_staleness;
       setup.max_rounds_ahead = options.max_rounds_ahead;
+      setup.joined = std::find(options.joined_ranks.begin(), options.joined_ranks.end(), rank) !=
+                     options.joined_ranks.end();
       setup.connect_servers =
           [this, rank, path = options.reply_path,
            requests = options.request_path](const caf::actor& worker) -> result<server_links> {
