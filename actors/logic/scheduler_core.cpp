@@ -224,7 +224,6 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
   ++admitted;
   entry.connection = connection;
   entry.last_seen = now_;
-  entry.joined = joins;
   if (joins) {
     // Its barriers start where no member has been yet: those under way do not wait for it.
     granted->joined = true;

@@ -305,8 +305,6 @@ private:
     bool gone = false;
     /// Declared lost (within the quorum; beyond it the job has failed).
     bool lost = false;
-    /// A worker admitted into the running job.
-    bool joined = false;
     /// Why it was lost, for its later frames.
     std::string lost_text;
     /// A lost server whose rank waits for a recovering server (server_rejoin) until then.
