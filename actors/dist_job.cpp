@@ -66,6 +66,7 @@ agent_options agent_options_for(const cluster_config& config, wire::role role,
   options.data_port = data_port;
   options.rank_hint = config.rank_hint;
   options.recovering = role == wire::role::server && config.checkpoint_recover;
+  options.join_at_barrier = role == wire::role::worker && config.join_at_barrier;
   options.connect_timeout = config.connect_timeout;
   options.startup_timeout = config.startup_timeout;
   options.heartbeat_interval = config.heartbeat_interval;
@@ -257,6 +258,7 @@ result<job_outcome> run_scheduler(const cluster_config& config,
   options.max_workers = static_cast<std::uint32_t>(config.worker_capacity());
   options.quorum = static_cast<std::uint32_t>(config.quorum.value_or(0));
   options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
+  options.max_servers = static_cast<std::uint32_t>(config.key_range_count());
   options.job_id = config.job_id;
   options.auth_token = config.auth_token;
   options.tls = std::move(*tls);
@@ -339,6 +341,7 @@ result<std::vector<shard_snapshot>> load_server_checkpoint(const cluster_config&
   layout.server_rank = static_cast<std::uint32_t>(config.rank_hint);
   layout.shards_per_server = static_cast<std::uint32_t>(config.shards_per_server);
   layout.num_workers = static_cast<std::uint32_t>(config.num_workers.value_or(1));
+  layout.num_ranges = static_cast<std::uint32_t>(config.key_range_count());
   std::vector<shard_snapshot> snapshots;
   for (std::uint32_t i = 0; i < layout.shards_per_server; ++i) {
     layout.shard_index = i;
@@ -384,6 +387,7 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   node_options.pull_timeout = config.request_timeout;
   node_options.update_device = *update_device;
   node_options.num_servers = static_cast<std::uint32_t>(config.num_servers.value_or(1));
+  node_options.num_ranges = static_cast<std::uint32_t>(config.key_range_count());
   node_options.checkpoint = {config.checkpoint_dir,
                              static_cast<std::uint64_t>(config.checkpoint_every_rounds),
                              config.checkpoint_every};
@@ -621,9 +625,22 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   resources->runtime = std::make_unique<node_runtime>();
   auto& system = *resources->runtime->system;
   auto workers_now = std::make_shared<std::atomic<std::uint32_t>>(0);
+  // The agent's thread writes the ranks in the job, the store's caller reads them.
+  struct ranks_in_job {
+    std::mutex mutex;
+    std::vector<int> ranks;
+  };
+  auto ranks_in = std::make_shared<ranks_in_job>();
   auto joining = agent_options_for(config, wire::role::worker, 0, *tls);
-  joining.on_table = [workers_now](const wire::membership& table) {
+  joining.on_table = [workers_now, ranks_in](const wire::membership& table) {
     workers_now->store(table.num_workers, std::memory_order_relaxed);
+    std::vector<int> ranks;
+    for (const auto& node : table.nodes)
+      if (node.node_role == wire::role::worker && node.alive && !node.left)
+        ranks.push_back(static_cast<int>(node.rank));
+    std::sort(ranks.begin(), ranks.end());
+    const std::lock_guard lock{ranks_in->mutex};
+    ranks_in->ranks = std::move(ranks);
   };
   auto agent = node_agent::join(system, joining);
   if (!agent)
@@ -645,8 +662,22 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   setup.rank = agent_ptr->rank();
   setup.num_workers = membership.num_workers;
   setup.num_servers = membership.num_servers;
+  // The table's ranges are in key order (membership_key_ranges); a table of one range per server
+  // in server order is ps-lite's layout, which an empty list says.
+  if (membership.key_ranges.size() > membership.num_servers) {
+    auto ranges = membership.key_ranges;
+    std::sort(ranges.begin(), ranges.end(),
+              [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    for (const auto& range : ranges)
+      setup.range_owner.push_back(range.server_rank);
+  }
   setup.joined = agent_ptr->joined_running_job();
   setup.workers_now = [workers_now] { return workers_now->load(std::memory_order_relaxed); };
+  setup.ranks_in = [ranks_in] {
+    const std::lock_guard lock{ranks_in->mutex};
+    return ranks_in->ranks;
+  };
+  setup.gathered_at_join = agent_ptr->gathered_at_join();
   setup.bigarray_bound = config.bigarray_bound;
   setup.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
   setup.max_frame_bytes = static_cast<std::uint64_t>(config.max_frame_bytes);
@@ -697,6 +728,9 @@ result<worker_setup> join_worker(const std::string& type, const cluster_config& 
   auto barrier_timeout = config.startup_timeout;
   setup.barrier = [agent_ptr, barrier_timeout] {
     return agent_ptr->barrier(wire::group::workers, barrier_timeout);
+  };
+  setup.start_barrier = [agent_ptr, barrier_timeout] {
+    return agent_ptr->barrier(wire::group::workers, barrier_timeout, true);
   };
   setup.gather = [agent_ptr, barrier_timeout](std::span<const double> values) {
     return agent_ptr->barrier_gather(wire::group::workers, values, barrier_timeout);

@@ -118,6 +118,9 @@ struct worker_setup {
   /// The job's workers when this worker joined it.
   std::uint32_t num_workers = 1;
   std::uint32_t num_servers = 1;
+  /// The server that holds each key range (Membership.keyRanges, in range order;
+  /// worker_core_options::range_owner). Empty: range i on server i.
+  std::vector<std::uint32_t> range_owner;
   /// The worker joined the running job (Admitted.joined): its init declares its keys and pulls
   /// their current values, without pushing or waiting at a barrier, and the job's setup calls
   /// (set_optimizer, compression) are the first workers' to make.
@@ -125,6 +128,12 @@ struct worker_setup {
   /// The job's workers now, as the latest membership table says (workers that joined count,
   /// those that left still do). Optional: num_workers.
   std::function<std::uint32_t()> workers_now;
+  /// The ranks of the workers the latest membership table counts as in the job (alive, not
+  /// left), ascending. Optional: every rank below num_workers.
+  std::function<std::vector<int>()> ranks_in;
+  /// A worker that joined at the workers' barrier (job.join_at_barrier): what the others shared
+  /// there, as node_agent::barrier_gather answers.
+  std::optional<std::vector<wire::gathered_values>> gathered_at_join;
   /// MXNET_KVSTORE_BIGARRAY_BOUND: keys with at least this many elements are split over servers.
   std::int64_t bigarray_bound = 1'000'000;
   /// Largest tensor payload per frame.
@@ -165,6 +174,9 @@ struct worker_setup {
       reconnect_server;
   /// Blocks until every (live) worker of the job has arrived.
   std::function<status()> barrier;
+  /// The same, for the barrier that ends init and set_optimizer (Barrier.start: no worker that
+  /// joins at a barrier is taken in there). Optional: barrier.
+  std::function<status()> start_barrier;
   /// The same barrier, sharing values with the other workers (node_agent::barrier_gather).
   /// Optional.
   std::function<result<std::vector<wire::gathered_values>>(std::span<const double>)> gather;

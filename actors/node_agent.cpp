@@ -23,6 +23,8 @@ struct node_agent::joined {
   wire::membership membership;
   /// A worker's node key (empty at a server).
   node_key key;
+  /// A worker that joined at a barrier: what the others shared there.
+  std::optional<std::vector<wire::gathered_values>> gathered;
 };
 
 namespace {
@@ -131,7 +133,7 @@ private:
     if (on_table_)
       on_table_(done.membership);
     joined_.deliver(node_agent::joined{std::move(done.admitted), std::move(done.membership),
-                                       std::move(done.key)});
+                                       std::move(done.key), std::move(done.gathered)});
   }
 
   void carry_out_one(agent_core::answer& answer) {
@@ -290,7 +292,7 @@ node_agent::node_agent(node_agent_actor actor, completion<status> ended, wire::r
     : actor_(std::move(actor)), ended_(std::move(ended)), role_(role),
       rank_(admitted.admitted.rank), node_id_(admitted.admitted.node_id),
       joined_running_job_(admitted.admitted.joined), membership_(admitted.membership),
-      key_(admitted.key) {}
+      key_(admitted.key), gathered_at_join_(admitted.gathered) {}
 
 node_agent::~node_agent() {
   caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
@@ -305,8 +307,8 @@ status node_agent::call(wire::message request, std::string what, std::chrono::mi
   return error{errc::timeout, what + " not answered within " + format_duration(timeout)};
 }
 
-status node_agent::barrier(std::uint8_t group, std::chrono::milliseconds timeout) {
-  auto waited = barrier_gather(group, {}, timeout);
+status node_agent::barrier(std::uint8_t group, std::chrono::milliseconds timeout, bool start) {
+  auto waited = barrier_gather(group, {}, timeout, start);
   if (!waited)
     return waited.error();
   return ok();
@@ -314,7 +316,7 @@ status node_agent::barrier(std::uint8_t group, std::chrono::milliseconds timeout
 
 result<std::vector<wire::gathered_values>>
 node_agent::barrier_gather(std::uint8_t group, std::span<const double> values,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout, bool start) {
   if (values.size() > wire::max_barrier_values)
     return error{errc::invalid_argument, std::to_string(values.size()) +
                                              " values to share at a barrier; at most " +
@@ -328,7 +330,7 @@ node_agent::barrier_gather(std::uint8_t group, std::span<const double> values,
                                              " is not a member of barrier group " +
                                              std::to_string(group)};
   auto gathered = std::make_shared<std::vector<wire::gathered_values>>();
-  auto waited = call(wire::barrier{0, 0, group, node_id_, {values.begin(), values.end()}},
+  auto waited = call(wire::barrier{0, 0, group, node_id_, {values.begin(), values.end()}, start},
                      "barrier of group " + std::to_string(group), timeout, gathered);
   if (!waited)
     return waited.error();

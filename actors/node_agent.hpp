@@ -89,6 +89,11 @@ public:
   std::uint32_t node_id() const noexcept { return node_id_; }
   /// A worker admitted into the job while it ran (job.max_workers; Admitted.joined).
   bool joined_running_job() const noexcept { return joined_running_job_; }
+  /// A worker that joined at the workers' barrier (job.join_at_barrier): what the others shared
+  /// there (barrier_gather's answer). nullopt otherwise.
+  const std::optional<std::vector<wire::gathered_values>>& gathered_at_join() const noexcept {
+    return gathered_at_join_;
+  }
   /// The membership table received at join (every node, every server's key range); later
   /// tables go to the subscribers.
   const wire::membership& membership() const noexcept { return membership_; }
@@ -101,13 +106,16 @@ public:
   /// with the same group as many times as this node. Errors: errc::invalid_argument for a bad
   /// group; errc::timeout when `timeout` passes first (the barrier is then out of step with the
   /// other members: treat it as fatal); errc::peer_lost when the job failed.
-  status barrier(std::uint8_t group, std::chrono::milliseconds timeout);
+  /// `start`: the barrier ends this worker's init or set_optimizer (Barrier.start), where no
+  /// worker joining at a barrier is taken in.
+  status barrier(std::uint8_t group, std::chrono::milliseconds timeout, bool start = false);
   /// barrier() that also shares `values` (at most wire::max_barrier_values) with the other
   /// members: returns every live member's values that shared any (this node's included), by
   /// role, then rank. KVStore::gather_at_barrier runs on it.
   result<std::vector<wire::gathered_values>> barrier_gather(std::uint8_t group,
                                                             std::span<const double> values,
-                                                            std::chrono::milliseconds timeout);
+                                                            std::chrono::milliseconds timeout,
+                                                            bool start = false);
 
   /// Workers, at finalize: tells the scheduler this worker is done and waits for its
   /// acknowledgement, so that leaving afterwards is not a loss. When every live worker is done
@@ -159,6 +167,7 @@ private:
   bool joined_running_job_ = false;
   wire::membership membership_;
   node_key key_;
+  std::optional<std::vector<wire::gathered_values>> gathered_at_join_;
 };
 
 } // namespace troupe

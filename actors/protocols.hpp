@@ -310,6 +310,19 @@ struct authenticated_peer {
   link_authentication authentication;
 };
 
+/// One node waiting at a job barrier (scheduler_core's barrier_entry), and where its release
+/// goes: to `sink` as an envelope on `connection`.
+struct barrier_arrival : barrier_entry {
+  reply_sink sink;
+};
+
+/// The job barriers to the scheduler: a barrier that completed and takes in a worker that joins
+/// at it (barrier_entry::joins). The scheduler sends the table that lists the joiner (servers
+/// first) and then releases these arrivals itself.
+struct barrier_held {
+  std::vector<barrier_arrival> arrivals;
+};
+
 /// The scheduler of a job (actors/scheduler.hpp).
 using scheduler_actor = caf::typed_actor<
     /// A frame from a node, off its control connection; replies go to the sink.
@@ -321,13 +334,9 @@ using scheduler_actor = caf::typed_actor<
     /// That control connection's handshake is done (its session key).
     caf::reacts_to<authenticated_peer>,
     /// Heartbeats, liveness, start-up and drain deadlines (sent by the scheduler to itself).
-    caf::reacts_to<tick_atom>>;
-
-/// One node waiting at a job barrier (scheduler_core's barrier_entry), and where its release
-/// goes: to `sink` as an envelope on `connection`.
-struct barrier_arrival : barrier_entry {
-  reply_sink sink;
-};
+    caf::reacts_to<tick_atom>,
+    /// A barrier the job barriers hold until the workers have the table that counts its joiners.
+    caf::reacts_to<barrier_held>>;
 
 /// A member of the job will arrive at no barrier again (it was lost).
 struct barrier_member_lost {
@@ -340,6 +349,8 @@ struct barrier_member_lost {
 struct barrier_member_joined {
   std::uint32_t member = 0;
   std::vector<std::uint64_t> first_barrier;
+  /// It joins at the workers' next barrier (job_barriers::join_at_next_barrier).
+  bool at_next_barrier = false;
 };
 
 /// The job barriers of a scheduler: KVStore::barrier(), the init barrier, the job's start and
@@ -372,6 +383,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::completion<troupe::result<std::uint64_t>>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::control_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_arrival)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_lost)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_held)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::certified_peer)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::authenticated_peer)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::link_authentication)

@@ -77,7 +77,7 @@ public:
     log_ = options.log;
     heartbeat_interval_ = options.heartbeat_interval;
     barrier_ = spawn_job_barrier(self_->system(), options.num_servers, options.num_workers,
-                                 log_.part("barrier"));
+                                 log_.part("barrier"), scheduler_actor{self_});
     self_->attach_functor(
         [barrier = barrier_] { caf::anon_send_exit(barrier, caf::exit_reason::user_shutdown); });
     self_->set_default_handler([this](caf::scheduled_actor*, caf::message_view& msg) {
@@ -110,6 +110,14 @@ public:
           if (!core_->ended())
             self_->delayed_send(self_, heartbeat_interval_, tick_atom::value);
         },
+        [this](barrier_held& held) {
+          std::vector<std::uint32_t> joiners;
+          for (const auto& arrival : held.arrivals)
+            if (arrival.joins)
+              joiners.push_back(arrival.member);
+          held_barriers_.push_back(std::move(held.arrivals));
+          carry_out(core_->on_joiners_taken_in(joiners, steady::now()));
+        },
     };
   }
 
@@ -136,7 +144,16 @@ private:
   }
 
   void carry_out_one(scheduler_core::barrier_member_joined& joined) {
-    self_->send(barrier_, barrier_member_joined{joined.member, std::move(joined.first_barrier)});
+    self_->send(barrier_, barrier_member_joined{joined.member, std::move(joined.first_barrier),
+                                                joined.at_next_barrier});
+  }
+
+  void carry_out_one(scheduler_core::release_held_barriers&) {
+    // The workers' table counts the joiners now: sent to their sinks before these releases.
+    for (const auto& arrivals : held_barriers_)
+      for (auto& [sink, message] : release_messages(arrivals))
+        self_->send(sink, std::move(message));
+    held_barriers_.clear();
   }
 
   void carry_out_one(scheduler_core::job_ended& ended) {
@@ -162,6 +179,8 @@ private:
   logger log_;
   milliseconds heartbeat_interval_{};
   barrier_actor barrier_;
+  /// Barriers the job barriers completed that take in a joiner, until its table is out.
+  std::vector<std::vector<barrier_arrival>> held_barriers_;
   /// The sink of each open control connection that has sent a frame.
   std::unordered_map<std::uint64_t, reply_sink> sinks_;
 };

@@ -178,6 +178,7 @@ server_node::server_node(caf::actor_system& system, server_node_options options)
     shard.num_workers = options_.num_workers;
     shard.max_workers = options_.max_workers;
     shard.num_servers = options_.num_servers;
+    shard.num_ranges = options_.num_ranges;
     shard.server_rank = options_.server_rank;
     shard.shards_per_server = options_.shards;
     shard.checkpoint = options_.checkpoint;

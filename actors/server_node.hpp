@@ -42,6 +42,8 @@ struct server_node_options {
   /// `shards`, the layout its files record.
   std::uint32_t num_servers = 1;
   std::uint32_t server_rank = 0;
+  /// shard_options::num_ranges: the key ranges keys are placed over (0: num_servers).
+  std::uint32_t num_ranges = 0;
   /// shard_options::checkpoint: where the shards' files go, and how often they write checkpoints.
   checkpoint_schedule checkpoint;
   /// Until worker rank 0 says otherwise with sync_settings (or a sync_mode / async_mode command).

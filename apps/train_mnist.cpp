@@ -55,6 +55,11 @@
 // worker 2 sleeps 5 ms in every step after computing its gradients and before the trainer's step:
 // --slow-worker RANK:DURATION is a flag for straggler experiments.
 //
+// Elastic jobs: a worker that joins the running job does so at the barrier ending an epoch
+// (job.join_at_barrier, set here), and --leave-after-epoch RANK:EPOCH makes a worker leave after
+// that barrier; at every epoch whose workers differ from the last one's, they cut the training set
+// anew among themselves (follow_membership).
+//
 // main() runs the phases in order: flags, joining the job (dist_*), data, network and trainer,
 // the epochs (train_epoch, end_epoch), the outputs. Exit status: 0 after training; 1 when the
 // job fails (data, store, trainer), logged through troupe::logger ("train_mnist worker 1: ...");
@@ -64,12 +69,14 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -80,6 +87,7 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "actors/config/config.hpp"
 #include "actors/device_actors.hpp"
@@ -162,7 +170,10 @@ struct options {
   bool momentum_given = false;
   std::string slow_worker_text;    ///< --slow-worker as given
   std::optional<slow_worker> slow; ///< parsed by check_flags
-  config_overrides cluster;        ///< the cluster flags, for a dist_* store
+  std::string leave_text;          ///< --leave-after-epoch as given
+  /// Parsed by check_flags: worker rank -> the epoch after whose barrier it leaves the job.
+  std::map<int, int> leave_after;
+  config_overrides cluster; ///< the cluster flags, for a dist_* store
   /// dist_*: the configuration the store will read (the flags over file and environment), loaded
   /// by check_flags so that a bad value is a usage error.
   std::optional<cluster_config> cluster_view;
@@ -250,6 +261,34 @@ result<slow_worker> parse_slow_worker(const std::string& text) {
   if (delay->count() <= 0)
     return bad("the duration must be positive");
   return slow_worker{rank, *delay};
+}
+
+/// "2:3,3:3" -> workers 2 and 3 leave after epoch 3; an error names the flag and what is wrong.
+result<std::map<int, int>> parse_leave_after(const std::string& text) {
+  const auto bad = [&](const std::string& why) {
+    return error{errc::invalid_argument, "--leave-after-epoch " + text + ": " + why};
+  };
+  std::map<int, int> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const auto comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const auto colon = item.find(':');
+    int rank = -1, epoch = -1;
+    const auto number = [](std::string_view digits, int& value) {
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+      return ec == std::errc{} && end == digits.data() + digits.size();
+    };
+    if (colon == std::string::npos || !number(std::string_view{item}.substr(0, colon), rank) ||
+        !number(std::string_view{item}.substr(colon + 1), epoch) || rank < 0 || epoch < 1)
+      return bad("'" + item + "' is not RANK:EPOCH (a rank >= 0, an epoch >= 1), such as 2:3");
+    if (rank == 0)
+      return bad("worker 0 evaluates and writes the outputs: it cannot leave");
+    if (!out.emplace(rank, epoch).second)
+      return bad("worker " + std::to_string(rank) + " is named twice");
+    at = comma + 1;
+  }
+  return out;
 }
 
 /// A set as float32 [n, 784] (or [n, 1, 28, 28] for `spatial`) in [0, 1] and float32 labels,
@@ -509,6 +548,11 @@ void add_flags(CLI::App& app, options& o) {
          "gradients and before the trainer's step (e.g. 2:5ms); with rotate:DURATION worker "
          "r sleeps in steps r, r + W, r + 2W... (the straggler moves)")
       ->type_name("RANK:DURATION");
+  app.add_option("--leave-after-epoch", o.leave_text,
+                 "dist_*: worker RANK leaves the job after the barrier ending epoch EPOCH, and "
+                 "the others share the training set from the next epoch on (e.g. 2:3,3:3); "
+                 "worker 0, which evaluates, cannot leave")
+      ->type_name("RANK:EPOCH[,RANK:EPOCH...]");
   add_config_flags(app, o.cluster);
 }
 
@@ -551,8 +595,25 @@ result<std::vector<context>> check_flags(options& o) {
       return slow.error();
     o.slow = *slow;
   }
+  if (!o.leave_text.empty()) {
+    if (!o.kvstore.starts_with("dist"))
+      return error{errc::invalid_argument,
+                   "--leave-after-epoch applies to --kvstore dist_* only (not " + o.kvstore + ")"};
+    auto leave = parse_leave_after(o.leave_text);
+    if (!leave)
+      return leave.error();
+    o.leave_after = std::move(*leave);
+  }
   if (auto cluster = check_cluster_flags(o); !cluster)
     return cluster.error();
+  if (o.cluster_view)
+    for (const auto& [rank, epoch] : o.leave_after)
+      if (rank >= o.cluster_view->worker_capacity())
+        return error{errc::invalid_argument,
+                     fmt::format("--leave-after-epoch {}: the job has room for {} worker(s), "
+                                 "ranks 0 to {}",
+                                 o.leave_text, o.cluster_view->worker_capacity(),
+                                 o.cluster_view->worker_capacity() - 1)};
   if (o.compression_threshold && o.compression_name == "none")
     return error{errc::invalid_argument, "--compression-threshold needs --gradient-compression"};
   if (o.compression_name != "none" && !o.kvstore.starts_with("dist"))
@@ -605,11 +666,33 @@ result<std::vector<context>> check_flags(options& o) {
 struct membership {
   std::shared_ptr<kvstore> store; ///< the dist store, or null
   int rank = 0;
+  /// The workers whose parts tile the training set this epoch (their ranks, ascending), and how
+  /// many they are.
+  std::vector<int> ranks{0};
   int workers = 1;
+  /// The first epoch this worker trains: after the epoch whose barrier it joined at.
+  int first_epoch = 1;
+  /// Workers that said at the last barrier that they leave after it (--leave-after-epoch).
+  std::vector<int> leaving;
+
+  /// This worker's part of the training set: its place among `ranks`.
+  int part() const noexcept {
+    const auto at = std::find(ranks.begin(), ranks.end(), rank);
+    return at == ranks.end() ? 0 : static_cast<int>(at - ranks.begin());
+  }
 
   /// Rank 0 evaluates, prints and writes the outputs.
   bool lead() const noexcept { return rank == 0; }
 };
+
+/// The workers whose values at a barrier say they leave after it (end_epoch's third value).
+std::vector<int> leavers(const std::vector<std::vector<double>>& gathered) {
+  std::vector<int> out;
+  for (std::size_t rank = 0; rank < gathered.size(); ++rank)
+    if (gathered[rank].size() >= 3 && gathered[rank][2] != 0)
+      out.push_back(static_cast<int>(rank));
+  return out;
+}
 
 /// Joins the job of a dist_* store as a worker (main has let a scheduler or server process serve
 /// before), with the cluster flags over the file and environment.
@@ -617,7 +700,11 @@ result<membership> join(const options& o) {
   membership m;
   if (!o.kvstore.starts_with("dist"))
     return m;
-  auto created = kvstore::create(o.kvstore, o.cluster);
+  // A worker that joins the running job does so at the barrier ending an epoch, where every
+  // worker re-cuts the data (cut_data).
+  auto cluster = o.cluster;
+  cluster.set("job.join_at_barrier", "true");
+  auto created = kvstore::create(o.kvstore, cluster);
   if (!created)
     return with_context("kvstore " + o.kvstore + ": ", created.error());
   m.store = std::move(*created);
@@ -625,7 +712,18 @@ result<membership> join(const options& o) {
     if (auto compressed = m.store->set_gradient_compression(o.compression); !compressed)
       return with_context("kvstore " + o.kvstore + ": ", compressed.error());
   m.rank = m.store->rank();
-  m.workers = m.store->num_workers();
+  m.ranks = m.store->worker_ranks();
+  m.workers = static_cast<int>(m.ranks.size());
+  // Joined at an epoch's barrier: the others shared {samples/s, epoch, leaving} there
+  // (end_epoch).
+  if (const auto gathered = m.store->gathered_at_join()) {
+    int done = 0;
+    for (const auto& values : *gathered)
+      if (values.size() >= 2)
+        done = std::max(done, static_cast<int>(values[1]));
+    m.first_epoch = done + 1;
+    m.leaving = leavers(*gathered);
+  }
   return m;
 }
 
@@ -636,6 +734,34 @@ struct training_data {
   std::optional<data::in_memory_dataset> test_set; ///< on rank 0, which alone evaluates
   std::int64_t steps = 0; ///< per epoch, on every worker (see the file comment)
 };
+
+/// This worker's part of `train_set` as `m` cuts it (part m.part() of m.workers), and the steps
+/// every worker runs per epoch.
+struct data_cut {
+  data::data_loader loader;
+  std::int64_t steps = 0;
+};
+
+result<data_cut> cut_data(const options& o, data::in_memory_dataset train_set,
+                          const membership& m) {
+  const std::int64_t n_train = train_set.size();
+  auto order = data::make_sharded_sampler(n_train, m.workers, m.part(), true, o.seed);
+  if (!order)
+    return with_context("", order.error());
+  auto loader = data::data_loader::create(std::move(train_set), *order, o.batch_size,
+                                          data::last_batch::discard);
+  if (!loader)
+    return with_context("", loader.error());
+  std::int64_t steps =
+      data::common_batch_count(n_train, m.workers, o.batch_size, data::last_batch::discard);
+  if (o.max_batches > 0)
+    steps = std::min(steps, o.max_batches);
+  if (steps == 0)
+    return error{errc::invalid_argument,
+                 fmt::format("{} training samples over {} worker(s) make no full batch of {}",
+                             n_train, m.workers, o.batch_size)};
+  return data_cut{std::move(*loader), steps};
+}
 
 result<training_data> load_data(const options& o, const membership& m) {
   const bool spatial = o.model == "lenet";
@@ -650,22 +776,10 @@ result<training_data> load_data(const options& o, const membership& m) {
     test_set = std::move(*loaded);
   }
   const std::int64_t n_train = train_set->size();
-  auto order = data::make_sharded_sampler(n_train, m.workers, m.rank, true, o.seed);
-  if (!order)
-    return with_context("", order.error());
-  auto loader =
-      data::data_loader::create(*train_set, *order, o.batch_size, data::last_batch::discard);
-  if (!loader)
-    return with_context("", loader.error());
-  std::int64_t steps =
-      data::common_batch_count(n_train, m.workers, o.batch_size, data::last_batch::discard);
-  if (o.max_batches > 0)
-    steps = std::min(steps, o.max_batches);
-  if (steps == 0)
-    return error{errc::invalid_argument,
-                 fmt::format("{} training samples over {} worker(s) make no full batch of {}",
-                             n_train, m.workers, o.batch_size)};
-  return training_data{n_train, std::move(*loader), std::move(test_set), steps};
+  auto cut = cut_data(o, std::move(*train_set), m);
+  if (!cut)
+    return cut.error();
+  return training_data{n_train, std::move(cut->loader), std::move(test_set), cut->steps};
 }
 
 /// The network of --model: on every context, or cut into the stages of --model-parallel, each
@@ -784,13 +898,48 @@ status train_step(training_job& job, const data::batch& batch, int epoch, std::i
   return {};
 }
 
+/// Before epoch `epoch` of a dist job: when the workers in the job are no longer those the data
+/// was cut for (a worker joined at the last barrier), every worker cuts it again for those in
+/// now, so that their parts tile the training set, and the steps per epoch and the default step
+/// batch follow. Every worker holds the same list after the barrier (kvstore::worker_ranks), so
+/// they agree on the cut.
+status follow_membership(training_job& job, int epoch) {
+  auto& m = job.member;
+  if (!m.store || !m.store->type().starts_with("dist"))
+    return {};
+  // Those that said they leave after the last barrier are out, whether or not a table says so
+  // yet: every worker saw the same values there.
+  auto ranks = m.store->worker_ranks();
+  std::erase_if(ranks, [&](int rank) {
+    return std::find(m.leaving.begin(), m.leaving.end(), rank) != m.leaving.end();
+  });
+  if (ranks == m.ranks || std::find(ranks.begin(), ranks.end(), m.rank) == ranks.end())
+    return {};
+  m.ranks = std::move(ranks);
+  m.workers = static_cast<int>(m.ranks.size());
+  auto cut = cut_data(job.o, job.data.loader.dataset(), m);
+  if (!cut)
+    return with_context(fmt::format("epoch {}: ", epoch), cut.error());
+  job.data.loader = std::move(cut->loader);
+  job.data.steps = cut->steps;
+  if (job.o.step_batch <= 0)
+    job.step_batch = job.o.batch_size * m.workers;
+  if (m.lead() && !job.o.quiet)
+    fmt::print("epoch {}: {} workers (ranks {}) share the training set, {} steps each\n", epoch,
+               m.workers, fmt::join(m.ranks, ","), job.data.steps);
+  return {};
+}
+
 /// Trains one epoch (1-based) on this worker's part and returns its training metrics; the test
 /// accuracy is left for end_epoch.
 result<report::epoch_metrics> train_epoch(training_job& job, int epoch, report::progress& bar) {
+  if (auto recut = follow_membership(job, epoch); !recut)
+    return recut.error();
   auto& loader = job.data.loader;
   const std::int64_t steps = job.data.steps;
   const std::int64_t workers = job.member.workers;
-  if (epoch > 1)
+  // The sampler's order of this epoch (a worker that joined starts later).
+  while (loader.epoch() < epoch - 1)
     loader.reset();
   bar.start(fmt::format("epoch {}/{}", epoch, job.o.epochs), steps);
   epoch_tally tally;
@@ -822,8 +971,9 @@ result<report::epoch_metrics> train_epoch(training_job& job, int epoch, report::
 }
 
 /// After an epoch: rank 0 evaluates the test set and prints the epoch's line; then every worker
-/// of a dist job meets the others in a barrier, where they wait while rank 0 evaluates.
-status end_epoch(training_job& job, report::epoch_metrics& m) {
+/// of a dist job meets the others in a barrier, where they wait while rank 0 evaluates, and says
+/// whether it leaves after it. Returns whether this worker leaves now.
+result<bool> end_epoch(training_job& job, report::epoch_metrics& m) {
   if (job.member.lead()) {
     m.test_acc = evaluate(*job.net, *job.data.test_set, job.contexts.front());
     if (!job.o.quiet)
@@ -831,20 +981,26 @@ status end_epoch(training_job& job, report::epoch_metrics& m) {
     std::fflush(stdout);
   }
   if (!job.member.store)
-    return {};
+    return false;
   // The barrier also gathers each worker's own samples/s for the plot, the CSV and the final
   // line (a straggler shows there).
   const double own = m.time_s > 0 ? static_cast<double>(m.samples) /
                                         static_cast<double>(job.member.workers) / m.time_s
                                   : 0;
-  auto gathered = job.member.store->gather_at_barrier(std::span{&own, 1});
+  // The epoch tells a worker that joins at this barrier where the job is; the last value says
+  // this worker leaves after it (--leave-after-epoch).
+  const auto leave = job.o.leave_after.find(job.member.rank);
+  const bool leaves = leave != job.o.leave_after.end() && leave->second == m.epoch;
+  const std::array<double, 3> shared{own, static_cast<double>(m.epoch), leaves ? 1.0 : 0.0};
+  auto gathered = job.member.store->gather_at_barrier(shared);
   if (!gathered)
     return error{gathered.error().code(),
                  fmt::format("barrier after epoch {}: {}", m.epoch, gathered.error().to_string())};
   if (job.member.store->type().starts_with("dist"))
     for (const auto& values : *gathered)
       m.worker_samples_per_s.push_back(values.empty() ? 0.0 : values.front());
-  return {};
+  job.member.leaving = leavers(*gathered);
+  return leaves;
 }
 
 /// Rank 0's outputs after the last epoch: the CSV, the plot and the parameters when asked for,
@@ -986,13 +1142,27 @@ int main(int argc, char** argv) {
                      : std::optional{progress::mode::off});
     std::vector<report::epoch_metrics> history;
     const auto started = std::chrono::steady_clock::now();
-    for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    if (job.member.first_epoch > 1 && !o.quiet)
+      fmt::print("joined the running job after epoch {}: trains epochs {} to {}\n",
+                 job.member.first_epoch - 1, job.member.first_epoch, o.epochs);
+    for (int epoch = job.member.first_epoch; epoch <= o.epochs; ++epoch) {
       auto metrics = train_epoch(job, epoch, bar);
       if (!metrics)
         return fail(log, metrics.error().message());
-      if (auto ended = end_epoch(job, *metrics); !ended)
-        return fail(log, ended.error().message());
+      auto leaves = end_epoch(job, *metrics);
+      if (!leaves)
+        return fail(log, leaves.error().message());
       history.push_back(*metrics);
+      if (*leaves) {
+        // The others cut the data without it from the next epoch on; its pushes are all
+        // answered, so the servers close its rounds from the next one on.
+        if (auto left = job.member.store->leave(); !left)
+          return fail(log, "leaving after epoch " + std::to_string(epoch) + ": " +
+                               left.error().message());
+        if (!o.quiet)
+          fmt::print("left the job after epoch {}\n", epoch);
+        break;
+      }
     }
     if (job.member.lead())
       if (auto written = write_outputs(

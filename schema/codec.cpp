@@ -497,6 +497,7 @@ public:
     b.setPort(m.port);
     b.setRankHint(m.rank_hint);
     b.setRecovering(m.recovering);
+    b.setJoinAtBarrier(m.join_at_barrier);
   }
   void operator()(const admission& m) {
     auto b = root_.initAdmission();
@@ -616,6 +617,7 @@ public:
     b.setBarrierId(m.barrier_id);
     b.setGroup(m.group);
     b.setSenderNodeId(m.sender_node_id);
+    b.setStart(m.start);
     if (!m.values.empty()) {
       auto values = b.initValues(list_size(m.values.size()));
       for (unsigned i = 0; i < values.size(); ++i)
@@ -1099,6 +1101,7 @@ private:
     m.port = r.getPort();
     m.rank_hint = r.getRankHint();
     m.recovering = r.getRecovering();
+    m.join_at_barrier = r.getJoinAtBarrier();
     if (m.rank_hint < -1)
       fail(decode_error::code::invalid_value,
            "registration rank hint " + std::to_string(m.rank_hint) + " is below -1");
@@ -1302,8 +1305,12 @@ private:
   }
 
   message read(ws::Barrier::Reader r) {
-    return barrier{r.getRequestId(), r.getBarrierId(), read_group(r.getGroup()),
-                   r.getSenderNodeId(), barrier_values(r.getValues(), "barrier values")};
+    return barrier{r.getRequestId(),
+                   r.getBarrierId(),
+                   read_group(r.getGroup()),
+                   r.getSenderNodeId(),
+                   barrier_values(r.getValues(), "barrier values"),
+                   r.getStart()};
   }
 
   message read(ws::BarrierRelease::Reader r) {

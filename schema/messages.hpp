@@ -148,6 +148,9 @@ struct registration {
   std::int32_t rank_hint = -1;
   /// A server restarted from its checkpoint, for exactly rank_hint (see troupe.capnp).
   bool recovering = false;
+  /// A worker that joins the running job is counted from the workers' next barrier on (see
+  /// troupe.capnp).
+  bool join_at_barrier = false;
   friend bool operator==(const registration&, const registration&) = default;
 };
 
@@ -321,6 +324,8 @@ struct barrier {
   std::uint32_t sender_node_id = 0;
   /// What the sender shares with the other members; at most max_barrier_values.
   std::vector<double> values;
+  /// It ends a worker's init or set_optimizer (see troupe.capnp).
+  bool start = false;
   friend bool operator==(const barrier&, const barrier&) = default;
 };
 

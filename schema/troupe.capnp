@@ -153,6 +153,14 @@ struct Registration {
   # A server restarted from its checkpoint (troupe-node --recover) to take the place of the lost
   # server of rank rankHint: admitted for exactly that rank, and only while the scheduler keeps
   # it open for a recovering server (timeouts.server_rejoin); rejected otherwise.
+  joinAtBarrier @9 :Bool;
+  # A worker that joins the running job (job.join_at_barrier): it is counted only from the
+  # workers' next barrier on. Once admitted it arrives at that barrier (Barrier group 4, id
+  # Admitted.firstBarrier[4]) and is listed in no Membership until the barrier completes; then
+  # the table that counts it goes to the servers, which ack, and to the workers, and only then
+  # the barrier is released (its release to the joiner brings the others' gathered values). So
+  # every key counts it from the round after that barrier. Ignored for a node admitted before
+  # the job runs.
 }
 
 enum RejectReason {
@@ -409,6 +417,10 @@ struct Barrier {
   # What the sender shares with the other members (KVStore::gather_at_barrier: a worker's
   # throughput, say): at most 64 numbers, usually none. Every member receives every member's in
   # BarrierRelease.gathered.
+  start @5 :Bool;
+  # The barrier that ends a worker's init or set_optimizer (the job's start): a worker that joins
+  # at a barrier (Registration.joinAtBarrier) is never taken in there, since its own store skips
+  # those barriers.
 }
 
 struct GatheredValues {

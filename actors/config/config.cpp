@@ -323,9 +323,22 @@ void add_job_fields(std::vector<field>& t) {
                 "room for them. Unset: num_workers (no worker joins)."},
                integer_setter(&cluster_config::max_workers, 1, max_nodes, positive),
                {}});
+  t.push_back(
+      {{"job", "join_at_barrier", "TROUPE_JOIN_AT_BARRIER", "--join-at-barrier", "BOOL", "false",
+        "A worker that joins the running job waits at the workers' next barrier and is "
+        "counted from the round after it (for programs that cut their data per epoch at "
+        "a barrier). False: it counts from the next round each key has not begun."},
+       bool_setter(&cluster_config::join_at_barrier),
+       {}});
   t.push_back({{"job", "num_servers", "DMLC_NUM_SERVER", "--num-servers", "N", "",
                 "Number of server processes, each owning a key range. Required for a job."},
                integer_setter(&cluster_config::num_servers, 1, max_nodes, positive),
+               {}});
+  t.push_back({{"job", "max_servers", "TROUPE_MAX_SERVERS", "--max-servers", "N", "",
+                "The key ranges keys are placed over: MXNet's rule over N ranges, each held "
+                "whole by one server (range r by server r mod num_servers). Unset: num_servers "
+                "(MXNet's placement exactly)."},
+               integer_setter(&cluster_config::max_servers, 1, max_nodes, positive),
                {}});
   t.push_back({{"job", "id", "TROUPE_JOB_ID", "--job-id", "ID", "\"troupe\"",
                 "Name of the job; the scheduler refuses nodes of another job."},
@@ -1030,6 +1043,11 @@ status resolve(builder& b) {
                  named("job.max_workers", std::to_string(*cfg.max_workers)) +
                      " must not be below " +
                      named("job.num_workers", std::to_string(*cfg.num_workers))};
+  if (cfg.max_servers && cfg.num_servers && *cfg.max_servers < *cfg.num_servers)
+    return error{errc::invalid_argument,
+                 named("job.max_servers", std::to_string(*cfg.max_servers)) +
+                     " must not be below " +
+                     named("job.num_servers", std::to_string(*cfg.num_servers))};
   if (cfg.chunk_bytes > cfg.max_frame_bytes)
     return error{errc::invalid_argument,
                  named("data.chunk_bytes", std::to_string(cfg.chunk_bytes)) + " must not exceed " +

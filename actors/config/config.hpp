@@ -66,8 +66,19 @@ struct cluster_config {
   std::optional<int> max_workers;
   /// max_workers, or num_workers when unset.
   int worker_capacity() const { return max_workers.value_or(num_workers.value_or(1)); }
+  /// A worker that joins the running job is counted only from the workers' next barrier on
+  /// (TROUPE_JOIN_AT_BARRIER): it waits there, and every key counts it from the round after it.
+  /// For programs that cut their data per epoch at a barrier (train_mnist sets it). False: it
+  /// counts from the next round each key has not begun.
+  bool join_at_barrier = false;
   /// Number of server processes, each owning a key range (DMLC_NUM_SERVER). Required for a job.
   std::optional<int> num_servers;
+  /// The key ranges the job's keys are placed over (TROUPE_MAX_SERVERS): MXNet's rule over this
+  /// many ranges, each held whole by one server (range r by server r mod num_servers at the
+  /// start). Unset: num_servers, MXNet's placement exactly.
+  std::optional<int> max_servers;
+  /// max_servers, or num_servers when unset.
+  int key_range_count() const { return max_servers.value_or(num_servers.value_or(1)); }
   /// Name of the job; nodes of another job are refused by the scheduler.
   std::string job_id = "troupe";
   /// Shared secret every node presents when it registers; empty: none. When read from

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <thread>
 
 #include <caf/send.hpp>
@@ -80,6 +81,16 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
                    "below the number of workers (rank " +
                    std::to_string(setup.rank) + " of " + std::to_string(setup.num_workers) +
                    " workers, " + std::to_string(setup.num_servers) + " servers)");
+  if (!setup.range_owner.empty()) {
+    if (setup.range_owner.size() < setup.num_servers)
+      return invalid(std::to_string(setup.range_owner.size()) + " key ranges for " +
+                     std::to_string(setup.num_servers) + " servers");
+    for (std::size_t range = 0; range < setup.range_owner.size(); ++range)
+      if (setup.range_owner[range] >= setup.num_servers)
+        return invalid("key range " + std::to_string(range) + " is held by server " +
+                       std::to_string(setup.range_owner[range]) + " of a job of " +
+                       std::to_string(setup.num_servers) + " servers");
+  }
   if (!wire::valid_chunk_bytes(setup.chunk_bytes))
     return invalid("chunk size " + std::to_string(setup.chunk_bytes) +
                    " is not a multiple of 8 bytes from 8 to " +
@@ -102,6 +113,7 @@ result<std::unique_ptr<dist_kvstore>> dist_kvstore::create(worker_setup setup) {
   kv_worker_options options;
   options.rank = s.rank;
   options.num_servers = s.num_servers;
+  options.range_owner = s.range_owner;
   options.num_workers = s.num_workers;
   options.sync = store->sync_mode();
   options.joined = s.joined;
@@ -307,28 +319,25 @@ status dist_kvstore::pull_to_join(std::span<const kv_key> keys, std::span<const 
   // The keys are on the servers, with the job's current values: the first pull of each is what
   // the servers answer once the round this worker counts from can start (the worker's rounds of
   // the key start from that reply). The values themselves are the caller's to pull.
-  std::function<status()> first_pulls;
-  if (!row_sparse) {
-    auto scratch = std::make_shared<std::vector<ndarray>>();
-    for (const auto& value : values)
-      scratch->push_back(ndarray::empty(value.shape(), context::cpu(), value.dtype()));
-    first_pulls = [this, keys, scratch] { return pull(keys, *scratch); };
-  } else {
-    auto scratch = std::make_shared<std::vector<row_sparse_array>>();
-    auto every_row = std::make_shared<std::vector<ndarray>>();
-    for (const auto& value : values) {
-      const auto rows = value.shape().empty() ? std::int64_t{0} : value.shape()[0];
-      auto ids = ndarray::empty({rows}, context::cpu(), dtype::int64);
-      auto* id = static_cast<std::int64_t*>(ids.raw_data());
-      for (std::int64_t row = 0; row < rows; ++row)
-        id[row] = row;
-      every_row->push_back(std::move(ids));
-      scratch->push_back(row_sparse_array::zeros(value.shape(), value.dtype()));
+  std::vector<ndarray> scratch;
+  std::vector<row_sparse_array> sparse_scratch;
+  std::vector<ndarray> every_row;
+  for (const auto& value : values) {
+    if (!row_sparse) {
+      scratch.push_back(ndarray::empty(value.shape(), context::cpu(), value.dtype()));
+      continue;
     }
-    first_pulls = [this, keys, scratch, every_row] {
-      return row_sparse_pull(keys, *scratch, *every_row);
-    };
+    const auto rows = value.shape().empty() ? std::int64_t{0} : value.shape()[0];
+    auto ids = ndarray::empty({rows}, context::cpu(), dtype::int64);
+    auto* id = static_cast<std::int64_t*>(ids.raw_data());
+    for (std::int64_t row = 0; row < rows; ++row)
+      id[row] = row;
+    every_row.push_back(std::move(ids));
+    sparse_scratch.push_back(row_sparse_array::zeros(value.shape(), value.dtype()));
   }
+  auto first_pulls = [&] {
+    return row_sparse ? row_sparse_pull(keys, sparse_scratch, every_row) : pull(keys, scratch);
+  };
   // A worker that joined as the job began may come before worker rank 0 has initialised a key:
   // it waits for the key, within the request timeout.
   const auto deadline = std::chrono::steady_clock::now() + setup_.timeout;
@@ -345,7 +354,9 @@ status dist_kvstore::pull_to_join(std::span<const kv_key> keys, std::span<const 
 status dist_kvstore::start_barrier() {
   // The first workers' setup (init, set_optimizer) is done: a worker that joined has nobody to
   // meet there.
-  return setup_.joined ? ok() : setup_.barrier();
+  if (setup_.joined)
+    return ok();
+  return setup_.start_barrier ? setup_.start_barrier() : setup_.barrier();
 }
 
 int dist_kvstore::num_workers() const noexcept {
@@ -353,6 +364,35 @@ int dist_kvstore::num_workers() const noexcept {
     if (const auto now = setup_.workers_now(); now > 0)
       return static_cast<int>(now);
   return static_cast<int>(setup_.num_workers);
+}
+
+std::vector<int> dist_kvstore::worker_ranks() const {
+  if (setup_.ranks_in)
+    if (auto ranks = setup_.ranks_in(); !ranks.empty())
+      return ranks;
+  std::vector<int> ranks(static_cast<std::size_t>(num_workers()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
+}
+
+/// Worker r's values at index r, as gather_at_barrier lays them out.
+static std::vector<std::vector<double>> by_worker_rank(std::vector<wire::gathered_values> gathered,
+                                                       std::uint32_t num_workers) {
+  std::uint32_t ranks = num_workers;
+  for (const auto& member : gathered)
+    if (member.member_role == wire::role::worker)
+      ranks = std::max(ranks, member.rank + 1);
+  std::vector<std::vector<double>> by_rank(ranks);
+  for (auto& member : gathered)
+    if (member.member_role == wire::role::worker && member.rank < by_rank.size())
+      by_rank[member.rank] = std::move(member.values);
+  return by_rank;
+}
+
+std::optional<std::vector<std::vector<double>>> dist_kvstore::gathered_at_join() const {
+  if (!setup_.gathered_at_join)
+    return std::nullopt;
+  return by_worker_rank(*setup_.gathered_at_join, setup_.num_workers);
 }
 
 status dist_kvstore::push(std::span<const kv_key> keys, std::span<const row_sparse_array> values,
@@ -491,15 +531,7 @@ dist_kvstore::gather_at_barrier(std::span<const double> mine) {
   auto gathered = setup_.gather(mine);
   if (!gathered)
     return gathered.error();
-  std::uint32_t ranks = setup_.num_workers;
-  for (const auto& member : *gathered)
-    if (member.member_role == wire::role::worker)
-      ranks = std::max(ranks, member.rank + 1);
-  std::vector<std::vector<double>> by_rank(ranks);
-  for (auto& member : *gathered)
-    if (member.member_role == wire::role::worker && member.rank < by_rank.size())
-      by_rank[member.rank] = std::move(member.values);
-  return by_rank;
+  return by_worker_rank(std::move(*gathered), setup_.num_workers);
 }
 
 status dist_kvstore::to_every_server(

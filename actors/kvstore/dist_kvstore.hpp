@@ -61,6 +61,8 @@ public:
   /// count; workers that left or were lost still do (MXNet's N, which a program may have used for
   /// its own arithmetic until the end).
   int num_workers() const noexcept override;
+  std::vector<int> worker_ranks() const override;
+  std::optional<std::vector<std::vector<double>>> gathered_at_join() const override;
 
   status init(std::span<const kv_key> keys, std::span<const ndarray> values) override;
   status push(std::span<const kv_key> keys, std::span<const ndarray> values,

@@ -186,6 +186,17 @@ public:
   /// none): it rides on the barrier's messages, so it costs no extra round trip. In the local
   /// modes: {mine}.
   virtual result<std::vector<std::vector<double>>> gather_at_barrier(std::span<const double> mine);
+  /// The ranks of the workers the job counts now (alive, not left), ascending, as the latest
+  /// membership table says; after a barrier every worker holds the same list, unless a worker
+  /// was lost or left meanwhile. What a program that re-cuts its data per epoch divides by. In
+  /// the local modes: {0}.
+  virtual std::vector<int> worker_ranks() const { return {0}; }
+  /// A worker that joined the running job at the workers' barrier (job.join_at_barrier): what
+  /// the others shared at that barrier, as gather_at_barrier answers (entry r: worker r's
+  /// values). nullopt for every other worker and store.
+  virtual std::optional<std::vector<std::vector<double>>> gathered_at_join() const {
+    return std::nullopt;
+  }
 
   /// Pushes run this optimizer in the store from now on (MXNet's update_on_kvstore).
   virtual status set_optimizer(std::unique_ptr<optimizer> opt) = 0;

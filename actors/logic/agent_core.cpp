@@ -76,6 +76,7 @@ agent_core::actions agent_core::on_connected(clock::time_point now) {
   reg.port = options_.data_port;
   reg.rank_hint = options_.rank_hint;
   reg.recovering = options_.recovering;
+  reg.join_at_barrier = options_.join_at_barrier;
   send(reg);
   return take();
 }
@@ -138,6 +139,19 @@ void agent_core::on_admission(const wire::admission& admission) {
   log_ =
       options_.log.named(node_name(wire::to_string(options_.role), admitted_->rank, options_.host));
   log_.info("admitted as node " + std::to_string(admitted_->node_id));
+  if (granted.joined && options_.join_at_barrier && options_.role == wire::role::worker) {
+    // Counted from the workers' next barrier on: it waits there, and the scheduler lists it in a
+    // table only when that barrier completes, just before releasing it.
+    wire::barrier arrival;
+    arrival.request_id = next_request_id_++;
+    arrival.group = wire::group::workers;
+    arrival.barrier_id = ++barriers_entered_[wire::group::workers];
+    arrival.sender_node_id = admitted_->node_id;
+    join_barrier_request_ = arrival.request_id;
+    log_.info("joins the running job at the workers' barrier " +
+              std::to_string(arrival.barrier_id));
+    send(std::move(arrival));
+  }
   maybe_joined();
 }
 
@@ -159,14 +173,21 @@ void agent_core::on_membership(const wire::membership& table) {
 }
 
 void agent_core::maybe_joined() {
-  if (!admitted_ || !membership_ || joined_ || failure_)
+  if (!admitted_ || !membership_ || join_barrier_request_ || joined_ || failure_)
     return;
   joined_ = true;
-  pending_.emplace_back(joined{*admitted_, *membership_, key_});
+  pending_.emplace_back(joined{*admitted_, *membership_, key_, join_gathered_});
 }
 
 /// A barrier's release: its gathered values go to the caller that asked for them.
 void agent_core::on_release(const wire::barrier_release& release) {
+  if (join_barrier_request_ && release.request_id == *join_barrier_request_) {
+    // The barrier that took it in may be a later one than it aimed at: its ids go on from there.
+    join_barrier_request_.reset();
+    barriers_entered_[wire::group::workers] = release.barrier_id;
+    join_gathered_ = release.gathered;
+    return maybe_joined();
+  }
   complete(release.request_id, ok(), release.gathered);
 }
 
@@ -186,6 +207,10 @@ void agent_core::on_command(const wire::command& cmd) {
 void agent_core::on_error(const wire::error_reply& err) {
   if (err.request_id != 0 && complete(err.request_id, from_wire(err)))
     return;
+  if (join_barrier_request_ &&
+      (err.request_id == *join_barrier_request_ ||
+       (err.request_id == 0 && err.code == wire::error_code::shutting_down)))
+    return fail(from_wire(err));
   // A refused registration, or unasked: the job failed (a lost peer, the startup timeout).
   // Anything else is the scheduler complaining about a frame of ours: worth a log, not the end
   // of the node.
@@ -263,8 +288,12 @@ agent_core::actions agent_core::on_tick(clock::time_point now) {
     fail(admitted_
              ? error{errc::timeout, "admitted as " + std::string{wire::to_string(options_.role)} +
                                         " " + std::to_string(admitted_->rank) +
-                                        ", but no membership table from the scheduler at " +
-                                        where_ + " within " + waited}
+                                        (join_barrier_request_
+                                             ? " to join at the workers' next barrier, but the "
+                                               "workers did not meet there within " +
+                                                   waited + " (timeouts.startup)"
+                                             : ", but no membership table from the scheduler at " +
+                                                   where_ + " within " + waited)}
              : error{errc::timeout, "no answer to the registration from the scheduler at " +
                                         where_ + " within " + waited});
     return take();

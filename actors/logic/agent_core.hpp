@@ -68,6 +68,11 @@ struct agent_options {
   /// A server restarted from its checkpoint: it registers as the recovering server of exactly
   /// rank_hint (Registration.recovering), which the scheduler admits only in that rank.
   bool recovering = false;
+  /// A worker that joins the running job is counted from the workers' next barrier on
+  /// (Registration.joinAtBarrier): admitted as a joiner, it arrives at that barrier at once, and
+  /// join() returns once the barrier is released (with the others' gathered values,
+  /// joined::gathered) and a table lists it.
+  bool join_at_barrier = false;
   /// A server: told the job secret its admission carries, on the agent's thread, as soon as it is
   /// admitted (before join() returns): its data port checks its workers' node proofs against it.
   /// Optional.
@@ -148,6 +153,8 @@ public:
     wire::membership membership;
     /// A worker's node key (empty at a server).
     node_key key;
+    /// A worker that joined at a barrier (join_at_barrier): what the others shared there.
+    std::optional<std::vector<wire::gathered_values>> gathered;
   };
   /// Answer the waiting call `request_id` (an id on_call gave it). A barrier's release brings
   /// the gathered values, for the caller that asked for them.
@@ -277,6 +284,10 @@ private:
   std::uint64_t next_request_id_ = registration_request_id + 1;
   /// Barriers this node entered, per group: the next barrier's id is one more.
   std::array<std::uint64_t, 8> barriers_entered_{};
+  /// A worker joining at a barrier: the request id of its arrival there, until it is released,
+  /// and what the release gathered.
+  std::optional<std::uint64_t> join_barrier_request_;
+  std::optional<std::vector<wire::gathered_values>> join_gathered_;
   std::uint64_t heartbeat_sequence_ = 0;
   clock::time_point last_heard_;
 };

@@ -8,6 +8,12 @@
 // [round(N/S*i), round(N/S*(i+1))) as ps-key range[i].begin + key.
 // Inside a server, a ps-key belongs to shard ps_key % shards_per_server.
 //
+// Key ranges (troupe's, job.max_servers = R >= S): the functions below take the number of key
+// ranges in place of S, and a key's slice of range r goes to the server that holds range r
+// (Membership.keyRanges: r mod S; worker_core_options::range_owner). With R == S range i is server
+// i's and this is MXNet's rule; with R > S a server holds several ranges, whole, which is what
+// lets a range change servers without any key changing its ps-keys or its cut.
+//
 // Slices (troupe's, after P3 and BytePS's partitions; data.slice_bytes). A key larger than the
 // slice size is cut further, so that its first slices are summed, updated and on their way back
 // while its last ones are still being pushed: a server closes the round of each ps-key on its

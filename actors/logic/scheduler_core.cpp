@@ -10,14 +10,16 @@
 
 namespace troupe {
 
-std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers) {
+std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers,
+                                                   std::uint32_t num_ranges) {
   if (num_servers == 0)
     throw exception(errc::invalid_argument, "membership_key_ranges needs at least one server");
+  num_ranges = std::max(num_ranges, num_servers);
   std::vector<wire::key_range> ranges;
-  ranges.reserve(num_servers);
-  std::uint32_t server = 0;
-  for (const auto& range : server_key_ranges(num_servers))
-    ranges.push_back(wire::key_range{range.begin, range.end, server++, 0});
+  ranges.reserve(num_ranges);
+  std::uint32_t index = 0;
+  for (const auto& range : server_key_ranges(num_ranges))
+    ranges.push_back(wire::key_range{range.begin, range.end, index++ % num_servers, 0});
   return ranges;
 }
 
@@ -229,6 +231,7 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
     granted->joined = true;
     for (const auto reached : barrier_reached_)
       granted->first_barrier.push_back(reached + 1);
+    entry.waits_at_barrier = reg.join_at_barrier;
   }
   const auto first_barrier = granted->first_barrier;
   send(entry, wire::admission{reg.request_id, std::move(*granted)});
@@ -236,6 +239,15 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
   by_connection_.emplace(connection, index);
   nodes_.push_back(std::move(entry));
   const auto& node = nodes_.back();
+  if (node.waits_at_barrier) {
+    pending_.emplace_back(
+        barrier_member_joined{static_cast<std::uint32_t>(index), first_barrier, true});
+    log_.info(describe(node.info) + " was admitted from " + reg.host + " (" +
+              seconds(since_start()) +
+              " after the job started) to join at the workers' next barrier; until then no "
+              "table lists it");
+    return;
+  }
   if (joins) {
     joined_workers_.push_back(joined_worker{node.info.rank, node.info.node_id, since_start()});
     pending_.emplace_back(barrier_member_joined{static_cast<std::uint32_t>(index), first_barrier});
@@ -364,11 +376,17 @@ void scheduler_core::on_barrier(std::size_t index, const wire::barrier& request)
     return describe(node.info) + " at barrier " + std::to_string(request.barrier_id) +
            " of group " + std::to_string(request.group);
   });
-  auto& reached = barrier_reached_[request.group];
-  reached = std::max(reached, request.barrier_id);
+  if (node.waits_at_barrier) {
+    // Its one arrival waits for the workers' next barrier (whatever id that has).
+    nodes_[index].join_request = request.request_id;
+    log_.info(describe(node.info) + " waits to join at the workers' next barrier");
+  } else {
+    auto& reached = barrier_reached_[request.group];
+    reached = std::max(reached, request.barrier_id);
+  }
   pending_.emplace_back(barrier_entry{
       request.group, request.barrier_id, static_cast<std::uint32_t>(index), node.info.node_role,
-      request.request_id, node.info.rank, request.values, node.connection});
+      request.request_id, node.info.rank, request.values, node.connection, request.start});
 }
 
 void scheduler_core::on_command(std::size_t index, const wire::command& cmd) {
@@ -477,15 +495,17 @@ void scheduler_core::send_membership() {
       wire::node_info{scheduler_node_id, wire::role::scheduler, 0, options_.host, 0, true});
   std::size_t listed_workers = 0;
   for (const auto& node : nodes_) {
+    if (node.waits_at_barrier)
+      continue;
     table.nodes.push_back(node.info);
     listed_workers += node.info.node_role == wire::role::worker ? 1 : 0;
   }
   std::sort(table.nodes.begin(), table.nodes.end(),
             [](const auto& a, const auto& b) { return a.node_id < b.node_id; });
-  table.key_ranges = membership_key_ranges(options_.num_servers);
+  table.key_ranges = membership_key_ranges(options_.num_servers, options_.max_servers);
   auto reaches = [](const node_entry& node) {
     // A worker that said done needs no table: it is leaving.
-    return !node.gone && !node.lost &&
+    return !node.gone && !node.lost && !node.waits_at_barrier &&
            !(node.finished && node.info.node_role == wire::role::worker);
   };
   if (listed_workers <= workers_announced_) {
@@ -522,12 +542,50 @@ void scheduler_core::release_table() {
       std::count_if(table.nodes.begin(), table.nodes.end(),
                     [](const auto& node) { return node.node_role == wire::role::worker; }));
   for (const auto& node : nodes_)
-    if (node.info.node_role == wire::role::worker && !node.gone && !node.lost && !node.finished)
+    if (node.info.node_role == wire::role::worker && !node.gone && !node.lost && !node.finished &&
+        !node.waits_at_barrier)
       send(node, table);
+  // Joiners taken in at a barrier: every worker has the table that counts them before any leaves
+  // the barrier.
+  pending_.emplace_back(release_held_barriers{});
+}
+
+scheduler_core::actions
+scheduler_core::on_joiners_taken_in(const std::vector<std::uint32_t>& joiners,
+                                    clock::time_point now) {
+  now_ = now;
+  bool counted = false;
+  for (const auto index : joiners) {
+    if (index >= nodes_.size())
+      continue;
+    node_entry& node = nodes_[index];
+    // One turned away at the drain (finished) or gone meanwhile is counted nowhere.
+    if (!node.waits_at_barrier || node.lost || node.gone || node.finished)
+      continue;
+    node.waits_at_barrier = false;
+    counted = true;
+    joined_workers_.push_back(joined_worker{node.info.rank, node.info.node_id, since_start()});
+    log_.info(describe(node.info) + " joined the running job at the workers' barrier (" +
+              seconds(since_start()) + " after it started); the job goes on with " +
+              count_of(workers_in(), worker_capacity(), "worker rank") +
+              " in use; the servers hear of it first");
+  }
+  if (!counted || phase_ != scheduler_phase::running) {
+    pending_.emplace_back(release_held_barriers{});
+    return take();
+  }
+  ++epoch_;
+  send_membership();
+  return take();
 }
 
 std::uint32_t scheduler_core::workers_in() const {
-  return phase_ == scheduler_phase::registering ? options_.num_workers : workers_admitted_;
+  if (phase_ == scheduler_phase::registering)
+    return options_.num_workers;
+  std::uint32_t waiting = 0;
+  for (const auto& node : nodes_)
+    waiting += node.waits_at_barrier ? 1 : 0;
+  return workers_admitted_ - waiting;
 }
 
 /// When every live worker is done: tell the servers to stop (ps-lite's kStopServer), then
@@ -536,11 +594,20 @@ void scheduler_core::maybe_drain() {
   if (phase_ != scheduler_phase::running)
     return;
   for (const auto& node : nodes_)
-    if (node.info.node_role == wire::role::worker && !node.finished && !node.lost)
+    if (node.info.node_role == wire::role::worker && !node.finished && !node.lost &&
+        !node.waits_at_barrier)
       return;
   phase_ = scheduler_phase::draining;
   drain_deadline_ = now_ + options_.drain_timeout;
   log_.info("every live worker is done: stopping the servers");
+  // No barrier of the workers comes any more: those waiting to join there are turned away.
+  for (auto& node : nodes_)
+    if (node.waits_at_barrier && !node.lost && !node.gone) {
+      node.finished = true;
+      send(node, error_reply(node.join_request.value_or(0), wire::error_code::shutting_down,
+                             "the job's workers finished before they met at another barrier: " +
+                                 describe(node.info) + " cannot join"));
+    }
   for (auto& node : nodes_)
     if (node.info.node_role == wire::role::server && !node.gone) {
       node.finished = true;
@@ -631,6 +698,13 @@ void scheduler_core::lose(std::size_t index, const std::string& why) {
   node.lost = true;
   node.info.alive = false;
   node.lost_text = describe(node.info) + " was lost: " + why;
+  if (node.waits_at_barrier) {
+    // It never counted anywhere: the job goes on as it was.
+    log_.info(node.lost_text + " while it waited to join at the workers' next barrier");
+    pending_.emplace_back(
+        barrier_member_gone{static_cast<std::uint32_t>(index), node.info.node_role});
+    return maybe_drain();
+  }
   const auto after = since_start();
   const bool worker = node.info.node_role == wire::role::worker;
   if (worker) {

@@ -28,7 +28,10 @@
 // a fresh rank, and the table that lists it goes to the servers first; the workers, the joiner
 // included, get it once every server acked it (Membership.requestId), so every key has fixed the
 // round it counts the joiner from before any worker hears of it. Its barriers start at the next
-// id no member had reached (Admitted.firstBarrier).
+// id no member had reached (Admitted.firstBarrier). One that asks to join at a barrier
+// (Registration.joinAtBarrier) is listed in no table until the job barriers take it in at the
+// workers' next barrier (on_joiners_taken_in); that table goes out the same way, and the barrier
+// is released only after it (release_held_barriers).
 //
 // done and failed are final: the core returns the outcome (job_ended) and takes nothing more. A
 // worker that said done and a server that was told to stop have "finished": their departure is
@@ -75,12 +78,15 @@ inline constexpr std::uint32_t max_nodes_per_role = 1u << 20;
 /// node's row in the membership table.
 inline constexpr std::size_t max_host_bytes = 255;
 
-/// The membership table's key ranges: server i owns ps-lite's range [max_key/S*i,
-/// max_key/S*(i+1)) (actors/logic/key_placement.hpp's server_key_ranges, so workers and the table
-/// agree), as shard_index 0: a server splits its range over its shards itself. Like ps-lite, the
-/// top max_key % S keys belong to no server; ps-keys are range.begin + key, far below them.
-/// Precondition: num_servers >= 1.
-std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers);
+/// The membership table's key ranges: ps-lite's R ranges [max_key/R*r, max_key/R*(r+1))
+/// (actors/logic/key_placement.hpp's server_key_ranges, so workers and the table agree), range r
+/// held by server r mod num_servers, as shard_index 0: a server splits its ranges over its shards
+/// itself. R is num_ranges (job.max_servers), num_servers when 0: then server i holds range i,
+/// ps-lite's layout exactly. Like ps-lite, the top max_key % R keys belong to no range; ps-keys
+/// are range.begin + key, far below them. Precondition: num_servers >= 1, num_ranges 0 or >=
+/// num_servers.
+std::vector<wire::key_range> membership_key_ranges(std::uint32_t num_servers,
+                                                   std::uint32_t num_ranges = 0);
 
 /// How the scheduler of one job runs. Durations are wall-clock.
 struct scheduler_options {
@@ -98,6 +104,9 @@ struct scheduler_options {
   std::uint32_t max_workers = 0;
   /// DMLC_NUM_SERVER, >= 1.
   std::uint32_t num_servers = 1;
+  /// job.max_servers: the key ranges keys are placed over (membership_key_ranges); 0 or below
+  /// num_servers: num_servers.
+  std::uint32_t max_servers = 0;
   /// How many workers the job needs alive (sync.quorum) until worker rank 0 announces its own:
   /// 1..num_workers, 0 meaning num_workers (a lost worker fails the job).
   std::uint32_t quorum = 0;
@@ -216,6 +225,12 @@ struct barrier_entry {
   std::vector<double> values;
   /// The node's control connection, which the release (or a refusal) answers on.
   std::uint64_t connection = 0;
+  /// A worker's barrier that ends its init or set_optimizer (Barrier.start): it counts no worker
+  /// that joins at a barrier.
+  bool start = false;
+  /// Set by the job barriers: the arrival of a worker that joined at this barrier, which its
+  /// release counts (the scheduler sends the table that lists it first).
+  bool joins = false;
 };
 
 /// The scheduler's phase (the diagram of the file comment).
@@ -250,9 +265,14 @@ public:
   struct barrier_member_joined {
     std::uint32_t member = 0;
     std::vector<std::uint64_t> first_barrier;
+    /// It joins at the workers' next barrier (Registration.joinAtBarrier).
+    bool at_next_barrier = false;
   };
+  /// Release the barriers held for their joiners (barrier_held): every worker has the table that
+  /// counts them now.
+  struct release_held_barriers {};
   using action = std::variant<control_frame, barrier_entry, barrier_member_gone,
-                              barrier_member_joined, job_ended>;
+                              barrier_member_joined, release_held_barriers, job_ended>;
   /// What one call asks of the caller, to be carried out in order.
   using actions = std::vector<action>;
 
@@ -274,6 +294,11 @@ public:
   /// Every heartbeat_interval: the startup, drain and rejoin deadlines, silent nodes (lost after
   /// peer_timeout), and a heartbeat to every node still connected.
   actions on_tick(clock::time_point now);
+  /// The job barriers completed a barrier of the workers that takes in `joiners` (node indices,
+  /// workers admitted to join at a barrier; barrier_held): they are counted from now on. The
+  /// table that lists them goes to the servers, and once every server acked, to the workers; then
+  /// release_held_barriers.
+  actions on_joiners_taken_in(const std::vector<std::uint32_t>& joiners, clock::time_point now);
 
   scheduler_phase phase() const noexcept { return phase_; }
   /// done or failed: the outcome has been returned; nothing more happens.
@@ -309,6 +334,10 @@ private:
     std::string lost_text;
     /// A lost server whose rank waits for a recovering server (server_rejoin) until then.
     std::optional<clock::time_point> rejoin_deadline;
+    /// A worker admitted to join at the workers' next barrier that no barrier has taken in yet:
+    /// in no table, counted nowhere. And the request id of its arrival there, once it came.
+    bool waits_at_barrier = false;
+    std::optional<std::uint64_t> join_request;
   };
 
   // Incoming frames.
@@ -316,7 +345,8 @@ private:
   void on_rejoin(std::uint64_t connection, const wire::registration& reg);
   /// A server's ack of the table held back from the workers (Membership.requestId).
   void on_table_ack(std::size_t index, std::uint64_t request_id);
-  /// Sends the table held back from the workers to them.
+  /// Sends the table held back from the workers to them (and then the barriers held for their
+  /// joiners).
   void release_table();
   void on_barrier(std::size_t index, const wire::barrier& request);
   void on_command(std::size_t index, const wire::command& cmd);

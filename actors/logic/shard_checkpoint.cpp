@@ -11,8 +11,9 @@ namespace {
 
 constexpr std::string_view snapshot_magic = "troupe shard checkpoint";
 /// Version 2 adds each key's row_sparse flag after its completed count; version 1 files (no
-/// row_sparse keys) still load.
-constexpr std::uint64_t snapshot_version = 2;
+/// row_sparse keys) still load. Version 3 adds the layout's key ranges after its workers; older
+/// files had one range per server.
+constexpr std::uint64_t snapshot_version = 3;
 constexpr std::size_t digest_bytes = 32;
 
 std::array<std::byte, digest_bytes> sha256(std::span<const std::byte> bytes) {
@@ -54,6 +55,7 @@ std::string layout_differences(const shard_layout& saved, const shard_layout& he
   compare("shards_per_server", saved.shards_per_server, here.shards_per_server);
   compare("shard", saved.shard_index, here.shard_index);
   compare("num_workers", saved.num_workers, here.num_workers);
+  compare("key ranges (job.max_servers)", saved.num_ranges, here.num_ranges);
   return out;
 }
 
@@ -71,7 +73,7 @@ std::vector<std::byte> encode_snapshot(const shard_snapshot& snapshot) {
   out.u8(static_cast<std::uint8_t>(snapshot.kind));
   const auto& layout = snapshot.layout;
   for (auto field : {layout.num_servers, layout.server_rank, layout.shards_per_server,
-                     layout.shard_index, layout.num_workers})
+                     layout.shard_index, layout.num_workers, layout.num_ranges})
     out.u64(field);
   const auto& policy = snapshot.policy;
   out.u8(static_cast<std::uint8_t>(policy.mode));
@@ -125,7 +127,7 @@ result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::st
   auto version = in.u64("format version");
   if (!version)
     return fail(version.error());
-  if (*version != snapshot_version && *version != 1)
+  if (*version < 1 || *version > snapshot_version)
     return corrupt(what, "format version " + std::to_string(*version) +
                              " is not supported (this is " + std::to_string(snapshot_version) +
                              ")");
@@ -145,6 +147,13 @@ result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::st
     if (!value)
       return fail(value.error());
     *field = *value;
+  }
+  out.layout.num_ranges = out.layout.num_servers;
+  if (*version >= 3) {
+    auto ranges = read_u32(in, "layout");
+    if (!ranges)
+      return fail(ranges.error());
+    out.layout.num_ranges = *ranges;
   }
   auto mode = in.u8("consistency");
   auto quorum = read_u32(in, "quorum");

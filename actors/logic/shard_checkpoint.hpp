@@ -5,7 +5,8 @@
 // self-describing:
 //
 //   "troupe shard checkpoint", format version, kind (checkpoint | optimizer states),
-//   layout (servers, this server's rank, shards per server, this shard's index, workers),
+//   layout (servers, this server's rank, shards per server, this shard's index, workers, key
+//   ranges),
 //   sync policy, keys (ps-key, dtype, shape, completed, row_sparse, per-worker sequence numbers,
 //   and for a checkpoint the value), the updater's saved states (or none), then SHA-256 of all
 //   of it.
@@ -57,6 +58,9 @@ struct shard_layout {
   std::uint32_t shards_per_server = 1;
   std::uint32_t shard_index = 0;
   std::uint32_t num_workers = 1;
+  /// The key ranges keys are placed over (job.max_servers; num_servers when there are no more):
+  /// a ps-key is another one under another count.
+  std::uint32_t num_ranges = 1;
   friend bool operator==(const shard_layout&, const shard_layout&) = default;
 };
 

@@ -1335,8 +1335,10 @@ void shard_core::on_states_command(const wire::command& msg, const reply_route& 
 // --- checkpoints ---------------------------------------------------------------------------------
 
 shard_layout shard_core::layout() const noexcept {
-  return shard_layout{options_.num_servers, options_.server_rank, options_.shards_per_server,
-                      options_.shard_index, options_.num_workers};
+  return shard_layout{
+      options_.num_servers,       options_.server_rank,
+      options_.shards_per_server, options_.shard_index,
+      options_.num_workers,       std::max(options_.num_ranges, options_.num_servers)};
 }
 
 std::uint64_t shard_core::slowest_key() const noexcept {

@@ -119,6 +119,8 @@ struct shard_options {
   std::uint32_t num_servers = 1;
   std::uint32_t server_rank = 0;
   std::uint32_t shards_per_server = 1;
+  /// The key ranges keys are placed over (job.max_servers); 0: num_servers.
+  std::uint32_t num_ranges = 0;
   /// Where the shard's files go and when it writes checkpoints.
   checkpoint_schedule checkpoint;
   /// Until worker rank 0 sends sync_settings (or a sync_mode / async_mode command).

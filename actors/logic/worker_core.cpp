@@ -197,6 +197,18 @@ bool worker_core::small_enough_to_send_at_once(const kv_operation& op, std::size
   return static_cast<std::size_t>(elements) * size_of(work.type) <= max_bytes;
 }
 
+std::uint32_t worker_core::num_ranges() const noexcept {
+  return options_.range_owner.empty() ? options_.num_servers
+                                      : static_cast<std::uint32_t>(options_.range_owner.size());
+}
+
+key_slices worker_core::to_owners(key_slices slices) const {
+  if (!options_.range_owner.empty())
+    for (auto& slice : slices)
+      slice.server = options_.range_owner[slice.server];
+  return slices;
+}
+
 std::optional<std::uint32_t> worker_core::sends_at_once_to(const kv_operation& op,
                                                            std::size_t max_bytes) const {
   if (failure_ || names_.size() != options_.num_servers ||
@@ -206,8 +218,9 @@ std::optional<std::uint32_t> worker_core::sends_at_once_to(const kv_operation& o
   const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
   const auto max_slice_elements =
       static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
-  const auto slices = place_key(static_cast<std::uint64_t>(work.index), elements,
-                                options_.num_servers, options_.bigarray_bound, max_slice_elements);
+  const auto slices =
+      to_owners(place_key(static_cast<std::uint64_t>(work.index), elements, num_ranges(),
+                          options_.bigarray_bound, max_slice_elements));
   if (slices.size() != 1 || slices.front().server >= servers_.size())
     return std::nullopt;
   const auto& server = servers_[slices.front().server];
@@ -267,8 +280,8 @@ void worker_core::add_key(const std::shared_ptr<call_state>& call, const kv_oper
   const auto elements = work.value.is_none() ? element_count(work.shape) : work.value.size();
   const auto max_slice_elements =
       static_cast<std::int64_t>(options_.slice_bytes / size_of(work.type));
-  auto slices = place_key(static_cast<std::uint64_t>(work.index), elements, options_.num_servers,
-                          options_.bigarray_bound, max_slice_elements);
+  auto slices = to_owners(place_key(static_cast<std::uint64_t>(work.index), elements, num_ranges(),
+                                    options_.bigarray_bound, max_slice_elements));
   // Slice credit: the slices of this key on one server are a group of their own when there are
   // several (every server the key uses holds as many: key_slice::slot).
   const bool several_per_server = slices.back().slot > 0;
@@ -328,8 +341,8 @@ void worker_core::add_rows(const std::shared_ptr<call_state>& call, const kv_ope
   std::int64_t row_elements = 1;
   for (std::size_t axis = 1; axis < work.shape.size(); ++axis)
     row_elements *= work.shape[axis];
-  const auto slices = place_rows(static_cast<std::uint64_t>(work.index), num_rows, row_elements,
-                                 options_.num_servers, options_.bigarray_bound);
+  const auto slices = to_owners(place_rows(static_cast<std::uint64_t>(work.index), num_rows,
+                                           row_elements, num_ranges(), options_.bigarray_bound));
   const auto row_bytes = static_cast<std::uint64_t>(row_elements) * size_of(work.type);
   std::shared_ptr<pull_target> target;
   if (kind == kv_call::pull) {

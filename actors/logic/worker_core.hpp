@@ -145,6 +145,10 @@ inline constexpr std::size_t copy_off_thread_bytes = std::size_t{1} << 20;
 struct worker_core_options {
   std::uint32_t rank = 0;
   std::uint32_t num_servers = 1;
+  /// The server that holds each of the job's key ranges (Membership.keyRanges, in range order):
+  /// keys are placed by MXNet's rule over range_owner.size() ranges (key_placement.hpp), each
+  /// range's slices sent to its owner. Empty: one range per server, range i on server i.
+  std::vector<std::uint32_t> range_owner;
   /// Workers in the job: slice credit keeps several in step, and a worker alone takes none.
   std::uint32_t num_workers = 1;
   /// dist_sync (rounds, credit) or dist_async.
@@ -302,6 +306,11 @@ public:
   std::uint64_t dropped_pushes() const noexcept { return dropped_pushes_; }
 
 private:
+  /// The key ranges keys are placed over (worker_core_options::range_owner).
+  std::uint32_t num_ranges() const noexcept;
+  /// `slices` as placed over the key ranges, each sent to the server that holds its range.
+  key_slices to_owners(key_slices slices) const;
+
   /// A call under way: how many of its requests are still expected, and how it ends.
   struct call_state {
     call_state() = default;

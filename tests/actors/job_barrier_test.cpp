@@ -163,6 +163,56 @@ BOOST_AUTO_TEST_CASE(a_worker_that_joins_is_waited_for_from_its_first_barrier_on
   BOOST_TEST(book.expected(wire::group::workers) == 2u);
 }
 
+BOOST_AUTO_TEST_CASE(
+    a_worker_that_joins_at_a_barrier_is_taken_in_by_the_next_workers_barrier_past_the_start) {
+  job_barriers book{1, 2}; // server 0, workers 1 and 2
+  std::vector<std::uint64_t> first(8, 1);
+  first[wire::group::workers] = 2;
+  book.join_at_next_barrier(3, first);
+  // It is expected nowhere until a barrier takes it in; its arrival waits, whatever its id.
+  BOOST_TEST(book.expected(wire::group::workers) == 2u);
+  BOOST_TEST(released(book.arrive(worker(3, 2))).empty());
+  // A second arrival before that, or one at another group, is refused.
+  BOOST_TEST(std::holds_alternative<job_barriers::refusal>(book.arrive(worker(3, 3))));
+  // The end of the others' init (a start barrier) does not take it in.
+  auto start = [](std::uint32_t member, std::uint64_t id) {
+    auto a = worker(member, id);
+    a.start = true;
+    return a;
+  };
+  BOOST_TEST(released(book.arrive(start(1, 1))).empty());
+  BOOST_TEST((released(book.arrive(start(2, 1))) == members{1, 2}));
+  // The next barrier of the workers does: its arrival comes with the others', numbered as
+  // theirs, marked as the one that joins.
+  BOOST_TEST(released(book.arrive(worker(1, 2))).empty());
+  const auto taken = book.arrive(worker(2, 2));
+  BOOST_TEST_REQUIRE(std::holds_alternative<job_barriers::released>(taken));
+  const auto& arrivals = std::get<job_barriers::released>(taken);
+  BOOST_TEST((members_of(arrivals) == members{1, 2, 3}));
+  for (const auto& a : arrivals) {
+    BOOST_TEST(a.barrier_id == 2u);
+    BOOST_TEST(a.joins == (a.member == 3));
+  }
+  // From the next barrier on it is waited for like every worker.
+  BOOST_TEST(book.expected(wire::group::workers, 3) == 3u);
+  BOOST_TEST(released(book.arrive(worker(1, 3))).empty());
+  BOOST_TEST(released(book.arrive(worker(2, 3))).empty());
+  BOOST_TEST((released(book.arrive(worker(3, 3))) == members{1, 2, 3}));
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_waiting_to_join_at_a_barrier_that_is_lost_changes_nothing) {
+  job_barriers book{1, 2};
+  book.join_at_next_barrier(3, std::vector<std::uint64_t>(8, 1));
+  BOOST_TEST(released(book.arrive(worker(3, 1))).empty());
+  BOOST_TEST(book.lose(3, wire::role::worker).empty());
+  BOOST_TEST(book.expected(wire::group::workers) == 2u);
+  BOOST_TEST(released(book.arrive(worker(1, 1))).empty());
+  const auto done = book.arrive(worker(2, 1));
+  BOOST_TEST((released(done) == members{1, 2}));
+  for (const auto& a : std::get<job_barriers::released>(done))
+    BOOST_TEST(!a.joins);
+}
+
 BOOST_AUTO_TEST_CASE(a_lost_members_earlier_arrivals_no_longer_count) {
   job_barriers book{1, 3};
   BOOST_TEST(released(book.arrive(worker(1, 1))).empty());

@@ -384,6 +384,18 @@ BOOST_AUTO_TEST_CASE(the_scheduler_binds_node_bind_and_tells_nodes_its_host) {
   spawned->stop();
 }
 
+BOOST_AUTO_TEST_CASE(more_key_ranges_than_servers_are_held_round_robin) {
+  const auto ranges = membership_key_ranges(2, 5);
+  BOOST_TEST_REQUIRE(ranges.size() == 5u);
+  for (std::uint32_t r = 0; r < 5; ++r) {
+    BOOST_TEST(ranges[r].begin == max_key / 5 * r);
+    BOOST_TEST(ranges[r].end == max_key / 5 * (r + 1));
+    BOOST_TEST(ranges[r].server_rank == r % 2);
+  }
+  // Fewer ranges than servers means one per server.
+  BOOST_TEST((membership_key_ranges(3, 1) == membership_key_ranges(3)));
+}
+
 BOOST_AUTO_TEST_CASE(membership_key_ranges_are_ps_lites_server_ranges_without_gaps_between) {
   for (std::uint32_t servers : {1u, 2u, 3u, 7u, 1000u}) {
     BOOST_TEST_CONTEXT(servers << " servers") {

@@ -288,6 +288,17 @@ BOOST_AUTO_TEST_CASE(seven_workers_and_seven_servers_match_the_sync_closed_form)
       7, "sync");
 }
 
+BOOST_AUTO_TEST_CASE(keys_placed_over_more_key_ranges_than_servers_match_the_sync_closed_form) {
+  // job.max_servers 5 with 2 servers: MXNet's rule over 5 ranges, server 0 holding ranges 0, 2
+  // and 4 and server 1 ranges 1 and 3; the large keys are split in 5 parts, uneven per server.
+  require_job_success(run(launch_path,
+                          launch_args(2, 2, {"--env", "TROUPE_MAX_SERVERS=5"},
+                                      {"--check", "sync", "--rounds", "3", "--shapes",
+                                       "2x3,1200x1200,1211x1211,7"}),
+                          {}, 120s),
+                      2, "sync");
+}
+
 BOOST_AUTO_TEST_CASE(workers_that_leave_early_let_the_rest_finish_with_the_closed_form_per_round) {
   // Ranks doing 5, 8 and 11 rounds: from round 5 on the rounds close with ranks 1 and 2, from
   // round 8 on with rank 2 alone; the barrier after round 6 waits for ranks 1 and 2 only.

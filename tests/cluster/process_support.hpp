@@ -105,10 +105,39 @@ public:
 
   pid_t pid() const { return pid_; }
 
+  /// Reads the process's output while it runs until its stdout (`stream` 0) or stderr (1) holds
+  /// `text` after byte `from` (collected so far), or `limit` passes or the stream closes: whether
+  /// it came. What was read stays for wait()'s outcome.
+  bool await_output(int stream, std::string_view text, std::chrono::milliseconds limit,
+                    std::size_t from = 0) {
+    const auto deadline = clock_type::now() + limit;
+    while (true) {
+      if (early_[stream].find(text, std::min(from, early_[stream].size())) != std::string::npos)
+        return true;
+      if (fds_[stream] < 0 || clock_type::now() >= deadline)
+        return false;
+      pollfd probe{fds_[stream], POLLIN, 0};
+      if (::poll(&probe, 1, 20) <= 0)
+        continue;
+      char buffer[4096];
+      const ssize_t n = ::read(fds_[stream], buffer, sizeof buffer);
+      if (n > 0) {
+        early_[stream].append(buffer, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds_[stream]);
+        fds_[stream] = -1;
+      }
+    }
+  }
+  /// What await_output has read of stdout (0) or stderr (1) so far.
+  const std::string& output_so_far(int stream) const { return early_[stream]; }
+
   /// Collects output until the launcher exits and closes its pipes, or `limit` passes (then it
   /// is killed and the outcome says timed_out).
   outcome wait(std::chrono::milliseconds limit = 30s) {
     outcome result;
+    result.out = early_[0];
+    result.err = early_[1];
     const auto deadline = start_ + limit;
     std::string* sinks[2] = {&result.out, &result.err};
     while (fds_[0] >= 0 || fds_[1] >= 0 || !reaped_) {
@@ -157,6 +186,8 @@ public:
 private:
   pid_t pid_ = -1;
   int fds_[2] = {-1, -1};
+  /// Output read by await_output before wait().
+  std::string early_[2];
   bool reaped_ = false;
   clock_type::time_point start_;
 };

@@ -258,6 +258,93 @@ BOOST_AUTO_TEST_CASE(overlapped_steps_save_the_same_parameters_as_waiting_steps,
   BOOST_TEST((overlapped_bytes == read_file(waiting)), "the saved parameters differ");
 }
 
+// A third worker joins a 2-worker dist_sync job while it trains (troupe-launch --max-workers 3,
+// SIGUSR2): it waits at the workers' next barrier, which takes it in, and from the next epoch on
+// the three cut the training set in three. The test holds the two workers (SIGSTOP) from the end
+// of epoch 1 until the scheduler has the joiner's arrival, so the joiner is taken in at the
+// barrier after epoch 1 or (if both had already arrived there) after epoch 2, never later. 3000
+// samples make 23 steps of 64 per epoch over 2 workers, 15 over 3.
+BOOST_AUTO_TEST_CASE(
+    a_worker_that_joins_while_it_trains_gets_a_part_of_the_data_from_the_next_epoch,
+    *boost::unit_test::precondition(fashion_mnist_present)) {
+  child_process launcher{launch_path,
+                         {"-n",
+                          "2",
+                          "-s",
+                          "1",
+                          "--max-workers",
+                          "3",
+                          "--env",
+                          "PS_VERBOSE=1",
+                          "--node-binary",
+                          node_path,
+                          "--",
+                          train_path,
+                          "--kvstore",
+                          "dist_sync",
+                          "--train-limit",
+                          "3000",
+                          "--batch-size",
+                          "64",
+                          "--epochs",
+                          "3",
+                          "--no-progress"},
+                         {{"PS_VERBOSE", "1"}}};
+  std::vector<pid_t> workers;
+  for (const char* label : {"started worker 0 (pid ", "started worker 1 (pid "}) {
+    BOOST_TEST_REQUIRE(launcher.await_output(1, label, 60s), launcher.output_so_far(1));
+    const auto& err = launcher.output_so_far(1);
+    workers.push_back(std::stoi(err.substr(err.find(label) + std::string_view{label}.size())));
+  }
+  BOOST_TEST_REQUIRE(launcher.await_output(0, "[worker 0] epoch 1 ", 120s),
+                     launcher.output_so_far(0));
+  for (const pid_t pid : workers)
+    BOOST_TEST_REQUIRE(::kill(pid, SIGSTOP) == 0);
+  BOOST_TEST_REQUIRE(::kill(launcher.pid(), SIGUSR2) == 0);
+  const bool arrived = launcher.await_output(
+      1, "worker 2 (node 13) waits to join at the workers' next barrier", 60s);
+  for (const pid_t pid : workers)
+    ::kill(pid, SIGCONT);
+  BOOST_TEST_REQUIRE(arrived, launcher.output_so_far(1));
+  const auto result = launcher.wait(180s);
+  BOOST_TEST_REQUIRE(!result.timed_out, describe(result));
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  const bool after_epoch_1 =
+      result.out.find("epoch 2: 3 workers (ranks 0,1,2) share the training set, 15 steps each") !=
+      std::string::npos;
+  const bool after_epoch_2 =
+      result.out.find("epoch 3: 3 workers (ranks 0,1,2) share the training set, 15 steps each") !=
+      std::string::npos;
+  BOOST_TEST(after_epoch_1 != after_epoch_2, result.out);
+  BOOST_TEST(count_lines(result.out, after_epoch_1
+                                         ? "[worker 2] joined the running job after epoch 1"
+                                         : "[worker 2] joined the running job after epoch 2") == 1u,
+             result.out);
+  BOOST_TEST(count_lines(result.err, "joined: worker 2 (node 13)") == 1u, result.err);
+  BOOST_TEST(with_prefix(result.out, "[worker 0] epoch ").size() >= 3u, result.out);
+}
+
+// Three workers; worker 2 leaves after epoch 1 (--leave-after-epoch 2:1): it says so at the
+// barrier ending epoch 1, and from epoch 2 on the other two cut the training set in two (23 steps
+// of 64 each over 3000 samples instead of 15). The job exits 0.
+BOOST_AUTO_TEST_CASE(a_worker_that_leaves_after_an_epoch_hands_its_part_of_the_data_to_the_others,
+                     *boost::unit_test::precondition(fashion_mnist_present)) {
+  auto result = run(launch_path,
+                    {"-n", "3", "-s", "1", "--node-binary", node_path, "--", train_path,
+                     "--kvstore", "dist_sync", "--train-limit", "3000", "--batch-size", "64",
+                     "--epochs", "3", "--leave-after-epoch", "2:1", "--no-progress"},
+                    {}, 180s);
+  BOOST_TEST_REQUIRE(!result.timed_out, describe(result));
+  BOOST_TEST_REQUIRE(result.exit_code == 0, describe(result));
+  BOOST_TEST(result.out.find("15 steps per epoch over 3000 training samples") != std::string::npos,
+             result.out);
+  BOOST_TEST(count_lines(result.out, "[worker 2] left the job after epoch 1") == 1u, result.out);
+  BOOST_TEST(count_lines(result.out, "[worker 0] epoch 2: 2 workers (ranks 0,1) share the "
+                                     "training set, 23 steps each") == 1u,
+             result.out);
+  BOOST_TEST(with_prefix(result.out, "[worker 0] epoch 3 ").size() == 1u, result.out);
+}
+
 BOOST_AUTO_TEST_CASE(a_dist_job_reports_every_workers_throughput_in_the_csv_plot_and_final_line,
                      *boost::unit_test::precondition(fashion_mnist_present)) {
   temp_dir dir;
@@ -303,6 +390,20 @@ BOOST_AUTO_TEST_CASE(bad_slow_worker_and_cluster_flags_exit_2_naming_the_flag) {
     BOOST_TEST(bad.exit_code == 2, value << ": " << describe(bad));
     BOOST_TEST(lines_of(bad.err).size() == 1u, bad.err);
     BOOST_TEST(bad.err.find("train_mnist: --slow-worker " + value + ": " + says) !=
+                   std::string::npos,
+               bad.err);
+  }
+  for (const auto& [value, says] : std::vector<std::pair<std::string, std::string>>{
+           {"2", "'2' is not RANK:EPOCH"},
+           {"2:0", "'2:0' is not RANK:EPOCH"},
+           {"0:1", "worker 0 evaluates and writes the outputs: it cannot leave"},
+           {"1:1,1:2", "worker 1 is named twice"},
+           {"5:1", "the job has room for 3 worker(s), ranks 0 to 2"}}) {
+    auto bad =
+        run(train_path, {"--kvstore", "dist_sync", "--leave-after-epoch", value},
+            {{"DMLC_NUM_WORKER", "3"}, {"DMLC_NUM_SERVER", "1"}, {"DMLC_PS_ROOT_PORT", "9"}}, 30s);
+    BOOST_TEST(bad.exit_code == 2, value << ": " << describe(bad));
+    BOOST_TEST(bad.err.find("train_mnist: --leave-after-epoch " + value + ": " + says) !=
                    std::string::npos,
                bad.err);
   }

@@ -51,6 +51,8 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   const auto n = static_cast<std::int64_t>(payload.size());
   std::vector<message> out;
   out.push_back(registration{101, protocol_version, role::server, "job-42", "10.0.0.7", 9091, 5});
+  out.push_back(
+      registration{103, protocol_version, role::worker, "job-42", "10.0.0.8", 0, -1, false, true});
   sealed_secret sealed{};
   sealed.fill(0xA5);
   out.push_back(admission{102, admitted{3, 11, sealed, true, {1, 4, 2}}});
@@ -91,6 +93,7 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
                    tensor_compression{compression_type::one_bit, 0.0f, payload.size() * 8}}});
   out.push_back(ack{107, 12, true});
   out.push_back(barrier{108, 4, group::workers | group::servers, 9, {2.5, -1.0}});
+  out.push_back(barrier{109, 2, group::workers, 11, {}, true});
   out.push_back(
       barrier_release{108, 4, group::workers | group::servers, {{role::worker, 1, {2.5, -1.0}}}});
   out.push_back(set_optimizer{

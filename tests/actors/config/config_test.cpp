@@ -422,8 +422,12 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
                             "7",
                             "--max-workers",
                             "9",
+                            "--join-at-barrier",
+                            "true",
                             "--num-servers",
                             "3",
+                            "--max-servers",
+                            "5",
                             "--job-id",
                             "j",
                             "--token-file",
@@ -529,7 +533,10 @@ BOOST_AUTO_TEST_CASE(every_flag_sets_its_field_and_bad_flag_values_name_the_flag
   BOOST_TEST((cfg.scheduler_port == 0));
   BOOST_TEST((cfg.num_workers == 7));
   BOOST_TEST((cfg.max_workers == 9));
+  BOOST_TEST(cfg.join_at_barrier);
   BOOST_TEST((cfg.num_servers == 3));
+  BOOST_TEST((cfg.max_servers == 5));
+  BOOST_TEST(cfg.key_range_count() == 5);
   BOOST_TEST(cfg.job_id == "j");
   BOOST_TEST(cfg.auth_token == "abc");
   BOOST_TEST(!cfg.insecure);

@@ -17,6 +17,7 @@
 #include "engine/gradient_compression.hpp"
 #include "tests/actors/kvstore/array_checks.hpp"
 #include "tests/actors/kvstore/in_process_job.hpp"
+#include "tests/poll.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace troupe;
@@ -349,13 +350,9 @@ BOOST_AUTO_TEST_CASE(a_worker_that_joins_before_rank_0_initialised_a_key_waits_f
   const std::vector<kv_key> keys{5};
   job.run([&](std::uint32_t rank, kvstore& kv) {
     auto initial = ndarray::ones({2, 3});
-    if (rank == 0) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{20};
-      while (job.stats().requests_refused == 0 && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds{5});
-      if (job.stats().requests_refused == 0)
-        seen.add("the joiner's first pull was never refused");
-    }
+    if (rank == 0 && !troupe::testing::poll_until([&] { return job.stats().requests_refused > 0; },
+                                                  std::chrono::seconds{20}))
+      seen.add("the joiner's first pull was never refused");
     if (!seen.check(kv.init(keys, std::span{&initial, 1}),
                     "rank " + std::to_string(rank) + " init"))
       return;

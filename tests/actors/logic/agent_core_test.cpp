@@ -219,6 +219,53 @@ BOOST_AUTO_TEST_CASE(a_worker_joins_with_the_node_key_its_admission_seals) {
   BOOST_TEST(early.count<agent_core::joined>() == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_joining_at_a_barrier_arrives_there_and_joins_once_released) {
+  agent_driver agent;
+  agent.options.join_at_barrier = true;
+  agent.core.emplace(agent.options, agent.started);
+  agent.connect();
+  BOOST_TEST(agent.sent<wire::registration>().at(0).join_at_barrier);
+  auto admitted = agent.admission(2);
+  auto& granted = std::get<wire::admitted>(admitted.outcome);
+  granted.joined = true;
+  granted.first_barrier.assign(8, 1);
+  granted.first_barrier[wire::group::workers] = 4;
+  agent.frame(admitted);
+  const auto arrivals = agent.sent<wire::barrier>();
+  BOOST_TEST_REQUIRE(arrivals.size() == 1u);
+  BOOST_TEST(arrivals[0].group == wire::group::workers);
+  BOOST_TEST(arrivals[0].barrier_id == 4u);
+  BOOST_TEST(arrivals[0].sender_node_id == 13u);
+  // The table that lists it comes first; join() waits for the release too.
+  agent.frame(agent_driver::table(3));
+  BOOST_TEST(agent.count<agent_core::joined>() == 0u);
+  const std::vector<wire::gathered_values> shared{{wire::role::worker, 0, {10.0, 1.0}}};
+  // Taken in at the others' barrier 5: its ids go on from there.
+  agent.frame(wire::barrier_release{arrivals[0].request_id, 5, wire::group::workers, shared});
+  const auto joined = agent.only<agent_core::joined>();
+  BOOST_TEST(joined.admitted.rank == 2u);
+  BOOST_TEST_REQUIRE(joined.gathered.has_value());
+  BOOST_TEST((*joined.gathered == shared));
+  const auto next = agent.call(barrier_of(wire::group::workers), "barrier");
+  BOOST_TEST(std::get<wire::barrier>(next.frame).barrier_id == 6u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_the_job_turns_away_at_its_joining_barrier_fails_join) {
+  agent_driver agent;
+  agent.options.join_at_barrier = true;
+  agent.core.emplace(agent.options, agent.started);
+  agent.connect();
+  auto admitted = agent.admission(1);
+  std::get<wire::admitted>(admitted.outcome).joined = true;
+  agent.frame(admitted);
+  const auto arrival = agent.sent<wire::barrier>().at(0);
+  agent.frame(wire::error_reply{arrival.request_id, std::nullopt, wire::error_code::shutting_down,
+                                "worker 1 cannot join"});
+  const auto failure = agent.failed_with(errc::peer_lost);
+  BOOST_TEST(failure.message().find("cannot join") != std::string::npos, failure.message());
+  BOOST_TEST(agent.count<agent_core::joined>() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(a_server_hands_on_its_job_secret_before_join_returns) {
   agent_driver agent{wire::role::server};
   agent.connect();

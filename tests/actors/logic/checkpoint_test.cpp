@@ -241,7 +241,18 @@ BOOST_AUTO_TEST_CASE(a_torn_altered_or_foreign_file_is_never_loaded) {
   BOOST_TEST_REQUIRE(!refused.has_value());
   BOOST_TEST(refused.error().message().find("num_servers 1 (here 2)") != std::string::npos);
   BOOST_TEST(refused.error().message().find("shards_per_server 1 (here 4)") != std::string::npos);
+  BOOST_TEST(refused.error().message().find("key ranges (job.max_servers) 1 (here 2)") !=
+             std::string::npos);
   BOOST_TEST(elsewhere.shard->value(5).is_none());
+  // The same server in a job whose keys are placed over more ranges holds other ps-keys.
+  shard_options more_ranges = in_directory(dir.path());
+  more_ranges.num_ranges = 3;
+  shard_driver wider(2, {}, more_ranges);
+  refused = wider.shard->restore(*decode_snapshot(bytes, "whole"));
+  BOOST_TEST_REQUIRE(!refused.has_value());
+  BOOST_TEST(refused.error().message().find("key ranges (job.max_servers) 1 (here 3)") !=
+                 std::string::npos,
+             refused.error().message());
 }
 
 BOOST_AUTO_TEST_CASE(optimizer_states_are_written_only_inside_the_checkpoint_directory) {

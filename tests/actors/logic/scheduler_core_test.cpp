@@ -696,6 +696,84 @@ BOOST_AUTO_TEST_CASE(a_worker_joins_a_running_job_with_room_and_the_servers_hear
   BOOST_TEST(contains(outcome.summary, "joined: worker 2 (node 13)"), outcome.summary);
 }
 
+BOOST_AUTO_TEST_CASE(a_worker_that_joins_at_a_barrier_is_listed_only_once_a_barrier_takes_it_in) {
+  options.max_workers = 3;
+  run_job(2, 2); // servers on connections 1 and 2, workers 0 and 1 on 3 and 4
+  core->on_authenticated(5, session_of(5));
+  auto reg = registration(wire::role::worker, 1005);
+  reg.join_at_barrier = true;
+  frame(5, reg);
+  const auto granted = expect_admitted(admission_to(5));
+  BOOST_TEST(granted.rank == 2u);
+  BOOST_TEST(granted.joined);
+  // The barriers hear of it as one that waits; no table lists it yet.
+  bool told = false;
+  for (const auto& action : last)
+    if (const auto* joined = std::get_if<scheduler_core::barrier_member_joined>(&action))
+      told = joined->at_next_barrier;
+  BOOST_TEST(told);
+  BOOST_TEST(count<wire::membership>() == 0u);
+  // Its arrival goes to the barriers like any other.
+  frame(5, wire::barrier{7, 1, wire::group::workers, worker_node_id(2), {}});
+  std::optional<std::uint32_t> member;
+  for (const auto& action : last)
+    if (const auto* entry = std::get_if<scheduler_core::barrier_entry>(&action))
+      member = entry->member;
+  BOOST_TEST_REQUIRE(member.has_value());
+  // A table for another reason (worker 1 leaves) still does not list it, nor count it.
+  frame(4, done(9, 4));
+  const auto without = only_to<wire::membership>(3);
+  BOOST_TEST(without.num_workers == 2u);
+  for (const auto& node : without.nodes)
+    BOOST_TEST(node.node_id != worker_node_id(2));
+  // A barrier took it in: the table that lists it goes to the servers first...
+  last = core->on_joiners_taken_in({*member}, now);
+  const auto table = only_to<wire::membership>(1);
+  BOOST_TEST(table.request_id != 0u);
+  BOOST_TEST(table.num_workers == 3u);
+  BOOST_TEST(row(table, worker_node_id(2)).alive);
+  BOOST_TEST(count<wire::membership>() == 2u);
+  for (const auto& action : last)
+    BOOST_TEST(!std::holds_alternative<scheduler_core::release_held_barriers>(action));
+  // ...then to the workers still in, the joiner among them, and only then the barrier goes.
+  frame(1, wire::ack{table.request_id});
+  frame(2, wire::ack{table.request_id});
+  BOOST_TEST(only_to<wire::membership>(3).num_workers == 3u);
+  BOOST_TEST(only_to<wire::membership>(5).num_workers == 3u);
+  BOOST_TEST_REQUIRE(!last.empty());
+  BOOST_TEST(std::holds_alternative<scheduler_core::release_held_barriers>(last.back()));
+  frame(3, done(9, 4));
+  frame(5, done(9, 2));
+  close(1);
+  close(2);
+  const auto outcome = ended();
+  BOOST_TEST_REQUIRE(outcome.joined_workers.size() == 1u);
+  BOOST_TEST(outcome.joined_workers[0].rank == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(a_worker_waiting_to_join_at_a_barrier_is_turned_away_when_the_others_finish) {
+  options.max_workers = 3;
+  run_job(1, 1); // server on connection 1, worker 0 on 2
+  core->on_authenticated(3, session_of(3));
+  auto reg = registration(wire::role::worker, 1003);
+  reg.join_at_barrier = true;
+  frame(3, reg);
+  expect_admitted(admission_to(3));
+  frame(3, wire::barrier{7, 1, wire::group::workers, worker_node_id(1), {}});
+  // The only worker counted is done: nobody is left to meet the joiner at a barrier.
+  frame(2, done(9, 4));
+  const auto refused = only_to<wire::error_reply>(3);
+  BOOST_TEST(refused.request_id == 7u);
+  BOOST_TEST((refused.code == wire::error_code::shutting_down));
+  BOOST_TEST(contains(refused.message, "cannot join"), refused.message);
+  BOOST_TEST((core->phase() == scheduler_phase::draining));
+  close(3);
+  close(1);
+  const auto outcome = ended();
+  BOOST_TEST((outcome.end == job_end::finished));
+  BOOST_TEST(outcome.joined_workers.empty());
+}
+
 BOOST_AUTO_TEST_CASE(a_worker_beyond_num_workers_is_turned_away_until_the_job_runs) {
   options.max_workers = 2;
   start(1, 1);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -253,6 +254,42 @@ BOOST_AUTO_TEST_CASE(a_key_split_over_servers_is_reassembled_from_chunks_into_ev
   const std::vector<float> expected{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   BOOST_TEST(floats(first) == expected);
   BOOST_TEST(floats(second) == expected);
+}
+
+BOOST_AUTO_TEST_CASE(keys_are_placed_over_the_key_ranges_and_sent_to_the_servers_holding_them) {
+  // Two servers, four key ranges (job.max_servers 4): ranges 0 and 2 on server 0, 1 and 3 on 1.
+  auto options = one_server();
+  options.num_servers = 2;
+  options.range_owner = {0, 1, 0, 1};
+  options.bigarray_bound = 8;
+  auto d = driver_for(options);
+  const auto range_size = max_key / 4;
+  // Key 2 of 3 elements lives whole in range (2 * 9973) % 4 = 2, held by server 0.
+  auto small = ndarray::zeros({3});
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(2, small)});
+  auto pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 1u);
+  BOOST_TEST(d->sent[0].server == 0u);
+  BOOST_TEST(pulls[0].key == range_size * 2 + 2);
+  // Key 7 of 12 elements is split over the four ranges, 3 elements each, two parts per server.
+  auto large = ndarray::zeros({12});
+  d->sent.clear();
+  auto split = d->call(kv_call::pull, {worker_driver::pull_key(7, large)});
+  pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pulls.size() == 4u);
+  for (std::size_t range = 0; range < 4; ++range) {
+    BOOST_TEST(d->sent[range].server == options.range_owner[range]);
+    BOOST_TEST(pulls[range].key == range_size * range + 7);
+  }
+  for (std::size_t range = 0; range < 4; ++range) {
+    const float base = static_cast<float>(range * 3);
+    d->answer_pull(pulls[range], ndarray::from_values({base, base + 1, base + 2}, {3}), 64,
+                   options.range_owner[range]);
+  }
+  BOOST_TEST_REQUIRE(delivered_ok(split));
+  std::vector<float> expected(12);
+  std::iota(expected.begin(), expected.end(), 0.0f);
+  BOOST_TEST(floats(large) == expected);
 }
 
 BOOST_AUTO_TEST_CASE(a_large_reply_is_copied_elsewhere_and_completes_when_the_copy_reports_back) {
