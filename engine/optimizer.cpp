@@ -1,5 +1,6 @@
 #include "engine/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -536,7 +537,8 @@ std::int64_t updater::update_count(std::int64_t index) const {
   return slot == states_.end() ? 0 : slot->second.update_count;
 }
 
-std::vector<std::byte> updater::save_states(bool dump_optimizer) const {
+std::vector<std::byte> updater::save_states(bool dump_optimizer,
+                                            const std::function<bool(std::int64_t)>& only) const {
   byte_writer out;
   out.string(states_magic);
   out.u64(states_version);
@@ -549,8 +551,12 @@ std::vector<std::byte> updater::save_states(bool dump_optimizer) const {
       out.f64(value);
     }
   }
-  out.u64(states_.size());
+  const auto picked = [&](std::int64_t index) { return !only || only(index); };
+  out.u64(static_cast<std::uint64_t>(
+      std::count_if(states_.begin(), states_.end(), [&](auto& s) { return picked(s.first); })));
   for (auto& [index, entry] : states_) {
+    if (!picked(index))
+      continue;
     out.i64(index);
     out.i64(entry.update_count);
     out.u64(entry.buffers.size());
@@ -560,9 +566,10 @@ std::vector<std::byte> updater::save_states(bool dump_optimizer) const {
   return out.take();
 }
 
-status updater::load_states(
-    std::span<const std::byte> bytes,
-    const std::function<std::optional<shape_vector>(std::int64_t index)>& shape_of) {
+status
+updater::load_states(std::span<const std::byte> bytes,
+                     const std::function<std::optional<shape_vector>(std::int64_t index)>& shape_of,
+                     bool merge) {
   byte_reader in{bytes};
   auto magic = in.string("optimizer states header");
   if (!magic)
@@ -607,6 +614,12 @@ status updater::load_states(
     return error{errc::invalid_argument, "optimizer states were saved by '" + *name +
                                              "', this updater runs '" + optimizer_->name() + "'"};
   }
+  if (merge && loaded_optimizer &&
+      (loaded_optimizer->name() != optimizer_->name() ||
+       loaded_optimizer->params() != optimizer_->params()))
+    return error{errc::invalid_argument,
+                 "optimizer states to merge were saved by another optimizer ('" + *name +
+                     "' with other parameters) than this updater's '" + optimizer_->name() + "'"};
   const auto& target = loaded_optimizer ? *loaded_optimizer : *optimizer_;
 
   auto count = in.u64("state count");
@@ -655,10 +668,19 @@ status updater::load_states(
     return error{errc::corrupt_data,
                  std::to_string(in.remaining()) + " unexpected bytes after the optimizer states"};
   // Only now, with everything read and checked, does the updater change.
+  if (merge) {
+    for (auto& [index, entry] : loaded)
+      states_[index] = std::move(entry);
+    return ok();
+  }
   if (loaded_optimizer)
     optimizer_ = std::move(loaded_optimizer);
   states_ = std::move(loaded);
   return ok();
+}
+
+void updater::forget_states(const std::function<bool(std::int64_t index)>& which) {
+  std::erase_if(states_, [&](const auto& state) { return which(state.first); });
 }
 
 } // namespace troupe

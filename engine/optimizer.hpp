@@ -123,10 +123,20 @@ public:
   /// `shape_of`, when given, says the shape of the weight of an index (nullopt: not known here);
   /// a state of another shape is refused (shape_mismatch, naming the weight and both shapes), as
   /// an update would refuse it later.
-  std::vector<std::byte> save_states(bool dump_optimizer = false) const;
+  /// `only`, when given, picks the weights whose states are saved (a server's key ranges that
+  /// move to another server, with their states).
+  std::vector<std::byte>
+  save_states(bool dump_optimizer = false,
+              const std::function<bool(std::int64_t index)>& only = {}) const;
+  /// `merge`: the loaded states join those held (replacing a weight's own), instead of replacing
+  /// all of them; a carried optimizer must then equal this updater's (name and parameters), since
+  /// the states held were made by it.
   status
   load_states(std::span<const std::byte> bytes,
-              const std::function<std::optional<shape_vector>(std::int64_t index)>& shape_of = {});
+              const std::function<std::optional<shape_vector>(std::int64_t index)>& shape_of = {},
+              bool merge = false);
+  /// Drops the states of the weights `which` picks (their keys left for another server).
+  void forget_states(const std::function<bool(std::int64_t index)>& which);
 
 private:
   struct weight_state {

@@ -95,7 +95,7 @@ Plain from_wire(Wire value, std::uint16_t count, const char* field) {
 constexpr std::uint16_t role_count = 3;
 constexpr std::uint16_t dtype_count = 5;
 constexpr std::uint16_t reject_reason_count = 7;
-constexpr std::uint16_t error_code_count = 14;
+constexpr std::uint16_t error_code_count = 15;
 constexpr std::uint16_t consistency_count = 2;
 
 std::string shape_string(const tensor_shape& shape) {

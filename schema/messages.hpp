@@ -437,6 +437,8 @@ enum class error_code : std::uint8_t {
   internal,
   invalid_argument,
   not_permitted,
+  /// The key's range has left this server (elastic servers): sent again to the range's new owner.
+  moved,
 };
 
 /// Reply to a failed request (a protocol message, unlike decode_error, which is local).

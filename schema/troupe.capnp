@@ -589,6 +589,9 @@ enum ErrorCode {
   invalidArgument @13;    # a parameter value is out of range
   notPermitted @14;       # the request acts as another node than its connection proved (a push
                           # under another worker's rank), or only worker rank 0 may send it
+  moved @15;              # the key's range has left this server for another (elastic servers);
+                          # the worker sends the request again to the server the next membership
+                          # table names for the range
 }
 
 struct Error {

@@ -84,6 +84,13 @@ key_slices place_key(std::uint64_t key, std::int64_t num_elements, std::uint32_t
 key_slices place_rows(std::uint64_t key, std::int64_t num_rows, std::int64_t row_elements,
                       std::uint32_t num_servers, std::int64_t bigarray_bound);
 
+/// The key range of `num_ranges` (server_key_ranges) that `ps_key` lies in. Precondition:
+/// num_ranges > 0.
+inline std::uint32_t key_range_of(std::uint64_t ps_key, std::uint32_t num_ranges) {
+  const auto range = ps_key / (max_key / num_ranges);
+  return static_cast<std::uint32_t>(range < num_ranges ? range : num_ranges - 1);
+}
+
 /// The shard of a server that owns `ps_key`.
 inline std::uint32_t shard_of(std::uint64_t ps_key, std::uint32_t shards_per_server) {
   return static_cast<std::uint32_t>(ps_key % shards_per_server);

@@ -12,8 +12,9 @@ namespace {
 constexpr std::string_view snapshot_magic = "troupe shard checkpoint";
 /// Version 2 adds each key's row_sparse flag after its completed count; version 1 files (no
 /// row_sparse keys) still load. Version 3 adds the layout's key ranges after its workers; older
-/// files had one range per server.
-constexpr std::uint64_t snapshot_version = 3;
+/// files had one range per server. Version 4 adds the key ranges of a hand-over after the policy,
+/// and each key's joined and left workers after its sequence numbers.
+constexpr std::uint64_t snapshot_version = 4;
 constexpr std::size_t digest_bytes = 32;
 
 std::array<std::byte, digest_bytes> sha256(std::span<const std::byte> bytes) {
@@ -81,6 +82,9 @@ std::vector<std::byte> encode_snapshot(const shard_snapshot& snapshot) {
   out.u8(policy.rescale_quorum ? 1 : 0);
   out.i64(policy.max_staleness);
   out.u64(policy.max_rounds_ahead);
+  out.u64(snapshot.ranges.size());
+  for (auto range : snapshot.ranges)
+    out.u64(range);
   out.u64(snapshot.keys.size());
   for (const auto& key : snapshot.keys) {
     out.u64(key.ps_key);
@@ -93,6 +97,13 @@ std::vector<std::byte> encode_snapshot(const shard_snapshot& snapshot) {
     out.u64(key.applied_per_worker.size());
     for (auto applied : key.applied_per_worker)
       out.u64(applied);
+    for (const auto* facts : {&key.joined, &key.left}) {
+      out.u64(facts->size());
+      for (const auto& fact : *facts) {
+        out.u64(fact.worker);
+        out.u64(fact.round);
+      }
+    }
     if (snapshot.kind == snapshot_kind::checkpoint)
       out.array(key.value);
   }
@@ -166,6 +177,23 @@ result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::st
     return corrupt(what, "unknown consistency " + std::to_string(*mode));
   out.policy = {static_cast<wire::consistency_mode>(*mode), *quorum, *rescale != 0, *staleness,
                 *ahead};
+  if (*version >= 4) {
+    auto ranges = in.u64("hand-over ranges");
+    if (!ranges)
+      return fail(ranges.error());
+    if (*ranges > in.remaining() / 8 || *ranges > out.layout.num_ranges)
+      return corrupt(what, std::to_string(*ranges) + " key ranges handed over, of " +
+                               std::to_string(out.layout.num_ranges));
+    for (std::uint64_t i = 0; i < *ranges; ++i) {
+      auto range = read_u32(in, "hand-over range");
+      if (!range)
+        return fail(range.error());
+      if (*range >= out.layout.num_ranges)
+        return corrupt(what, "key range " + std::to_string(*range) + " handed over, of " +
+                                 std::to_string(out.layout.num_ranges));
+      out.ranges.push_back(*range);
+    }
+  }
 
   auto count = in.u64("key count");
   if (!count)
@@ -220,6 +248,27 @@ result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::st
         return fail(applied.error());
       key.applied_per_worker.push_back(*applied);
     }
+    if (*version >= 4)
+      for (auto* facts : {&key.joined, &key.left}) {
+        auto count = in.u64("worker facts");
+        if (!count)
+          return fail(count.error());
+        if (*count > in.remaining() / 16)
+          return corrupt(what, "key " + std::to_string(key.ps_key) + ": " + std::to_string(*count) +
+                                   " joined or left workers do not fit");
+        for (std::uint64_t i = 0; i < *count; ++i) {
+          auto worker = in.u64("worker");
+          if (!worker)
+            return fail(worker.error());
+          auto round = in.u64("round");
+          if (!round)
+            return fail(round.error());
+          if (*worker > std::numeric_limits<std::uint32_t>::max())
+            return corrupt(what, "key " + std::to_string(key.ps_key) + ": worker rank " +
+                                     std::to_string(*worker) + " out of range");
+          facts->push_back({static_cast<std::uint32_t>(*worker), *round});
+        }
+      }
     if (out.kind == snapshot_kind::checkpoint) {
       auto value = in.array("value of key " + std::to_string(key.ps_key));
       if (!value)

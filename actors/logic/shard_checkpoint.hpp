@@ -7,7 +7,8 @@
 //   "troupe shard checkpoint", format version, kind (checkpoint | optimizer states),
 //   layout (servers, this server's rank, shards per server, this shard's index, workers, key
 //   ranges),
-//   sync policy, keys (ps-key, dtype, shape, completed, row_sparse, per-worker sequence numbers,
+//   sync policy, the key ranges of a hand-over, keys (ps-key, dtype, shape, completed,
+//   row_sparse, per-worker sequence numbers, the workers that joined or left with their rounds,
 //   and for a checkpoint the value), the updater's saved states (or none), then SHA-256 of all
 //   of it.
 //
@@ -105,6 +106,15 @@ struct key_snapshot {
   std::vector<std::uint64_t> applied_per_worker;
   /// A checkpoint's value of the key (shape and dtype as above); none in optimizer states.
   ndarray value;
+  /// dist_sync: the workers that joined the running job and the first round each counts in, and
+  /// those that left with the first round each no longer counts in (round_membership).
+  struct worker_round {
+    std::uint32_t worker = 0;
+    std::uint64_t round = 0;
+    friend bool operator==(const worker_round&, const worker_round&) = default;
+  };
+  std::vector<worker_round> joined;
+  std::vector<worker_round> left;
 };
 
 struct shard_snapshot {
@@ -112,7 +122,11 @@ struct shard_snapshot {
   shard_layout layout;
   sync_policy policy;
   std::vector<key_snapshot> keys;
-  /// updater::save_states(dump_optimizer) when an optimizer runs on the server.
+  /// A hand-over (shard_core::hand_over): the key ranges whose keys it holds, in order; empty for
+  /// a whole shard (a checkpoint, optimizer states).
+  std::vector<std::uint32_t> ranges;
+  /// updater::save_states(dump_optimizer) when an optimizer runs on the server (for a hand-over,
+  /// the states of its keys only).
   std::optional<std::vector<std::byte>> optimizer_states;
 };
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "actors/logic/job_trace.hpp"
+#include "actors/logic/key_placement.hpp"
 #include "actors/logic/wire_conversions.hpp"
 #include "engine/serialize.hpp"
 #include "schema/codec.hpp"
@@ -105,6 +106,7 @@ shard_core::shard_core(shard_options options)
     live_[w] = member_[w] = true;
   left_.assign(capacity(), false);
   sender_connection_.assign(capacity(), 0);
+  moved_ranges_.assign(num_ranges(), false);
   if (policy_.quorum == 0)
     policy_.quorum = options_.num_workers;
   last_checkpoint_ = now();
@@ -140,6 +142,8 @@ void shard_core::handle(envelope request, reply_function reply) noexcept {
       dispatch(request, routed);
       if (stats_.updates != updates_before)
         after_update();
+      if (hand_over_)
+        finish_leaving();
     } catch (const std::exception& e) {
       failed(e.what());
     } catch (...) {
@@ -153,6 +157,12 @@ void shard_core::handle(envelope request, reply_function reply) noexcept {
 
 void shard_core::dispatch(envelope& request, const reply_route& reply) {
   auto& msg = request.msg;
+  if (ranges_away_ > 0)
+    if (auto key = wire::key_of(msg))
+      if (auto why = moved_away(*key)) {
+        refuse(reply, wire::request_id_of(msg), key, wire::error_code::moved, std::move(*why));
+        return;
+      }
   if (auto* init = std::get_if<wire::init>(&msg)) {
     on_init(*init, reply);
   } else if (auto* push = std::get_if<wire::push>(&msg)) {
@@ -280,7 +290,8 @@ void shard_core::on_init(const wire::init& msg, const reply_route& reply) {
   reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
 }
 
-void shard_core::open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t completed) {
+void shard_core::open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t completed,
+                             const round_membership* known) {
   const sync_round_options rounds{key, options_.num_workers, policy_.quorum,
                                   policy_.max_rounds_ahead, capacity()};
   if (policy_.mode == consistency::async) {
@@ -293,8 +304,10 @@ void shard_core::open_rounds(key_entry& entry, std::uint64_t key, std::uint64_t 
     entry.sync.emplace(entry.stored, rounds);
   entry.with_rounds([&](auto& opened) {
     opened.resume_after(completed);
-    // Workers that joined before the key existed count from its first round open; those that
-    // left count in none of its rounds.
+    if (known != nullptr)
+      opened.take_membership(*known);
+    // Workers that joined before the key existed (or, for a key taken over, since it left its
+    // old server) count from its first round open; those that left count in none of its rounds.
     for (std::uint32_t worker = options_.num_workers; worker < member_.size(); ++worker)
       if (member_[worker])
         opened.admit(worker);
@@ -815,6 +828,12 @@ std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64
 }
 
 void shard_core::admit_deferred(key_entry& entry, std::uint64_t key) {
+  // A round boundary: a key being handed over leaves here, its deferred pushes unanswered (their
+  // workers send them again to the key's new server).
+  if (entry.leaving || (hand_over_ && hand_over_->waiting.contains(key))) {
+    entry.leaving = true;
+    return;
+  }
   for (;;) {
     auto admitted = entry.with_rounds([](auto& rounds) { return rounds.admit_deferred(); });
     bool closes = entry.with_rounds([](auto& rounds) { return rounds.quorum_reached(); });
@@ -1166,8 +1185,11 @@ void shard_core::on_membership(const wire::membership& table) noexcept {
         after_update();
       }
     }
-    if (live == live_)
+    if (live == live_) {
+      if (hand_over_)
+        finish_leaving();
       return;
+    }
     live_ = std::move(live);
     options_.log.info("membership epoch " + std::to_string(table.epoch) + ": " +
                       std::to_string(std::count(live_.begin(), live_.end(), true)) + " of " +
@@ -1177,6 +1199,8 @@ void shard_core::on_membership(const wire::membership& table) noexcept {
     for (auto& [key, entry] : keys_)
       if (entry.async)
         answer_pulls(key, entry);
+    if (hand_over_)
+      finish_leaving(); // a round that waited for a worker that left may have closed
   } catch (...) {
     // Only an allocation can fail here; the pulls then wait for the next push or expire.
   }
@@ -1552,6 +1576,256 @@ status shard_core::restore(const shard_snapshot& saved) {
   options_.log.info("restored " + std::to_string(keys_.size()) + " keys at round " +
                     std::to_string(checkpointed_progress_) + " (" +
                     describe(policy_, options_.num_workers) + ")");
+  return ok();
+}
+
+// --- elastic servers -----------------------------------------------------------------------------
+
+std::optional<std::string> shard_core::moved_away(std::uint64_t key) const {
+  const auto range = key_range_of(key, num_ranges());
+  if (!moved_ranges_[range])
+    return std::nullopt;
+  if (const auto* entry = find_key(key);
+      entry != nullptr && entry->initialized() && !entry->leaving)
+    return std::nullopt; // still here until its round boundary
+  return "key " + std::to_string(key) + ": its key range " + std::to_string(range) +
+         " has left server " + std::to_string(options_.server_rank) +
+         "; it is served by the server the next membership table names for the range";
+}
+
+status shard_core::hand_over(std::vector<std::uint32_t> ranges,
+                             std::function<void(shard_snapshot)> done) {
+  if (hand_over_)
+    return error{errc::invalid_argument,
+                 "hand-over of key ranges: another one is under way on shard " +
+                     std::to_string(options_.shard_index)};
+  std::sort(ranges.begin(), ranges.end());
+  ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+  if (ranges.empty())
+    return error{errc::invalid_argument, "hand-over of key ranges: no range named"};
+  for (auto range : ranges)
+    if (range >= num_ranges())
+      return error{errc::invalid_argument, "hand-over of key range " + std::to_string(range) +
+                                               ": the job has " + std::to_string(num_ranges()) +
+                                               " (job.max_servers)"};
+  hand_over_state state;
+  state.gathered.kind = snapshot_kind::checkpoint;
+  state.gathered.layout = layout();
+  state.gathered.policy = policy_;
+  state.gathered.ranges = ranges;
+  state.done = std::move(done);
+  std::vector<std::map<std::uint64_t, key_entry>::iterator> unfinished;
+  for (auto it = keys_.begin(); it != keys_.end(); ++it) {
+    if (!std::binary_search(ranges.begin(), ranges.end(), key_range_of(it->first, num_ranges())))
+      continue;
+    if (it->second.initialized())
+      state.waiting.insert(it->first);
+    else
+      unfinished.push_back(it);
+  }
+  for (auto range : ranges)
+    if (!moved_ranges_[range]) {
+      moved_ranges_[range] = true;
+      ++ranges_away_;
+    }
+  // An init under way goes again, whole, to the range's new server.
+  for (auto it : unfinished)
+    drop_init(it, "its key range is handed over to another server");
+  std::string names;
+  for (auto range : ranges)
+    names += (names.empty() ? "" : ",") + std::to_string(range);
+  options_.log.info("handing key ranges " + names + " over (" +
+                    std::to_string(state.waiting.size()) + " keys), each at its round boundary");
+  hand_over_ = std::move(state);
+  finish_leaving();
+  return ok();
+}
+
+void shard_core::finish_leaving() {
+  auto& state = *hand_over_;
+  for (auto it = state.waiting.begin(); it != state.waiting.end();) {
+    auto found = keys_.find(*it);
+    if (found != keys_.end()) {
+      auto& entry = found->second;
+      if (!entry.leaving && entry.initialized() && !entry.async && entry.collecting()) {
+        ++it; // its round closes first
+        continue;
+      }
+      take_out(found);
+    }
+    it = state.waiting.erase(it);
+  }
+  if (!state.waiting.empty())
+    return;
+  std::set<std::int64_t> moving;
+  for (const auto& key : state.gathered.keys)
+    moving.insert(static_cast<std::int64_t>(key.ps_key));
+  if (updater_) {
+    auto in_hand_over = [&](std::int64_t index) { return moving.contains(index); };
+    state.gathered.optimizer_states = updater_->save_states(true, in_hand_over);
+    updater_->forget_states(in_hand_over);
+  }
+  auto done = std::move(state.done);
+  auto gathered = std::move(state.gathered);
+  hand_over_.reset();
+  changed_since_checkpoint_ = true;
+  options_.log.info("handed " + std::to_string(gathered.keys.size()) + " keys over");
+  if (done)
+    done(std::move(gathered));
+}
+
+void shard_core::take_out(std::map<std::uint64_t, key_entry>::iterator found) {
+  auto& entry = found->second;
+  key_snapshot key;
+  key.ps_key = found->first;
+  key.type = entry.stored.dtype();
+  key.shape.assign(entry.stored.shape().begin(), entry.stored.shape().end());
+  key.completed = entry.completed();
+  key.row_sparse = entry.row_sparse;
+  if (entry.async) {
+    for (std::uint32_t w = 0; w < capacity(); ++w)
+      key.applied_per_worker.push_back(entry.async->pushes_of(w));
+    for (std::uint32_t w = options_.num_workers; w < capacity(); ++w)
+      if (member_[w])
+        key.joined.push_back({w, entry.async->joined_at(w)});
+  } else {
+    entry.with_rounds([&](const auto& rounds) {
+      for (const auto& came : rounds.membership().arrivals())
+        key.joined.push_back({came.worker, came.first});
+      for (const auto& gone : rounds.membership().departures())
+        key.left.push_back({gone.worker, gone.end});
+    });
+  }
+  key.value = entry.stored;
+  std::uint64_t footprint = entry.stored.nbytes();
+  for (const auto& residual : entry.pull_residuals)
+    footprint += residual.values.size() * sizeof(float);
+  hand_over_->gathered.keys.push_back(std::move(key));
+  options_.log.debug([&] {
+    return "key " + std::to_string(found->first) + " leaves after round " +
+           std::to_string(entry.completed()) + " (" + std::to_string(entry.pulls.size()) +
+           " waiting pulls dropped, sent again by their workers)";
+  });
+  index_.erase(found->first);
+  last_found_ = nullptr;
+  keys_.erase(found); // waiting pulls and deferred pushes go unanswered
+  release_store(footprint);
+}
+
+status shard_core::take_over(const shard_snapshot& moved) {
+  auto refused = [](const std::string& why) {
+    return error{errc::invalid_argument, "take-over of key ranges: " + why};
+  };
+  if (moved.kind != snapshot_kind::checkpoint || moved.ranges.empty())
+    return refused("not a hand-over of key ranges");
+  const auto here = layout();
+  std::string differs;
+  auto compare = [&](const char* what, std::uint32_t theirs, std::uint32_t ours) {
+    if (theirs != ours)
+      differs += (differs.empty() ? "" : ", ") + std::string{what} + " " + std::to_string(theirs) +
+                 " (here " + std::to_string(ours) + ")";
+  };
+  compare("key ranges", moved.layout.num_ranges, here.num_ranges);
+  compare("shards_per_server", moved.layout.shards_per_server, here.shards_per_server);
+  compare("shard", moved.layout.shard_index, here.shard_index);
+  compare("workers", moved.layout.num_workers, here.num_workers);
+  if (!differs.empty())
+    return refused("it comes from another placement: " + differs);
+  if (!keys_.empty() && moved.policy != policy_)
+    return refused("its sync policy (" + describe(moved.policy, options_.num_workers) +
+                   ") differs from this shard's (" + describe(policy_, options_.num_workers) + ")");
+  if (moved.policy.quorum < 1 || moved.policy.quorum > options_.num_workers ||
+      moved.policy.max_rounds_ahead < 1)
+    return refused("its sync policy does not fit a job of " + std::to_string(options_.num_workers) +
+                   " workers");
+  std::uint64_t total = 0;
+  for (const auto& key : moved.keys) {
+    const auto name = "key " + std::to_string(key.ps_key);
+    const auto range = key_range_of(key.ps_key, num_ranges());
+    if (!std::binary_search(moved.ranges.begin(), moved.ranges.end(), range))
+      return refused(name + " lies in key range " + std::to_string(range) +
+                     ", which the hand-over does not hold");
+    if (keys_.contains(key.ps_key))
+      return refused(name + " is held here already");
+    if (key.value.is_none() || key.value.nbytes() > options_.max_value_bytes)
+      return refused(name + " has no value or one beyond " +
+                     std::to_string(options_.max_value_bytes) + " bytes (data.max_value_bytes)");
+    if (key.applied_per_worker.size() > capacity())
+      return refused(name + " counts pushes of " + std::to_string(key.applied_per_worker.size()) +
+                     " workers, the job has " + std::to_string(capacity()) + " ranks");
+    for (const auto* facts : {&key.joined, &key.left})
+      for (const auto& fact : *facts)
+        if (fact.worker >= capacity())
+          return refused(name + " names worker " + std::to_string(fact.worker) +
+                         ", beyond the job's " + std::to_string(capacity()) + " ranks");
+    total += key.value.nbytes();
+  }
+  if (updater_ && !moved.optimizer_states && !moved.keys.empty())
+    return refused("its keys come without optimizer states, and this shard runs " +
+                   updater_->optimizer().name());
+  if (auto over = reserve_store(total))
+    return refused("its keys: " + *over);
+  auto shape_of = [&moved](std::int64_t index) -> std::optional<shape_vector> {
+    for (const auto& key : moved.keys)
+      if (key.ps_key == static_cast<std::uint64_t>(index))
+        return key.value.shape();
+    return std::nullopt;
+  };
+  std::unique_ptr<updater> new_updater;
+  if (moved.optimizer_states) {
+    status loaded = ok();
+    if (updater_) {
+      loaded = updater_->load_states(*moved.optimizer_states, shape_of, true);
+    } else {
+      // The states carry their optimizer (a hand-over dumps it), which replaces this placeholder.
+      auto placeholder = optimizer::create("sgd", {});
+      if (!placeholder) {
+        release_store(total);
+        return placeholder.error();
+      }
+      new_updater = std::make_unique<updater>(std::move(*placeholder));
+      loaded = new_updater->load_states(*moved.optimizer_states, shape_of);
+    }
+    if (!loaded) {
+      release_store(total);
+      return refused("optimizer states: " + loaded.error().message());
+    }
+  }
+  // Nothing below refuses: the shard changes from here on.
+  if (new_updater)
+    updater_ = std::move(new_updater);
+  policy_ = moved.policy;
+  for (const auto& key : moved.keys) {
+    key_entry entry;
+    // A reply on its way from the old shard may still read the value: a value shared so is copied.
+    entry.stored = key.value.storage_is_shared() ? key.value.copy() : key.value;
+    entry.row_sparse = key.row_sparse;
+    round_membership facts(options_.num_workers, policy_.quorum);
+    for (const auto& came : key.joined)
+      facts.admit(came.worker, came.round);
+    for (const auto& gone : key.left)
+      facts.retire(gone.worker, gone.round);
+    open_rounds(entry, key.ps_key, key.completed, &facts);
+    if (entry.async) {
+      entry.async->resume(key.applied_per_worker, key.completed);
+      for (const auto& came : key.joined)
+        entry.async->admit(came.worker, came.round);
+      entry.durable_pushes = key.applied_per_worker;
+    }
+    entry.durable = key.completed;
+    auto& indexed = index_[key.ps_key];
+    indexed = &keys_.emplace(key.ps_key, std::move(entry)).first->second;
+  }
+  for (auto range : moved.ranges)
+    if (moved_ranges_[range]) {
+      moved_ranges_[range] = false;
+      --ranges_away_;
+    }
+  sum_in_optimizer_precision();
+  changed_since_checkpoint_ = true;
+  options_.log.info("took over " + std::to_string(moved.keys.size()) + " keys of " +
+                    std::to_string(moved.ranges.size()) + " key ranges from server " +
+                    std::to_string(moved.layout.server_rank));
   return ok();
 }
 

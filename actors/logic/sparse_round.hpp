@@ -87,6 +87,11 @@ public:
   /// `sender` joined the job: as sync_round::admit.
   std::uint64_t admit(std::uint32_t sender);
   const round_membership& membership() const noexcept { return membership_; }
+  /// As sync_round::take_membership.
+  void take_membership(round_membership facts) noexcept {
+    membership_ = std::move(facts);
+    round_quorum_ = membership_.quorum(completed_);
+  }
   /// The round's sum (precondition: quorum_reached()), scaled by `scale`: the rows its pushes
   /// held, in the merge dtype (float32 under merge_in_float32, else the key's).
   row_sparse_array sum(double scale);

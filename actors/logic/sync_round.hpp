@@ -102,7 +102,6 @@ public:
   std::uint32_t job_quorum() const noexcept { return quorum_; }
   std::uint32_t job_workers() const noexcept { return num_workers_; }
 
-private:
   struct departure {
     std::uint32_t worker = 0;
     std::uint64_t end = 0;
@@ -111,6 +110,12 @@ private:
     std::uint32_t worker = 0;
     std::uint64_t first = 0;
   };
+  /// The workers that joined and those that left, in the order they did (a key's hand-over to
+  /// another server carries them).
+  const std::vector<arrival>& arrivals() const noexcept { return joined_; }
+  const std::vector<departure>& departures() const noexcept { return left_; }
+
+private:
   std::uint32_t num_workers_;
   std::uint32_t quorum_;
   std::vector<arrival> joined_;
@@ -194,6 +199,12 @@ public:
   /// sender < max_workers.
   std::uint64_t admit(std::uint32_t sender);
   const round_membership& membership() const noexcept { return membership_; }
+  /// Takes the membership of the same key on the server it came from (a hand-over), before any
+  /// chunk was added: its joins and leaves were fixed there.
+  void take_membership(round_membership facts) noexcept {
+    membership_ = std::move(facts);
+    round_quorum_ = membership_.quorum(completed_);
+  }
   /// float16 pushes are summed into a float32 buffer from the next round that opens (the servers'
   /// rule under multi_precision, as MXNet's server sums them: sum() is then float32); off, in the
   /// key's dtype. No effect on other dtypes.

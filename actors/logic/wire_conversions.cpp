@@ -62,6 +62,7 @@ errc from_wire(wire::error_code code) noexcept {
     return errc::already_initialized;
   case wire::error_code::lost_peer:
   case wire::error_code::shutting_down:
+  case wire::error_code::moved:
     return errc::peer_lost;
   case wire::error_code::timeout:
     return errc::timeout;

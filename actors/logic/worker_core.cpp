@@ -979,6 +979,11 @@ void worker_core::on_reply(envelope& reply) {
   } else if (std::holds_alternative<wire::pull_reply>(reply.msg)) {
     on_value(id, p, reply);
   } else if (const auto* err = std::get_if<wire::error_reply>(&reply.msg)) {
+    if (err->code == wire::error_code::moved && p->kind != kv_call::every_server) {
+      // Its key range left that server: it goes again once a table names the new one.
+      options_.log.debug([&] { return what_of(*p) + ": " + err->message; });
+      return;
+    }
     forget_failed_push(*p);
     finish(id, p, from_wire(*err, what_of(*p) + ": "));
   } else {
@@ -1183,6 +1188,8 @@ void worker_core::on_membership(const wire::membership& table) {
   for (const auto& node : table.nodes)
     if (node.node_role == wire::role::worker && !node.alive)
       options_.log.info(wire::describe(node) + " is gone; the job goes on");
+  if (!failure_)
+    follow_key_ranges(table);
   if (!recovery() || failure_)
     return;
   for (const auto& node : table.nodes) {
@@ -1327,6 +1334,74 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
   for (auto group : groups)
     advance_turn(group);
   return counts;
+}
+
+void worker_core::follow_key_ranges(const wire::membership& table) {
+  // A table of one range per server keeps MXNet's placement, which never changes.
+  if (options_.range_owner.empty() || table.key_ranges.size() != options_.range_owner.size())
+    return;
+  std::vector<std::uint32_t> moved_to(table.key_ranges.size(), 0);
+  bool any = false;
+  for (std::size_t r = 0; r < table.key_ranges.size(); ++r) {
+    const auto owner = table.key_ranges[r].server_rank;
+    if (owner == options_.range_owner[r] || owner >= servers_.size())
+      continue;
+    any = true;
+    moved_to[r] = owner + 1;
+    options_.log.info("key range " + std::to_string(r) + " moved from " +
+                      names_[options_.range_owner[r]] + " to " + names_[owner]);
+    options_.range_owner[r] = owner;
+  }
+  if (!any)
+    return;
+  std::size_t again = 0;
+  for (auto& [ps_key, ps] : keys_)
+    if (const auto to = moved_to[key_range_of(ps_key, num_ranges())]; to != 0)
+      again += move_ps_key(ps_key, ps, to - 1);
+  if (again > 0)
+    options_.log.info("sent " + std::to_string(again) +
+                      " requests under way again to the new servers of their key ranges");
+}
+
+std::size_t worker_core::move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std::uint32_t to) {
+  const auto from = ps.server;
+  // What of the key's requests is still in the old server's send queue goes from the new one.
+  if (ps.head_ready) {
+    auto& ready = servers_[from].ready;
+    for (auto it = ready.begin(); it != ready.end();)
+      if (!it->second.order.keyless && it->second.p->slice.ps_key == ps_key)
+        it = ready.erase(it);
+      else
+        ++it;
+  }
+  ps.queued.clear();
+  ps.head_ready = false;
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> unanswered;
+  for (const auto& [id, p] : parts_)
+    if (p->kind != kv_call::every_server && p->slice.ps_key == ps_key && !p->reply_seen)
+      unanswered.emplace_back(id, p);
+  // Request ids grow in the order requests leave: the key's call order.
+  std::sort(unanswered.begin(), unanswered.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [id, p] : unanswered) {
+    forget(id);
+    give_back_slice_credit(*p);
+    p->resend = true;
+    if (p->assembly)
+      open_assembly(*p);
+  }
+  ps.server = to;
+  for (auto& p : ps.waiting) {
+    p->server = to;
+    p->slice.server = to;
+  }
+  for (auto it = unanswered.rbegin(); it != unanswered.rend(); ++it) {
+    it->second->server = to;
+    it->second->slice.server = to;
+    ps.waiting.push_front(it->second);
+  }
+  release_waiting(ps_key, ps);
+  return unanswered.size();
 }
 
 // --- time

@@ -102,6 +102,17 @@
 // server went fail with errc::peer_lost. If the server is not back within server_rejoin +
 // request_timeout, everything fails as above.
 //
+// Key ranges that move (elastic servers, job.max_servers). A server hands a key range to another
+// at each of its keys' round boundary: it answers every request of the range it took before
+// then, drops the rest unanswered, and refuses later ones with error moved. So a request of a
+// moving key either was answered by the old server or goes again, once, to the new one: a
+// request refused as moved stays under way (its timeout runs) until a membership table gives
+// its range to another server (Membership.keyRanges); then every request of the range's ps-keys
+// that no reply has reached yet is sent again there, in the order it was first sent (as
+// resent: a push the new server's state already holds is acknowledged without being applied),
+// and the range's later requests go there too. A reply of the old server that arrives after
+// that finds no request under its id and is dropped.
+//
 // Threads: one thread at a time calls a worker_core (the actor's, or a caller's under the lock it
 // shares with the actor: actors/kv_worker.hpp, worker_lane); only the copy jobs it hands to
 // output::copy_elsewhere run elsewhere, and they touch nothing but their request's reassembly and
@@ -538,6 +549,13 @@ private:
   void finish(std::uint64_t id, const std::shared_ptr<part>& p, status outcome);
   void hold_server(std::uint32_t server, const std::string& why);
   std::pair<std::size_t, std::size_t> resend(std::uint32_t server);
+  /// Elastic servers: the key ranges `table` gives to other servers than before move there with
+  /// their ps-keys (see "Key ranges that move").
+  void follow_key_ranges(const wire::membership& table);
+  /// Sends again to server `to` every request of `ps_key` not answered by its old server (none
+  /// of whose reply has come), in the order they were sent, ahead of those still waiting; returns
+  /// how many.
+  std::size_t move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std::uint32_t to);
   void fail_waiting(std::uint64_t ps_key, const error& why);
   void maybe_finalized();
   void remember(std::uint64_t id, const std::shared_ptr<part>& p);

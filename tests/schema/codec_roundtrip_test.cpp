@@ -309,7 +309,7 @@ BOOST_AUTO_TEST_CASE(an_error_reply_round_trips_with_and_without_a_key) {
   round_trip without(error_reply{10, std::nullopt, error_code::lost_peer, "server 1 lost"});
   BOOST_TEST(!without.as<error_reply>().key.has_value());
 
-  for (int c = 0; c <= static_cast<int>(error_code::not_permitted); ++c) {
+  for (int c = 0; c <= static_cast<int>(error_code::moved); ++c) {
     round_trip each(error_reply{1, std::nullopt, static_cast<error_code>(c), ""});
     BOOST_TEST(static_cast<int>(each.as<error_reply>().code) == c);
   }

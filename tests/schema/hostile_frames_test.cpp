@@ -524,7 +524,7 @@ BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
       registration{1, 1, static_cast<role>(255), "job", "host", 1},
       admission{1, rejected{static_cast<reject_reason>(7), ""}},
       membership{1, 1, 1, {node_info{1, static_cast<role>(7), 0, "h", 1, true}}, {}},
-      error_reply{1, std::nullopt, static_cast<error_code>(14), ""},
+      error_reply{1, std::nullopt, static_cast<error_code>(15), ""},
       error_reply{1, 5, static_cast<error_code>(200), ""},
       sync_settings{1, static_cast<consistency_mode>(2), 1, false, -1, 2},
   };

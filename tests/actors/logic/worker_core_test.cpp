@@ -292,6 +292,61 @@ BOOST_AUTO_TEST_CASE(keys_are_placed_over_the_key_ranges_and_sent_to_the_servers
   BOOST_TEST(floats(large) == expected);
 }
 
+BOOST_AUTO_TEST_CASE(requests_of_a_key_range_that_moved_go_again_once_to_its_new_server) {
+  // Two servers, two key ranges; key 1 lives in range (1 * 9973) % 2 = 1, on server 1.
+  auto options = one_server();
+  options.num_servers = 2;
+  options.range_owner = {0, 1};
+  auto d = driver_for(options);
+  auto gradient = ndarray::full({2}, 3.0), out = ndarray::zeros({2});
+  auto pushed = d->call(kv_call::push, {worker_driver::key(1, gradient)});
+  auto pulled = d->call(kv_call::pull, {worker_driver::pull_key(1, out)});
+  auto pushes = d->sent_of<wire::push>();
+  auto pulls = d->sent_of<wire::pull_request>();
+  BOOST_TEST_REQUIRE(pushes.size() == 1u);
+  BOOST_TEST_REQUIRE(pulls.size() == 1u);
+  BOOST_TEST(d->sent[0].server == 1u);
+  // Server 1 handed the range over: it refuses the push as moved and never answers the pull.
+  d->reply(wire::error_reply{pushes[0].request_id, pushes[0].key, wire::error_code::moved,
+                             "key range 1 has left server 1"},
+           1);
+  BOOST_TEST(!pushed.ready());
+  BOOST_TEST(d->core->under_way() == 2u);
+  d->sent.clear();
+  const auto range_size = max_key / 2;
+  d->core->on_membership(
+      wire::membership{2, 1, 2, {}, {{0, range_size, 0, 0}, {range_size, max_key, 0, 0}}});
+  // Both go again to server 0, in the order they first left, with their rounds.
+  BOOST_TEST_REQUIRE(d->sent.size() == 2u);
+  BOOST_TEST(d->sent[0].server == 0u);
+  BOOST_TEST(d->sent[1].server == 0u);
+  const auto* again = std::get_if<wire::push>(&d->sent[0].request.msg);
+  const auto* pull_again = std::get_if<wire::pull_request>(&d->sent[1].request.msg);
+  BOOST_TEST_REQUIRE(again != nullptr);
+  BOOST_TEST_REQUIRE(pull_again != nullptr);
+  BOOST_TEST(again->resent);
+  BOOST_TEST(again->round == pushes[0].round);
+  BOOST_TEST(again->key == pushes[0].key);
+  BOOST_TEST(pull_again->round == pulls[0].round);
+  BOOST_TEST(again->request_id != pushes[0].request_id);
+  // A late answer of the old server changes nothing; the new server's answers end the calls.
+  d->ack(pushes[0].request_id, 1);
+  d->answer_pull(pulls[0], ndarray::full({2}, 9.0), 64, 1);
+  BOOST_TEST(!pushed.ready());
+  BOOST_TEST(!pulled.ready());
+  d->reply(wire::ack{again->request_id, 1, false, 0}, 0);
+  BOOST_TEST(delivered_ok(pushed));
+  d->answer_pull(*pull_again, ndarray::full({2}, 4.0), 64, 0);
+  BOOST_TEST(delivered_ok(pulled));
+  BOOST_TEST(floats(out) == std::vector<float>(2, 4.0f));
+  // Later requests of the range go to its new server.
+  d->sent.clear();
+  auto later = d->call(kv_call::push, {worker_driver::key(1, gradient)});
+  BOOST_TEST_REQUIRE(d->sent.size() == 1u);
+  BOOST_TEST(d->sent[0].server == 0u);
+  BOOST_TEST(!std::get<wire::push>(d->sent[0].request.msg).resent);
+}
+
 BOOST_AUTO_TEST_CASE(a_large_reply_is_copied_elsewhere_and_completes_when_the_copy_reports_back) {
   auto d = driver_for(one_server());
   const std::int64_t elements = copy_off_thread_bytes / sizeof(float);
