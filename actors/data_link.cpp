@@ -89,6 +89,7 @@
 #include "actors/logic/hop_probe.hpp"
 #include "actors/logic/link_tls.hpp"
 #include "actors/logic/node_identity.hpp"
+#include "actors/logic/scheduler_core.hpp"
 #include "actors/logic/shm_arena.hpp"
 #include "actors/logic/tcp_progress.hpp"
 
@@ -789,10 +790,16 @@ struct node_proof_policy {
   const job_secret& secret;
   /// Worker ranks the scheduler declared lost.
   const std::set<std::uint32_t>& lost_workers;
-  /// Connections open per proven worker rank, and how many one may hold.
+  /// Connections open per proven node (by node id: counted_as), and how many one may hold.
   const std::map<std::uint32_t, std::size_t>& per_worker;
   std::size_t max_per_worker;
 };
+
+/// The key a proven node's connections are counted under (node_proof_policy::per_worker): its
+/// node id, which tells a worker from a server of the same rank.
+std::uint32_t counted_as(const wire::node_identity& who) {
+  return who.node_role == wire::role::worker ? worker_node_id(who.rank) : server_node_id(who.rank);
+}
 
 link_violation refused(std::string why) {
   return link_violation{std::move(why), true};
@@ -826,16 +833,16 @@ std::optional<link_violation> answer_connector(link_connection& c, const data_li
 std::optional<link_violation> check_node(link_connection& c, const data_link_tuning& tuning,
                                          const node_proof_policy& policy) {
   const auto& who = *c.their_hello.identity;
-  if (policy.lost_workers.contains(who.rank))
+  if (who.node_role == wire::role::worker && policy.lost_workers.contains(who.rank))
     return refused(wire::describe(who) +
                    " was declared lost by the scheduler: its rank takes no new connections");
   const auto key = derive_node_key(tuning.secret, policy.secret, who);
   if (!same_digest(*c.their_hello.node_proof, node_proof(key, false, c.our_hello, c.their_hello)))
     return refused("the node key of " + wire::describe(who) +
                    " is wrong (the link_hello's proof of it does not check out: not the key this "
-                   "job's scheduler gave that worker)");
+                   "job's scheduler gave that node)");
   // Counted only once proven: an impostor cannot use up a real worker's connections.
-  if (const auto open = policy.per_worker.find(who.rank);
+  if (const auto open = policy.per_worker.find(counted_as(who));
       open != policy.per_worker.end() && open->second >= policy.max_per_worker)
     return refused(wire::describe(who) + " holds " + std::to_string(open->second) +
                    " connections to this server already, the most one worker may "
@@ -860,9 +867,11 @@ std::optional<link_violation> check_connector(link_connection& c, const data_lin
   if (!hello.identity || !hello.node_proof)
     return refused("the link_hello proves no node key: this port takes only workers of the job, "
                    "each proving the key its admission gave it");
-  if (hello.identity->node_role != wire::role::worker)
+  // Workers, and the job's other servers handing key ranges over (elastic servers).
+  if (hello.identity->node_role != wire::role::worker &&
+      hello.identity->node_role != wire::role::server)
     return refused("the link_hello claims to be " + wire::describe(*hello.identity) +
-                   ": this port takes only workers");
+                   ": this port takes only workers and servers");
   if (policy->secret.empty()) {
     c.held = true;
     return std::nullopt;
@@ -1214,7 +1223,8 @@ struct server_state {
   job_secret secret;
   std::set<std::uint32_t> lost_workers;
   std::set<std::uint64_t> held;
-  /// Authenticated connections open per proven worker rank (options.max_connections_per_worker).
+  /// Authenticated connections open per proven node, by node id (counted_as;
+  /// options.max_connections_per_worker).
   std::map<std::uint32_t, std::size_t> per_worker;
 
   /// What hellos are checked against, or null when no node proofs are required.
@@ -1267,7 +1277,7 @@ void drop_connection(server_broker* self, connection_handle hdl, closure how, st
   const std::uint64_t id = i->second.id;
   const std::string peer = i->second.peer;
   if (i->second.counted) {
-    auto open = st.per_worker.find(i->second.proven->rank);
+    auto open = st.per_worker.find(counted_as(*i->second.proven));
     if (--open->second == 0)
       st.per_worker.erase(open);
   }
@@ -1415,7 +1425,7 @@ void on_server_authenticated(server_broker* self, link_connection& c) {
   const auto& options = self->state.options;
   c.receiver.set_budget(self->state.budget);
   if (c.proven) {
-    ++self->state.per_worker[c.proven->rank];
+    ++self->state.per_worker[counted_as(*c.proven)];
     c.counted = true;
   }
   if (options.on_authenticated)
@@ -1979,7 +1989,8 @@ caf::behavior data_server_impl(server_broker* self, caf::io::doorman_ptr accepto
         // what it sends from now on is not the job's.
         std::vector<std::pair<connection_handle, std::uint32_t>> closing;
         for (const auto& [hdl, c] : st.connections)
-          if (c.proven && newly_lost.contains(c.proven->rank))
+          if (c.proven && c.proven->node_role == wire::role::worker &&
+              newly_lost.contains(c.proven->rank))
             closing.emplace_back(hdl, c.proven->rank);
         for (const auto& [hdl, rank] : closing)
           drop_connection(self, hdl, closure::of_peer,

@@ -26,6 +26,7 @@
 #include "actors/logic/job_trace.hpp"
 #include "actors/logic/node_identity.hpp"
 #include "actors/node_agent.hpp"
+#include "actors/range_mover.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_node.hpp"
 #include "engine/serialize.hpp"
@@ -365,6 +366,51 @@ result<std::vector<shard_snapshot>> load_server_checkpoint(const cluster_config&
   return snapshots;
 }
 
+/// What a server needs to hand key ranges over (elastic servers), learnt as it joins: the job
+/// secret its key derives from, its rank and the latest membership table. Filled on the agent's
+/// thread, read there too.
+struct hand_over_context {
+  std::mutex lock;
+  job_secret secret;
+  std::optional<std::uint32_t> rank;
+  std::optional<wire::membership> table;
+};
+
+/// The move the scheduler's hand-over order asks of this server: to the data port the table lists
+/// for the receiving server, linked as this server with its key.
+result<range_move> range_move_for(const cluster_config& config,
+                                  const std::shared_ptr<const tls_credentials>& tls,
+                                  const server_node& node, hand_over_context& handing,
+                                  const wire::hand_over& order) {
+  std::lock_guard hold{handing.lock};
+  if (!handing.rank || handing.secret.empty() || !handing.table)
+    return error{errc::invalid_argument,
+                 "hand-over of key ranges: this server has not finished joining the job"};
+  const auto& nodes = handing.table->nodes;
+  const auto to = std::find_if(nodes.begin(), nodes.end(), [&](const wire::node_info& n) {
+    return n.node_role == wire::role::server && n.rank == order.to_server;
+  });
+  if (to == nodes.end() || !to->alive || to->left || order.to_server == *handing.rank)
+    return error{errc::invalid_argument, "hand-over of key ranges to server " +
+                                             std::to_string(order.to_server) +
+                                             ": the membership table lists no such other server "
+                                             "alive"};
+  range_move move;
+  move.ranges = order.ranges;
+  move.shards = node.shards();
+  move.host = to->host;
+  move.port = to->data_port;
+  auto tuning = tuning_for(config, {tls, {node_role::server}});
+  const wire::node_identity self{wire::role::server, *handing.rank};
+  tuning.node = node_credentials{self, derive_node_key(tuning.secret, handing.secret, self)};
+  move.link = data_link_options{tuning, 0};
+  move.chunk_bytes = static_cast<std::size_t>(config.chunk_bytes);
+  // The shards wait for their keys' round boundaries, which the workers' next pushes bring.
+  move.timeout = config.request_timeout * 2;
+  move.log = logger{node_name("server", *handing.rank, advertised_host(config)), config.verbose};
+  return move;
+}
+
 status run_server(const cluster_config& config, std::vector<shard_snapshot> restore) {
   if (auto valid = validate_for_role(config, node_role::server); !valid)
     return valid;
@@ -421,7 +467,7 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   // (actors/logic/node_identity.hpp); the job secret comes with this server's admission.
   data_options.require_node_proof = true;
   data_options.authorize = request_refusal;
-  data_options.tuning = tuning_for(config, {*tls, {node_role::worker}});
+  data_options.tuning = tuning_for(config, {*tls, {node_role::worker, node_role::server}});
   data_options.receive_budget_bytes = static_cast<std::size_t>(config.receive_budget_bytes);
   data_options.max_send_queue_bytes = static_cast<std::size_t>(config.max_send_queue_bytes);
   data_options.stalled_frame_timeout = config.stalled_frame_timeout;
@@ -445,8 +491,22 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
                      "to /etc/hosts there, or write addresses in the hostfile)"};
   }
   auto joining = agent_options_for(config, wire::role::server, data->port, *tls);
-  joining.on_job_secret = [broker = data->broker](const job_secret& secret) {
+  auto handing = std::make_shared<hand_over_context>();
+  joining.on_job_secret = [broker = data->broker, handing](const job_secret& secret) {
     caf::anon_send(broker, secret);
+    std::lock_guard hold{handing->lock};
+    handing->secret = secret;
+  };
+  joining.on_table = [handing](const wire::membership& table) {
+    std::lock_guard hold{handing->lock};
+    handing->table = table;
+  };
+  joining.on_hand_over = [&system, &config, tls = *tls, node, handing](
+                             const wire::hand_over& order, std::function<void(status)> answer) {
+    auto move = range_move_for(config, tls, *node, *handing, order);
+    if (!move)
+      return answer(move.error());
+    move_key_ranges(system, std::move(*move), std::move(answer));
   };
   auto agent = node_agent::join(system, joining);
   if (!agent) {
@@ -463,6 +523,10 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
   }
   failures->attach((*agent)->actor());
   node->set_rank(static_cast<std::uint32_t>((*agent)->rank()));
+  {
+    std::lock_guard hold{handing->lock};
+    handing->rank = static_cast<std::uint32_t>((*agent)->rank());
+  }
   // A recovering server's first table may list workers lost before it.
   caf::anon_send(data->broker, (*agent)->membership());
   node->broadcast((*agent)->membership()); // ... and workers that joined before it

@@ -364,7 +364,13 @@ private:
         self_->send(*relink.link, stop_atom::value);
       return;
     case worker_core::relink_step::install:
-      self_->send(links_[relink.server], stop_atom::value);
+      if (relink.server >= links_.size()) {
+        // A server that joined the running job: its first link.
+        links_.resize(relink.server + 1);
+        link_lanes_.resize(relink.server + 1);
+      } else if (links_[relink.server]) {
+        self_->send(links_[relink.server], stop_atom::value);
+      }
       links_[relink.server] = *relink.link;
       link_lanes_[relink.server] = nullptr; // a relinked server's frames go as messages
       core_->server_back(relink.server, relink.name);

@@ -59,6 +59,7 @@ public:
     heartbeat_interval_ = options.heartbeat_interval;
     on_job_secret_ = options.on_job_secret;
     on_table_ = options.on_table;
+    on_hand_over_ = options.on_hand_over;
     core_ = std::make_unique<agent_core>(std::move(options), started);
     return {
         [this](caf::connect_atom, const caf::actor& link) {
@@ -86,6 +87,10 @@ public:
           carry_out(core_->on_local_failure(std::move(why)));
         },
         [this](held_atom, std::uint64_t request_id) { send(wire::ack{request_id}); },
+        [this](failed_atom, std::uint64_t request_id, std::string& why) {
+          send(wire::error_reply{request_id, std::nullopt, wire::error_code::invalid_argument,
+                                 std::move(why)});
+        },
         [this](tick_atom) {
           // Only the agent's own tick counts and schedules the next: ticks from elsewhere would
           // multiply the timers.
@@ -153,6 +158,21 @@ private:
 
   void carry_out_one(agent_core::job_stopped&) { ended_.deliver(ok()); }
 
+  void carry_out_one(agent_core::hand_over_asked& asked) {
+    const auto id = asked.order.request_id;
+    if (!on_hand_over_) {
+      send(wire::error_reply{id, std::nullopt, wire::error_code::unsupported,
+                             "this server does not hand key ranges over"});
+      return;
+    }
+    on_hand_over_(asked.order, [agent = caf::actor_cast<node_agent_actor>(self_), id](status how) {
+      if (how)
+        caf::anon_send(agent, held_atom::value, id);
+      else
+        caf::anon_send(agent, failed_atom::value, id, how.error().message());
+    });
+  }
+
   void carry_out_one(agent_core::tell_subscribers& told) {
     if (const auto* table = std::get_if<wire::membership>(&told.what); table && on_table_)
       on_table_(*table);
@@ -186,6 +206,7 @@ private:
   milliseconds heartbeat_interval_{};
   std::function<void(const job_secret&)> on_job_secret_;
   std::function<void(const wire::membership&)> on_table_;
+  std::function<void(const wire::hand_over&, std::function<void(status)>)> on_hand_over_;
   link_actor link_;
   /// The calls waiting for the scheduler's answer, by request id.
   std::map<std::uint64_t, control_call> waiting_;

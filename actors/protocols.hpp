@@ -39,6 +39,7 @@
 #include "actors/logic/kv_operation.hpp"
 #include "actors/logic/link_auth.hpp"
 #include "actors/logic/scheduler_core.hpp"
+#include "actors/logic/shard_checkpoint.hpp"
 #include "actors/logic/shard_stats.hpp"
 #include "engine/error.hpp"
 #include "engine/ndarray.hpp"
@@ -60,6 +61,7 @@ using failed_atom = caf::atom_constant<caf::atom("failed")>;
 using rank_atom = caf::atom_constant<caf::atom("rank")>;
 using handed_atom = caf::atom_constant<caf::atom("handed")>;
 using held_atom = caf::atom_constant<caf::atom("held")>;
+using hand_over_atom = caf::atom_constant<caf::atom("hand_over")>;
 
 // --- links ---------------------------------------------------------------------------------------
 
@@ -142,6 +144,14 @@ using request_handler = caf::typed_actor<caf::reacts_to<envelope, reply_sink>>;
 
 // --- server --------------------------------------------------------------------------------------
 
+/// A shard's part of a hand-over of key ranges to another server (elastic servers): `done` gets
+/// its keys, encoded as they travel (RangeData), once the last of them has left the shard at its
+/// round boundary (shard_core::hand_over), or why the shard refused.
+struct shard_hand_over {
+  std::vector<std::uint32_t> ranges;
+  completion<result<std::shared_ptr<const encoded_hand_over>>> done;
+};
+
 /// A server shard (actors/server_shard.hpp, its logic in actors/logic/shard_core.hpp).
 using shard_actor = caf::typed_actor<
     /// A worker's request (init, push, pushpull, pull_request, set_optimizer, sync_settings,
@@ -166,7 +176,9 @@ using shard_actor = caf::typed_actor<
     caf::replies_to<stats_atom>::with<shard_stats>,
     /// The rank the scheduler gave its server, which names the server's files; sent once the
     /// server has joined (the shards exist before, to answer from the start).
-    caf::reacts_to<rank_atom, std::uint32_t>>;
+    caf::reacts_to<rank_atom, std::uint32_t>,
+    /// Hand the keys of key ranges over (shard_hand_over).
+    caf::reacts_to<hand_over_atom, shard_hand_over>>;
 
 /// A server's control actor (actors/server_node.hpp): the request_handler of every keyless request,
 /// which it fans out to the server's shards.
@@ -292,6 +304,9 @@ using node_agent_actor = caf::typed_actor<
     /// A server's shards hold the membership table with this request id: acknowledge it to the
     /// scheduler (Membership.requestId).
     caf::reacts_to<held_atom, std::uint64_t>,
+    /// A server's hand-over of key ranges (wire::hand_over) with this request id failed: tell the
+    /// scheduler why (its success goes back as held_atom's ack).
+    caf::reacts_to<failed_atom, std::uint64_t, std::string>,
     /// Heartbeat, liveness check and the join deadline (sent by the agent to itself).
     caf::reacts_to<tick_atom>>;
 
@@ -386,5 +401,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_member_lost)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::barrier_held)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::certified_peer)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::authenticated_peer)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::shard_hand_over)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::link_authentication)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::job_secret)

@@ -141,6 +141,9 @@ request_handler request_router::operator()(const envelope& request) const {
     return shards_[shard_for(request.msg, shards_.size())];
   if (is_for_every_shard(request.msg))
     return control_;
+  // Another server's hand-over goes to the shard of the same index, which answers one it has not.
+  if (const auto* moved = std::get_if<wire::range_data>(&request.msg); moved && !shards_.empty())
+    return shards_[moved->shard < shards_.size() ? moved->shard : 0];
   // Kinds a server never takes (replies, the scheduler's messages, heartbeats): the broker
   // answers them at once with unsupported, and nothing is kept for them.
   return {};

@@ -127,6 +127,19 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
       [self](rank_atom, std::uint32_t rank) {
         self->state.lane->with_core([&](shard_core& core) { core.set_server_rank(rank); });
       },
+      [self](hand_over_atom, shard_hand_over& call) {
+        const engine::inline_scope here;
+        self->state.lane->with_core([&](shard_core& core) {
+          auto done = call.done;
+          // Encoded on the shard's thread when the last key has left (now, or at a later round's
+          // close).
+          auto started = core.hand_over(std::move(call.ranges), [done](shard_snapshot keys) {
+            done.deliver(std::make_shared<const encoded_hand_over>(encode_hand_over(keys)));
+          });
+          if (!started)
+            done.deliver(started.error());
+        });
+      },
   };
 }
 

@@ -461,6 +461,8 @@ struct size_estimate {
   void operator()(const sync_settings&) {}
   void operator()(const link_credit&) {}
   void operator()(const link_auth&) { words += 12; }
+  void operator()(const hand_over& m) { words += 4 + m.ranges.size() / 2; }
+  void operator()(const range_data& m) { tensor(m.tensor); }
 };
 
 capnp::Text::Reader text_of(const std::string& s) {
@@ -751,6 +753,21 @@ public:
     b.setMaxRoundsAhead(m.max_rounds_ahead);
   }
   void operator()(const link_credit& m) { root_.initLinkCredit().setBytes(m.bytes); }
+  void operator()(const hand_over& m) {
+    auto b = root_.initHandOver();
+    b.setRequestId(m.request_id);
+    auto ranges = b.initRanges(list_size(m.ranges.size()));
+    for (unsigned i = 0; i < m.ranges.size(); ++i)
+      ranges.set(i, m.ranges[i]);
+    b.setToServer(m.to_server);
+  }
+  void operator()(const range_data& m) {
+    auto b = root_.initRangeData();
+    b.setRequestId(m.request_id);
+    b.setShard(m.shard);
+    b.setBytes(m.bytes);
+    write_tensor(b.initTensor(), m.tensor);
+  }
 
 private:
   static unsigned list_size(std::size_t n) {
@@ -950,6 +967,28 @@ public:
     }
     case ws::Message::BATCH:
       return read_batch(root.getBatch());
+    case ws::Message::HAND_OVER: {
+      auto r = root.getHandOver();
+      auto ranges = r.getRanges();
+      check_list(ranges.size(), "hand-over ranges");
+      if (ranges.size() == 0)
+        fail(decode_error::code::invalid_value, "hand-over of no key range");
+      hand_over m{r.getRequestId(), {}, r.getToServer()};
+      m.ranges.reserve(ranges.size());
+      for (std::uint32_t range : ranges)
+        m.ranges.push_back(range);
+      return m;
+    }
+    case ws::Message::RANGE_DATA: {
+      auto r = root.getRangeData();
+      range_data m{r.getRequestId(), r.getShard(), r.getBytes(), {}};
+      m.tensor = read_tensor(r.hasTensor(), r.getTensor(), "range data tensor");
+      if (m.tensor.type != dtype::int64 || m.tensor.shape.size() != 1 ||
+          m.bytes > m.tensor.total_bytes || m.tensor.total_bytes - m.bytes >= 8)
+        fail(decode_error::code::invalid_tensor,
+             "range data: not the int64 words of a " + std::to_string(m.bytes) + "-byte snapshot");
+      return m;
+    }
     }
     fail(decode_error::code::unknown_message,
          "message kind " + std::to_string(static_cast<unsigned>(root.which())) +

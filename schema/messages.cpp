@@ -110,7 +110,9 @@ std::string_view kind_name(const message& msg) noexcept {
                                                "sync_settings",
                                                "link_credit",
                                                "link_auth",
-                                               "batch"};
+                                               "batch",
+                                               "hand_over",
+                                               "range_data"};
   static_assert(std::size(names) == std::variant_size_v<message>);
   if (msg.valueless_by_exception())
     return "valueless";

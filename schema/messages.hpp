@@ -526,12 +526,31 @@ struct batch {
   friend bool operator==(const batch&, const batch&) = default;
 };
 
+/// Scheduler -> server (elastic servers): hand key ranges `ranges` to server `to_server`
+/// (troupe.capnp HandOver). Answered by ack or error_reply.
+struct hand_over {
+  std::uint64_t request_id = 0;
+  std::vector<std::uint32_t> ranges;
+  std::uint32_t to_server = 0;
+  friend bool operator==(const hand_over&, const hand_over&) = default;
+};
+
+/// Server -> server: one shard's encoded hand-over as the int64 words of `tensor`, `bytes` of
+/// which are the snapshot (troupe.capnp RangeData). Answered by ack or error_reply.
+struct range_data {
+  std::uint64_t request_id = 0;
+  std::uint32_t shard = 0;
+  std::uint64_t bytes = 0;
+  tensor_chunk tensor;
+  friend bool operator==(const range_data&, const range_data&) = default;
+};
+
 /// Any frame's content. The alternatives' order is not the wire order (the codec maps them).
-using message =
-    std::variant<registration, admission, membership, init, push, pull_request, pull_reply,
-                 pushpull, ack, barrier, barrier_release, set_optimizer, set_gradient_compression,
-                 command, heartbeat, error_reply, link_hello, arena_offer, arena_accept,
-                 arena_release, sync_settings, link_credit, link_auth, batch>;
+using message = std::variant<registration, admission, membership, init, push, pull_request,
+                             pull_reply, pushpull, ack, barrier, barrier_release, set_optimizer,
+                             set_gradient_compression, command, heartbeat, error_reply, link_hello,
+                             arena_offer, arena_accept, arena_release, sync_settings, link_credit,
+                             link_auth, batch, hand_over, range_data>;
 
 /// A batched message as a message of its own (moved out).
 message unbatched(batched&& one);

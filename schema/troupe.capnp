@@ -549,6 +549,33 @@ struct SyncSettings {
   # shard. Default 2.
 }
 
+struct HandOver {
+  # Scheduler -> a server, on its control connection (elastic servers, job.max_servers): hand the
+  # keys of key ranges `ranges` to server `toServer`, which the membership table the server holds
+  # lists alive. Each shard hands its part over at each key's round boundary
+  # (actors/logic/shard_core.hpp, hand_over) and sends it as RangeData on a data connection to
+  # that server. Answered by Ack once every shard's part was taken there, or by Error naming why
+  # not (the ranges then stay away from this server: the scheduler fails the job).
+  requestId @0 :UInt64;
+  ranges @1 :List(UInt32);
+  # Each below the job's key ranges; at least one.
+  toServer @2 :UInt32;
+}
+
+struct RangeData {
+  # Server -> server, on a data connection whose handshake proved the sending server's node key
+  # K(server, rank): one shard's hand-over of key ranges, the snapshot that
+  # actors/logic/shard_checkpoint.hpp's encode_snapshot writes (checksummed), carried as the
+  # int64 words of `tensor` (shape [words]), cut in chunks like any tensor; its first `bytes`
+  # bytes are the snapshot, the rest pads its last word. Answered, once the last chunk is in, by
+  # Ack when shard `shard` of the receiving server took the keys (shard_core::take_over), or by
+  # Error naming why not (nothing changed there). A worker's connection may not send it.
+  requestId @0 :UInt64;
+  shard @1 :UInt32;
+  bytes @2 :UInt64;
+  tensor @3 :Tensor;
+}
+
 struct LinkCredit {
   # Either end of a data or control connection -> the other: the sender of this frame has released
   # `bytes` more bytes of the frames it received, which the peer may now send. Each end starts with
@@ -773,5 +800,9 @@ struct Message {
     # tensors of a batch in the sender's arena (Tensor.shm) share one region, which starts at the
     # first of them: the receiver releases that offset once, for the whole batch. At most 65,536
     # elements.
+    handOver @25 :HandOver;
+    # Scheduler -> server (elastic servers).
+    rangeData @26 :RangeData;
+    # Server -> server (elastic servers).
   }
 }

@@ -101,6 +101,9 @@ agent_core::actions agent_core::on_frame(const wire::message& msg, clock::time_p
     on_command(*cmd);
   else if (const auto* err = std::get_if<wire::error_reply>(&msg))
     on_error(*err);
+  else if (const auto* order = std::get_if<wire::hand_over>(&msg);
+           order && options_.role == wire::role::server && admitted_)
+    pending_.emplace_back(hand_over_asked{*order});
   else if (!std::holds_alternative<wire::heartbeat>(msg))
     log_.error("ignored a " + std::string{wire::kind_name(msg)} + " from the scheduler");
   return take();

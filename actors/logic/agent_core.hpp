@@ -80,6 +80,11 @@ struct agent_options {
   /// Told every membership table the node takes (the first at join, then each newer one), on the
   /// agent's thread: it must not block or throw. Optional.
   std::function<void(const wire::membership&)> on_table{};
+  /// A server (elastic servers): the scheduler asks it to hand key ranges to another server
+  /// (troupe.capnp HandOver), on the agent's thread; it must not block or throw, and calls
+  /// `answer` (from any thread, once) with the outcome, which goes back to the scheduler as Ack or
+  /// Error. Without it such a request is answered with Error unsupported.
+  std::function<void(const wire::hand_over&, std::function<void(status)> answer)> on_hand_over{};
   /// How long join() keeps retrying a scheduler that refuses connections (timeouts.connect).
   std::chrono::milliseconds connect_timeout{10'000};
   /// Bound on all of join(): connecting, registering and receiving the membership table.
@@ -183,8 +188,14 @@ public:
     news what;
   };
 
+  /// A server is asked to hand key ranges over: agent_options::on_hand_over, whose answer goes to
+  /// the scheduler with the request's id.
+  struct hand_over_asked {
+    wire::hand_over order;
+  };
+
   using action = std::variant<to_scheduler, job_secret_opened, joined, answer, job_failed,
-                              job_stopped, tell_subscribers>;
+                              job_stopped, tell_subscribers, hand_over_asked>;
   /// What one call asks of the caller, to be carried out in order.
   using actions = std::vector<action>;
 

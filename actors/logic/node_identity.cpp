@@ -141,6 +141,15 @@ std::optional<wire::link_digest> unseal_secret(const session_key& key,
 std::optional<wire::error_reply> request_refusal(const wire::message& request,
                                                  const wire::node_identity& proven) {
   const bool is_worker = proven.node_role == wire::role::worker;
+  // Another server of the job hands key ranges over, and sends nothing else; no worker does.
+  if (const bool hands_over = std::holds_alternative<wire::range_data>(request);
+      hands_over == is_worker || (!is_worker && proven.node_role != wire::role::server))
+    return wire::error_reply{wire::request_id_of(request), wire::key_of(request),
+                             wire::error_code::not_permitted,
+                             std::string(wire::kind_name(request)) +
+                                 " on a connection that proved " + wire::describe(proven) +
+                                 ": only the job's servers send range_data, and nothing else, "
+                                 "to a server"};
   if (is_sender_ranked(request)) {
     const std::uint32_t claimed = sender_rank_of(request);
     if (is_worker && claimed == proven.rank)

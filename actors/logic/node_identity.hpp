@@ -49,8 +49,9 @@ std::optional<wire::link_digest> unseal_secret(const session_key& key,
 /// when the request may go on: a push, pull_request or pushpull whose sender_rank is not the
 /// proven worker's rank, and an init, set_optimizer, set_gradient_compression, sync_settings or
 /// command from anyone but worker rank 0, get error_reply{not_permitted} naming the rule, the rank
-/// the request claims and the one proven. Other kinds pass (the router answers what a server
-/// never takes). O(1), and allocates only for a refusal.
+/// the request claims and the one proven; so do range_data from a worker and anything else from a
+/// server (a server connects to another only to hand key ranges over). Other kinds pass (the
+/// router answers what a server never takes). O(1), and allocates only for a refusal.
 std::optional<wire::error_reply> request_refusal(const wire::message& request,
                                                  const wire::node_identity& proven);
 

@@ -79,6 +79,8 @@ scheduler_core::scheduler_core(scheduler_options options, clock::time_point now)
       token_(link_secret(options_.auth_token)), started_(now) {
   quorum_ = options_.quorum == 0 || options_.quorum > options_.num_workers ? options_.num_workers
                                                                            : options_.quorum;
+  for (const auto& range : membership_key_ranges(options_.num_servers, options_.max_servers))
+    range_owner_.push_back(range.server_rank);
   log_.info("waiting for " + count_of(0, options_.num_servers, "server") + " and " +
             count_of(0, options_.num_workers, "worker"));
 }
@@ -129,8 +131,14 @@ scheduler_core::actions scheduler_core::on_frame(std::uint64_t connection, const
     on_command(*index, *cmd);
   else if (const auto* settings = std::get_if<wire::sync_settings>(&msg))
     on_sync_settings(*index, *settings);
-  else if (const auto* acked = std::get_if<wire::ack>(&msg))
+  else if (const auto* acked = std::get_if<wire::ack>(&msg);
+           acked && moving_.contains(acked->request_id))
+    on_hand_over_answer(*index, acked->request_id, nullptr);
+  else if (acked != nullptr)
     on_table_ack(*index, acked->request_id);
+  else if (const auto* refused = std::get_if<wire::error_reply>(&msg);
+           refused != nullptr && refused->request_id != 0 && moving_.contains(refused->request_id))
+    on_hand_over_answer(*index, refused->request_id, refused);
   else if (const auto* err = std::get_if<wire::error_reply>(&msg);
            err != nullptr && err->request_id == 0 && node.info.node_role == wire::role::server)
     // A server that says it failed (a shard died) holds keys nobody else has: the job fails
@@ -194,20 +202,22 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
                                                           describe(node.info));
   const bool server = reg.node_role == wire::role::server;
   std::uint32_t& admitted = server ? servers_admitted_ : workers_admitted_;
-  // A worker that comes while the job runs joins it, while the job has ranks to give.
-  const bool joins = !server && phase_ == scheduler_phase::running;
-  const std::uint32_t wanted =
-      server ? options_.num_servers : (joins ? worker_capacity() : options_.num_workers);
+  // A node that comes while the job runs joins it, while the job has ranks to give.
+  const bool joins = phase_ == scheduler_phase::running;
+  const std::uint32_t wanted = server ? (joins ? server_capacity() : options_.num_servers)
+                                      : (joins ? worker_capacity() : options_.num_workers);
   if (admitted == wanted)
-    return reject(wire::reject_reason::role_full,
-                  "all " + std::to_string(wanted) + (server ? " server" : " worker") +
-                      (wanted == 1 ? " rank is" : " ranks are") + " taken" +
-                      (server  ? std::string{}
-                       : joins ? std::string{" (job.max_workers " + std::to_string(wanted) + ")"}
-                       : worker_capacity() > options_.num_workers
-                           ? std::string{"; a worker beyond job.num_workers joins only once the "
-                                         "job runs"}
-                           : std::string{}));
+    return reject(
+        wire::reject_reason::role_full,
+        "all " + std::to_string(wanted) + (server ? " server" : " worker") +
+            (wanted == 1 ? " rank is" : " ranks are") + " taken" +
+            (server  ? (joins ? std::string{" (job.max_servers " + std::to_string(wanted) + ")"}
+                              : std::string{})
+             : joins ? std::string{" (job.max_workers " + std::to_string(wanted) + ")"}
+             : worker_capacity() > options_.num_workers
+                 ? std::string{"; a worker beyond job.num_workers joins only once the "
+                               "job runs"}
+                 : std::string{}));
   const auto session = sessions_.find(connection);
   if (session == sessions_.end())
     return reject(wire::reject_reason::protocol_version, no_key_exchange);
@@ -226,7 +236,7 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
   ++admitted;
   entry.connection = connection;
   entry.last_seen = now_;
-  if (joins) {
+  if (joins && !server) {
     // Its barriers start where no member has been yet: those under way do not wait for it.
     granted->joined = true;
     for (const auto reached : barrier_reached_)
@@ -246,6 +256,15 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
               seconds(since_start()) +
               " after the job started) to join at the workers' next barrier; until then no "
               "table lists it");
+    return;
+  }
+  if (joins && server) {
+    log_.info(describe(node.info) + " joined the running job from " + reg.host + ":" +
+              std::to_string(reg.port) + " (" + seconds(since_start()) +
+              " after it started); key ranges move to it at their round boundaries");
+    ++epoch_;
+    send_membership();
+    rebalance();
     return;
   }
   if (joins) {
@@ -483,6 +502,64 @@ void scheduler_core::start_job() {
   maybe_drain(); // workers may have said done before the last node registered
 }
 
+void scheduler_core::rebalance() {
+  if (phase_ != scheduler_phase::running || !moving_.empty())
+    return;
+  std::vector<std::uint32_t> servers;
+  for (const auto& node : nodes_)
+    if (node.info.node_role == wire::role::server && !node.gone && !node.lost && !node.finished)
+      servers.push_back(node.info.rank);
+  if (servers.empty())
+    return;
+  std::sort(servers.begin(), servers.end());
+  // Per giving server, per receiving server, the ranges.
+  std::map<std::uint32_t, std::map<std::uint32_t, std::vector<std::uint32_t>>> moves;
+  for (std::uint32_t r = 0; r < range_owner_.size(); ++r)
+    if (const auto to = servers[r % servers.size()]; to != range_owner_[r])
+      moves[range_owner_[r]][to].push_back(r);
+  for (const auto& [from, to_ranges] : moves) {
+    const auto giver = std::find_if(nodes_.begin(), nodes_.end(), [from = from](const auto& n) {
+      return n.info.node_role == wire::role::server && n.info.rank == from;
+    });
+    if (giver == nodes_.end() || giver->gone || giver->lost)
+      continue; // its ranges wait for its recovery (server_rejoin) or the job fails
+    for (const auto& [to, ranges] : to_ranges) {
+      const auto id = ++next_request_id_;
+      moving_[id] = range_hand_over{from, to, ranges};
+      std::string names;
+      for (auto r : ranges)
+        names += (names.empty() ? "" : ",") + std::to_string(r);
+      log_.info("key ranges " + names + " move from " + describe(giver->info) + " to server " +
+                std::to_string(to));
+      send(*giver, wire::hand_over{id, ranges, to});
+    }
+  }
+}
+
+void scheduler_core::on_hand_over_answer(std::size_t index, std::uint64_t request_id,
+                                         const wire::error_reply* refusal) {
+  auto found = moving_.find(request_id);
+  const auto move = found->second;
+  if (nodes_[index].info.node_role != wire::role::server || nodes_[index].info.rank != move.from)
+    return; // only the server asked answers
+  moving_.erase(found);
+  if (refusal != nullptr)
+    return finish(error{errc::peer_lost, describe(nodes_[index].info) +
+                                             " could not hand key ranges over to server " +
+                                             std::to_string(move.to) + ": " + refusal->message});
+  for (auto r : move.ranges)
+    range_owner_[r] = move.to;
+  if (!moving_.empty())
+    return;
+  // Every move is done: the workers send the ranges' requests to their new servers from this
+  // table on (the old ones refuse them as moved meanwhile).
+  ++epoch_;
+  send_membership();
+  log_.info("key ranges moved; membership epoch " + std::to_string(epoch_) +
+            " names their servers");
+  rebalance();
+}
+
 /// The whole table as it is now, to every node still connected and not lost. A table that lists
 /// a worker the workers have not been told of (it joined) goes to the servers first; the workers
 /// get it once every server acked (release_table).
@@ -503,6 +580,9 @@ void scheduler_core::send_membership() {
   std::sort(table.nodes.begin(), table.nodes.end(),
             [](const auto& a, const auto& b) { return a.node_id < b.node_id; });
   table.key_ranges = membership_key_ranges(options_.num_servers, options_.max_servers);
+  for (std::size_t r = 0; r < table.key_ranges.size() && r < range_owner_.size(); ++r)
+    table.key_ranges[r].server_rank = range_owner_[r];
+  table.num_servers = std::max(options_.num_servers, servers_admitted_);
   auto reaches = [](const node_entry& node) {
     // A worker that said done needs no table: it is leaving.
     return !node.gone && !node.lost && !node.waits_at_barrier &&

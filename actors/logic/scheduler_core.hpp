@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -313,6 +314,12 @@ public:
   std::uint32_t worker_capacity() const noexcept {
     return std::max(options_.num_workers, options_.max_workers);
   }
+  /// Server ranks the job may give (elastic servers): max_servers, at least num_servers.
+  std::uint32_t server_capacity() const noexcept {
+    return std::max(options_.num_servers, options_.max_servers);
+  }
+  /// The server that holds each key range now, in range order (Membership.keyRanges).
+  const std::vector<std::uint32_t>& range_owners() const noexcept { return range_owner_; }
 
 private:
   /// One admitted node.
@@ -353,6 +360,15 @@ private:
   void on_sync_settings(std::size_t index, const wire::sync_settings& settings);
   /// Which rank a newly admitted node of `node_role` gets, out of `wanted`.
   std::uint32_t next_rank(wire::role node_role, std::int32_t rank_hint, std::uint32_t wanted) const;
+
+  // Elastic servers.
+  /// Moves key ranges so that range r is held by the r mod n-th of the n servers in the job (by
+  /// rank), unless a move is under way (it runs again when that one is done): each server that
+  /// gives ranges gets a HandOver per receiving server.
+  void rebalance();
+  /// A server acked (or refused) hand-over `request_id`.
+  void on_hand_over_answer(std::size_t index, std::uint64_t request_id,
+                           const wire::error_reply* refusal);
 
   // Lifecycle.
   void start_job();
@@ -418,6 +434,15 @@ private:
   std::array<std::uint64_t, 8> barrier_reached_{};
   std::uint64_t epoch_ = 0;
   std::uint64_t next_request_id_ = 0;
+  /// range_owner_[r]: the server rank that holds key range r.
+  std::vector<std::uint32_t> range_owner_;
+  /// Hand-overs under way, by request id: who gives which ranges to whom.
+  struct range_hand_over {
+    std::uint32_t from = 0;
+    std::uint32_t to = 0;
+    std::vector<std::uint32_t> ranges;
+  };
+  std::map<std::uint64_t, range_hand_over> moving_;
   std::uint64_t heartbeat_sequence_ = 0;
   clock::time_point started_;
   clock::time_point drain_deadline_;

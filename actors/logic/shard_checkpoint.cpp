@@ -298,6 +298,24 @@ result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::st
   return out;
 }
 
+encoded_hand_over encode_hand_over(const shard_snapshot& keys) {
+  encoded_hand_over out;
+  out.words = encode_snapshot(keys);
+  out.bytes = out.words.size();
+  out.words.resize((out.words.size() + 7) / 8 * 8, std::byte{0});
+  return out;
+}
+
+wire::range_data range_data_of(std::uint64_t request_id, std::uint32_t shard,
+                               const encoded_hand_over& encoded) {
+  wire::tensor_chunk tensor;
+  tensor.type = wire::dtype::int64;
+  tensor.shape = {static_cast<std::int64_t>(encoded.words.size() / 8)};
+  tensor.total_bytes = encoded.words.size();
+  tensor.data = encoded.words;
+  return wire::range_data{request_id, shard, encoded.bytes, std::move(tensor)};
+}
+
 std::filesystem::path checkpoint_file(const std::filesystem::path& directory,
                                       const shard_layout& layout) {
   return directory / ("server" + std::to_string(layout.server_rank) + ".shard" +

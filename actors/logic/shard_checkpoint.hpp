@@ -137,6 +137,18 @@ std::vector<std::byte> encode_snapshot(const shard_snapshot& snapshot);
 /// or shape the bytes do not hold. `what` names the file in messages.
 result<shard_snapshot> decode_snapshot(std::span<const std::byte> bytes, std::string_view what);
 
+/// A shard's hand-over as it travels to another server (troupe.capnp RangeData): encode_snapshot's
+/// bytes padded with zeros to whole int64 words, and how many of them are the snapshot.
+struct encoded_hand_over {
+  std::vector<std::byte> words;
+  std::uint64_t bytes = 0;
+};
+encoded_hand_over encode_hand_over(const shard_snapshot& keys);
+/// The range_data request that carries `encoded` to shard `shard` of another server, whole (the
+/// link cuts it in chunks); its tensor views encoded.words.
+wire::range_data range_data_of(std::uint64_t request_id, std::uint32_t shard,
+                               const encoded_hand_over& encoded);
+
 /// The file of shard `layout.shard_index` of server `layout.server_rank`'s periodic checkpoint.
 std::filesystem::path checkpoint_file(const std::filesystem::path& directory,
                                       const shard_layout& layout);

@@ -183,6 +183,8 @@ void shard_core::dispatch(envelope& request, const reply_route& reply) {
     on_set_gradient_compression(*compression, reply);
   } else if (auto* command = std::get_if<wire::command>(&msg)) {
     on_command(*command, reply);
+  } else if (auto* moved = std::get_if<wire::range_data>(&msg)) {
+    on_range_data(*moved, reply);
   } else {
     refuse(reply, wire::request_id_of(msg), std::nullopt, wire::error_code::unsupported,
            "a server shard does not take " + std::string{wire::kind_name(msg)} + " messages");
@@ -445,6 +447,7 @@ std::size_t shard_core::drop_stalled_inits() noexcept {
 std::size_t shard_core::on_connection_closed(std::uint64_t connection) noexcept {
   if (connection == 0)
     return 0; // in-process links never close as connections do
+  incoming_.erase(connection);
   std::size_t dropped = 0;
   for (auto key = unfinished_inits_.begin(); key != unfinished_inits_.end();) {
     auto entry = keys_.find(*key++); // drop_init erases the key from the set
@@ -1827,6 +1830,46 @@ status shard_core::take_over(const shard_snapshot& moved) {
                     std::to_string(moved.ranges.size()) + " key ranges from server " +
                     std::to_string(moved.layout.server_rank));
   return ok();
+}
+
+void shard_core::on_range_data(const wire::range_data& msg, const reply_route& reply) {
+  const auto& tensor = msg.tensor;
+  auto refused = [&](const std::string& why) {
+    incoming_.erase(reply.connection);
+    refuse(reply, msg.request_id, std::nullopt, wire::error_code::invalid_argument,
+           "range data " + std::to_string(msg.request_id) + " for shard " +
+               std::to_string(options_.shard_index) + ": " + why);
+  };
+  if (msg.shard != options_.shard_index)
+    return refused("it names shard " + std::to_string(msg.shard));
+  auto& arriving = incoming_[reply.connection];
+  if (tensor.offset == 0) {
+    // A hand-over's first chunk: whatever the connection began before is dropped.
+    const auto bound =
+        options_.max_store_bytes > 0 ? options_.max_store_bytes : options_.max_value_bytes;
+    if (tensor.total_bytes > bound)
+      return refused(std::to_string(tensor.total_bytes) + " bytes, beyond the server's " +
+                     std::to_string(bound) + " (data.max_store_bytes)");
+    arriving = incoming_hand_over{msg.request_id, tensor.total_bytes, {}};
+  } else if (arriving.request_id != msg.request_id || tensor.offset != arriving.bytes.size()) {
+    return refused("a chunk at offset " + std::to_string(tensor.offset) +
+                   " that does not continue what arrived");
+  }
+  if (tensor.total_bytes != arriving.total ||
+      tensor.data.size() > arriving.total - arriving.bytes.size())
+    return refused("chunks that do not add up to " + std::to_string(arriving.total) + " bytes");
+  // Grown by what arrives, never by what a length field says.
+  arriving.bytes.insert(arriving.bytes.end(), tensor.data.begin(), tensor.data.end());
+  if (arriving.bytes.size() < arriving.total)
+    return;
+  auto whole = std::move(arriving.bytes);
+  incoming_.erase(reply.connection);
+  auto snapshot = decode_snapshot(std::span{whole}.first(msg.bytes), "range data");
+  if (!snapshot)
+    return refused(snapshot.error().message());
+  if (auto taken = take_over(*snapshot); !taken)
+    return refused(taken.error().message());
+  reply(envelope{wire::ack{msg.request_id}, nullptr, 0});
 }
 
 // --- queries -------------------------------------------------------------------------------------

@@ -457,6 +457,10 @@ private:
                                    const reply_route& reply);
   void set_policy(const sync_policy& wanted, std::uint64_t request_id, const reply_route& reply);
   void on_command(const wire::command& msg, const reply_route& reply);
+  /// A chunk of another server's hand-over (troupe.capnp RangeData): gathered per connection,
+  /// then decoded and taken over (take_over), and acked; a chunk out of order, too large a
+  /// hand-over or one take_over refuses gets an error naming why, and nothing changes.
+  void on_range_data(const wire::range_data& msg, const reply_route& reply);
   /// save_optimizer_states / load_optimizer_states on this shard's file.
   void on_states_command(const wire::command& msg, const reply_route& reply);
   /// After a round closed or a push was applied: a checkpoint when every key has come another
@@ -522,6 +526,13 @@ private:
     std::function<void(shard_snapshot)> done;
   };
   std::optional<hand_over_state> hand_over_;
+  /// Hand-overs arriving from other servers (on_range_data), one per connection.
+  struct incoming_hand_over {
+    std::uint64_t request_id = 0;
+    std::uint64_t total = 0;
+    std::vector<std::byte> bytes;
+  };
+  std::unordered_map<std::uint64_t, incoming_hand_over> incoming_;
   /// moved_ranges_[r]: key range r left this shard (or is leaving) and has not come back.
   std::vector<bool> moved_ranges_;
   /// How many of moved_ranges_ are set: requests are checked against them only when some are.

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "actors/logic/job_trace.hpp"
+#include "actors/logic/scheduler_core.hpp"
 #include "actors/logic/wire_conversions.hpp"
 
 namespace troupe {
@@ -1188,8 +1189,10 @@ void worker_core::on_membership(const wire::membership& table) {
   for (const auto& node : table.nodes)
     if (node.node_role == wire::role::worker && !node.alive)
       options_.log.info(wire::describe(node) + " is gone; the job goes on");
-  if (!failure_)
+  if (!failure_) {
+    link_new_servers(table);
     follow_key_ranges(table);
+  }
   if (!recovery() || failure_)
     return;
   for (const auto& node : table.nodes) {
@@ -1241,6 +1244,13 @@ void worker_core::server_back(std::uint32_t server, std::string name) {
   state.down = false;
   ++state.link;
   state.with_link = 0;
+  if (state.joining) {
+    // Nothing went to it before: what waits for it leaves now.
+    state.joining = false;
+    options_.log.info("linked to " + names_[server] + ", which joined the job");
+    pump(server);
+    return;
+  }
   const auto [kept, under_way] = resend(server);
   options_.log.info(names_[server] + " is back from its checkpoint: sent again " +
                     std::to_string(kept) + " kept pushes and " + std::to_string(under_way) +
@@ -1334,6 +1344,30 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
   for (auto group : groups)
     advance_turn(group);
   return counts;
+}
+
+void worker_core::link_new_servers(const wire::membership& table) {
+  if (!options_.can_relink || servers_.empty())
+    return;
+  for (const auto& node : table.nodes) {
+    if (node.node_role != wire::role::server || node.rank < servers_.size() || !node.alive ||
+        node.left || node.rank >= max_nodes_per_role)
+      continue;
+    const auto first_new = servers_.size();
+    servers_.resize(node.rank + 1);
+    names_.resize(node.rank + 1);
+    for (auto s = first_new; s < servers_.size(); ++s)
+      names_[s] = "server " + std::to_string(s);
+    auto& state = servers_[node.rank];
+    state.down = true;
+    state.down_since = now();
+    state.joining = true;
+    state.relinking = true;
+    options_.num_servers = static_cast<std::uint32_t>(servers_.size());
+    options_.log.info(wire::describe(node) + " joined the job; linking to it at " + node.host +
+                      ":" + std::to_string(node.data_port));
+    out_.relink(node);
+  }
 }
 
 void worker_core::follow_key_ranges(const wire::membership& table) {

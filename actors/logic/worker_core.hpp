@@ -111,7 +111,9 @@
 // that no reply has reached yet is sent again there, in the order it was first sent (as
 // resent: a push the new server's state already holds is acknowledged without being applied),
 // and the range's later requests go there too. A reply of the old server that arrives after
-// that finds no request under its id and is dropped.
+// that finds no request under its id and is dropped. A server a table lists for the first time
+// joined the running job: the worker links to it (output::relink) and its requests wait for the
+// link (calls for every server include it from then on).
 //
 // Threads: one thread at a time calls a worker_core (the actor's, or a caller's under the lock it
 // shares with the actor: actors/kv_worker.hpp, worker_lane); only the copy jobs it hands to
@@ -493,6 +495,9 @@ private:
     bool seen_lost = false;
     /// A helper is connecting to its new address.
     bool relinking = false;
+    /// A server that joined the running job (elastic servers): the worker links to it for the
+    /// first time, and its requests wait until then.
+    bool joining = false;
     /// The send queue: the requests that may go next, by send_order (the head of each ps-key
     /// with requests queued, and keyless requests).
     send_queue ready;
@@ -552,6 +557,9 @@ private:
   /// Elastic servers: the key ranges `table` gives to other servers than before move there with
   /// their ps-keys (see "Key ranges that move").
   void follow_key_ranges(const wire::membership& table);
+  /// Elastic servers: links to the servers `table` lists for the first time (they joined the
+  /// running job); their requests wait until the link is there.
+  void link_new_servers(const wire::membership& table);
   /// Sends again to server `to` every request of `ps_key` not answered by its old server (none
   /// of whose reply has come), in the order they were sent, ahead of those still waiting; returns
   /// how many.

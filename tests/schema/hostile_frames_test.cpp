@@ -537,8 +537,9 @@ BOOST_AUTO_TEST_CASE(enum_values_outside_their_enumerations_are_rejected) {
 BOOST_AUTO_TEST_CASE(an_unknown_or_unset_message_kind_is_rejected) {
   auto frame = frame_of(heartbeat{1, 2, 3});
   BOOST_TEST_REQUIRE(get_u16(frame, discriminant_offset) == 15); // Message.heartbeat @15
-  // 17-20, 22 and 23: the links' control frames; 21: sync settings; 24: a batch.
-  for (std::uint16_t kind : {0, 25, 999, 0xffff}) {
+  // 17-20, 22 and 23: the links' control frames; 21: sync settings; 24: a batch; 25 and 26: the
+  // elastic servers' hand-over and range data.
+  for (std::uint16_t kind : {0, 27, 999, 0xffff}) {
     auto patched = frame;
     put_u16(patched, discriminant_offset, kind);
     auto r = rejection(patched);

@@ -131,6 +131,15 @@ inline std::vector<wire::message> sample_messages(std::span<const std::byte> pay
   out.push_back(
       batch{{ack{113, 19, false, 7}, pull_reply{114, 8, 3, float_tensor(payload, 2, n / 8), 2},
              error_reply{115, 9, error_code::shape_mismatch, "pushpull of key 9"}}});
+  // Elastic servers: the scheduler's hand-over order, and one shard's snapshot as int64 words
+  // (n bytes of payload, the last 3 padding).
+  out.push_back(hand_over{116, {1, 3}, 2});
+  out.push_back(range_data{117, 1, payload.size() - 3,
+                           tensor_chunk{dtype::int64,
+                                        {static_cast<std::int64_t>(payload.size() / 8)},
+                                        payload.size(),
+                                        0,
+                                        payload}});
   return out;
 }
 

@@ -12,6 +12,7 @@
 
 #include "actors/logic/key_placement.hpp"
 #include "actors/logic/shard_checkpoint.hpp"
+#include "schema/chunking.hpp"
 #include "tests/actors/logic/shard_driver.hpp"
 
 using namespace troupe;
@@ -257,6 +258,41 @@ BOOST_AUTO_TEST_CASE(a_hand_over_or_take_over_that_does_not_fit_is_refused_and_c
   // The range can come back to the shard it left.
   BOOST_TEST_REQUIRE(accepted(old_shard.shard->take_over(*handed)));
   BOOST_TEST(old_shard.ack(old_shard.push(moving, 0, 0, gradient(0, 0))) != nullptr);
+}
+
+BOOST_AUTO_TEST_CASE(a_hand_over_arrives_as_range_data_chunks_and_is_acked_once_taken) {
+  shard_driver old_shard(2, {}, placed(0)), new_shard(2, {}, placed(1));
+  auto value = ndarray::full({2, 3}, 2.5);
+  BOOST_TEST_REQUIRE(old_shard.init(moving, value));
+  std::optional<shard_snapshot> handed;
+  BOOST_TEST_REQUIRE(accepted(
+      old_shard.shard->hand_over({1}, [&](shard_snapshot keys) { handed = std::move(keys); })));
+  BOOST_TEST_REQUIRE(handed.has_value());
+  const auto encoded = encode_hand_over(*handed);
+  BOOST_TEST(encoded.words.size() % 8 == 0u);
+  BOOST_TEST(encoded.words.size() - encoded.bytes < 8u);
+  wire::chunker chunks{range_data_of(41, 0, encoded), 64};
+  BOOST_TEST_REQUIRE(chunks.chunk_count() > 2u);
+  // A chunk out of order is refused, and the hand-over starts again from its first chunk.
+  new_shard.send(chunks.chunk(1));
+  BOOST_TEST_REQUIRE(new_shard.error(41) != nullptr);
+  new_shard.replies.clear();
+  for (std::size_t c = 0; c < chunks.chunk_count(); ++c) {
+    BOOST_TEST(new_shard.ack(41) == nullptr);
+    new_shard.send(chunks.chunk(c));
+  }
+  BOOST_TEST_REQUIRE(new_shard.ack(41) != nullptr);
+  BOOST_TEST(new_shard.stored(moving) == std::vector<float>(6, 2.5f));
+  // The same again is refused (the key is held here now), and so is one for another shard.
+  new_shard.replies.clear();
+  wire::chunker again{range_data_of(42, 0, encoded), std::size_t{1} << 20};
+  new_shard.send(again.chunk(0));
+  BOOST_TEST_REQUIRE(new_shard.error(42) != nullptr);
+  BOOST_TEST(new_shard.error(42)->message.find("held here already") != std::string::npos);
+  wire::chunker elsewhere{range_data_of(43, 1, encoded), std::size_t{1} << 20};
+  new_shard.send(elsewhere.chunk(0));
+  BOOST_TEST_REQUIRE(new_shard.error(43) != nullptr);
+  BOOST_TEST(new_shard.stored(moving) == std::vector<float>(6, 2.5f));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -129,6 +129,31 @@ BOOST_AUTO_TEST_CASE(a_node_proof_holds_only_for_its_key_and_the_hellos_it_was_m
                           link_proof(token, false, listener, claims_2)));
 }
 
+BOOST_AUTO_TEST_CASE(only_a_server_sends_range_data_and_it_sends_nothing_else) {
+  const wire::node_identity server{wire::role::server, 1};
+  const wire::node_identity worker_0{wire::role::worker, 0};
+  wire::tensor_chunk words;
+  words.type = wire::dtype::int64;
+  words.shape = {1};
+  const wire::message moved = wire::range_data{5, 0, 8, words};
+  BOOST_TEST(!request_refusal(moved, server).has_value());
+  const auto from_worker = request_refusal(moved, worker_0);
+  BOOST_TEST_REQUIRE(from_worker.has_value());
+  BOOST_TEST((from_worker->code == wire::error_code::not_permitted));
+  BOOST_TEST(from_worker->message.find("only the job's servers send range_data") !=
+                 std::string::npos,
+             from_worker->message);
+  // A server's connection pushes nothing, as no worker, and sets nothing for the job.
+  for (const auto& request :
+       std::vector<wire::message>{wire::push{7, 3, 1, 2, words}, wire::init{1, 3, words},
+                                  wire::set_optimizer{2, "sgd", {{"learning_rate", 1e6}}}}) {
+    const auto refusal = request_refusal(request, server);
+    BOOST_TEST_REQUIRE(refusal.has_value(), wire::kind_name(request));
+    BOOST_TEST((refusal->code == wire::error_code::not_permitted));
+  }
+  BOOST_TEST(request_refusal(moved, wire::node_identity{wire::role::scheduler, 0}).has_value());
+}
+
 BOOST_AUTO_TEST_CASE(requests_are_refused_unless_they_act_as_the_worker_the_connection_proved) {
   const wire::node_identity proven{wire::role::worker, 2};
   const wire::node_identity rank_0{wire::role::worker, 0};
