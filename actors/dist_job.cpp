@@ -150,6 +150,8 @@ job_listener::behavior_type server_listener_actor(job_listener::pointer,
 
 /// SIGUSR1 (troupe-node): a server prints its summary at its next look, within a second.
 std::atomic<bool> summary_asked{false};
+/// SIGUSR2 (troupe-node): a server asks to leave the job at its next look.
+std::atomic<bool> leave_asked{false};
 
 /// observe.trace: this process records spans, written to its node file at the end of the job.
 void start_job_trace(const cluster_config& config, const char* role, std::uint32_t rank) {
@@ -239,6 +241,10 @@ void log_server_summary(const server_node& node, const logger& log,
 
 void ask_for_summary() noexcept {
   summary_asked.store(true);
+}
+
+void ask_to_leave() noexcept {
+  leave_asked.store(true);
 }
 
 result<job_outcome> run_scheduler(const cluster_config& config,
@@ -540,6 +546,14 @@ status run_server(const cluster_config& config, std::vector<shard_snapshot> rest
       break;
     if (summary_asked.exchange(false))
       log_server_summary(*node, logger{name, std::max(config.verbose, 1)}, config.request_timeout);
+    if (leave_asked.exchange(false)) {
+      // Answered at once; the stop comes once the key ranges have moved to the other servers.
+      const logger log{name, std::max(config.verbose, 1)};
+      if (auto asked = (*agent)->ask_to_leave(config.request_timeout); asked)
+        log.info("asked to leave the job: its key ranges move to the other servers, then it stops");
+      else
+        log.error("could not leave the job: " + asked.error().message());
+    }
     if (auto failure = (*agent)->failure()) {
       outcome = *failure;
       // The scheduler told every node at once; a moment's grace lets the workers hear the lost

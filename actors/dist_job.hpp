@@ -52,6 +52,11 @@ namespace troupe {
 /// node.verbose says. Async-signal-safe: troupe-node calls it on SIGUSR1.
 void ask_for_summary() noexcept;
 
+/// Makes a running server ask the scheduler to leave the job within a second (elastic servers):
+/// its key ranges move to the other servers, then the scheduler tells it to stop and it exits 0.
+/// Async-signal-safe: troupe-node calls it on SIGUSR2.
+void ask_to_leave() noexcept;
+
 /// Runs the scheduler until the job ends and returns how it ended (the scheduler has logged its
 /// summary line); an error when it could not start (a bad configuration, the port cannot be
 /// bound). `on_listening` is told the bound port once it is known.

@@ -162,6 +162,9 @@ public:
         [this](peer_lost_atom, const std::string& why) {
           serve("a lost peer", [&] { core_->fail_everything(error{errc::peer_lost, why}); });
         },
+        [this](peer_lost_atom, std::uint64_t tag, const std::string& why) {
+          serve("a lost server", [&] { core_->on_lost_report(tag, why); });
+        },
         [this](const wire::membership& table) {
           serve("a membership table", [&] { core_->on_membership(table); });
         },
@@ -269,8 +272,9 @@ public:
                 }});
   }
 
-  void report_lost_later(std::string why) override {
-    self_->delayed_send(self_, options_.link_down_grace, peer_lost_atom::value, std::move(why));
+  void report_lost_later(std::uint64_t tag, std::string why) override {
+    self_->delayed_send(self_, options_.link_down_grace, peer_lost_atom::value, tag,
+                        std::move(why));
   }
 
   /// Connects to the server's new address on a helper thread (connecting blocks); the link comes

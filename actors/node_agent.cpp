@@ -365,6 +365,13 @@ status node_agent::notify_done(std::chrono::milliseconds timeout, std::uint64_t 
   return call(wire::command{0, wire::command_kind::stop, {}, false, rounds}, "done", timeout);
 }
 
+status node_agent::ask_to_leave(std::chrono::milliseconds timeout) {
+  if (role_ != wire::role::server)
+    return error{errc::invalid_argument, "only a server asks to leave; this node is a " +
+                                             std::string{wire::to_string(role_)}};
+  return call(wire::command{0, wire::command_kind::stop, {}}, "leave", timeout);
+}
+
 status node_agent::send_sync_settings(wire::sync_settings settings,
                                       std::chrono::milliseconds timeout) {
   // The protocol cannot carry a quorum of 0 (the scheduler's port would refuse the frame with no

@@ -123,6 +123,12 @@ public:
   /// errc::peer_lost. `rounds`: the most pushes the worker made of any one key, for the
   /// scheduler's summary.
   status notify_done(std::chrono::milliseconds timeout, std::uint64_t rounds = 0);
+  /// Servers of an elastic job (job.max_servers): asks the scheduler to let this server leave
+  /// (Command stop from a server). Answered at once; the scheduler then moves the server's key
+  /// ranges to the others and sends it stop (wait_for_stop returns). Errors: errc::invalid_argument
+  /// on a worker, or naming why the scheduler refused (the job's last server, a job not running);
+  /// errc::timeout.
+  status ask_to_leave(std::chrono::milliseconds timeout);
 
   /// Worker rank 0: tells the scheduler the job's sync settings (its quorum: how many workers
   /// the job needs alive) and waits for the acknowledgement. Errors: errc::invalid_argument when

@@ -247,6 +247,8 @@ using worker_actor = caf::typed_actor<
     caf::reacts_to<link_down_atom, std::uint64_t, std::string>,
     /// The job failed (the node agent's notice, naming the lost node and its role).
     caf::reacts_to<peer_lost_atom, std::string>,
+    /// The grace after the link with that tag went down is over (worker_core::on_lost_report).
+    caf::reacts_to<peer_lost_atom, std::uint64_t, std::string>,
     /// The job's membership changed (a worker was lost and the job goes on).
     caf::reacts_to<wire::membership>,
     /// The scheduler ended the job: later calls fail.

@@ -13,7 +13,8 @@
 // the reason logged through troupe::logger under the node's name ("server@127.0.0.1"). The
 // scheduler prints "troupe-node: scheduler listening on HOST:PORT" on stdout once it is bound: with
 // port 0 that line is how the port is found. SIGUSR1 makes a server print its summary
-// (observe.summary) within a second.
+// (observe.summary) within a second. SIGUSR2 makes a server leave the job (elastic servers,
+// job.max_servers): its key ranges move to the other servers, then it exits 0.
 //
 // TROUPE_LAUNCHER_EVENTS_FD=N (troupe-launch sets it for the scheduler it starts): the scheduler
 // writes "lost worker R" and a newline to file descriptor N each time it declares worker rank R
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
   if (!restore)
     return configuration_error(restore.error());
   std::signal(SIGUSR1, [](int) { ask_for_summary(); });
+  std::signal(SIGUSR2, [](int) { ask_to_leave(); });
   const auto host = config->scheduler_host;
   return serve_node(
       *config, std::move(*restore),

@@ -488,8 +488,10 @@ struct Command {
     unset @1 :Void;
     # Never sent; rejected.
     stop @2 :Void;
-    # From a worker to the scheduler: the worker is done. From the scheduler to a server: shut
-    # down (MXNet's kStopServer). Sent to a server on a data connection it is acked and changes
+    # From a worker to the scheduler: the worker is done. From a server to the scheduler
+    # (elastic servers): the server asks to leave; acked at once, its key ranges move to the
+    # other servers, then it is sent stop. From the scheduler to a server: shut down (MXNet's
+    # kStopServer). Sent to a server on a data connection it is acked and changes
     # nothing.
     saveCheckpoint @3 :Text;
     # Write each shard's optimizer state (every key's state and update count, and the optimizer

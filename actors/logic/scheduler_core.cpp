@@ -413,6 +413,8 @@ void scheduler_core::on_command(std::size_t index, const wire::command& cmd) {
   if (cmd.kind != wire::command_kind::stop)
     return send(node, error_reply(cmd.request_id, wire::error_code::unsupported,
                                   "the scheduler runs no checkpoint commands"));
+  if (node.info.node_role == wire::role::server)
+    return on_server_leave(index, cmd);
   if (node.info.node_role != wire::role::worker)
     return send(node,
                 error_reply(cmd.request_id, wire::error_code::invalid_argument,
@@ -507,7 +509,8 @@ void scheduler_core::rebalance() {
     return;
   std::vector<std::uint32_t> servers;
   for (const auto& node : nodes_)
-    if (node.info.node_role == wire::role::server && !node.gone && !node.lost && !node.finished)
+    if (node.info.node_role == wire::role::server && !node.gone && !node.lost && !node.finished &&
+        !node.leaving)
       servers.push_back(node.info.rank);
   if (servers.empty())
     return;
@@ -552,12 +555,57 @@ void scheduler_core::on_hand_over_answer(std::size_t index, std::uint64_t reques
   if (!moving_.empty())
     return;
   // Every move is done: the workers send the ranges' requests to their new servers from this
-  // table on (the old ones refuse them as moved meanwhile).
+  // table on (the old ones refuse them as moved meanwhile), and servers that asked to leave and
+  // hold nothing now go.
+  release_leavers();
   ++epoch_;
   send_membership();
   log_.info("key ranges moved; membership epoch " + std::to_string(epoch_) +
             " names their servers");
   rebalance();
+}
+
+void scheduler_core::on_server_leave(std::size_t index, const wire::command& cmd) {
+  node_entry& node = nodes_[index];
+  if (node.leaving || node.finished)
+    return send(node, wire::ack{cmd.request_id});
+  std::uint32_t others = 0;
+  for (const auto& other : nodes_)
+    others += other.info.node_role == wire::role::server && &other != &node && !other.gone &&
+              !other.lost && !other.finished && !other.leaving;
+  if (phase_ != scheduler_phase::running || others == 0)
+    return send(node, error_reply(cmd.request_id, wire::error_code::invalid_argument,
+                                  describe(node.info) + " cannot leave: " +
+                                      (phase_ != scheduler_phase::running
+                                           ? std::string{"the job is not running"}
+                                           : std::string{"no other server would hold its key "
+                                                         "ranges"})));
+  node.leaving = true;
+  send(node, wire::ack{cmd.request_id});
+  log_.info(describe(node.info) + " asked to leave the job (" + seconds(since_start()) +
+            " after it started): its key ranges move to the other servers first");
+  if (moving_.empty() && release_leavers()) {
+    ++epoch_;
+    send_membership();
+  }
+  rebalance();
+}
+
+bool scheduler_core::release_leavers() {
+  bool released = false;
+  for (auto& node : nodes_) {
+    if (!node.leaving || node.finished || node.gone)
+      continue;
+    if (std::find(range_owner_.begin(), range_owner_.end(), node.info.rank) != range_owner_.end())
+      continue;
+    node.finished = true;
+    node.info.left = true;
+    released = true;
+    send(node, wire::command{++next_request_id_, wire::command_kind::stop, {}});
+    log_.info(describe(node.info) + " left the job (" + seconds(since_start()) +
+              " after it started): it holds no key range, and was told to stop");
+  }
+  return released;
 }
 
 /// The whole table as it is now, to every node still connected and not lost. A table that lists

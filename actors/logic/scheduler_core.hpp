@@ -331,6 +331,9 @@ private:
     clock::time_point last_seen;
     /// Worker: said done. Server: was sent stop.
     bool finished = false;
+    /// Server (elastic servers): asked to leave; its key ranges move to the others, then it is
+    /// sent stop.
+    bool leaving = false;
     /// Worker: the rounds its done reported.
     std::uint64_t rounds = 0;
     /// Its control connection closed.
@@ -369,6 +372,11 @@ private:
   /// A server acked (or refused) hand-over `request_id`.
   void on_hand_over_answer(std::size_t index, std::uint64_t request_id,
                            const wire::error_reply* refusal);
+  /// A server asked to leave (its Command stop): refused when it is the job's last server.
+  void on_server_leave(std::size_t index, const wire::command& cmd);
+  /// Servers that asked to leave and hold no key range any more are sent stop and listed left;
+  /// true when one was.
+  bool release_leavers();
 
   // Lifecycle.
   void start_job();

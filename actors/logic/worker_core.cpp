@@ -144,6 +144,8 @@ void worker_core::on_call(kv_operation& op) {
   switch (op.call) {
   case kv_call::every_server:
     for (std::uint32_t server = 0; server < options_.num_servers; ++server) {
+      if (servers_[server].left)
+        continue; // it holds nothing any more
       auto p = new_part(call, kv_call::every_server, server, op.what);
       const auto id = next_request_id_++;
       sent(id, p);
@@ -1141,7 +1143,7 @@ void worker_core::finish(std::uint64_t id, const std::shared_ptr<part>& p, statu
 // -----------------------------------------------------------------
 
 void worker_core::on_link_down(std::uint64_t tag, const std::string& why, bool current) {
-  if (tag == 0 || tag > names_.size())
+  if (tag == 0 || tag > names_.size() || (tag <= servers_.size() && servers_[tag - 1].left))
     return;
   if (recovery() && tag <= servers_.size()) {
     // Only the server's current link counts: an old one may close after the new one opened.
@@ -1152,7 +1154,13 @@ void worker_core::on_link_down(std::uint64_t tag, const std::string& why, bool c
   }
   // The scheduler's notice naming the node that was really lost usually arrives within a
   // moment; a server may only be closing because the job already failed.
-  out_.report_lost_later(names_[tag - 1] + " was lost: " + why);
+  out_.report_lost_later(tag, names_[tag - 1] + " was lost: " + why);
+}
+
+void worker_core::on_lost_report(std::uint64_t tag, const std::string& why) {
+  if (tag > 0 && tag <= servers_.size() && servers_[tag - 1].left)
+    return;
+  fail_everything(error{errc::peer_lost, why});
 }
 
 void worker_core::on_refused(std::uint64_t tag, const std::string& words) {
@@ -1347,6 +1355,12 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
 }
 
 void worker_core::link_new_servers(const wire::membership& table) {
+  for (const auto& node : table.nodes)
+    if (node.node_role == wire::role::server && node.left && node.rank < servers_.size() &&
+        !servers_[node.rank].left) {
+      servers_[node.rank].left = true;
+      options_.log.info(names_[node.rank] + " left the job, its key ranges handed over");
+    }
   if (!options_.can_relink || servers_.empty())
     return;
   for (const auto& node : table.nodes) {

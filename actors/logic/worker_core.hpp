@@ -227,9 +227,9 @@ public:
     /// run one at a time, in the order they were handed over.
     virtual void copy_elsewhere(std::uint64_t id,
                                 std::function<std::pair<chunk_copy, std::string>()> copy) = 0;
-    /// A server link went down: fail_everything(peer_lost, why) after a grace, unless a notice
-    /// naming the node that was really lost comes first.
-    virtual void report_lost_later(std::string why) = 0;
+    /// The link with `tag` went down: on_lost_report(tag, why) after a grace, so that a notice
+    /// naming the node that was really lost (or a table saying the server left) comes first.
+    virtual void report_lost_later(std::uint64_t tag, std::string why) = 0;
     /// Server recovery: links to `server` at its new address, then calls on_relink.
     virtual void relink(const wire::node_info& server) = 0;
   };
@@ -265,6 +265,10 @@ public:
   /// The server linked with `tag` refused this worker's handshake, in `words` (its node key, its
   /// token): everything fails with errc::invalid_argument, as the server will say no again.
   void on_refused(std::uint64_t tag, const std::string& words);
+  /// The grace after the link with `tag` went down is over (output::report_lost_later): every
+  /// call fails with errc::peer_lost and `why`, unless a membership table has listed the server
+  /// left meanwhile (elastic servers: it handed its key ranges over and stopped).
+  void on_lost_report(std::uint64_t tag, const std::string& why);
   /// Every call under way and every later one fails with `why`; the first failure wins.
   void fail_everything(error why);
   /// The job's membership changed: lost workers are logged; with server recovery, a server
@@ -498,6 +502,9 @@ private:
     /// A server that joined the running job (elastic servers): the worker links to it for the
     /// first time, and its requests wait until then.
     bool joining = false;
+    /// A membership table listed it left (it handed its key ranges over): its link's end is no
+    /// loss, and calls for every server pass it by.
+    bool left = false;
     /// The send queue: the requests that may go next, by send_order (the head of each ps-key
     /// with requests queued, and keyless requests).
     send_queue ready;

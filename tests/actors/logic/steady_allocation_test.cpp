@@ -116,7 +116,7 @@ struct worker_bench : worker_core::output {
   void copy_elsewhere(std::uint64_t, std::function<std::pair<chunk_copy, std::string>()>) override {
     BOOST_FAIL("no reply of this test is large enough to be copied elsewhere");
   }
-  void report_lost_later(std::string) override {}
+  void report_lost_later(std::uint64_t, std::string) override {}
   void relink(const wire::node_info&) override {}
 
   /// A pushpull of `keys` (each pushing `value` and pulling into its own output), built as the

@@ -61,7 +61,9 @@ struct worker_driver : worker_core::output {
                       std::function<std::pair<chunk_copy, std::string>()> copy) override {
     copies.emplace_back(id, std::move(copy));
   }
-  void report_lost_later(std::string why) override { lost_reports.push_back(std::move(why)); }
+  void report_lost_later(std::uint64_t, std::string why) override {
+    lost_reports.push_back(std::move(why));
+  }
   void relink(const wire::node_info& server) override { relinks.push_back(server); }
 
   /// One key of a call: its index, the value it sends (init, push, pushpull) and where its value
