@@ -145,8 +145,8 @@ using request_handler = caf::typed_actor<caf::reacts_to<envelope, reply_sink>>;
 // --- server --------------------------------------------------------------------------------------
 
 /// A shard's part of a hand-over of key ranges to another server (elastic servers): `done` gets
-/// its keys, encoded as they travel (RangeData), once the last of them has left the shard at its
-/// round boundary (shard_core::hand_over), or why the shard refused.
+/// its keys, encoded as they travel (RangeData), once they have left the shard
+/// (shard_core::hand_over), or why the shard refused.
 struct shard_hand_over {
   std::vector<std::uint32_t> ranges;
   completion<result<std::shared_ptr<const encoded_hand_over>>> done;

@@ -28,13 +28,21 @@ caf::behavior receive_answers(caf::event_based_actor*, std::shared_ptr<answers> 
   return {
       [told](envelope& reply) {
         std::lock_guard hold{told->lock};
-        auto found = told->waiting.find(wire::request_id_of(reply.msg));
-        if (found == told->waiting.end())
-          return;
-        if (const auto* refusal = std::get_if<wire::error_reply>(&reply.msg))
-          found->second.deliver(error{errc::invalid_argument, refusal->message});
-        else if (std::holds_alternative<wire::ack>(reply.msg))
-          found->second.deliver(ok());
+        auto take = [&](const wire::message& answer) {
+          auto found = told->waiting.find(wire::request_id_of(answer));
+          if (found == told->waiting.end())
+            return;
+          if (const auto* refusal = std::get_if<wire::error_reply>(&answer))
+            found->second.deliver(error{errc::invalid_argument, refusal->message});
+          else if (std::holds_alternative<wire::ack>(answer))
+            found->second.deliver(ok());
+        };
+        // A server answers requests that arrive together in one batch frame.
+        if (auto* fused = std::get_if<wire::batch>(&reply.msg))
+          for (auto& one : fused->messages)
+            take(wire::unbatched(std::move(one)));
+        else
+          take(reply.msg);
       },
       [told](link_down_atom, std::uint64_t, std::string& why) {
         std::lock_guard hold{told->lock};
@@ -48,7 +56,7 @@ caf::behavior receive_answers(caf::event_based_actor*, std::shared_ptr<answers> 
 status run_move(caf::actor_system& system, const range_move& move) {
   const auto deadline = clock::now() + move.timeout;
   const auto where = move.host + ":" + std::to_string(move.port);
-  // Every shard's part, each at its keys' round boundaries.
+  // Every shard's part.
   std::vector<completion<result<std::shared_ptr<const encoded_hand_over>>>> parts(
       move.shards.size());
   for (std::size_t i = 0; i < move.shards.size(); ++i)
@@ -59,7 +67,7 @@ status run_move(caf::actor_system& system, const range_move& move) {
     auto got = parts[i].wait_or_cancel(deadline);
     if (!got)
       return error{errc::timeout, "shard " + std::to_string(i) +
-                                      " did not reach its keys' round boundaries within " +
+                                      " did not hand its part over within " +
                                       std::to_string(move.timeout.count()) + " ms"};
     if (!*got)
       return error{got->error().code(),

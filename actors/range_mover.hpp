@@ -1,7 +1,8 @@
 #pragma once
 // Elastic servers: one server hands key ranges of its shards to another server of the job
-// (troupe.capnp HandOver, RangeData). Each shard gives its part of the ranges at each key's round
-// boundary (shard_core::hand_over), encoded as it travels; the mover links to the receiving
+// (troupe.capnp HandOver, RangeData). Each shard gives its part of the ranges at once, with the
+// rounds its keys completed (shard_core::hand_over), encoded as it travels; the mover links to the
+// receiving
 // server's data port as this server (proving K(server, rank): only a server of the job can), sends
 // each shard's part to the shard of the same index there as RangeData chunks, and reports once
 // every shard's part was acknowledged (taken there: shard_core::take_over), or why not.
@@ -37,7 +38,7 @@ struct range_move {
   data_link_options link;
   /// Largest tensor payload per RangeData frame.
   std::size_t chunk_bytes = wire::default_chunk_bytes;
-  /// Bound on the whole move: the shards' round boundaries, the copy and the acknowledgements.
+  /// Bound on the whole move: the shards' parts, the copy and the acknowledgements.
   std::chrono::milliseconds timeout{60'000};
   logger log;
 };

@@ -129,16 +129,13 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<shard_ac
       },
       [self](hand_over_atom, shard_hand_over& call) {
         const engine::inline_scope here;
-        self->state.lane->with_core([&](shard_core& core) {
-          auto done = call.done;
-          // Encoded on the shard's thread when the last key has left (now, or at a later round's
-          // close).
-          auto started = core.hand_over(std::move(call.ranges), [done](shard_snapshot keys) {
-            done.deliver(std::make_shared<const encoded_hand_over>(encode_hand_over(keys)));
-          });
-          if (!started)
-            done.deliver(started.error());
-        });
+        result<shard_snapshot> keys = error{errc::internal, "the shard is closed"};
+        self->state.lane->with_core(
+            [&](shard_core& core) { keys = core.hand_over(std::move(call.ranges)); });
+        if (!keys)
+          call.done.deliver(keys.error());
+        else
+          call.done.deliver(std::make_shared<const encoded_hand_over>(encode_hand_over(*keys)));
       },
   };
 }

@@ -554,9 +554,9 @@ struct SyncSettings {
 struct HandOver {
   # Scheduler -> a server, on its control connection (elastic servers, job.max_servers): hand the
   # keys of key ranges `ranges` to server `toServer`, which the membership table the server holds
-  # lists alive. Each shard hands its part over at each key's round boundary
-  # (actors/logic/shard_core.hpp, hand_over) and sends it as RangeData on a data connection to
-  # that server. Answered by Ack once every shard's part was taken there, or by Error naming why
+  # lists alive. Each shard hands its part over at once, with the rounds its keys completed
+  # (actors/logic/shard_core.hpp, hand_over: the workers send again what a round not completed
+  # held), and the server sends it as RangeData on a data connection to that server. Answered by Ack once every shard's part was taken there, or by Error naming why
   # not (the ranges then stay away from this server: the scheduler fails the job).
   requestId @0 :UInt64;
   ranges @1 :List(UInt32);

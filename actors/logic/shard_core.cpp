@@ -98,6 +98,13 @@ std::uint64_t shard_core::key_entry::durable_for(std::uint32_t worker) const noe
   return worker < durable_pushes.size() ? durable_pushes[worker] : 0;
 }
 
+std::uint64_t shard_core::durable_for(const key_entry& entry, std::uint32_t worker) const {
+  if (!options_.checkpoint.dir.empty())
+    return entry.durable_for(worker);
+  // No files: what the shard has applied is what a hand-over of the key carries.
+  return entry.async ? entry.async->pushes_of(worker) : entry.completed();
+}
+
 shard_core::shard_core(shard_options options)
     : options_(std::move(options)), policy_(options_.policy) {
   live_.assign(capacity(), false);
@@ -142,8 +149,6 @@ void shard_core::handle(envelope request, reply_function reply) noexcept {
       dispatch(request, routed);
       if (stats_.updates != updates_before)
         after_update();
-      if (hand_over_)
-        finish_leaving();
     } catch (const std::exception& e) {
       failed(e.what());
     } catch (...) {
@@ -831,12 +836,6 @@ std::optional<std::string> shard_core::close_round(key_entry& entry, std::uint64
 }
 
 void shard_core::admit_deferred(key_entry& entry, std::uint64_t key) {
-  // A round boundary: a key being handed over leaves here, its deferred pushes unanswered (their
-  // workers send them again to the key's new server).
-  if (entry.leaving || (hand_over_ && hand_over_->waiting.contains(key))) {
-    entry.leaving = true;
-    return;
-  }
   for (;;) {
     auto admitted = entry.with_rounds([](auto& rounds) { return rounds.admit_deferred(); });
     bool closes = entry.with_rounds([](auto& rounds) { return rounds.quorum_reached(); });
@@ -895,7 +894,7 @@ void shard_core::answer_push(key_entry& entry, const push_request& push, const p
   }
   if (!push.then_pull) {
     reply(envelope{
-        wire::ack{push.request_id, entry.completed(), how.dropped, entry.durable_for(push.sender)},
+        wire::ack{push.request_id, entry.completed(), how.dropped, durable_for(entry, push.sender)},
         nullptr, 0});
     return;
   }
@@ -1115,7 +1114,7 @@ void shard_core::send_value(std::uint64_t key, key_entry& entry, std::uint64_t r
   }
   const auto sent_bytes = tensor.data.size();
   wire::chunker chunks{wire::pull_reply{request_id, key, entry.completed(), std::move(tensor),
-                                        entry.durable_for(sender)},
+                                        durable_for(entry, sender)},
                        options_.chunk_bytes};
   // The span ends as the reply leaves, not after: the worker may hold the whole reply before
   // this thread runs again, and its pull span must end after this one (the protocol's order).
@@ -1188,11 +1187,8 @@ void shard_core::on_membership(const wire::membership& table) noexcept {
         after_update();
       }
     }
-    if (live == live_) {
-      if (hand_over_)
-        finish_leaving();
+    if (live == live_)
       return;
-    }
     live_ = std::move(live);
     options_.log.info("membership epoch " + std::to_string(table.epoch) + ": " +
                       std::to_string(std::count(live_.begin(), live_.end(), true)) + " of " +
@@ -1202,8 +1198,6 @@ void shard_core::on_membership(const wire::membership& table) noexcept {
     for (auto& [key, entry] : keys_)
       if (entry.async)
         answer_pulls(key, entry);
-    if (hand_over_)
-      finish_leaving(); // a round that waited for a worker that left may have closed
   } catch (...) {
     // Only an allocation can fail here; the pulls then wait for the next push or expire.
   }
@@ -1588,20 +1582,12 @@ std::optional<std::string> shard_core::moved_away(std::uint64_t key) const {
   const auto range = key_range_of(key, num_ranges());
   if (!moved_ranges_[range])
     return std::nullopt;
-  if (const auto* entry = find_key(key);
-      entry != nullptr && entry->initialized() && !entry->leaving)
-    return std::nullopt; // still here until its round boundary
   return "key " + std::to_string(key) + ": its key range " + std::to_string(range) +
          " has left server " + std::to_string(options_.server_rank) +
          "; it is served by the server the next membership table names for the range";
 }
 
-status shard_core::hand_over(std::vector<std::uint32_t> ranges,
-                             std::function<void(shard_snapshot)> done) {
-  if (hand_over_)
-    return error{errc::invalid_argument,
-                 "hand-over of key ranges: another one is under way on shard " +
-                     std::to_string(options_.shard_index)};
+result<shard_snapshot> shard_core::hand_over(std::vector<std::uint32_t> ranges) {
   std::sort(ranges.begin(), ranges.end());
   ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
   if (ranges.empty())
@@ -1611,73 +1597,43 @@ status shard_core::hand_over(std::vector<std::uint32_t> ranges,
       return error{errc::invalid_argument, "hand-over of key range " + std::to_string(range) +
                                                ": the job has " + std::to_string(num_ranges()) +
                                                " (job.max_servers)"};
-  hand_over_state state;
-  state.gathered.kind = snapshot_kind::checkpoint;
-  state.gathered.layout = layout();
-  state.gathered.policy = policy_;
-  state.gathered.ranges = ranges;
-  state.done = std::move(done);
-  std::vector<std::map<std::uint64_t, key_entry>::iterator> unfinished;
-  for (auto it = keys_.begin(); it != keys_.end(); ++it) {
-    if (!std::binary_search(ranges.begin(), ranges.end(), key_range_of(it->first, num_ranges())))
-      continue;
-    if (it->second.initialized())
-      state.waiting.insert(it->first);
-    else
-      unfinished.push_back(it);
+  shard_snapshot out;
+  out.kind = snapshot_kind::checkpoint;
+  out.layout = layout();
+  out.policy = policy_;
+  out.ranges = ranges;
+  std::vector<std::map<std::uint64_t, key_entry>::iterator> leaving, unfinished;
+  for (auto it = keys_.begin(); it != keys_.end(); ++it)
+    if (std::binary_search(ranges.begin(), ranges.end(), key_range_of(it->first, num_ranges())))
+      (it->second.initialized() ? leaving : unfinished).push_back(it);
+  // An init under way goes again, whole, to the range's new server.
+  for (auto it : unfinished)
+    drop_init(it, "its key range is handed over to another server");
+  std::set<std::int64_t> moving;
+  for (auto it : leaving) {
+    moving.insert(static_cast<std::int64_t>(it->first));
+    out.keys.push_back(take_out(it));
+  }
+  if (updater_) {
+    auto in_hand_over = [&](std::int64_t index) { return moving.contains(index); };
+    out.optimizer_states = updater_->save_states(true, in_hand_over);
+    updater_->forget_states(in_hand_over);
   }
   for (auto range : ranges)
     if (!moved_ranges_[range]) {
       moved_ranges_[range] = true;
       ++ranges_away_;
     }
-  // An init under way goes again, whole, to the range's new server.
-  for (auto it : unfinished)
-    drop_init(it, "its key range is handed over to another server");
+  changed_since_checkpoint_ = true;
   std::string names;
   for (auto range : ranges)
     names += (names.empty() ? "" : ",") + std::to_string(range);
-  options_.log.info("handing key ranges " + names + " over (" +
-                    std::to_string(state.waiting.size()) + " keys), each at its round boundary");
-  hand_over_ = std::move(state);
-  finish_leaving();
-  return ok();
+  options_.log.info("handed key ranges " + names + " over: " + std::to_string(out.keys.size()) +
+                    " keys");
+  return out;
 }
 
-void shard_core::finish_leaving() {
-  auto& state = *hand_over_;
-  for (auto it = state.waiting.begin(); it != state.waiting.end();) {
-    auto found = keys_.find(*it);
-    if (found != keys_.end()) {
-      auto& entry = found->second;
-      if (!entry.leaving && entry.initialized() && !entry.async && entry.collecting()) {
-        ++it; // its round closes first
-        continue;
-      }
-      take_out(found);
-    }
-    it = state.waiting.erase(it);
-  }
-  if (!state.waiting.empty())
-    return;
-  std::set<std::int64_t> moving;
-  for (const auto& key : state.gathered.keys)
-    moving.insert(static_cast<std::int64_t>(key.ps_key));
-  if (updater_) {
-    auto in_hand_over = [&](std::int64_t index) { return moving.contains(index); };
-    state.gathered.optimizer_states = updater_->save_states(true, in_hand_over);
-    updater_->forget_states(in_hand_over);
-  }
-  auto done = std::move(state.done);
-  auto gathered = std::move(state.gathered);
-  hand_over_.reset();
-  changed_since_checkpoint_ = true;
-  options_.log.info("handed " + std::to_string(gathered.keys.size()) + " keys over");
-  if (done)
-    done(std::move(gathered));
-}
-
-void shard_core::take_out(std::map<std::uint64_t, key_entry>::iterator found) {
+key_snapshot shard_core::take_out(std::map<std::uint64_t, key_entry>::iterator found) {
   auto& entry = found->second;
   key_snapshot key;
   key.ps_key = found->first;
@@ -1703,7 +1659,6 @@ void shard_core::take_out(std::map<std::uint64_t, key_entry>::iterator found) {
   std::uint64_t footprint = entry.stored.nbytes();
   for (const auto& residual : entry.pull_residuals)
     footprint += residual.values.size() * sizeof(float);
-  hand_over_->gathered.keys.push_back(std::move(key));
   options_.log.debug([&] {
     return "key " + std::to_string(found->first) + " leaves after round " +
            std::to_string(entry.completed()) + " (" + std::to_string(entry.pulls.size()) +
@@ -1711,8 +1666,11 @@ void shard_core::take_out(std::map<std::uint64_t, key_entry>::iterator found) {
   });
   index_.erase(found->first);
   last_found_ = nullptr;
-  keys_.erase(found); // waiting pulls and deferred pushes go unanswered
+  // Waiting pulls, deferred pushes and the round being collected go unanswered or unapplied: the
+  // workers send them again to the key's new server.
+  keys_.erase(found);
   release_store(footprint);
+  return key;
 }
 
 status shard_core::take_over(const shard_snapshot& moved) {

@@ -222,18 +222,18 @@ public:
   /// kind or layout (naming what differs), keys beyond the key budget, or states of another shape.
   status restore(const shard_snapshot& saved);
 
-  /// Elastic servers (job.max_servers): begins handing the keys of key ranges `ranges` (of
-  /// options.num_ranges) over to another server. Each key leaves at its next round boundary: at
-  /// once when no push of the round being collected has arrived (and always in dist_async), else
-  /// when that round closes, before any deferred push enters the next one. So every push this
-  /// shard has answered is in the value that leaves, and every request it has not answered (a
-  /// deferred push, a push under way, a waiting pull) is dropped without a reply, for the worker
-  /// to send again to the range's new server. From then on, a request for a key of the ranges
-  /// that the shard no longer holds is refused with error moved. `done` gets the keys, with their
-  /// optimizer states (and the optimizer), once the last one has left; the shard keeps nothing of
-  /// them. Refused, changing nothing, while another hand-over is under way, or for a range that
-  /// is not one of the job's.
-  status hand_over(std::vector<std::uint32_t> ranges, std::function<void(shard_snapshot)> done);
+  /// Elastic servers (job.max_servers): the keys of key ranges `ranges` (of options.num_ranges)
+  /// leave this shard now, for another server: each with its value and the rounds completed (or
+  /// pushes applied), the workers that joined or left with their rounds, per-worker sequence
+  /// numbers, and the optimizer's states for them with the optimizer. What the shard holds of a
+  /// round not completed (pushes of the round being collected, deferred pushes, a push under way)
+  /// and its waiting pulls go unapplied and unanswered: the workers keep a copy of every push
+  /// until its round is complete (Ack.durable, PullReply.durable: the rounds completed, when the
+  /// shard writes no checkpoints) and send them again, with their pulls, to the range's new
+  /// server. From then on a request for a key of the ranges is refused with error moved, until a
+  /// take_over brings the range back. Refused, changing nothing, for no range or a range that is
+  /// not one of the job's.
+  result<shard_snapshot> hand_over(std::vector<std::uint32_t> ranges);
   /// Takes the keys of another server's hand_over (the shard of the same index) into this live
   /// shard: values, rounds (pushes go on from the round after those completed there), the
   /// workers that joined or left with their rounds, per-worker sequence numbers, and the
@@ -242,8 +242,6 @@ public:
   /// placement, a key it holds or of another range, another policy or optimizer, or keys beyond
   /// the key budget.
   status take_over(const shard_snapshot& moved);
-  /// A hand-over is under way (hand_over was called and its keys have not all left).
-  bool handing_over() const noexcept { return hand_over_.has_value(); }
 
   /// The shard's counters, with every initialised key's traffic.
   shard_stats stats() const;
@@ -314,10 +312,6 @@ private:
     };
     std::vector<pull_residual_state> pull_residuals;
 
-    /// A hand-over takes it at its round boundary, reached inside the request being handled:
-    /// it leaves once that request is done (finish_leaving), and takes nothing more meanwhile.
-    bool leaving = false;
-
     bool initialized() const noexcept { return !init_assembly.has_value(); }
     /// dist_sync: `use` applied to the key's rounds, its sparse_round or its sync_round (they
     /// answer the same calls).
@@ -342,14 +336,14 @@ private:
   };
 
   void dispatch(envelope& request, const reply_route& reply);
-  /// The key's range is leaving or has left this shard, and the shard holds no live key for it:
-  /// why (error moved), else nothing.
+  /// The key's range has left this shard: why (error moved), else nothing.
   std::optional<std::string> moved_away(std::uint64_t key) const;
-  /// The hand-over's keys that have reached their round boundary leave: each goes into the
-  /// hand-over, and the last one completes it.
-  void finish_leaving();
-  /// The key at `entry` leaves the shard into the hand-over under way.
-  void take_out(std::map<std::uint64_t, key_entry>::iterator entry);
+  /// What `worker` may forget of its pushes of the key (Ack.durable, PullReply.durable): with a
+  /// checkpoint directory what the last checkpoint on disk holds (key_entry::durable_for), else
+  /// what the shard has applied, which a hand-over of the key carries (elastic servers).
+  std::uint64_t durable_for(const key_entry& entry, std::uint32_t worker) const;
+  /// The key at `entry` leaves the shard: what a hand-over carries of it.
+  key_snapshot take_out(std::map<std::uint64_t, key_entry>::iterator entry);
   std::uint32_t num_ranges() const noexcept {
     return options_.num_ranges == 0 ? options_.num_servers : options_.num_ranges;
   }
@@ -518,14 +512,6 @@ private:
   };
   std::vector<waiting_save> waiting_saves_;
   static constexpr std::size_t max_waiting_saves = 16;
-  /// The hand-over under way: the ranges leaving, the keys gathered so far, the keys still to
-  /// leave and who gets the whole.
-  struct hand_over_state {
-    shard_snapshot gathered;
-    std::set<std::uint64_t> waiting;
-    std::function<void(shard_snapshot)> done;
-  };
-  std::optional<hand_over_state> hand_over_;
   /// Hand-overs arriving from other servers (on_range_data), one per connection.
   struct incoming_hand_over {
     std::uint64_t request_id = 0;
@@ -533,7 +519,7 @@ private:
     std::vector<std::byte> bytes;
   };
   std::unordered_map<std::uint64_t, incoming_hand_over> incoming_;
-  /// moved_ranges_[r]: key range r left this shard (or is leaving) and has not come back.
+  /// moved_ranges_[r]: key range r left this shard and has not come back.
   std::vector<bool> moved_ranges_;
   /// How many of moved_ranges_ are set: requests are checked against them only when some are.
   std::uint32_t ranges_away_ = 0;

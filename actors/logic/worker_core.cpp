@@ -105,6 +105,10 @@ std::chrono::milliseconds worker_core::tick_interval() const noexcept {
                     std::chrono::milliseconds{250});
 }
 
+bool worker_core::keeps_pushes() const {
+  return recovery() || !options_.range_owner.empty();
+}
+
 bool worker_core::recovery() const {
   return options_.server_rejoin.count() > 0 && options_.can_relink;
 }
@@ -551,7 +555,7 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
     // Here, in the order the ps-key's pushes leave, so that its residual takes them in order.
     if (pushes && p->compression.enabled())
       pack(*p, ps);
-    if (pushes && recovery() && p->row_sparse) {
+    if (pushes && keeps_pushes() && p->row_sparse) {
       // Its rows' values and the rows: the caller may reuse its arrays once the push is acked.
       const auto tensor = part_tensor(*p);
       shape_vector shape(tensor.shape.begin(), tensor.shape.end());
@@ -559,7 +563,7 @@ void worker_core::send_keyed(const std::shared_ptr<part>& p, ps_key_state& ps) {
       if (!tensor.data.empty())
         std::memcpy(copy.raw_data(), tensor.data.data(), tensor.data.size());
       ps.kept.push_back(kept_push{p->round, std::move(copy), p->rows});
-    } else if (pushes && recovery()) {
+    } else if (pushes && keeps_pushes()) {
       // The values push `p` sends, copied: the caller may reuse its array once the push is acked.
       // A compressed push keeps what its packed bytes stand for, and is sent again dense: the
       // same values, without taking from the residual twice.
@@ -1300,49 +1304,9 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
   for (auto& [ps_key, ps] : keys_) {
     if (ps.server != server)
       continue;
-    auto& requests = under_way[ps_key];
-    std::sort(requests.begin(), requests.end(),
-              [](const auto& a, const auto& b) { return a->round < b->round; });
-    std::deque<std::shared_ptr<part>> again;
-    for (const auto& kept : ps.kept) {
-      auto match = std::find_if(requests.begin(), requests.end(), [&](const auto& p) {
-        return p->kind != kv_call::pull && p->round == kept.round;
-      });
-      std::shared_ptr<part> p;
-      if (match != requests.end()) {
-        p = *match;
-        requests.erase(match);
-      } else {
-        // Acked before the server went: its call is over, only the server needs it again.
-        auto replay = std::make_shared<call_state>();
-        p = new_part(replay, kv_call::push, server, std::to_string(ps_key));
-      }
-      p->value = kept.copy;
-      p->packed = ndarray{};
-      p->compression = {};
-      p->slice = key_slice{server, ps_key, 0, kept.copy.size()};
-      p->whole = true;
-      p->row_sparse = kept.rows != nullptr;
-      p->rows = kept.rows;
-      if (kept.rows)
-        p->part_shape.assign(kept.copy.shape().begin(), kept.copy.shape().end());
-      p->round = kept.round;
-      again.push_back(std::move(p));
-    }
-    counts.first += again.size();
-    counts.second += requests.size();
-    for (auto& p : requests) // pulls, which wait for the pushes before them
-      again.push_back(p);
-    for (auto& p : again) {
-      p->resend = true;
-      p->reply_seen = false;
-      if (p->assembly)
-        open_assembly(*p);
-    }
-    ps.completed = std::min(ps.completed, ps.durable);
-    for (auto it = again.rbegin(); it != again.rend(); ++it)
-      ps.waiting.push_front(*it);
-    release_waiting(ps_key, ps);
+    const auto [kept, others] = requeue(ps_key, ps, std::move(under_way[ps_key]), server);
+    counts.first += kept;
+    counts.second += others;
   }
   turns_held_ = false;
   std::vector<std::uint64_t> groups;
@@ -1411,6 +1375,60 @@ void worker_core::follow_key_ranges(const wire::membership& table) {
                       " requests under way again to the new servers of their key ranges");
 }
 
+std::pair<std::size_t, std::size_t>
+worker_core::requeue(std::uint64_t ps_key, ps_key_state& ps,
+                     std::vector<std::shared_ptr<part>> requests, std::uint32_t server) {
+  std::stable_sort(requests.begin(), requests.end(),
+                   [](const auto& a, const auto& b) { return a->round < b->round; });
+  std::deque<std::shared_ptr<part>> again;
+  for (const auto& kept : ps.kept) {
+    auto match = std::find_if(requests.begin(), requests.end(), [&](const auto& p) {
+      return (p->kind == kv_call::push || p->kind == kv_call::pushpull) && p->round == kept.round;
+    });
+    std::shared_ptr<part> p;
+    if (match != requests.end()) {
+      p = *match;
+      requests.erase(match);
+    } else {
+      // Acked before: its call is over, only the server needs it again.
+      auto replay = std::make_shared<call_state>();
+      p = new_part(replay, kv_call::push, server, std::to_string(ps_key));
+    }
+    p->value = kept.copy;
+    p->packed = ndarray{};
+    p->compression = {};
+    p->slice = key_slice{server, ps_key, 0, kept.copy.size()};
+    p->whole = true;
+    p->row_sparse = kept.rows != nullptr;
+    p->rows = kept.rows;
+    if (kept.rows)
+      p->part_shape.assign(kept.copy.shape().begin(), kept.copy.shape().end());
+    p->round = kept.round;
+    again.push_back(std::move(p));
+  }
+  const std::pair<std::size_t, std::size_t> counts{again.size(), requests.size()};
+  for (auto& p : requests) // pulls, which wait for the pushes before them, and unkept requests
+    again.push_back(p);
+  for (auto& p : again) {
+    p->resend = true;
+    p->reply_seen = false;
+    p->server = server;
+    p->slice.server = server;
+    if (p->assembly)
+      open_assembly(*p);
+  }
+  ps.server = server;
+  for (auto& p : ps.waiting) {
+    p->server = server;
+    p->slice.server = server;
+  }
+  ps.completed = std::min(ps.completed, ps.durable);
+  for (auto it = again.rbegin(); it != again.rend(); ++it)
+    ps.waiting.push_front(*it);
+  release_waiting(ps_key, ps);
+  return counts;
+}
+
 std::size_t worker_core::move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std::uint32_t to) {
   const auto from = ps.server;
   // What of the key's requests is still in the old server's send queue goes from the new one.
@@ -1428,28 +1446,19 @@ std::size_t worker_core::move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std
   for (const auto& [id, p] : parts_)
     if (p->kind != kv_call::every_server && p->slice.ps_key == ps_key && !p->reply_seen)
       unanswered.emplace_back(id, p);
-  // Request ids grow in the order requests leave: the key's call order.
+  // Request ids grow in the order requests leave: the key's call order (kept stable by requeue's
+  // sort by round).
   std::sort(unanswered.begin(), unanswered.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::shared_ptr<part>> requests;
   for (auto& [id, p] : unanswered) {
     forget(id);
+    // Slice credit is counted per server: none of the old one's is held on the new one.
     give_back_slice_credit(*p);
-    p->resend = true;
-    if (p->assembly)
-      open_assembly(*p);
+    requests.push_back(std::move(p));
   }
-  ps.server = to;
-  for (auto& p : ps.waiting) {
-    p->server = to;
-    p->slice.server = to;
-  }
-  for (auto it = unanswered.rbegin(); it != unanswered.rend(); ++it) {
-    it->second->server = to;
-    it->second->slice.server = to;
-    ps.waiting.push_front(it->second);
-  }
-  release_waiting(ps_key, ps);
-  return unanswered.size();
+  const auto [kept, others] = requeue(ps_key, ps, std::move(requests), to);
+  return kept + others;
 }
 
 // --- time

@@ -102,16 +102,18 @@
 // server went fail with errc::peer_lost. If the server is not back within server_rejoin +
 // request_timeout, everything fails as above.
 //
-// Key ranges that move (elastic servers, job.max_servers). A server hands a key range to another
-// at each of its keys' round boundary: it answers every request of the range it took before
-// then, drops the rest unanswered, and refuses later ones with error moved. So a request of a
-// moving key either was answered by the old server or goes again, once, to the new one: a
-// request refused as moved stays under way (its timeout runs) until a membership table gives
-// its range to another server (Membership.keyRanges); then every request of the range's ps-keys
-// that no reply has reached yet is sent again there, in the order it was first sent (as
-// resent: a push the new server's state already holds is acknowledged without being applied),
-// and the range's later requests go there too. A reply of the old server that arrives after
-// that finds no request under its id and is dropped. A server a table lists for the first time
+// Key ranges that move (elastic servers: range_owner set, job.max_servers above the servers). A
+// server hands a key range to another at once, with the rounds its keys completed; what a round
+// not completed held there is gone, and later requests of the range are refused with error moved.
+// So the worker keeps a copy of every push until the server says its round is complete (as for a
+// server's recovery, the durable round of Ack.durable and PullReply.durable, which a shard without
+// checkpoints sets to the rounds completed). A request refused as moved stays under way (its
+// timeout runs) until a membership table gives its range to another server
+// (Membership.keyRanges); then, per ps-key of the range and in round order, every kept push and
+// every request no reply has reached yet goes there (pushes as resent: one whose round the new
+// server's state already holds is acknowledged without being applied), and the range's later
+// requests go there too. A reply of the old server that arrives after that finds no request under
+// its id and is dropped. A server a table lists for the first time
 // joined the running job: the worker links to it (output::relink) and its requests wait for the
 // link (calls for every server include it from then on).
 //
@@ -567,10 +569,17 @@ private:
   /// Elastic servers: links to the servers `table` lists for the first time (they joined the
   /// running job); their requests wait until the link is there.
   void link_new_servers(const wire::membership& table);
-  /// Sends again to server `to` every request of `ps_key` not answered by its old server (none
-  /// of whose reply has come), in the order they were sent, ahead of those still waiting; returns
-  /// how many.
+  /// Sends `ps_key`'s kept pushes and its requests no reply has reached (taken out of parts_) to
+  /// server `to`, in round order, ahead of those still waiting; returns how many went again.
   std::size_t move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std::uint32_t to);
+  /// What resend and move_ps_key share: `requests` (the ps-key's requests under way, out of
+  /// parts_) and its kept pushes go to the front of its waiting requests, for `server`; returns
+  /// how many kept pushes and how many other requests.
+  std::pair<std::size_t, std::size_t> requeue(std::uint64_t ps_key, ps_key_state& ps,
+                                              std::vector<std::shared_ptr<part>> requests,
+                                              std::uint32_t server);
+  /// Copies of pushes are kept until their round is durable: server recovery or elastic servers.
+  bool keeps_pushes() const;
   void fail_waiting(std::uint64_t ps_key, const error& why);
   void maybe_finalized();
   void remember(std::uint64_t id, const std::shared_ptr<part>& p);

@@ -56,11 +56,16 @@
 //                              bit for bit; with --round-log it prints when each round's pulls
 //                              are in (for scripts/recovery_time.sh)
 //
+// --pause-before-rounds T1,T2,... (--check sync, async and recover): before pushing round T, every
+// rank writes $KV_WORKER_DIR/want-T-rank-R and waits (up to 120 s) for $KV_WORKER_DIR/go-T, so
+// that a test acts on the job (a server joins or leaves) with every key at a round boundary.
+//
 // With $KV_WORKER_DIR set, every rank writes its pid to $KV_WORKER_DIR/rank-R once its keys are
 // initialised, so a test can find (and kill) the process of a rank while the job runs.
 // Exit 0 when every check holds, 1 with the first failure on stderr.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -127,6 +132,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(
           {"sync", "async", "replace", "hang", "quorum", "flood", "recover", "uneven", "elastic"}));
   std::vector<int> first_round_of_rank;
+  std::vector<int> pause_before_rounds;
+  app.add_option("--pause-before-rounds", pause_before_rounds,
+                 "--check sync, async, recover: before pushing each of these rounds, write "
+                 "$KV_WORKER_DIR/want-T-rank-R and wait for $KV_WORKER_DIR/go-T")
+      ->delimiter(',');
   app.add_option("--first-round-of-rank", first_round_of_rank,
                  "--check elastic: the round each rank joins at (0: one of the first workers)")
       ->delimiter(',');
@@ -208,11 +218,35 @@ int main(int argc, char** argv) {
     }
   }
 
+  // --pause-before-rounds: what went wrong, if anything.
+  auto pause_before = [&](int round) -> std::string {
+    if (std::find(pause_before_rounds.begin(), pause_before_rounds.end(), round) ==
+        pause_before_rounds.end())
+      return {};
+    const char* dir = std::getenv("KV_WORKER_DIR");
+    if (dir == nullptr)
+      return "--pause-before-rounds needs KV_WORKER_DIR";
+    const std::string file =
+        std::string{dir} + "/want-" + std::to_string(round) + "-rank-" + std::to_string(rank);
+    std::ofstream(file + ".tmp") << round << "\n";
+    std::rename((file + ".tmp").c_str(), file.c_str());
+    const std::string go = std::string{dir} + "/go-" + std::to_string(round);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{120};
+    while (!std::ifstream(go).good()) {
+      if (std::chrono::steady_clock::now() > deadline)
+        return "no " + go + " within 120 s";
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    }
+    return {};
+  };
+
   if (check == "recover") {
     std::vector<ndarray> outs;
     for (const auto& shape : shapes)
       outs.push_back(ndarray::zeros(shape, context::cpu(), dtype::float32));
     for (int round = 0; round < rounds; ++round) {
+      if (auto wrong = pause_before(round); !wrong.empty())
+        return failed(wrong);
       for (std::size_t k = 0; k < keys.size(); ++k) {
         auto grad = ndarray::empty(shapes[k], context::cpu(), dtype::float32);
         auto* values = static_cast<float*>(grad.raw_data());
@@ -379,6 +413,8 @@ int main(int argc, char** argv) {
   }
 
   for (int round = 0; round < rounds; ++round) {
+    if (auto wrong = pause_before(round); !wrong.empty())
+      return failed(wrong);
     for (std::size_t k = 0; k < keys.size(); ++k) {
       auto grad = ndarray::full(shapes[k], rank + 1.0, context::cpu(), type_of_values);
       if (auto pushed = kv.push(keys[k], grad); !pushed)

@@ -583,6 +583,121 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST_MESSAGE("the workers sent " << resent << " kept pushes again");
 }
 
+/// Elastic servers: a job of 2 workers that starts with 1 server of job.max_servers 2 (keys over
+/// 2 key ranges; keys of 1000 elements or more split over both). With `elastic`, a second server
+/// joins before round 10 and the first leaves before round 20: the workers pause before rounds 10,
+/// 20 and 25 (every key at a round boundary) and go on as soon as the test has started the
+/// server or sent SIGUSR2, so the key ranges move while they push; the pause before round 25 waits
+/// for the leave to be done. Returns what each worker wrote as its final values (--check recover),
+/// and the scheduler's log in `scheduler_log`.
+std::vector<std::string> run_elastic_server_job(const std::vector<std::string>& check, bool elastic,
+                                                std::string* scheduler_log = nullptr,
+                                                std::string* worker_logs = nullptr) {
+  temp_dir dir;
+  const auto port = std::to_string(free_port());
+  const std::map<std::string, std::string> more{
+      {"KV_WORKER_DIR", dir.path().string()}, {"PS_VERBOSE", "1"}, {"TROUPE_MAX_SERVERS", "2"}};
+  const std::vector<std::string> job_flags{"--bigarray-bound", "1000"};
+  auto worker_flags = job_flags;
+  worker_flags.insert(worker_flags.end(), check.begin(), check.end());
+  for (const auto* flag : {"--rounds", "30", "--shapes", "2x3,300x300,1211"})
+    worker_flags.emplace_back(flag);
+  if (elastic)
+    for (const auto* flag : {"--pause-before-rounds", "10,20,25"})
+      worker_flags.emplace_back(flag);
+  child_process scheduler{node_path, job_flags, node_env("scheduler", 2, 1, port, more)};
+  std::vector<std::unique_ptr<child_process>> servers;
+  servers.push_back(
+      std::make_unique<child_process>(node_path, job_flags, node_env("server", 2, 1, port, more)));
+  std::vector<std::unique_ptr<child_process>> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<child_process>(worker_path, worker_flags,
+                                                      node_env("worker", 2, 1, port, more)));
+  // Both ranks wait before round `round`; once `act` has run, they go on.
+  auto at_round = [&](int round, const std::function<void()>& act) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto asked = dir / ("want-" + std::to_string(round) + "-rank-" + std::to_string(rank));
+      const auto deadline = clock_type::now() + 120s;
+      while (!fs::exists(asked) && clock_type::now() < deadline)
+        std::this_thread::sleep_for(20ms);
+      BOOST_TEST_REQUIRE(fs::exists(asked), "rank " << rank << " did not reach round " << round);
+    }
+    act();
+    std::ofstream(dir / ("go-" + std::to_string(round))) << "go\n";
+  };
+  if (elastic) {
+    at_round(10, [&] {
+      servers.push_back(std::make_unique<child_process>(node_path, job_flags,
+                                                        node_env("server", 2, 1, port, more)));
+    });
+    at_round(20, [&] {
+      // The join's move is done (the workers wait at a round boundary); now the first server
+      // leaves.
+      BOOST_TEST_REQUIRE(scheduler.await_output(1, "key ranges moved", 60s),
+                         scheduler.output_so_far(1));
+      BOOST_TEST_REQUIRE(::kill(servers[0]->pid(), SIGUSR2) == 0);
+    });
+    at_round(25, [&] {
+      BOOST_TEST_REQUIRE(scheduler.await_output(1, "server 0 (node 8) left the job", 60s),
+                         scheduler.output_so_far(1));
+    });
+  }
+  for (auto& worker : workers) {
+    auto result = worker->wait(120s);
+    BOOST_TEST_REQUIRE(!result.timed_out);
+    BOOST_TEST(result.exit_code == 0, result.err);
+    if (worker_logs)
+      *worker_logs += result.out + result.err;
+  }
+  auto ended = scheduler.wait(60s);
+  BOOST_TEST(ended.exit_code == 0, ended.err);
+  for (auto& server : servers) {
+    auto result = server->wait(60s);
+    BOOST_TEST(result.exit_code == 0, result.err);
+  }
+  if (scheduler_log)
+    *scheduler_log = ended.err;
+  std::vector<std::string> finals;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream file(dir / ("final-rank-" + std::to_string(rank)), std::ios::binary);
+    finals.emplace_back(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  }
+  return finals;
+}
+
+BOOST_AUTO_TEST_CASE(
+    a_server_joins_and_another_leaves_while_dist_sync_runs_and_every_round_is_exact) {
+  // The test optimizer: after round i every pull is 2 (1 + 2) (i + 1) + 1, in float32 and float16.
+  for (const char* type : {"float32", "float16"}) {
+    BOOST_TEST_CONTEXT(type) {
+      std::string log, worker_logs;
+      run_elastic_server_job({"--check", "sync", "--dtype", type}, true, &log, &worker_logs);
+      BOOST_TEST(count_lines(log, "joined the running job") == 1u, log);
+      BOOST_TEST(count_lines(log, "server 0 (node 8) left the job") == 1u, log);
+      BOOST_TEST(count_lines(worker_logs, "sync checks hold for 3 keys over 30 rounds") == 2u,
+                 worker_logs);
+      BOOST_TEST(count_lines(worker_logs, "moved from server 0 (node 8)") >= 2u, worker_logs);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_server_joins_and_another_leaves_in_dist_async_and_every_push_counts_once) {
+  // Each worker pushes ones * (rank + 1) 30 times, then a barrier: every pull is 1 + 2 * 30 * 3
+  // exactly, so no push was lost or applied twice across the moves.
+  std::string worker_logs;
+  run_elastic_server_job({"--type", "dist_async", "--check", "async"}, true, nullptr, &worker_logs);
+  BOOST_TEST(count_lines(worker_logs, "async checks hold for 3 keys over 30 rounds") == 2u,
+             worker_logs);
+}
+
+BOOST_AUTO_TEST_CASE(sgd_with_momentum_is_bit_for_bit_that_of_a_fixed_job_after_servers_move) {
+  const auto fixed = run_elastic_server_job({"--check", "recover"}, false);
+  const auto moved = run_elastic_server_job({"--check", "recover"}, true);
+  BOOST_TEST_REQUIRE(fixed[0].size() == (6u + 300u * 300u + 1211u) * sizeof(float));
+  BOOST_TEST((moved[0] == fixed[0]), "the values after the moves differ from the fixed job's");
+  BOOST_TEST((moved[1] == fixed[1]), "the values after the moves differ from the fixed job's");
+}
+
 /// The pid of the process that `parent` started as server `rank` (its environment holds
 /// DMLC_ROLE=server and TROUPE_RANK_HINT=rank), or 0 when there is none.
 pid_t server_child(pid_t parent, int rank) {
