@@ -12,7 +12,9 @@
 // ranges in place of S, and a key's slice of range r goes to the server that holds range r
 // (Membership.keyRanges: r mod S; worker_core_options::range_owner). With R == S range i is server
 // i's and this is MXNet's rule; with R > S a server holds several ranges, whole, which is what
-// lets a range change servers without any key changing its ps-keys or its cut.
+// lets a range change servers without any key changing its ps-keys or its cut. When servers join
+// or leave a running job (elastic servers) the scheduler moves as few whole ranges as give each
+// server its share, R / n or one more (scheduler_core::rebalance).
 //
 // Slices (troupe's, after P3 and BytePS's partitions; data.slice_bytes). A key larger than the
 // slice size is cut further, so that its first slices are summed, updated and on their way back

@@ -514,12 +514,38 @@ void scheduler_core::rebalance() {
       servers.push_back(node.info.rank);
   if (servers.empty())
     return;
+  // As few moves as give every server its share, R / n ranges or one more: the servers that hold
+  // the most now keep the larger shares, each keeps its ranges up to its share, and the rest
+  // (a leaver's, a server's beyond its share) go to the servers below theirs, in rank order.
+  std::map<std::uint32_t, std::uint32_t> held;
+  for (const auto owner : range_owner_)
+    ++held[owner];
+  std::stable_sort(servers.begin(), servers.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return held[a] != held[b] ? held[a] > held[b] : a < b;
+  });
+  const auto ranges = static_cast<std::uint32_t>(range_owner_.size());
+  const auto n = static_cast<std::uint32_t>(servers.size());
+  std::map<std::uint32_t, std::uint32_t> share, kept;
+  for (std::uint32_t i = 0; i < n; ++i)
+    share[servers[i]] = ranges / n + (i < ranges % n ? 1 : 0);
   std::sort(servers.begin(), servers.end());
+  std::vector<std::uint32_t> unplaced;
+  for (std::uint32_t r = 0; r < ranges; ++r) {
+    const auto owner = range_owner_[r];
+    if (share.contains(owner) && kept[owner] < share[owner])
+      ++kept[owner];
+    else
+      unplaced.push_back(r);
+  }
   // Per giving server, per receiving server, the ranges.
   std::map<std::uint32_t, std::map<std::uint32_t, std::vector<std::uint32_t>>> moves;
-  for (std::uint32_t r = 0; r < range_owner_.size(); ++r)
-    if (const auto to = servers[r % servers.size()]; to != range_owner_[r])
-      moves[range_owner_[r]][to].push_back(r);
+  auto receiver = servers.begin();
+  for (const auto r : unplaced) {
+    while (kept[*receiver] >= share[*receiver])
+      ++receiver;
+    ++kept[*receiver];
+    moves[range_owner_[r]][*receiver].push_back(r);
+  }
   for (const auto& [from, to_ranges] : moves) {
     const auto giver = std::find_if(nodes_.begin(), nodes_.end(), [from = from](const auto& n) {
       return n.info.node_role == wire::role::server && n.info.rank == from;

@@ -365,9 +365,10 @@ private:
   std::uint32_t next_rank(wire::role node_role, std::int32_t rank_hint, std::uint32_t wanted) const;
 
   // Elastic servers.
-  /// Moves key ranges so that range r is held by the r mod n-th of the n servers in the job (by
-  /// rank), unless a move is under way (it runs again when that one is done): each server that
-  /// gives ranges gets a HandOver per receiving server.
+  /// Moves as few key ranges as give each of the n servers in the job its share, R / n ranges or
+  /// one more (a leaver's ranges, and a server's beyond its share, go to the servers below
+  /// theirs, in rank order), unless a move is under way (it runs again when that one is done):
+  /// each server that gives ranges gets a HandOver per receiving server.
   void rebalance();
   /// A server acked (or refused) hand-over `request_id`.
   void on_hand_over_answer(std::size_t index, std::uint64_t request_id,

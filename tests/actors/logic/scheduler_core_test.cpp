@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -696,6 +697,68 @@ BOOST_AUTO_TEST_CASE(a_worker_joins_a_running_job_with_room_and_the_servers_hear
   BOOST_TEST(outcome.joined_workers[0].rank == 2u);
   BOOST_TEST(contains(outcome.summary, "3 of 3 workers finished"), outcome.summary);
   BOOST_TEST(contains(outcome.summary, "joined: worker 2 (node 13)"), outcome.summary);
+}
+
+BOOST_AUTO_TEST_CASE(a_server_joins_then_one_leaves_and_the_key_ranges_follow_them) {
+  // job.max_servers 3 with 2 servers: ranges 0 and 2 on server 0, range 1 on server 1.
+  options.max_servers = 3;
+  run_job(2, 1); // servers on connections 1 and 2, worker 0 on 3
+  BOOST_TEST((core->range_owners() == std::vector<std::uint32_t>{0, 1, 0}));
+  // A third server joins: a fresh rank; the table lists it (no range yet), and as few ranges
+  // move as give each server its share of 3 over 3: range 2 from server 0 to it.
+  const auto granted = expect_admitted(join(4, wire::role::server));
+  BOOST_TEST(granted.rank == 2u);
+  BOOST_TEST(only_to<wire::membership>(3).num_servers == 3u);
+  const auto order = only_to<wire::hand_over>(1);
+  BOOST_TEST((order.ranges == std::vector<std::uint32_t>{2}));
+  BOOST_TEST(order.to_server == 2u);
+  BOOST_TEST(frames_to(2).size() == 1u, "server 1 gives nothing");
+  // Only server 0's ack counts; then every node gets the table naming range 2's new server.
+  frame(2, wire::ack{order.request_id});
+  BOOST_TEST(count<wire::membership>() == 0u);
+  frame(1, wire::ack{order.request_id});
+  const auto moved = only_to<wire::membership>(3);
+  BOOST_TEST(moved.key_ranges[2].server_rank == 2u);
+  BOOST_TEST((core->range_owners() == std::vector<std::uint32_t>{0, 1, 2}));
+  // A fourth has no rank to take.
+  const auto full = expect_rejected(join(5, wire::role::server), wire::reject_reason::role_full);
+  BOOST_TEST(contains(full.detail, "job.max_servers 3"), full.detail);
+  // Server 1 asks to leave: acked, and its range goes to the first server below its share.
+  frame(2, done(31));
+  BOOST_TEST(only_to<wire::ack>(2).request_id == 31u);
+  const auto away = only_to<wire::hand_over>(2);
+  BOOST_TEST((away.ranges == std::vector<std::uint32_t>{1}));
+  BOOST_TEST(away.to_server == 0u);
+  BOOST_TEST(count<wire::hand_over>() == 1u);
+  BOOST_TEST(count<wire::command>() == 0u, "it stops only once it holds nothing");
+  frame(2, wire::ack{away.request_id});
+  // It holds nothing now: told to stop, listed left in the table naming the new owners.
+  BOOST_TEST((only_to<wire::command>(2).kind == wire::command_kind::stop));
+  const auto after = only_to<wire::membership>(3);
+  BOOST_TEST(row(after, server_node_id(1)).left);
+  BOOST_TEST((core->range_owners() == std::vector<std::uint32_t>{0, 0, 2}));
+  // Its going is expected; the last of the others may not leave.
+  close(2);
+  BOOST_TEST(!core->ended());
+  frame(4, done(32));
+  frame(1, done(33));
+  BOOST_TEST(contains(only_to<wire::error_reply>(1).message, "no other server"),
+             only_to<wire::error_reply>(1).message);
+}
+
+BOOST_AUTO_TEST_CASE(a_refused_hand_over_fails_the_job_naming_both_servers) {
+  options.max_servers = 2;
+  run_job(1, 1);
+  expect_admitted(join(3, wire::role::server));
+  const auto order = only_to<wire::hand_over>(1);
+  frame(1, wire::error_reply{order.request_id, std::nullopt, wire::error_code::invalid_argument,
+                             "the link to it failed"});
+  const auto outcome = ended();
+  BOOST_TEST_REQUIRE(outcome.failure.has_value());
+  BOOST_TEST(contains(outcome.failure->message(),
+                      "server 0 (node 8) could not hand key ranges over to server 1: the link to "
+                      "it failed"),
+             outcome.failure->message());
 }
 
 BOOST_AUTO_TEST_CASE(a_worker_that_joins_at_a_barrier_is_listed_only_once_a_barrier_takes_it_in) {
