@@ -263,6 +263,8 @@ void scheduler_core::on_registration(std::uint64_t connection, const wire::regis
               std::to_string(reg.port) + " (" + seconds(since_start()) +
               " after it started); key ranges move to it at their round boundaries");
     ++epoch_;
+    server_changes_.push_back(
+        server_change{node.info.rank, node.info.node_id, true, since_start(), epoch_});
     send_membership();
     rebalance();
     return;
@@ -627,6 +629,9 @@ bool scheduler_core::release_leavers() {
     node.finished = true;
     node.info.left = true;
     released = true;
+    // Listed left by the next table, which the callers send.
+    server_changes_.push_back(
+        server_change{node.info.rank, node.info.node_id, false, since_start(), epoch_ + 1});
     send(node, wire::command{++next_request_id_, wire::command_kind::stop, {}});
     log_.info(describe(node.info) + " left the job (" + seconds(since_start()) +
               " after it started): it holds no key range, and was told to stop");
@@ -917,6 +922,7 @@ void scheduler_core::finish(std::optional<error> failure) {
   outcome.lost_workers = lost_workers_;
   outcome.left_workers = left_workers_;
   outcome.joined_workers = joined_workers_;
+  outcome.server_changes = server_changes_;
   for (const auto& node : nodes_)
     if (node.info.node_role == wire::role::worker && node.finished)
       ++outcome.workers_finished;
@@ -961,6 +967,13 @@ std::string scheduler_core::summary(const job_outcome& outcome) const {
     line += (i == 0 ? "; joined: " : ", ") +
             wire::describe(wire::role::worker, joined.rank, joined.node_id) + " " +
             seconds(joined.after) + " after the job started";
+  }
+  for (std::size_t i = 0; i < outcome.server_changes.size(); ++i) {
+    const auto& change = outcome.server_changes[i];
+    line += (i == 0 ? "; servers: " : ", ") +
+            wire::describe(wire::role::server, change.rank, change.node_id) +
+            (change.joined ? " joined " : " left ") + seconds(change.after) +
+            " after the job started (membership epoch " + std::to_string(change.epoch) + ")";
   }
   line += "; " + std::to_string(outcome.lost_workers.size()) + " lost";
   if (outcome.lost_workers.empty())

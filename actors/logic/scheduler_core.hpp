@@ -186,6 +186,17 @@ struct joined_worker {
   friend bool operator==(const joined_worker&, const joined_worker&) = default;
 };
 
+/// A server that joined the running job or left it (elastic servers).
+struct server_change {
+  std::uint32_t rank = 0;
+  std::uint32_t node_id = 0;
+  bool joined = true;
+  /// When, after the scheduler started, and the membership epoch that first listed the change.
+  std::chrono::milliseconds after{0};
+  std::uint64_t epoch = 0;
+  friend bool operator==(const server_change&, const server_change&) = default;
+};
+
 /// The end of a job as the scheduler saw it.
 struct job_outcome {
   job_end end = job_end::failed;
@@ -203,6 +214,8 @@ struct job_outcome {
   std::vector<departed_worker> left_workers;
   /// Workers that joined the running job, in the order they were admitted.
   std::vector<joined_worker> joined_workers;
+  /// Servers that joined or left the running job, in order.
+  std::vector<server_change> server_changes;
   /// The one line the scheduler logged at the end: workers finished and lost, who, when, why.
   std::string summary;
 
@@ -432,6 +445,7 @@ private:
   std::vector<lost_worker> lost_workers_;
   std::vector<departed_worker> left_workers_;
   std::vector<joined_worker> joined_workers_;
+  std::vector<server_change> server_changes_;
   /// Workers listed in the last table the workers were sent: a table that lists more (a worker
   /// joined) goes to the servers first and reaches the workers once every server acked it.
   std::size_t workers_announced_ = 0;

@@ -674,6 +674,11 @@ BOOST_AUTO_TEST_CASE(
       run_elastic_server_job({"--check", "sync", "--dtype", type}, true, &log, &worker_logs);
       BOOST_TEST(count_lines(log, "joined the running job") == 1u, log);
       BOOST_TEST(count_lines(log, "server 0 (node 8) left the job") == 1u, log);
+      // The summary names both, with the tables that listed them.
+      const auto summary = log.find("servers: server 1 (node 10) joined");
+      BOOST_TEST_REQUIRE(summary != std::string::npos, log);
+      const auto line = log.substr(summary, log.find('\n', summary) - summary);
+      BOOST_TEST(line.find("server 0 (node 8) left") != std::string::npos, line);
       BOOST_TEST(count_lines(worker_logs, "sync checks hold for 3 keys over 30 rounds") == 2u,
                  worker_logs);
       BOOST_TEST(count_lines(worker_logs, "moved from server 0 (node 8)") >= 2u, worker_logs);

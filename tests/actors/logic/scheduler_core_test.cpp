@@ -744,6 +744,19 @@ BOOST_AUTO_TEST_CASE(a_server_joins_then_one_leaves_and_the_key_ranges_follow_th
   frame(1, done(33));
   BOOST_TEST(contains(only_to<wire::error_reply>(1).message, "no other server"),
              only_to<wire::error_reply>(1).message);
+  // The summary names the join and the leave with the tables that listed them.
+  frame(3, done(34));
+  close(1);
+  close(4);
+  const auto outcome = ended();
+  BOOST_TEST_REQUIRE(outcome.server_changes.size() == 2u);
+  BOOST_TEST(outcome.server_changes[0].joined);
+  BOOST_TEST(outcome.server_changes[0].rank == 2u);
+  BOOST_TEST(!outcome.server_changes[1].joined);
+  BOOST_TEST(outcome.server_changes[1].rank == 1u);
+  BOOST_TEST(outcome.server_changes[1].epoch == after.epoch);
+  BOOST_TEST(contains(outcome.summary, "servers: server 2 (node 12) joined"), outcome.summary);
+  BOOST_TEST(contains(outcome.summary, "server 1 (node 10) left"), outcome.summary);
 }
 
 BOOST_AUTO_TEST_CASE(a_refused_hand_over_fails_the_job_naming_both_servers) {
