@@ -522,7 +522,7 @@ void scheduler_core::rebalance() {
   std::map<std::uint32_t, std::uint32_t> held;
   for (const auto owner : range_owner_)
     ++held[owner];
-  std::stable_sort(servers.begin(), servers.end(), [&](std::uint32_t a, std::uint32_t b) {
+  std::sort(servers.begin(), servers.end(), [&](std::uint32_t a, std::uint32_t b) {
     return held[a] != held[b] ? held[a] > held[b] : a < b;
   });
   const auto ranges = static_cast<std::uint32_t>(range_owner_.size());

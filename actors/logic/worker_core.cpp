@@ -1280,7 +1280,8 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
   // No slice credit freed below may send a request of a ps-key before the requests that go
   // again: the groups' turns advance once every ps-key of the server is in order again.
   turns_held_ = true;
-  std::unordered_map<std::uint64_t, std::vector<std::shared_ptr<part>>> under_way;
+  std::unordered_map<std::uint64_t, std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>>>
+      under_way;
   std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> lost;
   for (auto it = parts_.begin(); it != parts_.end();) {
     if (it->second->server != server) {
@@ -1294,7 +1295,7 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
     if (!keyed || (p->reply_seen && p->copy_off_thread))
       lost.emplace_back(it->first, p);
     else
-      under_way[p->slice.ps_key].push_back(p);
+      under_way[p->slice.ps_key].emplace_back(it->first, p);
     it = parts_.erase(it);
   }
   for (auto& [id, p] : lost)
@@ -1377,9 +1378,16 @@ void worker_core::follow_key_ranges(const wire::membership& table) {
 
 std::pair<std::size_t, std::size_t>
 worker_core::requeue(std::uint64_t ps_key, ps_key_state& ps,
-                     std::vector<std::shared_ptr<part>> requests, std::uint32_t server) {
-  std::stable_sort(requests.begin(), requests.end(),
-                   [](const auto& a, const auto& b) { return a->round < b->round; });
+                     std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> sent,
+                     std::uint32_t server) {
+  // In round order, and in the order they left within a round (ids grow as requests leave).
+  std::sort(sent.begin(), sent.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.second->round, a.first} < std::pair{b.second->round, b.first};
+  });
+  std::vector<std::shared_ptr<part>> requests;
+  requests.reserve(sent.size());
+  for (auto& [id, p] : sent)
+    requests.push_back(std::move(p));
   std::deque<std::shared_ptr<part>> again;
   for (const auto& kept : ps.kept) {
     auto match = std::find_if(requests.begin(), requests.end(), [&](const auto& p) {
@@ -1446,18 +1454,12 @@ std::size_t worker_core::move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std
   for (const auto& [id, p] : parts_)
     if (p->kind != kv_call::every_server && p->slice.ps_key == ps_key && !p->reply_seen)
       unanswered.emplace_back(id, p);
-  // Request ids grow in the order requests leave: the key's call order (kept stable by requeue's
-  // sort by round).
-  std::sort(unanswered.begin(), unanswered.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::shared_ptr<part>> requests;
   for (auto& [id, p] : unanswered) {
     forget(id);
     // Slice credit is counted per server: none of the old one's is held on the new one.
     give_back_slice_credit(*p);
-    requests.push_back(std::move(p));
   }
-  const auto [kept, others] = requeue(ps_key, ps, std::move(requests), to);
+  const auto [kept, others] = requeue(ps_key, ps, std::move(unanswered), to);
   return kept + others;
 }
 

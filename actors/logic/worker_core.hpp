@@ -572,12 +572,12 @@ private:
   /// Sends `ps_key`'s kept pushes and its requests no reply has reached (taken out of parts_) to
   /// server `to`, in round order, ahead of those still waiting; returns how many went again.
   std::size_t move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std::uint32_t to);
-  /// What resend and move_ps_key share: `requests` (the ps-key's requests under way, out of
-  /// parts_) and its kept pushes go to the front of its waiting requests, for `server`; returns
-  /// how many kept pushes and how many other requests.
-  std::pair<std::size_t, std::size_t> requeue(std::uint64_t ps_key, ps_key_state& ps,
-                                              std::vector<std::shared_ptr<part>> requests,
-                                              std::uint32_t server);
+  /// What resend and move_ps_key share: `sent` (the ps-key's requests under way with their ids,
+  /// out of parts_) and its kept pushes go to the front of its waiting requests, for `server`;
+  /// returns how many kept pushes and how many other requests.
+  std::pair<std::size_t, std::size_t>
+  requeue(std::uint64_t ps_key, ps_key_state& ps,
+          std::vector<std::pair<std::uint64_t, std::shared_ptr<part>>> sent, std::uint32_t server);
   /// Copies of pushes are kept until their round is durable: server recovery or elastic servers.
   bool keeps_pushes() const;
   void fail_waiting(std::uint64_t ps_key, const error& why);
