@@ -121,8 +121,10 @@ status run_move(caf::actor_system& system, const range_move& move) {
 } // namespace
 
 void move_key_ranges(caf::actor_system& system, range_move move, std::function<void(status)> done) {
+  // It takes an unused argument: CAF 0.17.6's init_fun_factory dereferences a null argument tuple
+  // for a function without one (UBSan reports it).
   system.spawn<caf::detached>(
-      [&system, move = std::move(move), done = std::move(done)](caf::blocking_actor*) {
+      [&system, move = std::move(move), done = std::move(done)](caf::blocking_actor*, int) {
         status outcome = ok();
         try {
           outcome = run_move(system, move);
@@ -133,7 +135,8 @@ void move_key_ranges(caf::actor_system& system, range_move move, std::function<v
           move.log.error("hand-over of key ranges to " + move.host + ":" +
                          std::to_string(move.port) + " failed: " + outcome.error().message());
         done(std::move(outcome));
-      });
+      },
+      0);
 }
 
 } // namespace troupe
