@@ -1202,7 +1202,7 @@ void worker_core::on_membership(const wire::membership& table) {
     if (node.node_role == wire::role::worker && !node.alive)
       options_.log.info(wire::describe(node) + " is gone; the job goes on");
   if (!failure_) {
-    link_new_servers(table);
+    follow_servers(table);
     follow_key_ranges(table);
   }
   if (!recovery() || failure_)
@@ -1319,7 +1319,7 @@ std::pair<std::size_t, std::size_t> worker_core::resend(std::uint32_t server) {
   return counts;
 }
 
-void worker_core::link_new_servers(const wire::membership& table) {
+void worker_core::follow_servers(const wire::membership& table) {
   for (const auto& node : table.nodes)
     if (node.node_role == wire::role::server && node.left && node.rank < servers_.size() &&
         !servers_[node.rank].left) {

@@ -566,9 +566,10 @@ private:
   /// Elastic servers: the key ranges `table` gives to other servers than before move there with
   /// their ps-keys (see "Key ranges that move").
   void follow_key_ranges(const wire::membership& table);
-  /// Elastic servers: links to the servers `table` lists for the first time (they joined the
-  /// running job); their requests wait until the link is there.
-  void link_new_servers(const wire::membership& table);
+  /// Elastic servers: marks the servers `table` lists left (passed by from then on), and links to
+  /// those it lists for the first time (they joined the running job; their requests wait until
+  /// the link is there).
+  void follow_servers(const wire::membership& table);
   /// Sends `ps_key`'s kept pushes and its requests no reply has reached (taken out of parts_) to
   /// server `to`, in round order, ahead of those still waiting; returns how many went again.
   std::size_t move_ps_key(std::uint64_t ps_key, ps_key_state& ps, std::uint32_t to);

@@ -81,6 +81,7 @@
 #include "actors/config/config.hpp"
 #include "actors/dist_job.hpp"
 #include "actors/kvstore/kvstore.hpp"
+#include "tests/poll.hpp"
 
 using namespace troupe;
 
@@ -231,12 +232,9 @@ int main(int argc, char** argv) {
     std::ofstream(file + ".tmp") << round << "\n";
     std::rename((file + ".tmp").c_str(), file.c_str());
     const std::string go = std::string{dir} + "/go-" + std::to_string(round);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{120};
-    while (!std::ifstream(go).good()) {
-      if (std::chrono::steady_clock::now() > deadline)
-        return "no " + go + " within 120 s";
-      std::this_thread::sleep_for(std::chrono::milliseconds{10});
-    }
+    if (!troupe::testing::poll_until([&] { return std::ifstream(go).good(); },
+                                     std::chrono::seconds{120}))
+      return "no " + go + " within 120 s";
     return {};
   };
 

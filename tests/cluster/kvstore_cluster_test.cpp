@@ -26,6 +26,7 @@
 #include "insider.hpp"
 #include "process_support.hpp"
 #include "tests/listening_socket.hpp"
+#include "tests/poll.hpp"
 #include "tests/raw_peer.hpp"
 #include "tests/tls_certs.hpp"
 
@@ -617,10 +618,8 @@ std::vector<std::string> run_elastic_server_job(const std::vector<std::string>& 
   auto at_round = [&](int round, const std::function<void()>& act) {
     for (int rank = 0; rank < 2; ++rank) {
       const auto asked = dir / ("want-" + std::to_string(round) + "-rank-" + std::to_string(rank));
-      const auto deadline = clock_type::now() + 120s;
-      while (!fs::exists(asked) && clock_type::now() < deadline)
-        std::this_thread::sleep_for(20ms);
-      BOOST_TEST_REQUIRE(fs::exists(asked), "rank " << rank << " did not reach round " << round);
+      BOOST_TEST_REQUIRE(troupe::testing::poll_until([&] { return fs::exists(asked); }, 120s),
+                         "rank " << rank << " did not reach round " << round);
     }
     act();
     std::ofstream(dir / ("go-" + std::to_string(round))) << "go\n";
